@@ -1,0 +1,26 @@
+/* Shared helpers for the muser subcommands. */
+#ifndef MUSER_CLI_H
+#define MUSER_CLI_H
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+int cmd_run(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+
+/* Argument helpers: print "muser <cmd>: ..." on error and return false. */
+bool cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
+bool cli_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
+bool cli_parse_f32(const char *cmd, const char *flag, const char *s, float *out);
+/* Fetch the value after a flag (argv[*i+1]); false with a message if absent. */
+bool cli_value(const char *cmd, int argc, char **argv, int *i, const char **out);
+/* Parse "1,2,3" into a malloc'd array. */
+bool cli_parse_ids(const char *cmd, const char *s, int32_t **ids, int64_t *n);
+/* JSON string literal with escaping. */
+void cli_json_str(FILE *f, const char *s);
+/* Progress bar on stderr: label, done/total bytes, rate. */
+void cli_progress(const char *label, uint64_t done, uint64_t total, double t0);
+
+#endif

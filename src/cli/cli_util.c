@@ -1,0 +1,104 @@
+#include "cli.h"
+#include "util/common.h"
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "muser %s: %s expects an integer in [%lld, %lld], got '%s'\n", cmd, flag,
+                (long long)lo, (long long)hi, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-') {
+        fprintf(stderr, "muser %s: %s expects a non-negative integer, got '%s'\n", cmd, flag, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_f32(const char *cmd, const char *flag, const char *s, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) {
+        fprintf(stderr, "muser %s: %s expects a finite number, got '%s'\n", cmd, flag, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_value(const char *cmd, int argc, char **argv, int *i, const char **out) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "muser %s: %s needs a value\n", cmd, argv[*i]);
+        return false;
+    }
+    *out = argv[++*i];
+    return true;
+}
+
+bool cli_parse_ids(const char *cmd, const char *s, int32_t **ids, int64_t *n) {
+    int64_t cap = 16, count = 0;
+    int32_t *v = mu_xmalloc((size_t)cap * sizeof *v);
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long long x = strtoll(p, &end, 10);
+        if (errno || end == p || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+            fprintf(stderr, "muser %s: --tokens expects comma-separated non-negative ids, bad at '%s'\n", cmd, p);
+            free(v);
+            return false;
+        }
+        if (count == cap) v = mu_xrealloc(v, (size_t)(cap *= 2) * sizeof *v);
+        v[count++] = (int32_t)x;
+        p = *end ? end + 1 : end;
+    }
+    if (!count) {
+        fprintf(stderr, "muser %s: --tokens is empty\n", cmd);
+        free(v);
+        return false;
+    }
+    *ids = v;
+    *n = count;
+    return true;
+}
+
+void cli_json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p == '\n') fputs("\\n", f);
+        else if (*p == '\t') fputs("\\t", f);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+void cli_progress(const char *label, uint64_t done, uint64_t total, double t0) {
+    double dt = mu_now() - t0;
+    double pct = total ? 100.0 * (double)done / (double)total : 100.0;
+    double mbs = dt > 0 ? (double)done / dt / 1e6 : 0;
+    int filled = (int)(pct / 4);
+    char bar[26];
+    for (int i = 0; i < 25; i++) bar[i] = i < filled ? '#' : '.';
+    bar[25] = 0;
+    fprintf(stderr, "\r%s [%s] %5.1f%% %8.1f MB %7.1f MB/s", label, bar, pct, (double)done / 1e6, mbs);
+    if (done >= total) fputc('\n', stderr);
+    fflush(stderr);
+}

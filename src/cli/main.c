@@ -1,0 +1,41 @@
+/* muser: command-line entry point. Each subcommand is a client of the
+ * public API (include/muser.h) or of the tools library. */
+#include "cli.h"
+#include "muser.h"
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "muser %s: inference engine for Muse Glimmer GGUF models\n\n"
+            "usage: muser <command> [options]   (muser <command> --help for details)\n\n"
+            "commands:\n"
+            "  run        generate tokens from a model (greedy at --temp 0)\n"
+            "  info       print geometry, lane, tensor types and identity hashes of a GGUF\n"
+            "  synth      write a deterministic random-weight Muse Glimmer GGUF\n"
+            "  quantize   convert a Muse Glimmer GGUF to another weight format or mix\n",
+            MUSER_VERSION);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("muser %s\n", MUSER_VERSION);
+        return 0;
+    }
+    static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
+        {"run", cmd_run}, {"info", cmd_info}, {"synth", cmd_synth}, {"quantize", cmd_quantize},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "muser: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,82 @@
+/* Two-class KV cache (book Ch 15), f16 storage.
+ *  - Sliding (SWA) layers: a ring of min(n_ctx, window) rows. Metadata
+ *    origin_logical / origin_physical / len says which logical positions
+ *    live where: logical p is at physical (origin_physical + p - origin_logical) % cap.
+ *  - Full (NoPE) layers: a growing plane, row p at physical p.
+ * Appends are fail-closed: position must equal origin_logical + len.
+ * Checkpoint/rollback covers up to MU_KV_MAX_ROLLBACK rows per layer; every
+ * journaled append saves the row it overwrites (held or not), so a rollback
+ * restores the planes bit for bit, including the ring's rotation.
+ * Snapshots copy rows and keep the ring's physical rotation.
+ * Invariant: physical rows not currently held are all zero. */
+#ifndef MUSER_KV_H
+#define MUSER_KV_H
+#include "util/common.h"
+
+#define MU_KV_MAX_ROLLBACK 16
+
+typedef struct mu_kv_layer {
+    bool swa;
+    int64_t cap;              /* rows allocated */
+    int64_t row_elems;        /* n_head_kv * head_dim */
+    uint16_t *k, *v;          /* f16, [cap][row_elems], zero-filled at creation */
+    int64_t origin_logical;   /* oldest logical position held */
+    int64_t origin_physical;  /* its physical row */
+    int64_t len;              /* rows held */
+} mu_kv_layer;
+
+typedef struct mu_kv_journal_entry {
+    int layer;
+    int64_t pos;              /* logical position appended */
+    int64_t physical;         /* row overwritten */
+    int64_t prev_origin_logical, prev_origin_physical, prev_len;
+    bool saved;               /* old row contents saved below (always, see kv.c) */
+    uint16_t *old_k, *old_v;  /* row_elems each */
+} mu_kv_journal_entry;
+
+typedef struct mu_kv_cache {
+    int n_layers;
+    int64_t n_ctx;            /* maximum logical positions */
+    int64_t window;           /* sliding window (0 = none) */
+    mu_kv_layer *layers;
+    /* checkpoint */
+    bool ckpt_active;
+    int64_t ckpt_pos;         /* logical length at checkpoint */
+    int n_journal;
+    mu_kv_journal_entry *journal; /* capacity n_layers * MU_KV_MAX_ROLLBACK */
+} mu_kv_cache;
+
+bool mu_kv_init(mu_kv_cache *c, int n_layers, const bool *is_swa, int64_t window,
+                int64_t n_ctx, int64_t row_elems, mu_error *err);
+void mu_kv_free(mu_kv_cache *c);
+void mu_kv_clear(mu_kv_cache *c);
+
+/* Append K and V (f32, rounded to f16 RNE at the store) for logical `pos`. */
+bool mu_kv_append(mu_kv_cache *c, int layer, int64_t pos, const float *k, const float *v, mu_error *err);
+/* Logical positions held by a layer: [first, first + count). */
+static inline int64_t mu_kv_first(const mu_kv_layer *l) { return l->origin_logical; }
+static inline int64_t mu_kv_count(const mu_kv_layer *l) { return l->len; }
+static inline int64_t mu_kv_end(const mu_kv_layer *l) { return l->origin_logical + l->len; }
+/* Row pointers by logical position; NULL when pos is not held. */
+const uint16_t *mu_kv_k_row(const mu_kv_layer *l, int64_t pos);
+const uint16_t *mu_kv_v_row(const mu_kv_layer *l, int64_t pos);
+
+/* Checkpoint at the current length (all layers must agree; fails if one is
+ * already active); rollback to any pos in [ckpt_pos, shortest layer length]
+ * restores every layer to its exact state at length pos and keeps the
+ * checkpoint active; commit drops the journal. Appending more than
+ * MU_KV_MAX_ROLLBACK rows per layer past a checkpoint fails. clear and
+ * snapshot restore also drop an active checkpoint. */
+bool mu_kv_checkpoint(mu_kv_cache *c, mu_error *err);
+bool mu_kv_rollback(mu_kv_cache *c, int64_t pos, mu_error *err);
+void mu_kv_commit(mu_kv_cache *c);
+
+/* Snapshot: deep copy of held rows and metadata (physical rotation kept).
+ * take returns NULL when out of memory; restore fails on any geometry
+ * difference (layers, n_ctx, window, layer kinds, row size). */
+typedef struct mu_kv_snapshot mu_kv_snapshot;
+mu_kv_snapshot *mu_kv_snapshot_take(const mu_kv_cache *c);
+bool mu_kv_snapshot_restore(mu_kv_cache *c, const mu_kv_snapshot *s, mu_error *err);
+void mu_kv_snapshot_free(mu_kv_snapshot *s);
+
+#endif

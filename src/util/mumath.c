@@ -1,0 +1,290 @@
+/* The engine's deterministic transcendental functions.
+ *
+ * Rules that make the results identical under gcc and nvcc:
+ *  - only +, -, *, / and explicit fmaf/fma (the build uses -ffp-contract=off,
+ *    so no other fusion happens), integer and bit operations;
+ *  - no libm calls besides fma/fmaf, which are correctly rounded everywhere;
+ *  - constants are hex literals, so no compiler rounds a decimal string.
+ * Polynomial coefficients were fitted offline (Remez exchange in 50-digit
+ * arithmetic for the f32 kernels, then rounded to f32); truncated Taylor series for the double
+ * kernels, which carry enough terms that truncation is below 2^-60). */
+#include "util/mumath.h"
+#include <math.h> /* fma and fmaf only */
+#include <stdint.h>
+#include <string.h>
+
+/* ---------- bit helpers ---------- */
+
+static inline uint32_t f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint64_t f64_to_bits(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
+static inline double bits_to_f64(uint64_t u) { double d; memcpy(&d, &u, 8); return d; }
+
+#define F32_INF_BITS 0x7F800000u
+#define F64_INF_BITS 0x7FF0000000000000ull
+#define F64_QNAN_BITS 0x7FF8000000000000ull
+
+/* 2^e for e in [-126, 127]: a normal float built from its exponent field. */
+static inline float pow2f(int32_t e) { return bits_to_f32((uint32_t)(e + 127) << 23); }
+/* 2^e for e in [-1022, 1023]. */
+static inline double pow2(int64_t e) { return bits_to_f64((uint64_t)(e + 1023) << 52); }
+
+/* p * 2^n with a single rounding, also when the result is subnormal or
+ * overflows. p is in [0.7, 1.5]; n in [-150, 128]. */
+static float scale_pow2f(float p, int32_t n) {
+    if (n > 127) return (p * pow2f(n - 1)) * 2.0f;          /* 2^128 is not a float */
+    if (n < -126) return (p * pow2f(n + 100)) * pow2f(-100); /* exact, then one rounding */
+    return p * pow2f(n);
+}
+
+/* p * 2^n for doubles; n in [-1075, 1024]. */
+static double scale_pow2(double p, int64_t n) {
+    if (n > 1023) return (p * pow2(n - 1)) * 2.0;
+    if (n < -1022) return (p * pow2(n + 600)) * pow2(-600);
+    return p * pow2(n);
+}
+
+/* Error-free sum: a + b == *s + *e exactly (Knuth's TwoSum, no ordering needed). */
+static inline void two_sum(double a, double b, double *s, double *e) {
+    double sum = a + b;
+    double b_virtual = sum - a;
+    double a_virtual = sum - b_virtual;
+    *s = sum;
+    *e = (a - a_virtual) + (b - b_virtual);
+}
+
+/* ---------- f32 exp ---------- */
+
+/* Largest x whose exp rounds to a finite float, smallest whose exp rounds to
+ * a non-zero float (computed in 60-digit arithmetic). */
+#define EXPF_MAX_ARG 0x1.62e42ep+6f  /*  88.7228317 */
+#define EXPF_MIN_ARG -0x1.9fe368p+6f /* -103.972076 */
+#define LOG2E_F 0x1.715476p+0f
+/* ln2 = LN2_HI_F + LN2_LO_F to 2^-53. With |n| <= 150, x - n*LN2_HI_F is
+ * exactly representable, so the first fmaf of the reduction is exact. */
+#define LN2_HI_F 0x1.62e430p-1f
+#define LN2_LO_F -0x1.05c610p-29f
+/* Adding then subtracting 1.5*2^23 rounds a float of magnitude < 2^22 to the
+ * nearest integer (ties to even) in the current rounding mode. */
+#define ROUND_MAGIC_F 0x1.8p23f
+
+/* q(r) ~ (e^r - 1) / r on |r| <= ln2/2 + 1e-4, minimax for absolute error
+ * (1.1e-8, i.e. about 0.03 ulp of the final result). */
+static const float EXPF_Q[6] = {
+    0x1.000000p+0f, 0x1.000000p-1f, 0x1.55547cp-3f,
+    0x1.555470p-5f, 0x1.123db2p-7f, 0x1.6da798p-10f,
+};
+
+float mu_expf(float x) {
+    if (x != x) return x + x;                       /* NaN, quieted */
+    if (x > EXPF_MAX_ARG) return bits_to_f32(F32_INF_BITS);
+    if (x < EXPF_MIN_ARG) return 0.0f;              /* includes -inf */
+    float n_f = (x * LOG2E_F + ROUND_MAGIC_F) - ROUND_MAGIC_F;
+    int32_t n = (int32_t)n_f;
+    float r = fmaf(-n_f, LN2_HI_F, x);              /* exact */
+    r = fmaf(-n_f, LN2_LO_F, r);                    /* |r| <= ln2/2 + 6e-6 */
+    float q = EXPF_Q[5];
+    for (int i = 4; i >= 0; i--) q = fmaf(q, r, EXPF_Q[i]);
+    float p = fmaf(r, q, 1.0f);                     /* e^r, one rounding at the end */
+    return scale_pow2f(p, n);
+}
+
+/* ---------- f32 tanh, sigmoid, silu ---------- */
+
+/* Below 0.875 the odd polynomial; above it 1 - 2/(e^2x + 1), whose error
+ * shrinks as x grows (measured: <= 1.02 ulp from 0.875 up, 1.8 ulp near 0.55). */
+#define TANH_POLY_LIMIT 0.875f
+#define TANH_SATURATE 0x1.233334p+3f /* 9.1: tanh rounds to 1 above 9.011 */
+
+/* g(t) ~ (tanh(x) - x) / x^3 with t = x^2 on [0, 0.885^2]; minimax for
+ * absolute error (2.9e-10 before rounding the coefficients to f32). */
+static const float TANH_G[8] = {
+    -0x1.555556p-2f, 0x1.11110ap-3f, -0x1.ba18c4p-5f, 0x1.661216p-6f,
+    -0x1.1fe3f4p-7f, 0x1.b8c95ep-9f, -0x1.1621f2p-10f, 0x1.8f3b5ep-13f,
+};
+
+float mu_tanhf(float x) {
+    if (x != x) return x + x;
+    uint32_t bits = f32_to_bits(x);
+    uint32_t sign = bits & 0x80000000u;
+    float ax = bits_to_f32(bits & 0x7FFFFFFFu);
+    if (ax == 0.0f) return x;                       /* keeps the sign of zero */
+    if (ax < TANH_POLY_LIMIT) {
+        float x2 = x * x;
+        float g = TANH_G[7];
+        for (int i = 6; i >= 0; i--) g = fmaf(g, x2, TANH_G[i]);
+        return fmaf(x * x2, g, x);                  /* odd: RNE is sign-symmetric */
+    }
+    float t = 1.0f;
+    if (ax <= TANH_SATURATE) t = 1.0f - 2.0f / (mu_expf(2.0f * ax) + 1.0f);
+    return bits_to_f32(f32_to_bits(t) | sign);
+}
+
+float mu_sigmoidf(float x) { return 1.0f / (1.0f + mu_expf(-x)); }
+
+float mu_siluf(float x) { return x * mu_sigmoidf(x); }
+
+/* ---------- double exp and log ---------- */
+
+#define EXP_MAX_ARG 0x1.62e42fefa39efp+9   /*  709.782712893384 */
+#define EXP_MIN_ARG -0x1.74910d52d3051p+9  /* -745.133219101941 */
+#define LOG2E 0x1.71547652b82fep+0
+/* ln2 = LN2 + LN2_LO to 2^-110; x - n*LN2 is exact for |n| <= 1075. */
+#define LN2 0x1.62e42fefa39efp-1
+#define LN2_LO 0x1.abc9e3b39803fp-56
+#define ROUND_MAGIC 0x1.8p52
+
+/* 1/(k+1)!: q(r) = (e^r - 1)/r to 14 terms (truncation < 2^-60 at |r| = ln2/2). */
+static const double EXP_Q[14] = {
+    0x1.0000000000000p+0, 0x1.0000000000000p-1, 0x1.5555555555555p-3,
+    0x1.5555555555555p-5, 0x1.1111111111111p-7, 0x1.6c16c16c16c17p-10,
+    0x1.a01a01a01a01ap-13, 0x1.a01a01a01a01ap-16, 0x1.71de3a556c734p-19,
+    0x1.27e4fb7789f5cp-22, 0x1.ae64567f544e4p-26, 0x1.1eed8eff8d898p-29,
+    0x1.6124613a86d09p-33, 0x1.93974a8c07c9dp-37,
+};
+
+double mu_exp(double x) {
+    if (x != x) return x + x;
+    if (x > EXP_MAX_ARG) return bits_to_f64(F64_INF_BITS);
+    if (x < EXP_MIN_ARG) return 0.0;
+    double n_d = (x * LOG2E + ROUND_MAGIC) - ROUND_MAGIC;
+    int64_t n = (int64_t)n_d;
+    double r_hi = fma(-n_d, LN2, x);                /* exact */
+    /* r = r_hi - n*LN2_LO carried as r + r_lo */
+    double t = n_d * LN2_LO, t_err = fma(n_d, LN2_LO, -t);
+    double r, r_lo;
+    two_sum(r_hi, -t, &r, &r_lo);
+    r_lo -= t_err;
+    double q = EXP_Q[13];
+    for (int i = 12; i >= 0; i--) q = fma(q, r, EXP_Q[i]);
+    /* e^(r + r_lo) = 1 + r*q + r_lo*e^r; sum the parts with their errors */
+    double u = r * q, u_err = fma(r, q, -u);
+    double s = 1.0 + u;
+    double s_err = (1.0 - s) + u;                   /* exact: |u| < 1 */
+    double p = s + (s_err + (u_err + r_lo * (1.0 + r)));
+    return scale_pow2(p, n);
+}
+
+#define SQRT2 0x1.6a09e667f3bcdp+0
+/* ln2 split with a 41-bit head so k*LN2_HI42 is exact for |k| <= 1075. */
+#define LN2_HI42 0x1.62e42fefa3800p-1
+#define LN2_LO42 0x1.ef35793c76730p-45
+
+/* 2/(2k+1), k = 1..11: log((1+s)/(1-s)) = 2s + s*R(s^2), R(z) = sum of
+ * 2 z^k/(2k+1). With |s| <= 0.1716, z <= 0.0295, truncation < 2^-60. */
+static const double LOG_R[11] = {
+    0x1.5555555555555p-1, 0x1.999999999999ap-2, 0x1.2492492492492p-2,
+    0x1.c71c71c71c71cp-3, 0x1.745d1745d1746p-3, 0x1.3b13b13b13b14p-3,
+    0x1.1111111111111p-3, 0x1.e1e1e1e1e1e1ep-4, 0x1.af286bca1af28p-4,
+    0x1.8618618618618p-4, 0x1.642c8590b2164p-4,
+};
+
+double mu_log(double x) {
+    if (x != x) return x + x;
+    if (x < 0.0) return bits_to_f64(F64_QNAN_BITS);
+    if (x == 0.0) return -bits_to_f64(F64_INF_BITS);
+    uint64_t bits = f64_to_bits(x);
+    if (bits == F64_INF_BITS) return x;
+    int64_t k = 0;
+    if (bits < 0x0010000000000000ull) {             /* subnormal: normalize */
+        x *= 0x1p54;
+        bits = f64_to_bits(x);
+        k = -54;
+    }
+    k += (int64_t)(bits >> 52) - 1023;
+    double m = bits_to_f64((bits & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull);
+    if (m > SQRT2) { m *= 0.5; k += 1; }           /* m in (sqrt2/2, sqrt2] */
+    /* log(1+f) = f - (hfsq - s*(hfsq + R)), s = f/(2+f), hfsq = f^2/2 */
+    double f = m - 1.0;                             /* exact (Sterbenz) */
+    double hfsq = 0.5 * f * f;
+    double s = f / (2.0 + f);
+    double z = s * s;
+    double R = LOG_R[10];
+    for (int i = 9; i >= 0; i--) R = fma(R, z, LOG_R[i]);
+    R = R * z;
+    double kd = (double)k;
+    return kd * LN2_HI42 - ((hfsq - (s * (hfsq + R) + kd * LN2_LO42)) - f);
+}
+
+double mu_pow(double base, double e) { return mu_exp(e * mu_log(base)); }
+
+/* ---------- double sin and cos ---------- */
+
+#define TWO_OVER_PI 0x1.45f306dc9c883p-1
+/* pi/2 = PIO2_1 + PIO2_2 + PIO2_3 to 2^-163. x - n*PIO2_1 is exact. */
+#define PIO2_1 0x1.921fb54442d18p+0
+#define PIO2_2 0x1.1a62633145c07p-54
+#define PIO2_3 -0x1.f1976b7ed8fbcp-110
+/* Supported domain |x| < 2^30: there n*PIO2_1 leaves an exactly
+ * representable remainder and the reduced argument stays within
+ * pi/4 + 2^-21. Larger arguments (never needed for RoPE tables) give NaN. */
+#define TRIG_MAX_ARG 0x1p30
+
+/* (-1)^k/(2k+1)!, k = 1..10 and (-1)^k/(2k)!, k = 2..11: truncation below
+ * 2^-70 for |y| <= pi/4 + 2^-21, the reduced range. */
+static const double SIN_S[10] = {
+    -0x1.5555555555555p-3, 0x1.1111111111111p-7, -0x1.a01a01a01a01ap-13,
+    0x1.71de3a556c734p-19, -0x1.ae64567f544e4p-26, 0x1.6124613a86d09p-33,
+    -0x1.ae7f3e733b81fp-41, 0x1.952c77030ad4ap-49, -0x1.2f49b46814157p-57,
+    0x1.71b8ef6dcf572p-66,
+};
+static const double COS_C[10] = {
+    0x1.5555555555555p-5, -0x1.6c16c16c16c17p-10, 0x1.a01a01a01a01ap-16,
+    -0x1.27e4fb7789f5cp-22, 0x1.1eed8eff8d898p-29, -0x1.93974a8c07c9dp-37,
+    0x1.ae7f3e733b81fp-45, -0x1.6827863b97d97p-53, 0x1.e542ba4020225p-62,
+    -0x1.0ce396db7f853p-70,
+};
+
+/* sin(y + y_lo) for |y| <= 1, |y_lo| <= ulp(y). */
+static double sin_kernel(double y, double y_lo) {
+    double z = y * y;
+    double S = SIN_S[9];
+    for (int i = 8; i >= 0; i--) S = fma(S, z, SIN_S[i]);
+    /* sin(y + y_lo) ~ y + y^3 S(z) + y_lo (1 - z/2) */
+    return y + (y * z * S + y_lo * (1.0 - 0.5 * z));
+}
+
+/* cos(y + y_lo) for |y| <= 1, with the rounding error of 1 - y^2/2 recovered. */
+static double cos_kernel(double y, double y_lo) {
+    double z = y * y, z_err = fma(y, y, -z);
+    double C = COS_C[9];
+    for (int i = 8; i >= 0; i--) C = fma(C, z, COS_C[i]);
+    double hz = 0.5 * z;
+    double w = 1.0 - hz;
+    double w_err = (1.0 - w) - hz;                  /* exact: w in [0.5, 1] */
+    return w + ((w_err - 0.5 * z_err) + (z * z * C - y * y_lo));
+}
+
+/* x = n*pi/2 + (*y + *y_lo), returns n mod 4. Needs |x| < TRIG_MAX_ARG. */
+static int reduce_pio2(double x, double *y, double *y_lo) {
+    double n_d = (x * TWO_OVER_PI + ROUND_MAGIC) - ROUND_MAGIC;
+    double r1 = fma(-n_d, PIO2_1, x);               /* exact */
+    double t = n_d * PIO2_2, t_err = fma(n_d, PIO2_2, -t);
+    double hi, lo;
+    two_sum(r1, -t, &hi, &lo);
+    lo -= t_err + n_d * PIO2_3;
+    two_sum(hi, lo, y, y_lo);
+    return (int)((int64_t)n_d & 3);
+}
+
+static double trig(double x, int want_cos) {
+    if (x != x) return x + x;
+    uint64_t abs_bits = f64_to_bits(x) & 0x7FFFFFFFFFFFFFFFull;
+    if (abs_bits >= F64_INF_BITS) return bits_to_f64(F64_QNAN_BITS);
+    double ax = bits_to_f64(abs_bits);
+    if (ax >= TRIG_MAX_ARG) return bits_to_f64(F64_QNAN_BITS); /* outside the supported domain */
+    if (ax < 0x1p-27) return want_cos ? 1.0 : x;    /* keeps sin(-0) = -0 */
+    double y = x, y_lo = 0.0;
+    int quadrant = 0;
+    if (ax > 0x1.921fb54442d18p-1) quadrant = reduce_pio2(x, &y, &y_lo); /* pi/4 */
+    quadrant = (quadrant + want_cos) & 3;           /* cos x = sin(x + pi/2) */
+    switch (quadrant) {
+    case 0: return sin_kernel(y, y_lo);
+    case 1: return cos_kernel(y, y_lo);
+    case 2: return -sin_kernel(y, y_lo);
+    default: return -cos_kernel(y, y_lo);
+    }
+}
+
+double mu_sin(double x) { return trig(x, 0); }
+double mu_cos(double x) { return trig(x, 1); }

@@ -1,0 +1,27 @@
+/* The engine's own transcendental functions. libm (and CUDA's math library)
+ * are not correctly rounded and differ between implementations, so every
+ * numerics path uses these: fixed range reduction, fixed polynomial, every
+ * fused multiply-add written as fmaf/fma (compiled with -ffp-contract=off).
+ * The same source compiles for CUDA device code later. */
+#ifndef MUSER_MUMATH_H
+#define MUSER_MUMATH_H
+
+/* exp(x) for f32; < 2 ulp over the finite range; exp(-inf) = 0, overflow -> inf, NaN -> NaN. */
+float mu_expf(float x);
+/* tanh via mu_expf with a small-|x| polynomial branch; odd, |result| <= 1. */
+float mu_tanhf(float x);
+/* 1 / (1 + mu_expf(-x)). */
+float mu_sigmoidf(float x);
+/* x * mu_sigmoidf(x). */
+float mu_siluf(float x);
+/* Double-precision sin/cos/exp/log used only to build tables on the CPU
+ * (RoPE frequencies and angles); results rounded to f32 by the caller.
+ * About 1 ulp; mu_sin/mu_cos support |x| < 2^30 and return NaN beyond. */
+double mu_sin(double x);
+double mu_cos(double x);
+double mu_exp(double x);
+double mu_log(double x);
+/* base^e for base > 0 via mu_exp(e * mu_log(base)). */
+double mu_pow(double base, double e);
+
+#endif

@@ -1,0 +1,430 @@
+/* KV cache: ring placement against an independent model of every appended
+ * row, fail-closed appends, checkpoint/rollback compared bitwise (all plane
+ * bytes and metadata) with copies taken at each length, snapshots, full
+ * planes, n_ctx below the window, clear. */
+#include "testutil.h"
+#include "kv/kv.h"
+
+#define ROW 12      /* elements per K/V row */
+#define WINDOW 8
+#define N_CTX 64
+#define MAX_LAYERS 4
+
+static const bool KINDS[MAX_LAYERS] = {true, false, true, false}; /* SWA, full, SWA, full */
+
+/* ---------- the independent model: every row ever appended ---------- */
+
+typedef struct {
+    uint16_t k[MAX_LAYERS][N_CTX][ROW], v[MAX_LAYERS][N_CTX][ROW];
+} model;
+
+/* Deterministic random non-zero row for (layer, pos, generation). */
+static void make_row(int layer, int64_t pos, int gen, int which, float *out) {
+    uint64_t s = 0x243F6A8885A308D3ull ^ ((uint64_t)layer << 48) ^ ((uint64_t)pos << 24) ^
+                 ((uint64_t)gen << 8) ^ (uint64_t)which;
+    for (int i = 0; i < 3; i++) tu_rng_next(&s);
+    for (int i = 0; i < ROW; i++) {
+        float x = tu_rng_normal(&s) * 3.0f;
+        out[i] = x != 0.0f ? x : 0.75f;
+    }
+}
+
+static bool append_row(mu_kv_cache *c, model *m, int layer, int64_t pos, int gen, mu_error *err) {
+    float k[ROW], v[ROW];
+    make_row(layer, pos, gen, 0, k);
+    make_row(layer, pos, gen, 1, v);
+    if (!mu_kv_append(c, layer, pos, k, v, err)) return false;
+    for (int i = 0; i < ROW; i++) {
+        m->k[layer][pos][i] = mu_f32_to_f16(k[i]);
+        m->v[layer][pos][i] = mu_f32_to_f16(v[i]);
+    }
+    return true;
+}
+
+/* Append position `pos` to every layer, as the forward pass does. */
+static void append_token(mu_kv_cache *c, model *m, int64_t pos, int gen) {
+    mu_error err = {{0}};
+    for (int l = 0; l < c->n_layers; l++)
+        CHECK_MSG(append_row(c, m, l, pos, gen, &err), "append layer %d pos %lld: %s", l, (long long)pos, err.msg);
+}
+
+static bool row_is_zero(const uint16_t *r, int64_t n) {
+    for (int64_t i = 0; i < n; i++) if (r[i]) return false;
+    return true;
+}
+
+/* Every layer holds [end - min(end, cap), end) placed as a ring that started
+ * at physical 0; held rows equal the model, all other rows are zero. */
+static void check_layer(const mu_kv_cache *c, const model *m, int layer, int64_t end, const char *what) {
+    const mu_kv_layer *l = &c->layers[layer];
+    int64_t len = end < l->cap ? end : l->cap, first = end - len;
+    CHECK_MSG(l->len == len && l->origin_logical == first && l->origin_physical == first % l->cap,
+              "%s: layer %d metadata (%lld, %lld, %lld), expected (%lld, %lld, %lld)", what, layer,
+              (long long)l->origin_logical, (long long)l->origin_physical, (long long)l->len,
+              (long long)first, (long long)(first % l->cap), (long long)len);
+    CHECK_EQ_INT(mu_kv_first(l), first);
+    CHECK_EQ_INT(mu_kv_count(l), len);
+    CHECK_EQ_INT(mu_kv_end(l), end);
+    for (int64_t p = first; p < end; p++) {
+        const uint16_t *k = mu_kv_k_row(l, p), *v = mu_kv_v_row(l, p);
+        CHECK_MSG(k && v && !memcmp(k, m->k[layer][p], sizeof m->k[layer][p]) &&
+                  !memcmp(v, m->v[layer][p], sizeof m->v[layer][p]),
+                  "%s: layer %d row at position %lld differs from the model", what, layer, (long long)p);
+        CHECK(k == l->k + ((p % l->cap) * ROW)); /* ring placement: logical p at p mod cap */
+    }
+    CHECK(mu_kv_k_row(l, first - 1) == NULL && mu_kv_v_row(l, end) == NULL);
+    for (int64_t phys = 0; phys < l->cap; phys++) {
+        bool held = (phys - first % l->cap + l->cap) % l->cap < len;
+        if (!held)
+            CHECK_MSG(row_is_zero(l->k + phys * ROW, ROW) && row_is_zero(l->v + phys * ROW, ROW),
+                      "%s: layer %d physical row %lld is not held but not zero", what, layer, (long long)phys);
+    }
+}
+
+static void check_all(const mu_kv_cache *c, const model *m, int64_t end, const char *what) {
+    for (int l = 0; l < c->n_layers; l++) check_layer(c, m, l, end, what);
+}
+
+/* ---------- full bitwise copies of a cache, independent of the snapshot API ---------- */
+
+typedef struct {
+    int n_layers;
+    mu_kv_layer meta[MAX_LAYERS];
+    uint16_t *k[MAX_LAYERS], *v[MAX_LAYERS];
+    bool ckpt_active;
+    int64_t ckpt_pos;
+    int n_journal;
+} clone;
+
+static clone clone_take(const mu_kv_cache *c) {
+    clone s = {0};
+    s.n_layers = c->n_layers;
+    for (int i = 0; i < c->n_layers; i++) {
+        s.meta[i] = c->layers[i];
+        size_t bytes = (size_t)(c->layers[i].cap * ROW) * sizeof(uint16_t);
+        s.k[i] = malloc(bytes);
+        s.v[i] = malloc(bytes);
+        memcpy(s.k[i], c->layers[i].k, bytes);
+        memcpy(s.v[i], c->layers[i].v, bytes);
+    }
+    s.ckpt_active = c->ckpt_active;
+    s.ckpt_pos = c->ckpt_pos;
+    s.n_journal = c->n_journal;
+    return s;
+}
+
+static void clone_free(clone *s) {
+    for (int i = 0; i < s->n_layers; i++) { free(s->k[i]); free(s->v[i]); }
+    memset(s, 0, sizeof *s);
+}
+
+/* All plane bytes, metadata and checkpoint state equal. */
+static bool clone_equal(const mu_kv_cache *c, const clone *s) {
+    if (c->n_layers != s->n_layers || c->ckpt_active != s->ckpt_active || c->ckpt_pos != s->ckpt_pos ||
+        c->n_journal != s->n_journal)
+        return false;
+    for (int i = 0; i < c->n_layers; i++) {
+        const mu_kv_layer *a = &c->layers[i], *b = &s->meta[i];
+        size_t bytes = (size_t)(a->cap * ROW) * sizeof(uint16_t);
+        if (a->swa != b->swa || a->cap != b->cap || a->row_elems != b->row_elems ||
+            a->origin_logical != b->origin_logical || a->origin_physical != b->origin_physical ||
+            a->len != b->len || memcmp(a->k, s->k[i], bytes) || memcmp(a->v, s->v[i], bytes))
+            return false;
+    }
+    return true;
+}
+
+static void init_cache(mu_kv_cache *c, int n_layers, const bool *kinds, int64_t window, int64_t n_ctx) {
+    mu_error err = {{0}};
+    bool ok = mu_kv_init(c, n_layers, kinds, window, n_ctx, ROW, &err);
+    CHECK_MSG(ok, "init: %s", err.msg);
+    if (!ok) exit(1);
+}
+
+static bool contains(const mu_error *err, const char *s) { return strstr(err->msg, s) != NULL; }
+
+/* ---------- tests ---------- */
+
+static void test_init_errors(void) {
+    mu_kv_cache c;
+    mu_error err = {{0}};
+    CHECK(!mu_kv_init(&c, 0, KINDS, WINDOW, N_CTX, ROW, &err) && contains(&err, "n_layers 0"));
+    CHECK(!mu_kv_init(&c, 4, NULL, WINDOW, N_CTX, ROW, &err) && contains(&err, "is_swa"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, 0, ROW, &err) && contains(&err, "n_ctx 0"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, N_CTX, 0, &err) && contains(&err, "row_elems 0"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, -1, N_CTX, ROW, &err) && contains(&err, "window -1"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, 0, N_CTX, ROW, &err) && contains(&err, "layer 0 is sliding-window"));
+    /* sizes that overflow 64 bits, and sizes that are merely absurd */
+    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, INT64_MAX, INT64_MAX / 2, &err) && contains(&err, "byte limit"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, (int64_t)1 << 40, 256, &err) && contains(&err, "byte limit"));
+    CHECK(c.layers == NULL); /* failed init leaves an empty, freeable cache */
+    mu_kv_free(&c);
+    mu_kv_free(NULL);
+}
+
+static void test_append_and_wrap(void) {
+    mu_kv_cache c;
+    static model m;
+    init_cache(&c, 4, KINDS, WINDOW, N_CTX);
+    CHECK_EQ_INT(c.layers[0].cap, WINDOW);
+    CHECK_EQ_INT(c.layers[1].cap, N_CTX);
+    check_all(&c, &m, 0, "empty");
+    for (int64_t p = 0; p < 30; p++) {
+        append_token(&c, &m, p, 0);
+        char what[64];
+        snprintf(what, sizeof what, "after position %lld", (long long)p);
+        check_all(&c, &m, p + 1, what);
+    }
+    /* after 30 appends the ring holds 22..29 starting at physical 6 */
+    CHECK_EQ_INT(c.layers[2].origin_logical, 22);
+    CHECK_EQ_INT(c.layers[2].origin_physical, 6);
+    CHECK_EQ_INT(c.layers[3].origin_physical, 0);
+    /* f16 round-to-nearest-even at the store */
+    float k[ROW], v[ROW];
+    for (int i = 0; i < ROW; i++) { k[i] = 1.0f + 0x1p-11f * (float)i; v[i] = -(float)(i + 1) * 10000.0f; }
+    mu_error err = {{0}};
+    CHECK(mu_kv_append(&c, 0, 30, k, v, &err));
+    const uint16_t *kr = mu_kv_k_row(&c.layers[0], 30), *vr = mu_kv_v_row(&c.layers[0], 30);
+    CHECK_EQ_INT(kr[1], 0x3C00); /* 1 + 2^-11: tie, to even */
+    CHECK_EQ_INT(kr[3], 0x3C02); /* 1 + 3*2^-11: tie, to even (up) */
+    CHECK_EQ_INT(vr[6], 0xFC00); /* -70000 overflows f16 to -inf */
+    for (int i = 0; i < ROW; i++) CHECK_EQ_INT(kr[i], mu_f32_to_f16(k[i]));
+    mu_kv_free(&c);
+}
+
+static void test_append_rejects(void) {
+    mu_kv_cache c;
+    static model m;
+    mu_error err = {{0}};
+    init_cache(&c, 4, KINDS, WINDOW, N_CTX);
+    for (int64_t p = 0; p < 30; p++) append_token(&c, &m, p, 0);
+    clone before = clone_take(&c);
+    float row[ROW];
+    make_row(0, 0, 0, 0, row);
+    CHECK(!mu_kv_append(&c, 0, 31, row, row, &err) && contains(&err, "expected position 30, got 31"));
+    CHECK(!mu_kv_append(&c, 2, 29, row, row, &err) && contains(&err, "layer 2"));
+    CHECK(!mu_kv_append(&c, 1, -1, row, row, &err) && contains(&err, "discontinuity"));
+    CHECK(!mu_kv_append(&c, 4, 30, row, row, &err) && contains(&err, "layer 4 out of range"));
+    CHECK(!mu_kv_append(&c, -1, 30, row, row, &err) && contains(&err, "layer -1 out of range"));
+    CHECK(!mu_kv_append(&c, 0, 30, NULL, row, &err) && contains(&err, "NULL"));
+    CHECK(clone_equal(&c, &before));
+    check_all(&c, &m, 30, "after rejected appends");
+    /* the context ends at n_ctx, for rings and full planes alike */
+    for (int64_t p = 30; p < N_CTX; p++) append_token(&c, &m, p, 0);
+    check_all(&c, &m, N_CTX, "full context");
+    clone_free(&before);
+    before = clone_take(&c);
+    for (int l = 0; l < 4; l++)
+        CHECK(!mu_kv_append(&c, l, N_CTX, row, row, &err) && contains(&err, "outside the context (n_ctx 64)"));
+    CHECK(clone_equal(&c, &before));
+    clone_free(&before);
+    mu_kv_free(&c);
+}
+
+/* Checkpoint at `prefix`, append m tokens, roll back to every t in
+ * [prefix, prefix + m] on a fresh run each, compare with the copy taken when
+ * the length was t, then append new rows and check them. */
+static int rollback_case(int64_t prefix, int m, int64_t t) {
+    mu_kv_cache c;
+    static model md;
+    mu_error err = {{0}};
+    clone at[MU_KV_MAX_ROLLBACK + 1];
+    init_cache(&c, 4, KINDS, WINDOW, N_CTX);
+    for (int64_t p = 0; p < prefix; p++) append_token(&c, &md, p, 0);
+    CHECK(mu_kv_checkpoint(&c, &err));
+    at[0] = clone_take(&c);
+    for (int j = 1; j <= m; j++) {
+        append_token(&c, &md, prefix + j - 1, 1);
+        at[j] = clone_take(&c);
+    }
+    int failures_before = tu_failures;
+    CHECK_MSG(mu_kv_rollback(&c, t, &err), "rollback: %s", err.msg);
+    CHECK_MSG(clone_equal(&c, &at[t - prefix]), "prefix %lld, %d rows, rollback to %lld: state differs",
+              (long long)prefix, m, (long long)t);
+    check_all(&c, &md, t, "after rollback");
+    /* the rows past t are gone for good: new rows land where they should */
+    for (int64_t p = t; p < prefix + m; p++) append_token(&c, &md, p, 2);
+    check_all(&c, &md, prefix + m, "re-appended after rollback");
+    CHECK(mu_kv_rollback(&c, prefix, &err) && clone_equal(&c, &at[0]));
+    for (int j = 0; j <= m; j++) clone_free(&at[j]);
+    mu_kv_free(&c);
+    return tu_failures - failures_before;
+}
+
+static void test_rollback_every_position(void) {
+    const int64_t prefixes[] = {0, 3, 8, 30}; /* empty, ring filling, ring exactly full, wrapped */
+    int cases = 0, failed = 0;
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
+        for (int m = 1; m <= MU_KV_MAX_ROLLBACK; m++)
+            for (int64_t t = prefixes[i]; t <= prefixes[i] + m; t++, cases++)
+                failed += rollback_case(prefixes[i], m, t) != 0;
+    printf("rollback: %d (prefix, rows, target) cases compared bitwise, %d failed\n", cases, failed);
+}
+
+static void test_rollback_limits(void) {
+    mu_kv_cache c;
+    static model m;
+    mu_error err = {{0}};
+    clone at[MU_KV_MAX_ROLLBACK + 1];
+    init_cache(&c, 4, KINDS, WINDOW, N_CTX);
+    CHECK(!mu_kv_rollback(&c, 0, &err) && contains(&err, "no active checkpoint"));
+    for (int64_t p = 0; p < 20; p++) append_token(&c, &m, p, 0);
+    CHECK(mu_kv_checkpoint(&c, &err));
+    CHECK(!mu_kv_checkpoint(&c, &err) && contains(&err, "already active"));
+    at[0] = clone_take(&c);
+    for (int j = 1; j <= MU_KV_MAX_ROLLBACK; j++) {
+        append_token(&c, &m, 20 + j - 1, 1);
+        at[j] = clone_take(&c);
+    }
+    /* a 17th row past the checkpoint is refused, on every layer, state unchanged */
+    float row[ROW];
+    make_row(0, 36, 1, 0, row);
+    for (int l = 0; l < 4; l++)
+        CHECK(!mu_kv_append(&c, l, 36, row, row, &err) && contains(&err, "at most 16 rows"));
+    CHECK(clone_equal(&c, &at[MU_KV_MAX_ROLLBACK]));
+    CHECK(!mu_kv_rollback(&c, 19, &err) && contains(&err, "outside [20, 36]"));
+    CHECK(!mu_kv_rollback(&c, 37, &err) && contains(&err, "outside [20, 36]"));
+    CHECK(clone_equal(&c, &at[MU_KV_MAX_ROLLBACK]));
+    /* step down one position at a time: the checkpoint stays active */
+    for (int64_t t = 36; t >= 20; t--)
+        CHECK_MSG(mu_kv_rollback(&c, t, &err) && clone_equal(&c, &at[t - 20]), "descending rollback to %lld",
+                  (long long)t);
+    /* a token only half stored (mid forward pass) */
+    for (int l = 0; l < 2; l++) CHECK(append_row(&c, &m, l, 20, 3, &err));
+    CHECK(!mu_kv_checkpoint(&c, &err)); /* already active */
+    CHECK(!mu_kv_rollback(&c, 21, &err) && contains(&err, "layer 2"));
+    CHECK(mu_kv_rollback(&c, 20, &err) && clone_equal(&c, &at[0]));
+    /* layer-major order (all rows of layer 0, then layer 1, ...) rolls back too */
+    for (int l = 0; l < 4; l++)
+        for (int64_t p = 20; p < 24; p++) CHECK(append_row(&c, &m, l, p, 1, &err));
+    CHECK(mu_kv_rollback(&c, 22, &err) && clone_equal(&c, &at[2]));
+    /* commit keeps the rows and ends the checkpoint */
+    append_token(&c, &m, 22, 4);
+    clone committed = clone_take(&c);
+    mu_kv_commit(&c);
+    CHECK(!c.ckpt_active && c.n_journal == 0);
+    CHECK(!mu_kv_rollback(&c, 22, &err) && contains(&err, "no active checkpoint"));
+    check_all(&c, &m, 23, "after commit");
+    /* checkpoint refused while layers disagree */
+    CHECK(append_row(&c, &m, 0, 23, 4, &err));
+    CHECK(!mu_kv_checkpoint(&c, &err) && contains(&err, "layer 0 ends at 24, layer 1 at 23"));
+    for (int j = 0; j <= MU_KV_MAX_ROLLBACK; j++) clone_free(&at[j]);
+    clone_free(&committed);
+    mu_kv_free(&c);
+}
+
+static void test_snapshots(void) {
+    mu_kv_cache c, other;
+    static model m;
+    mu_error err = {{0}};
+    init_cache(&c, 4, KINDS, WINDOW, N_CTX);
+    for (int64_t p = 0; p < 30; p++) append_token(&c, &m, p, 0);
+    CHECK(append_row(&c, &m, 0, 30, 0, &err)); /* mid-token: layers differ in length */
+    mu_kv_snapshot *s = mu_kv_snapshot_take(&c);
+    CHECK(s != NULL);
+    clone original = clone_take(&c);
+    CHECK(c.layers[0].origin_physical == 7 && c.layers[2].origin_physical == 6); /* rotated rings */
+    /* mutate: more rows (wrapping further), a checkpoint and a rollback */
+    for (int l = 1; l < 4; l++) CHECK(append_row(&c, &m, l, 30, 5, &err));
+    for (int64_t p = 31; p < 41; p++) append_token(&c, &m, p, 5);
+    CHECK(mu_kv_checkpoint(&c, &err));
+    append_token(&c, &m, 41, 5);
+    CHECK(mu_kv_snapshot_restore(&c, s, &err));
+    CHECK(clone_equal(&c, &original)); /* bitwise, rotation included; checkpoint dropped */
+    /* onto a fresh cache of the same geometry, and after clear */
+    init_cache(&other, 4, KINDS, WINDOW, N_CTX);
+    CHECK(mu_kv_snapshot_restore(&other, s, &err) && clone_equal(&other, &original));
+    mu_kv_clear(&c);
+    CHECK(mu_kv_snapshot_restore(&c, s, &err) && clone_equal(&c, &original));
+    mu_kv_free(&other);
+    /* any geometry difference is refused and leaves the target untouched */
+    struct { int n_layers; bool kinds[MAX_LAYERS]; int64_t window, n_ctx, row; const char *msg; } bad[] = {
+        {3, {true, false, true}, WINDOW, N_CTX, ROW, "3 layers"},
+        {4, {true, false, true, false}, WINDOW, 32, ROW, "n_ctx 32"},
+        {4, {true, false, true, false}, 16, N_CTX, ROW, "window 16"},
+        {4, {true, true, true, false}, WINDOW, N_CTX, ROW, "layer 1 mismatch: snapshot is full"},
+        {4, {true, false, true, false}, WINDOW, N_CTX, ROW + 4, "layer 0 mismatch"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(mu_kv_init(&other, bad[i].n_layers, bad[i].kinds, bad[i].window, bad[i].n_ctx, bad[i].row, &err));
+        uint16_t *k0 = other.layers[0].k;
+        CHECK_MSG(!mu_kv_snapshot_restore(&other, s, &err) && contains(&err, bad[i].msg),
+                  "geometry case %zu: %s", i, err.msg);
+        CHECK(other.layers[0].len == 0 && row_is_zero(k0, other.layers[0].cap * other.layers[0].row_elems));
+        mu_kv_free(&other);
+    }
+    CHECK(!mu_kv_snapshot_restore(&c, NULL, &err));
+    CHECK(mu_kv_snapshot_take(NULL) == NULL);
+    mu_kv_snapshot_free(s);
+    mu_kv_snapshot_free(NULL);
+    clone_free(&original);
+    mu_kv_free(&c);
+}
+
+static void test_full_planes_only(void) {
+    const bool full[2] = {false, false};
+    mu_kv_cache c;
+    static model m;
+    mu_error err = {{0}};
+    init_cache(&c, 2, full, 0, N_CTX); /* window 0 = none is fine without SWA layers */
+    CHECK_EQ_INT(c.layers[0].cap, N_CTX);
+    for (int64_t p = 0; p < N_CTX; p++) append_token(&c, &m, p, 0);
+    check_all(&c, &m, N_CTX, "full planes at n_ctx");
+    CHECK_EQ_INT(c.layers[1].origin_logical, 0);
+    float row[ROW];
+    make_row(0, 0, 0, 0, row);
+    CHECK(!mu_kv_append(&c, 1, N_CTX, row, row, &err) && contains(&err, "outside the context"));
+    mu_kv_free(&c);
+}
+
+static void test_context_below_window(void) {
+    mu_kv_cache c;
+    static model m;
+    mu_error err = {{0}};
+    init_cache(&c, 4, KINDS, WINDOW, 5);
+    for (int l = 0; l < 4; l++) CHECK_EQ_INT(c.layers[l].cap, 5);
+    for (int64_t p = 0; p < 2; p++) append_token(&c, &m, p, 0);
+    CHECK(mu_kv_checkpoint(&c, &err));
+    clone at2 = clone_take(&c);
+    for (int64_t p = 2; p < 5; p++) append_token(&c, &m, p, 1);
+    check_all(&c, &m, 5, "n_ctx 5 filled");
+    CHECK_EQ_INT(c.layers[0].origin_logical, 0); /* never wraps */
+    float row[ROW];
+    make_row(0, 0, 0, 0, row);
+    CHECK(!mu_kv_append(&c, 0, 5, row, row, &err) && contains(&err, "n_ctx 5"));
+    CHECK(mu_kv_rollback(&c, 2, &err) && clone_equal(&c, &at2));
+    clone_free(&at2);
+    mu_kv_free(&c);
+}
+
+static void test_clear(void) {
+    mu_kv_cache c, fresh;
+    static model m;
+    mu_error err = {{0}};
+    init_cache(&c, 4, KINDS, WINDOW, N_CTX);
+    init_cache(&fresh, 4, KINDS, WINDOW, N_CTX);
+    clone empty = clone_take(&fresh);
+    for (int64_t p = 0; p < 30; p++) append_token(&c, &m, p, 0);
+    CHECK(mu_kv_checkpoint(&c, &err));
+    append_token(&c, &m, 30, 0);
+    mu_kv_clear(&c);
+    CHECK(clone_equal(&c, &empty)); /* bitwise a fresh cache, checkpoint gone */
+    for (int64_t p = 0; p < 10; p++) append_token(&c, &m, p, 6);
+    check_all(&c, &m, 10, "after clear");
+    clone_free(&empty);
+    mu_kv_free(&fresh);
+    mu_kv_free(&c);
+}
+
+int main(void) {
+    test_init_errors();
+    test_append_and_wrap();
+    test_append_rejects();
+    test_rollback_every_position();
+    test_rollback_limits();
+    test_snapshots();
+    test_full_planes_only();
+    test_context_below_window();
+    test_clear();
+    TEST_MAIN_END();
+}
