@@ -112,7 +112,7 @@ static void test_expf(void) {
            all.max_err, all.worst_x, 100.0 * (double)all.correctly_rounded / (double)all.n);
     CHECK(all.n >= 2000000);
     CHECK_MSG(all.max_err <= 2.0, "expf max error %.3f ulp (spec: 2)", all.max_err);
-    CHECK_MSG(all.max_err <= 1.0, "expf max error %.3f ulp (measured 0.89 when written: regression)", all.max_err);
+    CHECK_MSG(all.max_err <= 1.0, "expf max error %.3f ulp (0.89 sampled, 0.954 over all floats when written: regression)", all.max_err);
 
     /* special values and exact thresholds */
     CHECK(isnan(mu_expf(NAN)));
@@ -169,7 +169,7 @@ static void test_tanhf(void) {
     printf("tanhf: %ld points, max error %.3f ulp at x = %.9g, %.2f%% correctly rounded\n", all.n,
            all.max_err, all.worst_x, 100.0 * (double)all.correctly_rounded / (double)all.n);
     CHECK_MSG(all.max_err <= 3.0, "tanhf max error %.3f ulp (spec: 3)", all.max_err);
-    CHECK_MSG(all.max_err <= 1.25, "tanhf max error %.3f ulp (measured 0.98 when written: regression)", all.max_err);
+    CHECK_MSG(all.max_err <= 1.25, "tanhf max error %.3f ulp (0.97 sampled, 1.020 over all floats when written: regression)", all.max_err);
 
     CHECK(isnan(mu_tanhf(NAN)));
     CHECK_BITS_F32(mu_tanhf(INFINITY), 1.0f);
@@ -204,7 +204,8 @@ static void test_sigmoid_silu(void) {
     printf("sigmoidf: max error %.3f ulp at x = %.9g; siluf: max error %.3f ulp at x = %.9g "
            "(%.3f ulp for x > -87)\n", sig.max_err, sig.worst_x, silu.max_err, silu.worst_x, silu_normal.max_err);
     CHECK_MSG(sig.max_err <= 4.0, "sigmoid max error %.3f ulp", sig.max_err);
-    CHECK_MSG(silu.max_err <= 5.0, "silu max error %.3f ulp", silu.max_err);
+    /* where the sigmoid is subnormal its few bits limit silu; bound silu where it is not */
+    CHECK_MSG(silu_normal.max_err <= 3.0, "silu max error %.3f ulp for x > -87", silu_normal.max_err);
     CHECK_BITS_F32(mu_sigmoidf(0.0f), 0.5f);
     CHECK_BITS_F32(mu_sigmoidf(INFINITY), 1.0f);
     CHECK_BITS_F32(mu_sigmoidf(-INFINITY), 0.0f);

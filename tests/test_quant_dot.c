@@ -261,13 +261,15 @@ static void test_nvfp4_w4a16(void) {
 }
 
 /* W4A4 activation quantization per the book's contract, re-derived here. */
-static uint8_t w4a4_quant_group(const float *x, float inv, uint8_t *code) {
+/* divide_by_6 selects the variant amax / 6 (not the contract) for tests
+ * that prove they can tell the two apart. */
+static uint8_t w4a4_quant_group_v(const float *x, float inv, uint8_t *code, bool divide_by_6) {
     float r[16], amax = 0.0f;
     for (int i = 0; i < 16; i++) {
         r[i] = mu_f16_to_f32(mu_f32_to_f16(x[i]));
         if (fabsf(r[i]) > amax) amax = fabsf(r[i]);
     }
-    float norm = amax * (1.0f / 6.0f);
+    float norm = divide_by_6 ? amax / 6.0f : amax * (1.0f / 6.0f);
     float v = norm * inv;
     uint8_t sb = mu_e4m3fn_from_f32(v < 448.0f ? v : 448.0f);
     float s = mu_e4m3fn_to_f32(sb);
@@ -287,6 +289,65 @@ static uint8_t w4a4_quant_group(const float *x, float inv, uint8_t *code) {
         code[i] = (uint8_t)((signbit(r[i]) ? 8 : 0) | c);
     }
     return sb;
+}
+
+static uint8_t w4a4_quant_group(const float *x, float inv, uint8_t *code) {
+    return w4a4_quant_group_v(x, inv, code, false);
+}
+
+/* One 16-value W4A4 group by the written contract; variants: amax / 6 in
+ * the activation scale, s / inv instead of s * (1 / inv) in the epilogue. */
+static float w4a4_group_ref(const uint8_t *p, uint8_t wscale, float scale2, float inv, const float *x,
+                            bool divide_by_6, bool divide_by_inv) {
+    uint8_t ac[16];
+    const uint8_t asb = w4a4_quant_group_v(x, inv, ac, divide_by_6);
+    int dot = 0;
+    for (int i = 0; i < 16; i++) dot += q1(i & 1 ? p[i / 2] >> 4 : p[i / 2] & 15) * q1(ac[i]);
+    float c = (float)((int64_t)dot * q9(wscale, false) * q9(asb, false)) * 0x1p-20f;
+    c = c * scale2;
+    c = divide_by_inv ? c / inv : c * (1.0f / inv);
+    return mu_f16_to_f32(mu_f32_to_f16(c));
+}
+
+/* Constructed cases where the contract's operation order is observable. */
+static void test_w4a4_order_cases(void) {
+    uint64_t rng = 0x0D3;
+    uint8_t p[8];
+    float x[16];
+    /* amax * f32(1/6) vs amax / 6: find an f16 amax where the two differ by
+     * one f32 ulp, and an inv that puts an E4M3 midpoint M (tie to the even,
+     * lower code) between the two scaled results */
+    int found6 = 0;
+    const float mid = (mu_e4m3fn_to_f32(0x38) + mu_e4m3fn_to_f32(0x39)) * 0.5f;
+    for (int trial = 0; trial < 100000 && found6 < 4; trial++) {
+        const float amax = mu_f16_to_f32(mu_f32_to_f16(1.0f + (tu_rng_uniform(&rng) + 1.0f) * 500.0f));
+        const float n_div = amax / 6.0f, n_mul = amax * (1.0f / 6.0f);
+        if (n_div == n_mul) continue;
+        float inv = mid / n_mul;
+        for (int k = 0; k < 4 && !(n_div * inv <= mid && n_mul * inv > mid); k++) inv = nextafterf(inv, 1e9f);
+        if (!(n_div * inv <= mid && n_mul * inv > mid)) continue;
+        for (int i = 0; i < 8; i++) p[i] = (uint8_t)(tu_rng_next(&rng) | 0x11);
+        for (int i = 0; i < 16; i++) x[i] = amax * tu_rng_uniform(&rng) * 0.9f;
+        x[5] = -amax;
+        const float want = w4a4_group_ref(p, 0x38, 1.0f, inv, x, false, false);
+        if (want == w4a4_group_ref(p, 0x38, 1.0f, inv, x, true, false)) continue;
+        CHECK_BITS_F32(mu_nvfp4_w4a4_dot(p, (const uint8_t[]){0x38}, 1.0f, inv, x, 16), want);
+        found6++;
+    }
+    CHECK_MSG(found6 == 4, "found only %d cases separating amax*(1/6) from amax/6", found6);
+    /* s * (1/inv) vs s / inv: random groups until the f16 results differ */
+    int found_inv = 0;
+    for (int trial = 0; trial < 2000000 && found_inv < 3; trial++) {
+        for (int i = 0; i < 8; i++) p[i] = (uint8_t)tu_rng_next(&rng);
+        for (int i = 0; i < 16; i++) x[i] = tu_rng_uniform(&rng);
+        const uint8_t ws = (uint8_t)(0x30 + tu_rng_next(&rng) % 16);
+        const float scale2 = 1.0f + tu_rng_uniform(&rng) * 0.5f, inv = 300.0f * (1.5f + tu_rng_uniform(&rng));
+        const float want = w4a4_group_ref(p, ws, scale2, inv, x, false, false);
+        if (want == w4a4_group_ref(p, ws, scale2, inv, x, false, true)) continue;
+        CHECK_BITS_F32(mu_nvfp4_w4a4_dot(p, &ws, scale2, inv, x, 16), want);
+        found_inv++;
+    }
+    CHECK_MSG(found_inv == 3, "found only %d cases separating s*(1/inv) from s/inv", found_inv);
 }
 
 static void test_nvfp4_w4a4(void) {
@@ -333,6 +394,121 @@ static void test_nvfp4_w4a4(void) {
             check_close("NVFP4 W4A4", got, wd, xa, N_IN, 1e-3);
         }
     }
+}
+
+/* ------------------------------------------- dequantization, bitwise */
+
+static float ue4m3_ref(uint8_t b) { /* ggml: 0x00 and 0x7F are zero, bit 7 ignored */
+    if (b == 0 || b == 0x7F) return 0.0f;
+    int e = (b >> 3) & 15, m = b & 7;
+    return (float)(e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10));
+}
+static float e2m1_ref(int code) { return (float)q1(code) * 0.5f * ((code == 8) ? -1.0f : 1.0f); }
+
+/* Expected value i of a 256-value block at b under the written formulas. */
+static float dequant_ref(uint32_t type, const uint8_t *b, int i) {
+    int sc, m;
+    switch (type) {
+    case MU_TYPE_Q4_K:
+    case MU_TYPE_Q5_K:
+        scale_min(b + 4, i / 32, &sc, &m);
+        return (f16le(b) * (float)sc) * (float)(type == MU_TYPE_Q4_K ? code_q4k(b, i) : code_q5k(b, i)) -
+               f16le(b + 2) * (float)m;
+    case MU_TYPE_Q6_K:
+        return (f16le(b + 208) * (float)(int8_t)b[192 + i / 16]) * (float)code_q6k(b, i);
+    case MU_TYPE_Q8_0:
+        return (float)(int8_t)b[34 * (i / 32) + 2 + i % 32] * f16le(b + 34 * (i / 32));
+    case MU_TYPE_Q4_0: {
+        const uint8_t *blk = b + 18 * (i / 32);
+        int r = i % 32, nib = r < 16 ? blk[2 + r] & 15 : blk[2 + r - 16] >> 4;
+        return (float)(nib - 8) * f16le(blk);
+    }
+    default: /* ggml NVFP4 */
+        return e2m1_ref(code_nvfp4_ggml(b, i)) * ue4m3_ref(b[36 * (i / 64) + (i % 64) / 16]);
+    }
+}
+
+static void test_dequant_bitwise(void) {
+    const uint32_t types[] = {MU_TYPE_Q4_K, MU_TYPE_Q5_K, MU_TYPE_Q6_K, MU_TYPE_Q8_0, MU_TYPE_Q4_0, MU_TYPE_NVFP4};
+    uint64_t rng = 0xDE0;
+    float y[N_IN];
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        uint64_t row_bytes;
+        mu_type_row_bytes(types[t], N_IN, &row_bytes);
+        uint8_t *data = malloc(row_bytes * N_OUT);
+        for (int rep = 0; rep < 20; rep++) {
+            randomize_bytes(types[t], data, row_bytes * N_OUT, &rng);
+            mu_type_get(types[t])->dequantize(data, y, N_IN);
+            int bad = 0;
+            for (int i = 0; i < N_IN; i++)
+                bad += mu_f32_bits(y[i]) != mu_f32_bits(dequant_ref(types[t], data + (i / 256) * (row_bytes / NB), i % 256));
+            CHECK_MSG(bad == 0, "%s: %d values differ from the written formula", mu_type_name(types[t]), bad);
+        }
+        free(data);
+    }
+    /* native: (e2m1 * e4m3fn) * scale2 with a scale2 that is not a power of two */
+    uint8_t payload[N_IN / 2], scales[N_IN / 16];
+    for (int rep = 0; rep < 20; rep++) {
+        for (int i = 0; i < N_IN / 2; i++) payload[i] = (uint8_t)tu_rng_next(&rng);
+        for (int i = 0; i < N_IN / 16; i++) {
+            scales[i] = (uint8_t)tu_rng_next(&rng);
+            if ((scales[i] & 0x7F) == 0x7F) scales[i] = 0x38;
+        }
+        const float scale2 = 0.0137f * (1.0f + tu_rng_uniform(&rng) * 0.5f);
+        mu_nvfp4_dequant_row(payload, scales, scale2, y, N_IN);
+        int bad = 0;
+        for (int i = 0; i < N_IN; i++) {
+            int code = i & 1 ? payload[i / 2] >> 4 : payload[i / 2] & 15;
+            float mag = (float)(q9(scales[i / 16] & 0x7F, false) * ldexp(1.0, -9));
+            float s = (scales[i / 16] & 0x80) ? -mag : mag; /* 0x80 is -0.0 */
+            float want = (e2m1_ref(code) * s) * scale2;
+            bad += mu_f32_bits(y[i]) != mu_f32_bits(want);
+        }
+        CHECK_MSG(bad == 0, "native NVFP4: %d values differ from (e2m1 * e4m3) * scale2", bad);
+    }
+}
+
+/* Many short rows: the f16 output boundary hides most single-ulp slips of
+ * the epilogue, so only volume exposes a wrong operation order. */
+static void test_nvfp4_epilogue_volume(void) {
+    enum { ROWS = 30000 };
+    uint64_t rng = 0xE91;
+    uint8_t *payload = malloc(ROWS * 128), *scales = malloc(ROWS * 16);
+    float w[256], x[256];
+    int bad4 = 0, bad16 = 0;
+    for (int r = 0; r < ROWS; r++) {
+        for (int i = 0; i < 256; i++) w[i] = tu_rng_uniform(&rng) * tu_rng_uniform(&rng);
+        for (int i = 0; i < 256; i++) x[i] = tu_rng_uniform(&rng) * 3.0f;
+        const float scale2 = mu_nvfp4_tensor_scale2(w, 256) * (1.0f + tu_rng_uniform(&rng) * 0.3f);
+        mu_nvfp4_quantize_row(w, payload + 128 * r, scales + 16 * r, scale2, 256);
+        const float inv = 100.0f * (1.5f + tu_rng_uniform(&rng));
+        const uint8_t *p = payload + 128 * r, *s = scales + 16 * r;
+        /* W4A4 over the first 16 values */
+        uint8_t ac[16];
+        uint8_t asb = w4a4_quant_group(x, inv, ac);
+        int dot = 0;
+        for (int i = 0; i < 16; i++) dot += q1(i & 1 ? p[i / 2] >> 4 : p[i / 2] & 15) * q1(ac[i]);
+        float c = (float)((int64_t)dot * q9(s[0], false) * q9(asb, false)) * 0x1p-20f;
+        c = c * scale2;
+        c = c * (1.0f / inv);
+        bad4 += mu_f32_bits(mu_nvfp4_w4a4_dot(p, s, scale2, inv, x, 16)) != mu_f32_bits(mu_round_f16(c));
+        /* W4A16 over one block */
+        mu_block_q8k xq;
+        mu_quantize_q8k(x, &xq, 256, true);
+        int64_t itotal = 0;
+        for (int g = 0; g < 16; g++) {
+            int gd = 0;
+            for (int i = 16 * g; i < 16 * g + 16; i++) gd += q1(i & 1 ? p[i / 2] >> 4 : p[i / 2] & 15) * xq.qs[i];
+            itotal += gd * q9(s[g], false);
+        }
+        float f = (((float)itotal * 0x1p-10f) * xq.d) * scale2;
+        mu_weight wv = {.name = "v", .type = MU_TYPE_NVFP4_E2M1, .data = p, .nvfp4_scales = s,
+                        .scale = scale2, .n_in = 256, .n_out = 1, .row_bytes = 128};
+        bad16 += mu_f32_bits(mu_weight_dot_row(&wv, 0, x, &xq)) != mu_f32_bits(mu_round_f16(0.0f + f));
+    }
+    CHECK_MSG(bad4 == 0, "W4A4: %d of %d rows differ", bad4, ROWS);
+    CHECK_MSG(bad16 == 0, "W4A16: %d of %d rows differ", bad16, ROWS);
+    free(payload), free(scales);
 }
 
 /* --------------------------------------------------------- float types */
@@ -407,6 +583,9 @@ int main(void) {
     test_q8k_format(MU_TYPE_NVFP4, fb_nvfp4_ggml, true);
     test_nvfp4_w4a16();
     test_nvfp4_w4a4();
+    test_w4a4_order_cases();
+    test_dequant_bitwise();
+    test_nvfp4_epilogue_volume();
     test_float_types();
     TEST_MAIN_END();
 }

@@ -123,11 +123,11 @@ int main(void) {
     uint8_t *buf = malloc((size_t)N * 4);
     for (int i = 0; i < N; i++) x[i] = tu_rng_normal(&rng) * 0.02f;
 
-    /* bound = measured value plus a little headroom (see the report) */
+    /* bound = measured value plus about 3 % (deterministic data) */
     const struct { uint32_t type; double bound; } formats[] = {
-        {MU_TYPE_F32, 0.0},       {MU_TYPE_F16, 2.5e-4},   {MU_TYPE_BF16, 2e-3},
-        {MU_TYPE_Q8_0, 0.006},    {MU_TYPE_Q4_0, 0.095},   {MU_TYPE_Q4_K, 0.075},
-        {MU_TYPE_Q5_K, 0.038},    {MU_TYPE_Q6_K, 0.018},   {MU_TYPE_NVFP4, 0.11},
+        {MU_TYPE_F32, 0.0},       {MU_TYPE_F16, 2.2e-4},   {MU_TYPE_BF16, 1.75e-3},
+        {MU_TYPE_Q8_0, 0.0055},   {MU_TYPE_Q4_0, 0.088},   {MU_TYPE_Q4_K, 0.072},
+        {MU_TYPE_Q5_K, 0.0355},   {MU_TYPE_Q6_K, 0.0172},  {MU_TYPE_NVFP4, 0.106},
     };
     double measured[MU_TYPE_NVFP4 + 1] = {0};
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
@@ -145,27 +145,30 @@ int main(void) {
     mu_nvfp4_quantize_row(x, buf, scales, scale2, N);
     mu_nvfp4_dequant_row(buf, scales, scale2, y, N);
     double r_native = rmse_over_std(x, y, N);
-    printf("%-12s RMSE/std = %.6f (bound 0.10, scale2 %g)\n", "NVFP4_E2M1", r_native, (double)scale2);
-    CHECK(r_native <= 0.10);
+    printf("%-12s RMSE/std = %.6f (bound 0.098, scale2 %g)\n", "NVFP4_E2M1", r_native, (double)scale2);
+    CHECK(r_native <= 0.098);
     /* ggml NVFP4 has no tensor scale: at sigma 0.02 its UE4M3 block scales
      * sit in the subnormal range; at sigma 1 they are normal */
     float *z = malloc(sizeof(float) * N);
     for (int i = 0; i < N; i++) z[i] = x[i] * 50.0f;
     double r_ggml1 = roundtrip(MU_TYPE_NVFP4, z, y, buf);
-    printf("%-12s RMSE/std = %.6f (bound 0.10, sigma 1)\n", "NVFP4", r_ggml1);
-    CHECK(r_ggml1 <= 0.10);
+    printf("%-12s RMSE/std = %.6f (bound 0.098, sigma 1)\n", "NVFP4", r_ggml1);
+    CHECK(r_ggml1 <= 0.098);
     /* payload-only and scale-only traits at unit scale */
     for (int i = 0; i < N; i++) z[i] = x[i] * 100.0f;
     double r_e4m3 = roundtrip(MU_TYPE_F8_E4M3FN, z, y, buf);
-    printf("%-12s RMSE/std = %.6f (bound 0.03, unit scale, sigma 2)\n", "F8_E4M3FN", r_e4m3);
-    CHECK(r_e4m3 <= 0.03);
+    printf("%-12s RMSE/std = %.6f (bound 0.0273, unit scale, sigma 2)\n", "F8_E4M3FN", r_e4m3);
+    CHECK(r_e4m3 <= 0.0273);
     double r_e2m1 = roundtrip(MU_TYPE_NVFP4_E2M1, z, y, buf);
-    printf("%-12s RMSE/std = %.6f (bound 0.12, payload only at unit scale)\n", "E2M1 codes", r_e2m1);
-    CHECK(r_e2m1 <= 0.12);
+    printf("%-12s RMSE/std = %.6f (bound 0.116, payload only at unit scale)\n", "E2M1 codes", r_e2m1);
+    CHECK(r_e2m1 <= 0.116);
 
-    /* searched K-quants against plain min/max rounding */
+    /* searched K-quants against plain min/max rounding. The data and the
+     * arithmetic are deterministic, so the required gains sit just under the
+     * measured ones (10.4 %, 8.9 %, 10.3 %) as a regression guard: dropping
+     * the scale search or the final-grid refinement falls below them. */
     const struct { uint32_t type; void (*plain)(const float *, uint8_t *); double min_gain; } kq[] = {
-        {MU_TYPE_Q4_K, plain_q4k, 0.08}, {MU_TYPE_Q5_K, plain_q5k, 0.07}, {MU_TYPE_Q6_K, plain_q6k, 0.07},
+        {MU_TYPE_Q4_K, plain_q4k, 0.102}, {MU_TYPE_Q5_K, plain_q5k, 0.088}, {MU_TYPE_Q6_K, plain_q6k, 0.100},
     };
     for (size_t i = 0; i < sizeof kq / sizeof kq[0]; i++) {
         kq[i].plain(x, buf);

@@ -449,6 +449,16 @@ static void test_determinism(void) {
         CHECK(synth_file(c, types[i], 8, 2, &err));
         CHECK_MSG(same_bytes(a, b), "%s: 1 vs 3 threads differ", types[i]);
         CHECK_MSG(!same_bytes(a, c), "%s: seeds 7 and 8 give the same file", types[i]);
+        if (i == 0) { /* the progress bar (on stderr) does not touch the bytes */
+            mu_synth_opts o;
+            mu_synth_opts_init(&o);
+            o.type = types[i];
+            o.seed = 7;
+            o.out_path = c;
+            o.progress = true;
+            CHECK(mu_synth(&o, &err));
+            CHECK(same_bytes(a, c));
+        }
         unlink(a);
         unlink(b);
         unlink(c);
@@ -538,6 +548,9 @@ static void test_quantize(void) {
     /* In place: input and output the same path. */
     CHECK_MSG(mu_quantize_file(nv, nv, "nvfp4_ggml", 2, false, &err), "%s", err.msg);
     check_quantized(src, nv, "nvfp4_ggml", 0.2);
+    /* ggml NVFP4 (type 40 + .scale) as input. */
+    CHECK_MSG(mu_quantize_file(nv, out, "Q8_0", 2, false, &err), "%s", err.msg);
+    check_quantized(nv, out, "Q8_0", 0.01);
     unlink(src); unlink(out); unlink(a); unlink(b); unlink(nv); unlink(k4);
 }
 

@@ -131,6 +131,7 @@ static int generate(const run_opts *o, muser_model *m, muser_session *s, FILE *d
     double t_decode = mu_now() - t1;
     int64_t decoded = generated > 0 ? generated - 1 : 0; /* forward passes after the prefill */
     printf("\n");
+    fflush(stdout);
     fprintf(stderr, "prefill: %lld tokens in %.3f s (%.2f tok/s); decode: %lld tokens in %.3f s (%.2f tok/s); backend %s\n",
             (long long)o->n_tokens, t_prefill, (double)o->n_tokens / t_prefill, (long long)decoded, t_decode,
             decoded ? (double)decoded / t_decode : 0.0, info.backend);

@@ -69,11 +69,12 @@ static inline void two_sum(double a, double b, double *s, double *e) {
 #define ROUND_MAGIC_F 0x1.8p23f
 
 /* q(r) ~ (e^r - 1) / r on |r| <= ln2/2 + 1e-4, minimax for absolute error
- * (1.1e-8, i.e. about 0.03 ulp of the final result). */
-static const float EXPF_Q[6] = {
-    0x1.000000p+0f, 0x1.000000p-1f, 0x1.55547cp-3f,
-    0x1.555470p-5f, 0x1.123db2p-7f, 0x1.6da798p-10f,
-};
+ * (1.1e-8, i.e. about 0.03 ulp of the final result); q0 = 1, q1 = 1/2.
+ * Written as literals, not a table, so CUDA device code can use them. */
+#define EXPF_Q2 0x1.55547cp-3f
+#define EXPF_Q3 0x1.555470p-5f
+#define EXPF_Q4 0x1.123db2p-7f
+#define EXPF_Q5 0x1.6da798p-10f
 
 float mu_expf(float x) {
     if (x != x) return x + x;                       /* NaN, quieted */
@@ -83,8 +84,11 @@ float mu_expf(float x) {
     int32_t n = (int32_t)n_f;
     float r = fmaf(-n_f, LN2_HI_F, x);              /* exact */
     r = fmaf(-n_f, LN2_LO_F, r);                    /* |r| <= ln2/2 + 6e-6 */
-    float q = EXPF_Q[5];
-    for (int i = 4; i >= 0; i--) q = fmaf(q, r, EXPF_Q[i]);
+    float q = fmaf(EXPF_Q5, r, EXPF_Q4);
+    q = fmaf(q, r, EXPF_Q3);
+    q = fmaf(q, r, EXPF_Q2);
+    q = fmaf(q, r, 0.5f);
+    q = fmaf(q, r, 1.0f);
     float p = fmaf(r, q, 1.0f);                     /* e^r, one rounding at the end */
     return scale_pow2f(p, n);
 }
@@ -98,10 +102,14 @@ float mu_expf(float x) {
 
 /* g(t) ~ (tanh(x) - x) / x^3 with t = x^2 on [0, 0.885^2]; minimax for
  * absolute error (2.9e-10 before rounding the coefficients to f32). */
-static const float TANH_G[8] = {
-    -0x1.555556p-2f, 0x1.11110ap-3f, -0x1.ba18c4p-5f, 0x1.661216p-6f,
-    -0x1.1fe3f4p-7f, 0x1.b8c95ep-9f, -0x1.1621f2p-10f, 0x1.8f3b5ep-13f,
-};
+#define TANH_G0 -0x1.555556p-2f
+#define TANH_G1 0x1.11110ap-3f
+#define TANH_G2 -0x1.ba18c4p-5f
+#define TANH_G3 0x1.661216p-6f
+#define TANH_G4 -0x1.1fe3f4p-7f
+#define TANH_G5 0x1.b8c95ep-9f
+#define TANH_G6 -0x1.1621f2p-10f
+#define TANH_G7 0x1.8f3b5ep-13f
 
 float mu_tanhf(float x) {
     if (x != x) return x + x;
@@ -111,8 +119,13 @@ float mu_tanhf(float x) {
     if (ax == 0.0f) return x;                       /* keeps the sign of zero */
     if (ax < TANH_POLY_LIMIT) {
         float x2 = x * x;
-        float g = TANH_G[7];
-        for (int i = 6; i >= 0; i--) g = fmaf(g, x2, TANH_G[i]);
+        float g = fmaf(TANH_G7, x2, TANH_G6);
+        g = fmaf(g, x2, TANH_G5);
+        g = fmaf(g, x2, TANH_G4);
+        g = fmaf(g, x2, TANH_G3);
+        g = fmaf(g, x2, TANH_G2);
+        g = fmaf(g, x2, TANH_G1);
+        g = fmaf(g, x2, TANH_G0);
         return fmaf(x * x2, g, x);                  /* odd: RNE is sign-symmetric */
     }
     float t = 1.0f;
@@ -134,16 +147,15 @@ float mu_siluf(float x) { return x * mu_sigmoidf(x); }
 #define LN2_LO 0x1.abc9e3b39803fp-56
 #define ROUND_MAGIC 0x1.8p52
 
-/* 1/(k+1)!: q(r) = (e^r - 1)/r to 14 terms (truncation < 2^-60 at |r| = ln2/2). */
-static const double EXP_Q[14] = {
-    0x1.0000000000000p+0, 0x1.0000000000000p-1, 0x1.5555555555555p-3,
-    0x1.5555555555555p-5, 0x1.1111111111111p-7, 0x1.6c16c16c16c17p-10,
-    0x1.a01a01a01a01ap-13, 0x1.a01a01a01a01ap-16, 0x1.71de3a556c734p-19,
-    0x1.27e4fb7789f5cp-22, 0x1.ae64567f544e4p-26, 0x1.1eed8eff8d898p-29,
-    0x1.6124613a86d09p-33, 0x1.93974a8c07c9dp-37,
-};
-
 double mu_exp(double x) {
+    /* 1/(k+1)!: q(r) = (e^r - 1)/r to 14 terms (truncation < 2^-60 at |r| = ln2/2) */
+    const double EXP_Q[14] = {
+        0x1.0000000000000p+0, 0x1.0000000000000p-1, 0x1.5555555555555p-3,
+        0x1.5555555555555p-5, 0x1.1111111111111p-7, 0x1.6c16c16c16c17p-10,
+        0x1.a01a01a01a01ap-13, 0x1.a01a01a01a01ap-16, 0x1.71de3a556c734p-19,
+        0x1.27e4fb7789f5cp-22, 0x1.ae64567f544e4p-26, 0x1.1eed8eff8d898p-29,
+        0x1.6124613a86d09p-33, 0x1.93974a8c07c9dp-37,
+    };
     if (x != x) return x + x;
     if (x > EXP_MAX_ARG) return bits_to_f64(F64_INF_BITS);
     if (x < EXP_MIN_ARG) return 0.0;
@@ -170,16 +182,15 @@ double mu_exp(double x) {
 #define LN2_HI42 0x1.62e42fefa3800p-1
 #define LN2_LO42 0x1.ef35793c76730p-45
 
-/* 2/(2k+1), k = 1..11: log((1+s)/(1-s)) = 2s + s*R(s^2), R(z) = sum of
- * 2 z^k/(2k+1). With |s| <= 0.1716, z <= 0.0295, truncation < 2^-60. */
-static const double LOG_R[11] = {
-    0x1.5555555555555p-1, 0x1.999999999999ap-2, 0x1.2492492492492p-2,
-    0x1.c71c71c71c71cp-3, 0x1.745d1745d1746p-3, 0x1.3b13b13b13b14p-3,
-    0x1.1111111111111p-3, 0x1.e1e1e1e1e1e1ep-4, 0x1.af286bca1af28p-4,
-    0x1.8618618618618p-4, 0x1.642c8590b2164p-4,
-};
-
 double mu_log(double x) {
+    /* 2/(2k+1), k = 1..11: log((1+s)/(1-s)) = 2s + s*R(s^2), R(z) = sum of
+     * 2 z^k/(2k+1). With |s| <= 0.1716, z <= 0.0295, truncation < 2^-60. */
+    const double LOG_R[11] = {
+        0x1.5555555555555p-1, 0x1.999999999999ap-2, 0x1.2492492492492p-2,
+        0x1.c71c71c71c71cp-3, 0x1.745d1745d1746p-3, 0x1.3b13b13b13b14p-3,
+        0x1.1111111111111p-3, 0x1.e1e1e1e1e1e1ep-4, 0x1.af286bca1af28p-4,
+        0x1.8618618618618p-4, 0x1.642c8590b2164p-4,
+    };
     if (x != x) return x + x;
     if (x < 0.0) return bits_to_f64(F64_QNAN_BITS);
     if (x == 0.0) return -bits_to_f64(F64_INF_BITS);
@@ -220,23 +231,18 @@ double mu_pow(double base, double e) { return mu_exp(e * mu_log(base)); }
  * pi/4 + 2^-21. Larger arguments (never needed for RoPE tables) give NaN. */
 #define TRIG_MAX_ARG 0x1p30
 
-/* (-1)^k/(2k+1)!, k = 1..10 and (-1)^k/(2k)!, k = 2..11: truncation below
- * 2^-70 for |y| <= pi/4 + 2^-21, the reduced range. */
-static const double SIN_S[10] = {
-    -0x1.5555555555555p-3, 0x1.1111111111111p-7, -0x1.a01a01a01a01ap-13,
-    0x1.71de3a556c734p-19, -0x1.ae64567f544e4p-26, 0x1.6124613a86d09p-33,
-    -0x1.ae7f3e733b81fp-41, 0x1.952c77030ad4ap-49, -0x1.2f49b46814157p-57,
-    0x1.71b8ef6dcf572p-66,
-};
-static const double COS_C[10] = {
-    0x1.5555555555555p-5, -0x1.6c16c16c16c17p-10, 0x1.a01a01a01a01ap-16,
-    -0x1.27e4fb7789f5cp-22, 0x1.1eed8eff8d898p-29, -0x1.93974a8c07c9dp-37,
-    0x1.ae7f3e733b81fp-45, -0x1.6827863b97d97p-53, 0x1.e542ba4020225p-62,
-    -0x1.0ce396db7f853p-70,
-};
+/* Kernels for the reduced range |y| <= pi/4 + 2^-21, where the Taylor
+ * series below ((-1)^k/(2k+1)!, k = 1..10; (-1)^k/(2k)!, k = 2..11)
+ * truncate below 2^-70. */
 
-/* sin(y + y_lo) for |y| <= 1, |y_lo| <= ulp(y). */
+/* sin(y + y_lo), |y_lo| <= ulp(y). */
 static double sin_kernel(double y, double y_lo) {
+    const double SIN_S[10] = {
+        -0x1.5555555555555p-3, 0x1.1111111111111p-7, -0x1.a01a01a01a01ap-13,
+        0x1.71de3a556c734p-19, -0x1.ae64567f544e4p-26, 0x1.6124613a86d09p-33,
+        -0x1.ae7f3e733b81fp-41, 0x1.952c77030ad4ap-49, -0x1.2f49b46814157p-57,
+        0x1.71b8ef6dcf572p-66,
+    };
     double z = y * y;
     double S = SIN_S[9];
     for (int i = 8; i >= 0; i--) S = fma(S, z, SIN_S[i]);
@@ -244,8 +250,14 @@ static double sin_kernel(double y, double y_lo) {
     return y + (y * z * S + y_lo * (1.0 - 0.5 * z));
 }
 
-/* cos(y + y_lo) for |y| <= 1, with the rounding error of 1 - y^2/2 recovered. */
+/* cos(y + y_lo), with the rounding error of 1 - y^2/2 recovered. */
 static double cos_kernel(double y, double y_lo) {
+    const double COS_C[10] = {
+        0x1.5555555555555p-5, -0x1.6c16c16c16c17p-10, 0x1.a01a01a01a01ap-16,
+        -0x1.27e4fb7789f5cp-22, 0x1.1eed8eff8d898p-29, -0x1.93974a8c07c9dp-37,
+        0x1.ae7f3e733b81fp-45, -0x1.6827863b97d97p-53, 0x1.e542ba4020225p-62,
+        -0x1.0ce396db7f853p-70,
+    };
     double z = y * y, z_err = fma(y, y, -z);
     double C = COS_C[9];
     for (int i = 8; i >= 0; i--) C = fma(C, z, COS_C[i]);
