@@ -1,7 +1,7 @@
 #!/bin/sh
 # Install the Debian packages the build and tests need, if any are missing.
 set -e
-PKGS="cmake make gcc libssl-dev pkg-config python3"
+PKGS="cmake make gcc libssl-dev pkg-config python3 libpcre2-dev libjansson-dev python3-jinja2"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -193,7 +193,8 @@ static void test_q8k_format(uint32_t type, fb_fn fb, bool with_scale) {
         for (int r = 0; r < N_OUT; r++) {
             float got = mu_weight_dot_row(&w, r, x, xq);
             float total = 0.0f;
-            for (int b = 0; b < NB; b++) total = total + fb(data + r * row_bytes + b * (row_bytes / NB), &xq[b]);
+            const uint8_t *row = data + r * row_bytes;
+            for (int b = 0; b < NB; b++) total = total + fb(row + b * (row_bytes / NB), &xq[b]);
             if (w.has_scale) total = total * w.scale;
             CHECK_MSG(mu_f32_bits(got) == mu_f32_bits(total), "%s row %d variant %d: %a vs %a",
                       mu_type_name(type), r, variant, (double)got, (double)total);
@@ -429,7 +430,8 @@ static float dequant_ref(uint32_t type, const uint8_t *b, int i) {
 }
 
 static void test_dequant_bitwise(void) {
-    const uint32_t types[] = {MU_TYPE_Q4_K, MU_TYPE_Q5_K, MU_TYPE_Q6_K, MU_TYPE_Q8_0, MU_TYPE_Q4_0, MU_TYPE_NVFP4};
+    const uint32_t types[] = {MU_TYPE_Q4_K, MU_TYPE_Q5_K, MU_TYPE_Q6_K,
+                              MU_TYPE_Q8_0, MU_TYPE_Q4_0, MU_TYPE_NVFP4};
     uint64_t rng = 0xDE0;
     float y[N_IN];
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
@@ -440,8 +442,10 @@ static void test_dequant_bitwise(void) {
             randomize_bytes(types[t], data, row_bytes * N_OUT, &rng);
             mu_type_get(types[t])->dequantize(data, y, N_IN);
             int bad = 0;
-            for (int i = 0; i < N_IN; i++)
-                bad += mu_f32_bits(y[i]) != mu_f32_bits(dequant_ref(types[t], data + (i / 256) * (row_bytes / NB), i % 256));
+            for (int i = 0; i < N_IN; i++) {
+                const uint8_t *blk = data + (i / 256) * (row_bytes / NB);
+                bad += mu_f32_bits(y[i]) != mu_f32_bits(dequant_ref(types[t], blk, i % 256));
+            }
             CHECK_MSG(bad == 0, "%s: %d values differ from the written formula", mu_type_name(types[t]), bad);
         }
         free(data);
@@ -498,7 +502,8 @@ static void test_nvfp4_epilogue_volume(void) {
         int64_t itotal = 0;
         for (int g = 0; g < 16; g++) {
             int gd = 0;
-            for (int i = 16 * g; i < 16 * g + 16; i++) gd += q1(i & 1 ? p[i / 2] >> 4 : p[i / 2] & 15) * xq.qs[i];
+            for (int i = 16 * g; i < 16 * g + 16; i++)
+                gd += q1(i & 1 ? p[i / 2] >> 4 : p[i / 2] & 15) * xq.qs[i];
             itotal += gd * q9(s[g], false);
         }
         float f = (((float)itotal * 0x1p-10f) * xq.d) * scale2;

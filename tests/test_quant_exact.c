@@ -25,8 +25,8 @@ static void check_bytes(const char *what, const uint8_t *got, const uint8_t *wan
     size_t first = n;
     for (size_t i = 0; i < n && first == n; i++)
         if (got[i] != want[i]) first = i;
-    CHECK_MSG(first == n, "%s: first differing byte %zu: 0x%02x vs 0x%02x", what, first, first < n ? got[first] : 0,
-              first < n ? want[first] : 0);
+    CHECK_MSG(first == n, "%s: first differing byte %zu: 0x%02x vs 0x%02x", what, first,
+              first < n ? got[first] : 0, first < n ? want[first] : 0);
 }
 
 static void test_q8_0(const float *x, uint8_t *got, uint8_t *want) {

@@ -56,7 +56,8 @@ static void plain_scale_min_block(const float *x, uint8_t *blk, int nmax, uint8_
     mu_kquant_pack_scales(blk + 4, sc, m);
     for (int j = 0; j < 8; j++) {
         float dj = mu_f16_to_f32(d) * sc[j], mj = mu_f16_to_f32(dmin) * m[j];
-        for (int i = 32 * j; i < 32 * j + 32; i++) code[i] = dj > 0 ? (uint8_t)nearest((x[i] + mj) / dj, 0, nmax) : 0;
+        for (int i = 32 * j; i < 32 * j + 32; i++)
+            code[i] = dj > 0 ? (uint8_t)nearest((x[i] + mj) / dj, 0, nmax) : 0;
     }
 }
 
@@ -65,7 +66,8 @@ static void plain_q4k(const float *x, uint8_t *out) {
         uint8_t *blk = out + 144 * b, code[256];
         plain_scale_min_block(x + 256 * b, blk, 15, code);
         for (int g = 0; g < 4; g++)
-            for (int l = 0; l < 32; l++) blk[16 + 32 * g + l] = (uint8_t)(code[64 * g + l] | code[64 * g + 32 + l] << 4);
+            for (int l = 0; l < 32; l++)
+                blk[16 + 32 * g + l] = (uint8_t)(code[64 * g + l] | code[64 * g + 32 + l] << 4);
     }
 }
 
@@ -109,8 +111,8 @@ static void plain_q6k(const float *x, uint8_t *out) {
                 const uint8_t *v = u + 128 * h;
                 blk[64 * h + l] = (uint8_t)((v[l] & 15) | (v[l + 64] & 15) << 4);
                 blk[64 * h + l + 32] = (uint8_t)((v[l + 32] & 15) | (v[l + 96] & 15) << 4);
-                blk[128 + 32 * h + l] =
-                    (uint8_t)((v[l] >> 4) | (v[l + 32] >> 4) << 2 | (v[l + 64] >> 4) << 4 | (v[l + 96] >> 4) << 6);
+                blk[128 + 32 * h + l] = (uint8_t)((v[l] >> 4) | (v[l + 32] >> 4) << 2 |
+                                                  (v[l + 64] >> 4) << 4 | (v[l + 96] >> 4) << 6);
             }
     }
 }
@@ -177,7 +179,8 @@ int main(void) {
         double gain = 1.0 - searched / plain;
         printf("%-12s searched %.6f vs plain min/max %.6f: %.1f%% lower error\n", mu_type_name(kq[i].type),
                searched, plain, 100.0 * gain);
-        CHECK_MSG(gain >= kq[i].min_gain, "%s search gains only %.1f%%", mu_type_name(kq[i].type), 100 * gain);
+        CHECK_MSG(gain >= kq[i].min_gain, "%s search gains only %.1f%%", mu_type_name(kq[i].type),
+                  100 * gain);
     }
     free(x), free(y), free(buf), free(scales), free(z);
     TEST_MAIN_END();

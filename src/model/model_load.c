@@ -225,7 +225,7 @@ static bool bind_weight(loader *L, const char *name, int64_t n_in, int64_t n_out
     if (!t || !shape_is(L, t, n_in, n_out)) return false;
     const mu_type_traits *tr = mu_type_get(t->type);
     bool native = t->type == MU_TYPE_NVFP4_E2M1;
-    if (!native && !tr->supported)
+    if (!native && (!tr->supported || t->type == MU_TYPE_Q8_K || t->type == MU_TYPE_F8_E4M3FN))
         return fail(L, "tensor %s has type %s, which this engine does not compute with", name,
                     mu_type_name(t->type) ? mu_type_name(t->type) : "unknown");
     memset(w, 0, sizeof *w);
@@ -251,6 +251,8 @@ static bool bind_weight(loader *L, const char *name, int64_t n_in, int64_t n_out
     }
     if (mu_weight_uses_q8k(w, &via_f16) && n_in % MU_QK_K)
         return fail(L, "tensor %s: quantized rows must be a multiple of 256 values (Q8_K activations)", name);
+    mu_error werr;
+    if (!mu_weight_check(w, &werr)) return fail(L, "%s", werr.msg);
     L->m->weight_bytes += t->nbytes;
     return true;
 }

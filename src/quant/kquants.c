@@ -196,12 +196,8 @@ float qi_dot_q6_k(const void *w, const mu_block_q8k *x) {
 
 /* -------------------------------------------------------------- quantize */
 
-/* Fit x[0..n) ~ scale*q - offset with q in 0..nmax and offset >= 0 by
- * weighted least squares (llama.cpp's make_qkx2 idea): start from the
- * min/max grid, then for each candidate inverse scale
- * (nmax + rmin + rdelta*k) / (max - min) round the codes and refit scale and
- * min in closed form; keep the fit with the lowest weighted squared error.
- * Returns scale and writes offset (= -min) and the codes. */
+/* Candidate inverse scales of the sub-block search: (nmax + rmin + rdelta*k)
+ * / (max - min) for k = 0..nstep. */
 typedef struct fit_params {
     float rmin, rdelta;
     int nstep;
@@ -216,6 +212,11 @@ static float fit_error(int n, const float *x, const float *w, const uint8_t *q, 
     return err;
 }
 
+/* Fit x[0..n) ~ scale*q - offset (n <= 32) with q in 0..nmax and offset >= 0
+ * by weighted least squares (llama.cpp's make_qkx2 idea): start from the
+ * min/max grid, then for each candidate inverse scale round the codes and
+ * refit scale and min in closed form; keep the fit with the lowest weighted
+ * squared error. Returns scale and writes offset (= -min) and the codes. */
 static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *q,
                            float *offset, fit_params p) {
     float lo = x[0], hi = x[0];
