@@ -684,9 +684,9 @@ static void check_real_file(const char *dir, const char *name, int *n_known) {
 }
 
 static void test_real_files(void) {
-    const char *shared = getenv("MUSER_SHARED");
+    const char *src = getenv("MUSER_SOURCE_DIR");
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/testdata/tokenizer", shared ? shared : "/work/shared");
+    snprintf(dir, sizeof dir, "%s/tests/data/tokenizer", src ? src : ".");
     DIR *d = opendir(dir);
     CHECK_MSG(d != NULL, "cannot open %s", dir);
     if (!d) return;
