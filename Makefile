@@ -3,7 +3,7 @@
 JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
-MODEL ?= $(BUILD)/models/tiny-q4_k_xl.gguf
+MODEL ?= models/glimmer-tiny-q4_k_xl.gguf
 
 .PHONY: all deps build build-asan run test test-release test-asan clean
 
@@ -20,14 +20,9 @@ build-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMUSER_SANITIZE=ON >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 
-$(MODEL): | build
-	mkdir -p $(dir $(MODEL))
-	$(BUILD)/muser synth --preset tiny --type q4_k_xl --seed 42 -o $(MODEL)
-
-# The main job: generation with the default model (a synthetic tiny model
-# until the trained glimmer-tiny lands).
-run: build $(MODEL)
-	$(BUILD)/muser run -m $(MODEL) --tokens 1,2,3,4,5,6,7,8 -n 32
+# The main job: generation with the shipped default model (glimmer-tiny).
+run: build
+	$(BUILD)/muser run -m $(MODEL) -p "And it came to pass, when the king" -n 64
 
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

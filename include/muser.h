@@ -97,6 +97,43 @@ muser_snapshot *muser_session_snapshot(const muser_session *s);
 bool muser_session_restore(muser_session *s, const muser_snapshot *snap, muser_error *err);
 void muser_snapshot_free(muser_snapshot *snap);
 
+/* ---------------- text layer ----------------
+ * Available when the GGUF carries tokenizer metadata (tokenizer.ggml.*).
+ * Strings returned by muser_* allocation functions are freed with free(). */
+bool muser_model_has_tokenizer(const muser_model *m);
+/* Token ids for text (count >= 0, *out malloc'd) or -1 with err.
+ * add_special: BOS/EOS as the model asks; parse_special: match control-token texts. */
+int64_t muser_tokenize(const muser_model *m, const char *text, size_t len, bool add_special, bool parse_special,
+                       int32_t **out, muser_error *err);
+/* Whole-sequence text (NUL-terminated, *len excludes it) or NULL with err. */
+char *muser_detokenize(const muser_model *m, const int32_t *ids, size_t n, bool render_special, size_t *len,
+                       muser_error *err);
+/* Raw vocabulary text of one token (NULL if out of range). */
+const char *muser_token_text(const muser_model *m, int32_t id);
+bool muser_token_is_eog(const muser_model *m, int32_t id);
+int32_t muser_token_bos(const muser_model *m);
+
+/* Streaming detokenizer: each push returns only complete UTF-8 (valid until
+ * the next call); flush ends the stream. */
+typedef struct muser_detok muser_detok;
+muser_detok *muser_detok_new(const muser_model *m, bool render_special);
+const char *muser_detok_push(muser_detok *d, int32_t id, size_t *len);
+const char *muser_detok_flush(muser_detok *d, size_t *len);
+void muser_detok_free(muser_detok *d);
+
+/* Render the model's tokenizer.chat_template (Jinja, as Hugging Face does)
+ * for an OpenAI-style JSON array of messages. Returns malloc'd text or NULL
+ * with err (template syntax errors name line and column). */
+typedef struct muser_chat_params {
+    const char *messages_json;   /* required: JSON array */
+    const char *tools_json;      /* optional JSON array */
+    bool add_generation_prompt;
+    const char *date;            /* "YYYY-MM-DD" for strftime_now; NULL = today */
+} muser_chat_params;
+char *muser_chat_render(const muser_model *m, const muser_chat_params *p, muser_error *err);
+/* SHA-256 (hex) of tokenizer.chat_template, "" if none: part of the identity. */
+const char *muser_chat_template_sha256(const muser_model *m);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,17 +24,16 @@ sha=$(sha256sum "$T/tiny.gguf" | cut -d' ' -f1)
 check grep -q "$sha" "$T/info.json"
 
 TOK=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20
-check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 64 >"$T/a.txt" 2>/dev/null
-check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 64 >"$T/b.txt" 2>/dev/null
-check cmp "$T/a.txt" "$T/b.txt"
-check test "$(wc -w <"$T/a.txt")" -eq 64
+check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 64 --ignore-eos --json >"$T/a.json" 2>/dev/null
+check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 64 --ignore-eos --json >"$T/b.json" 2>/dev/null
+check python3 -c "import json; a=json.load(open('$T/a.json')); b=json.load(open('$T/b.json')); assert a['tokens']==b['tokens'] and a['text']==b['text'] and len(a['tokens'])==64, (a, b)"
 # prefill chunking must not change a single bit of the logits
 check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 8 --chunk 1 --dump-logits "$T/c1.bin" >/dev/null 2>&1
 check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 8 --chunk 7 --dump-logits "$T/c7.bin" >/dev/null 2>&1
 check cmp "$T/c1.bin" "$T/c7.bin"
 check test "$(stat -c %s "$T/c1.bin")" -eq $((8 * 512 * 4))
 
-expect_fail "-m MODEL is required" "$M" run --tokens 1,2
+expect_fail "give a prompt" "$M" run -m "$T/tiny.gguf"
 expect_fail "outside the vocabulary" "$M" run -m "$T/tiny.gguf" --tokens 1,99999 -n 1
 expect_fail "unknown option" "$M" run -m "$T/tiny.gguf" --bogus
 expect_fail "No such file" "$M" run -m "$T/missing.gguf" --tokens 1
@@ -48,4 +47,40 @@ check "$M" quantize --help >/dev/null
 check "$M" info --help >/dev/null
 check "$M" quantize "$T/tiny.gguf" "$T/q8.gguf" Q8_0 --no-progress
 check "$M" run -m "$T/q8.gguf" --tokens $TOK -n 4 >/dev/null 2>&1
+# text layer: tokenizer round trip, chat template, text prompts, chat, stop strings
+check "$M" tokenize -m "$T/tiny.gguf" "Hello world, the end." --ids --no-bos >"$T/ids.txt"
+check test "$("$M" detokenize -m "$T/tiny.gguf" "$(cat "$T/ids.txt")")" = "Hello world, the end."
+printf '[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi \\"there\\""}]' >"$T/msgs.json"
+check "$M" chat-template -m "$T/tiny.gguf" --messages "$T/msgs.json" >"$T/chat.txt"
+check grep -q '<|header_start|>assistant<|header_end|>' "$T/chat.txt"
+check grep -qF 'Hi "there"' "$T/chat.txt"
+check "$M" chat-template -m "$T/tiny.gguf" --messages "$T/msgs.json" --no-generation-prompt >"$T/chat2.txt"
+check test "$(grep -c assistant "$T/chat2.txt")" -eq 0
+printf '{%% for m in messages %%}{{ m.content }}{%% endfor' >"$T/bad.jinja"
+expect_fail "bad.jinja:1:" "$M" chat-template --template "$T/bad.jinja" --messages "$T/msgs.json"
+check "$M" run -m "$T/tiny.gguf" -p "Once upon a time" -n 16 --json >"$T/p.json" 2>/dev/null
+check python3 -c "import json; d=json.load(open('$T/p.json')); assert d['prompt_tokens'][0]==316 and 1<=len(d['tokens'])<=16"
+printf 'Once upon a time' >"$T/prompt.txt"
+check "$M" run -m "$T/tiny.gguf" -f "$T/prompt.txt" -n 16 --json >"$T/f.json" 2>/dev/null
+check python3 -c "import json; a=json.load(open('$T/p.json')); b=json.load(open('$T/f.json')); assert a['tokens']==b['tokens']"
+# a stop string taken from the greedy output itself must cut the text right before it
+check "$M" run -m "$T/tiny.gguf" -p "Once upon a time" -n 32 --ignore-eos --json >"$T/long.json" 2>/dev/null
+STOP=$(python3 -c "
+import json, re
+t = json.load(open('$T/long.json'))['text']
+m = re.search(r'[A-Za-z]{2}', t[1:])
+print(m.group(0) if m else '', end='')")
+if [ -n "$STOP" ]; then
+  check "$M" run -m "$T/tiny.gguf" -p "Once upon a time" -n 32 --ignore-eos --stop "$STOP" --json >"$T/stop.json" 2>/dev/null
+  check env STOP="$STOP" python3 -c "
+import json, os
+a = json.load(open('$T/long.json'))['text']; b = json.load(open('$T/stop.json')); s = os.environ['STOP']
+assert b['stop'] == 'stop_string' and b['text'] == a[:a.find(s, 1)], (a, b, s)"
+else
+  echo "note: greedy text had no ASCII pair; stop-string check skipped" >&2
+fi
+printf 'Hello\n/reset\nHi again\n/exit\n' | "$M" run -m "$T/tiny.gguf" --chat -n 8 >"$T/chat.out" 2>"$T/chat.err"
+check test $? -eq 0
+check grep -q "conversation forgotten" "$T/chat.err"
+check test "$(grep -c 'prefill:' "$T/chat.err")" -eq 2
 exit $fail

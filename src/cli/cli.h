@@ -9,6 +9,12 @@ int cmd_run(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+int cmd_chat_template(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+/* Whole file as a NUL-terminated malloc'd buffer; NULL with a message. */
+char *cli_read_file(const char *cmd, const char *path, size_t *len);
 
 /* Argument helpers: print "muser <cmd>: ..." on error and return false. */
 bool cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);

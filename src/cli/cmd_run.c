@@ -1,46 +1,76 @@
-/* muser run: prefill the prompt tokens, then decode -n tokens. */
+/* muser run: prompt (token ids, text or chat) -> streamed generation.
+ * Text is printed as soon as it forms complete UTF-8; generation stops on an
+ * end-of-generation token, a --stop string or -n tokens. --chat keeps a
+ * multi-turn conversation rendered with the model's chat template. */
 #include "cli.h"
 #include "muser.h"
 #include "util/common.h"
 #include "util/mumath.h"
+#include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
+#define MAX_STOPS 16
+
+typedef struct run_opts {
+    const char *model, *dump, *prompt, *prompt_file, *system;
+    const char *stops[MAX_STOPS];
+    int n_stops;
+    int32_t *tokens;
+    int64_t n_tokens, n_predict, threads, ctx, chunk;
+    float temp;
+    uint64_t seed;
+    bool chat, json, ignore_eos;
+    muser_backend_kind backend;
+} run_opts;
+
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: muser run -m MODEL (--tokens 1,2,3 | -p TEXT) [options]\n\n"
-            "  -m, --model FILE       Muse Glimmer GGUF\n"
+            "usage: muser run -m MODEL (-p TEXT | -f FILE | --tokens IDS | --chat) [options]\n\n"
+            "  -m, --model FILE       Muse Glimmer GGUF (default: $MUSER_MODEL, else the shipped\n"
+            "                         models/glimmer-tiny-q4_k_xl.gguf)\n"
+            "  -p, --prompt TEXT      prompt text (tokenized with the model's tokenizer, BOS as the model asks)\n"
+            "  -f, --file FILE        read the prompt text from FILE\n"
             "  --tokens IDS           prompt as comma-separated token ids\n"
-            "  -p, --prompt TEXT      prompt text (needs the tokenizer; not in this build yet)\n"
-            "  -n, --n-predict N      tokens to generate (default 16)\n"
+            "  --system TEXT          system message; the prompt then goes through the chat template\n"
+            "  --chat                 interactive multi-turn chat with the model's template\n"
+            "                         (/exit quits, /reset forgets, Ctrl-C stops the current reply)\n"
+            "  -n, --n-predict N      maximum tokens to generate (default 128)\n"
+            "  --stop TEXT            stop when the output contains TEXT (repeatable, up to %d)\n"
+            "  --ignore-eos           do not stop at end-of-generation tokens\n"
             "  --temp T               temperature; 0 = greedy, lowest id wins ties (default 0)\n"
             "  --seed S               sampling seed (default 0)\n"
             "  -t, --threads N        threads (default: all cores)\n"
             "  -c, --ctx-size N       context length (default: model's, capped at 4096)\n"
             "  --chunk N              prefill rows per forward call (default 512)\n"
             "  --backend NAME         ref | cpu | cuda | auto (default auto)\n"
-            "  --dump-logits FILE     append every step's f32 logits (prefill last row, then each decode step)\n");
+            "  --json                 print one JSON object: prompt and generated ids, text, timings\n"
+            "  --dump-logits FILE     write every step's f32 logits (prompt's last row, then each decode step)\n",
+            MAX_STOPS);
 }
 
-typedef struct run_opts {
-    const char *model, *dump, *prompt;
-    int32_t *tokens;
-    int64_t n_tokens, n_predict, threads, ctx, chunk;
-    float temp;
-    uint64_t seed;
-    muser_backend_kind backend;
-} run_opts;
-
 static int parse(int argc, char **argv, run_opts *o) {
-    *o = (run_opts){.n_predict = 16, .ctx = 0, .chunk = 0};
+    *o = (run_opts){.n_predict = 128};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         bool ok = true;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run_usage(stdout); return 0; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) ok = cli_value("run", argc, argv, &i, &o->model);
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) ok = cli_value("run", argc, argv, &i, &o->prompt);
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) ok = cli_value("run", argc, argv, &i, &o->prompt_file);
+        else if (!strcmp(a, "--system")) ok = cli_value("run", argc, argv, &i, &o->system);
         else if (!strcmp(a, "--dump-logits")) ok = cli_value("run", argc, argv, &i, &o->dump);
-        else if (!strcmp(a, "--tokens"))
+        else if (!strcmp(a, "--chat")) o->chat = true;
+        else if (!strcmp(a, "--json")) o->json = true;
+        else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
+        else if (!strcmp(a, "--stop")) {
+            ok = cli_value("run", argc, argv, &i, &v);
+            if (ok && (o->n_stops == MAX_STOPS || !v[0])) {
+                fprintf(stderr, "muser run: --stop needs non-empty text, at most %d times\n", MAX_STOPS);
+                ok = false;
+            } else if (ok) o->stops[o->n_stops++] = v;
+        } else if (!strcmp(a, "--tokens"))
             ok = cli_value("run", argc, argv, &i, &v) && cli_parse_ids("run", v, &o->tokens, &o->n_tokens);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict"))
             ok = cli_value("run", argc, argv, &i, &v) && cli_parse_i64("run", a, v, 0, 1 << 24, &o->n_predict);
@@ -66,17 +96,23 @@ static int parse(int argc, char **argv, run_opts *o) {
         }
         if (!ok) return 2;
     }
+    if (!o->model) o->model = getenv("MUSER_MODEL");
+#ifdef MUSER_DEFAULT_MODEL
+    if (!o->model) o->model = MUSER_DEFAULT_MODEL;
+#endif
     if (!o->model) { fprintf(stderr, "muser run: -m MODEL is required\n"); return 2; }
-    if (o->prompt) {
-        fprintf(stderr, "muser run: text prompts need the tokenizer, which this build does not have yet; use --tokens\n");
+    int sources = (o->prompt != NULL) + (o->prompt_file != NULL) + (o->tokens != NULL);
+    if (sources > 1 || (o->chat && sources)) {
+        fprintf(stderr, "muser run: give one of -p, -f, --tokens or --chat\n");
         return 2;
     }
-    if (!o->tokens) { fprintf(stderr, "muser run: give a prompt with --tokens\n"); return 2; }
+    if (!sources && !o->chat) { fprintf(stderr, "muser run: give a prompt (-p, -f, --tokens) or --chat\n"); return 2; }
+    if (o->chat && o->json) { fprintf(stderr, "muser run: --json does not combine with --chat\n"); return 2; }
     return -1;
 }
 
-/* Greedy: the highest logit, lowest id on ties. Otherwise a plain softmax draw
- * at temperature (interim sampler until the llama.cpp-compatible chain lands). */
+/* ---------------- sampling (interim, until the llama.cpp chain lands) ---------------- */
+
 static int32_t pick(const float *logits, int64_t n, float temp, uint64_t *rng) {
     int64_t best = 0;
     for (int64_t i = 1; i < n; i++)
@@ -84,8 +120,7 @@ static int32_t pick(const float *logits, int64_t n, float temp, uint64_t *rng) {
     if (temp <= 0) return (int32_t)best;
     double sum = 0;
     for (int64_t i = 0; i < n; i++) sum += (double)mu_expf((logits[i] - logits[best]) / temp);
-    /* splitmix64 */
-    uint64_t z = (*rng += 0x9E3779B97F4A7C15ull);
+    uint64_t z = (*rng += 0x9E3779B97F4A7C15ull); /* splitmix64 */
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
@@ -97,44 +132,284 @@ static int32_t pick(const float *logits, int64_t n, float temp, uint64_t *rng) {
     return (int32_t)best;
 }
 
-static bool dump(FILE *f, const float *logits, int64_t n) {
-    return !f || fwrite(logits, sizeof(float), (size_t)n, f) == (size_t)n;
+/* ---------------- one generation ---------------- */
+
+static volatile sig_atomic_t g_interrupted;
+static void on_sigint(int sig) { (void)sig; g_interrupted = 1; }
+
+typedef struct gen_state {
+    const run_opts *o;
+    muser_model *m;
+    muser_session *s;
+    muser_model_info info;
+    FILE *dump;
+    uint64_t rng;
+    /* output of the current generation */
+    int32_t *out_ids;
+    int64_t n_out, cap_out;
+    char *text;           /* all text produced so far (for stop strings and --json) */
+    size_t text_len, text_cap, printed;
+    bool stopped_by_eog, stopped_by_stop;
+    double t_prefill, t_decode;
+    int64_t n_prefill, n_decoded;
+} gen_state;
+
+static void append_text(gen_state *g, const char *p, size_t n) {
+    if (g->text_len + n + 1 > g->text_cap) {
+        g->text_cap = (g->text_len + n + 1) * 2;
+        g->text = mu_xrealloc(g->text, g->text_cap);
+    }
+    memcpy(g->text + g->text_len, p, n);
+    g->text_len += n;
+    g->text[g->text_len] = 0;
 }
 
-static int generate(const run_opts *o, muser_model *m, muser_session *s, FILE *df) {
-    muser_error err;
-    muser_model_info info;
-    muser_model_get_info(m, &info);
-    uint64_t rng = o->seed;
-    double t0 = mu_now();
-    if (!muser_session_feed(s, o->tokens, o->n_tokens, &err)) {
-        fprintf(stderr, "muser run: %s\n", err.msg);
-        return 1;
+/* Print what can no longer become part of a stop string; true if a stop hit. */
+static bool emit(gen_state *g, bool final) {
+    size_t limit = g->text_len;
+    bool hit = false;
+    for (int k = 0; k < g->o->n_stops; k++) {
+        const char *p = memmem(g->text + g->printed, g->text_len - g->printed, g->o->stops[k], strlen(g->o->stops[k]));
+        if (p && (size_t)(p - g->text) < limit) { limit = (size_t)(p - g->text); hit = true; }
     }
-    double t_prefill = mu_now() - t0;
-    const float *logits = muser_session_logits(s);
-    if (!dump(df, logits, info.n_vocab)) { fprintf(stderr, "muser run: writing logits failed\n"); return 1; }
-    double t1 = mu_now();
-    int64_t generated = 0;
-    for (; generated < o->n_predict; generated++) {
-        int32_t tok = pick(logits, info.n_vocab, o->temp, &rng);
-        printf("%s%d", generated ? " " : "", tok);
-        fflush(stdout);
-        if (generated + 1 == o->n_predict) { generated++; break; }
-        if (!muser_session_feed(s, &tok, 1, &err)) {
-            fprintf(stderr, "\nmuser run: %s\n", err.msg);
-            return 1;
+    if (!hit && !final) /* hold back a suffix that may still grow into a stop string */
+        for (int k = 0; k < g->o->n_stops; k++) {
+            size_t sl = strlen(g->o->stops[k]);
+            for (size_t keep = sl - 1; keep > 0; keep--)
+                if (keep <= g->text_len - g->printed &&
+                    !memcmp(g->text + g->text_len - keep, g->o->stops[k], keep)) {
+                    if (g->text_len - keep < limit) limit = g->text_len - keep;
+                    break;
+                }
         }
-        logits = muser_session_logits(s);
-        if (!dump(df, logits, info.n_vocab)) { fprintf(stderr, "muser run: writing logits failed\n"); return 1; }
+    if (limit > g->printed) {
+        if (!g->o->json) fwrite(g->text + g->printed, 1, limit - g->printed, stdout);
+        fflush(stdout);
+        g->printed = limit;
     }
-    double t_decode = mu_now() - t1;
-    int64_t decoded = generated > 0 ? generated - 1 : 0; /* forward passes after the prefill */
-    printf("\n");
-    fflush(stdout);
-    fprintf(stderr, "prefill: %lld tokens in %.3f s (%.2f tok/s); decode: %lld tokens in %.3f s (%.2f tok/s); backend %s\n",
-            (long long)o->n_tokens, t_prefill, (double)o->n_tokens / t_prefill, (long long)decoded, t_decode,
-            decoded ? (double)decoded / t_decode : 0.0, info.backend);
+    if (hit) { /* the stop string itself is not part of the output */
+        g->text_len = limit;
+        g->text[limit] = 0;
+    }
+    return hit;
+}
+
+static bool dump_logits(gen_state *g, const float *logits) {
+    if (!g->dump || fwrite(logits, sizeof(float), (size_t)g->info.n_vocab, g->dump) == (size_t)g->info.n_vocab)
+        return true;
+    fprintf(stderr, "muser run: writing logits failed\n");
+    return false;
+}
+
+/* Feed prompt (already in the session's context after this) and generate. */
+static bool generate(gen_state *g, const int32_t *prompt, int64_t n_prompt) {
+    muser_error err;
+    g->n_out = 0;
+    g->text_len = g->printed = 0;
+    g->stopped_by_eog = g->stopped_by_stop = false;
+    double t0 = mu_now();
+    if (!muser_session_feed(g->s, prompt, n_prompt, &err)) {
+        fprintf(stderr, "muser run: %s\n", err.msg);
+        return false;
+    }
+    g->t_prefill = mu_now() - t0;
+    g->n_prefill = n_prompt;
+    const float *logits = muser_session_logits(g->s);
+    if (!dump_logits(g, logits)) return false;
+    muser_detok *dt = muser_detok_new(g->m, false);
+    double t1 = mu_now();
+    g->n_decoded = 0;
+    bool ok = true;
+    g_interrupted = 0;
+    while (g->n_out < g->o->n_predict && !g_interrupted) {
+        int32_t tok = pick(logits, g->info.n_vocab, g->o->temp, &g->rng);
+        if (g->n_out == g->cap_out) g->out_ids = mu_xrealloc(g->out_ids, (size_t)(g->cap_out = g->cap_out * 2 + 64) * sizeof(int32_t));
+        g->out_ids[g->n_out++] = tok;
+        if (!g->o->ignore_eos && muser_token_is_eog(g->m, tok)) { g->stopped_by_eog = true; break; }
+        if (dt) {
+            size_t len;
+            const char *piece = muser_detok_push(dt, tok, &len);
+            append_text(g, piece, len);
+            if (emit(g, false)) { g->stopped_by_stop = true; break; }
+        } else if (!g->o->json) {
+            printf("%s%d", g->n_out > 1 ? " " : "", tok);
+            fflush(stdout);
+        }
+        if (g->n_out == g->o->n_predict) break;
+        if (!muser_session_feed(g->s, &tok, 1, &err)) {
+            fprintf(stderr, "\nmuser run: %s\n", err.msg);
+            ok = false;
+            break;
+        }
+        g->n_decoded++;
+        logits = muser_session_logits(g->s);
+        if (!(ok = dump_logits(g, logits))) break;
+    }
+    if (dt && !g->stopped_by_stop) {
+        size_t len;
+        const char *rest = muser_detok_flush(dt, &len);
+        append_text(g, rest, len);
+        g->stopped_by_stop = emit(g, true);
+    }
+    muser_detok_free(dt);
+    g->t_decode = mu_now() - t1;
+    return ok;
+}
+
+static void print_timings(const gen_state *g) {
+    fprintf(stderr, "\nprefill: %lld tokens in %.3f s (%.2f tok/s); decode: %lld tokens in %.3f s (%.2f tok/s); backend %s\n",
+            (long long)g->n_prefill, g->t_prefill, g->t_prefill > 0 ? (double)g->n_prefill / g->t_prefill : 0.0,
+            (long long)g->n_decoded, g->t_decode, g->n_decoded ? (double)g->n_decoded / g->t_decode : 0.0,
+            g->info.backend);
+}
+
+static void print_json(const gen_state *g, const int32_t *prompt, int64_t n_prompt) {
+    printf("{\"prompt_tokens\":[");
+    for (int64_t i = 0; i < n_prompt; i++) printf("%s%d", i ? "," : "", prompt[i]);
+    printf("],\"tokens\":[");
+    for (int64_t i = 0; i < g->n_out; i++) printf("%s%d", i ? "," : "", g->out_ids[i]);
+    printf("],\"text\":");
+    cli_json_str(stdout, g->text ? g->text : "");
+    printf(",\"stop\":\"%s\",\"timings\":{\"prefill_tokens\":%lld,\"prefill_s\":%.6f,\"prefill_tok_s\":%.3f,"
+           "\"decode_tokens\":%lld,\"decode_s\":%.6f,\"decode_tok_s\":%.3f},\"backend\":\"%s\"}\n",
+           g->stopped_by_eog ? "eog" : g->stopped_by_stop ? "stop_string" : "length", (long long)g->n_prefill,
+           g->t_prefill, g->t_prefill > 0 ? (double)g->n_prefill / g->t_prefill : 0.0, (long long)g->n_decoded,
+           g->t_decode, g->n_decoded ? (double)g->n_decoded / g->t_decode : 0.0, g->info.backend);
+}
+
+/* ---------------- prompts ---------------- */
+
+static void json_append(char **buf, size_t *len, const char *s) {
+    size_t n = strlen(s);
+    *buf = mu_xrealloc(*buf, *len + n + 1);
+    memcpy(*buf + *len, s, n + 1);
+    *len += n;
+}
+
+/* Append {"role":..,"content":..} to a JSON array under construction. */
+static void add_message(char **arr, size_t *len, const char *role, const char *content, size_t clen) {
+    json_append(arr, len, *len > 1 ? ",{\"role\":\"" : "{\"role\":\"");
+    json_append(arr, len, role);
+    json_append(arr, len, "\",\"content\":\"");
+    char esc[8];
+    for (size_t i = 0; i < clen; i++) {
+        unsigned char c = (unsigned char)content[i];
+        if (c == '"' || c == '\\') { esc[0] = '\\'; esc[1] = (char)c; esc[2] = 0; }
+        else if (c == '\n') strcpy(esc, "\\n");
+        else if (c == '\t') strcpy(esc, "\\t");
+        else if (c == '\r') strcpy(esc, "\\r");
+        else if (c < 0x20) snprintf(esc, sizeof esc, "\\u%04x", c);
+        else { esc[0] = (char)c; esc[1] = 0; }
+        json_append(arr, len, esc);
+    }
+    json_append(arr, len, "\"}");
+}
+
+/* Tokenize rendered chat text: specials parsed, BOS added once if the model wants it. */
+static int64_t tokenize_chat(muser_model *m, const char *text, int32_t **ids, muser_error *err) {
+    int64_t n = muser_tokenize(m, text, strlen(text), false, true, ids, err);
+    int32_t bos = muser_token_bos(m);
+    int32_t *probe = NULL;
+    muser_error e2;
+    bool wants_bos = muser_tokenize(m, "", 0, true, false, &probe, &e2) > 0;
+    free(probe);
+    if (n >= 0 && wants_bos && bos >= 0 && (n == 0 || (*ids)[0] != bos)) {
+        *ids = mu_xrealloc(*ids, (size_t)(n + 1) * sizeof(int32_t));
+        memmove(*ids + 1, *ids, (size_t)n * sizeof(int32_t));
+        (*ids)[0] = bos;
+        n++;
+    }
+    return n;
+}
+
+static char *render_chat(muser_model *m, const char *messages, muser_error *err) {
+    muser_chat_params p = {.messages_json = messages, .add_generation_prompt = true};
+    return muser_chat_render(m, &p, err);
+}
+
+static int64_t build_prompt(const run_opts *o, muser_model *m, int32_t **ids) {
+    muser_error err;
+    if (o->tokens) {
+        *ids = mu_xmalloc((size_t)o->n_tokens * sizeof(int32_t));
+        memcpy(*ids, o->tokens, (size_t)o->n_tokens * sizeof(int32_t));
+        return o->n_tokens;
+    }
+    size_t len = 0;
+    char *text = o->prompt_file ? cli_read_file("run", o->prompt_file, &len) : mu_xstrdup(o->prompt);
+    if (!text) return -1;
+    if (!o->prompt_file) len = strlen(text);
+    int64_t n;
+    if (o->system) {
+        char *msgs = mu_xstrdup("[");
+        size_t ml = 1;
+        add_message(&msgs, &ml, "system", o->system, strlen(o->system));
+        add_message(&msgs, &ml, "user", text, len);
+        json_append(&msgs, &ml, "]");
+        char *rendered = render_chat(m, msgs, &err);
+        n = rendered ? tokenize_chat(m, rendered, ids, &err) : -1;
+        free(rendered);
+        free(msgs);
+    } else {
+        n = muser_tokenize(m, text, len, true, true, ids, &err);
+    }
+    free(text);
+    if (n < 0) fprintf(stderr, "muser run: %s\n", err.msg);
+    else if (n == 0) { fprintf(stderr, "muser run: the prompt is empty\n"); free(*ids); n = -1; }
+    return n;
+}
+
+/* ---------------- chat ---------------- */
+
+static int chat_loop(gen_state *g) {
+    char *msgs = mu_xstrdup("[");
+    size_t ml = 1;
+    if (g->o->system) add_message(&msgs, &ml, "system", g->o->system, strlen(g->o->system));
+    int32_t *hist = NULL; /* tokens in the session */
+    int64_t n_hist = 0;
+    char line[65536];
+    fprintf(stderr, "chat with %s (/exit to quit, /reset to forget, Ctrl-C stops a reply)\n", g->info.name);
+    for (;;) {
+        fprintf(stderr, "\n> ");
+        if (!fgets(line, sizeof line, stdin)) break; /* EOF or Ctrl-C at the prompt */
+        size_t n = strlen(line);
+        while (n && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+        if (!strcmp(line, "/exit")) break;
+        if (!strcmp(line, "/reset")) {
+            msgs[1] = 0;
+            ml = 1;
+            if (g->o->system) add_message(&msgs, &ml, "system", g->o->system, strlen(g->o->system));
+            muser_session_reset(g->s);
+            n_hist = 0;
+            fprintf(stderr, "(conversation forgotten)\n");
+            continue;
+        }
+        if (!n) continue;
+        add_message(&msgs, &ml, "user", line, n);
+        json_append(&msgs, &ml, "]");
+        muser_error err;
+        char *rendered = render_chat(g->m, msgs, &err);
+        msgs[--ml] = 0; /* drop the closing bracket again */
+        int32_t *ids = NULL;
+        int64_t n_ids = rendered ? tokenize_chat(g->m, rendered, &ids, &err) : -1;
+        free(rendered);
+        if (n_ids < 0) { fprintf(stderr, "muser run: %s\n", err.msg); break; }
+        /* Reuse the KV of the common prefix; otherwise start over. */
+        int64_t common = 0;
+        while (common < n_hist && common < n_ids && hist[common] == ids[common]) common++;
+        if (common < n_hist || common == n_ids) { muser_session_reset(g->s); common = 0; }
+        if (!generate(g, ids + common, n_ids - common)) { free(ids); break; }
+        if (g_interrupted) fprintf(stderr, "\n(interrupted)");
+        print_timings(g);
+        hist = mu_xrealloc(hist, (size_t)(n_ids + g->n_out) * sizeof(int32_t));
+        memcpy(hist, ids, (size_t)n_ids * sizeof(int32_t));
+        int64_t fed = g->n_decoded; /* generated tokens the session has seen */
+        memcpy(hist + n_ids, g->out_ids, (size_t)fed * sizeof(int32_t));
+        n_hist = n_ids + fed;
+        free(ids);
+        add_message(&msgs, &ml, "assistant", g->text ? g->text : "", g->text ? g->text_len : 0);
+    }
+    free(hist);
+    free(msgs);
     return 0;
 }
 
@@ -150,19 +425,47 @@ int cmd_run(int argc, char **argv) {
         free(o.tokens);
         return 1;
     }
-    muser_model_info info;
-    muser_model_get_info(m, &info);
-    int64_t ctx = o.ctx ? o.ctx : (info.n_ctx_train < 4096 ? info.n_ctx_train : 4096);
+    gen_state g = {.o = &o, .m = m, .rng = o.seed};
+    muser_model_get_info(m, &g.info);
+    if ((o.prompt || o.prompt_file || o.chat) && !muser_model_has_tokenizer(m)) {
+        fprintf(stderr, "muser run: %s has no tokenizer; use --tokens\n", o.model);
+        muser_model_free(m);
+        free(o.tokens);
+        return 1;
+    }
+    int64_t ctx = o.ctx ? o.ctx : (g.info.n_ctx_train < 4096 ? g.info.n_ctx_train : 4096);
     muser_session_params sp = {.n_ctx = ctx, .prefill_chunk = o.chunk};
-    muser_session *s = muser_session_create(m, &sp, &err);
-    FILE *df = NULL;
+    g.s = muser_session_create(m, &sp, &err);
     rc = 1;
-    if (!s) fprintf(stderr, "muser run: %s\n", err.msg);
-    else if (o.dump && !(df = fopen(o.dump, "wb"))) fprintf(stderr, "muser run: cannot open %s for writing\n", o.dump);
-    else rc = generate(&o, m, s, df);
-    if (df && fclose(df) && rc == 0) { fprintf(stderr, "muser run: writing %s failed\n", o.dump); rc = 1; }
-    muser_session_free(s);
+    struct sigaction sa = {.sa_handler = on_sigint}; /* no SA_RESTART: Ctrl-C at the prompt ends fgets */
+    sigemptyset(&sa.sa_mask);
+    if (!g.s) fprintf(stderr, "muser run: %s\n", err.msg);
+    else if (o.dump && !(g.dump = fopen(o.dump, "wb"))) fprintf(stderr, "muser run: cannot open %s for writing\n", o.dump);
+    else if (o.chat) {
+        sigaction(SIGINT, &sa, NULL);
+        rc = chat_loop(&g);
+    } else {
+        int32_t *prompt = NULL;
+        int64_t n_prompt = build_prompt(&o, m, &prompt);
+        if (n_prompt > 0) {
+            sigaction(SIGINT, &sa, NULL);
+            if (generate(&g, prompt, n_prompt)) {
+                rc = 0;
+                if (o.json) print_json(&g, prompt, n_prompt);
+                else {
+                    printf("\n");
+                    fflush(stdout);
+                    print_timings(&g);
+                }
+            }
+        }
+        free(prompt);
+    }
+    if (g.dump && fclose(g.dump) && rc == 0) { fprintf(stderr, "muser run: writing %s failed\n", o.dump); rc = 1; }
+    muser_session_free(g.s);
     muser_model_free(m);
+    free(g.out_ids);
+    free(g.text);
     free(o.tokens);
     return rc;
 }

@@ -12,7 +12,11 @@ static void usage(FILE *f) {
             "  run        generate tokens from a model (greedy at --temp 0)\n"
             "  info       print geometry, lane, tensor types and identity hashes of a GGUF\n"
             "  synth      write a deterministic random-weight Muse Glimmer GGUF\n"
-            "  quantize   convert a Muse Glimmer GGUF to another weight format or mix\n",
+            "  quantize   convert a Muse Glimmer GGUF to another weight format or mix\n"
+            "  tokenize   text to token ids with the model's tokenizer\n"
+            "  detokenize token ids to text\n"
+            "  chat-template  render a chat template for a JSON message list\n"
+            "  bench      measure prefill/decode tokens/s, bandwidth, tokenizer speed\n",
             MUSER_VERSION);
 }
 
@@ -32,6 +36,8 @@ int main(int argc, char **argv) {
     }
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
         {"run", cmd_run}, {"info", cmd_info}, {"synth", cmd_synth}, {"quantize", cmd_quantize},
+        {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"chat-template", cmd_chat_template},
+        {"bench", cmd_bench},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

@@ -1,18 +1,12 @@
 /* The public embedding API (include/muser.h) over model, backend and KV. */
-#include "muser.h"
-#include "model/forward.h"
+#include "model/api_internal.h"
+#include "backend/cpu/cpu_backend.h"
 #include <math.h>
 #include <stdlib.h>
 #include <strings.h>
 #include <unistd.h>
 
 _Static_assert(sizeof(muser_error) == sizeof(mu_error), "error structs must match");
-#define ERR(e) ((mu_error *)(e))
-
-struct muser_model {
-    mu_model *m;
-    mu_backend *be;
-};
 
 struct muser_session {
     muser_model *model;
@@ -46,12 +40,11 @@ static mu_backend *create_backend(muser_backend_kind kind, int n_threads, mu_err
         n_threads = n > 0 ? (int)n : 1;
     }
     switch (kind) {
-    case MUSER_BACKEND_DEFAULT:
     case MUSER_BACKEND_REF:
         return mu_backend_ref_create(n_threads);
+    case MUSER_BACKEND_DEFAULT: /* no GPU backend yet: the fast CPU backend */
     case MUSER_BACKEND_CPU:
-        mu_err_set(err, "backend 'cpu' is not available in this build (use --backend ref)");
-        return NULL;
+        return mu_backend_cpu_create(n_threads);
     case MUSER_BACKEND_CUDA:
         mu_err_set(err, "backend 'cuda' is not available in this build (configure with -DMUSER_CUDA=ON)");
         return NULL;
@@ -72,11 +65,16 @@ muser_model *muser_model_load(const char *path, const muser_model_params *params
     muser_model *mm = mu_xcalloc(1, sizeof *mm);
     mm->m = m;
     mm->be = be;
+    if (!mu_api_load_text(mm, ERR(err))) {
+        muser_model_free(mm);
+        return NULL;
+    }
     return mm;
 }
 
 void muser_model_free(muser_model *m) {
     if (!m) return;
+    mu_api_free_text(m);
     m->be->destroy(m->be);
     mu_model_free(m->m);
     free(m);

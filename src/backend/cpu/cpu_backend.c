@@ -1,0 +1,331 @@
+/* The CPU backend's op drivers: pick the kernel table for the ISA level,
+ * quantize activations once per matmul, and split every op across the
+ * thread pool by output rows (matmul), query-head blocks (attention) or
+ * element ranges (elementwise ops). Each output value is computed by one
+ * task in the canonical order, so the bits never depend on the split. */
+#include "backend/cpu/cpu_attention.h"
+#include "backend/cpu/cpu_internal.h"
+#include <pthread.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <unistd.h>
+
+typedef struct cpu_ctx {
+    const cpu_kernels *k;
+    cpu_pool *pool;
+    pthread_mutex_t lock; /* one op at a time: sessions may share a model */
+    void *act;            /* quantized activations (kernel's layout) */
+    size_t act_cap;       /* bytes */
+    cpu_attn_buffers attn;
+} cpu_ctx;
+
+/* ---------- ISA selection ---------- */
+
+bool mu_cpu_isa_supported(mu_cpu_isa isa) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    switch (isa) {
+    case MU_CPU_ISA_SCALAR:
+        return true;
+    case MU_CPU_ISA_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case MU_CPU_ISA_AVX512:
+        return mu_cpu_isa_supported(MU_CPU_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+    }
+    return false;
+#else
+    return isa == MU_CPU_ISA_SCALAR;
+#endif
+}
+
+mu_cpu_isa mu_cpu_isa_best(void) {
+    if (mu_cpu_isa_supported(MU_CPU_ISA_AVX512)) return MU_CPU_ISA_AVX512;
+    if (mu_cpu_isa_supported(MU_CPU_ISA_AVX2)) return MU_CPU_ISA_AVX2;
+    return MU_CPU_ISA_SCALAR;
+}
+
+const char *mu_cpu_isa_name(mu_cpu_isa isa) {
+    switch (isa) {
+    case MU_CPU_ISA_SCALAR: return "scalar";
+    case MU_CPU_ISA_AVX2: return "avx2";
+    case MU_CPU_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+mu_cpu_isa mu_cpu_isa_default(void) {
+    mu_cpu_isa isa = mu_cpu_isa_best();
+    const char *env = getenv("MUSER_CPU_ISA");
+    if (env && *env) {
+        mu_cpu_isa want = isa;
+        if (!strcasecmp(env, "scalar")) want = MU_CPU_ISA_SCALAR;
+        else if (!strcasecmp(env, "avx2")) want = MU_CPU_ISA_AVX2;
+        else if (!strcasecmp(env, "avx512")) want = MU_CPU_ISA_AVX512;
+        if (want < isa) isa = want;
+    }
+    return isa;
+}
+
+static const cpu_kernels *kernels_for(mu_cpu_isa isa) {
+    switch (isa) {
+    case MU_CPU_ISA_AVX512: return &mu_cpu_kernels_avx512;
+    case MU_CPU_ISA_AVX2: return &mu_cpu_kernels_avx2;
+    case MU_CPU_ISA_SCALAR: break;
+    }
+    return &mu_cpu_kernels_scalar;
+}
+
+/* ---------- helpers ---------- */
+
+static cpu_ctx *ctx_of(mu_backend *b) { return b->ctx; }
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Elementwise work below this many values stays on the calling thread. */
+#define PARALLEL_MIN_ELEMS 32768
+#define ELEMWISE_CHUNK 8192
+/* Matmuls below this many multiply-adds run as one task (dispatch would cost more). */
+#define PARALLEL_MIN_MACS 65536
+
+/* ---------- matmul ---------- */
+
+typedef struct matmul_job {
+    const cpu_kernels *k;
+    const mu_weight *w;
+    const float *x;
+    void *act;
+    float *y;
+    int64_t rows, row_chunk, out_chunk;
+} matmul_job;
+
+static void quantize_task(void *arg, int64_t t, int thread) {
+    (void)thread;
+    matmul_job *j = arg;
+    int64_t r0 = t * j->row_chunk, r1 = r0 + j->row_chunk < j->rows ? r0 + j->row_chunk : j->rows;
+    j->k->quantize_rows(j->w, j->x, r0, r1, j->rows, j->act);
+}
+
+static void qmatmul_task(void *arg, int64_t t, int thread) {
+    (void)thread;
+    matmul_job *j = arg;
+    int64_t o0 = t * j->out_chunk, o1 = o0 + j->out_chunk < j->w->n_out ? o0 + j->out_chunk : j->w->n_out;
+    j->k->qmatmul(j->w, o0, o1, j->act, j->rows, j->y);
+}
+
+static void fmatmul_task(void *arg, int64_t t, int thread) {
+    (void)thread;
+    matmul_job *j = arg;
+    int64_t o0 = t * j->out_chunk, o1 = o0 + j->out_chunk < j->w->n_out ? o0 + j->out_chunk : j->w->n_out;
+    j->k->fmatmul(j->w, o0, o1, j->x, j->rows, j->y);
+}
+
+/* Output rows per task: multiples of 16 (the kernels' tile height), enough
+ * tasks for load balance, few enough that a task's weight rows stay in
+ * cache while every activation row passes over them. */
+static int64_t out_chunk_for(int64_t n_out, int64_t rows, int nt) {
+    int64_t per_thread_tasks = rows == 1 ? 8 : 4;
+    int64_t c = ceil_div(n_out, (int64_t)nt * per_thread_tasks);
+    int64_t cap = rows == 1 ? 256 : 64;
+    if (c > cap) c = cap;
+    return ceil_div(c < 16 ? 16 : c, 16) * 16;
+}
+
+static void *act_buffer(cpu_ctx *c, size_t bytes) {
+    if (bytes > c->act_cap) {
+        free(c->act);
+        void *p = NULL;
+        if (posix_memalign(&p, 64, bytes) != 0) p = mu_xmalloc(bytes);
+        c->act = p;
+        c->act_cap = bytes;
+    }
+    return c->act;
+}
+
+static void cpu_matmul(mu_backend *b, const mu_weight *w, const float *x, float *y, int64_t rows) {
+    cpu_ctx *c = ctx_of(b);
+    pthread_mutex_lock(&c->lock);
+    const int nt = cpu_pool_threads(c->pool);
+    matmul_job j = {.k = c->k, .w = w, .x = x, .y = y, .rows = rows};
+    const bool small = (double)rows * (double)w->n_out * (double)w->n_in < PARALLEL_MIN_MACS;
+    j.out_chunk = small ? w->n_out : out_chunk_for(w->n_out, rows, nt);
+    const int64_t out_tasks = ceil_div(w->n_out, j.out_chunk);
+    if (mu_weight_uses_q8k(w, NULL)) {
+        if (!c->k->q_supported(w)) j.k = &mu_cpu_kernels_scalar;
+        j.act = act_buffer(c, j.k->act_bytes(w, rows));
+        j.row_chunk = rows * w->n_in < PARALLEL_MIN_ELEMS ? rows : ceil_div(rows, 2 * (int64_t)nt);
+        cpu_pool_run(c->pool, quantize_task, &j, ceil_div(rows, j.row_chunk));
+        cpu_pool_run(c->pool, qmatmul_task, &j, out_tasks);
+    } else {
+        /* Float weights, or the native NVFP4 W4A4 mode (scalar kernels). */
+        if (!mu_type_get(w->type)->is_float) j.k = &mu_cpu_kernels_scalar;
+        cpu_pool_run(c->pool, fmatmul_task, &j, out_tasks);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* ---------- row ops: rmsnorm, rope ---------- */
+
+typedef struct rows_job {
+    const cpu_kernels *k;
+    const float *x, *w, *cs;
+    float *y;
+    float eps;
+    int64_t n, rows, chunk, n_heads, head_dim, n_rot;
+} rows_job;
+
+static void rmsnorm_task(void *arg, int64_t t, int thread) {
+    (void)thread;
+    rows_job *j = arg;
+    int64_t r1 = (t + 1) * j->chunk < j->rows ? (t + 1) * j->chunk : j->rows;
+    for (int64_t r = t * j->chunk; r < r1; r++) j->k->rmsnorm_row(j->x + r * j->n, j->w, j->eps, j->y + r * j->n, j->n);
+}
+
+static void rope_task(void *arg, int64_t t, int thread) {
+    (void)thread;
+    rows_job *j = arg;
+    int64_t r1 = (t + 1) * j->chunk < j->rows ? (t + 1) * j->chunk : j->rows;
+    const int64_t stride = j->n_heads * j->head_dim;
+    for (int64_t r = t * j->chunk; r < r1; r++)
+        j->k->rope_row(j->y + r * stride, j->n_heads, j->head_dim, j->n_rot, j->cs + r * j->n_rot);
+}
+
+static void run_rows(cpu_ctx *c, cpu_task_fn fn, rows_job *j, int64_t elems_per_row) {
+    const int nt = cpu_pool_threads(c->pool);
+    if (j->rows * elems_per_row < PARALLEL_MIN_ELEMS || nt == 1) {
+        j->chunk = j->rows;
+        fn(j, 0, 0);
+        return;
+    }
+    j->chunk = ceil_div(j->rows, 4 * (int64_t)nt);
+    cpu_pool_run(c->pool, fn, j, ceil_div(j->rows, j->chunk));
+}
+
+static void cpu_rmsnorm(mu_backend *b, const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows) {
+    cpu_ctx *c = ctx_of(b);
+    pthread_mutex_lock(&c->lock);
+    rows_job j = {.k = c->k, .x = x, .w = w, .eps = eps, .y = y, .n = n, .rows = rows};
+    run_rows(c, rmsnorm_task, &j, n);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void cpu_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
+                     int64_t rows) {
+    cpu_ctx *c = ctx_of(b);
+    pthread_mutex_lock(&c->lock);
+    rows_job j = {.k = c->k, .y = x, .cs = cs, .rows = rows, .n_heads = n_heads, .head_dim = head_dim, .n_rot = n_rot};
+    run_rows(c, rope_task, &j, n_heads * n_rot);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* ---------- elementwise ---------- */
+
+typedef enum { EW_GATE, EW_SWIGLU, EW_ADD, EW_TAIL } ew_kind;
+
+typedef struct ew_job {
+    const cpu_kernels *k;
+    ew_kind kind;
+    float *x;
+    const float *y;
+    float scale, cap;
+    int64_t n;
+} ew_job;
+
+static void ew_apply(const ew_job *j, int64_t i0, int64_t i1) {
+    float *x = j->x + i0;
+    const float *y = j->y ? j->y + i0 : NULL;
+    int64_t n = i1 - i0;
+    switch (j->kind) {
+    case EW_GATE: j->k->sigmoid_gate(x, y, n); break;
+    case EW_SWIGLU: j->k->swiglu(x, y, n); break;
+    case EW_ADD: j->k->add(x, y, n); break;
+    case EW_TAIL: j->k->logit_tail(x, j->scale, j->cap, n); break;
+    }
+}
+
+static void ew_task(void *arg, int64_t t, int thread) {
+    (void)thread;
+    ew_job *j = arg;
+    int64_t i0 = t * ELEMWISE_CHUNK, i1 = i0 + ELEMWISE_CHUNK < j->n ? i0 + ELEMWISE_CHUNK : j->n;
+    ew_apply(j, i0, i1);
+}
+
+static void run_elementwise(mu_backend *b, ew_job *j) {
+    cpu_ctx *c = ctx_of(b);
+    pthread_mutex_lock(&c->lock);
+    j->k = c->k;
+    if (j->n < PARALLEL_MIN_ELEMS || cpu_pool_threads(c->pool) == 1) ew_apply(j, 0, j->n);
+    else cpu_pool_run(c->pool, ew_task, j, ceil_div(j->n, ELEMWISE_CHUNK));
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void cpu_sigmoid_gate(mu_backend *b, float *x, const float *g, int64_t n) {
+    run_elementwise(b, &(ew_job){.kind = EW_GATE, .x = x, .y = g, .n = n});
+}
+
+static void cpu_swiglu(mu_backend *b, float *gate, const float *up, int64_t n) {
+    run_elementwise(b, &(ew_job){.kind = EW_SWIGLU, .x = gate, .y = up, .n = n});
+}
+
+static void cpu_add(mu_backend *b, float *x, const float *y, int64_t n) {
+    run_elementwise(b, &(ew_job){.kind = EW_ADD, .x = x, .y = y, .n = n});
+}
+
+static void cpu_logit_tail(mu_backend *b, float *l, float scale, float cap, int64_t n) {
+    run_elementwise(b, &(ew_job){.kind = EW_TAIL, .x = l, .scale = scale, .cap = cap, .n = n});
+}
+
+/* ---------- attention ---------- */
+
+static void cpu_attention(mu_backend *b, const mu_attn_args *a, const float *q, float *out) {
+    cpu_ctx *c = ctx_of(b);
+    pthread_mutex_lock(&c->lock);
+    cpu_attention_run(c->pool, c->k, &c->attn, a, q, out);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* ---------- lifetime ---------- */
+
+static void cpu_destroy(mu_backend *b) {
+    if (!b) return;
+    cpu_ctx *c = ctx_of(b);
+    cpu_pool_destroy(c->pool);
+    pthread_mutex_destroy(&c->lock);
+    free(c->act);
+    cpu_attn_buffers_free(&c->attn);
+    free(c);
+    free(b);
+}
+
+mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
+    if (!mu_cpu_isa_supported(isa)) return NULL;
+    if (n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)n : 1;
+    }
+    cpu_ctx *c = mu_xcalloc(1, sizeof *c);
+    c->k = kernels_for(isa);
+    c->pool = cpu_pool_create(n_threads);
+    pthread_mutex_init(&c->lock, NULL);
+    mu_backend *b = mu_xcalloc(1, sizeof *b);
+    b->name = "cpu";
+    b->ctx = c;
+    b->n_threads = cpu_pool_threads(c->pool);
+    b->destroy = cpu_destroy;
+    b->matmul = cpu_matmul;
+    b->rmsnorm = cpu_rmsnorm;
+    b->rope = cpu_rope;
+    b->attention = cpu_attention;
+    b->sigmoid_gate = cpu_sigmoid_gate;
+    b->swiglu = cpu_swiglu;
+    b->add = cpu_add;
+    b->logit_tail = cpu_logit_tail;
+    return b;
+}
+
+mu_backend *mu_backend_cpu_create(int n_threads) {
+    return mu_backend_cpu_create_isa(n_threads, mu_cpu_isa_default());
+}
+
+mu_cpu_isa mu_backend_cpu_isa(const mu_backend *b) { return ((const cpu_ctx *)b->ctx)->k->isa; }

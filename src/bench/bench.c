@@ -1,0 +1,286 @@
+/* The benchmark runner: load through the public API (so the backend is the
+ * one users get), then time mu_forward over a private KV cache, exactly as
+ * a session feeds it (chunked prefill, last-row logits, finiteness check). */
+#include "bench/bench.h"
+#include "backend/cpu/cpu_backend.h"
+#include "model/api_internal.h"
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void mu_bench_opts_init(mu_bench_opts *o) {
+    *o = (mu_bench_opts){.backend = MUSER_BACKEND_DEFAULT, .n_prompt = 512, .n_gen = 128, .reps = 5, .warmup = 1};
+}
+
+/* ---------- statistics ---------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void mu_bench_stats_compute(mu_bench_stats *s, const double *samples, int n) {
+    memset(s, 0, sizeof *s);
+    if (n <= 0) return;
+    s->n = n;
+    s->samples = mu_xmalloc((size_t)n * sizeof(double));
+    memcpy(s->samples, samples, (size_t)n * sizeof(double));
+    double *sorted = mu_xmalloc((size_t)n * sizeof(double));
+    memcpy(sorted, samples, (size_t)n * sizeof(double));
+    qsort(sorted, (size_t)n, sizeof(double), cmp_double);
+    s->min = sorted[0];
+    s->max = sorted[n - 1];
+    s->median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    double sum = 0, sq = 0;
+    for (int i = 0; i < n; i++) sum += samples[i];
+    s->mean = sum / n;
+    for (int i = 0; i < n; i++) sq += (samples[i] - s->mean) * (samples[i] - s->mean);
+    s->cv = n > 1 && s->mean > 0 ? sqrt(sq / (n - 1)) / s->mean : 0.0;
+    free(sorted);
+}
+
+/* ---------- a private session over mu_forward ---------- */
+
+typedef struct bench_session {
+    const mu_model *m;
+    mu_backend *be;
+    mu_kv_cache kv;
+    mu_forward_scratch scratch;
+    double *inv_freq;
+    float *logits;
+    int64_t n_ctx, chunk, pos;
+} bench_session;
+
+static bool session_init(bench_session *s, const muser_model *mm, int64_t n_ctx, int64_t chunk, mu_error *err) {
+    memset(s, 0, sizeof *s);
+    s->m = mm->m;
+    s->be = mm->be;
+    const mu_model_config *c = &s->m->cfg;
+    if (!mu_kv_init(&s->kv, (int)c->n_layer, c->is_swa, c->sliding_window, n_ctx, c->n_head_kv * c->head_dim, err))
+        return false;
+    s->n_ctx = n_ctx;
+    s->chunk = chunk < n_ctx ? chunk : n_ctx;
+    mu_scratch_init(&s->scratch, c, s->chunk);
+    s->inv_freq = mu_rope_inv_freq(c);
+    s->logits = mu_xmalloc((size_t)c->n_vocab * sizeof(float));
+    return true;
+}
+
+static void session_free(bench_session *s) {
+    mu_kv_free(&s->kv);
+    mu_scratch_free(&s->scratch);
+    free(s->inv_freq);
+    free(s->logits);
+}
+
+/* Feed tokens in chunks; logits of the last one, checked finite. */
+static bool session_feed(bench_session *s, const int32_t *tokens, int64_t n, mu_error *err) {
+    if (n > s->n_ctx - s->pos) {
+        mu_err_set(err, "bench: context full (%lld + %lld > %lld)", (long long)s->pos, (long long)n, (long long)s->n_ctx);
+        return false;
+    }
+    for (int64_t done = 0; done < n;) {
+        int64_t rows = n - done < s->chunk ? n - done : s->chunk;
+        bool last = done + rows == n;
+        if (!mu_forward(s->m, s->be, &s->kv, &s->scratch, s->inv_freq, tokens + done, rows, s->pos,
+                        last ? s->logits : NULL, 1, err))
+            return false;
+        s->pos += rows;
+        done += rows;
+    }
+    for (int64_t i = 0; i < s->m->cfg.n_vocab; i++)
+        if (!isfinite(s->logits[i])) {
+            mu_err_set(err, "bench: non-finite logit at position %lld", (long long)(s->pos - 1));
+            return false;
+        }
+    return true;
+}
+
+/* Synthetic depth: random K/V rows (normal-ish, fixed seed) for positions
+ * [0, depth) of every layer. Attention cost does not depend on the values. */
+static bool fill_synthetic(bench_session *s, int64_t depth, mu_error *err) {
+    const int64_t row = s->kv.layers[0].row_elems;
+    enum { POOL = 61 };
+    float *pool = mu_xmalloc((size_t)(POOL * row) * sizeof(float));
+    uint64_t x = 0x2545F4914F6CDD1Dull;
+    for (int64_t i = 0; i < POOL * row; i++) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        pool[i] = (float)((double)(x >> 40) / 16777216.0 * 2.0 - 1.0);
+    }
+    bool ok = true;
+    for (int il = 0; il < s->kv.n_layers && ok; il++)
+        for (int64_t p = 0; p < depth && ok; p++)
+            ok = mu_kv_append(&s->kv, il, p, pool + (p % POOL) * row, pool + ((p * 7 + 3) % POOL) * row, err);
+    free(pool);
+    if (ok) s->pos = depth;
+    return ok;
+}
+
+/* Deterministic token ids in [0, n_vocab). */
+static void make_tokens(int32_t *t, int64_t n, int64_t n_vocab, uint64_t seed) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (int32_t)((x >> 33) % (uint64_t)n_vocab);
+    }
+}
+
+/* ---------- the runner ---------- */
+
+typedef struct runner {
+    const mu_bench_opts *o;
+    bench_session s;
+    mu_kv_snapshot *at_depth;
+    int64_t depth;
+    int32_t *tokens;
+} runner;
+
+static void progress(const mu_bench_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void progress(const mu_bench_opts *o, const char *fmt, ...) {
+    if (!o->progress) return;
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    o->progress(o->progress_ctx, line);
+}
+
+static bool back_to_depth(runner *r, mu_error *err) {
+    r->s.pos = r->depth;
+    if (!r->at_depth) {
+        mu_kv_clear(&r->s.kv);
+        return true;
+    }
+    return mu_kv_snapshot_restore(&r->s.kv, r->at_depth, err);
+}
+
+/* One timed run: prefill of n_prompt tokens, or n_gen single-token feeds. */
+static bool timed_run(runner *r, bool decode, double *tok_s, mu_error *err) {
+    if (!back_to_depth(r, err)) return false;
+    const int64_t n = decode ? r->o->n_gen : r->o->n_prompt;
+    const int32_t *t = r->tokens + (decode ? r->o->n_prompt : 0);
+    double t0 = mu_now();
+    if (decode) {
+        for (int64_t i = 0; i < n; i++)
+            if (!session_feed(&r->s, t + i, 1, err)) return false;
+    } else if (!session_feed(&r->s, t, n, err)) {
+        return false;
+    }
+    double dt = mu_now() - t0;
+    *tok_s = dt > 0 ? (double)n / dt : 0.0;
+    return true;
+}
+
+static bool run_test(runner *r, bool decode, mu_bench_stats *st, mu_error *err) {
+    const mu_bench_opts *o = r->o;
+    const char *what = decode ? "decode" : "prefill";
+    double *samples = mu_xmalloc((size_t)o->reps * sizeof(double));
+    bool ok = true;
+    for (int i = 0; i < o->warmup + o->reps && ok; i++) {
+        double v = 0;
+        ok = timed_run(r, decode, &v, err);
+        if (!ok) break;
+        if (i < o->warmup) {
+            progress(o, "depth %lld: %s warm-up: %.2f tok/s", (long long)r->depth, what, v);
+        } else {
+            samples[i - o->warmup] = v;
+            progress(o, "depth %lld: %s %d/%d: %.2f tok/s", (long long)r->depth, what, i - o->warmup + 1, o->reps, v);
+        }
+    }
+    if (ok) mu_bench_stats_compute(st, samples, o->reps);
+    free(samples);
+    return ok;
+}
+
+static bool run_depth(runner *r, const muser_model *mm, mu_bench_depth *d, mu_error *err) {
+    const mu_bench_opts *o = r->o;
+    const int64_t n_ctx = d->depth + (o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen) + 1;
+    if (!session_init(&r->s, mm, n_ctx, o->chunk > 0 ? o->chunk : 512, err)) return false;
+    r->depth = d->depth;
+    r->at_depth = NULL;
+    bool ok = true;
+    if (d->depth > 0) {
+        progress(o, "depth %lld: filling the context (%s)", (long long)d->depth, o->prefill_depth ? "prefill" : "synthetic K/V");
+        double t0 = mu_now();
+        if (o->prefill_depth) {
+            int32_t *fill = mu_xmalloc((size_t)d->depth * sizeof(int32_t));
+            make_tokens(fill, d->depth, mm->m->cfg.n_vocab, 7);
+            ok = session_feed(&r->s, fill, d->depth, err);
+            free(fill);
+        } else {
+            ok = fill_synthetic(&r->s, d->depth, err);
+        }
+        d->fill_seconds = mu_now() - t0;
+        if (ok) {
+            r->at_depth = mu_kv_snapshot_take(&r->s.kv);
+            if (!r->at_depth) {
+                mu_err_set(err, "bench: out of memory for the depth-%lld snapshot", (long long)d->depth);
+                ok = false;
+            }
+        }
+    }
+    if (ok && o->n_prompt > 0) ok = run_test(r, false, &d->prefill, err);
+    if (ok && o->n_gen > 0) ok = run_test(r, true, &d->decode, err);
+    mu_kv_snapshot_free(r->at_depth);
+    r->at_depth = NULL;
+    session_free(&r->s);
+    return ok;
+}
+
+bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *res, mu_error *err) {
+    memset(res, 0, sizeof *res);
+    if (o->reps < 1 || o->warmup < 0 || o->n_prompt < 0 || o->n_gen < 0 || (o->n_prompt == 0 && o->n_gen == 0)) {
+        mu_err_set(err, "bench: nothing to measure (reps %d, prompt %lld, gen %lld)", o->reps, (long long)o->n_prompt,
+                   (long long)o->n_gen);
+        return false;
+    }
+    static const int64_t zero_depth[1] = {0};
+    const int64_t *depths = o->depths ? o->depths : zero_depth;
+    const int n_depths = o->depths ? o->n_depths : 1;
+    progress(o, "loading %s", o->model_path);
+    double t0 = mu_now();
+    muser_model_params mp = {.backend = o->backend, .n_threads = o->n_threads};
+    muser_model *mm = muser_model_load(o->model_path, &mp, (muser_error *)err);
+    if (!mm) return false;
+    res->load_seconds = mu_now() - t0;
+    muser_model_get_info(mm, &res->info);
+    snprintf(res->model_name, sizeof res->model_name, "%s", res->info.name ? res->info.name : "");
+    snprintf(res->lane, sizeof res->lane, "%s", res->info.lane ? res->info.lane : "");
+    snprintf(res->backend, sizeof res->backend, "%s", res->info.backend ? res->info.backend : "");
+    snprintf(res->isa, sizeof res->isa, "%s", !strcmp(res->backend, "cpu") ? mu_cpu_isa_name(mu_backend_cpu_isa(mm->be)) : "-");
+    res->info.name = res->info.lane = res->info.backend = res->info.architecture = NULL; /* owned by mm */
+    res->n_threads = mm->be->n_threads;
+    for (int i = 0; i < n_depths; i++)
+        if (depths[i] < 0 || depths[i] > ((int64_t)1 << 24)) {
+            mu_err_set(err, "bench: depth %lld out of range", (long long)depths[i]);
+            muser_model_free(mm);
+            return false;
+        }
+    res->depths = mu_xcalloc((size_t)n_depths, sizeof *res->depths);
+    res->n_depths = n_depths;
+    runner r = {.o = o};
+    r.tokens = mu_xmalloc((size_t)(o->n_prompt + o->n_gen + 1) * sizeof(int32_t));
+    make_tokens(r.tokens, o->n_prompt + o->n_gen + 1, mm->m->cfg.n_vocab, 1);
+    bool ok = true;
+    for (int i = 0; i < n_depths && ok; i++) {
+        res->depths[i].depth = depths[i];
+        ok = run_depth(&r, mm, &res->depths[i], err);
+    }
+    free(r.tokens);
+    muser_model_free(mm);
+    if (!ok) mu_bench_result_free(res);
+    return ok;
+}
+
+void mu_bench_result_free(mu_bench_result *r) {
+    for (int i = 0; i < r->n_depths; i++) {
+        free(r->depths[i].prefill.samples);
+        free(r->depths[i].decode.samples);
+    }
+    free(r->depths);
+    r->depths = NULL;
+    r->n_depths = 0;
+}

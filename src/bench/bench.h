@@ -1,0 +1,74 @@
+/* `muser bench`: throughput measurement of the forward pass, the machine's
+ * memory read bandwidth, and their reports (JSON that diffs, a PNG plot).
+ *
+ * Prefill and decode are timed on the model's own forward pass
+ * (mu_forward) over a private KV cache, so a context depth can be set up
+ * either by a real prefill or by synthetic K/V rows (decode cost does not
+ * depend on the cache's contents, and a 64k prefill on a small machine takes
+ * an hour). Decode is teacher-forced: a fixed token sequence is fed one
+ * token at a time, no sampling, as engine-to-engine comparisons need. */
+#ifndef MUSER_BENCH_H
+#define MUSER_BENCH_H
+#include "muser.h"
+#include "util/common.h"
+
+typedef struct mu_bench_opts {
+    const char *model_path;
+    muser_backend_kind backend;
+    int n_threads;            /* 0 = all cores */
+    int64_t n_prompt;         /* prefill test tokens (0 = skip) */
+    int64_t n_gen;            /* decode test tokens (0 = skip) */
+    const int64_t *depths;    /* context depths to test (NULL: {0}) */
+    int n_depths;
+    int reps;                 /* timed repetitions per test (>= 1) */
+    int warmup;               /* untimed runs before them */
+    int64_t chunk;            /* prefill rows per forward call (0 = 512) */
+    bool prefill_depth;       /* fill depth by real prefill (default: synthetic K/V) */
+    double membw_gbs;         /* machine read bandwidth for the % figures (0 = unknown) */
+    /* progress lines (no newline), or NULL */
+    void (*progress)(void *ctx, const char *line);
+    void *progress_ctx;
+} mu_bench_opts;
+
+typedef struct mu_bench_stats {
+    int n;
+    double *samples;          /* tokens/s of each repetition */
+    double median, min, max, mean, cv;
+} mu_bench_stats;
+
+typedef struct mu_bench_depth {
+    int64_t depth;
+    mu_bench_stats prefill, decode;
+    double fill_seconds;
+} mu_bench_depth;
+
+typedef struct mu_bench_result {
+    muser_model_info info;
+    char model_name[128], lane[32], backend[32], isa[16];
+    int n_threads;
+    double load_seconds;
+    int n_depths;
+    mu_bench_depth *depths;
+} mu_bench_result;
+
+void mu_bench_opts_init(mu_bench_opts *o);
+bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *r, mu_error *err);
+void mu_bench_result_free(mu_bench_result *r);
+
+/* median/min/max/mean/cv of n samples (copied). */
+void mu_bench_stats_compute(mu_bench_stats *s, const double *samples, int n);
+
+/* Sustained read bandwidth in GB/s (1e9 B/s): n_threads threads stream a
+ * buffer of `bytes` (much larger than the caches) `reps` times; best pass. */
+double mu_bench_membw(int n_threads, size_t bytes, int reps);
+
+/* Reports. The JSON has a fixed key order and no timestamps, so two runs diff. */
+bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_bench_result *r, mu_error *err);
+/* Tokens/s (decode and prefill, median with min-max bars) against depth. */
+bool mu_bench_write_plot(const char *path, const mu_bench_result *r, mu_error *err);
+
+/* Minimal PNG writer: 8-bit palette image, stored (uncompressed) deflate. */
+bool mu_png_write_indexed(const char *path, const uint8_t *pixels, int width, int height, const uint8_t *palette_rgb,
+                          int n_colors, mu_error *err);
+
+#endif

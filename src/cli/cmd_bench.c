@@ -1,0 +1,215 @@
+/* muser bench: prefill and decode throughput (median, min, max, CV over
+ * repetitions after warm-up), achieved weight-read GB/s against the
+ * machine's measured read bandwidth, at one or more context depths;
+ * muser bench --membw measures that bandwidth alone. */
+#include "bench/bench.h"
+#include "cli.h"
+#include "muser.h"
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void bench_usage(FILE *f) {
+    fprintf(f,
+            "usage: muser bench -m MODEL [options]\n"
+            "       muser bench --membw [-t N] [-r N] [--size MB] [--json FILE]\n\n"
+            "  -m, --model FILE       Muse Glimmer GGUF\n"
+            "  -p, --n-prompt N       prefill test tokens (default 512; 0 skips)\n"
+            "  -n, --n-gen N          teacher-forced decode test tokens (default 128; 0 skips)\n"
+            "  -d, --depth D[,D...]   context depths to test at (default 0), e.g. 0,2048,16384,65536\n"
+            "  -r, --reps N           timed repetitions per test (default 5)\n"
+            "  --warmup N             untimed runs first (default 1)\n"
+            "  -t, --threads N        threads (default: all cores)\n"
+            "  --backend NAME         ref | cpu | cuda | auto (default auto)\n"
+            "  --chunk N              prefill rows per forward call (default 512)\n"
+            "  --prefill-depth        fill the depth by real prefill (default: synthetic K/V rows)\n"
+            "  --membw-gbs X          use X GB/s as the read bandwidth instead of measuring it\n"
+            "  --no-membw             skip the bandwidth measurement\n"
+            "  --size MB              bandwidth test buffer (default 1024)\n"
+            "  --json FILE            write the results as JSON ('-' = stdout)\n"
+            "  --plot FILE.png        plot tokens/s against depth\n"
+            "  -q, --quiet            no progress lines\n");
+}
+
+typedef struct bench_cli {
+    mu_bench_opts o;
+    int64_t *depths;
+    int64_t threads, reps, warmup, size_mb;
+    const char *json, *plot;
+    bool membw_only, no_membw, quiet;
+    float membw_gbs;
+} bench_cli;
+
+static bool parse_depths(const char *s, bench_cli *c) {
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (!cli_parse_ids("bench", s, &ids, &n) || n <= 0 || n > 64) {
+        if (n > 64) fprintf(stderr, "muser bench: at most 64 depths\n");
+        free(ids);
+        return false;
+    }
+    c->depths = mu_xmalloc((size_t)n * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) c->depths[i] = ids[i];
+    c->o.depths = c->depths;
+    c->o.n_depths = (int)n;
+    free(ids);
+    return true;
+}
+
+static int parse(int argc, char **argv, bench_cli *c) {
+    mu_bench_opts_init(&c->o);
+    c->reps = 5;
+    c->warmup = 1;
+    c->size_mb = 1024;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        bool ok = true;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { bench_usage(stdout); return 0; }
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) ok = cli_value("bench", argc, argv, &i, &c->o.model_path);
+        else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt"))
+            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_i64("bench", a, v, 0, 1 << 20, &c->o.n_prompt);
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen"))
+            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_i64("bench", a, v, 0, 1 << 20, &c->o.n_gen);
+        else if (!strcmp(a, "-d") || !strcmp(a, "--depth"))
+            ok = cli_value("bench", argc, argv, &i, &v) && parse_depths(v, c);
+        else if (!strcmp(a, "-r") || !strcmp(a, "--reps"))
+            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_i64("bench", a, v, 1, 1000, &c->reps);
+        else if (!strcmp(a, "--warmup"))
+            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_i64("bench", a, v, 0, 100, &c->warmup);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_i64("bench", a, v, 1, 1024, &c->threads);
+        else if (!strcmp(a, "--chunk"))
+            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_i64("bench", a, v, 1, 65536, &c->o.chunk);
+        else if (!strcmp(a, "--size"))
+            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_i64("bench", a, v, 16, 1 << 20, &c->size_mb);
+        else if (!strcmp(a, "--membw-gbs"))
+            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_f32("bench", a, v, &c->membw_gbs);
+        else if (!strcmp(a, "--json")) ok = cli_value("bench", argc, argv, &i, &c->json);
+        else if (!strcmp(a, "--plot")) ok = cli_value("bench", argc, argv, &i, &c->plot);
+        else if (!strcmp(a, "--membw")) c->membw_only = true;
+        else if (!strcmp(a, "--no-membw")) c->no_membw = true;
+        else if (!strcmp(a, "--prefill-depth")) c->o.prefill_depth = true;
+        else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) c->quiet = true;
+        else if (!strcmp(a, "--backend")) {
+            ok = cli_value("bench", argc, argv, &i, &v);
+            if (ok && !muser_backend_from_name(v, &c->o.backend)) {
+                fprintf(stderr, "muser bench: unknown backend '%s' (ref, cpu, cuda, auto)\n", v);
+                ok = false;
+            }
+        } else {
+            fprintf(stderr, "muser bench: unknown option '%s' (see muser bench --help)\n", a);
+            ok = false;
+        }
+        if (!ok) return 2;
+    }
+    c->o.n_threads = (int)c->threads;
+    c->o.reps = (int)c->reps;
+    c->o.warmup = (int)c->warmup;
+    if (!c->membw_only && !c->o.model_path) {
+        fprintf(stderr, "muser bench: -m MODEL is required (or --membw)\n");
+        return 2;
+    }
+    if (c->membw_gbs < 0) {
+        fprintf(stderr, "muser bench: --membw-gbs must be positive\n");
+        return 2;
+    }
+    return -1;
+}
+
+static void print_progress(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "[bench] %s\n", line);
+}
+
+static double measure_membw(const bench_cli *c) {
+    if (!c->quiet) fprintf(stderr, "[bench] measuring memory read bandwidth (%lld MiB, %d threads)\n", (long long)c->size_mb,
+                           c->o.n_threads > 0 ? c->o.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
+    return mu_bench_membw(c->o.n_threads, (size_t)c->size_mb << 20, c->o.reps > 3 ? c->o.reps : 3);
+}
+
+static int membw_only(const bench_cli *c) {
+    double gbs = measure_membw(c);
+    if (gbs <= 0) {
+        fprintf(stderr, "muser bench: bandwidth measurement failed (out of memory?)\n");
+        return 1;
+    }
+    int threads = c->o.n_threads > 0 ? c->o.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    printf("memory read bandwidth: %.2f GB/s (%d threads, %lld MiB buffer, best of %d)\n", gbs, threads,
+           (long long)c->size_mb, c->o.reps > 3 ? c->o.reps : 3);
+    if (c->json) {
+        FILE *f = !strcmp(c->json, "-") ? stdout : fopen(c->json, "w");
+        if (!f) {
+            fprintf(stderr, "muser bench: cannot write %s\n", c->json);
+            return 1;
+        }
+        fprintf(f, "{\n  \"muser_bench_membw\": 1,\n  \"threads\": %d,\n  \"buffer_mib\": %lld,\n  \"membw_gbs\": %.3f\n}\n",
+                threads, (long long)c->size_mb, gbs);
+        if (f != stdout) fclose(f);
+    }
+    return 0;
+}
+
+static void print_row(int64_t depth, const char *test, int64_t n, const mu_bench_stats *s, double bytes_per_tok,
+                      double membw) {
+    char name[32];
+    snprintf(name, sizeof name, "%s%lld", test, (long long)n);
+    printf("%8lld  %-7s %10.2f %10.2f %10.2f %7.2f%%", (long long)depth, name, s->median, s->min, s->max, 100.0 * s->cv);
+    if (bytes_per_tok > 0) {
+        double gbs = s->median * bytes_per_tok / 1e9;
+        printf(" %8.2f", gbs);
+        if (membw > 0) printf(" %7.1f%%", 100.0 * gbs / membw);
+    }
+    printf("\n");
+}
+
+static void print_table(const bench_cli *c, const mu_bench_result *r) {
+    printf("model:   %s (%s), %.2f GB file, %.2f GB of weights read per token\n", r->model_name, r->lane,
+           (double)r->info.file_bytes / 1e9, (double)r->info.weight_bytes_per_token / 1e9);
+    printf("backend: %s%s%s%s, %d threads", r->backend, strcmp(r->isa, "-") ? " (" : "", strcmp(r->isa, "-") ? r->isa : "",
+           strcmp(r->isa, "-") ? ")" : "", r->n_threads);
+    if (c->o.membw_gbs > 0) printf("; memory read bandwidth %.2f GB/s", c->o.membw_gbs);
+    printf("\n%8s  %-7s %10s %10s %10s %8s %8s %8s\n", "depth", "test", "tok/s", "min", "max", "cv", "GB/s", "%bw");
+    for (int i = 0; i < r->n_depths; i++) {
+        const mu_bench_depth *d = &r->depths[i];
+        if (d->prefill.n) print_row(d->depth, "pp", c->o.n_prompt, &d->prefill, 0, 0);
+        if (d->decode.n)
+            print_row(d->depth, "tg", c->o.n_gen, &d->decode, (double)r->info.weight_bytes_per_token, c->o.membw_gbs);
+    }
+}
+
+int cmd_bench(int argc, char **argv) {
+    bench_cli c = {0};
+    int rc = parse(argc, argv, &c);
+    if (rc >= 0) {
+        free(c.depths);
+        return rc;
+    }
+    if (c.membw_only) {
+        rc = membw_only(&c);
+        free(c.depths);
+        return rc;
+    }
+    if (c.membw_gbs > 0) c.o.membw_gbs = c.membw_gbs;
+    else if (!c.no_membw) c.o.membw_gbs = measure_membw(&c);
+    if (!c.quiet) c.o.progress = print_progress;
+    mu_bench_result r;
+    mu_error err;
+    if (!mu_bench_run(&c.o, &r, &err)) {
+        fprintf(stderr, "muser bench: %s\n", err.msg);
+        free(c.depths);
+        return 1;
+    }
+    print_table(&c, &r);
+    rc = 0;
+    if (c.json && !mu_bench_write_json(c.json, &c.o, &r, &err)) {
+        fprintf(stderr, "muser bench: %s\n", err.msg);
+        rc = 1;
+    }
+    if (c.plot && !mu_bench_write_plot(c.plot, &r, &err)) {
+        fprintf(stderr, "muser bench: %s\n", err.msg);
+        rc = 1;
+    }
+    mu_bench_result_free(&r);
+    free(c.depths);
+    return rc;
+}

@@ -1,0 +1,355 @@
+/* The cpu backend against the ref backend, op by op, bit for bit:
+ * every weight format (both NVFP4 layouts, with and without the per-tensor
+ * scale), ragged shapes, 1..17 activation rows, thread counts 1, 2, 3, 8 and
+ * every ISA level this machine has (scalar, avx2, avx512). Inputs are random
+ * and non-zero, plus edge rows (all zero, sign ties, specials for the
+ * transcendental ops). */
+#include "testutil.h"
+#include "backend/cpu/cpu_backend.h"
+#include "kv/kv.h"
+#include "quant/quant.h"
+#include <math.h>
+
+#define MAX_BACKENDS 12
+static mu_backend *cpus[MAX_BACKENDS];
+static int n_cpus;
+static mu_backend *ref;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static const char *label(const mu_backend *b) {
+    static char s[64];
+    snprintf(s, sizeof s, "%s/%dt", mu_cpu_isa_name(mu_backend_cpu_isa(b)), b->n_threads);
+    return s;
+}
+
+static float *rand_vec(int64_t n, float scale) {
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = tu_rng_normal(&rng) * scale;
+    return v;
+}
+
+/* First mismatching index or -1. */
+static int64_t diff_at(const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(a + i, b + i, 4)) return i;
+    return -1;
+}
+
+#define EXPECT_SAME(got, want, n, ...) do { int64_t _i = diff_at(got, want, n); if (_i >= 0) { \
+    fprintf(stderr, "  mismatch at %lld: %.9g vs ref %.9g: ", (long long)_i, (double)(got)[_i], (double)(want)[_i]); \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); tu_failures++; } } while (0)
+
+/* ---------------------------------------------------------------- matmul */
+
+typedef struct test_weight {
+    mu_weight w;
+    uint8_t *data, *scales;
+} test_weight;
+
+/* f16 fields of random-byte blocks get finite random values. */
+static void sanitize_f16(uint8_t *p) {
+    uint16_t h = mu_f32_to_f16(tu_rng_uniform(&rng) * 0.02f);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+static void randomize_bytes(uint32_t type, uint8_t *row, uint64_t bytes) {
+    for (uint64_t i = 0; i < bytes; i++) row[i] = (uint8_t)tu_rng_next(&rng);
+    switch (type) {
+    case MU_TYPE_Q4_0: for (uint64_t o = 0; o < bytes; o += 18) sanitize_f16(row + o); break;
+    case MU_TYPE_Q8_0: for (uint64_t o = 0; o < bytes; o += 34) sanitize_f16(row + o); break;
+    case MU_TYPE_Q4_K: for (uint64_t o = 0; o < bytes; o += 144) { sanitize_f16(row + o); sanitize_f16(row + o + 2); } break;
+    case MU_TYPE_Q5_K: for (uint64_t o = 0; o < bytes; o += 176) { sanitize_f16(row + o); sanitize_f16(row + o + 2); } break;
+    case MU_TYPE_Q6_K: for (uint64_t o = 0; o < bytes; o += 210) sanitize_f16(row + o + 208); break;
+    case MU_TYPE_F16: for (uint64_t o = 0; o < bytes; o += 2) sanitize_f16(row + o); break;
+    case MU_TYPE_BF16: for (uint64_t o = 0; o < bytes; o += 2) { uint16_t h = mu_f32_to_bf16(tu_rng_normal(&rng)); row[o] = (uint8_t)h; row[o + 1] = (uint8_t)(h >> 8); } break;
+    case MU_TYPE_F32: for (uint64_t o = 0; o < bytes; o += 4) { float f = tu_rng_normal(&rng); memcpy(row + o, &f, 4); } break;
+    default: break; /* NVFP4 payloads and scales: every byte is valid */
+    }
+}
+
+/* mode 0: quantized from random floats; 1: random bytes; 2: as 0 with the
+ * per-tensor scale (ggml `.scale` / native scale2 != 1). */
+static bool make_weight(uint32_t type, int64_t n_in, int64_t n_out, int mode, test_weight *tw) {
+    memset(tw, 0, sizeof *tw);
+    mu_weight *w = &tw->w;
+    w->name = "test";
+    w->type = type;
+    w->n_in = n_in;
+    w->n_out = n_out;
+    w->scale = 1.0f;
+    if (!mu_type_row_bytes(type, (uint64_t)n_in, &w->row_bytes)) return false;
+    tw->data = malloc(w->row_bytes * (uint64_t)n_out);
+    float *src = rand_vec(n_in * n_out, 0.5f);
+    if (type == MU_TYPE_NVFP4_E2M1) {
+        tw->scales = malloc((size_t)(n_in / 16 * n_out));
+        float scale2 = mu_nvfp4_tensor_scale2(src, n_in * n_out);
+        if (mode == 2) scale2 *= 3.0f;
+        for (int64_t o = 0; o < n_out; o++)
+            mu_nvfp4_quantize_row(src + o * n_in, tw->data + o * (n_in / 2), tw->scales + o * (n_in / 16), scale2, n_in);
+        if (mode == 1)
+            for (int64_t i = 0; i < n_in / 2 * n_out; i++) tw->data[i] = (uint8_t)tu_rng_next(&rng);
+        w->nvfp4_scales = tw->scales;
+        w->scale = scale2;
+        w->has_scale = true;
+    } else {
+        for (int64_t o = 0; o < n_out; o++) {
+            uint8_t *row = tw->data + (uint64_t)o * w->row_bytes;
+            if (mode == 1) randomize_bytes(type, row, w->row_bytes);
+            else mu_quantize_row(type, src + o * n_in, row, n_in);
+        }
+        if (mode == 2) {
+            w->has_scale = true;
+            w->scale = 0.7f + tu_rng_uniform(&rng) * 0.1f;
+        }
+    }
+    w->data = tw->data;
+    free(src);
+    mu_error err;
+    bool ok = mu_weight_check(w, &err);
+    CHECK_MSG(ok, "%s", err.msg);
+    return ok;
+}
+
+static void free_weight(test_weight *tw) {
+    free(tw->data);
+    free(tw->scales);
+}
+
+/* Activation rows with edge cases mixed in. */
+static float *make_acts(int64_t rows, int64_t n) {
+    float *x = rand_vec(rows * n, 1.0f);
+    for (int64_t r = 0; r < rows; r++) {
+        float *xr = x + r * n;
+        if (r == 1) memset(xr, 0, (size_t)n * sizeof(float)); /* all-zero Q8_K blocks */
+        if (r == 2 && n > 8) { xr[3] = 9.0f; xr[7] = -9.0f; } /* |max| tie: the first one wins */
+        if (r == 3) for (int64_t i = 0; i < n; i++) xr[i] *= 1e-3f;
+        if (r == 4 && n > 300) for (int64_t i = 256; i < n; i++) xr[i] = 0.0f; /* zero block after a live one */
+    }
+    return x;
+}
+
+static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int mode, const int64_t *row_counts, int n_rc) {
+    test_weight tw;
+    if (!make_weight(type, n_in, n_out, mode, &tw)) return;
+    int64_t max_rows = 0;
+    for (int i = 0; i < n_rc; i++) max_rows = row_counts[i] > max_rows ? row_counts[i] : max_rows;
+    float *x = make_acts(max_rows, n_in);
+    float *want = malloc((size_t)(max_rows * n_out) * sizeof(float));
+    float *got = malloc((size_t)(max_rows * n_out) * sizeof(float));
+    for (int i = 0; i < n_rc; i++) {
+        int64_t rows = row_counts[i];
+        ref->matmul(ref, &tw.w, x, want, rows);
+        for (int c = 0; c < n_cpus; c++) {
+            memset(got, 0xFF, (size_t)(rows * n_out) * sizeof(float));
+            cpus[c]->matmul(cpus[c], &tw.w, x, got, rows);
+            EXPECT_SAME(got, want, rows * n_out, "matmul %s mode %d n_in %lld n_out %lld rows %lld on %s",
+                        mu_type_name(type), mode, (long long)n_in, (long long)n_out, (long long)rows, label(cpus[c]));
+        }
+    }
+    free(x);
+    free(want);
+    free(got);
+    free_weight(&tw);
+}
+
+static void test_matmul(void) {
+    static const uint32_t qtypes[] = {MU_TYPE_Q4_K, MU_TYPE_Q5_K, MU_TYPE_Q6_K, MU_TYPE_Q8_0,
+                                      MU_TYPE_Q4_0, MU_TYPE_NVFP4, MU_TYPE_NVFP4_E2M1};
+    static const int64_t all_rows[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17};
+    static const int64_t few_rows[] = {1, 2, 5, 17};
+    for (size_t t = 0; t < sizeof qtypes / sizeof qtypes[0]; t++)
+        for (int mode = 0; mode < 3; mode++) {
+            check_matmul(qtypes[t], 512, 37, mode, all_rows, 17);
+            check_matmul(qtypes[t], 256, 1, mode, few_rows, 4);
+            check_matmul(qtypes[t], 768, 16, mode, few_rows, 4);
+        }
+    check_matmul(MU_TYPE_Q4_K, 1024, 130, 0, few_rows, 4); /* several tasks per thread */
+    static const uint32_t ftypes[] = {MU_TYPE_F32, MU_TYPE_F16, MU_TYPE_BF16};
+    static const int64_t ragged[] = {1, 15, 16, 31, 33, 100, 256};
+    for (size_t t = 0; t < 3; t++)
+        for (size_t k = 0; k < sizeof ragged / sizeof ragged[0]; k++) {
+            check_matmul(ftypes[t], ragged[k], 7, 1, few_rows, 4);
+            check_matmul(ftypes[t], ragged[k], 18, 2, all_rows, 17);
+        }
+}
+
+/* Native NVFP4 W4A4 mode runs the scalar kernel on every ISA. */
+static void test_w4a4(void) {
+    test_weight tw;
+    if (!make_weight(MU_TYPE_NVFP4_E2M1, 256, 9, 0, &tw)) return;
+    tw.w.input_scale_inv = 1.5f;
+    float *x = make_acts(3, 256), want[27], got[27];
+    ref->matmul(ref, &tw.w, x, want, 3);
+    for (int c = 0; c < n_cpus; c++) {
+        cpus[c]->matmul(cpus[c], &tw.w, x, got, 3);
+        EXPECT_SAME(got, want, 27, "W4A4 on %s", label(cpus[c]));
+    }
+    free(x);
+    free_weight(&tw);
+}
+
+/* ---------------------------------------------------------------- row ops */
+
+static void test_rmsnorm(void) {
+    static const int64_t ns[] = {1, 15, 33, 128, 1000};
+    static const int64_t rows_list[] = {1, 3, 40};
+    for (size_t i = 0; i < 5; i++)
+        for (size_t j = 0; j < 3; j++)
+            for (int with_w = 0; with_w < 2; with_w++) {
+                int64_t n = ns[i], rows = rows_list[j];
+                float *x = rand_vec(n * rows, 3.0f), *w = with_w ? rand_vec(n, 1.0f) : NULL;
+                float *want = malloc((size_t)(n * rows) * sizeof(float)), *got = malloc((size_t)(n * rows) * sizeof(float));
+                ref->rmsnorm(ref, x, w, 1e-5f, want, n, rows);
+                for (int c = 0; c < n_cpus; c++) {
+                    cpus[c]->rmsnorm(cpus[c], x, w, 1e-5f, got, n, rows);
+                    EXPECT_SAME(got, want, n * rows, "rmsnorm n %lld rows %lld w %d on %s", (long long)n, (long long)rows,
+                                with_w, label(cpus[c]));
+                    memcpy(got, x, (size_t)(n * rows) * sizeof(float)); /* in place, as the forward pass does */
+                    cpus[c]->rmsnorm(cpus[c], got, w, 1e-5f, got, n, rows);
+                    EXPECT_SAME(got, want, n * rows, "in-place rmsnorm n %lld on %s", (long long)n, label(cpus[c]));
+                }
+                free(x); free(w); free(want); free(got);
+            }
+}
+
+static void test_rope(void) {
+    static const int64_t dims[][2] = {{8, 8}, {64, 64}, {40, 16}, {128, 34}, {64, 2}};
+    for (size_t i = 0; i < 5; i++)
+        for (int64_t rows = 1; rows <= 41; rows += 20) {
+            const int64_t H = 3, D = dims[i][0], R = dims[i][1], n = rows * H * D;
+            float *x = rand_vec(n, 2.0f), *cs = rand_vec(rows * R, 1.0f);
+            float *want = malloc((size_t)n * sizeof(float)), *got = malloc((size_t)n * sizeof(float));
+            memcpy(want, x, (size_t)n * sizeof(float));
+            ref->rope(ref, want, H, D, R, cs, rows);
+            for (int c = 0; c < n_cpus; c++) {
+                memcpy(got, x, (size_t)n * sizeof(float));
+                cpus[c]->rope(cpus[c], got, H, D, R, cs, rows);
+                EXPECT_SAME(got, want, n, "rope D %lld n_rot %lld rows %lld on %s", (long long)D, (long long)R,
+                            (long long)rows, label(cpus[c]));
+            }
+            free(x); free(cs); free(want); free(got);
+        }
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+/* Wide-range values with the specials every branch of mu_expf/mu_tanhf sees.
+ * No NaN inputs: which NaN payload survives a commutative op depends on the
+ * compiler's operand order, even between two builds of the ref. */
+static float *special_vec(int64_t n) {
+    static const float specials[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 0.5f, -0.874f, 0.875f, 9.0f, 9.2f, -9.2f,
+                                     88.7f, 89.0f, -87.5f, -103.0f, -104.0f, -150.0f, 200.0f, INFINITY, -INFINITY, -88.0f};
+    float *v = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        float u = tu_rng_uniform(&rng);
+        v[i] = i % 7 == 0 ? specials[(i / 7) % 20] : i % 3 == 0 ? u * 120.0f : u * 4.0f;
+    }
+    return v;
+}
+
+static void test_elementwise(void) {
+    static const int64_t ns[] = {1, 17, 100, 70001};
+    for (size_t i = 0; i < 4; i++) {
+        const int64_t n = ns[i];
+        float *a = special_vec(n), *b = special_vec(n);
+        float *want = malloc((size_t)n * sizeof(float)), *got = malloc((size_t)n * sizeof(float));
+        for (int op = 0; op < 5; op++) {
+            memcpy(want, a, (size_t)n * sizeof(float));
+            switch (op) {
+            case 0: ref->sigmoid_gate(ref, want, b, n); break;
+            case 1: ref->swiglu(ref, want, b, n); break;
+            case 2: ref->add(ref, want, b, n); break;
+            case 3: ref->logit_tail(ref, want, 0.196116f, 20.0f, n); break;
+            case 4: ref->logit_tail(ref, want, 0.5f, 0.0f, n); break;
+            }
+            for (int c = 0; c < n_cpus; c++) {
+                mu_backend *be = cpus[c];
+                memcpy(got, a, (size_t)n * sizeof(float));
+                switch (op) {
+                case 0: be->sigmoid_gate(be, got, b, n); break;
+                case 1: be->swiglu(be, got, b, n); break;
+                case 2: be->add(be, got, b, n); break;
+                case 3: be->logit_tail(be, got, 0.196116f, 20.0f, n); break;
+                case 4: be->logit_tail(be, got, 0.5f, 0.0f, n); break;
+                }
+                EXPECT_SAME(got, want, n, "elementwise op %d n %lld on %s", op, (long long)n, label(be));
+            }
+        }
+        free(a); free(b); free(want); free(got);
+    }
+}
+
+/* ---------------------------------------------------------------- attention */
+
+static void check_attention_at(const mu_kv_cache *kv, int64_t pos, int64_t window, int64_t H, int64_t Hkv, int64_t D) {
+    mu_attn_args a = {.kv = &kv->layers[0], .pos = pos, .window = window, .n_head = H, .n_head_kv = Hkv,
+                      .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
+    float *q = rand_vec(H * D, 1.5f);
+    float *want = malloc((size_t)(H * D) * sizeof(float)), *got = malloc((size_t)(H * D) * sizeof(float));
+    ref->attention(ref, &a, q, want);
+    for (int c = 0; c < n_cpus; c++) {
+        cpus[c]->attention(cpus[c], &a, q, got);
+        EXPECT_SAME(got, want, H * D, "attention pos %lld window %lld H %lld/%lld D %lld on %s", (long long)pos,
+                    (long long)window, (long long)H, (long long)Hkv, (long long)D, label(cpus[c]));
+    }
+    free(q); free(want); free(got);
+}
+
+static void test_attention_case(bool swa, int64_t window, int64_t n_ctx, int64_t H, int64_t Hkv, int64_t D,
+                                int64_t n_pos) {
+    mu_kv_cache kv;
+    mu_error err;
+    bool is_swa[1] = {swa};
+    if (!mu_kv_init(&kv, 1, is_swa, window, n_ctx, Hkv * D, &err)) {
+        CHECK_MSG(false, "%s", err.msg);
+        return;
+    }
+    float *k = malloc((size_t)(Hkv * D) * sizeof(float)), *v = malloc((size_t)(Hkv * D) * sizeof(float));
+    for (int64_t p = 0; p < n_pos; p++) {
+        for (int64_t i = 0; i < Hkv * D; i++) {
+            k[i] = tu_rng_normal(&rng) * (p % 97 == 5 ? 6.0f : 1.0f); /* a few dominant keys */
+            v[i] = tu_rng_normal(&rng);
+        }
+        CHECK(mu_kv_append(&kv, 0, p, k, v, &err));
+        /* every position early, then a sample including block edges */
+        if (p < 20 || p % 61 == 0 || p % 256 == 255 || p % 256 == 0 || p == n_pos - 1)
+            check_attention_at(&kv, p, swa ? window : 0, H, Hkv, D);
+    }
+    if (!swa) check_attention_at(&kv, n_pos / 3, 0, H, Hkv, D); /* an earlier query over a longer plane */
+    free(k);
+    free(v);
+    mu_kv_free(&kv);
+}
+
+static void test_attention(void) {
+    test_attention_case(false, 0, 700, 4, 2, 64, 600);   /* full plane, 3 blocks */
+    test_attention_case(true, 300, 1000, 6, 2, 128, 650); /* ring of 300 wraps twice */
+    test_attention_case(true, 64, 256, 3, 3, 40, 200);    /* no GQA, ragged head_dim */
+    test_attention_case(false, 0, 300, 16, 1, 128, 280);  /* 16 query heads per KV head */
+    test_attention_case(true, 200, 400, 24, 2, 128, 300); /* 12 per KV head (the small preset) */
+    test_attention_case(false, 0, 300, 20, 1, 64, 270);   /* more than 16 per KV head */
+}
+
+int main(void) {
+    ref = mu_backend_ref_create(1);
+    static const int threads[] = {1, 2, 3, 8};
+    for (int isa = MU_CPU_ISA_SCALAR; isa <= MU_CPU_ISA_AVX512; isa++) {
+        if (getenv("SKIP_AVX2") && isa == MU_CPU_ISA_AVX2) continue;
+        if (!mu_cpu_isa_supported((mu_cpu_isa)isa)) {
+            printf("isa %s: not supported here, skipped\n", mu_cpu_isa_name((mu_cpu_isa)isa));
+            continue;
+        }
+        for (int t = 0; t < 4; t++) cpus[n_cpus++] = mu_backend_cpu_create_isa(threads[t], (mu_cpu_isa)isa);
+    }
+    CHECK(n_cpus >= 4);
+    test_matmul();
+    test_w4a4();
+    test_rmsnorm();
+    test_rope();
+    test_elementwise();
+    test_attention();
+    for (int c = 0; c < n_cpus; c++) cpus[c]->destroy(cpus[c]);
+    ref->destroy(ref);
+    TEST_MAIN_END();
+}
