@@ -165,6 +165,12 @@ static void test_matmul(void) {
             check_matmul(qtypes[t], 768, 16, mode, few_rows, 4);
         }
     check_matmul(MU_TYPE_Q4_K, 1024, 130, 0, few_rows, 4); /* several tasks per thread */
+    /* prefill-sized: activation quantization split over tasks of 16-row groups */
+    static const int64_t many_rows[] = {33, 40};
+    check_matmul(MU_TYPE_Q4_K, 1024, 40, 0, many_rows, 2);
+    check_matmul(MU_TYPE_Q5_K, 1024, 24, 1, many_rows, 2);
+    check_matmul(MU_TYPE_Q6_K, 1024, 40, 2, many_rows, 2);
+    check_matmul(MU_TYPE_NVFP4_E2M1, 1024, 20, 0, many_rows, 2);
     static const uint32_t ftypes[] = {MU_TYPE_F32, MU_TYPE_F16, MU_TYPE_BF16};
     static const int64_t ragged[] = {1, 15, 16, 31, 33, 100, 256};
     for (size_t t = 0; t < 3; t++)

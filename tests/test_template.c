@@ -4,6 +4,7 @@
  * mutated real templates. (Byte-exact agreement with jinja2 is checked by
  * test_template_oracle.) */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -270,6 +271,10 @@ static void test_api(void) {
     CHECK(out == NULL && strstr(err.msg, "YYYY-MM-DD") != NULL);
     mu_template_free(t);
     CHECK(mu_template_parse(NULL, 0, "x", &err) == NULL);
+    t = mu_template_parse("ok \xc3\x28 bad", 11, "u", &err);
+    CHECK(t == NULL && strcmp(err.msg, "u: invalid UTF-8 at byte offset 3") == 0);
+    t = mu_template_parse("\xed\xa0\x80", 3, "u", &err); /* a surrogate */
+    CHECK(t == NULL && strstr(err.msg, "offset 0") != NULL);
     CHECK(mu_template_render(NULL, &in, &err) == NULL);
     mu_template_free(NULL);
     /* NUL bytes pass through */
@@ -396,6 +401,51 @@ static void test_mutation_fuzz(void) {
     CHECK(total > 0 && parsed > 0);
 }
 
+/* One parsed template rendered from several threads at once gives the same
+ * bytes as a single-threaded render (the AST is read-only at render time). */
+typedef struct thread_job {
+    const mu_template *t;
+    const mu_template_inputs *in;
+    const char *want;
+    int mismatches;
+} thread_job;
+
+static void *render_many(void *arg) {
+    thread_job *j = arg;
+    for (int i = 0; i < 40; i++) {
+        mu_error err;
+        char *out = mu_template_render(j->t, j->in, &err);
+        if (!out || strcmp(out, j->want)) j->mismatches++;
+        free(out);
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    const char *src = "{% macro m(x) %}[{{ x|upper }}]{% endmacro %}{% set ns = namespace(n=0) %}"
+                      "{% for msg in messages %}{% set ns.n = ns.n + 1 %}{{ m(msg.content) }}{{ loop.index }}"
+                      "{{ 'a' ~ 'b' }}{% endfor %}{{ ns.n }}{{ {'k': [1, 2.5]}|tojson }}";
+    mu_error err;
+    mu_template *t = mu_template_parse(src, strlen(src), "t", &err);
+    CHECK(t != NULL);
+    if (!t) return;
+    mu_template_inputs in = {.messages_json = "[{\"content\": \"x\"}, {\"content\": \"é\"}]", .date = "2024-01-01"};
+    char *want = mu_template_render(t, &in, &err);
+    CHECK(want && !strcmp(want, "[X]1ab[É]2ab2{\"k\": [1, 2.5]}"));
+    thread_job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (thread_job){t, &in, want ? want : "", 0};
+        CHECK(pthread_create(&th[i], NULL, render_many, &jobs[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_EQ_INT(jobs[i].mismatches, 0);
+    }
+    free(want);
+    mu_template_free(t);
+}
+
 int main(void) {
     test_expressions();
     test_filters_and_tests();
@@ -405,6 +455,7 @@ int main(void) {
     test_parse_errors();
     test_limits();
     test_api();
+    test_threads();
     test_float_repr();
     test_mutation_fuzz();
     TEST_MAIN_END();

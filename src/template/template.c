@@ -26,6 +26,31 @@ static char *normalise_source(const char *src, size_t len, size_t *out_len) {
     return d;
 }
 
+/* Bytes after a UTF-8 lead byte; -1 if c cannot start a sequence. */
+static int utf8_trailing(unsigned c) {
+    if (c < 0x80) return 0;
+    if (c >= 0xC2 && c <= 0xDF) return 1;
+    if (c >= 0xE0 && c <= 0xEF) return 2;
+    if (c >= 0xF0 && c <= 0xF4) return 3;
+    return -1;
+}
+
+/* Offset of the first byte that is not well-formed UTF-8, or len. */
+static size_t first_invalid_utf8(const char *s, size_t len) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < len;) {
+        int extra = utf8_trailing(u[i]);
+        if (extra < 0 || (extra && i + (size_t)extra >= len)) return i;
+        for (int k = 1; k <= extra; k++)
+            if ((u[i + (size_t)k] & 0xC0) != 0x80) return i;
+        unsigned c = u[i], d = extra ? u[i + 1] : 0;
+        if ((c == 0xE0 && d < 0xA0) || (c == 0xF0 && d < 0x90) || (c == 0xF4 && d > 0x8F) || (c == 0xED && d >= 0xA0))
+            return i; /* overlong, beyond U+10FFFF, or a surrogate */
+        i += (size_t)extra + 1;
+    }
+    return len;
+}
+
 mu_template *mu_template_parse(const char *src, size_t len, const char *name, mu_error *err) {
     if (!src) {
         mu_err_set(err, "template: no source");
@@ -33,6 +58,11 @@ mu_template *mu_template_parse(const char *src, size_t len, const char *name, mu
     }
     if (len > ((size_t)1 << 30)) {
         mu_err_set(err, "%s: template too large (%zu bytes)", name ? name : "template", len);
+        return NULL;
+    }
+    size_t bad = first_invalid_utf8(src, len);
+    if (bad < len) { /* jinja2 gets a Python str: the source must decode */
+        mu_err_set(err, "%s: invalid UTF-8 at byte offset %zu", name ? name : "template", bad);
         return NULL;
     }
     mu_template *t = mu_xcalloc(1, sizeof *t);

@@ -422,6 +422,8 @@ static bool neg_const_pow(tpl_ctx *c, tv_value a, tv_value b, tv_value *out) {
     return true;
 }
 
+static bool try_const(tpl_ctx *c, tpl_scope *s, const tpl_node *n, bool any_value, tv_value *out);
+
 static bool eval_inner(tpl_ctx *c, tpl_scope *s, const tpl_node *n, tv_value *out) {
     tv_value a, b;
     bool ok;
@@ -460,18 +462,23 @@ static bool eval_inner(tpl_ctx *c, tpl_scope *s, const tpl_node *n, tv_value *ou
     case N_CALL: return eval_call(c, s, n, NULL, out);
     case N_FILTER: return eval_filter(c, s, n, NULL, out);
     case N_TEST: return eval_test(c, s, n, out);
-    case N_BINOP:
-        if (!eval(c, s, n->a, &a)) return false;
+    case N_BINOP: {
+        bool folded = false; /* the base of ** became a compile-time constant */
+        if (n->op == OP_POW && !c->const_mode && (n->a->flags & NF_CONST) && n->a->kind != N_CONST) {
+            folded = try_const(c, s, n->a, false, &a);
+            if (c->failed) return false;
+        }
+        if (!folded && !eval(c, s, n->a, &a)) return false;
         if (!eval(c, s, n->b, &b)) {
             tv_unref(a);
             return false;
         }
-        if (n->op == OP_POW && !c->const_mode && (n->a->flags & NF_CONST) && is_negative_number(a))
-            return neg_const_pow(c, a, b, out);
+        if (folded && is_negative_number(a)) return neg_const_pow(c, a, b, out);
         ok = tpl_binop(c, n->op, a, b, out);
         tv_unref(a);
         tv_unref(b);
         return ok;
+    }
     case N_CONCAT: {
         tpl_buf buf = {.limit = c->max_str};
         for (size_t i = 0; i < n->list.n; i++) {

@@ -132,6 +132,8 @@ struct tv_func {
     const char *name;
     tpl_builtin_fn fn;            /* FN_BUILTIN */
     const void *data;             /* FN_BUILTIN: passed as ctx->call_data */
+    const char *pytype;           /* FN_BUILTIN: Python type name; NULL: builtin_function_or_method */
+    const char *pyrepr;           /* FN_BUILTIN: repr() where Python's is deterministic, else NULL */
     tv_value self;                /* bound receiver (methods), else undefined */
     const struct tpl_node *macro; /* FN_MACRO: the macro / call-block node */
     struct tpl_scope *scope;      /* FN_MACRO: defining scope (lives for the render) */

@@ -304,8 +304,12 @@ tv_value tpl_loop_attr(tpl_ctx *c, tv_loop *l, const tv_str *name, bool *found) 
         return idx + 1 < len ? tv_ref(l->items->v[idx + 1]) : tv_undef_msg("UndefinedError", "there is no next item");
     tv_value self = {.type = TV_LOOP};
     self.as.loop = l;
-    if (tv_str_is(name, "cycle")) return tv_func_builtin("cycle", loop_cycle, self);
-    if (tv_str_is(name, "changed")) return tv_func_builtin("changed", loop_changed, self);
+    if (tv_str_is(name, "cycle") || tv_str_is(name, "changed")) {
+        bool cyc = tv_str_is(name, "cycle");
+        tv_value m = tv_func_builtin(cyc ? "cycle" : "changed", cyc ? loop_cycle : loop_changed, self);
+        m.as.fn->pytype = "method";
+        return m;
+    }
     *found = false;
     return tv_undef_anon();
 }
@@ -451,20 +455,24 @@ static bool g_joiner(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv_val
     tv_value st = tv_dict_new();
     tv_dict_set(st.as.d, tv_str_cstr("sep"), has[0] ? tv_ref(arg[0]) : tv_str_cstr(", "));
     *out = tv_func_builtin("joiner", joiner_call, st);
+    out->as.fn->pytype = "Joiner";
     tv_unref(st);
     return true;
 }
 
+/* Globals of jinja2's sandbox plus HF's two; their Python type names and
+ * reprs show when a template prints or concatenates them by mistake. */
 static const struct {
     const char *name;
     tpl_builtin_fn fn;
+    const char *pytype, *pyrepr;
 } GLOBALS[] = {
-    {"range", g_range},
-    {"dict", g_dict},
-    {"namespace", g_namespace},
-    {"joiner", g_joiner},
-    {"raise_exception", g_raise_exception},
-    {"strftime_now", g_strftime_now},
+    {"range", g_range, "function", NULL},
+    {"dict", g_dict, "type", "<class 'dict'>"},
+    {"namespace", g_namespace, "type", "<class 'jinja2.utils.Namespace'>"},
+    {"joiner", g_joiner, "type", "<class 'jinja2.utils.Joiner'>"},
+    {"raise_exception", g_raise_exception, "function", NULL},
+    {"strftime_now", g_strftime_now, "function", NULL},
 };
 
 bool tpl_call_method0(tpl_ctx *c, tv_value obj, const char *name, tv_value *out) {
@@ -483,6 +491,8 @@ bool tpl_global_lookup(const char *name, size_t n, tv_value *out) {
     for (size_t i = 0; i < sizeof GLOBALS / sizeof GLOBALS[0]; i++)
         if (strlen(GLOBALS[i].name) == n && memcmp(GLOBALS[i].name, name, n) == 0) {
             *out = tv_func_builtin(GLOBALS[i].name, GLOBALS[i].fn, tv_undef_anon());
+            out->as.fn->pytype = GLOBALS[i].pytype;
+            out->as.fn->pyrepr = GLOBALS[i].pyrepr;
             return true;
         }
     return false;

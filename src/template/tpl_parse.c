@@ -361,6 +361,9 @@ static bool parse_call_args(P *p, tpl_node *n) {
         } else if (cur(p)->type == T_NAME && tok_is_op(look(p), O_ASSIGN)) {
             if (n->d) return fail_at(p, pos, "invalid syntax for function call expression"), false;
             tv_str *key = name_str(p, cur(p));
+            for (size_t k = 0; k < nkw; k++) /* Python rejects f(a=1, a=2) when compiling */
+                if (tv_str_eq(kwn[k], key->s, key->len))
+                    return fail_at(p, cur(p)->pos, "keyword argument repeated: %s", key->s), false;
             adv(p);
             adv(p);
             tpl_node *v = parse_expression(p, true);

@@ -520,7 +520,9 @@ const char *tv_type_name(tv_value v) {
         default: return "list";
         }
     case TV_DICT: return "dict";
-    case TV_FUNC: return v.as.fn->kind == FN_MACRO ? "Macro" : "builtin_function_or_method";
+    case TV_FUNC:
+        if (v.as.fn->kind == FN_MACRO) return "Macro";
+        return v.as.fn->pytype ? v.as.fn->pytype : "builtin_function_or_method";
     case TV_NS: return "Namespace";
     case TV_LOOP: return "LoopContext";
     }
@@ -692,8 +694,11 @@ void tv_write_repr(tpl_buf *b, tv_value v) {
             else
                 tpl_buf_puts(b, "'caller'");
             tpl_buf_putc(b, '>');
-        } else
-            tpl_buf_printf(b, "<built-in function %s>", v.as.fn->name);
+        } else if (v.as.fn->pyrepr) {
+            tpl_buf_puts(b, v.as.fn->pyrepr);
+        } else { /* Python shows an address here; print something stable */
+            tpl_buf_printf(b, "<%s %s>", v.as.fn->pytype ? v.as.fn->pytype : "built-in method", v.as.fn->name);
+        }
         return;
     case TV_NS:
         tpl_buf_puts(b, "<Namespace ");

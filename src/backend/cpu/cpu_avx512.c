@@ -151,25 +151,31 @@ static int act_layout(const mu_weight *w) {
  * repeating the last row), for the multi-row tiles:
  *   xd[b][r]     the block's scale d
  *   bp[b][k][r]  int16 pair (bsums[4k] + bsums[4k+1], bsums[4k+2] + bsums[4k+3])
- *   bs[b][k][r]  int16 pair (bsums[2k], bsums[2k+1])                           */
+ *   bs[b][k][r]  int16 pair (bsums[2k], bsums[2k+1])
+ *   xt           (K-quants) the codes by 16-row group, block, dword, row     */
 typedef struct act_side {
     const float *xd;
     const uint32_t *bp, *bs;
+    const uint32_t *xt; /* K-quants: xt[r/16][b][j][r%16] = dword j of row r's block b codes */
     int64_t rpad;
 } act_side;
+
+static bool wants_xt(const mu_weight *w) {
+    return w->type == MU_TYPE_Q4_K || w->type == MU_TYPE_Q5_K || w->type == MU_TYPE_Q6_K;
+}
 
 static size_t blocks_bytes(int64_t rows, int64_t nb) { return ((size_t)(rows * nb) * sizeof(mu_block_q8k) + 63) & ~(size_t)63; }
 
 static act_side side_of(const mu_weight *w, const void *act, int64_t rows) {
     const int64_t nb = w->n_in / MU_QK_K, rpad = (rows + 15) & ~(int64_t)15;
     const float *xd = (const float *)((const uint8_t *)act + blocks_bytes(rows, nb));
-    const uint32_t *bp = (const uint32_t *)(xd + nb * rpad);
-    return (act_side){.xd = xd, .bp = bp, .bs = bp + nb * 4 * rpad, .rpad = rpad};
+    const uint32_t *bp = (const uint32_t *)(xd + nb * rpad), *bs = bp + nb * 4 * rpad;
+    return (act_side){.xd = xd, .bp = bp, .bs = bs, .xt = wants_xt(w) ? bs + nb * 8 * rpad : NULL, .rpad = rpad};
 }
 
 static size_t avx512_act_bytes(const mu_weight *w, int64_t rows) {
     const int64_t nb = w->n_in / MU_QK_K, rpad = (rows + 15) & ~(int64_t)15;
-    return blocks_bytes(rows, nb) + (size_t)(nb * rpad) * (1 + 4 + 8) * 4;
+    return blocks_bytes(rows, nb) + (size_t)(nb * rpad) * (1 + 4 + 8 + (wants_xt(w) ? 64 : 0)) * 4;
 }
 
 static inline uint32_t pack16(int32_t lo, int32_t hi) { return (uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16; }
@@ -183,6 +189,26 @@ static void fill_side(const act_side *sd, const mu_block_q8k *x, int64_t b, int6
     for (int k = 0; k < 8; k++) bs[(b * 8 + k) * sd->rpad + r] = pack16(x->bsums[2 * k], x->bsums[2 * k + 1]);
 }
 
+/* xt for the 16-row groups inside [r0, r1): 16x16 dword transposes of
+ * each block's codes (rows past the end repeat the last row). */
+static void transpose16_epi32(__m512i *r);
+
+static void fill_xt(const act_side *sd, const mu_block_q8k *xq, int64_t nb, int64_t r0, int64_t r1, int64_t rows) {
+    uint32_t *xt = (uint32_t *)sd->xt;
+    for (int64_t g = r0; g < r1; g += 16)
+        for (int64_t b = 0; b < nb; b++)
+            for (int q = 0; q < 4; q++) { /* dwords 16q .. 16q + 15 */
+                __m512i r[16];
+                for (int i = 0; i < 16; i++) {
+                    const int64_t row = g + i < rows ? g + i : rows - 1;
+                    r[i] = _mm512_loadu_si512(xq[row * nb + b].qs + 64 * q);
+                }
+                transpose16_epi32(r);
+                for (int j = 0; j < 16; j++) _mm512_storeu_si512(xt + ((g / 16 * nb + b) * 64 + 16 * q + j) * 16, r[j]);
+            }
+}
+
+/* r0 is a multiple of 16 and r1 one too or rows (cpu_backend.c splits so). */
 static void avx512_quantize_rows(const mu_weight *w, const float *x, int64_t r0, int64_t r1, int64_t rows, void *act) {
     bool via_f16 = false;
     mu_weight_uses_q8k(w, &via_f16);
@@ -198,6 +224,7 @@ static void avx512_quantize_rows(const mu_weight *w, const float *x, int64_t r0,
             if (r == rows - 1)
                 for (int64_t pad = rows; pad < sd.rpad; pad++) fill_side(&sd, blk, b, pad);
         }
+    if (sd.xt) fill_xt(&sd, xq, nb, r0, r1, rows);
 }
 
 /* ======================================================== quantized tiles */
@@ -780,6 +807,126 @@ static void q4k_decode(const mu_weight *w, int64_t o0, int64_t o1, const mu_bloc
 static void q5k_decode(const mu_weight *w, int64_t o0, int64_t o1, const mu_block_q8k *xq, float *y) { kq_decode(w, o0, o1, xq, y, 5); }
 static void q6k_decode(const mu_weight *w, int64_t o0, int64_t o1, const mu_block_q8k *xq, float *y) { kq_decode(w, o0, o1, xq, y, 6); }
 
+static inline void transpose16(__m512 *r);
+
+/* ---- prefill GEMM for the K-quants: activation rows in lanes ----
+ * 16 activation rows per lane group; for each weight block the codes are
+ * unpacked once into 256 bytes (the activation layout's order) and every
+ * code dword j meets the 16 rows' dword j (xt) in one vpdpbusd, into one
+ * accumulator per sub-block. Then, lane-wise and exact in int32:
+ *   sumi = sum_s sc_s * acc_s   (Q6_K: - 32 sum_s sc_s bsum_s via bs)
+ *   summ = sum_j m_j * bp_j     (Q4_K/Q5_K, via bp)
+ * and f_b by the block formula; no horizontal sums at all. */
+
+typedef struct kq_wblock {
+    uint8_t codes[256];
+    int32_t sc[16];   /* sub-block scales (Q4_K/Q5_K: 8) */
+    uint32_t mpair[4]; /* Q4_K/Q5_K mins as int16 pairs */
+    float d, dmin;
+} kq_wblock;
+
+static inline __attribute__((always_inline)) void kq_unpack(const uint8_t *blk, kq_wblock *wb, int kind) {
+    __m512i c[4];
+    if (kind == 6) {
+        q6k_codes(blk, c);
+        for (int s = 0; s < 16; s++) wb->sc[s] = (int8_t)blk[Q6_K_SC + s];
+        wb->d = f16_at(blk + Q6_K_D);
+    } else {
+        uint64_t sc, mn;
+        cpu_kq_scales(blk + QK_SCALES, &sc, &mn);
+        for (int s = 0; s < 8; s++) wb->sc[s] = (int32_t)((sc >> (8 * s)) & 0xFF);
+        for (int k = 0; k < 4; k++)
+            wb->mpair[k] = (uint32_t)((mn >> (16 * k)) & 0xFF) | (uint32_t)((mn >> (16 * k + 8)) & 0xFF) << 16;
+        q4k_codes(blk + (kind == 5 ? Q5_K_QS : Q4_K_QS), c);
+        if (kind == 5) q5k_high_bits(blk + Q5_K_QH, c);
+        wb->d = f16_at(blk);
+        wb->dmin = f16_at(blk + 2);
+    }
+    for (int k = 0; k < 4; k++) _mm512_storeu_si512(wb->codes + 64 * k, c[k]);
+    /* make the dwords be re-read from memory, as embedded broadcasts, rather
+     * than extracted from the registers with shuffles */
+    __asm__ volatile("" ::: "memory");
+}
+
+/* sub-block of code dword j: Q4_K/Q5_K in ACT_K4 order (32-code chunks
+ * 0, 2, 1, 3, 4, 6, 5, 7), Q6_K natural (16 codes = 4 dwords each) */
+static inline int kq_sub_of(int j, int kind) {
+    static const int K4[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    return kind == 6 ? j / 4 : K4[j / 8];
+}
+
+static inline __attribute__((always_inline)) __m512 kq_lanes_fb(const kq_wblock *wb, const uint32_t *xt, int64_t rpad,
+                                                                const act_side *sd, int64_t b, int64_t r0, int kind) {
+    const int n_sub = kind == 6 ? 16 : 8;
+    __m512i acc[16];
+#pragma GCC unroll 16
+    for (int s = 0; s < 16; s++) acc[s] = _mm512_setzero_si512();
+#pragma GCC unroll 64
+    for (int j = 0; j < 64; j++) {
+        const int s = kq_sub_of(j, kind);
+        acc[s] = _mm512_dpbusd_epi32(acc[s], _mm512_set1_epi32((int)cpu_rd32(wb->codes + 4 * j)),
+                                     _mm512_loadu_si512(xt + j * 16));
+    }
+    __m512i sumi = _mm512_mullo_epi32(acc[0], _mm512_set1_epi32(wb->sc[0]));
+#pragma GCC unroll 16
+    for (int s = 1; s < n_sub; s++) sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(acc[s], _mm512_set1_epi32(wb->sc[s])));
+    const __m512 xd = _mm512_loadu_ps(sd->xd + b * rpad + r0);
+    if (kind == 6) {
+        __m512i corr = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k++)
+            corr = _mm512_dpwssd_epi32(corr, _mm512_set1_epi32((int)pack16(wb->sc[2 * k], wb->sc[2 * k + 1])),
+                                       _mm512_loadu_si512(sd->bs + (b * 8 + k) * rpad + r0));
+        sumi = _mm512_sub_epi32(sumi, _mm512_slli_epi32(corr, 5));
+        return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(wb->d), xd), _mm512_cvtepi32_ps(sumi));
+    }
+    __m512i summ = _mm512_setzero_si512();
+    for (int k = 0; k < 4; k++)
+        summ = _mm512_dpwssd_epi32(summ, _mm512_set1_epi32((int)wb->mpair[k]), _mm512_loadu_si512(sd->bp + (b * 4 + k) * rpad + r0));
+    return _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(wb->d), xd), _mm512_cvtepi32_ps(sumi)),
+                         _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(wb->dmin), xd), _mm512_cvtepi32_ps(summ)));
+}
+
+static inline __attribute__((always_inline)) void kq_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act,
+                                                             int64_t rows, float *y, int kind) {
+    const act_side sd = side_of(w, act, rows);
+    const int64_t nb = w->n_in / MU_QK_K, slice = 4;
+    const uint64_t bb = w->row_bytes / (uint64_t)nb;
+    float *totals = mu_xmalloc((size_t)(o1 - o0) * 16 * sizeof(float));
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        memset(totals, 0, (size_t)(o1 - o0) * 16 * sizeof(float));
+        for (int64_t b0 = 0; b0 < nb; b0 += slice) {
+            const int64_t b1 = b0 + slice < nb ? b0 + slice : nb;
+            for (int64_t o = o0; o < o1; o++) {
+                const uint8_t *row = w->data + (uint64_t)o * w->row_bytes;
+                float *tot = totals + (o - o0) * 16;
+                __m512 t = _mm512_loadu_ps(tot);
+                for (int64_t b = b0; b < b1; b++) {
+                    kq_wblock wb;
+                    kq_unpack(row + (uint64_t)b * bb, &wb, kind);
+                    t = _mm512_add_ps(t, kq_lanes_fb(&wb, sd.xt + (r0 / 16 * nb + b) * 64 * 16, sd.rpad, &sd, b, r0, kind));
+                }
+                _mm512_storeu_ps(tot, t);
+            }
+        }
+        /* 16 x 16 blocks of (output, row) transposed into row-major stores */
+        for (int64_t og = o0; og < o1; og += 16) {
+            __m512 t[16];
+            for (int i = 0; i < 16; i++) t[i] = _mm512_loadu_ps(totals + (og + i < o1 ? og + i - o0 : 0) * 16);
+            transpose16(t);
+            const __mmask16 m = tail_mask(o1 - og);
+            for (int64_t ri = 0; ri < 16 && r0 + ri < rows; ri++) {
+                __m512 v = w->has_scale ? _mm512_mul_ps(t[ri], _mm512_set1_ps(w->scale)) : t[ri];
+                _mm512_mask_storeu_ps(y + (r0 + ri) * w->n_out + og, m, v);
+            }
+        }
+    }
+    free(totals);
+}
+
+static void q4k_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, o0, o1, act, rows, y, 4); }
+static void q5k_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, o0, o1, act, rows, y, 5); }
+static void q6k_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, o0, o1, act, rows, y, 6); }
+
 static tile_step_fn step_for(const mu_weight *w) {
     if (!mu_weight_uses_q8k(w, NULL)) return NULL;
     switch (w->type) {
@@ -803,6 +950,14 @@ static void avx512_qmatmul(const mu_weight *w, int64_t o0, int64_t o1, const voi
         case MU_TYPE_Q4_K: q4k_decode(w, o0, o1, xq, y); return;
         case MU_TYPE_Q5_K: q5k_decode(w, o0, o1, xq, y); return;
         case MU_TYPE_Q6_K: q6k_decode(w, o0, o1, xq, y); return;
+        default: break;
+        }
+    }
+    if (rows >= 9) {
+        switch (w->type) {
+        case MU_TYPE_Q4_K: q4k_gemm16(w, o0, o1, act, rows, y); return;
+        case MU_TYPE_Q5_K: q5k_gemm16(w, o0, o1, act, rows, y); return;
+        case MU_TYPE_Q6_K: q6k_gemm16(w, o0, o1, act, rows, y); return;
         default: break;
         }
     }
@@ -1051,6 +1206,13 @@ static inline void transpose16(__m512 *r) {
         r[8 + c] = _mm512_shuffle_f32x4(y1, y3, 0x88);
         r[12 + c] = _mm512_shuffle_f32x4(y1, y3, 0xDD);
     }
+}
+
+static void transpose16_epi32(__m512i *r) {
+    __m512 f[16];
+    for (int i = 0; i < 16; i++) f[i] = _mm512_castsi512_ps(r[i]);
+    transpose16(f);
+    for (int i = 0; i < 16; i++) r[i] = _mm512_castps_si512(f[i]);
 }
 
 /* K of up to 16 keys as kt[i][key] (f32, D x 16); keys past n repeat the last. */

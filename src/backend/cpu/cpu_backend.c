@@ -154,7 +154,9 @@ static void cpu_matmul(mu_backend *b, const mu_weight *w, const float *x, float 
     if (mu_weight_uses_q8k(w, NULL)) {
         if (!c->k->q_supported(w)) j.k = &mu_cpu_kernels_scalar;
         j.act = act_buffer(c, j.k->act_bytes(w, rows));
-        j.row_chunk = rows * w->n_in < PARALLEL_MIN_ELEMS ? rows : ceil_div(rows, 2 * (int64_t)nt);
+        /* quantize tasks cover whole 16-row groups (the AVX-512 kernel
+         * transposes each group's codes) */
+        j.row_chunk = rows * w->n_in < PARALLEL_MIN_ELEMS ? rows : ceil_div(ceil_div(rows, 2 * (int64_t)nt), 16) * 16;
         cpu_pool_run(c->pool, quantize_task, &j, ceil_div(rows, j.row_chunk));
         cpu_pool_run(c->pool, qmatmul_task, &j, out_tasks);
     } else {

@@ -34,7 +34,8 @@ typedef struct cpu_kernels {
     size_t (*act_bytes)(const mu_weight *w, int64_t rows);
     /* Quantize rows [r0, r1) of x[rows][n_in] into act: Q8_K blocks exactly as
      * mu_quantize_q8k gives them, each block's codes permuted into the order
-     * this kernel reads for w's type, plus the side tables of those rows. */
+     * this kernel reads for w's type, plus the side tables of those rows.
+     * r0 is a multiple of 16, r1 too or equal to rows. */
     void (*quantize_rows)(const mu_weight *w, const float *x, int64_t r0, int64_t r1, int64_t rows, void *act);
     /* y[r * n_out + o] for o in [o0, o1), r < rows. */
     void (*qmatmul)(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y);
