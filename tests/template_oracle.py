@@ -2,8 +2,9 @@
 """Reference renderer for chat templates: jinja2 configured exactly the way
 Hugging Face transformers renders `tokenizer.chat_template`.
 
-What transformers does (src/transformers/utils/chat_template_utils.py,
-`_compile_jinja_template` and `render_jinja_template`):
+What transformers does (src/transformers/utils/chat_template_utils.py:
+`_compile_jinja_template` -> `_cached_compile_jinja_template` builds the
+environment, `render_jinja_template` renders):
 
   * environment: jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True,
@@ -17,8 +18,10 @@ What transformers does (src/transformers/utils/chat_template_utils.py,
                indent=indent, separators=separators, sort_keys=sort_keys)
   * env.globals["raise_exception"] = raise_exception, raising
     jinja2.exceptions.TemplateError(message)
-  * env.globals["strftime_now"] = strftime_now: datetime.now().strftime(fmt)
+  * env.globals["strftime_now"] = strftime_now: datetime.now().strftime(format)
     (here: the fixed date given by the case, at midnight, for determinism)
+  * the helpers are closures of _cached_compile_jinja_template, which shows
+    in Python's TypeError messages when a template calls them wrongly.
   * template.render(messages=chat, tools=tool_schemas, documents=documents,
         add_generation_prompt=add_generation_prompt, **kwargs)
     where tools and documents are None when not given and kwargs holds the

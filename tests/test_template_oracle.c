@@ -63,8 +63,8 @@ static size_t list_dir(const char *dir, const char *ext, char ***out) {
 }
 
 enum { G_CHAT, G_SNIPPET, G_EXPR, G_LAYOUT, G_MUTATION, G_COUNT };
-static const char *const GROUP_NAMES[G_COUNT] = {"chat templates", "snippets", "random expressions",
-                                                 "random layouts", "mutated templates"};
+static const char *const GROUP_NAMES[G_COUNT] = {"chat templates", "snippets", "random expressions", "random layouts",
+                                                 "mutated templates"};
 
 typedef struct rcase {
     char label[160];
@@ -565,8 +565,10 @@ static json_t *run_oracle(suite *s, const char *root, char *dir, size_t dir_cap)
     json_error_t e;
     json_t *res = rc == 0 ? json_load_file(out_path, 0, &e) : NULL;
     CHECK_MSG(res != NULL, "cannot read the oracle's results %s", out_path);
-    if (getenv("TEMPLATE_ORACLE_KEEP")) fprintf(stderr, "jobs kept in %s\n", jobs_path);
-    else unlink(jobs_path);
+    if (getenv("TEMPLATE_ORACLE_KEEP"))
+        fprintf(stderr, "jobs kept in %s\n", jobs_path);
+    else
+        unlink(jobs_path);
     unlink(out_path);
     rmdir(tmpdir);
     return res;

@@ -210,7 +210,6 @@ char *mu_template_render_ex(const mu_template *t, const mu_template_inputs *in, 
     tpl_buf out = {.limit = c.max_str};
     c.out = &out;
     tpl_scope *globals = tpl_scope_new(&c, NULL);
-    c.globals = globals;
     bool ok = parse_date(&c, in->date) && load_inputs(&c, globals, in);
     if (ok) {
         tpl_scope *root = tpl_scope_new(&c, globals);

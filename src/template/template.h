@@ -13,7 +13,9 @@
 typedef struct mu_template mu_template;
 
 /* Parse a template. `name` labels error messages ("name:line:col: msg");
- * NULL means "template". Syntax errors fail here with line and column. */
+ * NULL means "template". Syntax errors (and invalid UTF-8) fail here with
+ * their position. Rendering needs about 1 MiB of stack at the recursion
+ * limit (~100 nested macro calls). */
 mu_template *mu_template_parse(const char *src, size_t len, const char *name, mu_error *err);
 void mu_template_free(mu_template *t);
 

@@ -205,6 +205,11 @@ static bool call_macro(tpl_ctx *c, const tv_func *fn, const tpl_args *a, tv_valu
             tv_move(&caller, tv_ref(a->kw[k]));
         } else if (m->flags & NF_KWARGS) {
             tv_dict_set(kwargs.as.d, tv_ref((tv_value){.type = TV_STR, .as.s = a->kwname[k]}), tv_ref(a->kw[k]));
+        } else if (tv_str_is(a->kwname[k], "caller")) {
+            ok = tpl_fail(c, "TypeError",
+                          "macro '%s' was invoked with two values for the special caller argument. "
+                          "This is most likely a bug.",
+                          name);
         } else {
             ok = tpl_fail(c, "TypeError", "macro '%s' takes no keyword argument '%s'", name, a->kwname[k]->s);
         }

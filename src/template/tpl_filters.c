@@ -743,6 +743,12 @@ static bool f_round(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) {
         else if (!(arg[1].type == TV_STR && tv_str_is(arg[1].as.s, "common")))
             return tpl_fail(c, "FilterArgumentError", "method must be common, ceil or floor");
     }
+    if (method != 0 && !tv_is_number(in)) { /* math.ceil(value * 10 ** precision) */
+        tv_value scaled;
+        if (!tpl_binop(c, OP_MUL, in, tv_int(1), &scaled)) return false;
+        tv_unref(scaled);
+        return tpl_fail(c, "TypeError", "must be real number, not %s", tv_type_name(in));
+    }
     if (!tv_is_number(in)) return tpl_fail(c, "TypeError", "type %s doesn't define __round__ method", tv_type_name(in));
     if (method == 0) {
         if (in.type != TV_FLOAT) {

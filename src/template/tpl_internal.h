@@ -175,8 +175,6 @@ static inline tv_value tv_float(double f) {
     v.as.f = f;
     return v;
 }
-static inline bool tv_is_str(tv_value v) { return v.type == TV_STR; }
-static inline bool tv_is_seq(tv_value v) { return v.type == TV_LIST; }
 static inline bool tv_is_number(tv_value v) { return v.type == TV_INT || v.type == TV_FLOAT || v.type == TV_BOOL; }
 
 tv_value tv_ref(tv_value v);
@@ -369,7 +367,6 @@ typedef struct tpl_scope {
 typedef struct tpl_ctx {
     const mu_template *t;
     tpl_buf *out;
-    tpl_scope *globals;
     tpl_scope *all_scopes; /* scopes captured by macros */
     tv_ns *live_ns;
     size_t max_str;
@@ -393,24 +390,26 @@ bool tpl_fail(tpl_ctx *c, const char *exc, const char *fmt, ...) __attribute__((
 bool tpl_fail_undefined(tpl_ctx *c, tv_value undef); /* raise the error an Undefined carries */
 bool tpl_check_len(tpl_ctx *c, size_t n);            /* string/list size limit */
 
-/* Evaluation helpers shared by the builtins (tpl_eval.c). */
+/* Evaluator (tpl_eval.c). */
 bool tpl_exec_root(tpl_ctx *c, tpl_scope *s);
 tpl_scope *tpl_scope_new(tpl_ctx *c, tpl_scope *parent);
 void tpl_scope_end(tpl_scope *s);                                  /* free now unless captured by a macro */
 void tpl_scope_set_global(tpl_scope *s, tv_str *name, tv_value v); /* steals v; name must outlive s */
 void tpl_scopes_free(tpl_ctx *c);
+bool tpl_call_value(tpl_ctx *c, tv_value fn, const tpl_args *a, tv_value *out);
+
+/* Operations with Python semantics, shared with the builtins (tpl_ops.c). */
 bool tpl_getattr(tpl_ctx *c, tv_value obj, tv_value name, tv_value *out);
 bool tpl_getitem(tpl_ctx *c, tv_value obj, tv_value key, tv_value *out);
 bool tpl_slice(tpl_ctx *c, tv_value obj, tv_value parts[3], tv_value *out); /* obj[a:b:c]; parts none when absent */
-bool tpl_call_value(tpl_ctx *c, tv_value fn, const tpl_args *a, tv_value *out);
-bool tpl_iterate(tpl_ctx *c, tv_value v, tv_value *out_list); /* list(v) as a new SEQ_LIST */
+bool tpl_iterate(tpl_ctx *c, tv_value v, tv_value *out_list);               /* list(v) as a new SEQ_LIST */
 bool tpl_compare(tpl_ctx *c, int op, tv_value a, tv_value b, bool *out);
 bool tpl_contains(tpl_ctx *c, tv_value container, tv_value item, bool *out);
 bool tpl_binop(tpl_ctx *c, int op, tv_value a, tv_value b, tv_value *out);
 bool tpl_to_str(tpl_ctx *c, tv_value v, tv_value *out);                          /* str(v) as a new string value */
 bool tpl_length(tpl_ctx *c, tv_value v, int64_t *out);                           /* len(v) */
 bool tpl_require_hashable(tpl_ctx *c, tv_value v);                               /* TypeError: unhashable type */
-bool tpl_format_percent(tpl_ctx *c, tv_value fmt, tv_value args, tv_value *out); /* str % args */
+bool tpl_format_percent(tpl_ctx *c, tv_value fmt, tv_value args, tv_value *out); /* str % args (tpl_format.c) */
 
 /* Methods of builtin types and template globals (tpl_methods.c). */
 bool tpl_method_lookup(tpl_ctx *c, tv_value obj, const tv_str *name, tv_value *out, bool *found);
