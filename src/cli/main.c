@@ -16,7 +16,7 @@ static void usage(FILE *f) {
             "  tokenize   text to token ids with the model's tokenizer\n"
             "  detokenize token ids to text\n"
             "  chat-template  render a chat template for a JSON message list\n"
-            "  bench      measure prefill/decode tokens/s, bandwidth, tokenizer speed\n",
+            "  bench      measure prefill/decode tokens/s and memory bandwidth\n",
             MUSER_VERSION);
 }
 

@@ -4,7 +4,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <strings.h>
-#include <unistd.h>
 
 _Static_assert(sizeof(muser_error) == sizeof(mu_error), "error structs must match");
 
@@ -35,11 +34,7 @@ bool muser_backend_from_name(const char *name, muser_backend_kind *out) {
 }
 
 static mu_backend *create_backend(muser_backend_kind kind, int n_threads, mu_error *err) {
-    if (n_threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = n > 0 ? (int)n : 1;
-    }
-    switch (kind) {
+    switch (kind) { /* n_threads <= 0: each backend picks its default */
     case MUSER_BACKEND_REF:
         return mu_backend_ref_create(n_threads);
     case MUSER_BACKEND_DEFAULT: /* no GPU backend yet: the fast CPU backend */

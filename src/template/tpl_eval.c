@@ -248,13 +248,7 @@ static bool call_macro(tpl_ctx *c, const tv_func *fn, const tpl_args *a, tv_valu
     c->depth -= 4;
     c->out = saved;
     scope_end(s);
-    if (ok && buf.over) ok = tpl_check_len(c, SIZE_MAX);
-    if (!ok) {
-        tpl_buf_free(&buf);
-        return false;
-    }
-    *out = tv_str_from_buf(&buf);
-    return true;
+    return tpl_buf_finish(c, &buf, ok, out);
 }
 
 /* ------------------------------------------------------------ expressions */
@@ -749,28 +743,27 @@ static bool call_loop(tpl_ctx *c, tv_loop *lp, const tpl_args *a, tv_value *out)
     bool ok = run_loop(c, lp->scope, lp->node, a->pos[0], lp->depth0 + 1);
     c->depth -= 4;
     c->out = saved;
-    if (ok && buf.over) ok = tpl_check_len(c, SIZE_MAX);
-    if (!ok) {
-        tpl_buf_free(&buf);
-        return false;
-    }
-    *out = tv_str_from_buf(&buf);
-    return true;
+    return tpl_buf_finish(c, &buf, ok, out);
+}
+
+/* The namespace `ns` of an `ns.attr` target, or NULL after failing as jinja2 does. */
+static const tv_value *nsref_target(tpl_ctx *c, tpl_scope *s, const tpl_node *target) {
+    const tv_value *ns = scope_lookup(s, target->value.as.s);
+    if (ns && ns->type == TV_NS) return ns;
+    tpl_fail(c, "TemplateRuntimeError", "cannot assign attribute on non-namespace object");
+    return NULL;
 }
 
 static bool check_nsref(tpl_ctx *c, tpl_scope *s, const tpl_node *target) {
-    const tv_value *ns = scope_lookup(s, target->value.as.s);
-    if (!ns || ns->type != TV_NS)
-        return tpl_fail(c, "TemplateRuntimeError", "cannot assign attribute on non-namespace object");
-    return true;
+    return nsref_target(c, s, target) != NULL;
 }
 
 static bool exec_set(tpl_ctx *c, tpl_scope *s, const tpl_node *target, tv_value v) {
     if (target->kind != N_NSREF) return assign(c, s, target, v);
-    const tv_value *ns = scope_lookup(s, target->value.as.s);
-    if (!ns || ns->type != TV_NS) {
+    const tv_value *ns = nsref_target(c, s, target);
+    if (!ns) {
         tv_unref(v);
-        return tpl_fail(c, "TemplateRuntimeError", "cannot assign attribute on non-namespace object");
+        return false;
     }
     tv_dict_set(ns->as.ns->attrs, tv_ref((tv_value){.type = TV_STR, .as.s = target->name}), v);
     return true;
@@ -785,13 +778,7 @@ static bool capture(tpl_ctx *c, tpl_scope *s, const tpl_node *body, tv_value *ou
     bool ok = exec_body(c, inner, body);
     scope_end(inner);
     c->out = saved;
-    if (ok && buf.over) ok = tpl_check_len(c, SIZE_MAX);
-    if (!ok) {
-        tpl_buf_free(&buf);
-        return false;
-    }
-    *out = tv_str_from_buf(&buf);
-    return true;
+    return tpl_buf_finish(c, &buf, ok, out);
 }
 
 static bool exec_stmt(tpl_ctx *c, tpl_scope *s, const tpl_node *n) {

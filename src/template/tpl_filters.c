@@ -519,13 +519,7 @@ static bool f_join(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) {
             tv_write_str(&b, v);
     }
     tv_unref(items);
-    if (ok && b.over) ok = tpl_check_len(c, SIZE_MAX);
-    if (!ok) {
-        tpl_buf_free(&b);
-        return false;
-    }
-    *out = tv_str_from_buf(&b);
-    return true;
+    return tpl_buf_finish(c, &b, ok, out);
 }
 
 static bool f_list(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) {
@@ -924,16 +918,10 @@ static bool f_tojson(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) 
         else
             tpl_fail(c, "ValueError", "separators must be a pair of strings");
         tv_unref(seps);
-        if (ok && b.over) ok = tpl_check_len(c, SIZE_MAX);
-        if (!ok) return tpl_buf_free(&b), false;
-        *out = tv_str_from_buf(&b);
-        return true;
+        return tpl_buf_finish(c, &b, ok, out);
     }
     tpl_buf b = {.limit = c->max_str};
-    if (!tpl_json_dump(c, &b, in, &o, 0)) return tpl_buf_free(&b), false;
-    if (b.over) return tpl_buf_free(&b), tpl_check_len(c, SIZE_MAX);
-    *out = tv_str_from_buf(&b);
-    return true;
+    return tpl_buf_finish(c, &b, tpl_json_dump(c, &b, in, &o, 0), out);
 }
 
 static bool f_trim(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) {

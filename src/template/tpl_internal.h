@@ -389,6 +389,9 @@ typedef struct tpl_ctx {
 bool tpl_fail(tpl_ctx *c, const char *exc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 bool tpl_fail_undefined(tpl_ctx *c, tv_value undef); /* raise the error an Undefined carries */
 bool tpl_check_len(tpl_ctx *c, size_t n);            /* string/list size limit */
+/* End a rendering into b: on ok (and within the size limit) *out takes b's
+ * bytes as a string; otherwise b is freed and false returned (failure set). */
+bool tpl_buf_finish(tpl_ctx *c, tpl_buf *b, bool ok, tv_value *out);
 
 /* Evaluator (tpl_eval.c). */
 bool tpl_exec_root(tpl_ctx *c, tpl_scope *s);

@@ -28,6 +28,16 @@ bool tpl_check_len(tpl_ctx *c, size_t n) {
     return true;
 }
 
+bool tpl_buf_finish(tpl_ctx *c, tpl_buf *b, bool ok, tv_value *out) {
+    if (ok && b->over) ok = tpl_check_len(c, SIZE_MAX);
+    if (!ok) {
+        tpl_buf_free(b);
+        return false;
+    }
+    *out = tv_str_from_buf(b);
+    return true;
+}
+
 static tv_value undefined_attr(tv_value obj, const char *name, size_t n) {
     tpl_buf b = {0}, r = {0};
     tv_object_type_repr(&b, obj);

@@ -532,12 +532,9 @@ static bool m_join(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv_value
             tpl_buf_put(&b, it.as.s->s, it.as.s->len);
     }
     tv_unref(items);
-    if (ok && b.over) ok = tpl_check_len(c, SIZE_MAX);
-    if (!ok) {
-        tpl_buf_free(&b);
-        return false;
-    }
-    *out = tv_str_markup(tv_str_from_buf(&b), markup);
+    tv_value joined;
+    if (!tpl_buf_finish(c, &b, ok, &joined)) return false;
+    *out = tv_str_markup(joined, markup);
     return true;
 }
 
