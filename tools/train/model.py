@@ -189,9 +189,10 @@ class Glimmer(nn.Module):
         d = i[:, None] - i[None, :]
         return (d >= 0) & (d < self.cfg.sliding_window)   # True = may attend
 
-    def forward(self, ids, hidden_layers=None):
-        """Logits [B,T,V]; with hidden_layers, also the inputs of those layers
-        (what llama.cpp exposes as t_layer_inp) for the DFlash assistant."""
+    def forward(self, ids, hidden_layers=None, last_only=False):
+        """Logits [B,T,V] ([B,1,V] with last_only); with hidden_layers, also the
+        inputs of those layers (what llama.cpp exposes as t_layer_inp) for the
+        DFlash assistant."""
         cfg = self.cfg
         T = ids.shape[1]
         x = rms(self.embed_tokens(ids), cfg.rms_eps)
@@ -202,6 +203,8 @@ class Glimmer(nn.Module):
             if hidden_layers is not None and il in hidden_layers:
                 hidden.append(x)
             x = layer(x, cos, sin, mask)
+        if last_only:
+            x = x[:, -1:]
         x = rms(x, cfg.rms_eps) * self.norm.to(x.dtype)
         logits = self.lm_head(x) * cfg.logit_scale
         logits = cfg.softcap * torch.tanh(logits / cfg.softcap)

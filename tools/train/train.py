@@ -3,7 +3,10 @@
     python3 tools/train/train.py --data DIR --out DIR [--steps N] [--minutes M] ...
 
 DIR holds {train,valid,test}.bin (uint16 token ids, documents as
-<|begin_of_text|> ... <|end_of_text|>) and golden_tokens.json.  Outputs:
+<|begin_of_text|> ... <|end_of_text|>) and golden_tokens.json, and with
+--chat-frac > 0 chat_{train,valid}.{bin,mask} from chat_data.py: that fraction
+of every batch's rows are windows of chat conversations whose loss counts only
+the assistant replies (mask 1).  Outputs:
   weights.partNN     the f16 weights (HF names, index.json order), cut into <=15 MiB pieces
   index.json         config, tensor names/shapes/offsets, losses, timings
   golden.bin         reference logits (format in tools/train/golden.py)
@@ -64,6 +67,32 @@ def evaluate(model, data, seq, batch, autocast):
     return tot / max(cnt, 1)
 
 
+@torch.no_grad()
+def evaluate_masked(model, data, mask, seq, batch, autocast):
+    """Mean loss over the target tokens (mask 1) of non-overlapping windows."""
+    model.eval()
+    n = (data.numel() - 1) // seq
+    x_all = data[: n * seq].view(n, seq)
+    y_all = data[1: n * seq + 1].view(n, seq)
+    m_all = mask[1: n * seq + 1].view(n, seq)
+    tot, cnt = 0.0, 0
+    for i in range(0, n, batch):
+        x, y, m = x_all[i:i + batch], y_all[i:i + batch], m_all[i:i + batch]
+        with amp(autocast):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+        tot += (loss * m.reshape(-1)).sum().item()
+        cnt += m.sum().item()
+    model.train()
+    return tot / max(cnt, 1)
+
+
+def sample_windows(data, mask, n, seq, gen):
+    starts = torch.randint(0, data.numel() - seq - 1, (n,), device=data.device, generator=gen)
+    idx = starts[:, None] + torch.arange(seq + 1, device=data.device)[None, :]
+    return data[idx], (mask[idx][:, 1:] if mask is not None else None)
+
+
 def lr_at(step, steps, lr, warmup):
     if step < warmup:
         return lr * (step + 1) / warmup
@@ -107,6 +136,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--chat-frac", type=float, default=0.0, help="share of batch rows from chat data")
     args = ap.parse_args()
 
     os.makedirs(args.out, exist_ok=True)
@@ -120,6 +150,14 @@ def main():
     train = load_bin(os.path.join(args.data, "train.bin"), dev)
     valid = load_bin(os.path.join(args.data, "valid.bin"), dev)
     test = load_bin(os.path.join(args.data, "test.bin"), dev)
+    n_chat = int(round(args.batch * args.chat_frac))
+    if n_chat:
+        chat = load_bin(os.path.join(args.data, "chat_train.bin"), dev)
+        chat_mask = torch.from_numpy(np.fromfile(os.path.join(args.data, "chat_train.mask"), dtype=np.uint8)
+                                     .astype(np.float32)).to(dev)
+        chat_valid = load_bin(os.path.join(args.data, "chat_valid.bin"), dev)
+        chat_valid_mask = torch.from_numpy(np.fromfile(os.path.join(args.data, "chat_valid.mask"),
+                                                       dtype=np.uint8).astype(np.float32)).to(dev)
     cfg = Config(dropout=args.dropout, context_length=args.seq, n_layer=args.layers)
     model = Glimmer(cfg).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
@@ -143,13 +181,17 @@ def main():
         lr = lr_at(step, args.steps, args.lr, args.warmup)
         for g in opt.param_groups:
             g["lr"] = lr
-        starts = torch.randint(0, train.numel() - args.seq - 1, (args.batch,), device=dev, generator=gen)
-        idx = starts[:, None] + torch.arange(args.seq + 1, device=dev)[None, :]
-        chunk = train[idx]
+        chunk, _ = sample_windows(train, None, args.batch - n_chat, args.seq, gen)
+        weight = torch.ones(chunk.shape[0], args.seq, device=dev)
+        if n_chat:
+            c, cm = sample_windows(chat, chat_mask, n_chat, args.seq, gen)
+            chunk = torch.cat([chunk, c])
+            weight = torch.cat([weight, cm])
         x, y = chunk[:, :-1], chunk[:, 1:]
         with amp(cuda):
             logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1))
+        per_tok = F.cross_entropy(logits.float().view(-1, cfg.vocab), y.reshape(-1), reduction="none")
+        loss = (per_tok * weight.reshape(-1)).sum() / weight.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -160,10 +202,12 @@ def main():
         last = step == args.steps or elapsed > args.minutes * 60
         if step % args.eval_every == 0 or last or step == 1:
             vl = evaluate(model, valid, args.seq, 32, cuda)
-            history.append({"step": step, "train_loss": loss.item(), "valid_loss": vl,
+            cl = evaluate_masked(model, chat_valid, chat_valid_mask, args.seq, 32, cuda) if n_chat else float("nan")
+            history.append({"step": step, "train_loss": loss.item(), "valid_loss": vl, "chat_valid_loss": cl,
                             "seconds": round(elapsed, 1), "epochs": tokens_seen / train.numel()})
-            log(fh, "step %5d  lr %.2e  train %.4f  valid %.4f  epochs %.2f  %.0fs  %.0f tok/s" % (
-                step, lr, loss.item(), vl, tokens_seen / train.numel(), elapsed, tokens_seen / max(elapsed, 1e-9)))
+            log(fh, "step %5d  lr %.2e  train %.4f  valid %.4f  chat %.4f  epochs %.2f  %.0fs  %.0f tok/s" % (
+                step, lr, loss.item(), vl, cl, tokens_seen / train.numel(), elapsed,
+                tokens_seen / max(elapsed, 1e-9)))
             if vl < best[0]:
                 best = (vl, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
         if last:
@@ -181,8 +225,9 @@ def main():
     t16 = evaluate(model, test, args.seq, 32, cuda)
     v32 = evaluate(model, valid, args.seq, 32, False)
     t32 = evaluate(model, test, args.seq, 32, False)
-    log(fh, "f16 weights: valid %.4f (f32 math %.4f)  test %.4f (f32 math %.4f, ppl %.2f)" % (
-        v16, v32, t16, t32, math.exp(t32)))
+    c16 = evaluate_masked(model, chat_valid, chat_valid_mask, args.seq, 32, cuda) if n_chat else None
+    log(fh, "f16 weights: valid %.4f (f32 math %.4f)  test %.4f (f32 math %.4f, ppl %.2f)  chat valid %s" % (
+        v16, v32, t16, t32, math.exp(t32), c16))
 
     entries, parts, nbytes = write_shards(model, args.out)
     with open(os.path.join(args.data, "golden_tokens.json")) as f:
@@ -199,7 +244,7 @@ def main():
                    "nbytes": nbytes, "dtype": "float16", "args": vars(args), "history": history,
                    "best_step": best[1], "steps": step, "train_seconds": train_seconds,
                    "valid_loss_f16": v16, "test_loss_f16": t16, "valid_loss_f32": v32,
-                   "test_loss_f32": t32, "device": torch.cuda.get_device_name() if cuda else dev}, f, indent=1)
+                   "test_loss_f32": t32, "chat_valid_loss_f16": c16, "device": torch.cuda.get_device_name() if cuda else dev}, f, indent=1)
     log(fh, "wrote %d bytes of weights in %d parts" % (nbytes, len(parts)))
 
 
