@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU half of glimmer-tiny in one go (shipped settings):
-#   tools/train/gpu_all.sh OUT_DIR
+#   tools/train/gpu_all.sh OUT_DIR            (about 11 minutes on one H200)
 # needs build/tok from tools/train/prepare.sh (token files + chat data).
 #  1. the target: 1,500 steps from scratch, 30% of batch rows chat conversations
 #  2. the DFlash assistant on the target's greedy continuations
@@ -14,9 +14,9 @@ mkdir -p "$out"
 pack() { tar -C "$work" -cf - "$1" | split -b 15M -d -a 2 - "$out/$1.tar."; }
 export PYTHONUNBUFFERED=1
 python3 "$root/tools/train/train.py" --data "$root/build/tok" --out "$work/target" \
-    --steps 1500 --minutes "${TARGET_MINUTES:-3.4}" --eval-every 50 --dropout 0.2 --chat-frac 0.3
+    --steps 1500 --minutes "${TARGET_MINUTES:-3.2}" --eval-every 50 --dropout 0.2 --chat-frac 0.3
 pack target
 python3 "$root/tools/train/train_dflash.py" --target "$work/target" --data "$root/build/tok" \
-    --out "$work/draft" --minutes "${DRAFT_MINUTES:-2.5}"
+    --out "$work/draft" --minutes "${DRAFT_MINUTES:-3.3}"
 pack draft
 ls -la "$out"
