@@ -5,7 +5,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 MODEL ?= models/glimmer-tiny-q4_k_xl.gguf
 
-.PHONY: all deps build build-asan run test test-release test-asan clean
+.PHONY: all deps build build-asan run models-local test test-release test-asan clean
 
 all: build
 
@@ -23,6 +23,17 @@ build-asan: deps
 # The main job: generation with the shipped default model (glimmer-tiny).
 run: build
 	$(BUILD)/muser run -m $(MODEL) -p "And it came to pass, when the king" -n 64
+
+# Other precisions of glimmer-tiny, made here from the shipped file (its
+# weights dequantized, then re-typed): build/models/glimmer-tiny-{f32,f16,q8_0,nvfp4}.gguf.
+# tests/test_golden.c makes the same files itself and checks them against the
+# PyTorch reference; the trainer's own F32/F16 come from tools/train/export.sh.
+models-local: build
+	mkdir -p $(BUILD)/models
+	$(BUILD)/muser quantize $(MODEL) $(BUILD)/models/glimmer-tiny-f32.gguf F32 --no-progress
+	for t in f16 q8_0 nvfp4; do \
+	    $(BUILD)/muser quantize $(BUILD)/models/glimmer-tiny-f32.gguf $(BUILD)/models/glimmer-tiny-$$t.gguf $$t --no-progress || exit 1; \
+	done
 
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -12,7 +12,11 @@
  *     the model was exported) against tests/data/golden/glimmer-tiny.golden
  *     (the reference with the trained f16 weights): bound 1e-4 (measured 7.4e-5).
  *  3. The shipped q4_k_xl file itself against (1): its quantized-activation
- *     deviation, bounded at 5e-2 (measured 1.9e-2) with every argmax equal. */
+ *     deviation, bounded at 5e-2 (measured 1.9e-2) with every argmax equal.
+ *  4. The other precisions, made here from the dequantized F32 by
+ *     mu_quantize_file as a user would: F16 (weights re-rounded: measured
+ *     4.9e-4, bound 2e-3), Q8_0 (3.1e-2, bound 6e-2), NVFP4 (1.5e-1, bound 3e-1);
+ *     both flip one near-tied row (golden logits 459 vs 259 within the error). */
 #include "testutil.h"
 #include "muser.h"
 #include "tools/tools.h"
@@ -66,7 +70,8 @@ static void golden_free(golden *g) {
     free(g->seqs);
 }
 
-/* Worst max|engine - golden| / max|golden| over all rows; argmax must agree. */
+/* Worst max|engine - golden| / max|golden| over all rows; argmax must agree
+ * except on near-ties (see below). */
 static double compare(const char *model_path, muser_backend_kind backend, const golden *g) {
     muser_error err;
     muser_model_params mp = {.backend = backend, .n_threads = 2};
@@ -95,8 +100,12 @@ static double compare(const char *model_path, muser_backend_kind backend, const 
                 if (got[v] > got[arg_got]) arg_got = v;
                 if (want[v] > want[arg_want]) arg_want = v;
             }
-            CHECK_MSG(arg_got == arg_want, "%s seq %u row %u: argmax %u, golden %u", model_path, s, q->pos[r],
-                      arg_got, arg_want);
+            /* A different winner is allowed only on a near-tie: the golden's
+             * own logit for it within this row's error envelope of the max. */
+            CHECK_MSG(arg_got == arg_want || (double)want[arg_got] >= want[arg_want] - 2 * dmax,
+                      "%s seq %u row %u: argmax %u, golden %u (golden margin %.3g, error %.3g)", model_path, s,
+                      q->pos[r], arg_got, arg_want, (double)want[arg_want] - want[arg_got], dmax);
+            if (arg_got != arg_want) printf("  near-tie at seq %u row %u: %u vs golden %u\n", s, q->pos[r], arg_got, arg_want);
             worst = fmax(worst, dmax / amax);
         }
         free(all);
@@ -135,6 +144,17 @@ int main(void) {
     if (q && g.seqs) {
         check_file("shipped, dequantized F32", f32, &g, 2e-4);
         check_file("shipped q4_k_xl (deviation)", shipped, &g, 5e-2);
+        static const struct { const char *type; double bound; } others[] = {
+            {"F16", 2e-3}, {"Q8_0", 6e-2}, {"nvfp4", 3e-1}};
+        for (size_t k = 0; k < sizeof others / sizeof others[0]; k++) {
+            char path[1200], label[64];
+            snprintf(path, sizeof path, "%s/%s.gguf", tmp, others[k].type);
+            snprintf(label, sizeof label, "dequantized -> %s", others[k].type);
+            bool ok = mu_quantize_file(f32, path, others[k].type, 2, false, &err);
+            CHECK_MSG(ok, "quantize %s: %s", others[k].type, ok ? "" : err.msg);
+            if (ok) check_file(label, path, &g, others[k].bound);
+            unlink(path);
+        }
     }
     unlink(f32);
     rmdir(tmp);
