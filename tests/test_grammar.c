@@ -15,30 +15,12 @@
 
 static char g_dir[1024];
 
-static void find_data_dir(void) {
-    const char *src = getenv("MUSER_SOURCE_DIR");
-    if (src && *src) {
-        snprintf(g_dir, sizeof g_dir, "%s/tests/data/grammars", src);
-        return;
-    }
-    const char *file = __FILE__, *slash = strrchr(file, '/');
-    int n = slash ? (int)(slash - file) : 1;
-    snprintf(g_dir, sizeof g_dir, "%.*s/data/grammars", n, slash ? file : ".");
-}
+static void find_data_dir(void) { tu_data_dir(g_dir, sizeof g_dir, "grammars", __FILE__); }
 
 static char *read_text(const char *name, size_t *len) {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s.gbnf", g_dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    *len = fread(buf, 1, (size_t)n, f);
-    buf[*len] = '\0';
-    fclose(f);
-    return buf;
+    return tu_read_file(path, len);
 }
 
 static mu_grammar *load(const char *name) {

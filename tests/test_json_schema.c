@@ -18,20 +18,10 @@
 #include <stdbool.h>
 
 static char *read_file(const char *name, size_t *len) {
-    const char *root = getenv("MUSER_SOURCE_DIR");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tests/data/json_schema/%s", root ? root : ".", name);
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = '\0';
-    if (len) *len = got;
-    return buf;
+    char dir[1024], path[1600];
+    tu_data_dir(dir, sizeof dir, "json_schema", __FILE__);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return tu_read_file(path, len);
 }
 
 static char *convert(const char *schema, mu_error *err) {

@@ -26,19 +26,6 @@ static const char *src_dir(void) {
     return d && *d ? d : ".";
 }
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
-    buf[n] = '\0';
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return buf;
-}
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
@@ -159,7 +146,7 @@ static void add_chat_matrix(suite *s, const char *root) {
     for (size_t i = 0; i < nt; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, tnames[i]);
         size_t len;
-        char *srcbuf = read_file(path, &len);
+        char *srcbuf = tu_read_file(path, &len);
         CHECK_MSG(srcbuf != NULL, "cannot read %s", path);
         if (!srcbuf) continue;
         json_object_set_new(s->templates, tnames[i], json_stringn(srcbuf, len));
@@ -438,7 +425,7 @@ static void add_mutations(suite *s, const char *root, int count) {
         const char *name = names[rnd(sizeof names / sizeof names[0])];
         snprintf(path, sizeof path, "%s/tests/data/chat-templates/%s", root, name);
         size_t n;
-        char *src = read_file(path, &n);
+        char *src = tu_read_file(path, &n);
         if (!src) continue;
         src = realloc(src, n + 64);
         int edits = 1 + (int)rnd(2);

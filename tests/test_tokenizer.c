@@ -15,31 +15,7 @@
 
 static char g_data_dir[1024];
 
-static void find_data_dir(void) {
-    const char *src = getenv("MUSER_SOURCE_DIR");
-    if (src && *src) {
-        snprintf(g_data_dir, sizeof g_data_dir, "%s/tests/data/tokenizer", src);
-        return;
-    }
-    /* fall back to this file's directory (absolute under CMake) */
-    const char *file = __FILE__, *slash = strrchr(file, '/');
-    int dir_len = slash ? (int)(slash - file) : 1;
-    snprintf(g_data_dir, sizeof g_data_dir, "%.*s/data/tokenizer", dir_len, slash ? file : ".");
-}
-
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = '\0';
-    *len = got;
-    return buf;
-}
+static void find_data_dir(void) { tu_data_dir(g_data_dir, sizeof g_data_dir, "tokenizer", __FILE__); }
 
 typedef struct vocab {
     gguf_file *f;
@@ -120,9 +96,9 @@ static void run_vocab_file(const char *name, bool roundtrip, unsigned detok_flag
     char path[1200];
     size_t inp_len, out_len;
     snprintf(path, sizeof path, "%s/%s.gguf.inp", g_data_dir, name);
-    char *inp = read_file(path, &inp_len);
+    char *inp = tu_read_file(path, &inp_len);
     snprintf(path, sizeof path, "%s/%s.gguf.out", g_data_dir, name);
-    char *outp = read_file(path, &out_len);
+    char *outp = tu_read_file(path, &out_len);
     CHECK_MSG(inp && outp, "missing test data for %s in %s", name, g_data_dir);
     vocab v;
     if (!inp || !outp || !open_vocab(name, &v)) {
@@ -646,7 +622,7 @@ static void test_threads(void) {
     char path[1200];
     size_t len;
     snprintf(path, sizeof path, "%s/ggml-vocab-deepseek-coder.gguf.inp", g_data_dir);
-    char *text = read_file(path, &len);
+    char *text = tu_read_file(path, &len);
     if (text) {
         int32_t *ref = NULL;
         int64_t nref = tokenize(v.t, text, len, false, false, &ref);

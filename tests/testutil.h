@@ -42,4 +42,33 @@ static inline float tu_rng_normal(uint64_t *s) { /* Irwin-Hall approx of N(0,1) 
     float a = 0; for (int i = 0; i < 12; i++) a += (tu_rng_uniform(s) + 1.0f) * 0.5f;
     return a - 6.0f;
 }
+/* Whole file as a NUL-terminated malloc'd buffer (*len, if len is not NULL,
+ * excludes the NUL); NULL if it cannot be read. */
+static inline char *tu_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
+    fclose(f);
+    if (!buf) return NULL;
+    buf[got] = '\0';
+    if (len) *len = got;
+    return buf;
+}
+
+/* tests/data/<sub> of the source tree: $MUSER_SOURCE_DIR (set by CMake), else
+ * the folder of the test's own source file (__FILE__ is absolute there). */
+static inline void tu_data_dir(char *buf, size_t cap, const char *sub, const char *this_file) {
+    const char *src = getenv("MUSER_SOURCE_DIR");
+    if (src && *src) {
+        snprintf(buf, cap, "%s/tests/data/%s", src, sub);
+        return;
+    }
+    const char *slash = strrchr(this_file, '/');
+    int n = slash ? (int)(slash - this_file) : 1;
+    snprintf(buf, cap, "%.*s/data/%s", n, slash ? this_file : ".", sub);
+}
 #endif
