@@ -134,6 +134,143 @@ char *muser_chat_render(const muser_model *m, const muser_chat_params *p, muser_
 /* SHA-256 (hex) of tokenizer.chat_template, "" if none: part of the identity. */
 const char *muser_chat_template_sha256(const muser_model *m);
 
+/* ---------------- sampling ----------------
+ * The llama.cpp sampler chain, reproduced bit for bit (docs/sampling.md): a
+ * seeded request draws the same tokens as llama-server does from the same
+ * logits. Optional constraints: a GBNF grammar or a JSON Schema (converted
+ * to GBNF as llama.cpp does). A sampler belongs to one generation stream:
+ *
+ *   muser_sampling_params sp;
+ *   muser_sampling_params_default(&sp);
+ *   sp.seed = 42;
+ *   muser_sampler *smp = muser_sampler_create(m, &sp, &err);
+ *   muser_sampler_accept_prompt(smp, prompt, n_prompt, &err); // penalty history
+ *   for (;;) {
+ *       int32_t t = muser_sampler_sample(smp, muser_session_logits(s), &err);
+ *       if (t < 0 || !muser_sampler_accept(smp, t, &err)) break;
+ *       if (muser_token_is_eog(m, t)) break;
+ *       muser_session_feed(s, &t, 1, &err);
+ *   }
+ */
+typedef struct muser_sampler muser_sampler;
+
+#define MUSER_SEED_RANDOM 0xFFFFFFFFu /* a fresh random seed (llama's LLAMA_DEFAULT_SEED) */
+
+typedef struct muser_logit_bias {
+    int32_t token;
+    float bias;                 /* added to the logit; -INFINITY bans the token */
+} muser_logit_bias;
+
+/* llama.cpp's common_params_sampling; muser_sampling_params_default gives
+ * llama.cpp's defaults (in brackets). Pointers are borrowed during
+ * muser_sampler_create only. */
+typedef struct muser_sampling_params {
+    uint32_t seed;              /* [MUSER_SEED_RANDOM] */
+    float temp;                 /* [0.8]; <= 0: greedy, lowest id wins ties */
+    int32_t top_k;              /* [40]; <= 0 off */
+    float top_p;                /* [0.95]; >= 1 off */
+    float min_p;                /* [0.05]; <= 0 off */
+    float typ_p;                /* [1.0] = off */
+    float top_n_sigma;          /* [-1] = off */
+    float xtc_probability;      /* [0.0] = off */
+    float xtc_threshold;        /* [0.1]; > 0.5 off */
+    int32_t penalty_last_n;     /* [64]; 0 off, -1 = n_ctx */
+    float penalty_repeat;       /* [1.0] = off */
+    float penalty_freq;         /* [0.0] */
+    float penalty_present;      /* [0.0] */
+    float dry_multiplier;       /* [0.0] = off */
+    float dry_base;             /* [1.75] */
+    int32_t dry_allowed_length; /* [2] */
+    int32_t dry_penalty_last_n; /* [-1] = n_ctx */
+    const char *const *dry_sequence_breakers; /* [NULL = "\n" ":" "\"" "*"] */
+    size_t n_dry_sequence_breakers;           /* with a non-NULL list; 0 = none */
+    float dynatemp_range;       /* [0.0] = off */
+    float dynatemp_exponent;    /* [1.0] */
+    int32_t mirostat;           /* [0] off, 1 or 2 (replaces the chain's tail) */
+    float mirostat_tau;         /* [5.0] target entropy (llama --mirostat-ent) */
+    float mirostat_eta;         /* [0.1] learning rate (llama --mirostat-lr) */
+    int32_t min_keep;           /* [0] */
+    /* Chain order: names joined by ';' (llama --samplers, e.g.
+     * "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature",
+     * the default) or letters (llama --sampling-seq, e.g. "edskypmxt"). At
+     * most one of the two; NULL = default. */
+    const char *samplers;
+    const char *sampling_seq;
+    const muser_logit_bias *logit_bias; /* [none] */
+    size_t n_logit_bias;
+    bool ignore_eos;            /* [false] end-of-generation tokens are never drawn
+                                   (masked inside selection; logits are untouched) */
+    const char *grammar;        /* GBNF text [NULL] */
+    const char *grammar_root;   /* start rule [NULL = "root"] */
+    const char *json_schema;    /* JSON Schema text [NULL]; not together with grammar */
+    int32_t n_probs;            /* [0] alternatives muser_sampler_logprobs reports */
+    int32_t n_ctx;              /* resolves the -1 windows [0 = the model's training context] */
+} muser_sampling_params;
+
+void muser_sampling_params_default(muser_sampling_params *p);
+
+/* Builds the chain for m's vocabulary, compiles the grammar or schema
+ * (errors name line:column or the JSON pointer), resolves `<token-text>`
+ * terminals with the tokenizer. Grammars, schemas and DRY need a model with
+ * a tokenizer. */
+muser_sampler *muser_sampler_create(const muser_model *m, const muser_sampling_params *p, muser_error *err);
+void muser_sampler_free(muser_sampler *s);
+
+/* Prompt tokens enter the penalty / DRY history (not the grammar), as
+ * llama-server does before generating. False on an id outside the vocabulary. */
+bool muser_sampler_accept_prompt(muser_sampler *s, const int32_t *tokens, size_t n, muser_error *err);
+/* Draw the next token from a logits row (n_vocab floats, never modified).
+ * With a grammar: llama-server's discipline - run the chain; if the grammar
+ * refuses the winner, mask every candidate with the grammar and run the
+ * chain again. End-of-generation is allowed only when the grammar is
+ * complete. -1 with err when nothing can be drawn (e.g. a complete grammar
+ * under ignore_eos). Does not advance the grammar: call muser_sampler_accept. */
+int32_t muser_sampler_sample(muser_sampler *s, const float *logits, muser_error *err);
+/* A generated token: penalty / DRY history and the grammar advance. A token
+ * the grammar refuses is an error (nothing changes). */
+bool muser_sampler_accept(muser_sampler *s, int32_t token, muser_error *err);
+/* True when no grammar is set or the grammar's root rule is complete. */
+bool muser_sampler_grammar_complete(const muser_sampler *s);
+/* Start over: clear histories, restart the grammar, reseed every stream
+ * from the configured seed (a new random one under MUSER_SEED_RANDOM). */
+void muser_sampler_reset(muser_sampler *s);
+/* The seed in use by the final draw (the resolved one when random). */
+uint32_t muser_sampler_seed(const muser_sampler *s);
+
+/* Snapshot of the whole mutable state (RNG streams, mirostat mu,
+ * histories, grammar position). Loading it into a sampler created with the
+ * same model and params continues the identical draw sequence. */
+size_t muser_sampler_state_size(const muser_sampler *s);
+bool muser_sampler_state_save(const muser_sampler *s, void *buf, size_t cap, muser_error *err);
+bool muser_sampler_state_load(muser_sampler *s, const void *buf, size_t len, muser_error *err);
+
+/* The chain as llama.cpp logs it ("logits -> ?penalties -> ... -> dist",
+ * '?' = inactive) and the parameters (llama's print). snprintf-style:
+ * return the length the whole text needs. */
+size_t muser_sampler_chain_str(const muser_sampler *s, char *buf, size_t cap);
+size_t muser_sampler_params_str(const muser_sampler *s, char *buf, size_t cap);
+
+/* Bytes one token stands for (llama_token_to_piece): control tokens render
+ * their text only with render_special. Copies min(length, cap) bytes, no
+ * NUL, and returns the full length (0 for an id out of range). */
+size_t muser_token_piece(const muser_model *m, int32_t id, bool render_special, char *buf, size_t cap);
+
+/* OpenAI logprobs: log-softmax of the model's raw logits row (max
+ * subtracted, accumulated in double), independent of the sampler chain.
+ * *chosen_out gets `chosen`; top[0..n_top) the n_top most likely tokens,
+ * logprob descending, ties by lower id. False on a non-finite row or a bad
+ * id / count. */
+typedef struct muser_logprob {
+    int32_t id;
+    float logprob;
+} muser_logprob;
+bool muser_logprobs(const muser_model *m, const float *logits, int32_t chosen, int32_t n_top,
+                    muser_logprob *chosen_out, muser_logprob *top, muser_error *err);
+/* The same with n_top = the sampler's n_probs; returns how many top entries
+ * were written (top needs n_probs slots), -1 with err. */
+int32_t muser_sampler_logprobs(const muser_sampler *s, const float *logits, int32_t chosen,
+                               muser_logprob *chosen_out, muser_logprob *top, muser_error *err);
+
 #ifdef __cplusplus
 }
 #endif

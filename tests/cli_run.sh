@@ -1,6 +1,8 @@
 #!/bin/bash
 # End-to-end CLI checks: synth, info, determinism of run, prefill chunking
 # equivalence through --dump-logits, and clear failures with non-zero exits.
+# `muser run` samples like llama.cpp (temp 0.8, random seed) by default, so
+# the runs compared here pass --temp 0 (greedy); sampling has cli_sampling.sh.
 set -u
 M="$MUSER_BIN"
 T=$(mktemp -d /tmp/muser-cli-XXXXXX)
@@ -24,12 +26,12 @@ sha=$(sha256sum "$T/tiny.gguf" | cut -d' ' -f1)
 check grep -q "$sha" "$T/info.json"
 
 TOK=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20
-check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 64 --ignore-eos --json >"$T/a.json" 2>/dev/null
-check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 64 --ignore-eos --json >"$T/b.json" 2>/dev/null
+check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 64 --ignore-eos --temp 0 --json >"$T/a.json" 2>/dev/null
+check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 64 --ignore-eos --temp 0 --json >"$T/b.json" 2>/dev/null
 check python3 -c "import json; a=json.load(open('$T/a.json')); b=json.load(open('$T/b.json')); assert a['tokens']==b['tokens'] and a['text']==b['text'] and len(a['tokens'])==64, (a, b)"
 # prefill chunking must not change a single bit of the logits
-check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 8 --chunk 1 --dump-logits "$T/c1.bin" >/dev/null 2>&1
-check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 8 --chunk 7 --dump-logits "$T/c7.bin" >/dev/null 2>&1
+check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 8 --temp 0 --chunk 1 --dump-logits "$T/c1.bin" >/dev/null 2>&1
+check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 8 --temp 0 --chunk 7 --dump-logits "$T/c7.bin" >/dev/null 2>&1
 check cmp "$T/c1.bin" "$T/c7.bin"
 check test "$(stat -c %s "$T/c1.bin")" -eq $((8 * 512 * 4))
 
@@ -58,20 +60,20 @@ check "$M" chat-template -m "$T/tiny.gguf" --messages "$T/msgs.json" --no-genera
 check test "$(grep -c assistant "$T/chat2.txt")" -eq 0
 printf '{%% for m in messages %%}{{ m.content }}{%% endfor' >"$T/bad.jinja"
 expect_fail "bad.jinja:1:" "$M" chat-template --template "$T/bad.jinja" --messages "$T/msgs.json"
-check "$M" run -m "$T/tiny.gguf" -p "Once upon a time" -n 16 --json >"$T/p.json" 2>/dev/null
+check "$M" run -m "$T/tiny.gguf" -p "Once upon a time" -n 16 --temp 0 --json >"$T/p.json" 2>/dev/null
 check python3 -c "import json; d=json.load(open('$T/p.json')); assert d['prompt_tokens'][0]==316 and 1<=len(d['tokens'])<=16"
 printf 'Once upon a time' >"$T/prompt.txt"
-check "$M" run -m "$T/tiny.gguf" -f "$T/prompt.txt" -n 16 --json >"$T/f.json" 2>/dev/null
+check "$M" run -m "$T/tiny.gguf" -f "$T/prompt.txt" -n 16 --temp 0 --json >"$T/f.json" 2>/dev/null
 check python3 -c "import json; a=json.load(open('$T/p.json')); b=json.load(open('$T/f.json')); assert a['tokens']==b['tokens']"
 # a stop string taken from the greedy output itself must cut the text right before it
-check "$M" run -m "$T/tiny.gguf" -p "Once upon a time" -n 32 --ignore-eos --json >"$T/long.json" 2>/dev/null
+check "$M" run -m "$T/tiny.gguf" -p "Once upon a time" -n 32 --ignore-eos --temp 0 --json >"$T/long.json" 2>/dev/null
 STOP=$(python3 -c "
 import json, re
 t = json.load(open('$T/long.json'))['text']
 m = re.search(r'[A-Za-z]{2}', t[1:])
 print(m.group(0) if m else '', end='')")
 if [ -n "$STOP" ]; then
-  check "$M" run -m "$T/tiny.gguf" -p "Once upon a time" -n 32 --ignore-eos --stop "$STOP" --json >"$T/stop.json" 2>/dev/null
+  check "$M" run -m "$T/tiny.gguf" -p "Once upon a time" -n 32 --ignore-eos --temp 0 --stop "$STOP" --json >"$T/stop.json" 2>/dev/null
   check env STOP="$STOP" python3 -c "
 import json, os
 a = json.load(open('$T/long.json'))['text']; b = json.load(open('$T/stop.json')); s = os.environ['STOP']

@@ -1,8 +1,10 @@
 /* muser bench: prefill and decode throughput (median, min, max, CV over
  * repetitions after warm-up), achieved weight-read GB/s against the
  * machine's measured read bandwidth, at one or more context depths;
- * muser bench --membw measures that bandwidth alone. */
+ * muser bench --membw measures that bandwidth alone, muser bench --grammar
+ * the grammar engine's whole-vocabulary mask (bench_grammar.c). */
 #include "bench/bench.h"
+#include "bench_grammar.h"
 #include "cli.h"
 #include "muser.h"
 #include <stdlib.h>
@@ -12,7 +14,8 @@
 static void bench_usage(FILE *f) {
     fprintf(f,
             "usage: muser bench -m MODEL [options]\n"
-            "       muser bench --membw [-t N] [-r N] [--size MB] [--json FILE]\n\n"
+            "       muser bench --membw [-t N] [-r N] [--size MB] [--json FILE]\n"
+            "       muser bench --grammar [-m MODEL] [-r N] [--json FILE]\n\n"
             "  -m, --model FILE       Muse Glimmer GGUF\n"
             "  -p, --n-prompt N       prefill test tokens (default 512; 0 skips)\n"
             "  -n, --n-gen N          teacher-forced decode test tokens (default 128; 0 skips)\n"
@@ -26,6 +29,8 @@ static void bench_usage(FILE *f) {
             "  --membw-gbs X          use X GB/s as the read bandwidth instead of measuring it\n"
             "  --no-membw             skip the bandwidth measurement\n"
             "  --size MB              bandwidth test buffer (default 1024)\n"
+            "  --grammar              time one whole-vocabulary json.gbnf mask at 3 states, on the synthetic\n"
+            "                         202,048-token vocabulary and with -m on the model's (-r default 21)\n"
             "  --json FILE            write the results as JSON ('-' = stdout)\n"
             "  --plot FILE.png        plot tokens/s against depth\n"
             "  -q, --quiet            no progress lines\n");
@@ -36,7 +41,7 @@ typedef struct bench_cli {
     int64_t *depths;
     int64_t threads, reps, warmup, size_mb;
     const char *json, *plot;
-    bool membw_only, no_membw, quiet;
+    bool membw_only, no_membw, quiet, grammar, reps_given;
     float membw_gbs;
 } bench_cli;
 
@@ -73,7 +78,8 @@ static int parse(int argc, char **argv, bench_cli *c) {
         else if (!strcmp(a, "-d") || !strcmp(a, "--depth"))
             ok = cli_value("bench", argc, argv, &i, &v) && parse_depths(v, c);
         else if (!strcmp(a, "-r") || !strcmp(a, "--reps"))
-            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_i64("bench", a, v, 1, 1000, &c->reps);
+            ok = (c->reps_given = true) && cli_value("bench", argc, argv, &i, &v) &&
+                 cli_parse_i64("bench", a, v, 1, 1000, &c->reps);
         else if (!strcmp(a, "--warmup"))
             ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_i64("bench", a, v, 0, 100, &c->warmup);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
@@ -87,6 +93,7 @@ static int parse(int argc, char **argv, bench_cli *c) {
         else if (!strcmp(a, "--json")) ok = cli_value("bench", argc, argv, &i, &c->json);
         else if (!strcmp(a, "--plot")) ok = cli_value("bench", argc, argv, &i, &c->plot);
         else if (!strcmp(a, "--membw")) c->membw_only = true;
+        else if (!strcmp(a, "--grammar")) c->grammar = true;
         else if (!strcmp(a, "--no-membw")) c->no_membw = true;
         else if (!strcmp(a, "--prefill-depth")) c->o.prefill_depth = true;
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) c->quiet = true;
@@ -105,7 +112,11 @@ static int parse(int argc, char **argv, bench_cli *c) {
     c->o.n_threads = (int)c->threads;
     c->o.reps = (int)c->reps;
     c->o.warmup = (int)c->warmup;
-    if (!c->membw_only && !c->o.model_path) {
+    if (c->grammar && c->membw_only) {
+        fprintf(stderr, "muser bench: --grammar and --membw are separate benchmarks\n");
+        return 2;
+    }
+    if (!c->membw_only && !c->grammar && !c->o.model_path) {
         fprintf(stderr, "muser bench: -m MODEL is required (or --membw)\n");
         return 2;
     }
@@ -181,6 +192,11 @@ int cmd_bench(int argc, char **argv) {
     bench_cli c = {0};
     int rc = parse(argc, argv, &c);
     if (rc >= 0) {
+        free(c.depths);
+        return rc;
+    }
+    if (c.grammar) {
+        rc = bench_grammar(c.o.model_path, c.reps_given ? (int)c.reps : 21, c.json, c.quiet);
         free(c.depths);
         return rc;
     }

@@ -1,12 +1,16 @@
 /* muser run: prompt (token ids, text or chat) -> streamed generation.
- * Text is printed as soon as it forms complete UTF-8; generation stops on an
- * end-of-generation token, a --stop string or -n tokens. --chat keeps a
- * multi-turn conversation rendered with the model's chat template. */
+ * Tokens come from the llama.cpp sampler chain (optionally constrained by a
+ * grammar or JSON Schema, run_sampling.c has the options). Text is printed
+ * as soon as it forms complete UTF-8; generation stops on an
+ * end-of-generation token, a --stop string, a finished grammar or -n tokens.
+ * --chat keeps a multi-turn conversation rendered with the model's chat
+ * template. */
 #include "cli.h"
 #include "muser.h"
+#include "run_sampling.h"
 #include "util/common.h"
-#include "util/mumath.h"
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +23,8 @@ typedef struct run_opts {
     int n_stops;
     int32_t *tokens;
     int64_t n_tokens, n_predict, threads, ctx, chunk;
-    float temp;
-    uint64_t seed;
-    bool chat, json, ignore_eos;
+    run_sampling sampling;
+    bool chat, json, verbose;
     muser_backend_kind backend;
 } run_opts;
 
@@ -38,23 +41,27 @@ static void run_usage(FILE *f) {
             "                         (/exit quits, /reset forgets, Ctrl-C stops the current reply)\n"
             "  -n, --n-predict N      maximum tokens to generate (default 128)\n"
             "  --stop TEXT            stop when the output contains TEXT (repeatable, up to %d)\n"
-            "  --ignore-eos           do not stop at end-of-generation tokens\n"
-            "  --temp T               temperature; 0 = greedy, lowest id wins ties (default 0)\n"
-            "  --seed S               sampling seed (default 0)\n"
             "  -t, --threads N        threads (default: all cores)\n"
             "  -c, --ctx-size N       context length (default: model's, capped at 4096)\n"
             "  --chunk N              prefill rows per forward call (default 512)\n"
             "  --backend NAME         ref | cpu | cuda | auto (default auto)\n"
-            "  --json                 print one JSON object: prompt and generated ids, text, timings\n"
+            "  --json                 print one JSON object: prompt and generated ids, text, seed, sampler\n"
+            "                         chain, timings (and logprobs with --n-probs N)\n"
+            "  -v, --verbose          print the sampler parameters and chain to stderr\n"
             "  --dump-logits FILE     write every step's f32 logits (prompt's last row, then each decode step)\n",
             MAX_STOPS);
+    run_sampling_usage(f);
 }
 
 static int parse(int argc, char **argv, run_opts *o) {
     *o = (run_opts){.n_predict = 128};
+    run_sampling_init(&o->sampling);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         bool ok = true;
+        int taken = run_sampling_option(&o->sampling, argc, argv, &i);
+        if (taken < 0) return 2;
+        if (taken) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run_usage(stdout); return 0; }
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) ok = cli_value("run", argc, argv, &i, &o->model);
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) ok = cli_value("run", argc, argv, &i, &o->prompt);
@@ -63,7 +70,7 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--dump-logits")) ok = cli_value("run", argc, argv, &i, &o->dump);
         else if (!strcmp(a, "--chat")) o->chat = true;
         else if (!strcmp(a, "--json")) o->json = true;
-        else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
+        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = true;
         else if (!strcmp(a, "--stop")) {
             ok = cli_value("run", argc, argv, &i, &v);
             if (ok && (o->n_stops == MAX_STOPS || !v[0])) {
@@ -80,10 +87,6 @@ static int parse(int argc, char **argv, run_opts *o) {
             ok = cli_value("run", argc, argv, &i, &v) && cli_parse_i64("run", a, v, 1, 1 << 24, &o->ctx);
         else if (!strcmp(a, "--chunk"))
             ok = cli_value("run", argc, argv, &i, &v) && cli_parse_i64("run", a, v, 1, 65536, &o->chunk);
-        else if (!strcmp(a, "--temp"))
-            ok = cli_value("run", argc, argv, &i, &v) && cli_parse_f32("run", a, v, &o->temp);
-        else if (!strcmp(a, "--seed"))
-            ok = cli_value("run", argc, argv, &i, &v) && cli_parse_u64("run", a, v, &o->seed);
         else if (!strcmp(a, "--backend")) {
             ok = cli_value("run", argc, argv, &i, &v);
             if (ok && !muser_backend_from_name(v, &o->backend)) {
@@ -108,28 +111,8 @@ static int parse(int argc, char **argv, run_opts *o) {
     }
     if (!sources && !o->chat) { fprintf(stderr, "muser run: give a prompt (-p, -f, --tokens) or --chat\n"); return 2; }
     if (o->chat && o->json) { fprintf(stderr, "muser run: --json does not combine with --chat\n"); return 2; }
+    if (!run_sampling_finish(&o->sampling)) return 2;
     return -1;
-}
-
-/* ---------------- sampling (interim, until the llama.cpp chain lands) ---------------- */
-
-static int32_t pick(const float *logits, int64_t n, float temp, uint64_t *rng) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
-    if (temp <= 0) return (int32_t)best;
-    double sum = 0;
-    for (int64_t i = 0; i < n; i++) sum += (double)mu_expf((logits[i] - logits[best]) / temp);
-    uint64_t z = (*rng += 0x9E3779B97F4A7C15ull); /* splitmix64 */
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    double target = (double)(z >> 11) * (1.0 / 9007199254740992.0) * sum, acc = 0;
-    for (int64_t i = 0; i < n; i++) {
-        acc += (double)mu_expf((logits[i] - logits[best]) / temp);
-        if (acc >= target) return (int32_t)i;
-    }
-    return (int32_t)best;
 }
 
 /* ---------------- one generation ---------------- */
@@ -143,13 +126,15 @@ typedef struct gen_state {
     muser_session *s;
     muser_model_info info;
     FILE *dump;
-    uint64_t rng;
+    muser_sampler *smp;
+    int32_t n_probs;      /* logprob alternatives per token (--json only) */
     /* output of the current generation */
     int32_t *out_ids;
+    muser_logprob *lp, *lp_top; /* per token: chosen, then n_probs alternatives */
     int64_t n_out, cap_out;
     char *text;           /* all text produced so far (for stop strings and --json) */
     size_t text_len, text_cap, printed;
-    bool stopped_by_eog, stopped_by_stop;
+    bool stopped_by_eog, stopped_by_stop, stopped_by_grammar;
     double t_prefill, t_decode;
     int64_t n_prefill, n_decoded;
 } gen_state;
@@ -194,6 +179,58 @@ static bool emit(gen_state *g, bool final) {
     return hit;
 }
 
+/* Record a drawn token, with its logprobs when asked for. */
+static bool push_token(gen_state *g, const float *logits, int32_t tok) {
+    if (g->n_out == g->cap_out) {
+        g->cap_out = g->cap_out * 2 + 64;
+        g->out_ids = mu_xrealloc(g->out_ids, (size_t)g->cap_out * sizeof *g->out_ids);
+        if (g->n_probs) {
+            g->lp = mu_xrealloc(g->lp, (size_t)g->cap_out * sizeof *g->lp);
+            g->lp_top = mu_xrealloc(g->lp_top, (size_t)g->cap_out * (size_t)g->n_probs * sizeof *g->lp_top);
+        }
+    }
+    muser_error err;
+    if (g->n_probs && muser_sampler_logprobs(g->smp, logits, tok, &g->lp[g->n_out],
+                                             &g->lp_top[g->n_out * g->n_probs], &err) < 0) {
+        fprintf(stderr, "\nmuser run: %s\n", err.msg);
+        return false;
+    }
+    g->out_ids[g->n_out++] = tok;
+    return true;
+}
+
+/* Draw and accept the next token; -1 = stop (*ok false on an error). A
+ * finished grammar that only end-of-generation could follow, under
+ * --ignore-eos, is a normal stop. */
+static int32_t next_token(gen_state *g, const float *logits, bool *ok) {
+    muser_error err;
+    int32_t tok = muser_sampler_sample(g->smp, logits, &err);
+    if (tok < 0 && muser_sampler_grammar_complete(g->smp)) {
+        g->stopped_by_grammar = true;
+        return -1;
+    }
+    if (tok < 0 || !muser_sampler_accept(g->smp, tok, &err)) {
+        fprintf(stderr, "\nmuser run: %s\n", err.msg);
+        *ok = false;
+        return -1;
+    }
+    if (!push_token(g, logits, tok)) {
+        *ok = false;
+        return -1;
+    }
+    return tok;
+}
+
+/* llama-server restarts the sampler for every request (reseeded, grammar
+ * from the start) and feeds the whole prompt into the penalty history. */
+static bool start_sampler(gen_state *g, const int32_t *prompt, int64_t n_prompt) {
+    muser_error err;
+    muser_sampler_reset(g->smp);
+    if (muser_sampler_accept_prompt(g->smp, prompt, (size_t)n_prompt, &err)) return true;
+    fprintf(stderr, "muser run: %s\n", err.msg);
+    return false;
+}
+
 static bool dump_logits(gen_state *g, const float *logits) {
     if (!g->dump || fwrite(logits, sizeof(float), (size_t)g->info.n_vocab, g->dump) == (size_t)g->info.n_vocab)
         return true;
@@ -206,7 +243,7 @@ static bool generate(gen_state *g, const int32_t *prompt, int64_t n_prompt) {
     muser_error err;
     g->n_out = 0;
     g->text_len = g->printed = 0;
-    g->stopped_by_eog = g->stopped_by_stop = false;
+    g->stopped_by_eog = g->stopped_by_stop = g->stopped_by_grammar = false;
     double t0 = mu_now();
     if (!muser_session_feed(g->s, prompt, n_prompt, &err)) {
         fprintf(stderr, "muser run: %s\n", err.msg);
@@ -222,10 +259,9 @@ static bool generate(gen_state *g, const int32_t *prompt, int64_t n_prompt) {
     bool ok = true;
     g_interrupted = 0;
     while (g->n_out < g->o->n_predict && !g_interrupted) {
-        int32_t tok = pick(logits, g->info.n_vocab, g->o->temp, &g->rng);
-        if (g->n_out == g->cap_out) g->out_ids = mu_xrealloc(g->out_ids, (size_t)(g->cap_out = g->cap_out * 2 + 64) * sizeof(int32_t));
-        g->out_ids[g->n_out++] = tok;
-        if (!g->o->ignore_eos && muser_token_is_eog(g->m, tok)) { g->stopped_by_eog = true; break; }
+        int32_t tok = next_token(g, logits, &ok);
+        if (tok < 0) break;
+        if (muser_token_is_eog(g->m, tok)) { g->stopped_by_eog = true; break; }
         if (dt) {
             size_t len;
             const char *piece = muser_detok_push(dt, tok, &len);
@@ -263,6 +299,64 @@ static void print_timings(const gen_state *g) {
             g->info.backend);
 }
 
+/* A token's bytes as a JSON string: valid UTF-8 kept, every byte of an
+ * invalid or cut-off sequence as U+FFFD (the exact bytes go to "bytes"). */
+static void json_piece(const char *p, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)p[i];
+        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 && c >= 0xC2 ? 2 : (c & 0xF0) == 0xE0 ? 3
+                   : (c & 0xF8) == 0xF0 && c <= 0xF4 ? 4 : 0;
+        bool valid = len && i + len <= n;
+        for (size_t k = 1; valid && k < len; k++) valid = ((unsigned char)p[i + k] & 0xC0) == 0x80;
+        if (valid && len == 3) { /* no overlongs, no surrogates */
+            unsigned char d = (unsigned char)p[i + 1];
+            valid = !(c == 0xE0 && d < 0xA0) && !(c == 0xED && d >= 0xA0);
+        } else if (valid && len == 4) {
+            unsigned char d = (unsigned char)p[i + 1];
+            valid = !(c == 0xF0 && d < 0x90) && !(c == 0xF4 && d >= 0x90);
+        }
+        if (!valid) { fputs("\\ufffd", stdout); i++; continue; }
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c < 0x20 || c == 0x7F) printf("\\u%04x", c);
+        else fwrite(p + i, 1, len, stdout);
+        i += len;
+    }
+    putchar('"');
+}
+
+static void json_token(const gen_state *g, int32_t id, float logprob) {
+    char buf[256];
+    size_t n = muser_token_piece(g->m, id, true, buf, sizeof buf);
+    if (n > sizeof buf) n = sizeof buf;
+    printf("\"id\":%d,\"text\":", id);
+    json_piece(buf, n);
+    printf(",\"bytes\":[");
+    for (size_t i = 0; i < n; i++) printf("%s%u", i ? "," : "", (unsigned char)buf[i]);
+    if (isfinite(logprob)) printf("],\"logprob\":%.9g", (double)logprob);
+    else printf("],\"logprob\":null");
+}
+
+/* OpenAI-style: per token its logprob and the likeliest alternatives. */
+static void print_logprobs(const gen_state *g) {
+    printf(",\"logprobs\":[");
+    for (int64_t i = 0; i < g->n_out; i++) {
+        printf("%s{", i ? "," : "");
+        json_token(g, g->out_ids[i], g->lp[i].logprob);
+        printf(",\"top_logprobs\":[");
+        for (int32_t k = 0; k < g->n_probs; k++) {
+            const muser_logprob *t = &g->lp_top[i * g->n_probs + k];
+            printf("%s{", k ? "," : "");
+            json_token(g, t->id, t->logprob);
+            printf("}");
+        }
+        printf("]}");
+    }
+    printf("]");
+}
+
 static void print_json(const gen_state *g, const int32_t *prompt, int64_t n_prompt) {
     printf("{\"prompt_tokens\":[");
     for (int64_t i = 0; i < n_prompt; i++) printf("%s%d", i ? "," : "", prompt[i]);
@@ -270,9 +364,14 @@ static void print_json(const gen_state *g, const int32_t *prompt, int64_t n_prom
     for (int64_t i = 0; i < g->n_out; i++) printf("%s%d", i ? "," : "", g->out_ids[i]);
     printf("],\"text\":");
     cli_json_str(stdout, g->text ? g->text : "");
+    char chain[512];
+    muser_sampler_chain_str(g->smp, chain, sizeof chain);
+    printf(",\"seed\":%u,\"sampler_chain\":", muser_sampler_seed(g->smp));
+    cli_json_str(stdout, chain);
+    if (g->n_probs) print_logprobs(g);
     printf(",\"stop\":\"%s\",\"timings\":{\"prefill_tokens\":%lld,\"prefill_s\":%.6f,\"prefill_tok_s\":%.3f,"
            "\"decode_tokens\":%lld,\"decode_s\":%.6f,\"decode_tok_s\":%.3f},\"backend\":\"%s\"}\n",
-           g->stopped_by_eog ? "eog" : g->stopped_by_stop ? "stop_string" : "length", (long long)g->n_prefill,
+           g->stopped_by_eog ? "eog" : g->stopped_by_stop ? "stop_string" : g->stopped_by_grammar ? "grammar" : "length", (long long)g->n_prefill,
            g->t_prefill, g->t_prefill > 0 ? (double)g->n_prefill / g->t_prefill : 0.0, (long long)g->n_decoded,
            g->t_decode, g->n_decoded ? (double)g->n_decoded / g->t_decode : 0.0, g->info.backend);
 }
@@ -397,7 +496,7 @@ static int chat_loop(gen_state *g) {
         int64_t common = 0;
         while (common < n_hist && common < n_ids && hist[common] == ids[common]) common++;
         if (common < n_hist || common == n_ids) { muser_session_reset(g->s); common = 0; }
-        if (!generate(g, ids + common, n_ids - common)) { free(ids); break; }
+        if (!start_sampler(g, ids, n_ids) || !generate(g, ids + common, n_ids - common)) { free(ids); break; }
         if (g_interrupted) fprintf(stderr, "\n(interrupted)");
         print_timings(g);
         hist = mu_xrealloc(hist, (size_t)(n_ids + g->n_out) * sizeof(int32_t));
@@ -413,29 +512,49 @@ static int chat_loop(gen_state *g) {
     return 0;
 }
 
+/* llama's startup lines: seed, parameters, chain. */
+static void print_sampler(const muser_sampler *smp) {
+    char params[1024], chain[512];
+    muser_sampler_params_str(smp, params, sizeof params);
+    muser_sampler_chain_str(smp, chain, sizeof chain);
+    fprintf(stderr, "sampler seed: %u\nsampler params:\n%s\nsampler chain: %s\n", muser_sampler_seed(smp), params, chain);
+}
+
 int cmd_run(int argc, char **argv) {
     run_opts o;
     int rc = parse(argc, argv, &o);
-    if (rc >= 0) { free(o.tokens); return rc; }
+    if (rc >= 0) {
+        free(o.tokens);
+        run_sampling_free(&o.sampling);
+        return rc;
+    }
     muser_error err;
     muser_model_params mp = {.backend = o.backend, .n_threads = (int)o.threads};
     muser_model *m = muser_model_load(o.model, &mp, &err);
     if (!m) {
         fprintf(stderr, "muser run: %s\n", err.msg);
         free(o.tokens);
+        run_sampling_free(&o.sampling);
         return 1;
     }
-    gen_state g = {.o = &o, .m = m, .rng = o.seed};
+    gen_state g = {.o = &o, .m = m, .n_probs = o.sampling.p.n_probs};
     muser_model_get_info(m, &g.info);
     if ((o.prompt || o.prompt_file || o.chat) && !muser_model_has_tokenizer(m)) {
         fprintf(stderr, "muser run: %s has no tokenizer; use --tokens\n", o.model);
         muser_model_free(m);
         free(o.tokens);
+        run_sampling_free(&o.sampling);
         return 1;
     }
     int64_t ctx = o.ctx ? o.ctx : (g.info.n_ctx_train < 4096 ? g.info.n_ctx_train : 4096);
     muser_session_params sp = {.n_ctx = ctx, .prefill_chunk = o.chunk};
     g.s = muser_session_create(m, &sp, &err);
+    o.sampling.p.n_ctx = (int32_t)(ctx < INT32_MAX ? ctx : INT32_MAX);
+    if (g.s && !(g.smp = muser_sampler_create(m, &o.sampling.p, &err))) {
+        muser_session_free(g.s);
+        g.s = NULL;
+    }
+    if (g.smp && o.verbose) print_sampler(g.smp);
     rc = 1;
     struct sigaction sa = {.sa_handler = on_sigint}; /* no SA_RESTART: Ctrl-C at the prompt ends fgets */
     sigemptyset(&sa.sa_mask);
@@ -449,7 +568,7 @@ int cmd_run(int argc, char **argv) {
         int64_t n_prompt = build_prompt(&o, m, &prompt);
         if (n_prompt > 0) {
             sigaction(SIGINT, &sa, NULL);
-            if (generate(&g, prompt, n_prompt)) {
+            if (start_sampler(&g, prompt, n_prompt) && generate(&g, prompt, n_prompt)) {
                 rc = 0;
                 if (o.json) print_json(&g, prompt, n_prompt);
                 else {
@@ -462,10 +581,14 @@ int cmd_run(int argc, char **argv) {
         free(prompt);
     }
     if (g.dump && fclose(g.dump) && rc == 0) { fprintf(stderr, "muser run: writing %s failed\n", o.dump); rc = 1; }
+    muser_sampler_free(g.smp);
     muser_session_free(g.s);
     muser_model_free(m);
     free(g.out_ids);
+    free(g.lp);
+    free(g.lp_top);
     free(g.text);
     free(o.tokens);
+    run_sampling_free(&o.sampling);
     return rc;
 }

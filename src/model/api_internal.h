@@ -3,6 +3,7 @@
 #define MUSER_API_INTERNAL_H
 #include "muser.h"
 #include "model/forward.h"
+#include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 
 #define ERR(e) ((mu_error *)(e))
@@ -18,5 +19,9 @@ struct muser_model {
 /* Load tokenizer and chat template of a validated model (api_text.c). */
 bool mu_api_load_text(muser_model *mm, mu_error *err);
 void mu_api_free_text(muser_model *mm);
+
+/* The model's vocabulary for grammar matching: llama's token pieces with
+ * special tokens rendered, EOG flags from the tokenizer (api_sample.c). */
+mu_grammar_vocab *mu_api_grammar_vocab(const muser_model *m, mu_error *err);
 
 #endif
