@@ -691,6 +691,7 @@ static void run_chain(const char *name, const mu_sampler_params *p, uint64_t row
 }
 
 static void test_chains_vs_llama(void) {
+    mu_error err_ties;
     mu_sampler_params p;
     mu_sampler_params_default(&p);
     p.seed = 42;
@@ -757,13 +758,33 @@ static void test_chains_vs_llama(void) {
     run_chain("grammar+banned", &p, 6, 3, 0, w6, 16, banned, 2, &g);
     CHECK(g.n_applies > 0 && g.n_applies < g.n_accepts); /* some rerolls, not all */
 
-    /* temp 0 on integer logits: ties at the maximum resolve as llama's
-     * top-k heap leaves them. */
-    mu_sampler_params_default(&p);
-    p.seed = 13;
-    p.temp = 0.0f;
-    const int32_t w7[] = {7201, 1102, 1432, 5123, 2612, 6300, 6318, 499};
-    run_chain("greedy ties", &p, 7, 2, 1, w7, 8, NULL, 0, NULL);
+    /* temp 0 on integer logits (heavy ties at the maximum): a deliberate
+     * difference from llama.cpp, which keeps the first maximum in candidate
+     * order; muser keeps the lowest token id (the book's argmax rule). With
+     * top-k off every tied maximum survives, so the winner must be the row's
+     * lowest-id maximum; with the default top-k 40 it must at least be a maximum. */
+    for (int topk = 0; topk < 2; topk++) {
+        mu_sampler_params_default(&p);
+        p.seed = 13;
+        p.temp = 0.0f;
+        p.top_k = topk ? 40 : 0;
+        mu_sampler *s = mu_sampler_new(&p, V, NULL, NULL, &err_ties);
+        CHECK(s != NULL);
+        float *row = malloc(V * sizeof *row);
+        uint64_t st = 7;
+        for (int t = 0; s && t < 8; t++) {
+            fill_row(row, &st, 2, 1);
+            int32_t lowest = 0;
+            for (int32_t i = 1; i < V; i++)
+                if (row[i] > row[lowest]) lowest = i;
+            int32_t id = mu_sampler_sample(s, row, NULL, 0, NULL, &err_ties);
+            CHECK_MSG(id >= 0 && row[id] == row[lowest], "greedy ties (top-k %d): %d (%g) is not a maximum (%d: %g)", p.top_k, id, id >= 0 ? row[id] : 0.0, lowest, row[lowest]);
+            if (!topk) CHECK_MSG(id == lowest, "greedy ties: chose %d, lowest-id maximum is %d", id, lowest);
+            mu_sampler_accept(s, id);
+        }
+        free(row);
+        mu_sampler_free(s);
+    }
 
     mu_sampler_params_default(&p);
     p.seed = 17;

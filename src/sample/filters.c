@@ -153,10 +153,15 @@ void mu_sample_top_n_sigma(mu_candidates *c, float n, mu_sample_work *w) {
 void mu_sample_temp(mu_candidates *c, float temp) {
     if (c->size == 0) return;
     if (temp <= 0.0f) {
+        /* Greedy: the maximum survives. Among equal maxima the lowest token id
+         * wins (the book's first-maximum rule, which every argmax in the engine
+         * and a GPU reduction share). llama.cpp keeps the first in candidate
+         * order instead; the two differ only on exact ties. */
         size_t max_i = 0;
         float max_l = c->data[0].logit;
         for (size_t i = 1; i < c->size; i++) {
-            if (c->data[i].logit > max_l) {
+            if (c->data[i].logit > max_l ||
+                (c->data[i].logit == max_l && c->data[i].id < c->data[max_i].id)) {
                 c->data[max_i].logit = -INFINITY;
                 max_i = i;
                 max_l = c->data[i].logit;
@@ -164,6 +169,9 @@ void mu_sample_temp(mu_candidates *c, float temp) {
                 c->data[i].logit = -INFINITY;
             }
         }
+        /* A sorted list whose head lost a tie is no longer sorted (the draw
+         * reads the head as the maximum). Without ties max_i is 0 here. */
+        if (max_i != 0) c->sorted = false;
         return;
     }
     for (size_t i = 0; i < c->size; i++) c->data[i].logit /= temp;
