@@ -14,6 +14,7 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_chat_template(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_speculate(int argc, char **argv);
 /* Whole file as a NUL-terminated malloc'd buffer; NULL with a message. */
 char *cli_read_file(const char *cmd, const char *path, size_t *len);
 

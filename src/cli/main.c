@@ -17,7 +17,8 @@ static void usage(FILE *f) {
             "  detokenize token ids to text\n"
             "  chat-template  render a chat template for a JSON message list\n"
             "  bench      measure prefill/decode tokens/s and memory bandwidth\n"
-            "  perplexity perplexity of a text file (llama.cpp's method)\n",
+            "  perplexity perplexity of a text file (llama.cpp's method)\n"
+            "  speculate  exact greedy speculative decoding with a DFlash assistant\n",
             MUSER_VERSION);
 }
 
@@ -38,7 +39,7 @@ int main(int argc, char **argv) {
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
         {"run", cmd_run}, {"info", cmd_info}, {"synth", cmd_synth}, {"quantize", cmd_quantize},
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"chat-template", cmd_chat_template},
-        {"bench", cmd_bench}, {"perplexity", cmd_perplexity},
+        {"bench", cmd_bench}, {"perplexity", cmd_perplexity}, {"speculate", cmd_speculate},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

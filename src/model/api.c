@@ -1,5 +1,6 @@
 /* The public embedding API (include/muser.h) over model, backend and KV. */
 #include "model/api_internal.h"
+#include "model/capture.h"
 #include "backend/cpu/cpu_backend.h"
 #include <math.h>
 #include <stdlib.h>
@@ -16,6 +17,8 @@ struct muser_session {
     float *logits;              /* [n_vocab], last row */
     bool has_logits;
     bool poisoned;              /* a non-finite logit was produced */
+    mu_capture capture;         /* capture.n == 0: off (model/capture.h) */
+    int64_t captured_rows;      /* rows of the last feed held in capture.rows */
 };
 
 struct muser_snapshot {
@@ -119,6 +122,8 @@ void muser_session_free(muser_session *s) {
     mu_scratch_free(&s->scratch);
     free(s->inv_freq);
     free(s->logits);
+    free(s->capture.slot);
+    free(s->capture.rows);
     free(s);
 }
 
@@ -127,6 +132,7 @@ void muser_session_reset(muser_session *s) {
     s->pos = 0;
     s->has_logits = false;
     s->poisoned = false;
+    s->captured_rows = 0;
 }
 
 int64_t muser_session_pos(const muser_session *s) { return s->pos; }
@@ -181,17 +187,24 @@ static bool feed(muser_session *s, const int32_t *tokens, int64_t n, float *all_
     const mu_model *m = s->model->m;
     const int64_t V = m->cfg.n_vocab;
     s->has_logits = false;
+    mu_capture *cap = s->capture.n ? &s->capture : NULL;
+    s->captured_rows = 0;
+    if (cap && cap->cap < n) {
+        cap->rows = mu_xrealloc(cap->rows, (size_t)n * (size_t)(cap->n * m->cfg.n_embd) * sizeof(float));
+        cap->cap = n;
+    }
     for (int64_t done = 0; done < n;) {
         int64_t rows = n - done < s->chunk ? n - done : s->chunk;
         bool last = done + rows == n;
         float *out = all_out ? all_out + done * V : last ? s->logits : NULL;
         int64_t n_logits = all_out ? rows : 1;
-        if (!mu_forward(m, s->model->be, &s->kv, &s->scratch, s->inv_freq, tokens + done, rows, s->pos, out,
-                        n_logits, err)) {
+        if (!mu_forward_capture(m, s->model->be, &s->kv, &s->scratch, s->inv_freq, tokens + done, rows, s->pos,
+                                out, n_logits, cap, done, err)) {
             s->poisoned = true;
             return false;
         }
         s->pos += rows;
+        if (cap) s->captured_rows = done + rows;
         if (out && !check_finite(s, out, n_logits, err)) return false;
         done += rows;
     }
@@ -224,6 +237,37 @@ bool muser_session_rollback(muser_session *s, int64_t pos, muser_error *err) {
 }
 
 void muser_session_commit(muser_session *s) { mu_kv_commit(&s->kv); }
+
+bool mu_session_set_capture(muser_session *s, const int *boundaries, int n, mu_error *err) {
+    const int64_t n_layer = s->model->m->cfg.n_layer;
+    if (n < 0 || n > n_layer + 1) {
+        mu_err_set(err, "capture: %d boundaries requested; the model has %lld", n, (long long)n_layer + 1);
+        return false;
+    }
+    int *slot = mu_xmalloc((size_t)(n_layer + 1) * sizeof *slot);
+    for (int64_t b = 0; b <= n_layer; b++) slot[b] = -1;
+    for (int i = 0; i < n; i++) {
+        int b = boundaries[i];
+        if (b < 0 || b > n_layer || slot[b] >= 0) {
+            mu_err_set(err, "capture: boundary %d (entry %d) is %s", b, i,
+                       b < 0 || b > n_layer ? "outside [0, n_layer]" : "repeated");
+            free(slot);
+            return false;
+        }
+        slot[b] = i;
+    }
+    free(s->capture.slot);
+    free(s->capture.rows);
+    s->capture = (mu_capture){.n = n, .slot = n ? slot : NULL};
+    if (!n) free(slot);
+    s->captured_rows = 0;
+    return true;
+}
+
+const float *mu_session_captured(const muser_session *s, int64_t *n_rows) {
+    *n_rows = s->capture.n ? s->captured_rows : 0;
+    return *n_rows ? s->capture.rows : NULL;
+}
 
 muser_snapshot *muser_session_snapshot(const muser_session *s) {
     muser_snapshot *snap = mu_xcalloc(1, sizeof *snap);

@@ -8,7 +8,9 @@
  *               x += rmsnorm(f, 1e-8) * post_ffw_norm
  *   logits = softcap(logit_scale * Wout (rmsnorm(x)*output_norm))
  * Every op is row-independent except attention, which runs row by row after
- * that row's K/V append, so prefill equals one-at-a-time decode bit for bit. */
+ * that row's K/V append, so prefill equals one-at-a-time decode bit for bit.
+ * mu_forward_capture also copies the residual entering chosen layers (the
+ * DFlash assistant's conditioning); it only reads x, so logits are unchanged. */
 #include "model/forward.h"
 #include "util/mumath.h"
 #include <math.h>
@@ -106,17 +108,35 @@ static void ffn_block(const mu_model *m, mu_backend *be, mu_forward_scratch *s, 
     be->add(be, s->x, s->o, rows * E);
 }
 
+/* Copy the residual rows entering layer il into their capture slot. */
+static void capture_boundary(const mu_capture *cap, int il, const float *x, int64_t E, int64_t rows, int64_t row0) {
+    int slot = cap->slot[il];
+    if (slot < 0) return;
+    const int64_t stride = cap->n * E;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(cap->rows + (row0 + r) * stride + slot * E, x + r * E, (size_t)E * sizeof(float));
+}
+
 bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *kv, mu_forward_scratch *s,
                 const double *inv_freq, const int32_t *tokens, int64_t rows, int64_t p0,
                 float *logits, int64_t n_logits, mu_error *err) {
+    return mu_forward_capture(m, be, kv, s, inv_freq, tokens, rows, p0, logits, n_logits, NULL, 0, err);
+}
+
+bool mu_forward_capture(const mu_model *m, mu_backend *be, mu_kv_cache *kv, mu_forward_scratch *s,
+                        const double *inv_freq, const int32_t *tokens, int64_t rows, int64_t p0,
+                        float *logits, int64_t n_logits, mu_capture *cap, int64_t row0, mu_error *err) {
     const mu_model_config *c = &m->cfg;
     const int64_t E = c->n_embd;
+    if (cap && cap->n == 0) cap = NULL;
     for (int64_t r = 0; r < rows; r++) mu_weight_dequant_row(&m->token_embd, tokens[r], s->x + r * E);
     be->rmsnorm(be, s->x, NULL, c->rms_eps, s->x, E, rows);
     for (int il = 0; il < c->n_layer; il++) {
+        if (cap) capture_boundary(cap, il, s->x, E, rows, row0);
         if (!attention_block(m, be, kv, s, inv_freq, il, rows, p0, err)) return false;
         ffn_block(m, be, s, il, rows);
     }
+    if (cap) capture_boundary(cap, (int)c->n_layer, s->x, E, rows, row0);
     if (!logits) return true;
     const float *last = s->x + (rows - n_logits) * E;
     be->rmsnorm(be, last, m->output_norm, c->rms_eps, s->h, E, n_logits);

@@ -1,0 +1,18 @@
+/* Hidden-state capture on a session (internal): the target side of a DFlash
+ * assistant reads the residual stream entering chosen layers for every row
+ * it feeds. Off by default; when off a feed does no extra work. */
+#ifndef MUSER_CAPTURE_H
+#define MUSER_CAPTURE_H
+#include "muser.h"
+#include "util/common.h"
+
+/* From the next feed on, record for every fed row the residual stream
+ * entering each of the n layer boundaries (b = input of layer b, 0-based;
+ * b == n_layer = after the last layer), side by side in the given order.
+ * n == 0 turns capture off. Refuses out-of-range or repeated boundaries. */
+bool mu_session_set_capture(muser_session *s, const int *boundaries, int n, mu_error *err);
+/* Rows of the most recent feed / feed_all: [*n_rows][n * n_embd] floats, valid
+ * until the next feed; NULL (and *n_rows = 0) when capture is off. */
+const float *mu_session_captured(const muser_session *s, int64_t *n_rows);
+
+#endif

@@ -1,0 +1,284 @@
+/* The DFlash draft forward (tools/train/dflash.py, digest §8.1-8.2) over
+ * the target's backend: every matrix product goes through mu_backend.matmul
+ * (the canonical row dot of each weight type), norms and residual adds
+ * through the backend too. Attention is two F32 matmuls per KV head
+ * (scores = Q K^T over [context ; block] keys, then P V with V transposed),
+ * with an f32 softmax in between; RoPE (NeoX, rotate_half) is done here.
+ *
+ * Context cache: per layer and KV head, the K (k-normed, rotated at its
+ * absolute position) and V rows of every committed row that can still be
+ * attended to: rows < 64 (the sink) at slot = pos, later rows in a ring of
+ * sliding_window slots at 64 + (pos - 64) % window. Attention is unmasked
+ * and keys are already rotated, so slot order does not matter; each round
+ * projects only the rows committed since the last one. The block's own K/V
+ * are written right after the held slots (never past block_size spare
+ * slots), so the keys of one head are always one contiguous matrix. */
+#include "spec/dflash.h"
+#include "util/mumath.h"
+#include <math.h>
+#include <stdlib.h>
+
+#define CTX_CHUNK 64 /* context rows projected per batch */
+
+struct mu_dflash_state {
+    const mu_dflash *d;
+    const mu_model *t;
+    mu_backend *be;
+    int64_t sink, window;       /* context capacity sink + window rows */
+    int64_t slots;              /* per KV head: sink + window + block_size */
+    int64_t rows;               /* committed context rows (next anchor position) */
+    float **ck, **cv;           /* [n_layer] -> [n_head_kv][slots][head_dim] */
+    double *inv_freq;           /* [head_dim / 2] */
+    float *cs;                  /* (cos, sin) [max(CTX_CHUNK, block)][head_dim / 2] */
+    float *cx, *kt, *vt;        /* context batch: fc output, K, V */
+    float *h, *a, *q, *kb, *vb, *att, *o, *fg, *fu; /* block rows */
+    float *qh, *oh;             /* one KV head's query rows / outputs [block * group][head_dim] */
+    float *p;                   /* scores, then probabilities [block * group][slots] */
+    float *vt_head;             /* one KV head's V transposed [head_dim][slots] */
+    float *logits;              /* [block - 1][n_vocab] */
+};
+
+mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target, mu_backend *be) {
+    const mu_dflash_config *c = &d->cfg;
+    const size_t E = (size_t)c->n_embd, D = (size_t)c->head_dim, Q = (size_t)c->n_head * D;
+    const size_t KV = (size_t)c->n_head_kv * D, F = (size_t)c->n_ff, B = (size_t)c->block_size;
+    const size_t group = (size_t)(c->n_head / c->n_head_kv);
+    mu_dflash_state *st = mu_xcalloc(1, sizeof *st);
+    st->d = d;
+    st->t = target;
+    st->be = be;
+    st->sink = MU_DFLASH_SINK;
+    st->window = c->sliding_window;
+    st->slots = st->sink + st->window + c->block_size;
+    const size_t slots = (size_t)st->slots, rows = B > CTX_CHUNK ? B : CTX_CHUNK;
+    st->ck = mu_xcalloc((size_t)c->n_layer, sizeof *st->ck);
+    st->cv = mu_xcalloc((size_t)c->n_layer, sizeof *st->cv);
+    for (int64_t il = 0; il < c->n_layer; il++) {
+        st->ck[il] = mu_xcalloc(slots * KV, sizeof(float));
+        st->cv[il] = mu_xcalloc(slots * KV, sizeof(float));
+    }
+    const int64_t half = c->head_dim / 2;
+    st->inv_freq = mu_xmalloc((size_t)half * sizeof(double));
+    for (int64_t i = 0; i < half; i++)
+        st->inv_freq[i] = 1.0 / mu_pow((double)c->rope_base, 2.0 * (double)i / (double)c->head_dim);
+    st->cs = mu_xmalloc(rows * D * sizeof(float));
+    st->cx = mu_xmalloc(CTX_CHUNK * E * sizeof(float));
+    st->kt = mu_xmalloc(CTX_CHUNK * KV * sizeof(float));
+    st->vt = mu_xmalloc(CTX_CHUNK * KV * sizeof(float));
+    st->h = mu_xmalloc(B * E * sizeof(float));
+    st->a = mu_xmalloc(B * E * sizeof(float));
+    st->o = mu_xmalloc(B * E * sizeof(float));
+    st->q = mu_xmalloc(B * Q * sizeof(float));
+    st->att = mu_xmalloc(B * Q * sizeof(float));
+    st->kb = mu_xmalloc(B * KV * sizeof(float));
+    st->vb = mu_xmalloc(B * KV * sizeof(float));
+    st->fg = mu_xmalloc(B * F * sizeof(float));
+    st->fu = mu_xmalloc(B * F * sizeof(float));
+    st->qh = mu_xmalloc(B * group * D * sizeof(float));
+    st->oh = mu_xmalloc(B * group * D * sizeof(float));
+    st->p = mu_xmalloc(B * group * slots * sizeof(float));
+    st->vt_head = mu_xmalloc(D * slots * sizeof(float));
+    st->logits = mu_xmalloc((B - 1) * (size_t)target->cfg.n_vocab * sizeof(float));
+    return st;
+}
+
+void mu_dflash_state_free(mu_dflash_state *st) {
+    if (!st) return;
+    for (int64_t il = 0; il < st->d->cfg.n_layer; il++) {
+        free(st->ck[il]);
+        free(st->cv[il]);
+    }
+    free(st->ck); free(st->cv); free(st->inv_freq); free(st->cs);
+    free(st->cx); free(st->kt); free(st->vt);
+    free(st->h); free(st->a); free(st->o); free(st->q); free(st->att);
+    free(st->kb); free(st->vb); free(st->fg); free(st->fu);
+    free(st->qh); free(st->oh); free(st->p); free(st->vt_head); free(st->logits);
+    free(st);
+}
+
+/* Slots past rows_held() are never read, so stale ones need no clearing. */
+void mu_dflash_state_reset(mu_dflash_state *st) { st->rows = 0; }
+
+int64_t mu_dflash_state_rows(const mu_dflash_state *st) { return st->rows; }
+
+static int64_t cache_slot(const mu_dflash_state *st, int64_t pos) {
+    return pos < st->sink ? pos : st->sink + (pos - st->sink) % st->window;
+}
+
+/* Slots [0, rows_held) are exactly the rows the next anchor may attend to. */
+static int64_t rows_held(const mu_dflash_state *st) {
+    if (st->rows <= st->sink) return st->rows;
+    int64_t tail = st->rows - st->sink;
+    return st->sink + (tail < st->window ? tail : st->window);
+}
+
+/* Copy K/V rows [rows][n_head_kv * head_dim] into per-head cache slots. */
+static void store_rows(const mu_dflash_state *st, int il, const float *k, const float *v, int64_t rows,
+                       int64_t pos0, bool block) {
+    const int64_t D = st->d->cfg.head_dim, Hkv = st->d->cfg.n_head_kv;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t slot = block ? pos0 + r : cache_slot(st, pos0 + r);
+        for (int64_t g = 0; g < Hkv; g++) {
+            size_t at = (size_t)((g * st->slots + slot) * D);
+            memcpy(st->ck[il] + at, k + (r * Hkv + g) * D, (size_t)D * sizeof(float));
+            memcpy(st->cv[il] + at, v + (r * Hkv + g) * D, (size_t)D * sizeof(float));
+        }
+    }
+}
+
+/* (cos, sin) of pos * inv_freq[i] in double, rounded to f32 once. */
+static void rope_table(const mu_dflash_state *st, int64_t p0, int64_t rows) {
+    const int64_t half = st->d->cfg.head_dim / 2;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < half; i++) {
+            double ang = (double)(p0 + r) * st->inv_freq[i];
+            st->cs[(r * half + i) * 2] = (float)mu_cos(ang);
+            st->cs[(r * half + i) * 2 + 1] = (float)mu_sin(ang);
+        }
+}
+
+/* NeoX rotation of rows whose table rows start at cs_row0: pairs
+ * (i, i + head_dim/2), x*cos + rotate_half(x)*sin. */
+static void rope_neox(const mu_dflash_state *st, float *x, int64_t n_heads, int64_t rows, int64_t cs_row0) {
+    const int64_t D = st->d->cfg.head_dim, half = D / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *cs = st->cs + (cs_row0 + r) * half * 2;
+        for (int64_t h = 0; h < n_heads; h++) {
+            float *v = x + (r * n_heads + h) * D;
+            for (int64_t i = 0; i < half; i++) {
+                float c = cs[2 * i], s = cs[2 * i + 1], x0 = v[i], x1 = v[i + half];
+                v[i] = x0 * c - x1 * s;
+                v[i + half] = x1 * c + x0 * s;
+            }
+        }
+    }
+}
+
+/* K (k-normed, rotated) and V of m consecutive context rows from p0. */
+static void project_context(mu_dflash_state *st, const float *features, int64_t p0, int64_t m) {
+    const mu_dflash *d = st->d;
+    const mu_dflash_config *c = &d->cfg;
+    mu_backend *be = st->be;
+    const int64_t E = c->n_embd, D = c->head_dim;
+    be->matmul(be, &d->fc, features, st->cx, m);
+    be->rmsnorm(be, st->cx, d->hidden_norm, c->rms_eps, st->cx, E, m);
+    rope_table(st, p0, m);
+    for (int il = 0; il < c->n_layer; il++) {
+        const mu_dflash_layer *lw = &d->layers[il];
+        be->matmul(be, &lw->k, st->cx, st->kt, m);
+        be->rmsnorm(be, st->kt, lw->k_norm, c->rms_eps, st->kt, D, m * c->n_head_kv);
+        rope_neox(st, st->kt, c->n_head_kv, m, 0);
+        be->matmul(be, &lw->v, st->cx, st->vt, m);
+        store_rows(st, il, st->kt, st->vt, m, p0, false);
+    }
+}
+
+void mu_dflash_append_context(mu_dflash_state *st, const float *features, int64_t n) {
+    const int64_t stride = st->d->cfg.n_target_layers * st->d->cfg.n_embd;
+    const int64_t first = st->rows, end = st->rows + n;
+    for (int64_t p = first; p < end;) {
+        if (p >= st->sink && p < end - st->window) { /* evicted before anyone could attend to it */
+            p = end - st->window;
+            continue;
+        }
+        int64_t m = end - p < CTX_CHUNK ? end - p : CTX_CHUNK;
+        if (p < st->sink && p + m > st->sink) m = st->sink - p; /* runs stay on one side of the sink edge */
+        project_context(st, features + (p - first) * stride, p, m);
+        p += m;
+    }
+    st->rows = end;
+}
+
+/* An F32 matrix view for mu_backend.matmul: n_out contiguous rows of n_in. */
+static mu_weight f32_view(const float *data, int64_t n_in, int64_t n_out) {
+    return (mu_weight){.name = "dflash attention", .type = MU_TYPE_F32, .data = (const uint8_t *)data,
+                       .scale = 1.0f, .n_in = n_in, .n_out = n_out, .row_bytes = (uint64_t)n_in * sizeof(float)};
+}
+
+/* softmax(scale * Q K^T) V for query rows [r0, r0 + nr) of the block, one
+ * KV head at a time; keys = the held context slots, then the block's. */
+static void attention(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
+    const mu_dflash_config *c = &st->d->cfg;
+    mu_backend *be = st->be;
+    const int64_t D = c->head_dim, H = c->n_head, group = H / c->n_head_kv, nq = nr * group;
+    const int64_t n_keys = rows_held(st) + c->block_size;
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int64_t g = 0; g < c->n_head_kv; g++) {
+        const float *k = st->ck[il] + g * st->slots * D, *v = st->cv[il] + g * st->slots * D;
+        for (int64_t r = 0; r < nr; r++) /* query rows of this head group, (row, head) order */
+            memcpy(st->qh + r * group * D, st->q + ((r0 + r) * H + g * group) * D, (size_t)(group * D) * sizeof(float));
+        mu_weight kw = f32_view(k, D, n_keys);
+        be->matmul(be, &kw, st->qh, st->p, nq);
+        for (int64_t i = 0; i < nq; i++) {
+            float *s = st->p + i * n_keys, mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < n_keys; j++) {
+                s[j] = s[j] * scale;
+                if (s[j] > mx) mx = s[j];
+            }
+            for (int64_t j = 0; j < n_keys; j++) {
+                s[j] = mu_expf(s[j] - mx);
+                sum += s[j];
+            }
+            for (int64_t j = 0; j < n_keys; j++) s[j] = s[j] / sum;
+        }
+        for (int64_t j = 0; j < n_keys; j++)
+            for (int64_t d = 0; d < D; d++) st->vt_head[d * n_keys + j] = v[j * D + d];
+        mu_weight vw = f32_view(st->vt_head, n_keys, D);
+        be->matmul(be, &vw, st->p, st->oh, nq);
+        for (int64_t r = 0; r < nr; r++)
+            memcpy(st->att + ((r0 + r) * H + g * group) * D, st->oh + r * group * D, (size_t)(group * D) * sizeof(float));
+    }
+}
+
+/* One layer; every block row feeds K/V, but only rows [r0, r0 + nr) need
+ * outputs (the last layer computes just the rows that are scored). */
+static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
+    const mu_dflash_config *c = &st->d->cfg;
+    const mu_dflash_layer *lw = &st->d->layers[il];
+    mu_backend *be = st->be;
+    const int64_t E = c->n_embd, D = c->head_dim, Q = c->n_head * D, B = c->block_size;
+    float *h = st->h + r0 * E;
+    be->rmsnorm(be, st->h, lw->attn_norm, c->rms_eps, st->a, E, B);
+    be->matmul(be, &lw->k, st->a, st->kb, B);
+    be->matmul(be, &lw->v, st->a, st->vb, B);
+    be->rmsnorm(be, st->kb, lw->k_norm, c->rms_eps, st->kb, D, B * c->n_head_kv);
+    rope_neox(st, st->kb, c->n_head_kv, B, 0);
+    store_rows(st, il, st->kb, st->vb, B, rows_held(st), true);
+    be->matmul(be, &lw->q, st->a + r0 * E, st->q + r0 * Q, nr);
+    be->rmsnorm(be, st->q + r0 * Q, lw->q_norm, c->rms_eps, st->q + r0 * Q, D, nr * c->n_head);
+    rope_neox(st, st->q + r0 * Q, c->n_head, nr, r0);
+    attention(st, il, r0, nr);
+    be->matmul(be, &lw->o, st->att + r0 * Q, st->o, nr);
+    be->add(be, h, st->o, nr * E);
+    be->rmsnorm(be, h, lw->ffn_norm, c->rms_eps, st->a, E, nr);
+    be->matmul(be, &lw->gate, st->a, st->fg, nr);
+    be->matmul(be, &lw->up, st->a, st->fu, nr);
+    be->swiglu(be, st->fg, st->fu, nr * c->n_ff);
+    be->matmul(be, &lw->down, st->fg, st->o, nr);
+    be->add(be, h, st->o, nr * E);
+}
+
+static int32_t argmax_row(const float *l, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return (int32_t)best;
+}
+
+void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
+    const mu_dflash_config *c = &st->d->cfg;
+    const mu_model *t = st->t;
+    mu_backend *be = st->be;
+    const int64_t E = c->n_embd, B = c->block_size, V = t->cfg.n_vocab;
+    for (int64_t r = 0; r < B; r++) mu_weight_dequant_row(&t->token_embd, r ? c->mask_token : anchor, st->h + r * E);
+    rope_table(st, st->rows, B);
+    for (int il = 0; il < c->n_layer; il++) {
+        bool last = il == c->n_layer - 1;
+        block_layer(st, il, last ? 1 : 0, last ? n_prop : B);
+    }
+    /* rows 1..n_prop: final norm and the target's head (no logit scale, no soft-cap) */
+    be->rmsnorm(be, st->h + E, st->d->output_norm, c->rms_eps, st->a, E, n_prop);
+    be->matmul(be, &t->output, st->a, st->logits, n_prop);
+    for (int i = 0; i < n_prop; i++) proposals[i] = argmax_row(st->logits + i * V, V);
+    if (logits) memcpy(logits, st->logits, (size_t)n_prop * (size_t)V * sizeof(float));
+}
