@@ -3,18 +3,7 @@
 # invariance to batch size and backend, and an independent recomputation of
 # the perplexity from `muser run --dump-logits` rows plus python arithmetic.
 set -u
-M="$MUSER_BIN"
-PY=/usr/bin/python3
-T=$(mktemp -d /tmp/muser-ppl-XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fail=0
-check() { if ! "$@"; then echo "FAILED: $*" >&2; fail=1; fi; }
-expect_fail() { # expect_fail SUBSTRING cmd...
-    local want="$1"; shift
-    local out
-    if out=$("$@" 2>&1); then echo "FAILED (exit 0): $*" >&2; fail=1; return; fi
-    if ! grep -qF -- "$want" <<<"$out"; then echo "FAILED (message '$out' lacks '$want'): $*" >&2; fail=1; fi
-}
+source "$(dirname "$0")/lib_cli.sh" ppl
 
 check "$M" synth --preset tiny --type q4_k_xl --seed 42 -o "$T/tiny.gguf" --no-progress
 # The synthetic vocabulary is small, so this text gives roughly one token per character.

@@ -4,17 +4,7 @@
 # `muser run` samples like llama.cpp (temp 0.8, random seed) by default, so
 # the runs compared here pass --temp 0 (greedy); sampling has cli_sampling.sh.
 set -u
-M="$MUSER_BIN"
-T=$(mktemp -d /tmp/muser-cli-XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fail=0
-check() { if ! "$@"; then echo "FAILED: $*" >&2; fail=1; fi; }
-expect_fail() { # expect_fail SUBSTRING cmd...
-    local want="$1"; shift
-    local out
-    if out=$("$@" 2>&1); then echo "FAILED (exit 0): $*" >&2; fail=1; return; fi
-    if ! grep -qF -- "$want" <<<"$out"; then echo "FAILED (message '$out' lacks '$want'): $*" >&2; fail=1; fi
-}
+source "$(dirname "$0")/lib_cli.sh" cli
 
 check "$M" synth --preset tiny --type q4_k_xl --seed 42 -o "$T/tiny.gguf" --no-progress
 check "$M" info -m "$T/tiny.gguf" --no-tensors >"$T/info.txt"

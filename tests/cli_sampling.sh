@@ -5,20 +5,9 @@
 # reply, bench --grammar. Uses the shipped default model (real text) and a
 # synthetic one.
 set -u
-M="$MUSER_BIN"
+source "$(dirname "$0")/lib_cli.sh" sampling
 G="$MUSER_SOURCE_DIR/models/glimmer-tiny-q4_k_xl.gguf"
 DATA="$MUSER_SOURCE_DIR/tests/data"
-PY=/usr/bin/python3
-T=$(mktemp -d /tmp/muser-sampling-XXXXXX)
-trap 'rm -rf "$T"' EXIT
-fail=0
-check() { if ! "$@"; then echo "FAILED: $*" >&2; fail=1; fi; }
-expect_fail() { # expect_fail SUBSTRING cmd...
-    local want="$1"; shift
-    local out
-    if out=$("$@" 2>&1); then echo "FAILED (exit 0): $*" >&2; fail=1; return; fi
-    if ! grep -qF -- "$want" <<<"$out"; then echo "FAILED (message '$out' lacks '$want'): $*" >&2; fail=1; fi
-}
 
 # --help: every option with llama.cpp's default
 "$M" run --help >"$T/help.txt"

@@ -102,3 +102,12 @@ void cli_progress(const char *label, uint64_t done, uint64_t total, double t0) {
     if (done >= total) fputc('\n', stderr);
     fflush(stderr);
 }
+
+bool cli_model_or_default(const char *cmd, const char **model) {
+    if (!*model) *model = getenv("MUSER_MODEL");
+#ifdef MUSER_DEFAULT_MODEL
+    if (!*model) *model = MUSER_DEFAULT_MODEL;
+#endif
+    if (!*model) fprintf(stderr, "muser %s: -m MODEL is required\n", cmd);
+    return *model != NULL;
+}

@@ -87,11 +87,7 @@ static int parse(int argc, char **argv, ppl_opts *o) {
         }
         if (!ok) return 2;
     }
-    if (!o->model) o->model = getenv("MUSER_MODEL");
-#ifdef MUSER_DEFAULT_MODEL
-    if (!o->model) o->model = MUSER_DEFAULT_MODEL;
-#endif
-    if (!o->model) { fprintf(stderr, "muser perplexity: -m MODEL is required\n"); return 2; }
+    if (!cli_model_or_default("perplexity", &o->model)) return 2;
     if (!o->file) { fprintf(stderr, "muser perplexity: -f TEXT is required\n"); return 2; }
     return -1;
 }

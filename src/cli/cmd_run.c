@@ -99,11 +99,7 @@ static int parse(int argc, char **argv, run_opts *o) {
         }
         if (!ok) return 2;
     }
-    if (!o->model) o->model = getenv("MUSER_MODEL");
-#ifdef MUSER_DEFAULT_MODEL
-    if (!o->model) o->model = MUSER_DEFAULT_MODEL;
-#endif
-    if (!o->model) { fprintf(stderr, "muser run: -m MODEL is required\n"); return 2; }
+    if (!cli_model_or_default("run", &o->model)) return 2;
     int sources = (o->prompt != NULL) + (o->prompt_file != NULL) + (o->tokens != NULL);
     if (sources > 1 || (o->chat && sources)) {
         fprintf(stderr, "muser run: give one of -p, -f, --tokens or --chat\n");

@@ -64,10 +64,7 @@ static int parse(int argc, char **argv, spec_opts *o) {
         }
         if (!ok) return 2;
     }
-    if (!o->model) o->model = getenv("MUSER_MODEL");
-#ifdef MUSER_DEFAULT_MODEL
-    if (!o->model) o->model = MUSER_DEFAULT_MODEL;
-#endif
+    if (!cli_model_or_default("speculate", &o->model)) return 2;
     if (!o->draft) o->draft = getenv("MUSER_DRAFT");
 #ifdef MUSER_DEFAULT_DRAFT
     if (!o->draft) o->draft = MUSER_DEFAULT_DRAFT;
