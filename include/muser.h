@@ -74,6 +74,7 @@ void muser_session_free(muser_session *s);
 void muser_session_reset(muser_session *s);
 int64_t muser_session_pos(const muser_session *s);
 int64_t muser_session_n_ctx(const muser_session *s);
+muser_model *muser_session_model(const muser_session *s);
 
 /* Feed tokens at the current position. On success the logits of the last
  * token are available from muser_session_logits (n_vocab floats, valid until
@@ -270,6 +271,67 @@ bool muser_logprobs(const muser_model *m, const float *logits, int32_t chosen, i
  * were written (top needs n_probs slots), -1 with err. */
 int32_t muser_sampler_logprobs(const muser_sampler *s, const float *logits, int32_t chosen,
                                muser_logprob *chosen_out, muser_logprob *top, muser_error *err);
+
+
+/* ---------------- speculative decoding (DFlash assistant) ----------------
+ * A DFlash assistant proposes up to verify_len tokens; the target checks them
+ * in one batched feed and every token is still drawn from the target's own
+ * logits, by the same sampler, in the same order as plain decoding: the
+ * output is token for token what plain decoding produces (same seed, same
+ * grammar), only the speed differs (docs/speculative.md).
+ *
+ *   muser_draft *d = muser_draft_load("assistant.gguf", m, &err);
+ *   muser_spec *sp = muser_spec_create(s, d, NULL, &err);
+ *   muser_spec_feed(sp, prompt, n_prompt, &err);
+ *   int32_t tok = muser_sampler_sample(smp, muser_session_logits(s), &err);
+ *   muser_sampler_accept(smp, tok, &err);
+ *   int32_t out[16]; const float *rows[16];
+ *   int n = muser_spec_next(sp, tok, smp, 16, out, rows, &err); // out[n-1] is the next pending token
+ */
+typedef struct muser_draft muser_draft;
+typedef struct muser_spec muser_spec;
+
+/* Load an assistant GGUF (general.architecture = dflash) for this target;
+ * refuses a file that does not match the target (hidden size, vocabulary,
+ * tokenizer, target layers). The target must outlive the draft. */
+muser_draft *muser_draft_load(const char *path, const muser_model *target, muser_error *err);
+void muser_draft_free(muser_draft *d);
+const char *muser_draft_name(const muser_draft *d);
+
+typedef struct muser_spec_params {
+    int verify_len;             /* proposals per round: 3, 7 or 15; 0 = 7 */
+    bool no_gate;               /* speculate every step (default: the adaptive gate decides) */
+} muser_spec_params;
+
+typedef struct muser_spec_stats {
+    int64_t rounds;             /* draft + batched verify rounds */
+    int64_t round_tokens;       /* tokens those rounds produced (accepted + the target's own) */
+    int64_t drafted, accepted;  /* proposals verified / kept */
+    int64_t plain_steps;        /* one-token steps (gate closed, probing, or no room to draft) */
+    int64_t gate_closures;      /* times the gate stopped speculation */
+    double t_draft, t_verify, t_plain; /* seconds */
+} muser_spec_stats;
+
+/* Speculation state bound to a session of the draft's target. While it
+ * exists, feed the session only through muser_spec_feed / muser_spec_next
+ * (the assistant's context must see every row). */
+muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muser_spec_params *p, muser_error *err);
+void muser_spec_free(muser_spec *sp);
+/* Reset the session and the assistant's context. */
+void muser_spec_reset(muser_spec *sp);
+/* muser_session_feed that also hands the rows' hidden states to the assistant. */
+bool muser_spec_feed(muser_spec *sp, const int32_t *tokens, int64_t n, muser_error *err);
+/* Feed the pending token (drawn but not yet fed) and draw what follows:
+ * 1 to max_out tokens, each from its own target logits row by smp (NULL:
+ * greedy, lowest id on ties), stopping after an end-of-generation token.
+ * rows[i] (may be NULL) points at the logits out[i] was drawn from, valid
+ * until the next call. out[n-1] is the new pending token; all before it are
+ * fed. Returns n, 0 when smp's grammar is complete (nothing may follow;
+ * the pending token is fed), -1 on error. */
+int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max_out, int32_t *out,
+                    const float **rows, muser_error *err);
+void muser_spec_get_stats(const muser_spec *sp, muser_spec_stats *st);
+void muser_spec_reset_stats(muser_spec *sp);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,10 @@
  *    written from tools/train/dflash.py (weights read by tensor name, the
  *    whole context recomputed with the reference's sink + window mask);
  *  - speculative output == plain greedy output at verify lengths 3, 7, 15,
- *    with more than one token per verify step. */
+ *    with more than one token per verify step;
+ *  - through the public API (muser_spec): sampled output (several
+ *    temperatures, seeds, a repetition penalty, a JSON Schema grammar) ==
+ *    plain sampled output, with the gate and without; misuse is refused. */
 #include "testutil.h"
 #include "model_fixture.h"
 #include "gguf/gguf.h"
@@ -580,6 +583,130 @@ static void test_speculation(void) {
     mu_dflash_free(d);
 }
 
+
+/* ------------------------------------------ speculation through the public API */
+
+/* Plain decoding with a sampler: the reference stream. */
+static int64_t plain_sampled(muser_session *s, muser_sampler *smp, const int32_t *prompt, int64_t n_prompt, int64_t n,
+                             int32_t *out) {
+    muser_error err;
+    muser_session_reset(s);
+    muser_sampler_reset(smp);
+    if (!muser_sampler_accept_prompt(smp, prompt, (size_t)n_prompt, &err) ||
+        !muser_session_feed(s, prompt, n_prompt, &err))
+        return -1;
+    int64_t k = 0;
+    while (k < n) {
+        int32_t t = muser_sampler_sample(smp, muser_session_logits(s), &err);
+        if (t < 0) return muser_sampler_grammar_complete(smp) ? k : -1;
+        if (!muser_sampler_accept(smp, t, &err)) return -1;
+        out[k++] = t;
+        if (muser_token_is_eog(target, t) || k == n) break;
+        if (!muser_session_feed(s, &t, 1, &err)) return -1;
+    }
+    return k;
+}
+
+/* The same through muser_spec; every drawn row must be the plain row's bits. */
+static int64_t spec_sampled(muser_spec *sp, muser_session *s, muser_sampler *smp, const int32_t *prompt,
+                            int64_t n_prompt, int64_t n, int32_t *out) {
+    muser_error err;
+    muser_spec_reset(sp);
+    muser_sampler_reset(smp);
+    if (!muser_sampler_accept_prompt(smp, prompt, (size_t)n_prompt, &err) || !muser_spec_feed(sp, prompt, n_prompt, &err))
+        return -1;
+    int32_t t = muser_sampler_sample(smp, muser_session_logits(s), &err);
+    if (t < 0) return muser_sampler_grammar_complete(smp) ? 0 : -1;
+    if (!muser_sampler_accept(smp, t, &err)) return -1;
+    int64_t k = 0;
+    out[k++] = t;
+    while (k < n && !muser_token_is_eog(target, out[k - 1])) {
+        const float *rows[16];
+        int max = n - k < 16 ? (int)(n - k) : 16;
+        int got = muser_spec_next(sp, out[k - 1], smp, max, out + k, rows, &err);
+        if (got < 0) {
+            fprintf(stderr, "muser_spec_next: %s\n", err.msg);
+            return -1;
+        }
+        if (got == 0) break;
+        for (int i = 0; i < got; i++)
+            if (!rows[i]) return -1;
+        k += got;
+    }
+    return k;
+}
+
+static void test_spec_api(void) {
+    muser_error err;
+    muser_draft *d = muser_draft_load(draft_path, target, &err);
+    CHECK_MSG(d != NULL, "%s", err.msg);
+    if (!d) return;
+    CHECK(!strcmp(muser_draft_name(d), "glimmer-tiny-dflash"));
+    muser_session_params spp = {.n_ctx = 1024};
+    muser_session *s = muser_session_create(target, &spp, NULL);
+    static const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},"
+                                "\"age\":{\"type\":\"integer\"}},\"required\":[\"name\",\"age\"]}";
+    static const struct { float temp; int seeds; bool schema; float penalty; } modes[] = {
+        {0.0f, 1, false, 1.0f}, {0.8f, 6, false, 1.0f}, {1.2f, 3, false, 1.3f}, {0.8f, 3, true, 1.0f},
+    };
+    int64_t n_prompt;
+    int32_t *prompt = prompt_tokens("And God said, Let there be light: and there was light. And God saw", 1, &n_prompt);
+    int32_t plain[96], spec[96];
+    int64_t rounds = 0, plain_steps = 0, closures = 0;
+    for (int gate = 0; gate < 2; gate++) {
+        muser_spec_params p = {.verify_len = gate ? 7 : 3, .no_gate = !gate};
+        muser_spec *sp = muser_spec_create(s, d, &p, &err);
+        CHECK_MSG(sp != NULL, "%s", err.msg);
+        if (!sp) continue;
+        for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++)
+            for (int seed = 1; seed <= modes[m].seeds; seed++) {
+                muser_sampling_params sa;
+                muser_sampling_params_default(&sa);
+                sa.seed = (uint32_t)seed;
+                sa.temp = modes[m].temp;
+                sa.penalty_repeat = modes[m].penalty;
+                sa.json_schema = modes[m].schema ? schema : NULL;
+                muser_sampler *smp = muser_sampler_create(target, &sa, &err);
+                CHECK_MSG(smp != NULL, "%s", err.msg);
+                if (!smp) continue;
+                int64_t np = plain_sampled(s, smp, prompt, n_prompt, 96, plain);
+                int64_t ns = spec_sampled(sp, s, smp, prompt, n_prompt, 96, spec);
+                CHECK_MSG(np > 0 && ns == np && !memcmp(plain, spec, (size_t)np * sizeof(int32_t)),
+                          "gate %d temp %.1f seed %d schema %d: speculative %lld tokens != plain %lld", gate,
+                          (double)modes[m].temp, seed, modes[m].schema, (long long)ns, (long long)np);
+                muser_sampler_free(smp);
+            }
+        muser_spec_stats st;
+        muser_spec_get_stats(sp, &st);
+        CHECK(st.accepted <= st.drafted && st.round_tokens >= st.rounds);
+        if (!gate) CHECK(st.plain_steps == 0 || st.rounds > 0);
+        rounds += st.rounds;
+        plain_steps += gate ? st.plain_steps : 0;
+        closures += gate ? st.gate_closures : 0;
+        /* misuse is refused, the state is left alone */
+        int32_t one = 5, out[4];
+        CHECK(muser_spec_feed(sp, &one, 1, &err));
+        CHECK(muser_session_feed(s, &one, 1, &err)); /* behind the assistant's back */
+        CHECK(muser_spec_next(sp, one, NULL, 4, out, NULL, &err) < 0 && strstr(err.msg, "outside muser_spec"));
+        muser_spec_reset(sp);
+        CHECK(muser_spec_feed(sp, &one, 1, &err));
+        CHECK(muser_spec_next(sp, 99999, NULL, 4, out, NULL, &err) < 0 && strstr(err.msg, "outside the vocabulary"));
+        CHECK(muser_spec_next(sp, one, NULL, 0, out, NULL, &err) < 0 && strstr(err.msg, "max_out"));
+        CHECK(muser_spec_next(sp, one, NULL, 1, out, NULL, &err) == 1); /* no room to draft: a plain step */
+        muser_spec_free(sp);
+        int64_t none;
+        CHECK(mu_session_captured(s, &none) == NULL); /* capture is off again */
+    }
+    printf("spec API: %lld rounds; gated: %lld plain steps, %lld closures\n", (long long)rounds,
+           (long long)plain_steps, (long long)closures);
+    CHECK(rounds > 0);
+    muser_spec_params bad = {.verify_len = 5};
+    CHECK(muser_spec_create(s, d, &bad, &err) == NULL && strstr(err.msg, "3, 7 or 15"));
+    free(prompt);
+    muser_session_free(s);
+    muser_draft_free(d);
+}
+
 int main(void) {
     const char *src = getenv("MUSER_SOURCE_DIR");
     snprintf(target_path, sizeof target_path, "%s/models/glimmer-tiny-q4_k_xl.gguf", src ? src : ".");
@@ -596,6 +723,7 @@ int main(void) {
     test_forward_oracle();
     double t1 = mu_now();
     test_speculation();
+    test_spec_api();
     printf("checks %.1f s, speculation %.1f s\n", t1 - t0, mu_now() - t1);
     muser_model_free(target);
     fx_cleanup();

@@ -17,6 +17,8 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_speculate(int argc, char **argv);
 /* The model to use: *model if set, else $MUSER_MODEL, else the shipped default
  * of this build; false with a message when there is none. */
+const char *cli_default_draft(void);
+bool cli_parse_verify_len(const char *cmd, const char *v, int64_t *out);
 bool cli_model_or_default(const char *cmd, const char **model);
 /* Whole file as a NUL-terminated malloc'd buffer; NULL with a message. */
 char *cli_read_file(const char *cmd, const char *path, size_t *len);

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 bool cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
     char *end;
@@ -110,4 +111,25 @@ bool cli_model_or_default(const char *cmd, const char **model) {
 #endif
     if (!*model) fprintf(stderr, "muser %s: -m MODEL is required\n", cmd);
     return *model != NULL;
+}
+
+/* The assistant that goes with the default model: $MUSER_DRAFT, else the
+ * shipped one when the model is the shipped one too ($MUSER_MODEL unset).
+ * NULL if there is none (a missing shipped file is noted, not an error). */
+const char *cli_default_draft(void) {
+    const char *d = getenv("MUSER_DRAFT");
+    if (d) return d;
+#ifdef MUSER_DEFAULT_DRAFT
+    if (getenv("MUSER_MODEL")) return NULL;
+    if (access(MUSER_DEFAULT_DRAFT, R_OK) == 0) return MUSER_DEFAULT_DRAFT;
+    fprintf(stderr, "muser: note: the shipped assistant %s is missing; decoding without it\n", MUSER_DEFAULT_DRAFT);
+#endif
+    return NULL;
+}
+
+bool cli_parse_verify_len(const char *cmd, const char *v, int64_t *out) {
+    if (!cli_parse_i64(cmd, "--verify-len", v, 3, 15, out)) return false;
+    if (*out == 3 || *out == 7 || *out == 15) return true;
+    fprintf(stderr, "muser %s: --verify-len must be 3, 7 or 15, got %s\n", cmd, v);
+    return false;
 }

@@ -18,13 +18,13 @@
 #define MAX_STOPS 16
 
 typedef struct run_opts {
-    const char *model, *dump, *prompt, *prompt_file, *system;
+    const char *model, *draft, *dump, *prompt, *prompt_file, *system;
     const char *stops[MAX_STOPS];
     int n_stops;
     int32_t *tokens;
-    int64_t n_tokens, n_predict, threads, ctx, chunk;
+    int64_t n_tokens, n_predict, threads, ctx, chunk, verify_len;
     run_sampling sampling;
-    bool chat, json, verbose;
+    bool chat, json, verbose, no_draft, spec_always;
     muser_backend_kind backend;
 } run_opts;
 
@@ -48,13 +48,20 @@ static void run_usage(FILE *f) {
             "  --json                 print one JSON object: prompt and generated ids, text, seed, sampler\n"
             "                         chain, timings (and logprobs with --n-probs N)\n"
             "  -v, --verbose          print the sampler parameters and chain to stderr\n"
-            "  --dump-logits FILE     write every step's f32 logits (prompt's last row, then each decode step)\n",
+            "  --dump-logits FILE     write every step's f32 logits (prompt's last row, then each decode step)\n\n"
+            "speculative decoding (output identical to plain decoding, only faster or not):\n"
+            "  --draft FILE           DFlash assistant GGUF for the model (default without -m: $MUSER_DRAFT,\n"
+            "                         else the shipped models/glimmer-tiny-dflash-q4_k_xl.gguf)\n"
+            "  --no-draft             decode without the assistant\n"
+            "  --verify-len N         proposals per round: 3, 7 or 15 (default 7)\n"
+            "  --spec-always          speculate every step (default: an adaptive gate falls back to plain\n"
+            "                         steps while speculation is slower or rarely accepted)\n",
             MAX_STOPS);
     run_sampling_usage(f);
 }
 
 static int parse(int argc, char **argv, run_opts *o) {
-    *o = (run_opts){.n_predict = 128};
+    *o = (run_opts){.n_predict = 128, .verify_len = 7};
     run_sampling_init(&o->sampling);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -68,6 +75,11 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) ok = cli_value("run", argc, argv, &i, &o->prompt_file);
         else if (!strcmp(a, "--system")) ok = cli_value("run", argc, argv, &i, &o->system);
         else if (!strcmp(a, "--dump-logits")) ok = cli_value("run", argc, argv, &i, &o->dump);
+        else if (!strcmp(a, "--draft")) ok = cli_value("run", argc, argv, &i, &o->draft);
+        else if (!strcmp(a, "--no-draft")) o->no_draft = true;
+        else if (!strcmp(a, "--spec-always")) o->spec_always = true;
+        else if (!strcmp(a, "--verify-len"))
+            ok = cli_value("run", argc, argv, &i, &v) && cli_parse_verify_len("run", v, &o->verify_len);
         else if (!strcmp(a, "--chat")) o->chat = true;
         else if (!strcmp(a, "--json")) o->json = true;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = true;
@@ -99,6 +111,8 @@ static int parse(int argc, char **argv, run_opts *o) {
         }
         if (!ok) return 2;
     }
+    if (o->draft && o->no_draft) { fprintf(stderr, "muser run: --draft and --no-draft exclude each other\n"); return 2; }
+    if (!o->draft && !o->no_draft && !o->model) o->draft = cli_default_draft(); /* the default pair */
     if (!cli_model_or_default("run", &o->model)) return 2;
     int sources = (o->prompt != NULL) + (o->prompt_file != NULL) + (o->tokens != NULL);
     if (sources > 1 || (o->chat && sources)) {
@@ -123,11 +137,15 @@ typedef struct gen_state {
     muser_model_info info;
     FILE *dump;
     muser_sampler *smp;
+    muser_draft *draft;   /* NULL: plain decoding */
+    muser_spec *sp;
     int32_t n_probs;      /* logprob alternatives per token (--json only) */
     /* output of the current generation */
     int32_t *out_ids;
     muser_logprob *lp, *lp_top; /* per token: chosen, then n_probs alternatives */
     int64_t n_out, cap_out;
+    int32_t *fed;         /* generated tokens the session has been fed */
+    int64_t n_fed, cap_fed;
     char *text;           /* all text produced so far (for stop strings and --json) */
     size_t text_len, text_cap, printed;
     bool stopped_by_eog, stopped_by_stop, stopped_by_grammar;
@@ -195,26 +213,39 @@ static bool push_token(gen_state *g, const float *logits, int32_t tok) {
     return true;
 }
 
-/* Draw and accept the next token; -1 = stop (*ok false on an error). A
- * finished grammar that only end-of-generation could follow, under
- * --ignore-eos, is a normal stop. */
-static int32_t next_token(gen_state *g, const float *logits, bool *ok) {
+/* Draw and accept a token from a row: 1, 0 when a finished grammar allows
+ * nothing more (a normal stop, also under --ignore-eos), -1 on error. */
+static int draw_one(gen_state *g, const float *logits, int32_t *tok, muser_error *err) {
+    *tok = muser_sampler_sample(g->smp, logits, err);
+    if (*tok < 0 && muser_sampler_grammar_complete(g->smp)) return 0;
+    return *tok >= 0 && muser_sampler_accept(g->smp, *tok, err) ? 1 : -1;
+}
+
+static void note_fed(gen_state *g, const int32_t *ids, int64_t n) {
+    if (g->n_fed + n > g->cap_fed) {
+        g->cap_fed = (g->n_fed + n) * 2 + 64;
+        g->fed = mu_xrealloc(g->fed, (size_t)g->cap_fed * sizeof *g->fed);
+    }
+    memcpy(g->fed + g->n_fed, ids, (size_t)n * sizeof *ids);
+    g->n_fed += n;
+}
+
+/* Feed the pending token and draw what follows: 1..max_out tokens and the
+ * rows they were drawn from (one with plain decoding, up to verify length +
+ * 1 with the assistant), 0 on a finished grammar, -1 on error. */
+static int advance(gen_state *g, int32_t pending, int max_out, int32_t *out, const float **rows) {
     muser_error err;
-    int32_t tok = muser_sampler_sample(g->smp, logits, &err);
-    if (tok < 0 && muser_sampler_grammar_complete(g->smp)) {
-        g->stopped_by_grammar = true;
-        return -1;
-    }
-    if (tok < 0 || !muser_sampler_accept(g->smp, tok, &err)) {
+    int n;
+    if (g->sp) n = muser_spec_next(g->sp, pending, g->smp, max_out, out, rows, &err);
+    else if (!muser_session_feed(g->s, &pending, 1, &err)) n = -1;
+    else n = draw_one(g, rows[0] = muser_session_logits(g->s), out, &err);
+    if (n < 0) {
         fprintf(stderr, "\nmuser run: %s\n", err.msg);
-        *ok = false;
         return -1;
     }
-    if (!push_token(g, logits, tok)) {
-        *ok = false;
-        return -1;
-    }
-    return tok;
+    note_fed(g, &pending, 1);
+    if (n > 1) note_fed(g, out, n - 1);
+    return n;
 }
 
 /* llama-server restarts the sampler for every request (reseeded, grammar
@@ -234,49 +265,63 @@ static bool dump_logits(gen_state *g, const float *logits) {
     return false;
 }
 
+/* Handle one drawn token: record, print, check stops. false = stop. */
+static bool take_token(gen_state *g, muser_detok *dt, const float *row, int32_t tok, bool *ok) {
+    if (!push_token(g, row, tok)) return *ok = false;
+    if (muser_token_is_eog(g->m, tok)) { g->stopped_by_eog = true; return false; }
+    if (dt) {
+        size_t len;
+        const char *piece = muser_detok_push(dt, tok, &len);
+        append_text(g, piece, len);
+        if (emit(g, false)) { g->stopped_by_stop = true; return false; }
+    } else if (!g->o->json) {
+        printf("%s%d", g->n_out > 1 ? " " : "", tok);
+        fflush(stdout);
+    }
+    return g->n_out < g->o->n_predict;
+}
+
 /* Feed prompt (already in the session's context after this) and generate. */
 static bool generate(gen_state *g, const int32_t *prompt, int64_t n_prompt) {
     muser_error err;
-    g->n_out = 0;
+    g->n_out = g->n_fed = 0;
     g->text_len = g->printed = 0;
     g->stopped_by_eog = g->stopped_by_stop = g->stopped_by_grammar = false;
     double t0 = mu_now();
-    if (!muser_session_feed(g->s, prompt, n_prompt, &err)) {
+    if (g->sp ? !muser_spec_feed(g->sp, prompt, n_prompt, &err) : !muser_session_feed(g->s, prompt, n_prompt, &err)) {
         fprintf(stderr, "muser run: %s\n", err.msg);
         return false;
     }
     g->t_prefill = mu_now() - t0;
     g->n_prefill = n_prompt;
+    if (g->sp) muser_spec_reset_stats(g->sp);
     const float *logits = muser_session_logits(g->s);
     if (!dump_logits(g, logits)) return false;
     muser_detok *dt = muser_detok_new(g->m, false);
     double t1 = mu_now();
-    g->n_decoded = 0;
     bool ok = true;
     g_interrupted = 0;
-    while (g->n_out < g->o->n_predict && !g_interrupted) {
-        int32_t tok = next_token(g, logits, &ok);
-        if (tok < 0) break;
-        if (muser_token_is_eog(g->m, tok)) { g->stopped_by_eog = true; break; }
-        if (dt) {
-            size_t len;
-            const char *piece = muser_detok_push(dt, tok, &len);
-            append_text(g, piece, len);
-            if (emit(g, false)) { g->stopped_by_stop = true; break; }
-        } else if (!g->o->json) {
-            printf("%s%d", g->n_out > 1 ? " " : "", tok);
-            fflush(stdout);
-        }
-        if (g->n_out == g->o->n_predict) break;
-        if (!muser_session_feed(g->s, &tok, 1, &err)) {
-            fprintf(stderr, "\nmuser run: %s\n", err.msg);
-            ok = false;
-            break;
-        }
-        g->n_decoded++;
-        logits = muser_session_logits(g->s);
-        if (!(ok = dump_logits(g, logits))) break;
+    int32_t q[16];        /* drawn tokens not handled yet; the last one is pending (not fed) */
+    const float *rows[16];
+    int nq = 0, iq = 0;
+    if (g->o->n_predict > 0) {
+        rows[0] = logits;
+        nq = draw_one(g, logits, &q[0], &err);
+        if (nq < 0) { fprintf(stderr, "\nmuser run: %s\n", err.msg); ok = false; }
     }
+    while (ok && nq > 0 && !g_interrupted) {
+        if (iq == nq) {
+            int64_t left = g->o->n_predict - g->n_out;
+            nq = advance(g, q[nq - 1], left < 16 ? (int)left : 16, q, rows);
+            iq = 0;
+            if (nq < 0) ok = false;
+            if (nq <= 0) break;
+        }
+        if (g->n_out && !(ok = dump_logits(g, rows[iq]))) break; /* the prompt's row went out above */
+        if (!take_token(g, dt, rows[iq], q[iq], &ok)) break;
+        iq++;
+    }
+    g->stopped_by_grammar = ok && nq == 0 && g->o->n_predict > 0 && !g_interrupted;
     if (dt && !g->stopped_by_stop) {
         size_t len;
         const char *rest = muser_detok_flush(dt, &len);
@@ -284,6 +329,7 @@ static bool generate(gen_state *g, const int32_t *prompt, int64_t n_prompt) {
         g->stopped_by_stop = emit(g, true);
     }
     muser_detok_free(dt);
+    g->n_decoded = g->n_fed;
     g->t_decode = mu_now() - t1;
     return ok;
 }
@@ -293,6 +339,25 @@ static void print_timings(const gen_state *g) {
             (long long)g->n_prefill, g->t_prefill, g->t_prefill > 0 ? (double)g->n_prefill / g->t_prefill : 0.0,
             (long long)g->n_decoded, g->t_decode, g->n_decoded ? (double)g->n_decoded / g->t_decode : 0.0,
             g->info.backend);
+    if (!g->sp) return;
+    muser_spec_stats st;
+    muser_spec_get_stats(g->sp, &st);
+    fprintf(stderr, "speculative: %lld rounds (%.2f tokens each, %lld of %lld proposals accepted), %lld plain steps, "
+            "gate closed %lld times\n",
+            (long long)st.rounds, st.rounds ? (double)st.round_tokens / (double)st.rounds : 0.0, (long long)st.accepted,
+            (long long)st.drafted, (long long)st.plain_steps, (long long)st.gate_closures);
+}
+
+static void print_spec_json(const gen_state *g) {
+    muser_spec_stats st;
+    muser_spec_get_stats(g->sp, &st);
+    printf(",\"speculative\":{\"draft\":");
+    cli_json_str(stdout, muser_draft_name(g->draft));
+    printf(",\"verify_len\":%lld,\"rounds\":%lld,\"round_tokens\":%lld,\"drafted\":%lld,\"accepted\":%lld,"
+           "\"plain_steps\":%lld,\"gate_closures\":%lld,\"draft_s\":%.6f,\"verify_s\":%.6f,\"plain_s\":%.6f}",
+           (long long)g->o->verify_len, (long long)st.rounds, (long long)st.round_tokens, (long long)st.drafted,
+           (long long)st.accepted, (long long)st.plain_steps, (long long)st.gate_closures, st.t_draft, st.t_verify,
+           st.t_plain);
 }
 
 /* A token's bytes as a JSON string: valid UTF-8 kept, every byte of an
@@ -366,10 +431,12 @@ static void print_json(const gen_state *g, const int32_t *prompt, int64_t n_prom
     cli_json_str(stdout, chain);
     if (g->n_probs) print_logprobs(g);
     printf(",\"stop\":\"%s\",\"timings\":{\"prefill_tokens\":%lld,\"prefill_s\":%.6f,\"prefill_tok_s\":%.3f,"
-           "\"decode_tokens\":%lld,\"decode_s\":%.6f,\"decode_tok_s\":%.3f},\"backend\":\"%s\"}\n",
+           "\"decode_tokens\":%lld,\"decode_s\":%.6f,\"decode_tok_s\":%.3f}",
            g->stopped_by_eog ? "eog" : g->stopped_by_stop ? "stop_string" : g->stopped_by_grammar ? "grammar" : "length", (long long)g->n_prefill,
            g->t_prefill, g->t_prefill > 0 ? (double)g->n_prefill / g->t_prefill : 0.0, (long long)g->n_decoded,
-           g->t_decode, g->n_decoded ? (double)g->n_decoded / g->t_decode : 0.0, g->info.backend);
+           g->t_decode, g->n_decoded ? (double)g->n_decoded / g->t_decode : 0.0);
+    if (g->sp) print_spec_json(g);
+    printf(",\"backend\":\"%s\"}\n", g->info.backend);
 }
 
 /* ---------------- prompts ---------------- */
@@ -455,6 +522,11 @@ static int64_t build_prompt(const run_opts *o, muser_model *m, int32_t **ids) {
 
 /* ---------------- chat ---------------- */
 
+static void reset_session(gen_state *g) {
+    if (g->sp) muser_spec_reset(g->sp);
+    else muser_session_reset(g->s);
+}
+
 static int chat_loop(gen_state *g) {
     char *msgs = mu_xstrdup("[");
     size_t ml = 1;
@@ -473,7 +545,7 @@ static int chat_loop(gen_state *g) {
             msgs[1] = 0;
             ml = 1;
             if (g->o->system) add_message(&msgs, &ml, "system", g->o->system, strlen(g->o->system));
-            muser_session_reset(g->s);
+            reset_session(g);
             n_hist = 0;
             fprintf(stderr, "(conversation forgotten)\n");
             continue;
@@ -491,14 +563,14 @@ static int chat_loop(gen_state *g) {
         /* Reuse the KV of the common prefix; otherwise start over. */
         int64_t common = 0;
         while (common < n_hist && common < n_ids && hist[common] == ids[common]) common++;
-        if (common < n_hist || common == n_ids) { muser_session_reset(g->s); common = 0; }
+        if (common < n_hist || common == n_ids) { reset_session(g); common = 0; }
         if (!start_sampler(g, ids, n_ids) || !generate(g, ids + common, n_ids - common)) { free(ids); break; }
         if (g_interrupted) fprintf(stderr, "\n(interrupted)");
         print_timings(g);
         hist = mu_xrealloc(hist, (size_t)(n_ids + g->n_out) * sizeof(int32_t));
         memcpy(hist, ids, (size_t)n_ids * sizeof(int32_t));
-        int64_t fed = g->n_decoded; /* generated tokens the session has seen */
-        memcpy(hist + n_ids, g->out_ids, (size_t)fed * sizeof(int32_t));
+        int64_t fed = g->n_fed; /* generated tokens the session has seen */
+        memcpy(hist + n_ids, g->fed, (size_t)fed * sizeof(int32_t));
         n_hist = n_ids + fed;
         free(ids);
         add_message(&msgs, &ml, "assistant", g->text ? g->text : "", g->text ? g->text_len : 0);
@@ -514,6 +586,19 @@ static void print_sampler(const muser_sampler *smp) {
     muser_sampler_params_str(smp, params, sizeof params);
     muser_sampler_chain_str(smp, chain, sizeof chain);
     fprintf(stderr, "sampler seed: %u\nsampler params:\n%s\nsampler chain: %s\n", muser_sampler_seed(smp), params, chain);
+}
+
+/* Load the assistant and bind it to the session. */
+static bool start_spec(gen_state *g, muser_error *err) {
+    const run_opts *o = g->o;
+    g->draft = muser_draft_load(o->draft, g->m, err);
+    if (!g->draft) return false;
+    muser_spec_params p = {.verify_len = (int)o->verify_len, .no_gate = o->spec_always};
+    g->sp = muser_spec_create(g->s, g->draft, &p, err);
+    if (g->sp && o->verbose) fprintf(stderr, "speculative decoding with %s (verify length %lld%s)\n",
+                                     muser_draft_name(g->draft), (long long)o->verify_len,
+                                     o->spec_always ? ", every step" : ", adaptive gate");
+    return g->sp != NULL;
 }
 
 int cmd_run(int argc, char **argv) {
@@ -551,6 +636,12 @@ int cmd_run(int argc, char **argv) {
         g.s = NULL;
     }
     if (g.smp && o.verbose) print_sampler(g.smp);
+    if (g.smp && o.draft && !start_spec(&g, &err)) {
+        muser_sampler_free(g.smp);
+        g.smp = NULL;
+        muser_session_free(g.s);
+        g.s = NULL;
+    }
     rc = 1;
     struct sigaction sa = {.sa_handler = on_sigint}; /* no SA_RESTART: Ctrl-C at the prompt ends fgets */
     sigemptyset(&sa.sa_mask);
@@ -577,10 +668,13 @@ int cmd_run(int argc, char **argv) {
         free(prompt);
     }
     if (g.dump && fclose(g.dump) && rc == 0) { fprintf(stderr, "muser run: writing %s failed\n", o.dump); rc = 1; }
+    muser_spec_free(g.sp);
+    muser_draft_free(g.draft);
     muser_sampler_free(g.smp);
     muser_session_free(g.s);
     muser_model_free(m);
     free(g.out_ids);
+    free(g.fed);
     free(g.lp);
     free(g.lp_top);
     free(g.text);

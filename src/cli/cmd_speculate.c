@@ -48,13 +48,9 @@ static int parse(int argc, char **argv, spec_opts *o) {
             ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_ids("speculate", v, &o->tokens, &o->n_tokens);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict"))
             ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_i64("speculate", a, v, 1, 1 << 24, &o->n_predict);
-        else if (!strcmp(a, "--verify-len")) {
-            ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_i64("speculate", a, v, 3, 15, &o->verify_len);
-            if (ok && o->verify_len != 3 && o->verify_len != 7 && o->verify_len != 15) {
-                fprintf(stderr, "muser speculate: --verify-len must be 3, 7 or 15, got %s\n", v);
-                ok = false;
-            }
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
+        else if (!strcmp(a, "--verify-len"))
+            ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_verify_len("speculate", v, &o->verify_len);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
             ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_i64("speculate", a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
             ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_i64("speculate", a, v, 1, 1 << 24, &o->ctx);
@@ -65,10 +61,7 @@ static int parse(int argc, char **argv, spec_opts *o) {
         if (!ok) return 2;
     }
     if (!cli_model_or_default("speculate", &o->model)) return 2;
-    if (!o->draft) o->draft = getenv("MUSER_DRAFT");
-#ifdef MUSER_DEFAULT_DRAFT
-    if (!o->draft) o->draft = MUSER_DEFAULT_DRAFT;
-#endif
+    if (!o->draft) o->draft = cli_default_draft();
     if (!o->model || !o->draft) { fprintf(stderr, "muser speculate: -m TARGET and --draft FILE are required\n"); return 2; }
     if (!o->prompt == !o->tokens) { fprintf(stderr, "muser speculate: give one of -p TEXT or --tokens IDS\n"); return 2; }
     return -1;

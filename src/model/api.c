@@ -238,6 +238,8 @@ bool muser_session_rollback(muser_session *s, int64_t pos, muser_error *err) {
 
 void muser_session_commit(muser_session *s) { mu_kv_commit(&s->kv); }
 
+muser_model *muser_session_model(const muser_session *s) { return s->model; }
+
 bool mu_session_set_capture(muser_session *s, const int *boundaries, int n, mu_error *err) {
     const int64_t n_layer = s->model->m->cfg.n_layer;
     if (n < 0 || n > n_layer + 1) {

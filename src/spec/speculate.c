@@ -1,11 +1,344 @@
-/* Greedy speculative decoding: draft a block with the DFlash assistant,
- * verify it with one batched target feed, keep the agreeing prefix plus the
- * target's own next token, roll the target back to that length and hand the
- * kept rows' hidden states to the assistant's context (speculate.h). */
+/* Speculative decoding with a DFlash assistant (include/muser.h,
+ * docs/speculative.md). A round drafts up to verify_len proposals after the
+ * pending token, feeds [pending, proposals] to the target as one batch, and
+ * then draws tokens from the target's rows in order with the caller's
+ * sampler, exactly as plain decoding would draw them: a proposal survives
+ * only while the drawn token equals it. The first difference (or the row
+ * after the last proposal) yields the target's own token, which becomes the
+ * next pending token. The target rolls back to the rows that were kept, and
+ * their hidden states go to the assistant's context.
+ *
+ * Drawing with the target's own chain is the book's acceptance rule
+ * min(1, p/q) with residual max(p - q, 0) for a draft that proposes its
+ * argmax (q is one-hot): the proposal is kept with probability p(d), and a
+ * rejection draws from p without d, renormalized. Here it also consumes the
+ * sampler's random stream exactly as plain decoding does, so the output is
+ * token for token the plain output for the same seed.
+ *
+ * An adaptive gate (the book's Ch 8 windowed gate plus a speed check)
+ * falls back to one-token steps when speculation does not pay; it changes
+ * speed only, never tokens. */
 #include "spec/speculate.h"
 #include "model/api_internal.h"
 #include "model/capture.h"
 #include <stdlib.h>
+
+struct muser_draft {
+    mu_dflash *d;
+    bool owned;
+    const muser_model *target;
+};
+
+/* ---------------------------------------------------------------- gate */
+
+#define GATE_WINDOW 8          /* rounds judged together (book Ch 8) */
+#define GATE_WARMUP 1          /* rounds after (re)opening that are not judged (context catch-up) */
+#define GATE_MIN_PROPOSALS 32
+#define GATE_MIN_ACCEPTANCE 0.25
+#define GATE_FAST_ROUNDS 3     /* rounds enough to close on speed alone ... */
+#define GATE_FAST_RATIO 1.25   /* ... when a token costs this many plain steps */
+#define GATE_PROBE 4           /* plain steps timed before the first round */
+#define GATE_COOLDOWN_FIRST 64 /* plain tokens before re-qualifying, doubling ... */
+#define GATE_COOLDOWN_MAX 512  /* ... up to this */
+
+typedef struct spec_gate {
+    bool always;               /* no gate: every step speculates */
+    bool open;
+    int warm;                  /* rounds still to skip before judging */
+    int64_t plain_left;        /* plain steps before (re)opening */
+    int64_t cooldown;          /* the next closure's plain_left */
+    int n, head;               /* window ring */
+    int64_t prop[GATE_WINDOW], acc[GATE_WINDOW], toks[GATE_WINDOW];
+    double secs[GATE_WINDOW];
+    double plain_s;            /* running estimate of seconds per plain step; 0 = unknown */
+} spec_gate;
+
+static void gate_init(spec_gate *g, bool always) {
+    *g = (spec_gate){.always = always, .open = always, .plain_left = always ? 0 : GATE_PROBE,
+                     .cooldown = GATE_COOLDOWN_FIRST, .warm = GATE_WARMUP};
+}
+
+static void gate_plain_step(spec_gate *g, double secs) {
+    g->plain_s = g->plain_s > 0 ? 0.75 * g->plain_s + 0.25 * secs : secs;
+    if (!g->open && --g->plain_left <= 0) {
+        g->open = true;
+        g->warm = GATE_WARMUP;
+        g->n = g->head = 0;
+    }
+}
+
+/* Record a round; returns true when it closed the gate. */
+static bool gate_round(spec_gate *g, int64_t proposals, int64_t accepted, int64_t tokens, double secs) {
+    if (g->always) return false;
+    if (g->warm > 0) {
+        g->warm--;
+        return false;
+    }
+    g->prop[g->head] = proposals;
+    g->acc[g->head] = accepted;
+    g->toks[g->head] = tokens;
+    g->secs[g->head] = secs;
+    g->head = (g->head + 1) % GATE_WINDOW;
+    if (g->n < GATE_WINDOW) g->n++;
+    if (g->n < GATE_FAST_ROUNDS) return false;
+    int64_t p = 0, a = 0, t = 0;
+    double s = 0;
+    for (int i = 0; i < g->n; i++) {
+        p += g->prop[i];
+        a += g->acc[i];
+        t += g->toks[i];
+        s += g->secs[i];
+    }
+    /* clearly slower: close early; otherwise judge the full window */
+    bool much_slower = g->plain_s > 0 && s > GATE_FAST_RATIO * g->plain_s * (double)t;
+    if (!much_slower && g->n < GATE_WINDOW) return false;
+    bool low_acceptance = p >= GATE_MIN_PROPOSALS && (double)a < GATE_MIN_ACCEPTANCE * (double)p;
+    bool slower = g->plain_s > 0 && s > g->plain_s * (double)t;
+    if (!low_acceptance && !slower) {
+        g->cooldown = GATE_COOLDOWN_FIRST; /* a full window qualified */
+        return false;
+    }
+    g->open = false;
+    g->plain_left = g->cooldown;
+    g->cooldown = g->cooldown * 2 < GATE_COOLDOWN_MAX ? g->cooldown * 2 : GATE_COOLDOWN_MAX;
+    return true;
+}
+
+/* ---------------------------------------------------------------- state */
+
+struct muser_spec {
+    muser_model *target;
+    muser_session *s;
+    const muser_draft *draft;
+    mu_dflash_state *ds;
+    int verify_len;
+    int64_t n_vocab, feat_len;      /* floats per captured row */
+    float *logits;                  /* verify rows [verify_len + 1][n_vocab] */
+    float *feats;                   /* captured rows not yet in the assistant's context */
+    int64_t n_feats, cap_feats;
+    spec_gate gate;
+    muser_spec_stats st;
+};
+
+/* Rows are buffered and projected into the assistant's context only when a
+ * draft needs them (or the buffer is full): rows that drop out of its
+ * window before the next draft are then never projected. */
+static void flush_feats(muser_spec *sp) {
+    if (sp->n_feats) mu_dflash_append_context(sp->ds, sp->feats, sp->n_feats);
+    sp->n_feats = 0;
+}
+
+static void take_feats(muser_spec *sp, const float *rows, int64_t n) {
+    while (n > 0) {
+        if (sp->n_feats == sp->cap_feats) flush_feats(sp);
+        int64_t m = sp->cap_feats - sp->n_feats < n ? sp->cap_feats - sp->n_feats : n;
+        memcpy(sp->feats + sp->n_feats * sp->feat_len, rows, (size_t)(m * sp->feat_len) * sizeof(float));
+        sp->n_feats += m;
+        rows += m * sp->feat_len;
+        n -= m;
+    }
+}
+
+/* The rows of the session's last feed, first `keep` of them. */
+static bool take_captured(muser_spec *sp, int64_t fed, int64_t keep, mu_error *err) {
+    int64_t n_rows = 0;
+    const float *rows = mu_session_captured(sp->s, &n_rows);
+    if (!rows || n_rows != fed) {
+        mu_err_set(err, "hidden-state capture returned %lld rows for %lld fed", (long long)n_rows, (long long)fed);
+        return false;
+    }
+    take_feats(sp, rows, keep);
+    return true;
+}
+
+muser_draft *muser_draft_load(const char *path, const muser_model *target, muser_error *err) {
+    mu_dflash *d = mu_dflash_load(path, ERR(err));
+    if (!d) return NULL;
+    if (!mu_dflash_check_target(d, target->m, ERR(err))) {
+        mu_dflash_free(d);
+        return NULL;
+    }
+    muser_draft *dr = mu_xcalloc(1, sizeof *dr);
+    *dr = (muser_draft){.d = d, .owned = true, .target = target};
+    return dr;
+}
+
+void muser_draft_free(muser_draft *d) {
+    if (!d) return;
+    if (d->owned) mu_dflash_free(d->d);
+    free(d);
+}
+
+const char *muser_draft_name(const muser_draft *d) { return d->d->name; }
+
+muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muser_spec_params *p, muser_error *err) {
+    muser_spec_params def = {0};
+    if (!p) p = &def;
+    int vl = p->verify_len ? p->verify_len : 7;
+    muser_model *target = muser_session_model(s);
+    if (vl != 3 && vl != 7 && vl != 15) {
+        mu_err_set(ERR(err), "verify length %d: must be 3, 7 or 15", vl);
+        return NULL;
+    }
+    if (vl >= d->d->cfg.block_size) {
+        mu_err_set(ERR(err), "verify length %d needs a block of at least %d rows; the assistant's is %lld", vl, vl + 1,
+                   (long long)d->d->cfg.block_size);
+        return NULL;
+    }
+    if (target != d->target) {
+        mu_err_set(ERR(err), "the session's model is not the target the assistant was loaded for");
+        return NULL;
+    }
+    const mu_dflash_config *c = &d->d->cfg;
+    if (!mu_session_set_capture(s, c->target_layers, (int)c->n_target_layers, ERR(err))) return NULL;
+    muser_spec *sp = mu_xcalloc(1, sizeof *sp);
+    sp->target = target;
+    sp->s = s;
+    sp->draft = d;
+    sp->ds = mu_dflash_state_new(d->d, target->m, target->be);
+    sp->verify_len = vl;
+    sp->n_vocab = target->m->cfg.n_vocab;
+    sp->feat_len = c->n_target_layers * c->n_embd;
+    sp->logits = mu_xmalloc((size_t)(vl + 1) * (size_t)sp->n_vocab * sizeof(float));
+    /* room for the assistant's whole context, at most 32 MiB */
+    int64_t want = MU_DFLASH_SINK + c->sliding_window, fit = ((int64_t)32 << 20) / (sp->feat_len * 4);
+    sp->cap_feats = want < fit ? want : fit > 64 ? fit : 64;
+    sp->feats = mu_xmalloc((size_t)(sp->cap_feats * sp->feat_len) * sizeof(float));
+    gate_init(&sp->gate, p->no_gate);
+    muser_spec_reset(sp);
+    return sp;
+}
+
+void muser_spec_free(muser_spec *sp) {
+    if (!sp) return;
+    mu_session_set_capture(sp->s, NULL, 0, NULL);
+    mu_dflash_state_free(sp->ds);
+    free(sp->logits);
+    free(sp->feats);
+    free(sp);
+}
+
+void muser_spec_reset(muser_spec *sp) {
+    muser_session_reset(sp->s);
+    mu_dflash_state_reset(sp->ds);
+    sp->n_feats = 0;
+}
+
+void muser_spec_get_stats(const muser_spec *sp, muser_spec_stats *st) { *st = sp->st; }
+void muser_spec_reset_stats(muser_spec *sp) { sp->st = (muser_spec_stats){0}; }
+
+/* The assistant's context must hold exactly the session's rows. */
+static bool in_step(const muser_spec *sp, mu_error *err) {
+    int64_t rows = mu_dflash_state_rows(sp->ds) + sp->n_feats, pos = muser_session_pos(sp->s);
+    if (rows == pos) return true;
+    mu_err_set(err, "the session was fed outside muser_spec (position %lld, assistant context %lld rows); "
+               "use muser_spec_feed or muser_spec_reset", (long long)pos, (long long)rows);
+    return false;
+}
+
+bool muser_spec_feed(muser_spec *sp, const int32_t *tokens, int64_t n, muser_error *err) {
+    if (!in_step(sp, ERR(err))) return false;
+    return muser_session_feed(sp->s, tokens, n, err) && take_captured(sp, n, n, ERR(err));
+}
+
+/* One token from a row: smp's chain (with its grammar), or the argmax with
+ * the lowest id winning ties. -1: *complete (grammar finished) or error. */
+static int32_t draw(muser_sampler *smp, const float *row, int64_t n_vocab, bool *complete, muser_error *err) {
+    if (!smp) {
+        int64_t best = 0;
+        for (int64_t i = 1; i < n_vocab; i++)
+            if (row[i] > row[best]) best = i;
+        return (int32_t)best;
+    }
+    int32_t tok = muser_sampler_sample(smp, row, err);
+    if (tok < 0 && muser_sampler_grammar_complete(smp)) {
+        *complete = true;
+        return -1;
+    }
+    if (tok < 0 || !muser_sampler_accept(smp, tok, err)) return -1;
+    return tok;
+}
+
+static int plain_step(muser_spec *sp, int32_t pending, muser_sampler *smp, int32_t *out, const float **rows,
+                      muser_error *err) {
+    double t0 = mu_now();
+    if (!muser_session_feed(sp->s, &pending, 1, err) || !take_captured(sp, 1, 1, ERR(err))) return -1;
+    const float *row = muser_session_logits(sp->s);
+    bool complete = false;
+    int32_t tok = draw(smp, row, sp->n_vocab, &complete, err);
+    double secs = mu_now() - t0;
+    sp->st.plain_steps++;
+    sp->st.t_plain += secs;
+    gate_plain_step(&sp->gate, secs);
+    if (tok < 0) return complete ? 0 : -1;
+    out[0] = tok;
+    if (rows) rows[0] = row;
+    return 1;
+}
+
+static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *smp, int32_t *out, const float **rows,
+                      muser_error *err) {
+    const int64_t V = sp->n_vocab, P = muser_session_pos(sp->s);
+    int32_t block[16];
+    block[0] = pending;
+    double t0 = mu_now();
+    flush_feats(sp);
+    mu_dflash_draft(sp->ds, pending, vl, block + 1, NULL);
+    for (int i = 0; i < vl; i++) /* nothing after a proposed end of generation */
+        if (muser_token_is_eog(sp->target, block[i + 1])) { vl = i + 1; break; }
+    double t1 = mu_now();
+    if (!muser_session_checkpoint(sp->s, err) || !muser_session_feed_all(sp->s, block, vl + 1, sp->logits, err))
+        return -1;
+    int n = 0;
+    bool complete = false;
+    for (int i = 0; i <= vl; i++) {
+        const float *row = sp->logits + (int64_t)i * V;
+        int32_t tok = draw(smp, row, V, &complete, err);
+        if (tok < 0) {
+            if (!complete) return -1;
+            break;
+        }
+        out[n] = tok;
+        if (rows) rows[n] = row;
+        n++;
+        if (i == vl || tok != block[i + 1] || muser_token_is_eog(sp->target, tok)) break;
+    }
+    /* kept rows: the pending token and the proposals drawn after it */
+    int64_t keep = n ? n : 1;
+    if (!muser_session_rollback(sp->s, P + keep, err) || !take_captured(sp, vl + 1, keep, ERR(err))) return -1;
+    muser_session_commit(sp->s);
+    double t3 = mu_now();
+    int64_t accepted = n ? n - 1 : 0;
+    sp->st.rounds++;
+    sp->st.round_tokens += n;
+    sp->st.drafted += vl;
+    sp->st.accepted += accepted;
+    sp->st.t_draft += t1 - t0;
+    sp->st.t_verify += t3 - t1;
+    if (gate_round(&sp->gate, vl, accepted, n, t3 - t0)) sp->st.gate_closures++;
+    return n;
+}
+
+int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max_out, int32_t *out,
+                    const float **rows, muser_error *err) {
+    if (err) err->msg[0] = 0;
+    if (max_out < 1) {
+        mu_err_set(ERR(err), "muser_spec_next: max_out must be at least 1");
+        return -1;
+    }
+    if (pending < 0 || pending >= sp->n_vocab) {
+        mu_err_set(ERR(err), "pending token %d is outside the vocabulary (0..%lld)", pending, (long long)sp->n_vocab - 1);
+        return -1;
+    }
+    if (!in_step(sp, ERR(err))) return -1;
+    int64_t vl = sp->verify_len, room = muser_session_n_ctx(sp->s) - muser_session_pos(sp->s) - 1;
+    if (vl > max_out - 1) vl = max_out - 1; /* never draw past max_out */
+    if (vl > room) vl = room;
+    if (!sp->gate.open || vl < 1) return plain_step(sp, pending, smp, out, rows, err);
+    return spec_round(sp, pending, (int)vl, smp, out, rows, err);
+}
+
+/* ------------------------------------------------ greedy drivers (muser speculate) */
 
 static int32_t argmax(const float *l, int64_t n) {
     int64_t best = 0;
@@ -31,123 +364,47 @@ int64_t mu_greedy_generate(muser_model *target, muser_session *s, const int32_t 
     return n;
 }
 
-typedef struct spec_run {
-    muser_model *target;
-    muser_session *s;
-    mu_dflash_state *draft;
-    int verify_len;
-    int64_t n_predict, n;       /* wanted, produced */
-    int32_t *out;
-    float *logits;              /* [verify_len + 1][n_vocab] */
-    mu_spec_stats *st;
-} spec_run;
-
-/* Proposals worth verifying: at most vl, none past a proposed end-of-generation. */
-static int cut_at_eog(const spec_run *r, const int32_t *prop, int vl) {
-    for (int i = 0; i < vl; i++)
-        if (muser_token_is_eog(r->target, prop[i])) return i + 1;
-    return vl;
-}
-
-/* Emit one token; false once the stream is complete. */
-static bool emit(spec_run *r, int32_t tok) {
-    r->out[r->n++] = tok;
-    return r->n < r->n_predict && !muser_token_is_eog(r->target, tok);
-}
-
-/* One draft + verify round at the anchor. false: stream complete or error
- * (*failed says which). */
-static bool spec_step(spec_run *r, int32_t *anchor, bool *failed, mu_error *err) {
-    const int64_t V = r->target->m->cfg.n_vocab;
-    const int64_t P = muser_session_pos(r->s);
-    int64_t room = muser_session_n_ctx(r->s) - P - 1;
-    int64_t vl = r->verify_len;
-    if (vl > r->n_predict - r->n - 1) vl = r->n_predict - r->n - 1; /* never verify past n_predict */
-    if (vl > room) vl = room;
-    if (room < 0) {
-        mu_err_set(err, "context full at position %lld (n_ctx %lld)", (long long)P, (long long)muser_session_n_ctx(r->s));
-        *failed = true;
-        return false;
-    }
-    int32_t block[16];
-    block[0] = *anchor;
-    double t0 = mu_now();
-    if (vl > 0) {
-        mu_dflash_draft(r->draft, *anchor, (int)vl, block + 1, NULL);
-        vl = cut_at_eog(r, block + 1, (int)vl);
-    }
-    double t1 = mu_now();
-    bool ok = muser_session_checkpoint(r->s, (muser_error *)err) &&
-              muser_session_feed_all(r->s, block, vl + 1, r->logits, (muser_error *)err);
-    int64_t k = 0;
-    while (ok && k < vl && block[k + 1] == argmax(r->logits + k * V, V)) k++;
-    int32_t next = ok ? argmax(r->logits + k * V, V) : 0;
-    int64_t n_rows = 0;
-    const float *feats = ok ? mu_session_captured(r->s, &n_rows) : NULL;
-    ok = ok && n_rows == vl + 1 && muser_session_rollback(r->s, P + k + 1, (muser_error *)err);
-    if (!ok) {
-        if (!err->msg[0]) mu_err_set(err, "hidden-state capture returned %lld rows for %lld fed", (long long)n_rows,
-                                     (long long)vl + 1);
-        *failed = true;
-        return false;
-    }
-    muser_session_commit(r->s);
-    double t2 = mu_now();
-    mu_dflash_append_context(r->draft, feats, k + 1);
-    r->st->t_draft += (t1 - t0) + (mu_now() - t2);
-    r->st->t_verify += t2 - t1;
-    r->st->verify_steps++;
-    r->st->step_tokens += k + 1;
-    r->st->drafted += vl;
-    r->st->accepted += k;
-    for (int64_t i = 0; i < k; i++)
-        if (!emit(r, block[i + 1])) return false;
-    *anchor = next;
-    return emit(r, next);
-}
-
 int64_t mu_speculate_greedy(muser_model *target, const mu_dflash *d, muser_session *s, const int32_t *prompt,
                             int64_t n_prompt, int verify_len, int64_t n_predict, int32_t *out, mu_spec_stats *stats,
                             mu_error *err) {
     mu_spec_stats local;
     mu_spec_stats *st = stats ? stats : &local;
     *st = (mu_spec_stats){0};
-    if (err) err->msg[0] = 0;
     mu_error scratch_err = {{0}};
     if (!err) err = &scratch_err;
-    if (verify_len != 3 && verify_len != 7 && verify_len != 15) {
-        mu_err_set(err, "verify length %d: must be 3, 7 or 15", verify_len);
-        return -1;
-    }
-    if (verify_len >= d->cfg.block_size) {
-        mu_err_set(err, "verify length %d needs a block of at least %d rows; the assistant's is %lld", verify_len,
-                   verify_len + 1, (long long)d->cfg.block_size);
-        return -1;
-    }
+    err->msg[0] = 0;
     if (!mu_dflash_check_target(d, target->m, err)) return -1;
-    muser_session_reset(s);
-    if (n_predict <= 0) return 0;
+    muser_draft dr = {.d = (mu_dflash *)d, .target = target};
+    muser_spec_params p = {.verify_len = verify_len, .no_gate = true};
+    muser_spec *sp = muser_spec_create(s, &dr, &p, (muser_error *)err);
+    if (!sp) return -1;
     double t0 = mu_now();
-    if (!mu_session_set_capture(s, d->cfg.target_layers, (int)d->cfg.n_target_layers, err)) return -1;
-    spec_run r = {
-        .target = target, .s = s, .verify_len = verify_len, .n_predict = n_predict, .out = out, .st = st,
-        .draft = mu_dflash_state_new(d, target->m, target->be),
-        .logits = mu_xmalloc((size_t)(verify_len + 1) * (size_t)target->m->cfg.n_vocab * sizeof(float)),
-    };
-    bool failed = !muser_session_feed(s, prompt, n_prompt, (muser_error *)err);
-    int64_t n_rows = 0;
-    const float *feats = failed ? NULL : mu_session_captured(s, &n_rows);
-    if (!failed) {
-        mu_dflash_append_context(r.draft, feats, n_rows);
-        int32_t anchor = argmax(muser_session_logits(s), target->m->cfg.n_vocab);
+    muser_spec_reset(sp);
+    int64_t n = 0;
+    bool failed = n_predict > 0 && !muser_spec_feed(sp, prompt, n_prompt, (muser_error *)err);
+    if (n_predict > 0 && !failed) {
+        out[n++] = argmax(muser_session_logits(s), target->m->cfg.n_vocab);
         st->t_prefill = mu_now() - t0;
-        if (emit(&r, anchor))
-            while (spec_step(&r, &anchor, &failed, err)) {}
+        while (n < n_predict && !muser_token_is_eog(target, out[n - 1])) {
+            int max = n_predict - n > 16 ? 16 : (int)(n_predict - n);
+            int got = muser_spec_next(sp, out[n - 1], NULL, max, out + n, NULL, (muser_error *)err);
+            if (got <= 0) {
+                failed = true;
+                break;
+            }
+            n += got;
+        }
     }
-    mu_session_set_capture(s, NULL, 0, NULL);
-    mu_dflash_state_free(r.draft);
-    free(r.logits);
-    st->n_generated = r.n;
+    muser_spec_stats ss;
+    muser_spec_get_stats(sp, &ss);
+    muser_spec_free(sp);
+    st->n_generated = n;
+    st->verify_steps = ss.rounds + ss.plain_steps; /* a plain step verifies no proposal */
+    st->step_tokens = ss.round_tokens + ss.plain_steps;
+    st->drafted = ss.drafted;
+    st->accepted = ss.accepted;
+    st->t_draft = ss.t_draft;
+    st->t_verify = ss.t_verify + ss.t_plain;
     st->t_total = mu_now() - t0;
-    return failed ? -1 : r.n;
+    return failed ? -1 : n;
 }

@@ -76,7 +76,15 @@ static inline void two_sum(double a, double b, double *s, double *e) {
 #define EXPF_Q4 0x1.123db2p-7f
 #define EXPF_Q5 0x1.6da798p-10f
 
-float mu_expf(float x) {
+/* fmaf is one instruction where the CPU has FMA and a libm call elsewhere;
+ * both are correctly rounded, so the clones return the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MU_FMA_CLONES __attribute__((target_clones("fma", "default")))
+#else
+#define MU_FMA_CLONES
+#endif
+
+MU_FMA_CLONES float mu_expf(float x) {
     if (x != x) return x + x;                       /* NaN, quieted */
     if (x > EXPF_MAX_ARG) return bits_to_f32(F32_INF_BITS);
     if (x < EXPF_MIN_ARG) return 0.0f;              /* includes -inf */

@@ -200,7 +200,7 @@ void mu_cpu_avx512_quantize_rows(const mu_weight *w, const float *x, int64_t r0,
             if (r == rows - 1)
                 for (int64_t pad = rows; pad < sd.rpad; pad++) fill_side(&sd, blk, b, pad);
         }
-    if (sd.xt && rows >= 9) fill_xt(&sd, xq, nb, r0, r1, rows); /* only the 9+ row GEMM reads it */
+    if (sd.xt && rows >= 2) fill_xt(&sd, xq, nb, r0, r1, rows); /* the GEMMs read it */
 }
 
 /* ======================================================== quantized tiles */
@@ -901,6 +901,67 @@ static inline __attribute__((always_inline)) void kq_gemm16(const mu_weight *w, 
     free(totals);
 }
 
+/* 2-8 activation rows (speculative verify, draft heads): kq_lanes_fb on
+ * 256-bit vectors, the rows in lanes 0-7 of the 16-row group. Zen 4 runs a
+ * 256-bit vpdpbusd at twice the rate of a 512-bit one, so eight rows cost
+ * half of a 16-lane pass with half its lanes idle. Same f_b formula, same
+ * block order: the same bits as kq_gemm16 and the reference. */
+static inline __attribute__((always_inline)) __m256 kq_lanes_fb8(const kq_wblock *wb, const uint32_t *xt, int64_t rpad,
+                                                                 const act_side *sd, int64_t b, int kind) {
+    const int n_sub = kind == 6 ? 16 : 8;
+    __m256i acc[16];
+#pragma GCC unroll 16
+    for (int s = 0; s < 16; s++) acc[s] = _mm256_setzero_si256();
+#pragma GCC unroll 64
+    for (int j = 0; j < 64; j++) {
+        const int s = kq_sub_of(j, kind);
+        acc[s] = _mm256_dpbusd_epi32(acc[s], _mm256_set1_epi32((int)cpu_rd32(wb->codes + 4 * j)),
+                                     _mm256_loadu_si256((const __m256i *)(xt + j * 16)));
+    }
+    __m256i sumi = _mm256_mullo_epi32(acc[0], _mm256_set1_epi32(wb->sc[0]));
+#pragma GCC unroll 16
+    for (int s = 1; s < n_sub; s++) sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(acc[s], _mm256_set1_epi32(wb->sc[s])));
+    const __m256 xd = _mm256_loadu_ps(sd->xd + b * rpad);
+    if (kind == 6) {
+        __m256i corr = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k++)
+            corr = _mm256_dpwssd_epi32(corr, _mm256_set1_epi32((int)pack16(wb->sc[2 * k], wb->sc[2 * k + 1])),
+                                       _mm256_loadu_si256((const __m256i *)(sd->bs + (b * 8 + k) * rpad)));
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
+        return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(wb->d), xd), _mm256_cvtepi32_ps(sumi));
+    }
+    __m256i summ = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++)
+        summ = _mm256_dpwssd_epi32(summ, _mm256_set1_epi32((int)wb->mpair[k]),
+                                   _mm256_loadu_si256((const __m256i *)(sd->bp + (b * 4 + k) * rpad)));
+    return _mm256_sub_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(wb->d), xd), _mm256_cvtepi32_ps(sumi)),
+                         _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(wb->dmin), xd), _mm256_cvtepi32_ps(summ)));
+}
+
+static inline __attribute__((always_inline)) void kq_gemm8(const mu_weight *w, int64_t o0, int64_t o1, const void *act,
+                                                            int64_t rows, float *y, int kind) {
+    const act_side sd = side_of(w, act, rows);
+    const int64_t nb = w->n_in / MU_QK_K;
+    const uint64_t bb = w->row_bytes / (uint64_t)nb;
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *row = w->data + (uint64_t)o * w->row_bytes;
+        __m256 t = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            kq_wblock wb;
+            kq_unpack(row + (uint64_t)b * bb, &wb, kind);
+            t = _mm256_add_ps(t, kq_lanes_fb8(&wb, sd.xt + b * 64 * 16, sd.rpad, &sd, b, kind));
+        }
+        if (w->has_scale) t = _mm256_mul_ps(t, _mm256_set1_ps(w->scale));
+        float f[8];
+        _mm256_storeu_ps(f, t);
+        for (int64_t r = 0; r < rows; r++) y[r * w->n_out + o] = f[r];
+    }
+}
+
+static void q4k_gemm8(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm8(w, o0, o1, act, rows, y, 4); }
+static void q5k_gemm8(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm8(w, o0, o1, act, rows, y, 5); }
+static void q6k_gemm8(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm8(w, o0, o1, act, rows, y, 6); }
+
 static void q4k_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, o0, o1, act, rows, y, 4); }
 static void q5k_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, o0, o1, act, rows, y, 5); }
 static void q6k_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, o0, o1, act, rows, y, 6); }
@@ -928,6 +989,14 @@ void mu_cpu_avx512_qmatmul(const mu_weight *w, int64_t o0, int64_t o1, const voi
         case MU_TYPE_Q4_K: q4k_decode(w, o0, o1, xq, y); return;
         case MU_TYPE_Q5_K: q5k_decode(w, o0, o1, xq, y); return;
         case MU_TYPE_Q6_K: q6k_decode(w, o0, o1, xq, y); return;
+        default: break;
+        }
+    }
+    if (rows >= 5 && rows <= 8) {
+        switch (w->type) {
+        case MU_TYPE_Q4_K: q4k_gemm8(w, o0, o1, act, rows, y); return;
+        case MU_TYPE_Q5_K: q5k_gemm8(w, o0, o1, act, rows, y); return;
+        case MU_TYPE_Q6_K: q6k_gemm8(w, o0, o1, act, rows, y); return;
         default: break;
         }
     }
