@@ -700,6 +700,38 @@ static void test_spec_api(void) {
     printf("spec API: %lld rounds; gated: %lld plain steps, %lld closures\n", (long long)rounds,
            (long long)plain_steps, (long long)closures);
     CHECK(rounds > 0);
+    /* a prompt longer than the row buffer (2 x (sink + window)): skipped rows
+     * must leave the same context as projecting every row */
+    int64_t n_long;
+    int32_t *lp = prompt_tokens("The quick brown fox jumps over the lazy dog, and the dog sleeps on. ", 44, &n_long);
+    muser_spec_params ng = {.no_gate = true};
+    muser_spec *sp = muser_spec_create(s, d, &ng, &err);
+    CHECK_MSG(n_long > 700 && n_long < 1020 && sp && muser_spec_feed(sp, lp, n_long, &err), "%lld tokens: %s", (long long)n_long, err.msg);
+    const int64_t V = target->m->cfg.n_vocab;
+    float *la = malloc((size_t)(7 * V) * sizeof(float)), *lb = malloc((size_t)(7 * V) * sizeof(float));
+    int32_t pa[7], pb[7];
+    mu_spec_draft_now(sp, lp[n_long - 1], 7, pa, la);
+    muser_spec_free(sp);
+    mu_error e2;
+    muser_session *s2 = muser_session_create(target, &spp, NULL);
+    mu_dflash *dd = mu_dflash_load(draft_path, &e2);
+    CHECK_MSG(dd != NULL, "%s", e2.msg);
+    if (!dd) return;
+    CHECK(mu_session_set_capture(s2, dd->cfg.target_layers, (int)dd->cfg.n_target_layers, &e2));
+    CHECK(muser_session_feed(s2, lp, n_long, &err));
+    int64_t n_rows;
+    const float *feats = mu_session_captured(s2, &n_rows);
+    mu_dflash_state *ref = mu_dflash_state_new(dd, target->m, target->be);
+    mu_dflash_append_context(ref, feats, n_rows);
+    mu_dflash_draft(ref, lp[n_long - 1], 7, pb, lb);
+    CHECK_MSG(n_rows == n_long && !memcmp(pa, pb, sizeof pa) && !memcmp(la, lb, (size_t)(7 * V) * sizeof(float)),
+              "draft after skipped rows differs from the fully projected context");
+    mu_dflash_state_free(ref);
+    mu_dflash_free(dd);
+    muser_session_free(s2);
+    free(la);
+    free(lb);
+    free(lp);
     muser_spec_params bad = {.verify_len = 5};
     CHECK(muser_spec_create(s, d, &bad, &err) == NULL && strstr(err.msg, "3, 7 or 15"));
     free(prompt);

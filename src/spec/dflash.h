@@ -80,6 +80,7 @@ int64_t mu_dflash_state_rows(const mu_dflash_state *st);
  * slots in target_layers order) at positions rows().. ; rows that can no
  * longer be attended to are skipped. */
 void mu_dflash_append_context(mu_dflash_state *st, const float *features, int64_t n);
+void mu_dflash_skip_context(mu_dflash_state *st, int64_t n);
 /* One block at anchor position rows(): writes the argmax (lowest id on
  * ties) of block rows 1..n_prop into proposals, and when logits is
  * non-NULL their logits [n_prop][n_vocab]. 1 <= n_prop < block_size. */

@@ -173,6 +173,10 @@ static void project_context(mu_dflash_state *st, const float *features, int64_t 
     }
 }
 
+/* Rows that no later anchor can attend to (past the sink, with at least
+ * `window` rows still to come before the next draft) need no projection. */
+void mu_dflash_skip_context(mu_dflash_state *st, int64_t n) { st->rows += n; }
+
 void mu_dflash_append_context(mu_dflash_state *st, const float *features, int64_t n) {
     const int64_t stride = st->d->cfg.n_target_layers * st->d->cfg.n_embd;
     const int64_t first = st->rows, end = st->rows + n;

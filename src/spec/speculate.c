@@ -35,7 +35,7 @@ struct muser_draft {
 #define GATE_WARMUP 1          /* rounds after (re)opening that are not judged (context catch-up) */
 #define GATE_MIN_PROPOSALS 32
 #define GATE_MIN_ACCEPTANCE 0.25
-#define GATE_FAST_ROUNDS 3     /* rounds enough to close on speed alone ... */
+#define GATE_FAST_ROUNDS 2     /* rounds enough to close on speed alone ... */
 #define GATE_FAST_RATIO 1.25   /* ... when a token costs this many plain steps */
 #define GATE_PROBE 4           /* plain steps timed before the first round */
 #define GATE_COOLDOWN_FIRST 64 /* plain tokens before re-qualifying, doubling ... */
@@ -92,6 +92,9 @@ static bool gate_round(spec_gate *g, int64_t proposals, int64_t accepted, int64_
     /* clearly slower: close early; otherwise judge the full window */
     bool much_slower = g->plain_s > 0 && s > GATE_FAST_RATIO * g->plain_s * (double)t;
     if (!much_slower && g->n < GATE_WINDOW) return false;
+    /* a round costs more than plain steps for every token it could ever
+     * give (all proposals kept): no acceptance can pay, back off furthest */
+    bool hopeless = g->plain_s > 0 && s > g->plain_s * (double)(p + g->n);
     bool low_acceptance = p >= GATE_MIN_PROPOSALS && (double)a < GATE_MIN_ACCEPTANCE * (double)p;
     bool slower = g->plain_s > 0 && s > g->plain_s * (double)t;
     if (!low_acceptance && !slower) {
@@ -99,6 +102,7 @@ static bool gate_round(spec_gate *g, int64_t proposals, int64_t accepted, int64_
         return false;
     }
     g->open = false;
+    if (hopeless) g->cooldown = GATE_COOLDOWN_MAX;
     g->plain_left = g->cooldown;
     g->cooldown = g->cooldown * 2 < GATE_COOLDOWN_MAX ? g->cooldown * 2 : GATE_COOLDOWN_MAX;
     return true;
@@ -128,9 +132,28 @@ static void flush_feats(muser_spec *sp) {
     sp->n_feats = 0;
 }
 
+/* A full buffer. Sink rows are projected; of the rest only the newest
+ * `window` rows can ever be attended again, so older ones are skipped
+ * unprojected (a long prompt or a closed gate costs no projection). A
+ * buffer smaller than the window is projected whole. */
+static void make_room(muser_spec *sp) {
+    const int64_t pos0 = mu_dflash_state_rows(sp->ds), window = sp->draft->d->cfg.sliding_window;
+    int64_t n_sink = pos0 < MU_DFLASH_SINK ? MU_DFLASH_SINK - pos0 : 0;
+    if (n_sink > sp->n_feats) n_sink = sp->n_feats;
+    int64_t drop = sp->n_feats - n_sink - window;
+    if (drop <= 0) {
+        flush_feats(sp);
+        return;
+    }
+    if (n_sink) mu_dflash_append_context(sp->ds, sp->feats, n_sink);
+    mu_dflash_skip_context(sp->ds, drop);
+    memmove(sp->feats, sp->feats + (n_sink + drop) * sp->feat_len, (size_t)(window * sp->feat_len) * sizeof(float));
+    sp->n_feats = window;
+}
+
 static void take_feats(muser_spec *sp, const float *rows, int64_t n) {
     while (n > 0) {
-        if (sp->n_feats == sp->cap_feats) flush_feats(sp);
+        if (sp->n_feats == sp->cap_feats) make_room(sp);
         int64_t m = sp->cap_feats - sp->n_feats < n ? sp->cap_feats - sp->n_feats : n;
         memcpy(sp->feats + sp->n_feats * sp->feat_len, rows, (size_t)(m * sp->feat_len) * sizeof(float));
         sp->n_feats += m;
@@ -171,6 +194,41 @@ void muser_draft_free(muser_draft *d) {
 
 const char *muser_draft_name(const muser_draft *d) { return d->d->name; }
 
+/* Time two plain steps and one round on the empty session (dummy tokens,
+ * undone afterwards). If the round costs more than plain steps for all the
+ * tokens it could give even here (no context yet, every proposal kept),
+ * speculation cannot pay on this machine: start closed with the longest
+ * cooldown. Otherwise start open, the plain cost already known. */
+static void gate_calibrate(muser_spec *sp) {
+    const int vl = sp->verify_len;
+    int32_t toks[16], props[16];
+    for (int i = 0; i <= vl; i++) toks[i] = (int32_t)(i + 1) % (int32_t)sp->n_vocab;
+    double plain = 0;
+    for (int rep = 0; rep < 2; rep++) {
+        double t0 = mu_now();
+        bool ok = muser_session_feed(sp->s, toks, 1, NULL);
+        double t = mu_now() - t0;
+        muser_session_reset(sp->s);
+        if (!ok) return;
+        plain = rep == 0 || t < plain ? t : plain;
+    }
+    double t0 = mu_now();
+    mu_dflash_draft(sp->ds, toks[0], vl, props, NULL);
+    bool ok = muser_session_feed_all(sp->s, toks, vl + 1, sp->logits, NULL);
+    double round = mu_now() - t0;
+    muser_spec_reset(sp);
+    if (!ok) return;
+    spec_gate *g = &sp->gate;
+    g->plain_s = plain;
+    if (round > plain * (double)(vl + 1)) {
+        g->open = false;
+        g->plain_left = g->cooldown = GATE_COOLDOWN_MAX;
+    } else {
+        g->open = true;
+        g->plain_left = 0;
+    }
+}
+
 muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muser_spec_params *p, muser_error *err) {
     muser_spec_params def = {0};
     if (!p) p = &def;
@@ -200,12 +258,13 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     sp->n_vocab = target->m->cfg.n_vocab;
     sp->feat_len = c->n_target_layers * c->n_embd;
     sp->logits = mu_xmalloc((size_t)(vl + 1) * (size_t)sp->n_vocab * sizeof(float));
-    /* room for the assistant's whole context, at most 32 MiB */
-    int64_t want = MU_DFLASH_SINK + c->sliding_window, fit = ((int64_t)32 << 20) / (sp->feat_len * 4);
+    /* room for twice the assistant's context, at most 32 MiB */
+    int64_t want = 2 * (MU_DFLASH_SINK + c->sliding_window), fit = ((int64_t)32 << 20) / (sp->feat_len * 4);
     sp->cap_feats = want < fit ? want : fit > 64 ? fit : 64;
     sp->feats = mu_xmalloc((size_t)(sp->cap_feats * sp->feat_len) * sizeof(float));
     gate_init(&sp->gate, p->no_gate);
     muser_spec_reset(sp);
+    if (!p->no_gate) gate_calibrate(sp);
     return sp;
 }
 
@@ -336,6 +395,11 @@ int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max
     if (vl > room) vl = room;
     if (!sp->gate.open || vl < 1) return plain_step(sp, pending, smp, out, rows, err);
     return spec_round(sp, pending, (int)vl, smp, out, rows, err);
+}
+
+void mu_spec_draft_now(muser_spec *sp, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
+    flush_feats(sp);
+    mu_dflash_draft(sp->ds, anchor, n_prop, proposals, logits);
 }
 
 /* ------------------------------------------------ greedy drivers (muser speculate) */

@@ -33,4 +33,8 @@ int64_t mu_speculate_greedy(muser_model *target, const mu_dflash *d, muser_sessi
 int64_t mu_greedy_generate(muser_model *target, muser_session *s, const int32_t *prompt, int64_t n_prompt,
                            int64_t n_predict, int32_t *out, double *t_decode, mu_error *err);
 
+/* Test hook: project the buffered rows and draft now (the assistant's
+ * context is exactly the session's rows). */
+void mu_spec_draft_now(muser_spec *sp, int32_t anchor, int n_prop, int32_t *proposals, float *logits);
+
 #endif
