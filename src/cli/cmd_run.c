@@ -342,6 +342,12 @@ static void print_timings(const gen_state *g) {
     if (!g->sp) return;
     muser_spec_stats st;
     muser_spec_get_stats(g->sp, &st);
+    if (!st.rounds && !st.gate_open) {
+        fprintf(stderr, "speculative: gate closed, %lld plain steps (calibration: a %lld-proposal round %.2f ms, "
+                "a plain step %.2f ms)\n", (long long)st.plain_steps, (long long)g->o->verify_len,
+                st.calib_round_s * 1e3, st.calib_plain_s * 1e3);
+        return;
+    }
     fprintf(stderr, "speculative: %lld rounds (%.2f tokens each, %lld of %lld proposals accepted), %lld plain steps, "
             "gate closed %lld times\n",
             (long long)st.rounds, st.rounds ? (double)st.round_tokens / (double)st.rounds : 0.0, (long long)st.accepted,
@@ -354,10 +360,11 @@ static void print_spec_json(const gen_state *g) {
     printf(",\"speculative\":{\"draft\":");
     cli_json_str(stdout, muser_draft_name(g->draft));
     printf(",\"verify_len\":%lld,\"rounds\":%lld,\"round_tokens\":%lld,\"drafted\":%lld,\"accepted\":%lld,"
-           "\"plain_steps\":%lld,\"gate_closures\":%lld,\"draft_s\":%.6f,\"verify_s\":%.6f,\"plain_s\":%.6f}",
+           "\"plain_steps\":%lld,\"gate_closures\":%lld,\"gate_open\":%s,\"draft_s\":%.6f,\"verify_s\":%.6f,"
+           "\"plain_s\":%.6f,\"calibration_round_s\":%.6f,\"calibration_plain_s\":%.6f}",
            (long long)g->o->verify_len, (long long)st.rounds, (long long)st.round_tokens, (long long)st.drafted,
-           (long long)st.accepted, (long long)st.plain_steps, (long long)st.gate_closures, st.t_draft, st.t_verify,
-           st.t_plain);
+           (long long)st.accepted, (long long)st.plain_steps, (long long)st.gate_closures,
+           st.gate_open ? "true" : "false", st.t_draft, st.t_verify, st.t_plain, st.calib_round_s, st.calib_plain_s);
 }
 
 /* A token's bytes as a JSON string: valid UTF-8 kept, every byte of an
