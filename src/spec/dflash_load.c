@@ -4,58 +4,35 @@
  * checked against every tensor; anything unexpected is refused by name. */
 #include "spec/dflash.h"
 #include "gguf/gguf_internal.h"
+#include "model/bind.h"
 #include <math.h>
 #include <openssl/evp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #define ARCH "dflash"
 
 typedef struct loader {
-    gguf_file *f;
+    mu_binder b;
     mu_dflash *d;
-    mu_error *err;
-    bool *used;                 /* [n_tensors]: consumed by the assistant */
 } loader;
-
-__attribute__((format(printf, 2, 3)))
-static bool fail(loader *L, const char *fmt, ...) {
-    char msg[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    mu_err_set(L->err, "%s: %s", L->f->path, msg);
-    return false;
-}
 
 /* ---------- metadata ---------- */
 
-static bool get_u32(loader *L, const char *key, int64_t *out, bool required, int64_t dflt) {
-    uint32_t v;
-    int r = gguf_get_u32(L->f, key, &v, L->err);
-    if (r < 0) { mu_err_prefix(L->err, "%s", L->f->path); return false; }
-    if (r == 0 && required) return fail(L, "required key %s is missing", key);
-    *out = r ? (int64_t)v : dflt;
-    return true;
-}
-
+/* A required key that must also be > 0. */
 static bool req_f32(loader *L, const char *key, float *out) {
-    int r = gguf_get_f32(L->f, key, out, L->err);
-    if (r < 0) { mu_err_prefix(L->err, "%s", L->f->path); return false; }
-    if (r == 0) return fail(L, "required key %s is missing", key);
-    if (!isfinite(*out) || !(*out > 0)) return fail(L, "key %s must be finite and > 0", key);
+    if (!mu_bind_f32(&L->b, key, out, true, 0)) return false;
+    if (!(*out > 0)) return mu_bind_fail(&L->b, "key %s must be finite and > 0", key);
     return true;
 }
 
 static bool check_arch(loader *L) {
     char *arch = NULL;
-    int r = gguf_get_str(L->f, "general.architecture", &arch, L->err);
+    int r = gguf_get_str(L->b.f, "general.architecture", &arch, L->b.err);
     bool ok = r > 0 && !strcmp(arch, ARCH);
-    if (r == 0) fail(L, "required key general.architecture is missing");
-    else if (r < 0) mu_err_prefix(L->err, "%s", L->f->path);
-    else if (!ok) fail(L, "general.architecture is '%s'; a DFlash assistant must be '" ARCH "'", arch);
+    if (r == 0) mu_bind_fail(&L->b, "required key general.architecture is missing");
+    else if (r < 0) mu_err_prefix(L->b.err, "%s", L->b.f->path);
+    else if (!ok) mu_bind_fail(&L->b, "general.architecture is '%s'; a DFlash assistant must be '" ARCH "'", arch);
     free(arch);
     return ok;
 }
@@ -63,21 +40,21 @@ static bool check_arch(loader *L) {
 /* dflash.target_layers: one-based, non-empty, no zero, no duplicates. */
 static bool load_target_layers(loader *L, mu_dflash_config *c) {
     const char *key = ARCH ".target_layers";
-    const gguf_value *v = gguf_get(L->f, key);
-    if (!v) return fail(L, "required key %s is missing", key);
+    const gguf_value *v = gguf_get(L->b.f, key);
+    if (!v) return mu_bind_fail(&L->b, "required key %s is missing", key);
     if (v->type != GGUF_VT_ARRAY || !gguf_vtype_is_int(v->v.arr.elem_type))
-        return fail(L, "key %s must be an array of integers", key);
-    if (v->v.arr.n == 0 || v->v.arr.n > 256) return fail(L, "key %s must hold 1..256 layers", key);
+        return mu_bind_fail(&L->b, "key %s must be an array of integers", key);
+    if (v->v.arr.n == 0 || v->v.arr.n > 256) return mu_bind_fail(&L->b, "key %s must hold 1..256 layers", key);
     c->n_target_layers = (int64_t)v->v.arr.n;
     c->target_layers = mu_xcalloc((size_t)c->n_target_layers, sizeof(int));
     for (int64_t i = 0; i < c->n_target_layers; i++) {
         int64_t x = 0;
-        if (!gguf_arr_get_i64(v, (uint64_t)i, &x)) return fail(L, "key %s: element %lld is unreadable", key, (long long)i);
+        if (!gguf_arr_get_i64(v, (uint64_t)i, &x)) return mu_bind_fail(&L->b, "key %s: element %lld is unreadable", key, (long long)i);
         if (x < 1 || x > 4096)
-            return fail(L, "key %s: element %lld is %lld; values are one-based target layers (1..n_layer)", key,
+            return mu_bind_fail(&L->b, "key %s: element %lld is %lld; values are one-based target layers (1..n_layer)", key,
                         (long long)i, (long long)x);
         for (int64_t j = 0; j < i; j++)
-            if (c->target_layers[j] == x) return fail(L, "key %s: layer %lld is listed twice", key, (long long)x);
+            if (c->target_layers[j] == x) return mu_bind_fail(&L->b, "key %s: layer %lld is listed twice", key, (long long)x);
         c->target_layers[i] = (int)x;
     }
     return true;
@@ -86,48 +63,48 @@ static bool load_target_layers(loader *L, mu_dflash_config *c) {
 /* Only all-sliding assistants are implemented; a pattern saying otherwise is refused. */
 static bool check_swa_pattern(loader *L, const mu_dflash_config *c) {
     const char *key = ARCH ".attention.sliding_window_pattern";
-    const gguf_value *v = gguf_get(L->f, key);
+    const gguf_value *v = gguf_get(L->b.f, key);
     if (!v) return true;
     if (v->type != GGUF_VT_ARRAY || v->v.arr.n != (uint64_t)c->n_layer ||
         (v->v.arr.elem_type != GGUF_VT_BOOL && !gguf_vtype_is_int(v->v.arr.elem_type)))
-        return fail(L, "key %s must be an array of %lld bools", key, (long long)c->n_layer);
+        return mu_bind_fail(&L->b, "key %s must be an array of %lld bools", key, (long long)c->n_layer);
     for (int64_t il = 0; il < c->n_layer; il++) {
         int64_t x = 0;
         if (!gguf_arr_get_i64(v, (uint64_t)il, &x) || x == 0)
-            return fail(L, "key %s: layer %lld is not sliding (only all-sliding assistants are supported)", key,
+            return mu_bind_fail(&L->b, "key %s: layer %lld is not sliding (only all-sliding assistants are supported)", key,
                         (long long)il);
     }
     return true;
 }
 
 static bool load_window(loader *L, mu_dflash_config *c) {
-    if (!get_u32(L, ARCH ".attention.sliding_window", &c->sliding_window, false, 0)) return false;
+    if (!mu_bind_u32(&L->b, ARCH ".attention.sliding_window", &c->sliding_window, false, 0)) return false;
     if (c->sliding_window > 0) return true;
     c->sliding_window = MU_DFLASH_DEFAULT_WINDOW;
     c->window_defaulted = true;
     fprintf(stderr,
             "muser: WARNING: %s: " ARCH ".attention.sliding_window is missing or 0; defaulting to %d context rows "
             "after the %d-row sink - draft conditioning may be wrong if the assistant was trained otherwise\n",
-            L->f->path, MU_DFLASH_DEFAULT_WINDOW, MU_DFLASH_SINK);
+            L->b.f->path, MU_DFLASH_DEFAULT_WINDOW, MU_DFLASH_SINK);
     return true;
 }
 
 static bool load_tokenizer_keys(loader *L, mu_dflash_config *c) {
-    const gguf_value *tok = gguf_get(L->f, "tokenizer.ggml.tokens");
-    if (!tok) return fail(L, "required key tokenizer.ggml.tokens is missing (the assistant's vocabulary)");
+    const gguf_value *tok = gguf_get(L->b.f, "tokenizer.ggml.tokens");
+    if (!tok) return mu_bind_fail(&L->b, "required key tokenizer.ggml.tokens is missing (the assistant's vocabulary)");
     if (tok->type != GGUF_VT_ARRAY || tok->v.arr.elem_type != GGUF_VT_STRING || tok->v.arr.n == 0 ||
         tok->v.arr.n > (1u << 24))
-        return fail(L, "tokenizer.ggml.tokens must be a non-empty array of strings");
+        return mu_bind_fail(&L->b, "tokenizer.ggml.tokens must be a non-empty array of strings");
     c->n_vocab = (int64_t)tok->v.arr.n;
     int64_t mask = 0, eos = 0;
-    if (!get_u32(L, "tokenizer.ggml.mask_token_id", &mask, true, 0) ||
-        !get_u32(L, "tokenizer.ggml.eos_token_id", &eos, true, 0))
+    if (!mu_bind_u32(&L->b, "tokenizer.ggml.mask_token_id", &mask, true, 0) ||
+        !mu_bind_u32(&L->b, "tokenizer.ggml.eos_token_id", &eos, true, 0))
         return false;
     if (mask >= c->n_vocab)
-        return fail(L, "tokenizer.ggml.mask_token_id %lld is outside the vocabulary [0, %lld)", (long long)mask,
+        return mu_bind_fail(&L->b, "tokenizer.ggml.mask_token_id %lld is outside the vocabulary [0, %lld)", (long long)mask,
                     (long long)c->n_vocab);
     if (eos >= c->n_vocab)
-        return fail(L, "tokenizer.ggml.eos_token_id %lld is outside the vocabulary [0, %lld)", (long long)eos,
+        return mu_bind_fail(&L->b, "tokenizer.ggml.eos_token_id %lld is outside the vocabulary [0, %lld)", (long long)eos,
                     (long long)c->n_vocab);
     c->mask_token = (int32_t)mask;
     return true;
@@ -137,87 +114,36 @@ static bool load_config(loader *L) {
     mu_dflash_config *c = &L->d->cfg;
     int64_t kl = 0, vl = 0, n_rot = 0;
     if (!check_arch(L) ||
-        !get_u32(L, ARCH ".block_count", &c->n_layer, true, 0) ||
-        !get_u32(L, ARCH ".embedding_length", &c->n_embd, true, 0) ||
-        !get_u32(L, ARCH ".feed_forward_length", &c->n_ff, true, 0) ||
-        !get_u32(L, ARCH ".attention.head_count", &c->n_head, true, 0) ||
-        !get_u32(L, ARCH ".attention.head_count_kv", &c->n_head_kv, true, 0) ||
-        !get_u32(L, ARCH ".attention.key_length", &kl, true, 0) ||
-        !get_u32(L, ARCH ".attention.value_length", &vl, true, 0) ||
-        !get_u32(L, ARCH ".context_length", &c->n_ctx_train, true, 0) ||
-        !get_u32(L, ARCH ".block_size", &c->block_size, true, 0) ||
+        !mu_bind_u32(&L->b, ARCH ".block_count", &c->n_layer, true, 0) ||
+        !mu_bind_u32(&L->b, ARCH ".embedding_length", &c->n_embd, true, 0) ||
+        !mu_bind_u32(&L->b, ARCH ".feed_forward_length", &c->n_ff, true, 0) ||
+        !mu_bind_u32(&L->b, ARCH ".attention.head_count", &c->n_head, true, 0) ||
+        !mu_bind_u32(&L->b, ARCH ".attention.head_count_kv", &c->n_head_kv, true, 0) ||
+        !mu_bind_u32(&L->b, ARCH ".attention.key_length", &kl, true, 0) ||
+        !mu_bind_u32(&L->b, ARCH ".attention.value_length", &vl, true, 0) ||
+        !mu_bind_u32(&L->b, ARCH ".context_length", &c->n_ctx_train, true, 0) ||
+        !mu_bind_u32(&L->b, ARCH ".block_size", &c->block_size, true, 0) ||
         !req_f32(L, ARCH ".attention.layer_norm_rms_epsilon", &c->rms_eps) ||
         !req_f32(L, ARCH ".rope.freq_base", &c->rope_base))
         return false;
-    if (c->n_layer <= 0 || c->n_layer > 4096) return fail(L, ARCH ".block_count %lld is out of range (1..4096)", (long long)c->n_layer);
+    if (c->n_layer <= 0 || c->n_layer > 4096) return mu_bind_fail(&L->b, ARCH ".block_count %lld is out of range (1..4096)", (long long)c->n_layer);
     if (c->n_embd <= 0 || c->n_ff <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 || c->n_ctx_train <= 0 ||
         c->n_embd > 65536 || c->n_ff > 1 << 20 || c->n_head > 1024)
-        return fail(L, "zero or out-of-range geometry (embedding_length, feed_forward_length, head counts, context_length)");
+        return mu_bind_fail(&L->b, "zero or out-of-range geometry (embedding_length, feed_forward_length, head counts, context_length)");
     if (c->n_head % c->n_head_kv)
-        return fail(L, ARCH ".attention.head_count_kv %lld does not divide head_count %lld", (long long)c->n_head_kv,
+        return mu_bind_fail(&L->b, ARCH ".attention.head_count_kv %lld does not divide head_count %lld", (long long)c->n_head_kv,
                     (long long)c->n_head);
-    if (kl != vl) return fail(L, ARCH ".attention.key_length %lld != value_length %lld", (long long)kl, (long long)vl);
-    if (kl <= 0 || kl % 2 || kl > 1024) return fail(L, ARCH ".attention.key_length must be even, in 2..1024");
+    if (kl != vl) return mu_bind_fail(&L->b, ARCH ".attention.key_length %lld != value_length %lld", (long long)kl, (long long)vl);
+    if (kl <= 0 || kl % 2 || kl > 1024) return mu_bind_fail(&L->b, ARCH ".attention.key_length must be even, in 2..1024");
     c->head_dim = kl;
-    if (!get_u32(L, ARCH ".rope.dimension_count", &n_rot, false, kl)) return false;
-    if (n_rot != kl) return fail(L, ARCH ".rope.dimension_count %lld: only full-head NeoX RoPE is supported", (long long)n_rot);
+    if (!mu_bind_u32(&L->b, ARCH ".rope.dimension_count", &n_rot, false, kl)) return false;
+    if (n_rot != kl) return mu_bind_fail(&L->b, ARCH ".rope.dimension_count %lld: only full-head NeoX RoPE is supported", (long long)n_rot);
     if (c->block_size < 2 || c->block_size > 1024)
-        return fail(L, ARCH ".block_size %lld is out of range (2..1024)", (long long)c->block_size);
+        return mu_bind_fail(&L->b, ARCH ".block_size %lld is out of range (2..1024)", (long long)c->block_size);
     return load_target_layers(L, c) && check_swa_pattern(L, c) && load_window(L, c) && load_tokenizer_keys(L, c);
 }
 
 /* ---------- tensors ---------- */
-
-static const gguf_tensor *take(loader *L, const char *name) {
-    const gguf_tensor *t = gguf_find_tensor(L->f, name);
-    if (!t) {
-        fail(L, "required tensor %s is missing", name);
-        return NULL;
-    }
-    L->used[t - L->f->tensors] = true;
-    return t;
-}
-
-static bool shape_is(loader *L, const gguf_tensor *t, int64_t ne0, int64_t ne1) {
-    if (t->ne[0] == (uint64_t)ne0 && t->ne[1] == (uint64_t)ne1 && t->ne[2] == 1 && t->ne[3] == 1) return true;
-    return fail(L, "tensor %s has shape [%llu, %llu, %llu, %llu]; expected [%lld, %lld]", t->name,
-                (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
-                (unsigned long long)t->ne[3], (long long)ne0, (long long)ne1);
-}
-
-/* A matrix the backends can multiply with (quant traits), as model_load.c
- * binds them; native NVFP4 needs companions and a lane the assistant has not. */
-static bool bind_weight(loader *L, const char *name, int64_t n_in, int64_t n_out, mu_weight *w) {
-    const gguf_tensor *t = take(L, name);
-    if (!t || !shape_is(L, t, n_in, n_out)) return false;
-    const mu_type_traits *tr = mu_type_get(t->type);
-    const char *tn = mu_type_name(t->type) ? mu_type_name(t->type) : "unknown";
-    if (!tr->supported || t->type == MU_TYPE_Q8_K || t->type == MU_TYPE_F8_E4M3FN || t->type == MU_TYPE_NVFP4_E2M1)
-        return fail(L, "tensor %s has type %s, which the assistant cannot compute with", name, tn);
-    *w = (mu_weight){.name = t->name, .type = t->type, .data = t->data, .scale = 1.0f, .n_in = n_in, .n_out = n_out};
-    if (!mu_type_row_bytes(t->type, (uint64_t)n_in, &w->row_bytes))
-        return fail(L, "tensor %s: row length %lld is not a multiple of the %s block", name, (long long)n_in, tn);
-    bool via_f16;
-    if (mu_weight_uses_q8k(w, &via_f16) && n_in % MU_QK_K)
-        return fail(L, "tensor %s: %s rows must be a multiple of 256 values (Q8_K activations)", name, tn);
-    mu_error werr;
-    if (!mu_weight_check(w, &werr)) return fail(L, "%s", werr.msg);
-    return true;
-}
-
-static bool bind_vector(loader *L, const char *name, int64_t n, float **out) {
-    const gguf_tensor *t = take(L, name);
-    if (!t || !shape_is(L, t, n, 1)) return false;
-    if (t->type != MU_TYPE_F32 && t->type != MU_TYPE_F16 && t->type != MU_TYPE_BF16)
-        return fail(L, "norm tensor %s must be F32, F16 or BF16 (has %s)", name,
-                    mu_type_name(t->type) ? mu_type_name(t->type) : "unknown");
-    float *v = mu_xmalloc((size_t)n * sizeof(float));
-    *out = v;
-    mu_type_get(t->type)->dequantize(t->data, v, n);
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(v[i])) return fail(L, "norm tensor %s holds a non-finite value at %lld", name, (long long)i);
-    return true;
-}
 
 static bool bind_layer(loader *L, int il) {
     const mu_dflash_config *c = &L->d->cfg;
@@ -225,17 +151,17 @@ static bool bind_layer(loader *L, int il) {
     const int64_t E = c->n_embd, Q = c->n_head * c->head_dim, KV = c->n_head_kv * c->head_dim, F = c->n_ff;
     char n[64];
 #define T(suffix) (snprintf(n, sizeof n, "blk.%d." suffix, il), n)
-    return bind_vector(L, T("attn_norm.weight"), E, &lw->attn_norm) &&
-           bind_weight(L, T("attn_q.weight"), E, Q, &lw->q) &&
-           bind_weight(L, T("attn_k.weight"), E, KV, &lw->k) &&
-           bind_weight(L, T("attn_v.weight"), E, KV, &lw->v) &&
-           bind_weight(L, T("attn_output.weight"), Q, E, &lw->o) &&
-           bind_vector(L, T("attn_q_norm.weight"), c->head_dim, &lw->q_norm) &&
-           bind_vector(L, T("attn_k_norm.weight"), c->head_dim, &lw->k_norm) &&
-           bind_vector(L, T("ffn_norm.weight"), E, &lw->ffn_norm) &&
-           bind_weight(L, T("ffn_gate.weight"), E, F, &lw->gate) &&
-           bind_weight(L, T("ffn_up.weight"), E, F, &lw->up) &&
-           bind_weight(L, T("ffn_down.weight"), F, E, &lw->down);
+    return mu_bind_vector(&L->b, T("attn_norm.weight"), E, &lw->attn_norm) &&
+           mu_bind_weight(&L->b, T("attn_q.weight"), E, Q, &lw->q) &&
+           mu_bind_weight(&L->b, T("attn_k.weight"), E, KV, &lw->k) &&
+           mu_bind_weight(&L->b, T("attn_v.weight"), E, KV, &lw->v) &&
+           mu_bind_weight(&L->b, T("attn_output.weight"), Q, E, &lw->o) &&
+           mu_bind_vector(&L->b, T("attn_q_norm.weight"), c->head_dim, &lw->q_norm) &&
+           mu_bind_vector(&L->b, T("attn_k_norm.weight"), c->head_dim, &lw->k_norm) &&
+           mu_bind_vector(&L->b, T("ffn_norm.weight"), E, &lw->ffn_norm) &&
+           mu_bind_weight(&L->b, T("ffn_gate.weight"), E, F, &lw->gate) &&
+           mu_bind_weight(&L->b, T("ffn_up.weight"), E, F, &lw->up) &&
+           mu_bind_weight(&L->b, T("ffn_down.weight"), F, E, &lw->down);
 #undef T
 }
 
@@ -243,20 +169,20 @@ static bool bind_all(loader *L) {
     mu_dflash *d = L->d;
     const mu_dflash_config *c = &d->cfg;
     if (!load_config(L)) return false;
-    if (!bind_weight(L, "fc.weight", c->n_target_layers * c->n_embd, c->n_embd, &d->fc) ||
-        !bind_vector(L, "enc.output_norm.weight", c->n_embd, &d->hidden_norm) ||
-        !bind_vector(L, "output_norm.weight", c->n_embd, &d->output_norm))
+    if (!mu_bind_weight(&L->b, "fc.weight", c->n_target_layers * c->n_embd, c->n_embd, &d->fc) ||
+        !mu_bind_vector(&L->b, "enc.output_norm.weight", c->n_embd, &d->hidden_norm) ||
+        !mu_bind_vector(&L->b, "output_norm.weight", c->n_embd, &d->output_norm))
         return false;
     d->layers = mu_xcalloc((size_t)c->n_layer, sizeof *d->layers);
     for (int il = 0; il < c->n_layer; il++)
         if (!bind_layer(L, il)) return false;
-    for (uint64_t i = 0; i < L->f->n_tensors; i++) {
-        if (L->used[i]) continue;
-        const char *tn = L->f->tensors[i].name;
+    for (uint64_t i = 0; i < L->b.f->n_tensors; i++) {
+        if (L->b.used[i]) continue;
+        const char *tn = L->b.f->tensors[i].name;
         if (!strcmp(tn, "token_embd.weight") || !strcmp(tn, "output.weight"))
-            return fail(L, "tensor %s: an assistant with its own embedding or head is not supported "
+            return mu_bind_fail(&L->b, "tensor %s: an assistant with its own embedding or head is not supported "
                            "(it must share the target's)", tn);
-        return fail(L, "unexpected tensor %s (not part of a DFlash assistant this engine runs)", tn);
+        return mu_bind_fail(&L->b, "unexpected tensor %s (not part of a DFlash assistant this engine runs)", tn);
     }
     return true;
 }
@@ -325,9 +251,10 @@ bool mu_dflash_check_target(const mu_dflash *d, const mu_model *t, mu_error *err
 mu_dflash *mu_dflash_from_gguf(gguf_file *f, mu_error *err) {
     mu_dflash *d = mu_xcalloc(1, sizeof *d);
     d->gguf = f;
-    loader L = {f, d, err, mu_xcalloc((size_t)f->n_tensors + 1, sizeof(bool))};
+    loader L = {.d = d};
+    mu_binder_init(&L.b, f, err, "the assistant", false);
     bool ok = bind_all(&L);
-    free(L.used);
+    mu_binder_free(&L.b);
     if (!ok) {
         mu_dflash_free(d);
         return NULL;
