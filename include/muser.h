@@ -44,6 +44,7 @@ typedef enum muser_backend_kind {
 typedef struct muser_model_params {
     muser_backend_kind backend;
     int n_threads;              /* 0 = all cores */
+    bool use_mlock;             /* lock the file's pages in RAM (refused if the OS will not) */
 } muser_model_params;
 
 typedef struct muser_model_info {

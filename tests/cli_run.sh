@@ -75,4 +75,10 @@ printf 'Hello\n/reset\nHi again\n/exit\n' | "$M" run -m "$T/tiny.gguf" --chat -n
 check test $? -eq 0
 check grep -q "conversation forgotten" "$T/chat.err"
 check test "$(grep -c 'prefill:' "$T/chat.err")" -eq 2
+# --mlock (locked pages give the same bits) and bench --pause / --mlock, recorded in the JSON
+check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 8 --temp 0 --mlock --dump-logits "$T/lk.bin" >/dev/null 2>&1
+check cmp "$T/c1.bin" "$T/lk.bin"
+check "$M" bench -m "$T/tiny.gguf" -p 8 -n 4 -r 2 --pause 0.2 --mlock --no-membw -q --json "$T/bp.json" >/dev/null
+check python3 -c "import json; p=json.load(open('$T/bp.json'))['params']; assert p['pause_s'] == 0.2 and p['mlock'] is True, p"
+expect_fail "--pause must be in [0, 600] seconds" "$M" bench -m "$T/tiny.gguf" --pause 601
 exit $fail

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 void mu_bench_opts_init(mu_bench_opts *o) {
     *o = (mu_bench_opts){.backend = MUSER_BACKEND_DEFAULT, .n_prompt = 512, .n_gen = 128, .reps = 5, .warmup = 1};
@@ -181,6 +182,10 @@ static bool run_test(runner *r, bool decode, mu_bench_stats *st, mu_error *err) 
     bool ok = true;
     for (int i = 0; i < o->warmup + o->reps && ok; i++) {
         double v = 0;
+        if (o->pause_s > 0 && i >= o->warmup) {
+            struct timespec ts = {(time_t)o->pause_s, (long)((o->pause_s - (double)(time_t)o->pause_s) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
         ok = timed_run(r, decode, &v, err);
         if (!ok) break;
         if (i < o->warmup) {
@@ -242,7 +247,7 @@ bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *res, mu_error *err) {
     const int n_depths = o->depths ? o->n_depths : 1;
     progress(o, "loading %s", o->model_path);
     double t0 = mu_now();
-    muser_model_params mp = {.backend = o->backend, .n_threads = o->n_threads};
+    muser_model_params mp = {.backend = o->backend, .n_threads = o->n_threads, .use_mlock = o->use_mlock};
     muser_model *mm = muser_model_load(o->model_path, &mp, (muser_error *)err);
     if (!mm) return false;
     res->load_seconds = mu_now() - t0;

@@ -16,6 +16,8 @@ typedef struct mu_bench_opts {
     const char *model_path;
     muser_backend_kind backend;
     int n_threads;            /* 0 = all cores */
+    bool use_mlock;           /* lock the model's pages in RAM */
+    double pause_s;           /* idle before every timed run (burst-credit machines) */
     int64_t n_prompt;         /* prefill test tokens (0 = skip) */
     int64_t n_gen;            /* decode test tokens (0 = skip) */
     const int64_t *depths;    /* context depths to test (NULL: {0}) */

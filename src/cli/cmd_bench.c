@@ -24,6 +24,9 @@ static void bench_usage(FILE *f) {
             "  --warmup N             untimed runs first (default 1)\n"
             "  -t, --threads N        threads (default: all cores)\n"
             "  --backend NAME         ref | cpu | cuda | auto (default auto)\n"
+            "  --mlock                keep the model's pages locked in RAM (no page-outs during the runs)\n"
+            "  --pause SECONDS        idle before each timed repetition (VMs that throttle sustained load;\n"
+            "                         docs/benchmarks.md)\n"
             "  --chunk N              prefill rows per forward call (default 512)\n"
             "  --prefill-depth        fill the depth by real prefill (default: synthetic K/V rows)\n"
             "  --membw-gbs X          use X GB/s as the read bandwidth instead of measuring it\n"
@@ -96,6 +99,16 @@ static int parse(int argc, char **argv, bench_cli *c) {
         else if (!strcmp(a, "--grammar")) c->grammar = true;
         else if (!strcmp(a, "--no-membw")) c->no_membw = true;
         else if (!strcmp(a, "--prefill-depth")) c->o.prefill_depth = true;
+        else if (!strcmp(a, "--mlock")) c->o.use_mlock = true;
+        else if (!strcmp(a, "--pause")) {
+            float secs = 0;
+            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_f32("bench", a, v, &secs);
+            if (ok && (secs < 0 || secs > 600)) {
+                fprintf(stderr, "muser bench: --pause must be in [0, 600] seconds, got %s\n", v);
+                ok = false;
+            }
+            c->o.pause_s = secs;
+        }
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) c->quiet = true;
         else if (!strcmp(a, "--backend")) {
             ok = cli_value("bench", argc, argv, &i, &v);

@@ -24,7 +24,7 @@ typedef struct run_opts {
     int32_t *tokens;
     int64_t n_tokens, n_predict, threads, ctx, chunk, verify_len;
     run_sampling sampling;
-    bool chat, json, verbose, no_draft, spec_always;
+    bool chat, json, verbose, no_draft, spec_always, mlock;
     muser_backend_kind backend;
 } run_opts;
 
@@ -45,6 +45,7 @@ static void run_usage(FILE *f) {
             "  -c, --ctx-size N       context length (default: model's, capped at 4096)\n"
             "  --chunk N              prefill rows per forward call (default 512)\n"
             "  --backend NAME         ref | cpu | cuda | auto (default auto)\n"
+            "  --mlock                keep the model's pages locked in RAM\n"
             "  --json                 print one JSON object: prompt and generated ids, text, seed, sampler\n"
             "                         chain, timings (and logprobs with --n-probs N)\n"
             "  -v, --verbose          print the sampler parameters and chain to stderr\n"
@@ -81,6 +82,7 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--verify-len"))
             ok = cli_value("run", argc, argv, &i, &v) && cli_parse_verify_len("run", v, &o->verify_len);
         else if (!strcmp(a, "--chat")) o->chat = true;
+        else if (!strcmp(a, "--mlock")) o->mlock = true;
         else if (!strcmp(a, "--json")) o->json = true;
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = true;
         else if (!strcmp(a, "--stop")) {
@@ -617,7 +619,7 @@ int cmd_run(int argc, char **argv) {
         return rc;
     }
     muser_error err;
-    muser_model_params mp = {.backend = o.backend, .n_threads = (int)o.threads};
+    muser_model_params mp = {.backend = o.backend, .n_threads = (int)o.threads, .use_mlock = o.mlock};
     muser_model *m = muser_model_load(o.model, &mp, &err);
     if (!m) {
         fprintf(stderr, "muser run: %s\n", err.msg);

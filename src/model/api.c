@@ -4,7 +4,10 @@
 #include "backend/cpu/cpu_backend.h"
 #include <math.h>
 #include <stdlib.h>
+#include <errno.h>
+#include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 
 _Static_assert(sizeof(muser_error) == sizeof(mu_error), "error structs must match");
 
@@ -63,6 +66,15 @@ muser_model *muser_model_load(const char *path, const muser_model_params *params
     muser_model *mm = mu_xcalloc(1, sizeof *mm);
     mm->m = m;
     mm->be = be;
+    /* Locked pages cannot be paged out under memory pressure (or by
+     * proactive reclaim), so every token reads them from RAM. */
+    if (p.use_mlock && mlock(m->gguf->base, (size_t)m->gguf->size) != 0) {
+        mu_err_set(ERR(err), "%s: mlock of %llu bytes failed: %s (raise RLIMIT_MEMLOCK, e.g. ulimit -l, or drop --mlock)",
+                   path, (unsigned long long)m->gguf->size, strerror(errno));
+        muser_model_free(mm);
+        return NULL;
+    }
+    mm->locked = p.use_mlock;
     if (!mu_api_load_text(mm, ERR(err))) {
         muser_model_free(mm);
         return NULL;
@@ -72,6 +84,7 @@ muser_model *muser_model_load(const char *path, const muser_model_params *params
 
 void muser_model_free(muser_model *m) {
     if (!m) return;
+    if (m->locked) munlock(m->m->gguf->base, (size_t)m->m->gguf->size);
     mu_api_free_text(m);
     m->be->destroy(m->be);
     mu_model_free(m->m);

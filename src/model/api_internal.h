@@ -14,6 +14,7 @@ struct muser_model {
     mu_tokenizer *tok;          /* NULL when the file has no tokenizer */
     char *chat_template;        /* tokenizer.chat_template or NULL */
     char chat_template_sha[65];
+    bool locked;                /* the file's pages are mlock()ed */
 };
 
 /* Load tokenizer and chat template of a validated model (api_text.c). */

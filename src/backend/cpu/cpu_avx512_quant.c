@@ -766,8 +766,9 @@ static inline __attribute__((always_inline)) void kq_decode(const mu_weight *w, 
     float total = 0.0f;
     while (p < end) {
         const int n = (uint64_t)(end - p) >= 16 * bb ? 16 : (int)((uint64_t)(end - p) / bb);
-        for (uint64_t off = PF_AHEAD * bb; off < (PF_AHEAD + 16) * bb; off += 64)
-            if ((uint64_t)(end - p) > off) _mm_prefetch((const char *)(p + off), _MM_HINT_T0);
+        const uint8_t *pf = p + (uint64_t)PF_AHEAD * bb, *pf_end = pf + 16 * bb;
+        if (pf_end > end) pf_end = end;
+        for (; pf < pf_end; pf += 64) _mm_prefetch((const char *)pf, _MM_HINT_T0);
         float fl[16];
         _mm512_storeu_ps(fl, n == 16 ? kq_step16(p, bb, 16, b, &at, kind) : kq_step16(p, bb, n, b, &at, kind));
         for (int i = 0; i < n; i++) {
