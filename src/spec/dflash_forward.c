@@ -27,14 +27,14 @@ struct mu_dflash_state {
     int64_t sink, window;       /* context capacity sink + window rows */
     int64_t slots;              /* per KV head: sink + window + block_size */
     int64_t rows;               /* committed context rows (next anchor position) */
-    float **ck, **cv;           /* [n_layer] -> [n_head_kv][slots][head_dim] */
+    float **ck;                 /* [n_layer] -> [n_head_kv][slots][head_dim] */
+    float **cv;                 /* [n_layer] -> [n_head_kv][head_dim][slots]: V transposed, the P V operand */
     double *inv_freq;           /* [head_dim / 2] */
     float *cs;                  /* (cos, sin) [max(CTX_CHUNK, block)][head_dim / 2] */
     float *cx, *kt, *vt;        /* context batch: fc output, K, V */
     float *h, *a, *q, *kb, *vb, *att, *o, *fg, *fu; /* block rows */
     float *qh, *oh;             /* one KV head's query rows / outputs [block * group][head_dim] */
     float *p;                   /* scores, then probabilities [block * group][slots] */
-    float *vt_head;             /* one KV head's V transposed [head_dim][slots] */
     float *logits;              /* [block - 1][n_vocab] */
 };
 
@@ -77,7 +77,6 @@ mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target,
     st->qh = mu_xmalloc(B * group * D * sizeof(float));
     st->oh = mu_xmalloc(B * group * D * sizeof(float));
     st->p = mu_xmalloc(B * group * slots * sizeof(float));
-    st->vt_head = mu_xmalloc(D * slots * sizeof(float));
     st->logits = mu_xmalloc((B - 1) * (size_t)target->cfg.n_vocab * sizeof(float));
     return st;
 }
@@ -92,7 +91,7 @@ void mu_dflash_state_free(mu_dflash_state *st) {
     free(st->cx); free(st->kt); free(st->vt);
     free(st->h); free(st->a); free(st->o); free(st->q); free(st->att);
     free(st->kb); free(st->vb); free(st->fg); free(st->fu);
-    free(st->qh); free(st->oh); free(st->p); free(st->vt_head); free(st->logits);
+    free(st->qh); free(st->oh); free(st->p); free(st->logits);
     free(st);
 }
 
@@ -112,16 +111,18 @@ static int64_t rows_held(const mu_dflash_state *st) {
     return st->sink + (tail < st->window ? tail : st->window);
 }
 
-/* Copy K/V rows [rows][n_head_kv * head_dim] into per-head cache slots. */
+/* Copy K/V rows [rows][n_head_kv * head_dim] into per-head cache slots
+ * (V into the transposed planes). */
 static void store_rows(const mu_dflash_state *st, int il, const float *k, const float *v, int64_t rows,
                        int64_t pos0, bool block) {
-    const int64_t D = st->d->cfg.head_dim, Hkv = st->d->cfg.n_head_kv;
+    const int64_t D = st->d->cfg.head_dim, Hkv = st->d->cfg.n_head_kv, S = st->slots;
     for (int64_t r = 0; r < rows; r++) {
         int64_t slot = block ? pos0 + r : cache_slot(st, pos0 + r);
         for (int64_t g = 0; g < Hkv; g++) {
-            size_t at = (size_t)((g * st->slots + slot) * D);
-            memcpy(st->ck[il] + at, k + (r * Hkv + g) * D, (size_t)D * sizeof(float));
-            memcpy(st->cv[il] + at, v + (r * Hkv + g) * D, (size_t)D * sizeof(float));
+            memcpy(st->ck[il] + (g * S + slot) * D, k + (r * Hkv + g) * D, (size_t)D * sizeof(float));
+            const float *vr = v + (r * Hkv + g) * D;
+            float *vt = st->cv[il] + g * D * S + slot;
+            for (int64_t d = 0; d < D; d++) vt[d * S] = vr[d];
         }
     }
 }
@@ -193,10 +194,11 @@ void mu_dflash_append_context(mu_dflash_state *st, const float *features, int64_
     st->rows = end;
 }
 
-/* An F32 matrix view for mu_backend.matmul: n_out contiguous rows of n_in. */
-static mu_weight f32_view(const float *data, int64_t n_in, int64_t n_out) {
+/* An F32 matrix view for mu_backend.matmul: n_out rows of n_in values,
+ * `stride` floats apart. */
+static mu_weight f32_view(const float *data, int64_t n_in, int64_t n_out, int64_t stride) {
     return (mu_weight){.name = "dflash attention", .type = MU_TYPE_F32, .data = (const uint8_t *)data,
-                       .scale = 1.0f, .n_in = n_in, .n_out = n_out, .row_bytes = (uint64_t)n_in * sizeof(float)};
+                       .scale = 1.0f, .n_in = n_in, .n_out = n_out, .row_bytes = (uint64_t)stride * sizeof(float)};
 }
 
 /* softmax(scale * Q K^T) V for query rows [r0, r0 + nr) of the block, one
@@ -208,10 +210,10 @@ static void attention(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
     const int64_t n_keys = rows_held(st) + c->block_size;
     const float scale = 1.0f / sqrtf((float)D);
     for (int64_t g = 0; g < c->n_head_kv; g++) {
-        const float *k = st->ck[il] + g * st->slots * D, *v = st->cv[il] + g * st->slots * D;
+        const float *k = st->ck[il] + g * st->slots * D, *vt = st->cv[il] + g * D * st->slots;
         for (int64_t r = 0; r < nr; r++) /* query rows of this head group, (row, head) order */
             memcpy(st->qh + r * group * D, st->q + ((r0 + r) * H + g * group) * D, (size_t)(group * D) * sizeof(float));
-        mu_weight kw = f32_view(k, D, n_keys);
+        mu_weight kw = f32_view(k, D, n_keys, D);
         be->matmul(be, &kw, st->qh, st->p, nq);
         for (int64_t i = 0; i < nq; i++) {
             float *s = st->p + i * n_keys, mx = -INFINITY, sum = 0;
@@ -225,9 +227,7 @@ static void attention(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
             }
             for (int64_t j = 0; j < n_keys; j++) s[j] = s[j] / sum;
         }
-        for (int64_t j = 0; j < n_keys; j++)
-            for (int64_t d = 0; d < D; d++) st->vt_head[d * n_keys + j] = v[j * D + d];
-        mu_weight vw = f32_view(st->vt_head, n_keys, D);
+        mu_weight vw = f32_view(vt, n_keys, D, st->slots);
         be->matmul(be, &vw, st->p, st->oh, nq);
         for (int64_t r = 0; r < nr; r++)
             memcpy(st->att + ((r0 + r) * H + g * group) * D, st->oh + r * group * D, (size_t)(group * D) * sizeof(float));
