@@ -6,13 +6,15 @@
  * with an f32 softmax in between; RoPE (NeoX, rotate_half) is done here.
  *
  * Context cache: per layer and KV head, the K (k-normed, rotated at its
- * absolute position) and V rows of every committed row that can still be
+ * absolute position) and V (stored transposed, one plane per dimension, so
+ * P V reads it as matmul rows) of every committed row that can still be
  * attended to: rows < 64 (the sink) at slot = pos, later rows in a ring of
  * sliding_window slots at 64 + (pos - 64) % window. Attention is unmasked
  * and keys are already rotated, so slot order does not matter; each round
  * projects only the rows committed since the last one. The block's own K/V
  * are written right after the held slots (never past block_size spare
- * slots), so the keys of one head are always one contiguous matrix. */
+ * slots), so the keys of one head are always one contiguous matrix and
+ * its V planes contiguous prefixes. */
 #include "spec/dflash.h"
 #include "util/mumath.h"
 #include <math.h>
