@@ -13,8 +13,11 @@
  *  - bad GBNF / JSON Schema / sampler names are refused with their message;
  *    `<token-text>` terminals resolve through the tokenizer;
  *  - logprobs: order, normalisation, and the chosen logprob against a
- *    log-softmax computed here in double. */
+ *    log-softmax computed here in double;
+ *  - the grammar vocabulary is built once per model and shared: a second
+ *    grammar sampler reuses it, and it matches a freshly built one. */
 #include "model_fixture.h"
+#include "model/api_internal.h"
 #include "muser.h"
 #include "testutil.h"
 #include <math.h>
@@ -508,6 +511,27 @@ static void test_logprobs(lm *l) {
     free(top);
 }
 
+static void test_shared_vocab(lm *l) {
+    mu_error err;
+    muser_sampling_params p;
+    muser_sampling_params_default(&p);
+    p.grammar = "root ::= [a-z]+";
+    muser_sampler *a = muser_sampler_create(l->m, &p, NULL), *b = muser_sampler_create(l->m, &p, NULL);
+    const mu_grammar_vocab *v1 = mu_api_shared_grammar_vocab(l->m, &err);
+    CHECK(a && b && v1 && v1 == mu_api_shared_grammar_vocab(l->m, &err));
+    mu_grammar_vocab *fresh = mu_api_grammar_vocab(l->m, &err);
+    CHECK(fresh && mu_grammar_vocab_size(fresh) == mu_grammar_vocab_size(v1));
+    for (int32_t id = 0; fresh && id < mu_grammar_vocab_size(fresh); id += 97) {
+        char buf[256];
+        size_t n = muser_token_piece(l->m, id, true, buf, sizeof buf);
+        if (n == 0 || n > sizeof buf) continue;
+        CHECK(mu_grammar_vocab_find(v1, buf, n) == mu_grammar_vocab_find(fresh, buf, n));
+    }
+    mu_grammar_vocab_free(fresh);
+    muser_sampler_free(a);
+    muser_sampler_free(b);
+}
+
 int main(void) {
     test_reference_mt();
     test_defaults();
@@ -535,6 +559,7 @@ int main(void) {
     test_refusals(&g);
     test_token_terminal(&g);
     test_logprobs(&g);
+    test_shared_vocab(&g);
     lm_close(&g);
     fx_cleanup();
     TEST_MAIN_END();

@@ -66,6 +66,7 @@ muser_model *muser_model_load(const char *path, const muser_model_params *params
     muser_model *mm = mu_xcalloc(1, sizeof *mm);
     mm->m = m;
     mm->be = be;
+    pthread_mutex_init(&mm->gvocab_lock, NULL);
     /* Locked pages cannot be paged out under memory pressure (or by
      * proactive reclaim), so every token reads them from RAM. */
     if (p.use_mlock && mlock(m->gguf->base, (size_t)m->gguf->size) != 0) {
@@ -85,6 +86,8 @@ muser_model *muser_model_load(const char *path, const muser_model_params *params
 void muser_model_free(muser_model *m) {
     if (!m) return;
     if (m->locked) munlock(m->m->gguf->base, (size_t)m->m->gguf->size);
+    mu_grammar_vocab_free(m->gvocab);
+    pthread_mutex_destroy(&m->gvocab_lock);
     mu_api_free_text(m);
     m->be->destroy(m->be);
     mu_model_free(m->m);

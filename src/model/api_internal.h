@@ -2,6 +2,7 @@
 #ifndef MUSER_API_INTERNAL_H
 #define MUSER_API_INTERNAL_H
 #include "muser.h"
+#include <pthread.h>
 #include "model/forward.h"
 #include "grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
@@ -15,6 +16,8 @@ struct muser_model {
     char *chat_template;        /* tokenizer.chat_template or NULL */
     char chat_template_sha[65];
     bool locked;                /* the file's pages are mlock()ed */
+    pthread_mutex_t gvocab_lock;
+    mu_grammar_vocab *gvocab;   /* built by the first grammar sampler, shared by all */
 };
 
 /* Load tokenizer and chat template of a validated model (api_text.c). */
@@ -24,5 +27,7 @@ void mu_api_free_text(muser_model *mm);
 /* The model's vocabulary for grammar matching: llama's token pieces with
  * special tokens rendered, EOG flags from the tokenizer (api_sample.c). */
 mu_grammar_vocab *mu_api_grammar_vocab(const muser_model *m, mu_error *err);
+/* The same, built once per model and kept until muser_model_free (thread-safe). */
+const mu_grammar_vocab *mu_api_shared_grammar_vocab(const muser_model *m, mu_error *err);
 
 #endif

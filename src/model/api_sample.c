@@ -20,7 +20,7 @@ struct muser_sampler {
     size_t n_banned;
     /* grammar (all NULL without one) */
     mu_grammar *grammar;
-    mu_grammar_vocab *gvocab;
+    const mu_grammar_vocab *gvocab; /* the model's, shared */
     mu_grammar_state *gstate;
     uint32_t *mask;             /* (n_vocab + 31) / 32 words */
     int32_t *gtok;              /* tokens the grammar accepted since the last reset */
@@ -254,6 +254,15 @@ mu_grammar_vocab *mu_api_grammar_vocab(const muser_model *m, mu_error *err) {
     return v;
 }
 
+const mu_grammar_vocab *mu_api_shared_grammar_vocab(const muser_model *m, mu_error *err) {
+    muser_model *mm = (muser_model *)m; /* the cache is the only mutable part, under its lock */
+    pthread_mutex_lock(&mm->gvocab_lock);
+    if (!mm->gvocab) mm->gvocab = mu_api_grammar_vocab(m, err);
+    const mu_grammar_vocab *v = mm->gvocab;
+    pthread_mutex_unlock(&mm->gvocab_lock);
+    return v;
+}
+
 /* `<token-text>` terminals: llama tokenizes the text with special-token
  * parsing and requires exactly one token. */
 static int32_t lookup_token(void *ctx, const char *text, size_t len) {
@@ -278,7 +287,7 @@ static bool build_grammar(muser_sampler *s, const muser_sampling_params *p, mu_e
     if (!s->grammar && p->json_schema) mu_err_prefix(err, "json schema: generated");
     free(schema_gbnf);
     if (!s->grammar) return false;
-    s->gvocab = mu_api_grammar_vocab(s->model, err);
+    s->gvocab = mu_api_shared_grammar_vocab(s->model, err);
     if (!s->gvocab) return false;
     s->gstate = mu_grammar_state_new(s->grammar, err);
     if (!s->gstate) return false;
@@ -313,7 +322,6 @@ void muser_sampler_free(muser_sampler *s) {
     if (!s) return;
     mu_sampler_free(s->chain);
     mu_grammar_state_free(s->gstate);
-    mu_grammar_vocab_free(s->gvocab);
     mu_grammar_free(s->grammar);
     free(s->mask);
     free(s->gtok);
