@@ -72,6 +72,17 @@ expect_fail "$T/missing.gguf" "$M" run -p x --draft "$T/missing.gguf"
 expect_fail "general.architecture" "$M" run -p x --draft "$G"
 MUSER_DRAFT="$T/missing.gguf" expect_fail "missing.gguf" "$M" run -p x -n 1
 
+# muser bench --draft: plain vs speculative greedy generation in one run
+check "$M" bench -p 0 -n 24 -r 2 --warmup 0 --no-membw -q --draft "$D" --verify-len 3 --json "$T/bs.json" >"$T/bs.txt"
+check grep -q "identical output" "$T/bs.txt"
+check $PY -c "
+import json
+s = json.load(open('$T/bs.json'))['speculative']
+assert s['exact'] is True and s['verify_len'] == 3 and s['tokens'] == 24, s
+assert len(s['plain']['samples']) == 2 and len(s['spec']['samples']) == 2 and s['speedup'] > 0, s
+"
+expect_fail "$T/missing.gguf" "$M" bench -p 0 -n 8 -r 1 --no-membw -q --draft "$T/missing.gguf"
+
 # muser speculate: exact greedy with statistics
 check "$M" speculate -p "$P" -n 32 --json >"$T/sp.json" 2>/dev/null
 check $PY -c "import json; r = json.load(open('$T/sp.json')); assert r['exact'] is True and r['verify_steps'] > 0, r"

@@ -274,6 +274,10 @@ bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *res, mu_error *err) {
         res->depths[i].depth = depths[i];
         ok = run_depth(&r, mm, &res->depths[i], err);
     }
+    if (ok && o->draft_path) {
+        progress(o, "speculative: greedy generation, plain vs %s", o->draft_path);
+        ok = mu_bench_spec_run(o, mm, &res->spec, err);
+    }
     free(r.tokens);
     muser_model_free(mm);
     if (!ok) mu_bench_result_free(res);
@@ -288,4 +292,7 @@ void mu_bench_result_free(mu_bench_result *r) {
     free(r->depths);
     r->depths = NULL;
     r->n_depths = 0;
+    free(r->spec.plain.samples);
+    free(r->spec.spec.samples);
+    r->spec = (mu_bench_spec){0};
 }

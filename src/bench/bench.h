@@ -27,6 +27,9 @@ typedef struct mu_bench_opts {
     int64_t chunk;            /* prefill rows per forward call (0 = 512) */
     bool prefill_depth;       /* fill depth by real prefill (default: synthetic K/V) */
     double membw_gbs;         /* machine read bandwidth for the % figures (0 = unknown) */
+    const char *draft_path;   /* DFlash assistant: also time greedy generation plain vs speculative */
+    const char *spec_prompt;  /* its prompt text (NULL: a Genesis verse) */
+    int verify_len;           /* 3, 7, 15 (0 = 7) */
     /* progress lines (no newline), or NULL */
     void (*progress)(void *ctx, const char *line);
     void *progress_ctx;
@@ -44,6 +47,17 @@ typedef struct mu_bench_depth {
     double fill_seconds;
 } mu_bench_depth;
 
+/* Greedy generation of n_gen tokens after a text prompt, plain and
+ * speculative; tokens/s of the part after the prompt. */
+typedef struct mu_bench_spec {
+    bool ran;
+    char draft_name[128];
+    int verify_len;
+    int64_t n_prompt, n_gen;
+    mu_bench_stats plain, spec;
+    int64_t rounds, round_tokens, drafted, accepted; /* summed over the timed repetitions */
+} mu_bench_spec;
+
 typedef struct mu_bench_result {
     muser_model_info info;
     char model_name[128], lane[32], backend[32], isa[16];
@@ -51,11 +65,13 @@ typedef struct mu_bench_result {
     double load_seconds;
     int n_depths;
     mu_bench_depth *depths;
+    mu_bench_spec spec;       /* with opts.draft_path */
 } mu_bench_result;
 
 void mu_bench_opts_init(mu_bench_opts *o);
 bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *r, mu_error *err);
 void mu_bench_result_free(mu_bench_result *r);
+bool mu_bench_spec_run(const mu_bench_opts *o, muser_model *mm, mu_bench_spec *res, mu_error *err);
 
 /* median/min/max/mean/cv of n samples (copied). */
 void mu_bench_stats_compute(mu_bench_stats *s, const double *samples, int n);

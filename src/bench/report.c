@@ -69,7 +69,24 @@ bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_benc
         }
         fprintf(f, "\n    }%s\n", i + 1 < r->n_depths ? "," : "");
     }
-    fprintf(f, "  ]\n}\n");
+    fprintf(f, "  ]");
+    const mu_bench_spec *sp = &r->spec;
+    if (sp->ran) {
+        fprintf(f, ",\n  \"speculative\": {\n    \"draft\": ");
+        json_str(f, sp->draft_name);
+        fprintf(f, ",\n    \"verify_len\": %d,\n    \"prompt_tokens\": %lld,\n    \"tokens\": %lld,\n", sp->verify_len,
+                (long long)sp->n_prompt, (long long)sp->n_gen);
+        fprintf(f, "    \"plain\": {\n");
+        json_stats(f, "      ", &sp->plain);
+        fprintf(f, "\n    },\n    \"spec\": {\n");
+        json_stats(f, "      ", &sp->spec);
+        fprintf(f, "\n    },\n    \"speedup\": %.4f,\n    \"tokens_per_round\": %.4f,\n    \"acceptance\": %.4f,\n"
+                   "    \"exact\": true\n  }",
+                sp->plain.median > 0 ? sp->spec.median / sp->plain.median : 0.0,
+                sp->rounds ? (double)sp->round_tokens / (double)sp->rounds : 0.0,
+                sp->drafted ? (double)sp->accepted / (double)sp->drafted : 0.0);
+    }
+    fprintf(f, "\n}\n");
     bool ok = !ferror(f);
     if (f != stdout && fclose(f) != 0) ok = false;
     if (!ok) mu_err_set(err, "bench: write error on %s", path);

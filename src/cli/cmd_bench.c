@@ -16,7 +16,7 @@ static void bench_usage(FILE *f) {
             "usage: muser bench -m MODEL [options]\n"
             "       muser bench --membw [-t N] [-r N] [--size MB] [--json FILE]\n"
             "       muser bench --grammar [-m MODEL] [-r N] [--json FILE]\n\n"
-            "  -m, --model FILE       Muse Glimmer GGUF\n"
+            "  -m, --model FILE       Muse Glimmer GGUF (default: $MUSER_MODEL, else the shipped model)\n"
             "  -p, --n-prompt N       prefill test tokens (default 512; 0 skips)\n"
             "  -n, --n-gen N          teacher-forced decode test tokens (default 128; 0 skips)\n"
             "  -d, --depth D[,D...]   context depths to test at (default 0), e.g. 0,2048,16384,65536\n"
@@ -28,6 +28,10 @@ static void bench_usage(FILE *f) {
             "  --pause SECONDS        idle before each timed repetition (VMs that throttle sustained load;\n"
             "                         docs/benchmarks.md)\n"
             "  --chunk N              prefill rows per forward call (default 512)\n"
+            "  --draft FILE           also time greedy generation of -n tokens after a text prompt, plain\n"
+            "                         and speculative with this DFlash assistant (outputs must match)\n"
+            "  --spec-prompt TEXT     that prompt (default: Genesis 1:1)\n"
+            "  --verify-len N         proposals per round: 3, 7 or 15 (default 7)\n"
             "  --prefill-depth        fill the depth by real prefill (default: synthetic K/V rows)\n"
             "  --membw-gbs X          use X GB/s as the read bandwidth instead of measuring it\n"
             "  --no-membw             skip the bandwidth measurement\n"
@@ -100,6 +104,13 @@ static int parse(int argc, char **argv, bench_cli *c) {
         else if (!strcmp(a, "--no-membw")) c->no_membw = true;
         else if (!strcmp(a, "--prefill-depth")) c->o.prefill_depth = true;
         else if (!strcmp(a, "--mlock")) c->o.use_mlock = true;
+        else if (!strcmp(a, "--draft")) ok = cli_value("bench", argc, argv, &i, &c->o.draft_path);
+        else if (!strcmp(a, "--spec-prompt")) ok = cli_value("bench", argc, argv, &i, &c->o.spec_prompt);
+        else if (!strcmp(a, "--verify-len")) {
+            int64_t vl = 0;
+            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_verify_len("bench", v, &vl);
+            c->o.verify_len = (int)vl;
+        }
         else if (!strcmp(a, "--pause")) {
             float secs = 0;
             ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_f32("bench", a, v, &secs);
@@ -129,10 +140,7 @@ static int parse(int argc, char **argv, bench_cli *c) {
         fprintf(stderr, "muser bench: --grammar and --membw are separate benchmarks\n");
         return 2;
     }
-    if (!c->membw_only && !c->grammar && !c->o.model_path) {
-        fprintf(stderr, "muser bench: -m MODEL is required (or --membw)\n");
-        return 2;
-    }
+    if (!c->membw_only && !c->grammar && !cli_model_or_default("bench", &c->o.model_path)) return 2;
     if (c->membw_gbs < 0) {
         fprintf(stderr, "muser bench: --membw-gbs must be positive\n");
         return 2;
@@ -177,7 +185,7 @@ static void print_row(int64_t depth, const char *test, int64_t n, const mu_bench
                       double membw) {
     char name[32];
     snprintf(name, sizeof name, "%s%lld", test, (long long)n);
-    printf("%8lld  %-7s %10.2f %10.2f %10.2f %7.2f%%", (long long)depth, name, s->median, s->min, s->max, 100.0 * s->cv);
+    printf("%8lld  %-10s %10.2f %10.2f %10.2f %7.2f%%", (long long)depth, name, s->median, s->min, s->max, 100.0 * s->cv);
     if (bytes_per_tok > 0) {
         double gbs = s->median * bytes_per_tok / 1e9;
         printf(" %8.2f", gbs);
@@ -192,13 +200,23 @@ static void print_table(const bench_cli *c, const mu_bench_result *r) {
     printf("backend: %s%s%s%s, %d threads", r->backend, strcmp(r->isa, "-") ? " (" : "", strcmp(r->isa, "-") ? r->isa : "",
            strcmp(r->isa, "-") ? ")" : "", r->n_threads);
     if (c->o.membw_gbs > 0) printf("; memory read bandwidth %.2f GB/s", c->o.membw_gbs);
-    printf("\n%8s  %-7s %10s %10s %10s %8s %8s %8s\n", "depth", "test", "tok/s", "min", "max", "cv", "GB/s", "%bw");
+    printf("\n%8s  %-10s %10s %10s %10s %8s %8s %8s\n", "depth", "test", "tok/s", "min", "max", "cv", "GB/s", "%bw");
     for (int i = 0; i < r->n_depths; i++) {
         const mu_bench_depth *d = &r->depths[i];
         if (d->prefill.n) print_row(d->depth, "pp", c->o.n_prompt, &d->prefill, 0, 0);
         if (d->decode.n)
             print_row(d->depth, "tg", c->o.n_gen, &d->decode, (double)r->info.weight_bytes_per_token, c->o.membw_gbs);
     }
+    const mu_bench_spec *sp = &r->spec;
+    if (!sp->ran) return;
+    print_row(0, "greedy", sp->n_gen, &sp->plain, 0, 0);
+    print_row(0, "spec", sp->n_gen, &sp->spec, 0, 0);
+    printf("speculative (%s, verify length %d, %lld-token prompt): %.2fx plain greedy, %.2f tokens per round, "
+           "acceptance %.1f%%, identical output\n",
+           sp->draft_name, sp->verify_len, (long long)sp->n_prompt,
+           sp->plain.median > 0 ? sp->spec.median / sp->plain.median : 0.0,
+           sp->rounds ? (double)sp->round_tokens / (double)sp->rounds : 0.0,
+           sp->drafted ? 100.0 * (double)sp->accepted / (double)sp->drafted : 0.0);
 }
 
 int cmd_bench(int argc, char **argv) {
