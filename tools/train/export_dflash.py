@@ -12,16 +12,13 @@ converter (MuseGlimmerAssistantModel) lays it out (spec muse-glimmer-gguf.md s9)
   * norms are stored as trained (applied as w), RoPE is NeoX so Q/K rows are
     not permuted; tokenizer as in the target plus tokenizer.ggml.mask_token_id.
 """
-import argparse
-import json
 import os
 import sys
 
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_write as G  # noqa: E402
-from export_gguf import add_tokenizer, load_run  # noqa: E402
+from export_gguf import export  # noqa: E402
 
 ARCH = "dflash"
 
@@ -66,33 +63,16 @@ def add_tensors(g, c, w, mat_type):
     g.add_tensor("output_norm.weight", w["norm.weight"], G.GGML_F32)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("run_dir")
-    ap.add_argument("tokenizer")
-    ap.add_argument("out")
-    ap.add_argument("--type", choices=["f32", "f16"], default="f32")
-    ap.add_argument("--name", default="glimmer-tiny-dflash")
-    args = ap.parse_args()
-    index, w = load_run(args.run_dir)
-    with open(args.tokenizer, encoding="utf-8") as f:
-        tok = json.load(f)
-    c = index["config"]
-    if len(tok["tokens"]) != c["vocab"]:
-        raise SystemExit("tokenizer has %d tokens, draft vocab is %d" % (len(tok["tokens"]), c["vocab"]))
+def check_mask(c, tok):
     if tok["specials"]["<|mask|>"] != c["mask_token"]:
         raise SystemExit("draft mask token %d is not the tokenizer's <|mask|>" % c["mask_token"])
-    g = G.GGUFWriter()
-    mat_type = G.GGML_F16 if args.type == "f16" else G.GGML_F32
-    add_hparams(g, c, args.name, 1 if args.type == "f16" else 0)
-    add_tokenizer(g, tok)
-    g.add("tokenizer.ggml.mask_token_id", G.UINT32, c["mask_token"])
-    add_tensors(g, c, w, mat_type)
-    used = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {n for n in w if n.startswith("layers.")}
-    if set(w) != used:
-        raise SystemExit("unexpected weights: %s" % sorted(set(w) - used))
-    g.write(args.out)
-    print("wrote %s (%s, %d tensors, %d KV)" % (args.out, args.type, len(g.tensors), len(g.kv)))
+
+
+def main():
+    export("glimmer-tiny-dflash", add_hparams, add_tensors,
+           lambda w: {"fc.weight", "hidden_norm.weight", "norm.weight"} | {n for n in w if n.startswith("layers.")},
+           check=check_mask,
+           extra_keys=lambda g, c: g.add("tokenizer.ggml.mask_token_id", G.UINT32, c["mask_token"]))
 
 
 if __name__ == "__main__":

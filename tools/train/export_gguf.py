@@ -122,31 +122,41 @@ def add_tensors(g, c, w, mat_type):
     g.add_tensor("output.weight", w["lm_head.weight"], mat_type)
 
 
-def main():
+def export(default_name, add_hparams, add_tensors, owned, check=None, extra_keys=None):
+    """The exporters' shared command line: RUN_DIR TOKENIZER.json OUT [--type f32|f16] [--name N].
+    owned(w) names the run's weights the exporter consumes; any other is refused.
+    check(c, tok) may refuse a run; extra_keys(g, c) adds keys after the tokenizer's."""
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
     ap.add_argument("tokenizer")
     ap.add_argument("out")
     ap.add_argument("--type", choices=["f32", "f16"], default="f32")
-    ap.add_argument("--name", default="glimmer-tiny")
+    ap.add_argument("--name", default=default_name)
     args = ap.parse_args()
     index, w = load_run(args.run_dir)
     with open(args.tokenizer, encoding="utf-8") as f:
         tok = json.load(f)
     c = index["config"]
     if len(tok["tokens"]) != c["vocab"]:
-        raise SystemExit("tokenizer has %d tokens, model vocab is %d" % (len(tok["tokens"]), c["vocab"]))
+        raise SystemExit("tokenizer has %d tokens, the run's vocab is %d" % (len(tok["tokens"]), c["vocab"]))
+    if check:
+        check(c, tok)
     g = G.GGUFWriter()
     mat_type = G.GGML_F16 if args.type == "f16" else G.GGML_F32
     add_hparams(g, c, args.name, 1 if args.type == "f16" else 0)
     add_tokenizer(g, tok)
+    if extra_keys:
+        extra_keys(g, c)
     add_tensors(g, c, w, mat_type)
-    used = {"embed_tokens.weight", "norm", "lm_head.weight"}
-    used |= {n for n in w if n.startswith("layers.")}
-    if set(w) != used:
-        raise SystemExit("unexpected weights: %s" % sorted(set(w) - used))
+    if set(w) != owned(w):
+        raise SystemExit("unexpected weights: %s" % sorted(set(w) - owned(w)))
     g.write(args.out)
     print("wrote %s (%s, %d tensors, %d KV)" % (args.out, args.type, len(g.tensors), len(g.kv)))
+
+
+def main():
+    export("glimmer-tiny", add_hparams, add_tensors,
+           lambda w: {"embed_tokens.weight", "norm", "lm_head.weight"} | {n for n in w if n.startswith("layers.")})
 
 
 if __name__ == "__main__":
