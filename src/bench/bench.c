@@ -158,6 +158,12 @@ static bool back_to_depth(runner *r, mu_error *err) {
     return mu_kv_snapshot_restore(&r->s.kv, r->at_depth, err);
 }
 
+void mu_bench_pause(double seconds) {
+    if (seconds <= 0) return;
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
 /* One timed run: prefill of n_prompt tokens, or n_gen single-token feeds. */
 static bool timed_run(runner *r, bool decode, double *tok_s, mu_error *err) {
     if (!back_to_depth(r, err)) return false;
@@ -182,10 +188,7 @@ static bool run_test(runner *r, bool decode, mu_bench_stats *st, mu_error *err) 
     bool ok = true;
     for (int i = 0; i < o->warmup + o->reps && ok; i++) {
         double v = 0;
-        if (o->pause_s > 0 && i >= o->warmup) {
-            struct timespec ts = {(time_t)o->pause_s, (long)((o->pause_s - (double)(time_t)o->pause_s) * 1e9)};
-            nanosleep(&ts, NULL);
-        }
+        if (i >= o->warmup) mu_bench_pause(o->pause_s);
         ok = timed_run(r, decode, &v, err);
         if (!ok) break;
         if (i < o->warmup) {

@@ -71,6 +71,8 @@ typedef struct mu_bench_result {
 void mu_bench_opts_init(mu_bench_opts *o);
 bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *r, mu_error *err);
 void mu_bench_result_free(mu_bench_result *r);
+/* Idle before a timed repetition (opts.pause_s). */
+void mu_bench_pause(double seconds);
 bool mu_bench_spec_run(const mu_bench_opts *o, muser_model *mm, mu_bench_spec *res, mu_error *err);
 
 /* median/min/max/mean/cv of n samples (copied). */

@@ -21,6 +21,7 @@
 #include "spec/speculate.h"
 #include "model/api_internal.h"
 #include "model/capture.h"
+#include "sample/sample.h"
 #include <stdlib.h>
 
 struct muser_draft {
@@ -313,15 +314,13 @@ bool muser_spec_feed(muser_spec *sp, const int32_t *tokens, int64_t n, muser_err
     return muser_session_feed(sp->s, tokens, n, err) && take_captured(sp, n, n, ERR(err));
 }
 
+/* Greedy over a target row (finite: the session refuses anything else). */
+static int32_t argmax(const float *l, int64_t n) { return mu_sample_argmax(l, (size_t)n, NULL, 0); }
+
 /* One token from a row: smp's chain (with its grammar), or the argmax with
  * the lowest id winning ties. -1: *complete (grammar finished) or error. */
 static int32_t draw(muser_sampler *smp, const float *row, int64_t n_vocab, bool *complete, muser_error *err) {
-    if (!smp) {
-        int64_t best = 0;
-        for (int64_t i = 1; i < n_vocab; i++)
-            if (row[i] > row[best]) best = i;
-        return (int32_t)best;
-    }
+    if (!smp) return argmax(row, n_vocab);
     int32_t tok = muser_sampler_sample(smp, row, err);
     if (tok < 0 && muser_sampler_grammar_complete(smp)) {
         *complete = true;
@@ -416,13 +415,6 @@ void mu_spec_draft_now(muser_spec *sp, int32_t anchor, int n_prop, int32_t *prop
 }
 
 /* ------------------------------------------------ greedy drivers (muser speculate) */
-
-static int32_t argmax(const float *l, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (l[i] > l[best]) best = i;
-    return (int32_t)best;
-}
 
 int64_t mu_greedy_generate(muser_model *target, muser_session *s, const int32_t *prompt, int64_t n_prompt,
                            int64_t n_predict, int32_t *out, double *t_decode, mu_error *err) {
