@@ -15,6 +15,14 @@ void mu_binder_free(mu_binder *B) {
     B->used = NULL;
 }
 
+char *mu_bind_name(const gguf_file *f) {
+    char *name = NULL;
+    if (gguf_get_str(f, "general.name", &name, NULL) > 0) return name;
+    free(name);
+    const char *slash = strrchr(f->path, '/');
+    return mu_xstrdup(slash ? slash + 1 : f->path);
+}
+
 bool mu_bind_fail(mu_binder *B, const char *fmt, ...) {
     char msg[768];
     va_list ap;

@@ -18,6 +18,9 @@ typedef struct mu_binder {
 void mu_binder_init(mu_binder *B, gguf_file *f, mu_error *err, const char *who, bool native_nvfp4);
 void mu_binder_free(mu_binder *B);
 
+/* general.name, else the file's base name (a new string). */
+char *mu_bind_name(const gguf_file *f);
+
 /* Set err to "<path>: <message>"; always false. */
 __attribute__((format(printf, 2, 3))) bool mu_bind_fail(mu_binder *B, const char *fmt, ...);
 

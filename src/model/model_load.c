@@ -259,13 +259,7 @@ mu_model *mu_model_from_gguf(gguf_file *f, mu_error *err) {
         mu_model_free(m);
         return NULL;
     }
-    char *name = NULL;
-    if (gguf_get_str(f, "general.name", &name, NULL) <= 0) {
-        free(name);
-        const char *slash = strrchr(f->path, '/');
-        name = mu_xstrdup(slash ? slash + 1 : f->path);
-    }
-    m->name = name;
+    m->name = mu_bind_name(f);
     return m;
 }
 

@@ -260,13 +260,7 @@ mu_dflash *mu_dflash_from_gguf(gguf_file *f, mu_error *err) {
         return NULL;
     }
     mu_dflash_tokenizer_sha(f, d->tokenizer_sha);
-    char *name = NULL;
-    if (gguf_get_str(f, "general.name", &name, NULL) <= 0) {
-        free(name);
-        const char *slash = strrchr(f->path, '/');
-        name = mu_xstrdup(slash ? slash + 1 : f->path);
-    }
-    d->name = name;
+    d->name = mu_bind_name(f);
     return d;
 }
 

@@ -15,7 +15,6 @@ converter (MuseGlimmerAssistantModel) lays it out (spec muse-glimmer-gguf.md s9)
 import os
 import sys
 
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_write as G  # noqa: E402
 from export_gguf import export  # noqa: E402
