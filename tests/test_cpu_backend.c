@@ -1,11 +1,13 @@
 /* The cpu backend against the ref backend, op by op, bit for bit:
  * every weight format (both NVFP4 layouts, with and without the per-tensor
  * scale), ragged shapes, 1..17 activation rows, thread counts 1, 2, 3, 8 and
- * every ISA level this machine has (scalar, avx2, avx512). Inputs are random
+ * every ISA level this machine has (scalar, avx2, avx512), and on AVX-512 the
+ * load-time X16 layout too (Q4_K, Q6_K). Inputs are random
  * and non-zero, plus edge rows (all zero, sign ties, specials for the
  * transcendental ops). */
 #include "testutil.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_repack.h"
 #include "kv/kv.h"
 #include "quant/quant.h"
 #include <math.h>
@@ -137,6 +139,20 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int mode, c
     float *x = make_acts(max_rows, n_in);
     float *want = malloc((size_t)(max_rows * n_out) * sizeof(float));
     float *got = malloc((size_t)(max_rows * n_out) * sizeof(float));
+    /* the load-time X16 layout of the backends that want it (one copy per backend) */
+    uint8_t *packed[MAX_BACKENDS] = {0};
+    mu_weight pw[MAX_BACKENDS];
+    const uint64_t bytes = tw.w.row_bytes * (uint64_t)n_out;
+    for (int c = 0; c < n_cpus; c++) {
+        if (!cpus[c]->wants_repack || !cpus[c]->wants_repack(cpus[c], &tw.w)) continue;
+        packed[c] = malloc(bytes);
+        memcpy(packed[c], tw.data, bytes);
+        pw[c] = tw.w;
+        pw[c].data = packed[c];
+        cpus[c]->repack(cpus[c], &pw[c], packed[c]);
+        CHECK(pw[c].layout == MU_LAYOUT_X16);
+        CHECK(memcmp(packed[c], tw.data, bytes) != 0 || n_out < 16);
+    }
     for (int i = 0; i < n_rc; i++) {
         int64_t rows = row_counts[i];
         ref->matmul(ref, &tw.w, x, want, rows);
@@ -145,8 +161,14 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int mode, c
             cpus[c]->matmul(cpus[c], &tw.w, x, got, rows);
             EXPECT_SAME(got, want, rows * n_out, "matmul %s mode %d n_in %lld n_out %lld rows %lld on %s",
                         mu_type_name(type), mode, (long long)n_in, (long long)n_out, (long long)rows, label(cpus[c]));
+            if (!packed[c]) continue;
+            memset(got, 0xFF, (size_t)(rows * n_out) * sizeof(float));
+            cpus[c]->matmul(cpus[c], &pw[c], x, got, rows);
+            EXPECT_SAME(got, want, rows * n_out, "X16 matmul %s mode %d n_in %lld n_out %lld rows %lld on %s",
+                        mu_type_name(type), mode, (long long)n_in, (long long)n_out, (long long)rows, label(cpus[c]));
         }
     }
+    for (int c = 0; c < n_cpus; c++) free(packed[c]);
     free(x);
     free(want);
     free(got);
@@ -178,6 +200,34 @@ static void test_matmul(void) {
             check_matmul(ftypes[t], ragged[k], 7, 1, few_rows, 4);
             check_matmul(ftypes[t], ragged[k], 18, 2, all_rows, 17);
         }
+}
+
+/* X16 packing is a permutation: the reference inverse gives back every
+ * GGUF block, and rows past the last group are untouched. */
+static void test_x16_roundtrip(void) {
+    static const uint32_t types[] = {MU_TYPE_Q4_K, MU_TYPE_Q6_K};
+    for (int t = 0; t < 2; t++) {
+        test_weight tw;
+        if (!make_weight(types[t], 768, 37, 1, &tw)) return;
+        CHECK(mu_cpu_x16_eligible(&tw.w));
+        const uint64_t bytes = tw.w.row_bytes * 37, bb = mu_cpu_x16_block_bytes(&tw.w);
+        uint8_t *p = malloc(bytes), *blocks = malloc(16 * bb);
+        memcpy(p, tw.data, bytes);
+        mu_cpu_x16_pack_groups(&tw.w, p, 0, 2);
+        mu_weight pw = tw.w;
+        pw.data = p;
+        for (int64_t g = 0; g < 2; g++)
+            for (int64_t b = 0; b < 3; b++) {
+                mu_cpu_x16_unpack_ref(mu_cpu_x16_at(&pw, bb, g, b), bb, blocks);
+                for (int r = 0; r < 16; r++)
+                    CHECK_MSG(!memcmp(blocks + r * bb, tw.data + (uint64_t)(16 * g + r) * tw.w.row_bytes + b * bb, bb),
+                              "%s group %lld block %lld row %d", mu_type_name(types[t]), (long long)g, (long long)b, r);
+            }
+        CHECK(!memcmp(p + 32 * tw.w.row_bytes, tw.data + 32 * tw.w.row_bytes, 5 * tw.w.row_bytes));
+        free(p);
+        free(blocks);
+        free_weight(&tw);
+    }
 }
 
 /* Native NVFP4 W4A4 mode runs the scalar kernel on every ISA. */
@@ -350,6 +400,7 @@ int main(void) {
     }
     CHECK(n_cpus >= 4);
     test_matmul();
+    test_x16_roundtrip();
     test_w4a4();
     test_rmsnorm();
     test_rope();

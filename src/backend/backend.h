@@ -40,6 +40,12 @@ struct mu_backend {
     void (*swiglu)(mu_backend *b, float *gate, const float *up, int64_t n);
     /* x[i] += y[i] */
     void (*add)(mu_backend *b, float *x, const float *y, int64_t n);
+    /* Optional (NULL: none), called once per weight at load before any op
+     * reads it: wants_repack says whether this backend has a faster layout
+     * for w; repack rewrites w's bytes into it in place (`data` is w->data,
+     * writable) and sets w->layout. */
+    bool (*wants_repack)(mu_backend *b, const mu_weight *w);
+    void (*repack)(mu_backend *b, mu_weight *w, uint8_t *data);
     /* logits = cap > 0 ? tanh((l * scale) / cap) * cap : l * scale */
     void (*logit_tail)(mu_backend *b, float *logits, float scale, float cap, int64_t n);
 };

@@ -69,7 +69,7 @@ typedef struct gguf_tensor {
 
 typedef struct gguf_file {
     char *path;
-    const uint8_t *base;    /* whole file, read-only mapping (or caller memory) */
+    const uint8_t *base;    /* whole file: a read-only private mapping (or caller memory) */
     uint64_t size;
     bool mapped;
     uint32_t version;

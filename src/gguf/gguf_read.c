@@ -524,7 +524,7 @@ gguf_file *gguf_open(const char *path, mu_error *err) {
     }
     f->size = (uint64_t)st.st_size;
     if (f->size > 0) {
-        void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, fd, 0);
+        void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
             mu_err_set(err, "%s: mmap of %" PRIu64 " bytes failed: %s", path, f->size, strerror(errno));
             close(fd);

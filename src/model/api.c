@@ -2,6 +2,7 @@
 #include "model/api_internal.h"
 #include "model/capture.h"
 #include "backend/cpu/cpu_backend.h"
+#include "model/repack.h"
 #include <math.h>
 #include <stdlib.h>
 #include <errno.h>
@@ -66,6 +67,7 @@ muser_model *muser_model_load(const char *path, const muser_model_params *params
     muser_model *mm = mu_xcalloc(1, sizeof *mm);
     mm->m = m;
     mm->be = be;
+    mu_model_repack(m, be); /* the backend's load-time layouts (before mlock: those pages are the ones kept) */
     pthread_mutex_init(&mm->gvocab_lock, NULL);
     /* Locked pages cannot be paged out under memory pressure (or by
      * proactive reclaim), so every token reads them from RAM. */

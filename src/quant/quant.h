@@ -78,6 +78,13 @@ uint8_t mu_e2m1_from_f32(float f);         /* ModelOpt ties-to-even midpoints */
 int32_t mu_e2m1_q1(uint8_t code);          /* value * 2 as integer */
 int32_t mu_e4m3fn_q9(uint8_t b);           /* value * 512 as integer (finite codes) */
 
+/* Byte order of a weight's data. MU_LAYOUT_ROWS is the GGUF's (n_out rows
+ * of row_bytes, what every generic reader here expects). MU_LAYOUT_X16 is the
+ * CPU backend's load-time repack (cpu_repack.h): each group of 16 rows stored
+ * block by block with the rows' dwords interleaved; rows past the last full
+ * group keep their GGUF bytes and offsets. Only that backend reads it. */
+enum { MU_LAYOUT_ROWS = 0, MU_LAYOUT_X16 = 1 };
+
 /* A weight matrix as the forward pass sees it: n_out rows of n_in values.
  * All pointers are views into the GGUF mapping. */
 typedef struct mu_weight {
@@ -90,6 +97,7 @@ typedef struct mu_weight {
     float input_scale_inv;       /* native NVFP4 W4A4 mode when > 0 */
     int64_t n_in, n_out;
     uint64_t row_bytes;
+    uint8_t layout;              /* MU_LAYOUT_*; a backend's repack sets it */
 } mu_weight;
 
 /* Does this weight consume Q8_K activations (and with the f16 pre-round)? */

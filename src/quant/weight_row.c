@@ -26,6 +26,8 @@
  * (ggml's optional `.scale` tensor); without has_scale there is no multiply.
  * n_in must be a multiple of 256 for the Q8_K-dotted types and native W4A16
  * (16 for W4A4); mu_weight_check verifies this and the rest of the view. */
+#include <stdio.h>
+#include <stdlib.h>
 #include "quant/quant_internal.h"
 #include <math.h>
 
@@ -89,7 +91,17 @@ static float native_dot_row(const mu_weight *w, int64_t row, const float *x, con
     return mu_round_f16(total);
 }
 
+/* The generic readers below index GGUF rows; a backend's repacked weight
+ * reaching them is a programming error, never a silent wrong answer. */
+static void require_rows_layout(const mu_weight *w) {
+    if (w->layout == MU_LAYOUT_ROWS) return;
+    fprintf(stderr, "muser: internal error: weight %s is in a backend's repacked layout (%d)\n", w->name ? w->name : "?",
+            (int)w->layout);
+    abort();
+}
+
 float mu_weight_dot_row(const mu_weight *w, int64_t row, const float *x, const mu_block_q8k *xq) {
+    require_rows_layout(w);
     if (is_native(w)) return native_dot_row(w, row, x, xq);
     const mu_type_traits *t = mu_type_get(w->type);
     const uint8_t *rowp = w->data + (uint64_t)row * w->row_bytes;
@@ -109,6 +121,7 @@ float mu_weight_dot_row(const mu_weight *w, int64_t row, const float *x, const m
 }
 
 void mu_weight_dequant_row(const mu_weight *w, int64_t row, float *dst) {
+    require_rows_layout(w);
     if (is_native(w)) {
         mu_nvfp4_dequant_row(w->data + row * (w->n_in / 2), w->nvfp4_scales + row * (w->n_in / 16),
                              w->scale, dst, w->n_in);

@@ -57,6 +57,9 @@ mu_dflash *mu_dflash_load(const char *path, mu_error *err);
 /* Validate an already-open GGUF (takes ownership of f on success and failure). */
 mu_dflash *mu_dflash_from_gguf(gguf_file *f, mu_error *err);
 void mu_dflash_free(mu_dflash *d);
+/* Give the assistant's matrices to the backend that will run them, for its
+ * load-time layouts (model/repack.h); once, before the first forward. */
+void mu_dflash_repack(mu_dflash *d, mu_backend *be);
 /* Can d draft for target? Hidden size, vocabulary, target layer range and
  * tokenizer identity must match. */
 bool mu_dflash_check_target(const mu_dflash *d, const mu_model *target, mu_error *err);

@@ -5,6 +5,7 @@
 #include "spec/dflash.h"
 #include "gguf/gguf_internal.h"
 #include "model/bind.h"
+#include "model/repack.h"
 #include <math.h>
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -283,4 +284,18 @@ void mu_dflash_free(mu_dflash *d) {
     free(d->name);
     gguf_close(d->gguf);
     free(d);
+}
+
+void mu_dflash_repack(mu_dflash *d, mu_backend *be) {
+    const int64_t n = d->cfg.n_layer;
+    mu_weight **ws = mu_xcalloc((size_t)n * 7 + 1, sizeof *ws);
+    size_t k = 0;
+    ws[k++] = &d->fc;
+    for (int64_t il = 0; il < n; il++) {
+        mu_dflash_layer *l = &d->layers[il];
+        mu_weight *lw[] = {&l->q, &l->k, &l->v, &l->o, &l->gate, &l->up, &l->down};
+        for (size_t i = 0; i < 7; i++) ws[k++] = lw[i];
+    }
+    mu_repack_weights(d->gguf, be, ws, k);
+    free(ws);
 }

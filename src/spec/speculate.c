@@ -183,6 +183,7 @@ muser_draft *muser_draft_load(const char *path, const muser_model *target, muser
         mu_dflash_free(d);
         return NULL;
     }
+    mu_dflash_repack(d, target->be); /* its matmuls run on the target's backend */
     muser_draft *dr = mu_xcalloc(1, sizeof *dr);
     *dr = (muser_draft){.d = d, .owned = true, .target = target};
     return dr;

@@ -5,9 +5,13 @@
  * task in the canonical order, so the bits never depend on the split. */
 #include "backend/cpu/cpu_attention.h"
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_repack.h"
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 typedef struct cpu_ctx {
@@ -151,6 +155,12 @@ static void cpu_matmul(mu_backend *b, const mu_weight *w, const float *x, float 
     const bool small = (double)rows * (double)w->n_out * (double)w->n_in < PARALLEL_MIN_MACS;
     j.out_chunk = small ? w->n_out : out_chunk_for(w->n_out, rows, nt);
     const int64_t out_tasks = ceil_div(w->n_out, j.out_chunk);
+    if (w->layout != MU_LAYOUT_ROWS && c->k->isa != MU_CPU_ISA_AVX512) {
+        /* only this backend's AVX-512 kernels read X16 (cpu_repack.h) */
+        fprintf(stderr, "muser: internal error: %s is repacked but the cpu backend runs %s\n", w->name ? w->name : "?",
+                mu_cpu_isa_name(c->k->isa));
+        abort();
+    }
     if (mu_weight_uses_q8k(w, NULL)) {
         if (!c->k->q_supported(w)) j.k = &mu_cpu_kernels_scalar;
         j.act = act_buffer(c, j.k->act_bytes(w, rows));
@@ -287,6 +297,55 @@ static void cpu_attention(mu_backend *b, const mu_attn_args *a, const float *q, 
     pthread_mutex_unlock(&c->lock);
 }
 
+/* ---------- load-time repack ---------- */
+
+/* MUSER_CPU_REPACK=0 keeps every weight zero-copy in the GGUF layout. */
+static bool repack_enabled(void) {
+    const char *env = getenv("MUSER_CPU_REPACK");
+    return !env || strcmp(env, "0") != 0;
+}
+
+static bool cpu_wants_repack(mu_backend *b, const mu_weight *w) {
+    return ctx_of(b)->k->isa == MU_CPU_ISA_AVX512 && repack_enabled() && mu_cpu_x16_eligible(w);
+}
+
+typedef struct repack_job {
+    const mu_weight *w;
+    uint8_t *data;
+    int64_t groups, per_task;
+} repack_job;
+
+static void repack_task(void *arg, int64_t t, int thread) {
+    (void)thread;
+    const repack_job *j = arg;
+    const int64_t g0 = t * j->per_task, g1 = g0 + j->per_task < j->groups ? g0 + j->per_task : j->groups;
+    const uint64_t group_bytes = 16 * j->w->row_bytes;
+#ifdef MADV_POPULATE_WRITE
+    /* Take this range's private page copies in one call (the pages are a
+     * private file mapping made writable): one copy per page instead of a
+     * read fault, a write fault and a TLB shootdown each. Optional. */
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)(j->data + (uint64_t)g0 * group_bytes) + page - 1) & ~(page - 1);
+    const uintptr_t e = (uintptr_t)(j->data + (uint64_t)g1 * group_bytes) & ~(page - 1);
+    if (e > a) (void)madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+#endif
+    mu_cpu_x16_pack_groups(j->w, j->data, g0, g1);
+}
+
+/* In place, split over the pool: on a VM that backs fresh pages lazily the
+ * page copies dominate (about 2 s per GB on one thread here) and they
+ * scale with threads. */
+static void cpu_repack(mu_backend *b, mu_weight *w, uint8_t *data) {
+    if (!cpu_wants_repack(b, w)) return;
+    cpu_ctx *c = ctx_of(b);
+    repack_job j = {.w = w, .data = data, .groups = mu_cpu_x16_rows(w) / 16};
+    j.per_task = ceil_div(1 << 20, (int64_t)(16 * w->row_bytes)); /* about 1 MiB per task */
+    pthread_mutex_lock(&c->lock);
+    cpu_pool_run(c->pool, repack_task, &j, ceil_div(j.groups, j.per_task));
+    pthread_mutex_unlock(&c->lock);
+    w->layout = MU_LAYOUT_X16;
+}
+
 /* ---------- lifetime ---------- */
 
 static void cpu_destroy(mu_backend *b) {
@@ -323,6 +382,8 @@ mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
     b->swiglu = cpu_swiglu;
     b->add = cpu_add;
     b->logit_tail = cpu_logit_tail;
+    b->wants_repack = cpu_wants_repack;
+    b->repack = cpu_repack;
     return b;
 }
 

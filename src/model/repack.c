@@ -1,0 +1,47 @@
+/* Load-time weight layouts (repack.h). */
+#include "model/repack.h"
+#include "util/common.h"
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static bool set_protection(const uint8_t *p, uint64_t n, int prot) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = (uintptr_t)p & ~(page - 1), e = ((uintptr_t)p + n + page - 1) & ~(page - 1);
+    return mprotect((void *)a, e - a, prot) == 0;
+}
+
+uint64_t mu_repack_weights(const gguf_file *f, mu_backend *be, mu_weight *const *ws, size_t n) {
+    if (!f->mapped || !be->wants_repack || !be->repack) return 0;
+    uint64_t done = 0;
+    for (size_t i = 0; i < n; i++) {
+        mu_weight *w = ws[i];
+        if (!be->wants_repack(be, w)) continue;
+        const uint64_t bytes = (uint64_t)w->n_out * w->row_bytes;
+        if (w->data < f->base || w->data + bytes > f->base + f->size) continue;
+        /* A refused mprotect leaves the weight zero-copy, which is correct. */
+        if (!set_protection(w->data, bytes, PROT_READ | PROT_WRITE)) continue;
+        be->repack(be, w, (uint8_t *)(uintptr_t)w->data);
+        set_protection(w->data, bytes, PROT_READ);
+        done += bytes;
+    }
+    return done;
+}
+
+uint64_t mu_model_repack(mu_model *m, mu_backend *be) {
+    const size_t per_layer = 8;
+    mu_weight **ws = mu_xcalloc((size_t)m->cfg.n_layer * per_layer + 1, sizeof *ws);
+    size_t n = 0;
+    for (int il = 0; il < m->cfg.n_layer; il++) {
+        mu_layer_weights *l = &m->layers[il];
+        mu_weight *lw[] = {&l->attn_q, &l->attn_k, &l->attn_v, &l->attn_gate, &l->attn_output,
+                           &l->ffn_gate, &l->ffn_up, &l->ffn_down};
+        for (size_t k = 0; k < sizeof lw / sizeof *lw; k++)
+            if (lw[k]->data) ws[n++] = lw[k];
+    }
+    ws[n++] = &m->output;
+    const uint64_t done = mu_repack_weights(m->gguf, be, ws, n);
+    free(ws);
+    return done;
+}
