@@ -53,6 +53,6 @@ void mu_cpu_avx512_qmatmul(const mu_weight *w, int64_t o0, int64_t o1, const voi
 /* X16 weights (cpu_avx512_x16.c): rows 1-8 over whole groups [o0, o1), and
  * the inverse of the repack for the GEMM. */
 void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const mu_block_q8k *xq, int64_t rows, float *y);
-void mu_cpu_avx512_x16_unpack(const uint8_t *grp, uint64_t bb, uint8_t *out);
+void mu_cpu_avx512_x16_unpack(const uint8_t *grp, uint64_t bb, uint8_t *out, uint64_t stride);
 
 #endif

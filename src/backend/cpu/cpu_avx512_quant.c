@@ -866,36 +866,27 @@ static inline __attribute__((always_inline)) __m512 kq_lanes_fb(const kq_wblock 
                          _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(wb->dmin), xd), _mm512_cvtepi32_ps(summ)));
 }
 
-/* x16: w is X16 and [o0, o1) whole groups (rows past them use x16 = false) */
-static inline __attribute__((always_inline)) void kq_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act,
-                                                             int64_t rows, float *y, int kind, bool x16) {
+/* rows_o0: the GGUF bytes of row o0 (w->data's, or a copy: the X16 path) */
+static inline __attribute__((always_inline)) void kq_gemm16(const mu_weight *w, const uint8_t *rows_o0, int64_t o0,
+                                                             int64_t o1, const void *act, int64_t rows, float *y, int kind) {
     const act_side sd = side_of(w, act, rows);
     const int64_t nb = w->n_in / MU_QK_K, slice = 4;
     const uint64_t bb = w->row_bytes / (uint64_t)nb;
-    /* X16 weights: 16 rows at a time, each group block turned back into
-     * its 16 GGUF blocks first (same blocks, same order per row) */
-    const int64_t step = x16 ? 16 : 1;
-    uint8_t grp_blocks[16 * 256];
     float *totals = mu_xmalloc((size_t)(o1 - o0) * 16 * sizeof(float));
     for (int64_t r0 = 0; r0 < rows; r0 += 16) {
         memset(totals, 0, (size_t)(o1 - o0) * 16 * sizeof(float));
         for (int64_t b0 = 0; b0 < nb; b0 += slice) {
             const int64_t b1 = b0 + slice < nb ? b0 + slice : nb;
-            for (int64_t o = o0; o < o1; o += step) {
+            for (int64_t o = o0; o < o1; o++) {
+                const uint8_t *row = rows_o0 + (uint64_t)(o - o0) * w->row_bytes;
+                float *tot = totals + (o - o0) * 16;
+                __m512 t = _mm512_loadu_ps(tot);
                 for (int64_t b = b0; b < b1; b++) {
-                    const uint8_t *blk = w->data + (uint64_t)o * w->row_bytes + (uint64_t)b * bb;
-                    if (x16) {
-                        mu_cpu_avx512_x16_unpack(mu_cpu_x16_at(w, bb, o / 16, b), bb, grp_blocks);
-                        blk = grp_blocks;
-                    }
-                    for (int64_t i = 0; i < step; i++, blk += bb) {
-                        float *tot = totals + (o + i - o0) * 16;
-                        kq_wblock wb;
-                        kq_unpack(blk, &wb, kind);
-                        _mm512_storeu_ps(tot, _mm512_add_ps(_mm512_loadu_ps(tot),
-                            kq_lanes_fb(&wb, sd.xt + (r0 / 16 * nb + b) * 64 * 16, sd.rpad, &sd, b, r0, kind)));
-                    }
+                    kq_wblock wb;
+                    kq_unpack(row + (uint64_t)b * bb, &wb, kind);
+                    t = _mm512_add_ps(t, kq_lanes_fb(&wb, sd.xt + (r0 / 16 * nb + b) * 64 * 16, sd.rpad, &sd, b, r0, kind));
                 }
+                _mm512_storeu_ps(tot, t);
             }
         }
         /* 16 x 16 blocks of (output, row) transposed into row-major stores */
@@ -974,11 +965,32 @@ static void q4k_gemm8(const mu_weight *w, int64_t o0, int64_t o1, const void *ac
 static void q5k_gemm8(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm8(w, o0, o1, act, rows, y, 5); }
 static void q6k_gemm8(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm8(w, o0, o1, act, rows, y, 6); }
 
-static void q4k_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, o0, o1, act, rows, y, 4, false); }
-static void q5k_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, o0, o1, act, rows, y, 5, false); }
-static void q6k_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, o0, o1, act, rows, y, 6, false); }
-static void q4k_gemm16_x16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, o0, o1, act, rows, y, 4, true); }
-static void q6k_gemm16_x16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, o0, o1, act, rows, y, 6, true); }
+static void q4k_gemm16(const mu_weight *w, const uint8_t *r, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, r, o0, o1, act, rows, y, 4); }
+static void q5k_gemm16(const mu_weight *w, const uint8_t *r, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, r, o0, o1, act, rows, y, 5); }
+static void q6k_gemm16(const mu_weight *w, const uint8_t *r, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) { kq_gemm16(w, r, o0, o1, act, rows, y, 6); }
+
+static void kq_gemm16_any(const mu_weight *w, const uint8_t *r, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) {
+    switch (w->type) {
+    case MU_TYPE_Q4_K: q4k_gemm16(w, r, o0, o1, act, rows, y); break;
+    case MU_TYPE_Q5_K: q5k_gemm16(w, r, o0, o1, act, rows, y); break;
+    default: q6k_gemm16(w, r, o0, o1, act, rows, y); break;
+    }
+}
+
+/* 9+ rows of an X16 weight: the task's groups turned back into GGUF rows
+ * once (the GEMM passes over them once per 16 activation rows), then the
+ * GGUF-layout GEMM: same blocks, same order, same bits. */
+static void x16_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) {
+    const int64_t nb = w->n_in / MU_QK_K;
+    const uint64_t bb = mu_cpu_x16_block_bytes(w);
+    uint8_t *buf = mu_xmalloc((size_t)(o1 - o0) * w->row_bytes);
+    for (int64_t g = o0 / 16; g < o1 / 16; g++)
+        for (int64_t b = 0; b < nb; b++)
+            mu_cpu_avx512_x16_unpack(mu_cpu_x16_at(w, bb, g, b), bb,
+                                     buf + (uint64_t)(16 * g - o0) * w->row_bytes + (uint64_t)b * bb, w->row_bytes);
+    kq_gemm16_any(w, buf, o0, o1, act, rows, y);
+    free(buf);
+}
 
 static tile_step_fn step_for(const mu_weight *w) {
     if (!mu_weight_uses_q8k(w, NULL)) return NULL;
@@ -1002,8 +1014,7 @@ void mu_cpu_avx512_qmatmul(const mu_weight *w, int64_t o0, int64_t o1, const voi
         const int64_t split = o1 < mu_cpu_x16_rows(w) ? o1 : mu_cpu_x16_rows(w);
         if (o0 < split) {
             if (rows <= 8) mu_cpu_avx512_x16_matmul(w, o0, split, xq, rows, y);
-            else if (w->type == MU_TYPE_Q4_K) q4k_gemm16_x16(w, o0, split, act, rows, y);
-            else q6k_gemm16_x16(w, o0, split, act, rows, y);
+            else x16_gemm16(w, o0, split, act, rows, y);
         }
         if (split >= o1) return;
         o0 = split > o0 ? split : o0; /* the rows past the last group keep the GGUF layout */
@@ -1024,13 +1035,9 @@ void mu_cpu_avx512_qmatmul(const mu_weight *w, int64_t o0, int64_t o1, const voi
         default: break;
         }
     }
-    if (rows >= 9) {
-        switch (w->type) {
-        case MU_TYPE_Q4_K: q4k_gemm16(w, o0, o1, act, rows, y); return;
-        case MU_TYPE_Q5_K: q5k_gemm16(w, o0, o1, act, rows, y); return;
-        case MU_TYPE_Q6_K: q6k_gemm16(w, o0, o1, act, rows, y); return;
-        default: break;
-        }
+    if (rows >= 9 && (w->type == MU_TYPE_Q4_K || w->type == MU_TYPE_Q5_K || w->type == MU_TYPE_Q6_K)) {
+        kq_gemm16_any(w, w->data + (uint64_t)o0 * w->row_bytes, o0, o1, act, rows, y);
+        return;
     }
     run_tiles(w, o0, o1, act, rows, y, step_for(w));
 }

@@ -7,7 +7,7 @@
  * Exactness: each sub-block sum is an int32 computed exactly, scaled and
  * summed in int32 (exact: |sumi| < 2^31 by the formats' ranges), then f_b is
  * the reference's formula lane-wise, added to the row total in block order:
- *   Q4_K: f_b = (d*xd)*(float)sumi - (dmin*xd)*(float)summ
+ *   Q4_K, Q5_K: f_b = (d*xd)*(float)sumi - (dmin*xd)*(float)summ
  *   Q6_K: f_b = (d*xd)*(float)(sum_s sc_s*dot_s - 32*sum_s sc_s*bsum_s)
  * Q4_K's high nibbles are used in place (byte & 0xF0 = 16 * code): their
  * scaled sums are exact multiples of 16 and are shifted down once per block.
@@ -58,19 +58,27 @@ static inline __m512i load_dw(const uint8_t *grp, int k) { return _mm512_loadu_s
 
 static inline __m512i bcast(const int8_t *p) { return _mm512_set1_epi32((int)cpu_rd32((const uint8_t *)p)); }
 
-/* ---- Q4_K: dword 0 = (d, dmin), 1-3 = the 12 scale bytes, 4-35 = qs ---- */
+/* ---- Q4_K / Q5_K: dword 0 = (d, dmin), 1-3 = the 12 scale bytes, then
+ * Q4_K: 4-35 = qs; Q5_K: 4-11 = qh (fifth bits), 12-43 = qs ---- */
 
 static const int K4_SLOT[8] = {0, 2, 1, 3, 4, 6, 5, 7}; /* sub-block -> 32-code slot of the activation */
 
-static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
-                                                            int64_t nbx, int T, float *y, int64_t ys,
-                                                            bool has_scale, float scale) {
-    const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8((char)0xF0);
+/* bit `bit` of each byte of v moved to bit 4 of the same byte (other bits: garbage) */
+static inline __m512i bit_to_4(__m512i v, int bit) {
+    return bit < 4 ? _mm512_slli_epi32(v, (unsigned)(4 - bit)) : bit > 4 ? _mm512_srli_epi32(v, (unsigned)(bit - 4)) : v;
+}
+
+static inline __attribute__((always_inline)) void q45k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
+                                                             int64_t nbx, int T, float *y, int64_t ys,
+                                                             bool has_scale, float scale, bool five) {
+    const uint64_t gbytes = five ? 2816 : 2304;
+    const int qs_dw = five ? 12 : 4;
+    const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8((char)0xF0), m10 = _mm512_set1_epi8(0x10);
     const __m512i k3f = _mm512_set1_epi32(0x3F3F3F3F), k30 = _mm512_set1_epi32(0x30303030);
     __m512 total[X16_TILE];
     for (int t = 0; t < T; t++) total[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, grp += 2304) {
-        prefetch_block(grp, 2304);
+    for (int64_t b = 0; b < nb; b++, grp += gbytes) {
+        prefetch_block(grp, gbytes);
         /* the 6-bit scales and mins of 16 rows, as qi_scale_min_k4 unpacks them:
          * bytes 0-3 of sc[0] / mn[0] are those of sub-blocks 0-3, of sc[1] / mn[1] 4-7 */
         const __m512i s0 = load_dw(grp, 1), s1 = load_dw(grp, 2), s2 = load_dw(grp, 3);
@@ -82,16 +90,24 @@ static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, i
         mn[1] = _mm512_and_si512(_mm512_ternarylogic_epi32(_mm512_srli_epi32(s1, 2), _mm512_srli_epi32(s2, 4), k30, 0xE4), k3f);
         __m512i slo[X16_TILE], shi[X16_TILE];
         for (int t = 0; t < T; t++) slo[t] = shi[t] = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) { /* qs chunk c: sub-blocks 2c (low nibbles), 2c+1 (high) */
+        for (int c = 0; c < 4; c++) { /* qs chunk c: sub-blocks 2c (low nibbles), 2c+1 (high);
+                                        * Q5_K's fifth bits: qh bits 2c, 2c+1 */
             const int off_lo = 32 * K4_SLOT[2 * c], off_hi = 32 * K4_SLOT[2 * c + 1];
             __m512i al[X16_TILE], ah[X16_TILE];
             for (int t = 0; t < T; t++) al[t] = ah[t] = _mm512_setzero_si512();
             for (int h = 0; h < 2; h++) {
                 __m512i lo[4], hi[4];
                 for (int p = 0; p < 4; p++) {
-                    const __m512i q = load_dw(grp, 4 + 8 * c + 4 * h + p);
-                    lo[p] = _mm512_and_si512(q, m0f);
-                    hi[p] = _mm512_and_si512(q, mf0);
+                    const __m512i q = load_dw(grp, qs_dw + 8 * c + 4 * h + p);
+                    if (five) { /* code | 16 * fifth bit: A | (B & C) */
+                        const __m512i qh = load_dw(grp, 4 + 4 * h + p);
+                        lo[p] = _mm512_ternarylogic_epi32(_mm512_and_si512(q, m0f), bit_to_4(qh, 2 * c), m10, 0xF8);
+                        hi[p] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(q, 4), m0f),
+                                                          bit_to_4(qh, 2 * c + 1), m10, 0xF8);
+                    } else { /* the high nibble in place: 16 * code */
+                        lo[p] = _mm512_and_si512(q, m0f);
+                        hi[p] = _mm512_and_si512(q, mf0);
+                    }
                 }
                 for (int t = 0; t < T; t++) {
                     const int8_t *xq = x[t * nbx + b].qs + 16 * h;
@@ -119,7 +135,7 @@ static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, i
             const mu_block_q8k *xb = x + t * nbx + b;
             __m512i summ = _mm512_setzero_si512();
             for (int j = 0; j < 8; j++) summ = _mm512_dpwssd_epi32(summ, mp[j], bcast((const int8_t *)(xb->bsums + 2 * j)));
-            const __m512i sumi = _mm512_add_epi32(slo[t], _mm512_srai_epi32(shi[t], 4));
+            const __m512i sumi = _mm512_add_epi32(slo[t], five ? shi[t] : _mm512_srai_epi32(shi[t], 4));
             const __m512 xd = _mm512_set1_ps(xb->d);
             const __m512 f = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi)),
                                            _mm512_mul_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(summ)));
@@ -128,6 +144,18 @@ static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, i
     }
     for (int t = 0; t < T; t++)
         _mm512_storeu_ps(y + t * ys, has_scale ? _mm512_mul_ps(total[t], _mm512_set1_ps(scale)) : total[t]);
+}
+
+static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
+                                                            int64_t nbx, int T, float *y, int64_t ys,
+                                                            bool has_scale, float scale) {
+    q45k_tile(grp, nb, x, nbx, T, y, ys, has_scale, scale, false);
+}
+
+static inline __attribute__((always_inline)) void q5k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
+                                                            int64_t nbx, int T, float *y, int64_t ys,
+                                                            bool has_scale, float scale) {
+    q45k_tile(grp, nb, x, nbx, T, y, ys, has_scale, scale, true);
 }
 
 /* ---- Q6_K: dwords 0-31 = ql, 32-47 = qh, 48-51 = int8 scales, then d ---- */
@@ -204,24 +232,26 @@ void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const 
             const mu_block_q8k *xr = xq + r * nb;
             float *yr = y + r * w->n_out + 16 * g;
             if (w->type == MU_TYPE_Q4_K) TILE_CASES(q4k_tile)
+            else if (w->type == MU_TYPE_Q5_K) TILE_CASES(q5k_tile)
             else TILE_CASES(q6k_tile)
         }
 }
 
 /* The 16 GGUF blocks of an X16 group block (mu_cpu_x16_unpack_ref's result)
- * by 16x16 dword transposes. */
-void mu_cpu_avx512_x16_unpack(const uint8_t *grp, uint64_t bb, uint8_t *out) {
+ * by 16x16 dword transposes; block r goes to out + r * stride. */
+void mu_cpu_avx512_x16_unpack(const uint8_t *grp, uint64_t bb, uint8_t *out, uint64_t stride) {
     const int nd = (int)(bb / 4), rem = (int)(bb % 4);
     int k0 = 0;
     for (; k0 + 16 <= nd; k0 += 16) {
         __m512i r[16];
         for (int j = 0; j < 16; j++) r[j] = load_dw(grp, k0 + j);
         transpose16_epi32(r);
-        for (int i = 0; i < 16; i++) _mm512_storeu_si512(out + (uint64_t)i * bb + 4 * k0, r[i]);
+        for (int i = 0; i < 16; i++) _mm512_storeu_si512(out + (uint64_t)i * stride + 4 * k0, r[i]);
     }
     for (int i = 0; i < 16; i++) {
-        for (int k = k0; k < nd; k++) memcpy(out + (uint64_t)i * bb + 4 * k, grp + 64 * k + 4 * i, 4);
-        memcpy(out + (uint64_t)i * bb + 4 * nd, grp + 64 * nd + rem * i, (size_t)rem);
+        uint8_t *dst = out + (uint64_t)i * stride;
+        for (int k = k0; k < nd; k++) memcpy(dst + 4 * k, grp + 64 * k + 4 * i, 4);
+        for (int e = 0; e < rem; e++) dst[4 * nd + e] = grp[64 * nd + rem * i + e];
     }
 }
 
