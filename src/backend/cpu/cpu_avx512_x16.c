@@ -50,8 +50,10 @@ static inline __m512i bytes_to_words_top(int j, int k) {
                                                  (int)(base + 0x0C000C00u)));
 }
 
+/* one prefetch per two lines: the L2's adjacent-line prefetch takes the other
+ * (measured: as fast as one per line, with half the instructions) */
 static inline void prefetch_block(const uint8_t *p, uint64_t bytes) {
-    for (uint64_t l = 0; l < bytes; l += 64) _mm_prefetch((const char *)p + X16_PREFETCH + l, _MM_HINT_T0);
+    for (uint64_t l = 0; l < bytes; l += 128) _mm_prefetch((const char *)p + X16_PREFETCH + l, _MM_HINT_T0);
 }
 
 static inline __m512i load_dw(const uint8_t *grp, int k) { return _mm512_loadu_si512(grp + 64 * k); }
