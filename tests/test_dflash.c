@@ -484,8 +484,14 @@ static void test_forward_oracle(void) {
     double *ref[2][N_ANCHORS], worst[2], scale = 0;
     int agree[2];
     float *last[2];
+    /* the oracle reads the target's embedding and LM head with the generic
+     * row readers: its own load, in the GGUF layout (the session's copy may
+     * be in the cpu backend's X16 layout) */
+    mu_model *canon = mu_model_load(target_path, &err);
+    CHECK_MSG(canon != NULL, "%s", err.msg);
+    if (!canon) return;
     for (int w = 0; w < 2; w++) {
-        oracle o = {ds[w]->gguf, &ds[w]->cfg, target->m};
+        oracle o = {ds[w]->gguf, &ds[w]->cfg, canon};
         for (int a = 0; a < N_ANCHORS; a++) {
             ref[w][a] = malloc((size_t)(R_ROWS * V) * sizeof(double));
             oracle_draft(&o, features, ANCHORS[a], toks[ANCHORS[a]], R_ROWS, ref[w][a]);
@@ -518,6 +524,7 @@ static void test_forward_oracle(void) {
     muser_session_free(s);
     mu_dflash_free(d32);
     mu_dflash_free(dq4);
+    mu_model_free(canon);
     remove(f32_path);
 }
 
