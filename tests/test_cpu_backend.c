@@ -2,7 +2,7 @@
  * every weight format (both NVFP4 layouts, with and without the per-tensor
  * scale), ragged shapes, 1..17 activation rows, thread counts 1, 2, 3, 8 and
  * every ISA level this machine has (scalar, avx2, avx512), and on AVX-512 the
- * load-time X16 layout too (Q4_K, Q5_K, Q6_K). Inputs are random
+ * load-time X16 layout of Q4_K too. Inputs are random
  * and non-zero, plus edge rows (all zero, sign ties, specials for the
  * transcendental ops). */
 #include "testutil.h"
@@ -203,13 +203,14 @@ static void test_matmul(void) {
 }
 
 /* X16 packing is a permutation: the reference inverse gives back every
- * GGUF block, and rows past the last group are untouched. */
+ * GGUF block, and rows past the last group are untouched (any block size:
+ * Q5_K and Q6_K exercise the odd-size tail of a block). */
 static void test_x16_roundtrip(void) {
     static const uint32_t types[] = {MU_TYPE_Q4_K, MU_TYPE_Q5_K, MU_TYPE_Q6_K};
     for (int t = 0; t < 3; t++) {
         test_weight tw;
         if (!make_weight(types[t], 768, 37, 1, &tw)) return;
-        CHECK(mu_cpu_x16_eligible(&tw.w));
+        CHECK(mu_cpu_x16_eligible(&tw.w) == (types[t] == MU_TYPE_Q4_K));
         const uint64_t bytes = tw.w.row_bytes * 37, bb = mu_cpu_x16_block_bytes(&tw.w);
         uint8_t *p = malloc(bytes), *blocks = malloc(16 * bb);
         memcpy(p, tw.data, bytes);

@@ -1,18 +1,22 @@
-/* AVX-512 VNNI kernels for X16 weights (cpu_repack.h), 1-8 activation rows:
- * decode and short verify batches. Lane r of every vector is weight row
- * 16g + r; a 512-bit load of the group block gives one dword of 16 rows and
- * `vpdpbusd` against a broadcast activation dword advances 16 row sums at
- * once, so there are no horizontal sums and the weights are one stream.
+/* AVX-512 VNNI kernel for Q4_K weights in the X16 layout (cpu_repack.h),
+ * 1-8 activation rows: decode and short verify batches. Lane r of every
+ * vector is weight row 16g + r; a 512-bit load of the group block gives one
+ * dword of 16 rows and `vpdpbusd` against a broadcast activation dword
+ * advances 16 row sums at once, so there are no horizontal sums and the
+ * weights are one stream.
  *
  * Exactness: each sub-block sum is an int32 computed exactly, scaled and
- * summed in int32 (exact: |sumi| < 2^31 by the formats' ranges), then f_b is
- * the reference's formula lane-wise, added to the row total in block order:
- *   Q4_K, Q5_K: f_b = (d*xd)*(float)sumi - (dmin*xd)*(float)summ
- *   Q6_K: f_b = (d*xd)*(float)(sum_s sc_s*dot_s - 32*sum_s sc_s*bsum_s)
- * Q4_K's high nibbles are used in place (byte & 0xF0 = 16 * code): their
- * scaled sums are exact multiples of 16 and are shifted down once per block.
+ * summed in int32 (exact: |sumi| < 2^31 by the format's ranges), then
+ *   f_b = (d*xd)*(float)sumi - (dmin*xd)*(float)summ
+ * lane-wise, the reference's formula, added to the row total in block
+ * order. The high nibbles are used in place (byte & 0xF0 = 16 * code):
+ * their scaled sums are exact multiples of 16, shifted down once per block.
  * Activation codes come in the order cpu_avx512_quant.c's quantizer writes
- * for the type (Q4_K: 32-value chunks in sub-block order 0 2 1 3 4 6 5 7). */
+ * for Q4_K (32-value chunks in sub-block order 0 2 1 3 4 6 5 7).
+ *
+ * Q5_K and Q6_K stay in the GGUF layout: X16 kernels for them (more bit
+ * unpacking per dword) measured slower than the GGUF-layout decode kernels
+ * (31 against 44 GB/s for Q6_K at 2 threads). */
 #include "backend/cpu/cpu_simd_common.h"
 
 #if defined(__x86_64__)
@@ -24,9 +28,10 @@
 
 /* Rows per activation tile: 4 rows keep every accumulator in registers. */
 #define X16_TILE 4
-/* Software prefetch distance of the weight stream, in bytes (about three
- * Q4_K group blocks: enough to cover DRAM latency at one block per ~20 ns). */
+/* Software prefetch distance of the weight stream, in bytes (three group
+ * blocks: enough to cover DRAM latency at one block per ~20 ns). */
 #define X16_PREFETCH 6912
+#define Q4K_GROUP_BLOCK 2304 /* 16 x 144 bytes */
 
 /* vpshufb control: byte j of each dword, zero-extended to the dword */
 static inline __m512i byte_to_dword(int j) {
@@ -34,82 +39,57 @@ static inline __m512i byte_to_dword(int j) {
     return _mm512_broadcast_i32x4(_mm_setr_epi32((int)base, (int)(base + 4), (int)(base + 8), (int)(base + 12)));
 }
 
-/* vpshufb control: byte j of each dword into the top byte (for a signed
- * shift down) */
-static inline __m512i byte_to_top(int j) {
-    const unsigned base = 0x00808080u | (unsigned)j << 24;
-    return _mm512_broadcast_i32x4(_mm_setr_epi32((int)base, (int)(base + (4u << 24)), (int)(base + (8u << 24)),
-                                                 (int)(base + (12u << 24))));
-}
-
-/* vpshufb control: bytes (j, k) of each dword into the top bytes of its two
- * words, (j, j) when k < 0 */
-static inline __m512i bytes_to_words_top(int j, int k) {
-    const unsigned base = 0x00800080u | (unsigned)j << 8 | (unsigned)(k < 0 ? j : k) << 24;
+/* vpshufb control: byte j of each dword into the top bytes of both its
+ * words (shifted down: the int16 pair (b_j, b_j)) */
+static inline __m512i byte_to_word_pair(int j) {
+    const unsigned base = 0x00800080u | (unsigned)j << 8 | (unsigned)j << 24;
     return _mm512_broadcast_i32x4(_mm_setr_epi32((int)base, (int)(base + 0x04000400u), (int)(base + 0x08000800u),
                                                  (int)(base + 0x0C000C00u)));
 }
 
 /* one prefetch per two lines: the L2's adjacent-line prefetch takes the other
  * (measured: as fast as one per line, with half the instructions) */
-static inline void prefetch_block(const uint8_t *p, uint64_t bytes) {
-    for (uint64_t l = 0; l < bytes; l += 128) _mm_prefetch((const char *)p + X16_PREFETCH + l, _MM_HINT_T0);
+static inline void prefetch_block(const uint8_t *p) {
+    for (int l = 0; l < Q4K_GROUP_BLOCK; l += 128) _mm_prefetch((const char *)p + X16_PREFETCH + l, _MM_HINT_T0);
 }
 
 static inline __m512i load_dw(const uint8_t *grp, int k) { return _mm512_loadu_si512(grp + 64 * k); }
 
 static inline __m512i bcast(const int8_t *p) { return _mm512_set1_epi32((int)cpu_rd32((const uint8_t *)p)); }
 
-/* ---- Q4_K / Q5_K: dword 0 = (d, dmin), 1-3 = the 12 scale bytes, then
- * Q4_K: 4-35 = qs; Q5_K: 4-11 = qh (fifth bits), 12-43 = qs ---- */
-
+/* Group block: dword 0 = (d, dmin), 1-3 = the 12 scale bytes, 4-35 = qs. */
 static const int K4_SLOT[8] = {0, 2, 1, 3, 4, 6, 5, 7}; /* sub-block -> 32-code slot of the activation */
 
-/* bit `bit` of each byte of v moved to bit 4 of the same byte (other bits: garbage) */
-static inline __m512i bit_to_4(__m512i v, int bit) {
-    return bit < 4 ? _mm512_slli_epi32(v, (unsigned)(4 - bit)) : bit > 4 ? _mm512_srli_epi32(v, (unsigned)(bit - 4)) : v;
-}
-
-static inline __attribute__((always_inline)) void q45k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
-                                                             int64_t nbx, int T, float *y, int64_t ys,
-                                                             bool has_scale, float scale, bool five) {
-    const uint64_t gbytes = five ? 2816 : 2304;
-    const int qs_dw = five ? 12 : 4;
-    const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8((char)0xF0), m10 = _mm512_set1_epi8(0x10);
+static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
+                                                            int64_t nbx, int T, float *y, int64_t ys,
+                                                            bool has_scale, float scale) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8((char)0xF0);
     const __m512i k3f = _mm512_set1_epi32(0x3F3F3F3F), k30 = _mm512_set1_epi32(0x30303030);
     __m512 total[X16_TILE];
     for (int t = 0; t < T; t++) total[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, grp += gbytes) {
-        prefetch_block(grp, gbytes);
+    for (int64_t b = 0; b < nb; b++, grp += Q4K_GROUP_BLOCK) {
+        prefetch_block(grp);
         /* the 6-bit scales and mins of 16 rows, as qi_scale_min_k4 unpacks them:
          * bytes 0-3 of sc[0] / mn[0] are those of sub-blocks 0-3, of sc[1] / mn[1] 4-7 */
         const __m512i s0 = load_dw(grp, 1), s1 = load_dw(grp, 2), s2 = load_dw(grp, 3);
         __m512i sc[2], mn[2];
         sc[0] = _mm512_and_si512(s0, k3f);
         mn[0] = _mm512_and_si512(s1, k3f);
-        /* bits 4-5 from the high bits of bytes 0-3 / 4-7, bits 0-3 from bytes 8-11 */
+        /* bits 4-5 from the high bits of bytes 0-3 / 4-7, bits 0-3 from bytes 8-11 (0xE4: C ? A : B) */
         sc[1] = _mm512_and_si512(_mm512_ternarylogic_epi32(_mm512_srli_epi32(s0, 2), s2, k30, 0xE4), k3f);
         mn[1] = _mm512_and_si512(_mm512_ternarylogic_epi32(_mm512_srli_epi32(s1, 2), _mm512_srli_epi32(s2, 4), k30, 0xE4), k3f);
         __m512i slo[X16_TILE], shi[X16_TILE];
         for (int t = 0; t < T; t++) slo[t] = shi[t] = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) { /* qs chunk c: sub-blocks 2c (low nibbles), 2c+1 (high);
-                                        * Q5_K's fifth bits: qh bits 2c, 2c+1 */
+        for (int c = 0; c < 4; c++) { /* qs chunk c: sub-blocks 2c (low nibbles), 2c+1 (high) */
             const int off_lo = 32 * K4_SLOT[2 * c], off_hi = 32 * K4_SLOT[2 * c + 1];
             __m512i al[X16_TILE], ah[X16_TILE];
             for (int t = 0; t < T; t++) al[t] = ah[t] = _mm512_setzero_si512();
             for (int h = 0; h < 2; h++) {
                 __m512i lo[4], hi[4];
                 for (int p = 0; p < 4; p++) {
-                    const __m512i q = load_dw(grp, qs_dw + 8 * c + 4 * h + p);
-                    if (five) { /* code | 16 * fifth bit: A | (B & C) */
-                        const __m512i qh = load_dw(grp, 4 + 4 * h + p);
-                        lo[p] = _mm512_ternarylogic_epi32(_mm512_and_si512(q, m0f), bit_to_4(qh, 2 * c), m10, 0xF8);
-                        hi[p] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(q, 4), m0f),
-                                                          bit_to_4(qh, 2 * c + 1), m10, 0xF8);
-                    } else { /* the high nibble in place: 16 * code */
-                        lo[p] = _mm512_and_si512(q, m0f);
-                        hi[p] = _mm512_and_si512(q, mf0);
-                    }
+                    const __m512i q = load_dw(grp, 4 + 8 * c + 4 * h + p);
+                    lo[p] = _mm512_and_si512(q, m0f);
+                    hi[p] = _mm512_and_si512(q, mf0); /* 16 * code */
                 }
                 for (int t = 0; t < T; t++) {
                     const int8_t *xq = x[t * nbx + b].qs + 16 * h;
@@ -128,8 +108,7 @@ static inline __attribute__((always_inline)) void q45k_tile(const uint8_t *grp, 
         }
         /* summ = sum_j m_j (bsums[2j] + bsums[2j+1]): pairs (m_j, m_j) . (bsums[2j], bsums[2j+1]) */
         __m512i mp[8];
-        for (int j = 0; j < 8; j++)
-            mp[j] = _mm512_srli_epi16(_mm512_shuffle_epi8(mn[j >> 2], bytes_to_words_top(j & 3, -1)), 8);
+        for (int j = 0; j < 8; j++) mp[j] = _mm512_srli_epi16(_mm512_shuffle_epi8(mn[j >> 2], byte_to_word_pair(j & 3)), 8);
         const __m512i dd = load_dw(grp, 0);
         const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
         const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
@@ -137,77 +116,11 @@ static inline __attribute__((always_inline)) void q45k_tile(const uint8_t *grp, 
             const mu_block_q8k *xb = x + t * nbx + b;
             __m512i summ = _mm512_setzero_si512();
             for (int j = 0; j < 8; j++) summ = _mm512_dpwssd_epi32(summ, mp[j], bcast((const int8_t *)(xb->bsums + 2 * j)));
-            const __m512i sumi = _mm512_add_epi32(slo[t], five ? shi[t] : _mm512_srai_epi32(shi[t], 4));
+            const __m512i sumi = _mm512_add_epi32(slo[t], _mm512_srai_epi32(shi[t], 4));
             const __m512 xd = _mm512_set1_ps(xb->d);
             const __m512 f = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi)),
                                            _mm512_mul_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(summ)));
             total[t] = _mm512_add_ps(total[t], f);
-        }
-    }
-    for (int t = 0; t < T; t++)
-        _mm512_storeu_ps(y + t * ys, has_scale ? _mm512_mul_ps(total[t], _mm512_set1_ps(scale)) : total[t]);
-}
-
-static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
-                                                            int64_t nbx, int T, float *y, int64_t ys,
-                                                            bool has_scale, float scale) {
-    q45k_tile(grp, nb, x, nbx, T, y, ys, has_scale, scale, false);
-}
-
-static inline __attribute__((always_inline)) void q5k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
-                                                            int64_t nbx, int T, float *y, int64_t ys,
-                                                            bool has_scale, float scale) {
-    q45k_tile(grp, nb, x, nbx, T, y, ys, has_scale, scale, true);
-}
-
-/* ---- Q6_K: dwords 0-31 = ql, 32-47 = qh, 48-51 = int8 scales, then d ---- */
-
-static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
-                                                            int64_t nbx, int T, float *y, int64_t ys,
-                                                            bool has_scale, float scale) {
-    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    __m512 total[X16_TILE];
-    for (int t = 0; t < T; t++) total[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, grp += 3360) {
-        prefetch_block(grp, 3360);
-        __m512i sumi[X16_TILE];
-        for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++)
-            for (int part = 0; part < 4; part++) { /* codes 128h + 32part + 0..31: sub-blocks 8h + 2part, +1 */
-                __m512i c[8];
-                for (int p = 0; p < 8; p++) {
-                    const __m512i ql = load_dw(grp, 16 * h + 8 * (part & 1) + p), qh = load_dw(grp, 32 + 8 * h + p);
-                    const __m512i nib = part < 2 ? _mm512_and_si512(ql, m0f) : _mm512_and_si512(_mm512_srli_epi32(ql, 4), m0f);
-                    /* bits 2part, 2part+1 of qh to bits 4-5 */
-                    const __m512i hb = part == 0 ? _mm512_slli_epi32(qh, 4) : part == 1 ? _mm512_slli_epi32(qh, 2)
-                                       : part == 2 ? qh : _mm512_srli_epi32(qh, 2);
-                    c[p] = _mm512_ternarylogic_epi32(nib, hb, m30, 0xF8); /* nib | (hb & 0x30) */
-                }
-                const int s0 = 8 * h + 2 * part;
-                const __m512i sc_dw = load_dw(grp, 48 + s0 / 4);
-                const __m512i sa = _mm512_srai_epi32(_mm512_shuffle_epi8(sc_dw, byte_to_top(s0 & 3)), 24);
-                const __m512i sb = _mm512_srai_epi32(_mm512_shuffle_epi8(sc_dw, byte_to_top((s0 + 1) & 3)), 24);
-                for (int t = 0; t < T; t++) {
-                    const int8_t *xq = x[t * nbx + b].qs + 16 * s0;
-                    __m512i a = _mm512_setzero_si512(), a2 = _mm512_setzero_si512();
-                    for (int p = 0; p < 4; p++) {
-                        a = _mm512_dpbusd_epi32(a, c[p], bcast(xq + 4 * p));
-                        a2 = _mm512_dpbusd_epi32(a2, c[p + 4], bcast(xq + 16 + 4 * p));
-                    }
-                    sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(a, sa), _mm512_mullo_epi32(a2, sb)));
-                }
-            }
-        /* corr = sum_s sc_s * bsums[s]: signed int16 pairs (sc_2k, sc_2k+1) */
-        __m512i sp[8];
-        for (int k = 0; k < 8; k++)
-            sp[k] = _mm512_srai_epi16(_mm512_shuffle_epi8(load_dw(grp, 48 + k / 2), bytes_to_words_top((2 * k) & 3, (2 * k + 1) & 3)), 8);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(grp + 64 * 52)));
-        for (int t = 0; t < T; t++) {
-            const mu_block_q8k *xb = x + t * nbx + b;
-            __m512i corr = _mm512_setzero_si512();
-            for (int k = 0; k < 8; k++) corr = _mm512_dpwssd_epi32(corr, sp[k], bcast((const int8_t *)(xb->bsums + 2 * k)));
-            const __m512i s = _mm512_sub_epi32(sumi[t], _mm512_slli_epi32(corr, 5));
-            total[t] = _mm512_add_ps(total[t], _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(s)));
         }
     }
     for (int t = 0; t < T; t++)
@@ -222,8 +135,8 @@ static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, i
     default: fn(grp, nb, xr, nb, 4, yr, w->n_out, w->has_scale, w->scale); break;                             \
     }
 
-/* Output rows [o0, o1) (multiples of 16, inside the X16 groups) for `rows`
- * activation rows. */
+/* Output rows [o0, o1) (multiples of 16, inside the X16 groups) of a Q4_K
+ * weight for `rows` activation rows. */
 void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const mu_block_q8k *xq, int64_t rows, float *y) {
     const int64_t nb = w->n_in / MU_QK_K;
     const uint64_t bb = mu_cpu_x16_block_bytes(w);
@@ -233,9 +146,7 @@ void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const 
             const uint8_t *grp = mu_cpu_x16_at(w, bb, g, 0);
             const mu_block_q8k *xr = xq + r * nb;
             float *yr = y + r * w->n_out + 16 * g;
-            if (w->type == MU_TYPE_Q4_K) TILE_CASES(q4k_tile)
-            else if (w->type == MU_TYPE_Q5_K) TILE_CASES(q5k_tile)
-            else TILE_CASES(q6k_tile)
+            TILE_CASES(q4k_tile)
         }
 }
 
