@@ -389,6 +389,7 @@ static void test_attention(void) {
 }
 
 int main(void) {
+    setenv("MUSER_CPU_REPACK", "1", 1); /* the X16 layout on every AVX-512 machine, not only AMD ones */
     ref = mu_backend_ref_create(1);
     static const int threads[] = {1, 2, 3, 8};
     for (int isa = MU_CPU_ISA_SCALAR; isa <= MU_CPU_ISA_AVX512; isa++) {

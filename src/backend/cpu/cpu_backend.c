@@ -299,10 +299,21 @@ static void cpu_attention(mu_backend *b, const mu_attn_args *a, const float *q, 
 
 /* ---------- load-time repack ---------- */
 
-/* MUSER_CPU_REPACK=0 keeps every weight zero-copy in the GGUF layout. */
+/* MUSER_CPU_REPACK=1 / 0 forces the X16 repack on / off. By default it is
+ * on for AMD processors only: on the Zen 5 development VM the X16 decode
+ * kernel streams 1.5x the GGUF-layout kernel's bytes, while on an Intel Xeon
+ * host (16 cores) the GGUF-layout kernel was already at the memory's speed
+ * and X16 measured 4-12 % slower (docs/benchmarks.md). */
 static bool repack_enabled(void) {
     const char *env = getenv("MUSER_CPU_REPACK");
-    return !env || strcmp(env, "0") != 0;
+    if (env && !strcmp(env, "0")) return false;
+    if (env && !strcmp(env, "1")) return true;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd");
+#else
+    return false;
+#endif
 }
 
 static bool cpu_wants_repack(mu_backend *b, const mu_weight *w) {
