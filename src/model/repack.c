@@ -12,9 +12,8 @@ static bool set_protection(const uint8_t *p, uint64_t n, int prot) {
     return mprotect((void *)a, e - a, prot) == 0;
 }
 
-uint64_t mu_repack_weights(const gguf_file *f, mu_backend *be, mu_weight *const *ws, size_t n) {
-    if (!f->mapped || !be->wants_repack || !be->repack) return 0;
-    uint64_t done = 0;
+void mu_repack_weights(const gguf_file *f, mu_backend *be, mu_weight *const *ws, size_t n) {
+    if (!f->mapped || !be->wants_repack || !be->repack) return;
     for (size_t i = 0; i < n; i++) {
         mu_weight *w = ws[i];
         if (!be->wants_repack(be, w)) continue;
@@ -24,12 +23,10 @@ uint64_t mu_repack_weights(const gguf_file *f, mu_backend *be, mu_weight *const 
         if (!set_protection(w->data, bytes, PROT_READ | PROT_WRITE)) continue;
         be->repack(be, w, (uint8_t *)(uintptr_t)w->data);
         set_protection(w->data, bytes, PROT_READ);
-        done += bytes;
     }
-    return done;
 }
 
-uint64_t mu_model_repack(mu_model *m, mu_backend *be) {
+void mu_model_repack(mu_model *m, mu_backend *be) {
     const size_t per_layer = 8;
     mu_weight **ws = mu_xcalloc((size_t)m->cfg.n_layer * per_layer + 1, sizeof *ws);
     size_t n = 0;
@@ -41,7 +38,6 @@ uint64_t mu_model_repack(mu_model *m, mu_backend *be) {
             if (lw[k]->data) ws[n++] = lw[k];
     }
     ws[n++] = &m->output;
-    const uint64_t done = mu_repack_weights(m->gguf, be, ws, n);
+    mu_repack_weights(m->gguf, be, ws, n);
     free(ws);
-    return done;
 }

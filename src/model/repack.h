@@ -11,11 +11,10 @@
  * are made writable (private copy-on-write pages of the mapping, so the
  * file is never written and memory stays the file's size), rewritten and
  * made read-only again. Weights outside a mapping (caller memory) and
- * backends without a repack are left as they are. Returns the bytes
- * repacked. */
-uint64_t mu_repack_weights(const gguf_file *f, mu_backend *be, mu_weight *const *ws, size_t n);
+ * backends without a repack are left as they are. */
+void mu_repack_weights(const gguf_file *f, mu_backend *be, mu_weight *const *ws, size_t n);
 /* Every matrix of m that goes through mu_backend.matmul (the embedding,
  * read one row at a time by the generic reader, stays). */
-uint64_t mu_model_repack(mu_model *m, mu_backend *be);
+void mu_model_repack(mu_model *m, mu_backend *be);
 
 #endif

@@ -26,10 +26,10 @@
  * (ggml's optional `.scale` tensor); without has_scale there is no multiply.
  * n_in must be a multiple of 256 for the Q8_K-dotted types and native W4A16
  * (16 for W4A4); mu_weight_check verifies this and the rest of the view. */
-#include <stdio.h>
-#include <stdlib.h>
 #include "quant/quant_internal.h"
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 enum { LANES = 32 };
 

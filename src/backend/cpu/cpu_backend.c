@@ -347,7 +347,7 @@ static void repack_task(void *arg, int64_t t, int thread) {
  * page copies dominate (about 2 s per GB on one thread here) and they
  * scale with threads. */
 static void cpu_repack(mu_backend *b, mu_weight *w, uint8_t *data) {
-    if (!cpu_wants_repack(b, w)) return;
+    if (!mu_cpu_x16_eligible(w)) return; /* the caller asked wants_repack; packing anything else would corrupt it */
     cpu_ctx *c = ctx_of(b);
     repack_job j = {.w = w, .data = data, .groups = mu_cpu_x16_rows(w) / 16};
     j.per_task = ceil_div(1 << 20, (int64_t)(16 * w->row_bytes)); /* about 1 MiB per task */

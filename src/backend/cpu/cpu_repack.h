@@ -38,8 +38,8 @@ static inline const uint8_t *mu_cpu_x16_at(const mu_weight *w, uint64_t bb, int6
  * w->data, writable). Groups are independent: threads may take disjoint
  * ranges. The caller sets w->layout once every group is done. */
 void mu_cpu_x16_pack_groups(const mu_weight *w, uint8_t *data, int64_t g0, int64_t g1);
-/* The reference inverse: the 16 GGUF blocks of group g, block b, into
- * out[16][bb]. */
+/* The reference inverse: the 16 GGUF blocks of the group block at grp
+ * (mu_cpu_x16_at) into out[16][bb]. */
 void mu_cpu_x16_unpack_ref(const uint8_t *grp, uint64_t bb, uint8_t *out);
 
 #endif
