@@ -120,6 +120,7 @@ static void test_glimmer_tiny(void) {
 
 int main(void) {
     setenv("MUSER_CPU_REPACK", "1", 1); /* the X16 layout on every AVX-512 machine, not only AMD ones */
+    setenv("MUSER_CPU_HUGEPAGES", "1", 1); /* the resident copy even where THP is off */
     for (int i = 0; i < PROMPT_LEN; i++) prompt[i] = (int32_t)((i * 37 + 11) % 500);
     static const char *types[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K",
                                   "q4_k_xl", "nvfp4", "nvfp4_ggml"};
@@ -147,6 +148,13 @@ int main(void) {
                 compare_model(types[i], fx_synth(types[i], 5, WINDOW), want[i], V, lower_plans, 1, PROMPT_LEN);
         unsetenv("MUSER_CPU_ISA");
     }
+    /* Without the resident copy: the repack then works on the file mapping's
+     * copy-on-write pages, one weight at a time. */
+    setenv("MUSER_CPU_HUGEPAGES", "0", 1);
+    for (size_t i = 0; i < n_types; i++)
+        if (!strcmp(types[i], "Q4_K") || !strcmp(types[i], "q4_k_xl"))
+            compare_model(types[i], fx_synth(types[i], 5, WINDOW), want[i], V, lower_plans, 1, PROMPT_LEN);
+    setenv("MUSER_CPU_HUGEPAGES", "1", 1);
     for (size_t i = 0; i < n_types; i++) free(want[i]);
     test_glimmer_tiny();
     fx_cleanup();

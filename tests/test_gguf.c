@@ -245,6 +245,32 @@ static void check_all_types(const gguf_file *f, const scalars *s, const int32_t 
     CHECK_EQ_INT(gguf_find_key(f, "t.replaced"), (int64_t)f->n_kv - 1);
 }
 
+/* gguf_make_resident: same addresses, same bytes, idempotent; only for
+ * mapped files. The mapping starts on a 2 MiB boundary and owns the
+ * rounded-up span (huge pages need both). */
+static void check_resident(gguf_file *f, uint8_t **data) {
+    const uint64_t huge = (uint64_t)2 << 20;
+    CHECK_EQ_INT((uintptr_t)f->base % huge, 0);
+    CHECK_EQ_INT(f->span, (f->size + huge - 1) / huge * huge);
+    const uint8_t *base = f->base;
+    CHECK(!f->resident);
+    CHECK(gguf_make_resident(f));
+    CHECK(f->resident);
+    CHECK(f->base == base);
+    for (size_t i = 0; i < N_TENSORS && i < f->n_tensors; i++) {
+        CHECK(f->tensors[i].data == f->base + f->tensors[i].file_offset);
+        CHECK(!memcmp(f->tensors[i].data, data[i], f->tensors[i].nbytes));
+    }
+    CHECK(gguf_make_resident(f)); /* already */
+    gguf_file *m = gguf_open_memory(f->base, f->size, "copy", &(mu_error){{0}});
+    CHECK(m != NULL);
+    if (m) {
+        CHECK(!gguf_make_resident(m)); /* caller memory stays the caller's */
+        CHECK(!m->resident);
+        gguf_close(m);
+    }
+}
+
 static void roundtrip(uint32_t alignment, uint64_t seed) {
     uint64_t rng = seed;
     scalars s = random_scalars(&rng);
@@ -304,6 +330,7 @@ static void roundtrip(uint32_t alignment, uint64_t seed) {
     CHECK_EQ_INT(f->size, f->data_offset + expect_offset); /* last tensor padded too */
     CHECK(gguf_find_tensor(f, "nope") == NULL);
     CHECK(gguf_get(f, "nope") == NULL);
+    check_resident(f, data);
     gguf_close(f);
 out:
     for (size_t i = 0; i < N_TENSORS; i++) free(data[i]);

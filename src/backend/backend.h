@@ -45,6 +45,9 @@ struct mu_backend {
      * for w; repack rewrites w's bytes into it in place (`data` is w->data,
      * writable) and sets w->layout. */
     bool (*wants_repack)(mu_backend *b, const mu_weight *w);
+    /* Optional: should the weights be copied into anonymous huge-page memory
+     * at load (gguf_make_resident), before any repack? */
+    bool (*wants_resident)(mu_backend *b);
     void (*repack)(mu_backend *b, mu_weight *w, uint8_t *data);
     /* logits = cap > 0 ? tanh((l * scale) / cap) * cap : l * scale */
     void (*logit_tail)(mu_backend *b, float *logits, float scale, float cap, int64_t n);

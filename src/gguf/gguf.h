@@ -72,6 +72,8 @@ typedef struct gguf_file {
     const uint8_t *base;    /* whole file: a read-only private mapping (or caller memory) */
     uint64_t size;
     bool mapped;
+    bool resident;          /* gguf_make_resident swapped in an anonymous copy */
+    uint64_t span;          /* mapped: the owned address range, size rounded up to 2 MiB */
     uint32_t version;
     uint64_t alignment;
     uint64_t data_offset;
@@ -86,6 +88,13 @@ gguf_file *gguf_open(const char *path, mu_error *err);
 /* Parse caller memory (fuzzing, tests). buf must outlive the result. */
 gguf_file *gguf_open_memory(const void *buf, uint64_t len, const char *name, mu_error *err);
 void gguf_close(gguf_file *f);
+/* Replace a mapped file's pages by a private anonymous copy at the same
+ * addresses, on transparent huge pages where the kernel grants them (one
+ * TLB entry per 2 MiB instead of per 4 KiB for the weight streams), read-only
+ * like the mapping. The process then holds the file's size in anonymous
+ * memory rather than sharing the page cache. False (nothing changed) if the
+ * file is not mapped or the kernel refuses; true if already resident. */
+bool gguf_make_resident(gguf_file *f);
 
 /* Lookup: index or -1. */
 int64_t gguf_find_key(const gguf_file *f, const char *key);

@@ -25,6 +25,10 @@ static inline uint64_t gguf_le64(const uint8_t *p) {
 uint32_t gguf_vtype_fixed_size(uint32_t t);
 bool gguf_vtype_is_int(uint32_t t);
 
+/* Map `size` bytes of fd read-only and private at a 2 MiB boundary; *span
+ * gets the owned range (size rounded up to 2 MiB, the tail inaccessible). */
+const uint8_t *gguf_map_file(int fd, uint64_t size, uint64_t *span, const char *path, mu_error *err);
+
 /* Byte length of a tensor: whole rows of ne[0] values of `type`. False if
  * the type is unknown, ne[0] is not a multiple of its block, a dimension is
  * zero, or the element count exceeds INT64_MAX. */

@@ -524,9 +524,8 @@ gguf_file *gguf_open(const char *path, mu_error *err) {
     }
     f->size = (uint64_t)st.st_size;
     if (f->size > 0) {
-        void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            mu_err_set(err, "%s: mmap of %" PRIu64 " bytes failed: %s", path, f->size, strerror(errno));
+        const uint8_t *m = gguf_map_file(fd, f->size, &f->span, path, err);
+        if (!m) {
             close(fd);
             gguf_close(f);
             return NULL;
@@ -540,7 +539,7 @@ gguf_file *gguf_open(const char *path, mu_error *err) {
 
 void gguf_close(gguf_file *f) {
     if (!f) return;
-    if (f->mapped) munmap((void *)f->base, (size_t)f->size);
+    if (f->mapped) munmap((void *)f->base, (size_t)f->span);
     priv_free(f->priv);
     free(f->path);
     free(f);

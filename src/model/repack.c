@@ -12,18 +12,30 @@ static bool set_protection(const uint8_t *p, uint64_t n, int prot) {
     return mprotect((void *)a, e - a, prot) == 0;
 }
 
-void mu_repack_weights(const gguf_file *f, mu_backend *be, mu_weight *const *ws, size_t n) {
-    if (!f->mapped || !be->wants_repack || !be->repack) return;
+/* Is w wholly inside f's bytes? */
+static bool inside(const gguf_file *f, const mu_weight *w) {
+    const uint64_t bytes = (uint64_t)w->n_out * w->row_bytes;
+    return w->data >= f->base && w->data + bytes <= f->base + f->size;
+}
+
+void mu_repack_weights(gguf_file *f, mu_backend *be, mu_weight *const *ws, size_t n) {
+    if (!f->mapped) return;
+    /* First, so the repack below works on pages the process already owns. */
+    if (be->wants_resident && be->wants_resident(be)) (void)gguf_make_resident(f);
+    if (!be->wants_repack || !be->repack) return;
+    /* A resident copy is made writable as a whole: changing the protection
+     * of part of a huge page would split it into 4 KiB mappings. */
+    const bool whole = f->resident && set_protection(f->base, f->span, PROT_READ | PROT_WRITE);
     for (size_t i = 0; i < n; i++) {
         mu_weight *w = ws[i];
-        if (!be->wants_repack(be, w)) continue;
+        if (!be->wants_repack(be, w) || !inside(f, w)) continue;
         const uint64_t bytes = (uint64_t)w->n_out * w->row_bytes;
-        if (w->data < f->base || w->data + bytes > f->base + f->size) continue;
         /* A refused mprotect leaves the weight zero-copy, which is correct. */
-        if (!set_protection(w->data, bytes, PROT_READ | PROT_WRITE)) continue;
+        if (!whole && !set_protection(w->data, bytes, PROT_READ | PROT_WRITE)) continue;
         be->repack(be, w, (uint8_t *)(uintptr_t)w->data);
-        set_protection(w->data, bytes, PROT_READ);
+        if (!whole) set_protection(w->data, bytes, PROT_READ);
     }
+    if (whole) set_protection(f->base, f->span, PROT_READ);
 }
 
 void mu_model_repack(mu_model *m, mu_backend *be) {

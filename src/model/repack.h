@@ -7,12 +7,14 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 
-/* Repack the weights ws[0..n) that live in f's mapping, in place: the pages
- * are made writable (private copy-on-write pages of the mapping, so the
+/* If the backend wants it, first make f's mapping resident (gguf.h:
+ * anonymous huge-page memory at the same addresses). Then repack the
+ * weights ws[0..n) that live in f's mapping, in place: the pages are made
+ * writable (private copy-on-write pages of the mapping, so the
  * file is never written and memory stays the file's size), rewritten and
  * made read-only again. Weights outside a mapping (caller memory) and
  * backends without a repack are left as they are. */
-void mu_repack_weights(const gguf_file *f, mu_backend *be, mu_weight *const *ws, size_t n);
+void mu_repack_weights(gguf_file *f, mu_backend *be, mu_weight *const *ws, size_t n);
 /* Every matrix of m that goes through mu_backend.matmul (the embedding,
  * read one row at a time by the generic reader, stays). */
 void mu_model_repack(mu_model *m, mu_backend *be);

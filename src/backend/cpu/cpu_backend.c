@@ -320,6 +320,28 @@ static bool cpu_wants_repack(mu_backend *b, const mu_weight *w) {
     return ctx_of(b)->k->isa == MU_CPU_ISA_AVX512 && repack_enabled() && mu_cpu_x16_eligible(w);
 }
 
+/* MUSER_CPU_HUGEPAGES=1 / 0 forces the resident huge-page copy of the
+ * weights (gguf_make_resident) on / off. By default it is on wherever the
+ * kernel offers transparent huge pages to madvise: the hardware prefetchers
+ * stop at every 4 KiB page and each page costs a TLB walk (a nested one in
+ * a VM), so a stream of 2 MiB pages reads faster (docs/benchmarks.md). */
+static bool hugepages_enabled(void) {
+    const char *env = getenv("MUSER_CPU_HUGEPAGES");
+    if (env && !strcmp(env, "0")) return false;
+    if (env && !strcmp(env, "1")) return true;
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return false;
+    char line[128] = {0};
+    const bool ok = fgets(line, sizeof line, f) && !strstr(line, "[never]");
+    fclose(f);
+    return ok;
+}
+
+static bool cpu_wants_resident(mu_backend *b) {
+    (void)b;
+    return hugepages_enabled();
+}
+
 typedef struct repack_job {
     const mu_weight *w;
     uint8_t *data;
@@ -393,6 +415,7 @@ mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
     b->swiglu = cpu_swiglu;
     b->add = cpu_add;
     b->logit_tail = cpu_logit_tail;
+    b->wants_resident = cpu_wants_resident;
     b->wants_repack = cpu_wants_repack;
     b->repack = cpu_repack;
     return b;

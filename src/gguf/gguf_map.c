@@ -1,0 +1,68 @@
+/* The GGUF file's mapping (gguf.h): a read-only private file mapping that
+ * starts on a 2 MiB boundary and owns a span rounded up to 2 MiB, so that
+ * gguf_make_resident can later swap in anonymous memory backed by
+ * transparent huge pages at the very same addresses (every weight pointer
+ * stays valid, and huge pages need 2 MiB-aligned virtual addresses). */
+#include "gguf/gguf_internal.h"
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define HUGE_BYTES ((uint64_t)2 << 20)
+#define COPY_PIECE ((uint64_t)64 << 20)
+
+static uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+/* An inaccessible reservation of `span` bytes at a 2 MiB boundary. */
+static uint8_t *reserve_aligned(uint64_t span) {
+    const uint64_t want = span + HUGE_BYTES;
+    uint8_t *r = mmap(NULL, (size_t)want, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return NULL;
+    uint8_t *base = (uint8_t *)(((uintptr_t)r + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
+    if (base > r) munmap(r, (size_t)(base - r));
+    if (base + span < r + want) munmap(base + span, (size_t)(r + want - (base + span)));
+    return base;
+}
+
+const uint8_t *gguf_map_file(int fd, uint64_t size, uint64_t *span, const char *path, mu_error *err) {
+    *span = round_up(size, HUGE_BYTES);
+    uint8_t *base = reserve_aligned(*span);
+    if (!base) {
+        mu_err_set(err, "%s: cannot reserve %" PRIu64 " bytes of address space: %s", path, *span, strerror(errno));
+        return NULL;
+    }
+    if (mmap(base, (size_t)size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        mu_err_set(err, "%s: mmap of %" PRIu64 " bytes failed: %s", path, size, strerror(errno));
+        munmap(base, (size_t)*span);
+        return NULL;
+    }
+    return base;
+}
+
+bool gguf_make_resident(gguf_file *f) {
+    if (!f->mapped || f->resident) return f->resident;
+    uint8_t *copy = reserve_aligned(f->span);
+    if (!copy) return false;
+    if (mprotect(copy, (size_t)f->span, PROT_READ | PROT_WRITE) != 0) goto fail;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(copy, (size_t)f->span, MADV_HUGEPAGE); /* optional: 4 KiB pages are only slower */
+#endif
+    /* By 64 MiB pieces, each source piece unmapped once copied (its page
+     * cache stays, unmapped), so the peak stays near one copy of the file. */
+    for (uint64_t off = 0; off < f->size; off += COPY_PIECE) {
+        const uint64_t n = f->size - off < COPY_PIECE ? f->size - off : COPY_PIECE;
+        memcpy(copy + off, f->base + off, (size_t)n);
+        (void)madvise((void *)(f->base + off), (size_t)n, MADV_DONTNEED);
+    }
+    if (mprotect(copy, (size_t)f->span, PROT_READ) != 0) goto fail;
+    /* Atomically replaces the file mapping (and the reservation's tail). */
+    if (mremap(copy, (size_t)f->span, (size_t)f->span, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)f->base) == MAP_FAILED)
+        goto fail;
+    f->resident = true;
+    return true;
+fail:
+    munmap(copy, (size_t)f->span);
+    return false;
+}
