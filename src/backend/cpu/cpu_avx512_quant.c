@@ -835,18 +835,22 @@ static inline int kq_sub_of(int j, int kind) {
     return kind == 6 ? j / 4 : K4[j / 8];
 }
 
-static inline __attribute__((always_inline)) __m512 kq_lanes_fb(const kq_wblock *wb, const uint32_t *xt, int64_t rpad,
-                                                                const act_side *sd, int64_t b, int64_t r0, int kind) {
+/* The i-th dword to issue: round robin over the sub-blocks (8 for Q4_K and
+ * Q5_K, 16 for Q6_K), so consecutive vpdpbusd feed different accumulators
+ * and never wait on each other's latency. Integer sums: any order gives
+ * the same bits. */
+static inline int kq_dword_at(int i, int kind) {
+    static const int K4[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    if (kind == 6) return (i % 16) * 4 + i / 16;
+    const int c = K4[i % 8]; /* sub-block i % 8 is code chunk c: dwords 8c .. 8c + 7 */
+    return c * 8 + i / 8;
+}
+
+/* f_b of the 16 rows r0 .. r0 + 15 from their per-sub-block sums acc. */
+static inline __attribute__((always_inline)) __m512 kq_fb_epilogue(const kq_wblock *wb, const __m512i *acc,
+                                                                   const act_side *sd, int64_t b, int64_t r0, int kind) {
     const int n_sub = kind == 6 ? 16 : 8;
-    __m512i acc[16];
-#pragma GCC unroll 16
-    for (int s = 0; s < 16; s++) acc[s] = _mm512_setzero_si512();
-#pragma GCC unroll 64
-    for (int j = 0; j < 64; j++) {
-        const int s = kq_sub_of(j, kind);
-        acc[s] = _mm512_dpbusd_epi32(acc[s], _mm512_set1_epi32((int)cpu_rd32(wb->codes + 4 * j)),
-                                     _mm512_loadu_si512(xt + j * 16));
-    }
+    const int64_t rpad = sd->rpad;
     __m512i sumi = _mm512_mullo_epi32(acc[0], _mm512_set1_epi32(wb->sc[0]));
 #pragma GCC unroll 16
     for (int s = 1; s < n_sub; s++) sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(acc[s], _mm512_set1_epi32(wb->sc[s])));
@@ -866,40 +870,90 @@ static inline __attribute__((always_inline)) __m512 kq_lanes_fb(const kq_wblock 
                          _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(wb->dmin), xd), _mm512_cvtepi32_ps(summ)));
 }
 
-/* rows_o0: the GGUF bytes of row o0 (w->data's, or a copy: the X16 path) */
+/* The xt codes of block b for the 16-row group starting at r0. */
+static inline const uint32_t *kq_xt_at(const act_side *sd, int64_t nb, int64_t b, int64_t r0) {
+    return sd->xt + (r0 / 16 * nb + b) * 64 * 16;
+}
+
+static inline __attribute__((always_inline)) __m512 kq_lanes_fb(const kq_wblock *wb, const act_side *sd, int64_t nb,
+                                                                int64_t b, int64_t r0, int kind) {
+    const uint32_t *xt = kq_xt_at(sd, nb, b, r0);
+    __m512i acc[16];
+#pragma GCC unroll 16
+    for (int s = 0; s < 16; s++) acc[s] = _mm512_setzero_si512();
+#pragma GCC unroll 64
+    for (int i = 0; i < 64; i++) {
+        const int j = kq_dword_at(i, kind), s = kq_sub_of(j, kind);
+        acc[s] = _mm512_dpbusd_epi32(acc[s], _mm512_set1_epi32((int)cpu_rd32(wb->codes + 4 * j)),
+                                     _mm512_loadu_si512(xt + j * 16));
+    }
+    return kq_fb_epilogue(wb, acc, sd, b, r0, kind);
+}
+
+/* Q4_K/Q5_K, G = 2 or 3 16-row groups (rows r0 .. r0 + 16G - 1) at once:
+ * each code dword is broadcast once for all groups' vpdpbusd and the block
+ * is unpacked once per 16G rows (8G accumulators; Q6_K's 16 sub-blocks
+ * would not fit the 32 registers). Each lane's f_b is kq_lanes_fb's. */
+static inline __attribute__((always_inline)) void kq_lanes_fbg(const kq_wblock *wb, const act_side *sd, int64_t nb,
+                                                               int64_t b, int64_t r0, int kind, int G, __m512 *f) {
+    const uint32_t *xt[3];
+    __m512i acc[3][8];
+    for (int g = 0; g < G; g++) {
+        xt[g] = kq_xt_at(sd, nb, b, r0 + 16 * g);
+        for (int s = 0; s < 8; s++) acc[g][s] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 64
+    for (int i = 0; i < 64; i++) {
+        const int j = kq_dword_at(i, kind), s = kq_sub_of(j, kind);
+        const __m512i wv = _mm512_set1_epi32((int)cpu_rd32(wb->codes + 4 * j));
+        for (int g = 0; g < G; g++) acc[g][s] = _mm512_dpbusd_epi32(acc[g][s], wv, _mm512_loadu_si512(xt[g] + j * 16));
+    }
+    for (int g = 0; g < G; g++) f[g] = kq_fb_epilogue(wb, acc[g], sd, b, r0 + 16 * g, kind);
+}
+
+/* rows_o0: the GGUF bytes of row o0 (w->data's, or a copy: the X16 path).
+ * Passes of 16 KQ_GROUPS activation rows (Q6_K: 16) over the task's weight rows. */
+#define KQ_GROUPS 3
 static inline __attribute__((always_inline)) void kq_gemm16(const mu_weight *w, const uint8_t *rows_o0, int64_t o0,
                                                              int64_t o1, const void *act, int64_t rows, float *y, int kind) {
     const act_side sd = side_of(w, act, rows);
-    const int64_t nb = w->n_in / MU_QK_K, slice = 4;
+    const int64_t nb = w->n_in / MU_QK_K, slice = 4, step = kind == 6 ? 16 : 16 * KQ_GROUPS;
     const uint64_t bb = w->row_bytes / (uint64_t)nb;
-    float *totals = mu_xmalloc((size_t)(o1 - o0) * 16 * sizeof(float));
-    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-        memset(totals, 0, (size_t)(o1 - o0) * 16 * sizeof(float));
+    float *totals = mu_xmalloc((size_t)(o1 - o0) * 16 * KQ_GROUPS * sizeof(float));
+    for (int64_t r0 = 0; r0 < rows; r0 += step) {
+        const int64_t left = (rows - r0 + 15) / 16;
+        const int groups = (int)(left < step / 16 ? left : step / 16);
+        memset(totals, 0, (size_t)(o1 - o0) * 16 * KQ_GROUPS * sizeof(float));
         for (int64_t b0 = 0; b0 < nb; b0 += slice) {
             const int64_t b1 = b0 + slice < nb ? b0 + slice : nb;
             for (int64_t o = o0; o < o1; o++) {
                 const uint8_t *row = rows_o0 + (uint64_t)(o - o0) * w->row_bytes;
-                float *tot = totals + (o - o0) * 16;
-                __m512 t = _mm512_loadu_ps(tot);
+                float *tot = totals + (o - o0) * 16 * KQ_GROUPS;
                 for (int64_t b = b0; b < b1; b++) {
                     kq_wblock wb;
                     kq_unpack(row + (uint64_t)b * bb, &wb, kind);
-                    t = _mm512_add_ps(t, kq_lanes_fb(&wb, sd.xt + (r0 / 16 * nb + b) * 64 * 16, sd.rpad, &sd, b, r0, kind));
+                    __m512 f[KQ_GROUPS];
+                    if (groups == 3) kq_lanes_fbg(&wb, &sd, nb, b, r0, kind, 3, f);
+                    else if (groups == 2) kq_lanes_fbg(&wb, &sd, nb, b, r0, kind, 2, f);
+                    else f[0] = kq_lanes_fb(&wb, &sd, nb, b, r0, kind);
+                    for (int g = 0; g < groups; g++)
+                        _mm512_storeu_ps(tot + 16 * g, _mm512_add_ps(_mm512_loadu_ps(tot + 16 * g), f[g]));
                 }
-                _mm512_storeu_ps(tot, t);
             }
         }
         /* 16 x 16 blocks of (output, row) transposed into row-major stores */
-        for (int64_t og = o0; og < o1; og += 16) {
-            __m512 t[16];
-            for (int i = 0; i < 16; i++) t[i] = _mm512_loadu_ps(totals + (og + i < o1 ? og + i - o0 : 0) * 16);
-            transpose16(t);
-            const __mmask16 m = tail_mask(o1 - og);
-            for (int64_t ri = 0; ri < 16 && r0 + ri < rows; ri++) {
-                __m512 v = w->has_scale ? _mm512_mul_ps(t[ri], _mm512_set1_ps(w->scale)) : t[ri];
-                _mm512_mask_storeu_ps(y + (r0 + ri) * w->n_out + og, m, v);
+        for (int g = 0; g < groups; g++)
+            for (int64_t og = o0; og < o1; og += 16) {
+                const int64_t rg = r0 + 16 * g;
+                __m512 t[16];
+                for (int i = 0; i < 16; i++) t[i] = _mm512_loadu_ps(totals + (og + i < o1 ? og + i - o0 : 0) * 16 * KQ_GROUPS + 16 * g);
+                transpose16(t);
+                const __mmask16 m = tail_mask(o1 - og);
+                for (int64_t ri = 0; ri < 16 && rg + ri < rows; ri++) {
+                    __m512 v = w->has_scale ? _mm512_mul_ps(t[ri], _mm512_set1_ps(w->scale)) : t[ri];
+                    _mm512_mask_storeu_ps(y + (rg + ri) * w->n_out + og, m, v);
+                }
             }
-        }
     }
     free(totals);
 }
@@ -916,8 +970,8 @@ static inline __attribute__((always_inline)) __m256 kq_lanes_fb8(const kq_wblock
 #pragma GCC unroll 16
     for (int s = 0; s < 16; s++) acc[s] = _mm256_setzero_si256();
 #pragma GCC unroll 64
-    for (int j = 0; j < 64; j++) {
-        const int s = kq_sub_of(j, kind);
+    for (int i = 0; i < 64; i++) {
+        const int j = kq_dword_at(i, kind), s = kq_sub_of(j, kind);
         acc[s] = _mm256_dpbusd_epi32(acc[s], _mm256_set1_epi32((int)cpu_rd32(wb->codes + 4 * j)),
                                      _mm256_loadu_si256((const __m256i *)(xt + j * 16)));
     }
