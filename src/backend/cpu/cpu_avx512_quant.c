@@ -896,7 +896,7 @@ static inline __attribute__((always_inline)) __m512 kq_lanes_fb(const kq_wblock 
  * code dword is broadcast once for all groups' vpdpbusd and the block is
  * unpacked once per 16G rows (8G accumulators; Q6_K's 16 sub-blocks would
  * need 32 for two groups). Each lane's f_b is kq_lanes_fb's. G = 3 measured
- * 6-8 % slower than 2 on the Intel host (register spills) and no faster on
+ * 6-8 % slower than 2 on the Intel host (not investigated) and no faster on
  * Zen 5, so KQ_GROUPS is 2. */
 static inline __attribute__((always_inline)) void kq_lanes_fbg(const kq_wblock *wb, const act_side *sd, int64_t nb,
                                                                int64_t b, int64_t r0, int kind, int G, __m512 *f) {
