@@ -1,6 +1,7 @@
 /* The fast CPU backend: SIMD kernels chosen at run time from CPUID
  * (AVX-512 F/BW/VL/VNNI, AVX2+FMA+F16C, or the scalar reference), a
- * persistent thread pool, zero-copy weights from the GGUF mapping. Its
+ * persistent thread pool, weights read in place from the GGUF mapping
+ * (by default a private copy of it on huge pages, gguf_make_resident). Its
  * results are bit-identical to the ref backend (docs/numerics.md) for every
  * ISA level, thread count and batch size. */
 #ifndef MUSER_CPU_BACKEND_H
