@@ -33,7 +33,8 @@ bool cli_value(const char *cmd, int argc, char **argv, int *i, const char **out)
 bool cli_parse_ids(const char *cmd, const char *s, int32_t **ids, int64_t *n);
 /* JSON string literal with escaping. */
 void cli_json_str(FILE *f, const char *s);
-/* Progress bar on stderr: label, done/total bytes, rate. */
+/* Progress bar on stderr: label, done/total bytes, rate (redrawn on a
+ * terminal; otherwise only the final line). */
 void cli_progress(const char *label, uint64_t done, uint64_t total, double t0);
 
 #endif

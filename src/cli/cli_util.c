@@ -92,6 +92,9 @@ void cli_json_str(FILE *f, const char *s) {
 }
 
 void cli_progress(const char *label, uint64_t done, uint64_t total, double t0) {
+    /* Redrawn in place on a terminal; a log file gets only the final line. */
+    const bool tty = isatty(STDERR_FILENO);
+    if (!tty && done < total) return;
     double dt = mu_now() - t0;
     double pct = total ? 100.0 * (double)done / (double)total : 100.0;
     double mbs = dt > 0 ? (double)done / dt / 1e6 : 0;
@@ -99,7 +102,7 @@ void cli_progress(const char *label, uint64_t done, uint64_t total, double t0) {
     char bar[26];
     for (int i = 0; i < 25; i++) bar[i] = i < filled ? '#' : '.';
     bar[25] = 0;
-    fprintf(stderr, "\r%s [%s] %5.1f%% %8.1f MB %7.1f MB/s", label, bar, pct, (double)done / 1e6, mbs);
+    fprintf(stderr, "%s%s [%s] %5.1f%% %8.1f MB %7.1f MB/s", tty ? "\r" : "", label, bar, pct, (double)done / 1e6, mbs);
     if (done >= total) fputc('\n', stderr);
     fflush(stderr);
 }
