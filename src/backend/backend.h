@@ -26,6 +26,11 @@ struct mu_backend {
     void (*destroy)(mu_backend *b);
     /* y[r][0..n_out) = W x[r] for r < rows (canonical row dot). */
     void (*matmul)(mu_backend *b, const mu_weight *w, const float *x, float *y, int64_t rows);
+    /* Optional (NULL: matmul per weight): y[i] = W[i] x for n weights that
+     * read the same rows x, as one unit of work, so threads need not wait
+     * for each other between them. The same bits as n matmul calls. */
+    void (*matmul_multi)(mu_backend *b, int n, const mu_weight *const *w, const float *x, float *const *y,
+                         int64_t rows);
     /* y = x * inv_rms(x) [* w] per row of n; w may be NULL (weightless norm). */
     void (*rmsnorm)(mu_backend *b, const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows);
     /* Interleaved (GPT-J) rotation of the first n_rot dims of each head, in

@@ -60,16 +60,23 @@ static void rope_table(const mu_model_config *c, const double *inv_freq, int64_t
         }
 }
 
+/* y[i] = W[i] x for weights that share their input rows. */
+static void matmuls(mu_backend *be, int n, const mu_weight *const *w, const float *x, float *const *y, int64_t rows) {
+    if (be->matmul_multi) {
+        be->matmul_multi(be, n, w, x, y, rows);
+        return;
+    }
+    for (int i = 0; i < n; i++) be->matmul(be, w[i], x, y[i], rows);
+}
+
 static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *kv, mu_forward_scratch *s,
                             const double *inv_freq, int il, int64_t rows, int64_t p0, mu_error *err) {
     const mu_model_config *c = &m->cfg;
     const mu_layer_weights *lw = &m->layers[il];
     const int64_t E = c->n_embd, D = c->head_dim, Q = c->n_head * D, KV = c->n_head_kv * D;
     be->rmsnorm(be, s->x, lw->attn_norm, c->rms_eps, s->h, E, rows);
-    be->matmul(be, &lw->attn_q, s->h, s->q, rows);
-    be->matmul(be, &lw->attn_k, s->h, s->k, rows);
-    be->matmul(be, &lw->attn_v, s->h, s->v, rows);
-    be->matmul(be, &lw->attn_gate, s->h, s->g, rows);
+    matmuls(be, 4, (const mu_weight *[]){&lw->attn_q, &lw->attn_k, &lw->attn_v, &lw->attn_gate}, s->h,
+            (float *[]){s->q, s->k, s->v, s->g}, rows);
     be->rmsnorm(be, s->q, lw->attn_q_norm, c->rms_eps, s->q, D, rows * c->n_head);
     be->rmsnorm(be, s->k, lw->attn_k_norm, c->rms_eps, s->k, D, rows * c->n_head_kv);
     if (c->is_swa[il]) {
@@ -100,8 +107,7 @@ static void ffn_block(const mu_model *m, mu_backend *be, mu_forward_scratch *s, 
     const mu_layer_weights *lw = &m->layers[il];
     const int64_t E = c->n_embd;
     be->rmsnorm(be, s->x, lw->ffn_norm, c->rms_eps, s->h, E, rows);
-    be->matmul(be, &lw->ffn_gate, s->h, s->fg, rows);
-    be->matmul(be, &lw->ffn_up, s->h, s->fu, rows);
+    matmuls(be, 2, (const mu_weight *[]){&lw->ffn_gate, &lw->ffn_up}, s->h, (float *[]){s->fg, s->fu}, rows);
     be->swiglu(be, s->fg, s->fu, rows * c->n_ff);
     be->matmul(be, &lw->ffn_down, s->fg, s->o, rows);
     be->rmsnorm(be, s->o, lw->post_ffw_norm, MU_POST_NORM_EPS, s->o, E, rows);

@@ -908,7 +908,7 @@ static inline __attribute__((always_inline)) void kq_lanes_fbg(const kq_wblock *
     }
 #pragma GCC unroll 64
     for (int i = 0; i < 64; i++) {
-        const int j = kq_dword_at(i, kind), s = kq_sub_of(j, kind);
+        const int j = kq_dword_at(i, 4), s = i % 8; /* Q4_K and Q5_K order alike: sub-block i % 8 */
         const __m512i wv = _mm512_set1_epi32((int)cpu_rd32(wb->codes + 4 * j));
         for (int g = 0; g < G; g++) acc[g][s] = _mm512_dpbusd_epi32(acc[g][s], wv, _mm512_loadu_si512(xt[g] + j * 16));
     }

@@ -147,34 +147,97 @@ static void *act_buffer(cpu_ctx *c, size_t bytes) {
     return c->act;
 }
 
-static void cpu_matmul(mu_backend *b, const mu_weight *w, const float *x, float *y, int64_t rows) {
-    cpu_ctx *c = ctx_of(b);
-    pthread_mutex_lock(&c->lock);
-    const int nt = cpu_pool_threads(c->pool);
-    matmul_job j = {.k = c->k, .w = w, .x = x, .y = y, .rows = rows};
-    const bool small = (double)rows * (double)w->n_out * (double)w->n_in < PARALLEL_MIN_MACS;
-    j.out_chunk = small ? w->n_out : out_chunk_for(w->n_out, rows, nt);
-    const int64_t out_tasks = ceil_div(w->n_out, j.out_chunk);
+/* Several matmuls of the same input rows, one dispatch: task t of the
+ * dispatch is chunk t - first[i] of weight i. Weights whose activations
+ * would be quantized alike (same kernels, type and mode) share one copy. */
+#define MULTI_MAX 8
+
+typedef struct multi_job {
+    int n;
+    matmul_job job[MULTI_MAX];
+    int64_t first[MULTI_MAX + 1];
+} multi_job;
+
+static void multi_task(void *arg, int64_t t, int thread) {
+    multi_job *m = arg;
+    int i = 0;
+    while (t >= m->first[i + 1]) i++;
+    matmul_job *j = &m->job[i];
+    if (j->act) qmatmul_task(j, t - m->first[i], thread);
+    else fmatmul_task(j, t - m->first[i], thread);
+}
+
+static bool same_activations(const matmul_job *a, const matmul_job *b) {
+    return a->k == b->k && a->w->type == b->w->type && a->w->n_in == b->w->n_in &&
+           a->w->input_scale_inv == b->w->input_scale_inv;
+}
+
+static void check_layout(const cpu_ctx *c, const mu_weight *w) {
     if (w->layout != MU_LAYOUT_ROWS && c->k->isa != MU_CPU_ISA_AVX512) {
         /* only this backend's AVX-512 kernels read X16 (cpu_repack.h) */
         fprintf(stderr, "muser: internal error: %s is repacked but the cpu backend runs %s\n", w->name ? w->name : "?",
                 mu_cpu_isa_name(c->k->isa));
         abort();
     }
-    if (mu_weight_uses_q8k(w, NULL)) {
-        if (!c->k->q_supported(w)) j.k = &mu_cpu_kernels_scalar;
-        j.act = act_buffer(c, j.k->act_bytes(w, rows));
-        /* quantize tasks cover whole 16-row groups (the AVX-512 kernel
-         * transposes each group's codes) */
-        j.row_chunk = rows * w->n_in < PARALLEL_MIN_ELEMS ? rows : ceil_div(ceil_div(rows, 2 * (int64_t)nt), 16) * 16;
-        cpu_pool_run(c->pool, quantize_task, &j, ceil_div(rows, j.row_chunk));
-        cpu_pool_run(c->pool, qmatmul_task, &j, out_tasks);
-    } else {
-        /* Float weights, or the native NVFP4 W4A4 mode (scalar kernels). */
-        if (!mu_type_get(w->type)->is_float) j.k = &mu_cpu_kernels_scalar;
-        cpu_pool_run(c->pool, fmatmul_task, &j, out_tasks);
+}
+
+static void quantize_activations(cpu_ctx *c, matmul_job *j) {
+    const int nt = cpu_pool_threads(c->pool);
+    /* quantize tasks cover whole 16-row groups (the AVX-512 kernel
+     * transposes each group's codes) */
+    j->row_chunk = j->rows * j->w->n_in < PARALLEL_MIN_ELEMS ? j->rows : ceil_div(ceil_div(j->rows, 2 * (int64_t)nt), 16) * 16;
+    cpu_pool_run(c->pool, quantize_task, j, ceil_div(j->rows, j->row_chunk));
+}
+
+static void cpu_matmul_multi(mu_backend *b, int n, const mu_weight *const *w, const float *x, float *const *y,
+                             int64_t rows) {
+    cpu_ctx *c = ctx_of(b);
+    if (n > MULTI_MAX) {
+        cpu_matmul_multi(b, MULTI_MAX, w, x, y, rows);
+        cpu_matmul_multi(b, n - MULTI_MAX, w + MULTI_MAX, x, y + MULTI_MAX, rows);
+        return;
     }
+    pthread_mutex_lock(&c->lock);
+    const int nt = cpu_pool_threads(c->pool);
+    multi_job m = {.n = n};
+    size_t act_bytes[MULTI_MAX] = {0}, total = 0;
+    int owner[MULTI_MAX]; /* the job whose activations job i reads */
+    for (int i = 0; i < n; i++) {
+        matmul_job *j = &m.job[i];
+        *j = (matmul_job){.k = c->k, .w = w[i], .x = x, .y = y[i], .rows = rows};
+        check_layout(c, w[i]);
+        const bool small = (double)rows * (double)w[i]->n_out * (double)w[i]->n_in < PARALLEL_MIN_MACS;
+        j->out_chunk = small ? w[i]->n_out : out_chunk_for(w[i]->n_out, rows, nt);
+        m.first[i + 1] = m.first[i] + ceil_div(w[i]->n_out, j->out_chunk);
+        owner[i] = -1;
+        if (mu_weight_uses_q8k(w[i], NULL)) {
+            if (!c->k->q_supported(w[i])) j->k = &mu_cpu_kernels_scalar;
+            owner[i] = i;
+            for (int p = 0; p < i; p++)
+                if (owner[p] == p && same_activations(&m.job[p], j)) owner[i] = p;
+            if (owner[i] == i) {
+                act_bytes[i] = (j->k->act_bytes(w[i], rows) + 63) & ~(size_t)63;
+                total += act_bytes[i];
+            }
+        } else if (!mu_type_get(w[i]->type)->is_float) {
+            j->k = &mu_cpu_kernels_scalar; /* the native NVFP4 W4A4 mode */
+        }
+    }
+    uint8_t *act = total ? act_buffer(c, total) : NULL;
+    for (int i = 0; i < n; i++) {
+        if (owner[i] != i) continue;
+        m.job[i].act = act;
+        act += act_bytes[i];
+        quantize_activations(c, &m.job[i]);
+    }
+    for (int i = 0; i < n; i++)
+        if (owner[i] >= 0) m.job[i].act = m.job[owner[i]].act;
+    cpu_pool_run(c->pool, multi_task, &m, m.first[n]);
     pthread_mutex_unlock(&c->lock);
+}
+
+static void cpu_matmul(mu_backend *b, const mu_weight *w, const float *x, float *y, int64_t rows) {
+    cpu_matmul_multi(b, 1, &w, x, &y, rows);
 }
 
 /* ---------- row ops: rmsnorm, rope ---------- */
@@ -408,6 +471,7 @@ mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
     b->n_threads = cpu_pool_threads(c->pool);
     b->destroy = cpu_destroy;
     b->matmul = cpu_matmul;
+    b->matmul_multi = cpu_matmul_multi;
     b->rmsnorm = cpu_rmsnorm;
     b->rope = cpu_rope;
     b->attention = cpu_attention;
