@@ -93,7 +93,9 @@ void gguf_close(gguf_file *f);
  * TLB entry per 2 MiB instead of per 4 KiB for the weight streams), read-only
  * like the mapping. The process then holds the file's size in anonymous
  * memory rather than sharing the page cache. False (nothing changed) if the
- * file is not mapped or the kernel refuses; true if already resident. */
+ * file is not mapped, if it would not fit in MemAvailable with 1/8 (at
+ * least 512 MiB) to spare, or if the kernel refuses; true if already
+ * resident. */
 bool gguf_make_resident(gguf_file *f);
 
 /* Lookup: index or -1. */

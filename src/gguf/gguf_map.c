@@ -6,6 +6,7 @@
 #include "gguf/gguf_internal.h"
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -41,8 +42,25 @@ const uint8_t *gguf_map_file(int fd, uint64_t size, uint64_t *span, const char *
     return base;
 }
 
+/* MemAvailable in bytes (0 if unknown). */
+static uint64_t mem_available(void) {
+    FILE *m = fopen("/proc/meminfo", "r");
+    if (!m) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, m))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(m);
+    return (uint64_t)kb * 1024;
+}
+
 bool gguf_make_resident(gguf_file *f) {
     if (!f->mapped || f->resident) return f->resident;
+    /* Anonymous memory cannot be dropped and re-read like the file's page
+     * cache: a model that does not fit with room to spare stays mapped
+     * (still correct, pages come back from the file under pressure). */
+    const uint64_t avail = mem_available(), margin = avail / 8 > (512u << 20) ? avail / 8 : (512u << 20);
+    if (avail == 0 || f->size + margin > avail) return false;
     uint8_t *copy = reserve_aligned(f->span);
     if (!copy) return false;
     if (mprotect(copy, (size_t)f->span, PROT_READ | PROT_WRITE) != 0) goto fail;
