@@ -12,6 +12,7 @@ typedef struct attn_ctx {
     const cpu_kernels *k;
     cpu_attn_job job;
     int64_t n_blocks, part_floats, scratch_floats;
+    int64_t slices, per_slice; /* each group's heads in `slices` runs of per_slice */
     float *parts, *scratch, *out;
 } attn_ctx;
 
@@ -23,13 +24,20 @@ static cpu_attn_part part_at(const attn_ctx *c, int64_t kvh, int64_t blk) {
     return (cpu_attn_part){.m = p, .l = p + G, .acc = p + round16(2 * G)};
 }
 
+/* Task t: block blk of KV head kvh for one slice of its group's heads. */
 static void block_task(void *arg, int64_t t, int thread) {
     attn_ctx *c = arg;
-    int64_t kvh = t / c->n_blocks, blk = t % c->n_blocks;
+    const int64_t blk = t % c->n_blocks, slice = t / c->n_blocks % c->slices, kvh = t / c->n_blocks / c->slices;
     int64_t start = c->job.first + blk * CPU_ATTN_BLOCK, end = start + CPU_ATTN_BLOCK - 1;
     if (end > c->job.a->pos) end = c->job.a->pos;
+    cpu_attn_job job = c->job;
+    job.g0 = slice * c->per_slice;
+    job.n_g = job.group - job.g0 < c->per_slice ? job.group - job.g0 : c->per_slice;
     cpu_attn_part part = part_at(c, kvh, blk);
-    c->k->attn_block(&c->job, kvh, start, end, &part, c->scratch + thread * c->scratch_floats);
+    part.m += job.g0;
+    part.l += job.g0;
+    part.acc += job.g0 * job.a->head_dim;
+    c->k->attn_block(&job, kvh, start, end, &part, c->scratch + thread * c->scratch_floats);
 }
 
 static void merge_task(void *arg, int64_t h, int thread) {
@@ -67,6 +75,7 @@ void cpu_attention_run(cpu_pool *pool, const cpu_kernels *k, cpu_attn_buffers *b
     c.job.a = a;
     c.job.q = q;
     c.job.group = a->n_head / a->n_head_kv;
+    c.job.n_g = c.job.group; /* g0 = 0: the whole group */
     c.job.first = mu_kv_first(a->kv);
     if (a->window > 0 && a->pos - a->window + 1 > c.job.first) c.job.first = a->pos - a->window + 1;
     const int64_t G = c.job.group, D = a->head_dim;
@@ -78,7 +87,15 @@ void cpu_attention_run(cpu_pool *pool, const cpu_kernels *k, cpu_attn_buffers *b
     buf->thread_scratch = grow(buf->thread_scratch, &buf->scratch_cap, (size_t)(nt * c.scratch_floats));
     c.parts = buf->parts;
     c.scratch = buf->thread_scratch;
-    cpu_pool_run(pool, block_task, &c, a->n_head_kv * c.n_blocks);
+    /* Fewer (KV head, block) pairs than threads (short contexts, prefill's
+     * early rows): split each group's query heads too. Every head is still
+     * computed whole by one task; K/V rows are then read once per slice. */
+    c.slices = 1;
+    const int64_t pairs = a->n_head_kv * c.n_blocks;
+    if (pairs < nt) c.slices = (nt + pairs - 1) / pairs < G ? (nt + pairs - 1) / pairs : G;
+    c.per_slice = (G + c.slices - 1) / c.slices;
+    c.slices = (G + c.per_slice - 1) / c.per_slice;
+    cpu_pool_run(pool, block_task, &c, pairs * c.slices);
     if (c.n_blocks > 2) {
         cpu_pool_run(pool, merge_task, &c, a->n_head);
     } else {

@@ -318,8 +318,8 @@ static void pv_slices4(const uint16_t *const *vrow, int64_t n, const float *e, i
 static void avx512_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t start, int64_t end, cpu_attn_part *part,
                               float *scratch) {
     const mu_attn_args *a = job->a;
-    const int64_t D = a->head_dim, G = job->group, off = kvh * D, n = end - start + 1;
-    const float *q = job->q + kvh * G * D;
+    const int64_t D = a->head_dim, G = job->n_g, off = kvh * D, n = end - start + 1;
+    const float *q = cpu_attn_q(job, kvh);
     float *kt = scratch, *e = scratch + 16 * ((D + 15) & ~(int64_t)15);
     const uint16_t **krow = (const uint16_t **)(e + G * E_STRIDE), **vrow = krow + CPU_ATTN_BLOCK;
     for (int64_t p = 0; p < n; p++) {

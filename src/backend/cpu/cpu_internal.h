@@ -17,10 +17,16 @@ typedef struct cpu_attn_job {
     const float *q;    /* [n_head][head_dim] */
     int64_t first;     /* first logical key position */
     int64_t group;     /* query heads per KV head */
+    int64_t g0, n_g;   /* the heads of the group this call computes: g0 .. g0 + n_g - 1 */
 } cpu_attn_job;
 
-/* Partial result of one 256-key block for the `group` heads of one KV head:
- * m[group], l[group], acc[group][head_dim]. */
+/* Query head g0 of KV head kvh's group (the call's first head). */
+static inline const float *cpu_attn_q(const cpu_attn_job *j, int64_t kvh) {
+    return j->q + (kvh * j->group + j->g0) * j->a->head_dim;
+}
+
+/* Partial result of one 256-key block for the n_g heads of one KV head
+ * that a call computes: m[n_g], l[n_g], acc[n_g][head_dim]. */
 typedef struct cpu_attn_part {
     float *m, *l, *acc;
 } cpu_attn_part;

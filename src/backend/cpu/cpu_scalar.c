@@ -75,8 +75,8 @@ static void scalar_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t star
     const mu_attn_args *a = job->a;
     const int64_t D = a->head_dim, off = kvh * D, n = end - start + 1;
     float *kbuf = scratch, *scores = scratch + D + 16;
-    for (int64_t g = 0; g < job->group; g++) {
-        const float *q = job->q + (kvh * job->group + g) * D;
+    for (int64_t g = 0; g < job->n_g; g++) {
+        const float *q = cpu_attn_q(job, kvh) + g * D;
         float m_b = -INFINITY;
         for (int64_t p = 0; p < n; p++) {
             const uint16_t *k = mu_kv_k_row(a->kv, start + p) + off;
