@@ -892,16 +892,17 @@ static inline __attribute__((always_inline)) __m512 kq_lanes_fb(const kq_wblock 
 
 #define KQ_GROUPS 2
 
-/* Q4_K/Q5_K, G (2) 16-row groups (rows r0 .. r0 + 16G - 1) at once: each
+/* Q4_K/Q5_K, G = KQ_GROUPS 16-row groups (rows r0 .. r0 + 16G - 1) at once: each
  * code dword is broadcast once for all groups' vpdpbusd and the block is
  * unpacked once per 16G rows (8G accumulators; Q6_K's 16 sub-blocks would
  * need 32 for two groups). Each lane's f_b is kq_lanes_fb's. G = 3 measured
  * 6-8 % slower than 2 on the Intel host (not investigated) and no faster on
  * Zen 5, so KQ_GROUPS is 2. */
 static inline __attribute__((always_inline)) void kq_lanes_fbg(const kq_wblock *wb, const act_side *sd, int64_t nb,
-                                                               int64_t b, int64_t r0, int kind, int G, __m512 *f) {
-    const uint32_t *xt[KQ_GROUPS];
-    __m512i acc[KQ_GROUPS][8];
+                                                               int64_t b, int64_t r0, int kind, __m512 *f) {
+    enum { G = KQ_GROUPS };
+    const uint32_t *xt[G];
+    __m512i acc[G][8];
     for (int g = 0; g < G; g++) {
         xt[g] = kq_xt_at(sd, nb, b, r0 + 16 * g);
         for (int s = 0; s < 8; s++) acc[g][s] = _mm512_setzero_si512();
@@ -936,7 +937,7 @@ static inline __attribute__((always_inline)) void kq_gemm16(const mu_weight *w, 
                     kq_wblock wb;
                     kq_unpack(row + (uint64_t)b * bb, &wb, kind);
                     __m512 f[KQ_GROUPS];
-                    if (groups == KQ_GROUPS) kq_lanes_fbg(&wb, &sd, nb, b, r0, kind, KQ_GROUPS, f);
+                    if (groups == KQ_GROUPS) kq_lanes_fbg(&wb, &sd, nb, b, r0, kind, f);
                     else f[0] = kq_lanes_fb(&wb, &sd, nb, b, r0, kind);
                     for (int g = 0; g < groups; g++)
                         _mm512_storeu_ps(tot + 16 * g, _mm512_add_ps(_mm512_loadu_ps(tot + 16 * g), f[g]));

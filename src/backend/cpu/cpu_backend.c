@@ -362,15 +362,23 @@ static void cpu_attention(mu_backend *b, const mu_attn_args *a, const float *q, 
 
 /* ---------- load-time repack ---------- */
 
+/* An on/off override from the environment: 1 or 0, -1 when unset (or
+ * anything else). */
+static int env_switch(const char *name) {
+    const char *env = getenv(name);
+    if (env && !strcmp(env, "0")) return 0;
+    if (env && !strcmp(env, "1")) return 1;
+    return -1;
+}
+
 /* MUSER_CPU_REPACK=1 / 0 forces the X16 repack on / off. By default it is
  * on for AMD processors only: on the Zen 5 development VM the X16 decode
  * kernel streams 1.5x the GGUF-layout kernel's bytes, while on an Intel Xeon
  * host (16 cores) the GGUF-layout kernel was already at the memory's speed
  * and X16 measured 4-12 % slower (docs/benchmarks.md). */
 static bool repack_enabled(void) {
-    const char *env = getenv("MUSER_CPU_REPACK");
-    if (env && !strcmp(env, "0")) return false;
-    if (env && !strcmp(env, "1")) return true;
+    const int forced = env_switch("MUSER_CPU_REPACK");
+    if (forced >= 0) return forced;
 #if defined(__x86_64__)
     __builtin_cpu_init();
     return __builtin_cpu_is("amd");
@@ -389,9 +397,8 @@ static bool cpu_wants_repack(mu_backend *b, const mu_weight *w) {
  * stop at every 4 KiB page and each page costs a TLB walk (a nested one in
  * a VM), so a stream of 2 MiB pages reads faster (docs/benchmarks.md). */
 static bool hugepages_enabled(void) {
-    const char *env = getenv("MUSER_CPU_HUGEPAGES");
-    if (env && !strcmp(env, "0")) return false;
-    if (env && !strcmp(env, "1")) return true;
+    const int forced = env_switch("MUSER_CPU_HUGEPAGES");
+    if (forced >= 0) return forced;
     FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
     if (!f) return false;
     char line[128] = {0};
