@@ -47,10 +47,14 @@ static inline __m512i byte_to_word_pair(int j) {
                                                  (int)(base + 0x0C000C00u)));
 }
 
-/* one prefetch per two lines: the L2's adjacent-line prefetch takes the other
- * (measured: as fast as one per line, with half the instructions) */
-static inline void prefetch_block(const uint8_t *p) {
-    for (int l = 0; l < Q4K_GROUP_BLOCK; l += 128) _mm_prefetch((const char *)p + X16_PREFETCH + l, _MM_HINT_T0);
+/* one prefetch per line: relying on the adjacent-line prefetcher for every
+ * other line halved the single-thread stream on the Zen 5 VM (13 against
+ * 26-27 GB/s, docs/benchmarks.md) */
+/* always_inline: as a call, gcc's local-pure-const pass found a function whose
+ * only effect is prefetching "const" and deleted every call (the fifth
+ * session's prefetch timings measured a kernel without any) */
+static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *p) {
+    for (int l = 0; l < Q4K_GROUP_BLOCK; l += 64) _mm_prefetch((const char *)p + X16_PREFETCH + l, _MM_HINT_T0);
 }
 
 static inline __m512i load_dw(const uint8_t *grp, int k) { return _mm512_loadu_si512(grp + 64 * k); }
