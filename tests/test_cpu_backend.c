@@ -210,7 +210,7 @@ static void test_x16_roundtrip(void) {
     for (int t = 0; t < 3; t++) {
         test_weight tw;
         if (!make_weight(types[t], 768, 37, 1, &tw)) return;
-        CHECK(mu_cpu_x16_eligible(&tw.w) == (types[t] == MU_TYPE_Q4_K));
+        CHECK(mu_cpu_x16_eligible(&tw.w) == (types[t] != MU_TYPE_Q5_K));
         const uint64_t bytes = tw.w.row_bytes * 37, bb = mu_cpu_x16_block_bytes(&tw.w);
         uint8_t *p = malloc(bytes), *blocks = malloc(16 * bb);
         memcpy(p, tw.data, bytes);
@@ -389,7 +389,7 @@ static void test_attention(void) {
 }
 
 int main(void) {
-    setenv("MUSER_CPU_REPACK", "1", 1); /* the X16 layout on every AVX-512 machine, not only AMD ones */
+    setenv("MUSER_CPU_REPACK", "1", 1); /* the X16 layout whatever the caller's environment says */
     ref = mu_backend_ref_create(1);
     static const int threads[] = {1, 2, 3, 8};
     for (int isa = MU_CPU_ISA_SCALAR; isa <= MU_CPU_ISA_AVX512; isa++) {

@@ -119,7 +119,7 @@ static void test_glimmer_tiny(void) {
 }
 
 int main(void) {
-    setenv("MUSER_CPU_REPACK", "1", 1); /* the X16 layout on every AVX-512 machine, not only AMD ones */
+    setenv("MUSER_CPU_REPACK", "1", 1); /* the X16 layout whatever the caller's environment says */
     setenv("MUSER_CPU_HUGEPAGES", "1", 1); /* the resident copy even where THP is off */
     for (int i = 0; i < PROMPT_LEN; i++) prompt[i] = (int32_t)((i * 37 + 11) % 500);
     static const char *types[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K",

@@ -14,9 +14,11 @@
  * Activation codes come in the order cpu_avx512_quant.c's quantizer writes
  * for Q4_K (32-value chunks in sub-block order 0 2 1 3 4 6 5 7).
  *
- * Q5_K and Q6_K stay in the GGUF layout: X16 kernels for them (more bit
- * unpacking per dword) measured slower than the GGUF-layout decode kernels
- * (31 against 44 GB/s for Q6_K at 2 threads). */
+ * Q6_K: the 6-bit codes are rebuilt per dword from the low-nibble and
+ * high-bit planes (four code dwords per qh dword), summed per 16-value
+ * sub-block, offset by -32 * bsum and scaled in int32 (exact), then
+ * f_b = (d*xd)*(float)sumi, the reference's formula. Activation codes are in
+ * natural order for Q6_K. Q5_K stays in the GGUF layout. */
 #include "backend/cpu/cpu_simd_common.h"
 
 #if defined(__x86_64__)
@@ -32,6 +34,7 @@
  * blocks: enough to cover DRAM latency at one block per ~20 ns). */
 #define X16_PREFETCH 6912
 #define Q4K_GROUP_BLOCK 2304 /* 16 x 144 bytes */
+#define Q6K_GROUP_BLOCK 3360 /* 16 x 210 bytes */
 
 /* vpshufb control: byte j of each dword, zero-extended to the dword */
 static inline __m512i byte_to_dword(int j) {
@@ -53,8 +56,8 @@ static inline __m512i byte_to_word_pair(int j) {
 /* always_inline: as a call, gcc's local-pure-const pass found a function whose
  * only effect is prefetching "const" and deleted every call (the fifth
  * session's prefetch timings measured a kernel without any) */
-static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *p) {
-    for (int l = 0; l < Q4K_GROUP_BLOCK; l += 64) _mm_prefetch((const char *)p + X16_PREFETCH + l, _MM_HINT_T0);
+static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *p, int bytes) {
+    for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char *)p + X16_PREFETCH + l, _MM_HINT_T0);
 }
 
 static inline __m512i load_dw(const uint8_t *grp, int k) { return _mm512_loadu_si512(grp + 64 * k); }
@@ -72,7 +75,7 @@ static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, i
     __m512 total[X16_TILE];
     for (int t = 0; t < T; t++) total[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, grp += Q4K_GROUP_BLOCK) {
-        prefetch_block(grp);
+        prefetch_block(grp, Q4K_GROUP_BLOCK);
         /* the 6-bit scales and mins of 16 rows, as qi_scale_min_k4 unpacks them:
          * bytes 0-3 of sc[0] / mn[0] are those of sub-blocks 0-3, of sc[1] / mn[1] 4-7 */
         const __m512i s0 = load_dw(grp, 1), s1 = load_dw(grp, 2), s2 = load_dw(grp, 3);
@@ -131,6 +134,59 @@ static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, i
         _mm512_storeu_ps(y + t * ys, has_scale ? _mm512_mul_ps(total[t], _mm512_set1_ps(scale)) : total[t]);
 }
 
+/* Group block: dwords 0-31 = ql, 32-47 = qh, 48-51 = the 16 int8 scales,
+ * then the 16 rows' f16 d at byte 3328 (the X16 tail, 2 bytes per row).
+ * In half n, l-dword i (values 4i..4i+3) with qh dword H, ql dwords A (ql[l])
+ * and B (ql[l + 32]) gives the codes of values 128n + 32k + 4i, k = 0..3:
+ *   k=0: A & 15 | (H << 4) & 48    k=1: B & 15 | (H << 2) & 48
+ *   k=2: A >> 4 | H & 48           k=3: B >> 4 | (H >> 2) & 48
+ * which lie in sub-block 8n + 2k + i / 4. */
+static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
+                                                            int64_t nbx, int T, float *y, int64_t ys,
+                                                            bool has_scale, float scale) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 total[X16_TILE];
+    for (int t = 0; t < T; t++) total[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, grp += Q6K_GROUP_BLOCK) {
+        prefetch_block(grp, Q6K_GROUP_BLOCK);
+        __m512i sumi[X16_TILE];
+        for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int n = 0; n < 2; n++)
+            _Pragma("GCC unroll 2") for (int ih = 0; ih < 2; ih++) {
+                __m512i acc[X16_TILE][4];
+                for (int t = 0; t < T; t++)
+                    for (int k = 0; k < 4; k++) acc[t][k] = _mm512_setzero_si512();
+                _Pragma("GCC unroll 4") for (int i = 4 * ih; i < 4 * ih + 4; i++) {
+                    const __m512i h = load_dw(grp, 32 + 8 * n + i), a = load_dw(grp, 16 * n + i), bq = load_dw(grp, 16 * n + 8 + i);
+                    __m512i c[4]; /* 0xE4: C ? A : B, low nibble from ql, bits 4-5 from qh */
+                    c[0] = _mm512_ternarylogic_epi32(a, _mm512_and_si512(_mm512_slli_epi32(h, 4), m30), m0f, 0xE4);
+                    c[1] = _mm512_ternarylogic_epi32(bq, _mm512_and_si512(_mm512_slli_epi32(h, 2), m30), m0f, 0xE4);
+                    c[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(a, 4), _mm512_and_si512(h, m30), m0f, 0xE4);
+                    c[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(bq, 4), _mm512_and_si512(_mm512_srli_epi32(h, 2), m30), m0f, 0xE4);
+                    for (int t = 0; t < T; t++) {
+                        const int8_t *xq = x[t * nbx + b].qs + 128 * n + 4 * i;
+                        for (int k = 0; k < 4; k++) acc[t][k] = _mm512_dpbusd_epi32(acc[t][k], c[k], bcast(xq + 32 * k));
+                    }
+                }
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                    const int sb = 8 * n + 2 * k + ih; /* sub-block; its scale is byte sb % 4 of dword 48 + sb / 4 */
+                    const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(load_dw(grp, 48 + sb / 4), 24 - 8 * (sb % 4)), 24);
+                    for (int t = 0; t < T; t++) {
+                        const __m512i isum = _mm512_sub_epi32(acc[t][k], _mm512_set1_epi32(32 * x[t * nbx + b].bsums[sb]));
+                        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(isum, sc));
+                    }
+                }
+            }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(grp + 64 * 52)));
+        for (int t = 0; t < T; t++) {
+            const __m512 xd = _mm512_set1_ps(x[t * nbx + b].d);
+            total[t] = _mm512_add_ps(total[t], _mm512_mul_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi[t])));
+        }
+    }
+    for (int t = 0; t < T; t++)
+        _mm512_storeu_ps(y + t * ys, has_scale ? _mm512_mul_ps(total[t], _mm512_set1_ps(scale)) : total[t]);
+}
+
 #define TILE_CASES(fn)                                                                                          \
     switch (T) {                                                                                                \
     case 1: fn(grp, nb, xr, nb, 1, yr, w->n_out, w->has_scale, w->scale); break;                              \
@@ -139,8 +195,8 @@ static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, i
     default: fn(grp, nb, xr, nb, 4, yr, w->n_out, w->has_scale, w->scale); break;                             \
     }
 
-/* Output rows [o0, o1) (multiples of 16, inside the X16 groups) of a Q4_K
- * weight for `rows` activation rows. */
+/* Output rows [o0, o1) (multiples of 16, inside the X16 groups) of a Q4_K or
+ * Q6_K weight for `rows` activation rows. */
 void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const mu_block_q8k *xq, int64_t rows, float *y) {
     const int64_t nb = w->n_in / MU_QK_K;
     const uint64_t bb = mu_cpu_x16_block_bytes(w);
@@ -150,7 +206,8 @@ void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const 
             const uint8_t *grp = mu_cpu_x16_at(w, bb, g, 0);
             const mu_block_q8k *xr = xq + r * nb;
             float *yr = y + r * w->n_out + 16 * g;
-            TILE_CASES(q4k_tile)
+            if (w->type == MU_TYPE_Q6_K) TILE_CASES(q6k_tile)
+            else TILE_CASES(q4k_tile)
         }
 }
 

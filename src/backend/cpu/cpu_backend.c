@@ -371,20 +371,13 @@ static int env_switch(const char *name) {
     return -1;
 }
 
-/* MUSER_CPU_REPACK=1 / 0 forces the X16 repack on / off. By default it is
- * on for AMD processors only: on the Zen 5 development VM the X16 decode
- * kernel streams 1.5x the GGUF-layout kernel's bytes, while on an Intel Xeon
- * host (16 cores) the GGUF-layout kernel was already at the memory's speed
- * and X16 measured 4-12 % slower (docs/benchmarks.md). */
+/* MUSER_CPU_REPACK=1 / 0 forces the X16 repack on / off; it is on by
+ * default. (Until the sixth session it was on for AMD only: the X16 kernel's
+ * prefetch had been compiled away, and without it X16 lost on an Intel Xeon.
+ * With it, X16 decode is 8-30 % faster there; docs/benchmarks.md.) */
 static bool repack_enabled(void) {
     const int forced = env_switch("MUSER_CPU_REPACK");
-    if (forced >= 0) return forced;
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd");
-#else
-    return false;
-#endif
+    return forced != 0;
 }
 
 static bool cpu_wants_repack(mu_backend *b, const mu_weight *w) {
