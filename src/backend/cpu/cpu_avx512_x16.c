@@ -18,7 +18,8 @@
  * high-bit planes (four code dwords per qh dword), summed per 16-value
  * sub-block, offset by -32 * bsum and scaled in int32 (exact), then
  * f_b = (d*xd)*(float)sumi, the reference's formula. Activation codes are in
- * natural order for Q6_K. Q5_K stays in the GGUF layout. */
+ * natural order for Q6_K. Q5_K is Q4_K plus the qh plane: each code dword
+ * takes its fifth bit from the qh dword of the same values. */
 #include "backend/cpu/cpu_simd_common.h"
 
 #if defined(__x86_64__)
@@ -34,6 +35,7 @@
  * blocks: enough to cover DRAM latency at one block per ~20 ns). */
 #define X16_PREFETCH 6912
 #define Q4K_GROUP_BLOCK 2304 /* 16 x 144 bytes */
+#define Q5K_GROUP_BLOCK 2816 /* 16 x 176 bytes */
 #define Q6K_GROUP_BLOCK 3360 /* 16 x 210 bytes */
 
 /* vpshufb control: byte j of each dword, zero-extended to the dword */
@@ -64,18 +66,31 @@ static inline __m512i load_dw(const uint8_t *grp, int k) { return _mm512_loadu_s
 
 static inline __m512i bcast(const int8_t *p) { return _mm512_set1_epi32((int)cpu_rd32((const uint8_t *)p)); }
 
-/* Group block: dword 0 = (d, dmin), 1-3 = the 12 scale bytes, 4-35 = qs. */
+/* Group block: dword 0 = (d, dmin), 1-3 = the 12 scale bytes, 4-35 = qs
+ * (Q5_K: 4-11 = qh, 12-43 = qs). */
 static const int K4_SLOT[8] = {0, 2, 1, 3, 4, 6, 5, 7}; /* sub-block -> 32-code slot of the activation */
 
-static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
-                                                            int64_t nbx, int T, float *y, int64_t ys,
-                                                            bool has_scale, float scale) {
-    const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8((char)0xF0);
+/* A Q5_K code dword: the nibbles `nib` (low 4 bits of each byte) and bit
+ * `bit` of each byte of the qh dword as bit 4. */
+static inline __attribute__((always_inline)) __m512i with_high_bit(__m512i nib, __m512i qh, int bit, __m512i m0f, __m512i m10) {
+    const __m512i h = bit < 4 ? _mm512_slli_epi32(qh, 4 - bit) : bit > 4 ? _mm512_srli_epi32(qh, bit - 4) : qh;
+    return _mm512_ternarylogic_epi32(nib, _mm512_and_si512(h, m10), m0f, 0xE4); /* 0xE4: C ? A : B */
+}
+
+/* Q4_K and Q5_K (five): the same scales, mins and activation order; Q5_K
+ * adds the qh plane (dwords 4-11, qs at 12-43) and its high nibbles are
+ * shifted down rather than used in place (16 * a 5-bit code overflows a
+ * byte). */
+static inline __attribute__((always_inline)) void q45k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
+                                                             int64_t nbx, int T, float *y, int64_t ys,
+                                                             bool has_scale, float scale, bool five) {
+    const int group_block = five ? Q5K_GROUP_BLOCK : Q4K_GROUP_BLOCK, qs_dw = five ? 12 : 4;
+    const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8((char)0xF0), m10 = _mm512_set1_epi8(0x10);
     const __m512i k3f = _mm512_set1_epi32(0x3F3F3F3F), k30 = _mm512_set1_epi32(0x30303030);
     __m512 total[X16_TILE];
     for (int t = 0; t < T; t++) total[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, grp += Q4K_GROUP_BLOCK) {
-        prefetch_block(grp, Q4K_GROUP_BLOCK);
+    for (int64_t b = 0; b < nb; b++, grp += group_block) {
+        prefetch_block(grp, group_block);
         /* the 6-bit scales and mins of 16 rows, as qi_scale_min_k4 unpacks them:
          * bytes 0-3 of sc[0] / mn[0] are those of sub-blocks 0-3, of sc[1] / mn[1] 4-7 */
         const __m512i s0 = load_dw(grp, 1), s1 = load_dw(grp, 2), s2 = load_dw(grp, 3);
@@ -94,9 +109,15 @@ static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, i
             for (int h = 0; h < 2; h++) {
                 __m512i lo[4], hi[4];
                 for (int p = 0; p < 4; p++) {
-                    const __m512i q = load_dw(grp, 4 + 8 * c + 4 * h + p);
-                    lo[p] = _mm512_and_si512(q, m0f);
-                    hi[p] = _mm512_and_si512(q, mf0); /* 16 * code */
+                    const __m512i q = load_dw(grp, qs_dw + 8 * c + 4 * h + p);
+                    if (five) {
+                        const __m512i qh = load_dw(grp, 4 + 4 * h + p); /* bits 2c, 2c + 1: this chunk's codes */
+                        lo[p] = with_high_bit(q, qh, 2 * c, m0f, m10);
+                        hi[p] = with_high_bit(_mm512_srli_epi32(q, 4), qh, 2 * c + 1, m0f, m10);
+                    } else {
+                        lo[p] = _mm512_and_si512(q, m0f);
+                        hi[p] = _mm512_and_si512(q, mf0); /* 16 * code */
+                    }
                 }
                 for (int t = 0; t < T; t++) {
                     const int8_t *xq = x[t * nbx + b].qs + 16 * h;
@@ -123,7 +144,7 @@ static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, i
             const mu_block_q8k *xb = x + t * nbx + b;
             __m512i summ = _mm512_setzero_si512();
             for (int j = 0; j < 8; j++) summ = _mm512_dpwssd_epi32(summ, mp[j], bcast((const int8_t *)(xb->bsums + 2 * j)));
-            const __m512i sumi = _mm512_add_epi32(slo[t], _mm512_srai_epi32(shi[t], 4));
+            const __m512i sumi = _mm512_add_epi32(slo[t], five ? shi[t] : _mm512_srai_epi32(shi[t], 4));
             const __m512 xd = _mm512_set1_ps(xb->d);
             const __m512 f = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi)),
                                            _mm512_mul_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(summ)));
@@ -187,6 +208,18 @@ static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, i
         _mm512_storeu_ps(y + t * ys, has_scale ? _mm512_mul_ps(total[t], _mm512_set1_ps(scale)) : total[t]);
 }
 
+static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
+                                                            int64_t nbx, int T, float *y, int64_t ys,
+                                                            bool has_scale, float scale) {
+    q45k_tile(grp, nb, x, nbx, T, y, ys, has_scale, scale, false);
+}
+
+static inline __attribute__((always_inline)) void q5k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
+                                                            int64_t nbx, int T, float *y, int64_t ys,
+                                                            bool has_scale, float scale) {
+    q45k_tile(grp, nb, x, nbx, T, y, ys, has_scale, scale, true);
+}
+
 #define TILE_CASES(fn)                                                                                          \
     switch (T) {                                                                                                \
     case 1: fn(grp, nb, xr, nb, 1, yr, w->n_out, w->has_scale, w->scale); break;                              \
@@ -207,6 +240,7 @@ void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const 
             const mu_block_q8k *xr = xq + r * nb;
             float *yr = y + r * w->n_out + 16 * g;
             if (w->type == MU_TYPE_Q6_K) TILE_CASES(q6k_tile)
+            else if (w->type == MU_TYPE_Q5_K) TILE_CASES(q5k_tile)
             else TILE_CASES(q4k_tile)
         }
 }

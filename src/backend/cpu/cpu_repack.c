@@ -6,7 +6,7 @@
 #include <string.h>
 
 bool mu_cpu_x16_eligible(const mu_weight *w) {
-    return (w->type == MU_TYPE_Q4_K || w->type == MU_TYPE_Q6_K) && w->layout == MU_LAYOUT_ROWS && !w->nvfp4_scales &&
+    return (w->type == MU_TYPE_Q4_K || w->type == MU_TYPE_Q5_K || w->type == MU_TYPE_Q6_K) && w->layout == MU_LAYOUT_ROWS && !w->nvfp4_scales &&
            w->n_out >= 16 && w->n_in > 0 && w->n_in % MU_QK_K == 0;
 }
 

@@ -22,11 +22,11 @@
 #define MUSER_CPU_REPACK_H
 #include "quant/quant.h"
 
-/* Is w stored as X16: Q4_K or Q6_K (the formats with an X16 kernel;
+/* Is w stored as X16: Q4_K, Q5_K or Q6_K (the formats with an X16 kernel;
  * cpu_avx512_x16.c), GGUF row layout, at least 16 rows, n_in a multiple of
  * 256? Packing and unpacking below work for any block size. */
 bool mu_cpu_x16_eligible(const mu_weight *w);
-/* Bytes of one 256-value block of a row (Q4_K 144, Q6_K 210). */
+/* Bytes of one 256-value block of a row (Q4_K 144, Q5_K 176, Q6_K 210). */
 uint64_t mu_cpu_x16_block_bytes(const mu_weight *w);
 /* Rows in X16 groups: 16 * floor(n_out / 16). */
 static inline int64_t mu_cpu_x16_rows(const mu_weight *w) { return w->n_out & ~(int64_t)15; }
