@@ -166,7 +166,7 @@ static int membw_only(const bench_cli *c) {
         return 1;
     }
     int threads = c->o.n_threads > 0 ? c->o.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    printf("memory read bandwidth: %.2f GB/s (%d threads, %lld MiB buffer, best of %d)\n", gbs, threads,
+    printf("memory read bandwidth: %.2f GB/s (%d threads, %lld MiB buffer, best of %d per read loop)\n", gbs, threads,
            (long long)c->size_mb, c->o.reps > 3 ? c->o.reps : 3);
     if (c->json) {
         FILE *f = !strcmp(c->json, "-") ? stdout : fopen(c->json, "w");
