@@ -20,6 +20,7 @@ typedef struct mu_kv_layer {
     int64_t cap;              /* rows allocated */
     int64_t row_elems;        /* n_head_kv * head_dim */
     uint16_t *k, *v;          /* f16, [cap][row_elems], zero-filled at creation */
+    uint64_t mapped;          /* bytes mapped for each of k and v (kv.c) */
     int64_t origin_logical;   /* oldest logical position held */
     int64_t origin_physical;  /* its physical row */
     int64_t len;              /* rows held */
