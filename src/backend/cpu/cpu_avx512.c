@@ -284,16 +284,22 @@ static inline __attribute__((always_inline)) void qk_tile4(const float *kt, cons
 
 /* P.V for up to H heads (H = 8 or 16 accumulators in registers), one
  * 16-wide slice of the head dimension at a time: acc[g][d] = fmaf(e_p[g],
- * v_p[d], acc[g][d]), keys ascending. e holds [head][key] weights. */
+ * v_p[d], acc[g][d]), keys ascending. e holds [head][key] weights. Keys go
+ * in passes of PV_PASS, each pass continuing the accumulators it stored:
+ * the pass's V rows (64 x 256 bytes at head_dim 128) stay in L1 over all
+ * the slices, where a whole 256-key block did not fit. */
 #define E_STRIDE (CPU_ATTN_BLOCK + 16)
+#define PV_PASS 64
 static inline __attribute__((always_inline)) void pv_slices(const uint16_t *const *vrow, int64_t n, const float *e,
                                                              int64_t D, int64_t G, float *acc, const int H) {
+    for (int64_t p0 = 0; p0 < n; p0 += PV_PASS)
     for (int64_t d0 = 0; d0 < D; d0 += 16) {
         const __mmask16 m = tail_mask(D - d0);
         __m512 a[16];
 #pragma GCC unroll 16
-        for (int g = 0; g < H; g++) a[g] = _mm512_setzero_ps();
-        for (int64_t p = 0; p < n; p++) {
+        for (int g = 0; g < H; g++)
+            a[g] = p0 == 0 || g >= G ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, acc + g * D + d0);
+        for (int64_t p = p0; p < n && p < p0 + PV_PASS; p++) {
             const __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, vrow[p] + d0));
 #pragma GCC unroll 16
             for (int g = 0; g < H; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(e[(g < G ? g : 0) * E_STRIDE + p]), v, a[g]);
