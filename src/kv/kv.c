@@ -34,9 +34,17 @@ static uint16_t *v_at(const mu_kv_layer *l, int64_t physical) { return l->v + ph
  * MADV_HUGEPAGE once it is at least that big. Attention walks a plane row
  * by row; in 4 KiB pages every 8 rows of 512 bytes cost a TLB walk (a nested
  * one in a VM). Smaller planes keep 4 KiB pages, so a small cache does not
- * commit a whole huge page per plane. *mapped receives the bytes to unmap. */
+ * commit a whole huge page per plane. *mapped receives the bytes to unmap
+ * (0: calloc'd). */
 static bool alloc_zeroed(uint16_t **out, uint64_t *mapped, uint64_t bytes, const char *what, int layer,
                          mu_error *err) {
+#if defined(__SANITIZE_ADDRESS__)
+    /* sanitizer builds keep calloc: its redzones catch a write past a plane */
+    *out = calloc(1, (size_t)bytes);
+    *mapped = 0;
+    if (!*out) mu_err_set(err, "kv init: cannot allocate %" PRIu64 " bytes for the %s of layer %d", bytes, what, layer);
+    return *out != NULL;
+#endif
     const bool huge = bytes >= HUGE_PAGE;
     const uint64_t size = huge ? (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1) : (bytes ? bytes : 1);
     const uint64_t span = huge ? size + HUGE_PAGE : size; /* room to align the start */
@@ -61,7 +69,9 @@ static bool alloc_zeroed(uint16_t **out, uint64_t *mapped, uint64_t bytes, const
 }
 
 static void free_plane(uint16_t *p, uint64_t mapped) {
-    if (p) munmap(p, (size_t)mapped);
+    if (!p) return;
+    if (mapped) munmap(p, (size_t)mapped);
+    else free(p); /* calloc'd (sanitizer builds) */
 }
 
 static bool check_geometry(int n_layers, const bool *is_swa, int64_t window, int64_t n_ctx,
