@@ -24,10 +24,14 @@ static cpu_attn_part part_at(const attn_ctx *c, int64_t kvh, int64_t blk) {
     return (cpu_attn_part){.m = p, .l = p + G, .acc = p + round16(2 * G)};
 }
 
-/* Task t: block blk of KV head kvh for one slice of its group's heads. */
+/* Task t: block blk of KV head kvh for one slice of its group's heads.
+ * Blocks are the outer index: the KV heads of one block share its rows
+ * (a row holds every KV head), so consecutive tasks read the same lines
+ * instead of fetching the whole plane once per KV head. */
 static void block_task(void *arg, int64_t t, int thread) {
     attn_ctx *c = arg;
-    const int64_t blk = t % c->n_blocks, slice = t / c->n_blocks % c->slices, kvh = t / c->n_blocks / c->slices;
+    const int64_t n_kv = c->job.a->n_head_kv;
+    const int64_t kvh = t % n_kv, slice = t / n_kv % c->slices, blk = t / n_kv / c->slices;
     int64_t start = c->job.first + blk * CPU_ATTN_BLOCK, end = start + CPU_ATTN_BLOCK - 1;
     if (end > c->job.a->pos) end = c->job.a->pos;
     cpu_attn_job job = c->job;
