@@ -81,4 +81,15 @@ check cmp "$T/c1.bin" "$T/lk.bin"
 check "$M" bench -m "$T/tiny.gguf" -p 8 -n 4 -r 2 --pause 0.2 --mlock --no-membw -q --json "$T/bp.json" >/dev/null
 check python3 -c "import json; p=json.load(open('$T/bp.json'))['params']; assert p['pause_s'] == 0.2 and p['mlock'] is True, p"
 expect_fail "--pause must be in [0, 600] seconds" "$M" bench -m "$T/tiny.gguf" --pause 601
+# the depth target line: attention's added time against one read of the NoPE
+# planes (bytes from the geometry, at the --membw-gbs given)
+check "$M" bench -m "$T/tiny.gguf" -p 0 -n 4 -r 1 -d 0,96 --membw-gbs 8 -q >"$T/bd.txt"
+check python3 -c "
+import json, re
+g = json.load(open('$T/info.json'))['geometry']
+mb = (g['n_layer'] - g['n_swa_layers']) * g['n_head_kv'] * g['head_dim'] * 4 * 96 / 1e6
+m = re.search(r'depth 96: attention adds (-?[0-9.]+) ms per token; reading the NoPE planes once \(([0-9.]+) MB\) takes ([0-9.]+) ms', open('$T/bd.txt').read())
+assert m, open('$T/bd.txt').read()
+assert abs(float(m.group(2)) - round(mb, 1)) < 0.051, (m.group(2), mb)
+assert abs(float(m.group(3)) - mb / 8) < 0.006, (m.group(3), mb / 8)"
 exit $fail

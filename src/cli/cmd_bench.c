@@ -194,6 +194,27 @@ static void print_row(int64_t depth, const char *test, int64_t n, const mu_bench
     printf("\n");
 }
 
+/* Issue #5's depth target, per decoded token: the time attention adds over
+ * depth 0 against the time to read the full-attention (NoPE) layers' K and V
+ * once at the measured bandwidth. */
+static void print_depth_costs(const bench_cli *c, const mu_bench_result *r) {
+    const mu_bench_depth *d0 = NULL;
+    for (int i = 0; i < r->n_depths; i++)
+        if (r->depths[i].depth == 0 && r->depths[i].decode.n) d0 = &r->depths[i];
+    if (!d0 || c->o.membw_gbs <= 0) return;
+    const muser_model_info *m = &r->info;
+    const double bytes_per_pos = (double)(m->n_layer - m->n_swa_layers) * (double)(m->n_head_kv * m->head_dim) * 2 * 2;
+    for (int i = 0; i < r->n_depths; i++) {
+        const mu_bench_depth *d = &r->depths[i];
+        if (d->depth <= 0 || !d->decode.n) continue;
+        const double extra_ms = 1e3 / d->decode.median - 1e3 / d0->decode.median;
+        const double bytes = bytes_per_pos * (double)d->depth, read_ms = bytes / (c->o.membw_gbs * 1e9) * 1e3;
+        printf("depth %lld: attention adds %.2f ms per token; reading the NoPE planes once (%.1f MB) takes %.2f ms "
+               "(%.1fx)\n",
+               (long long)d->depth, extra_ms, bytes / 1e6, read_ms, read_ms > 0 ? extra_ms / read_ms : 0.0);
+    }
+}
+
 static void print_table(const bench_cli *c, const mu_bench_result *r) {
     printf("model:   %s (%s), %.2f GB file, %.2f GB of weights read per token\n", r->model_name, r->lane,
            (double)r->info.file_bytes / 1e9, (double)r->info.weight_bytes_per_token / 1e9);
@@ -247,6 +268,7 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     print_table(&c, &r);
+    print_depth_costs(&c, &r);
     rc = 0;
     if (c.json && !mu_bench_write_json(c.json, &c.o, &r, &err)) {
         fprintf(stderr, "muser bench: %s\n", err.msg);
