@@ -4,6 +4,7 @@
  * transparent huge pages at the very same addresses (every weight pointer
  * stays valid, and huge pages need 2 MiB-aligned virtual addresses). */
 #include "gguf/gguf_internal.h"
+#include "util/hugemap.h"
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -11,25 +12,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define HUGE_BYTES ((uint64_t)2 << 20)
 #define COPY_PIECE ((uint64_t)64 << 20)
 
 static uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
-/* An inaccessible reservation of `span` bytes at a 2 MiB boundary. */
-static uint8_t *reserve_aligned(uint64_t span) {
-    const uint64_t want = span + HUGE_BYTES;
-    uint8_t *r = mmap(NULL, (size_t)want, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (r == MAP_FAILED) return NULL;
-    uint8_t *base = (uint8_t *)(((uintptr_t)r + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
-    if (base > r) munmap(r, (size_t)(base - r));
-    if (base + span < r + want) munmap(base + span, (size_t)(r + want - (base + span)));
-    return base;
-}
-
 const uint8_t *gguf_map_file(int fd, uint64_t size, uint64_t *span, const char *path, mu_error *err) {
-    *span = round_up(size, HUGE_BYTES);
-    uint8_t *base = reserve_aligned(*span);
+    *span = round_up(size, MU_HUGE_PAGE);
+    uint8_t *base = mu_map_aligned(*span, true);
     if (!base) {
         mu_err_set(err, "%s: cannot reserve %" PRIu64 " bytes of address space: %s", path, *span, strerror(errno));
         return NULL;
@@ -61,7 +50,7 @@ bool gguf_make_resident(gguf_file *f) {
      * (still correct, pages come back from the file under pressure). */
     const uint64_t avail = mem_available(), margin = avail / 8 > (512u << 20) ? avail / 8 : (512u << 20);
     if (avail == 0 || f->size + margin > avail) return false;
-    uint8_t *copy = reserve_aligned(f->span);
+    uint8_t *copy = mu_map_aligned(f->span, true);
     if (!copy) return false;
     if (mprotect(copy, (size_t)f->span, PROT_READ | PROT_WRITE) != 0) goto fail;
 #ifdef MADV_HUGEPAGE

@@ -7,6 +7,7 @@
  * rest, and clear zeroes the held rows. So clear is O(held rows) and a
  * cleared cache is bitwise identical to a fresh one. */
 #include "kv/kv.h"
+#include "util/hugemap.h"
 #include <inttypes.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -28,50 +29,34 @@ static uint16_t *v_at(const mu_kv_layer *l, int64_t physical) { return l->v + ph
 
 /* ---------- init / free / clear ---------- */
 
-#define HUGE_PAGE (2ull << 20)
-
-/* A zero-filled plane: an anonymous mapping, 2 MiB aligned and advised
- * MADV_HUGEPAGE once it is at least that big. Attention walks a plane row
- * by row; in 4 KiB pages every 8 rows of 512 bytes cost a TLB walk (a nested
- * one in a VM). Smaller planes keep 4 KiB pages, so a small cache does not
- * commit a whole huge page per plane. *mapped receives the bytes to unmap
- * (0: calloc'd). */
+/* A zero-filled plane. At 2 MiB or more: a 2 MiB-aligned anonymous mapping
+ * advised MADV_HUGEPAGE. Attention walks a plane row by row; in 4 KiB pages
+ * every 8 rows of 512 bytes cost a TLB walk (a nested one in a VM). Smaller
+ * planes keep 4 KiB pages, so a small cache does not commit a whole huge
+ * page per plane. *mapped receives the bytes to unmap (0: calloc'd). */
 static bool alloc_zeroed(uint16_t **out, uint64_t *mapped, uint64_t bytes, const char *what, int layer,
                          mu_error *err) {
-#if defined(__SANITIZE_ADDRESS__)
-    /* sanitizer builds keep calloc: its redzones catch a write past a plane */
-    *out = calloc(1, (size_t)bytes);
+    uint8_t *p = NULL;
     *mapped = 0;
-    if (!*out) mu_err_set(err, "kv init: cannot allocate %" PRIu64 " bytes for the %s of layer %d", bytes, what, layer);
-    return *out != NULL;
-#endif
-    const bool huge = bytes >= HUGE_PAGE;
-    const uint64_t size = huge ? (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1) : (bytes ? bytes : 1);
-    const uint64_t span = huge ? size + HUGE_PAGE : size; /* room to align the start */
-    uint8_t *p = mmap(NULL, (size_t)span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        *out = NULL;
-        mu_err_set(err, "kv init: cannot allocate %" PRIu64 " bytes for the %s of layer %d", bytes, what, layer);
-        return false;
-    }
-    if (huge) {
-        const uint64_t head = (HUGE_PAGE - (uintptr_t)p % HUGE_PAGE) % HUGE_PAGE;
-        if (head) munmap(p, (size_t)head);
-        munmap(p + head + size, (size_t)(HUGE_PAGE - head));
-        p += head;
+#if !defined(__SANITIZE_ADDRESS__) /* sanitizer builds keep calloc: its redzones catch a write past a plane */
+    if (bytes >= MU_HUGE_PAGE) {
+        *mapped = (bytes + MU_HUGE_PAGE - 1) & ~(MU_HUGE_PAGE - 1);
+        p = mu_map_aligned(*mapped, false);
 #ifdef MADV_HUGEPAGE
-        madvise(p, (size_t)size, MADV_HUGEPAGE);
+        if (p) madvise(p, (size_t)*mapped, MADV_HUGEPAGE);
 #endif
     }
+#endif
+    if (!*mapped) p = calloc(1, (size_t)bytes);
     *out = (uint16_t *)p;
-    *mapped = size;
-    return true;
+    if (!p) mu_err_set(err, "kv init: cannot allocate %" PRIu64 " bytes for the %s of layer %d", bytes, what, layer);
+    return p != NULL;
 }
 
 static void free_plane(uint16_t *p, uint64_t mapped) {
     if (!p) return;
     if (mapped) munmap(p, (size_t)mapped);
-    else free(p); /* calloc'd (sanitizer builds) */
+    else free(p);
 }
 
 static bool check_geometry(int n_layers, const bool *is_swa, int64_t window, int64_t n_ctx,
