@@ -292,21 +292,22 @@ static inline __attribute__((always_inline)) void qk_tile4(const float *kt, cons
 #define PV_PASS 64
 static inline __attribute__((always_inline)) void pv_slices(const uint16_t *const *vrow, int64_t n, const float *e,
                                                              int64_t D, int64_t G, float *acc, const int H) {
-    for (int64_t p0 = 0; p0 < n; p0 += PV_PASS)
-    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-        const __mmask16 m = tail_mask(D - d0);
-        __m512 a[16];
+    for (int64_t p0 = 0; p0 < n; p0 += PV_PASS) {
+        for (int64_t d0 = 0; d0 < D; d0 += 16) {
+            const __mmask16 m = tail_mask(D - d0);
+            __m512 a[16];
 #pragma GCC unroll 16
-        for (int g = 0; g < H; g++)
-            a[g] = p0 == 0 || g >= G ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, acc + g * D + d0);
-        for (int64_t p = p0; p < n && p < p0 + PV_PASS; p++) {
-            const __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, vrow[p] + d0));
+            for (int g = 0; g < H; g++)
+                a[g] = p0 == 0 || g >= G ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, acc + g * D + d0);
+            for (int64_t p = p0; p < n && p < p0 + PV_PASS; p++) {
+                const __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, vrow[p] + d0));
 #pragma GCC unroll 16
-            for (int g = 0; g < H; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(e[(g < G ? g : 0) * E_STRIDE + p]), v, a[g]);
+                for (int g = 0; g < H; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(e[(g < G ? g : 0) * E_STRIDE + p]), v, a[g]);
+            }
+#pragma GCC unroll 16
+            for (int g = 0; g < H; g++)
+                if (g < G) _mm512_mask_storeu_ps(acc + g * D + d0, m, a[g]);
         }
-#pragma GCC unroll 16
-        for (int g = 0; g < H; g++)
-            if (g < G) _mm512_mask_storeu_ps(acc + g * D + d0, m, a[g]);
     }
 }
 

@@ -31,8 +31,8 @@
 
 /* Rows per activation tile: 4 rows keep every accumulator in registers. */
 #define X16_TILE 4
-/* Software prefetch distance of the weight stream, in bytes (three group
- * blocks: enough to cover DRAM latency at one block per ~20 ns). */
+/* Software prefetch distance of the weight stream, in bytes (three Q4_K
+ * group blocks, two of Q6_K: enough to cover DRAM latency). */
 #define X16_PREFETCH 6912
 #define Q4K_GROUP_BLOCK 2304 /* 16 x 144 bytes */
 #define Q5K_GROUP_BLOCK 2816 /* 16 x 176 bytes */
@@ -52,12 +52,11 @@ static inline __m512i byte_to_word_pair(int j) {
                                                  (int)(base + 0x0C000C00u)));
 }
 
-/* one prefetch per line: relying on the adjacent-line prefetcher for every
+/* One prefetch per line: relying on the adjacent-line prefetcher for every
  * other line halved the single-thread stream on the Zen 5 VM (13 against
- * 26-27 GB/s, docs/benchmarks.md) */
-/* always_inline: as a call, gcc's local-pure-const pass found a function whose
- * only effect is prefetching "const" and deleted every call (the fifth
- * session's prefetch timings measured a kernel without any) */
+ * 26-27 GB/s, docs/benchmarks.md). always_inline: as a call, gcc's
+ * local-pure-const pass found a function whose only effect is prefetching
+ * "const" and deleted every call. */
 static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *p, int bytes) {
     for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char *)p + X16_PREFETCH + l, _MM_HINT_T0);
 }
@@ -69,6 +68,13 @@ static inline __m512i bcast(const int8_t *p) { return _mm512_set1_epi32((int)cpu
 /* Group block: dword 0 = (d, dmin), 1-3 = the 12 scale bytes, 4-35 = qs
  * (Q5_K: 4-11 = qh, 12-43 = qs). */
 static const int K4_SLOT[8] = {0, 2, 1, 3, 4, 6, 5, 7}; /* sub-block -> 32-code slot of the activation */
+
+/* The row totals of T activation rows, times the per-tensor scale if any. */
+static inline __attribute__((always_inline)) void store_totals(const __m512 *total, int T, float *y, int64_t ys,
+                                                                bool has_scale, float scale) {
+    for (int t = 0; t < T; t++)
+        _mm512_storeu_ps(y + t * ys, has_scale ? _mm512_mul_ps(total[t], _mm512_set1_ps(scale)) : total[t]);
+}
 
 /* A Q5_K code dword: the nibbles `nib` (low 4 bits of each byte) and bit
  * `bit` of each byte of the qh dword as bit 4. */
@@ -151,8 +157,7 @@ static inline __attribute__((always_inline)) void q45k_tile(const uint8_t *grp, 
             total[t] = _mm512_add_ps(total[t], f);
         }
     }
-    for (int t = 0; t < T; t++)
-        _mm512_storeu_ps(y + t * ys, has_scale ? _mm512_mul_ps(total[t], _mm512_set1_ps(scale)) : total[t]);
+    store_totals(total, T, y, ys, has_scale, scale);
 }
 
 /* Group block: dwords 0-31 = ql, 32-47 = qh, 48-51 = the 16 int8 scales,
@@ -172,12 +177,15 @@ static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, i
         prefetch_block(grp, Q6K_GROUP_BLOCK);
         __m512i sumi[X16_TILE];
         for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 2") for (int n = 0; n < 2; n++)
-            _Pragma("GCC unroll 2") for (int ih = 0; ih < 2; ih++) {
+#pragma GCC unroll 2
+        for (int n = 0; n < 2; n++)
+#pragma GCC unroll 2
+            for (int ih = 0; ih < 2; ih++) {
                 __m512i acc[X16_TILE][4];
                 for (int t = 0; t < T; t++)
                     for (int k = 0; k < 4; k++) acc[t][k] = _mm512_setzero_si512();
-                _Pragma("GCC unroll 4") for (int i = 4 * ih; i < 4 * ih + 4; i++) {
+#pragma GCC unroll 4
+                for (int i = 4 * ih; i < 4 * ih + 4; i++) {
                     const __m512i h = load_dw(grp, 32 + 8 * n + i), a = load_dw(grp, 16 * n + i), bq = load_dw(grp, 16 * n + 8 + i);
                     __m512i c[4]; /* 0xE4: C ? A : B, low nibble from ql, bits 4-5 from qh */
                     c[0] = _mm512_ternarylogic_epi32(a, _mm512_and_si512(_mm512_slli_epi32(h, 4), m30), m0f, 0xE4);
@@ -189,7 +197,8 @@ static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, i
                         for (int k = 0; k < 4; k++) acc[t][k] = _mm512_dpbusd_epi32(acc[t][k], c[k], bcast(xq + 32 * k));
                     }
                 }
-                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
                     const int sb = 8 * n + 2 * k + ih; /* sub-block; its scale is byte sb % 4 of dword 48 + sb / 4 */
                     const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(load_dw(grp, 48 + sb / 4), 24 - 8 * (sb % 4)), 24);
                     for (int t = 0; t < T; t++) {
@@ -204,8 +213,7 @@ static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, i
             total[t] = _mm512_add_ps(total[t], _mm512_mul_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi[t])));
         }
     }
-    for (int t = 0; t < T; t++)
-        _mm512_storeu_ps(y + t * ys, has_scale ? _mm512_mul_ps(total[t], _mm512_set1_ps(scale)) : total[t]);
+    store_totals(total, T, y, ys, has_scale, scale);
 }
 
 static inline __attribute__((always_inline)) void q4k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
@@ -228,8 +236,8 @@ static inline __attribute__((always_inline)) void q5k_tile(const uint8_t *grp, i
     default: fn(grp, nb, xr, nb, 4, yr, w->n_out, w->has_scale, w->scale); break;                             \
     }
 
-/* Output rows [o0, o1) (multiples of 16, inside the X16 groups) of a Q4_K or
- * Q6_K weight for `rows` activation rows. */
+/* Output rows [o0, o1) (multiples of 16, inside the X16 groups) of a Q4_K,
+ * Q5_K or Q6_K weight for `rows` activation rows. */
 void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const mu_block_q8k *xq, int64_t rows, float *y) {
     const int64_t nb = w->n_in / MU_QK_K;
     const uint64_t bb = mu_cpu_x16_block_bytes(w);

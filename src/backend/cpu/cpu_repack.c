@@ -6,8 +6,9 @@
 #include <string.h>
 
 bool mu_cpu_x16_eligible(const mu_weight *w) {
-    return (w->type == MU_TYPE_Q4_K || w->type == MU_TYPE_Q5_K || w->type == MU_TYPE_Q6_K) && w->layout == MU_LAYOUT_ROWS && !w->nvfp4_scales &&
-           w->n_out >= 16 && w->n_in > 0 && w->n_in % MU_QK_K == 0;
+    const bool kquant = w->type == MU_TYPE_Q4_K || w->type == MU_TYPE_Q5_K || w->type == MU_TYPE_Q6_K;
+    return kquant && w->layout == MU_LAYOUT_ROWS && !w->nvfp4_scales && w->n_out >= 16 && w->n_in > 0 &&
+           w->n_in % MU_QK_K == 0;
 }
 
 uint64_t mu_cpu_x16_block_bytes(const mu_weight *w) { return w->row_bytes / (uint64_t)(w->n_in / MU_QK_K); }
