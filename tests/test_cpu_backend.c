@@ -358,7 +358,7 @@ static void test_attention_case(bool swa, int64_t window, int64_t n_ctx, int64_t
     mu_kv_cache kv;
     mu_error err;
     bool is_swa[1] = {swa};
-    if (!mu_kv_init(&kv, 1, is_swa, window, n_ctx, Hkv * D, &err)) {
+    if (!mu_kv_init(&kv, 1, is_swa, window, n_ctx, Hkv, D, &err)) {
         CHECK_MSG(false, "%s", err.msg);
         return;
     }

@@ -5,7 +5,9 @@
 #include "testutil.h"
 #include "kv/kv.h"
 
-#define ROW 12      /* elements per K/V row */
+#define HEADS 3     /* KV heads per row */
+#define HEAD_DIM 4
+#define ROW (HEADS * HEAD_DIM) /* elements per K/V row */
 #define WINDOW 8
 #define N_CTX 64
 #define MAX_LAYERS 4
@@ -66,18 +68,25 @@ static void check_layer(const mu_kv_cache *c, const model *m, int layer, int64_t
     CHECK_EQ_INT(mu_kv_count(l), len);
     CHECK_EQ_INT(mu_kv_end(l), end);
     for (int64_t p = first; p < end; p++) {
-        const uint16_t *k = mu_kv_k_row(l, p), *v = mu_kv_v_row(l, p);
-        CHECK_MSG(k && v && !memcmp(k, m->k[layer][p], sizeof m->k[layer][p]) &&
-                  !memcmp(v, m->v[layer][p], sizeof m->v[layer][p]),
-                  "%s: layer %d row at position %lld differs from the model", what, layer, (long long)p);
-        CHECK(k == l->k + ((p % l->cap) * ROW)); /* ring placement: logical p at p mod cap */
+        for (int h = 0; h < HEADS; h++) {
+            const uint16_t *k = mu_kv_k(l, p, h), *v = mu_kv_v(l, p, h);
+            CHECK_MSG(k && v && !memcmp(k, m->k[layer][p] + h * HEAD_DIM, HEAD_DIM * sizeof(uint16_t)) &&
+                      !memcmp(v, m->v[layer][p] + h * HEAD_DIM, HEAD_DIM * sizeof(uint16_t)),
+                      "%s: layer %d head %d at position %lld differs from the model", what, layer, h, (long long)p);
+            /* head-major ring placement: logical p at physical p mod cap of head h's plane */
+            CHECK(k == l->k + (h * l->cap + p % l->cap) * HEAD_DIM && v == l->v + (h * l->cap + p % l->cap) * HEAD_DIM);
+        }
     }
-    CHECK(mu_kv_k_row(l, first - 1) == NULL && mu_kv_v_row(l, end) == NULL);
+    CHECK(mu_kv_k(l, first - 1, 0) == NULL && mu_kv_v(l, end, 0) == NULL);
+    if (len > 0) CHECK(mu_kv_k(l, first, HEADS) == NULL && mu_kv_v(l, first, -1) == NULL);
     for (int64_t phys = 0; phys < l->cap; phys++) {
         bool held = (phys - first % l->cap + l->cap) % l->cap < len;
-        if (!held)
-            CHECK_MSG(row_is_zero(l->k + phys * ROW, ROW) && row_is_zero(l->v + phys * ROW, ROW),
-                      "%s: layer %d physical row %lld is not held but not zero", what, layer, (long long)phys);
+        for (int h = 0; h < HEADS && !held; h++) {
+            const int64_t at = (h * l->cap + phys) * HEAD_DIM;
+            CHECK_MSG(row_is_zero(l->k + at, HEAD_DIM) && row_is_zero(l->v + at, HEAD_DIM),
+                      "%s: layer %d physical row %lld head %d is not held but not zero", what, layer,
+                      (long long)phys, h);
+        }
     }
 }
 
@@ -136,7 +145,7 @@ static bool clone_equal(const mu_kv_cache *c, const clone *s) {
 
 static void init_cache(mu_kv_cache *c, int n_layers, const bool *kinds, int64_t window, int64_t n_ctx) {
     mu_error err = {{0}};
-    bool ok = mu_kv_init(c, n_layers, kinds, window, n_ctx, ROW, &err);
+    bool ok = mu_kv_init(c, n_layers, kinds, window, n_ctx, HEADS, HEAD_DIM, &err);
     CHECK_MSG(ok, "init: %s", err.msg);
     if (!ok) exit(1);
 }
@@ -148,15 +157,17 @@ static bool contains(const mu_error *err, const char *s) { return strstr(err->ms
 static void test_init_errors(void) {
     mu_kv_cache c;
     mu_error err = {{0}};
-    CHECK(!mu_kv_init(&c, 0, KINDS, WINDOW, N_CTX, ROW, &err) && contains(&err, "n_layers 0"));
-    CHECK(!mu_kv_init(&c, 4, NULL, WINDOW, N_CTX, ROW, &err) && contains(&err, "is_swa"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, 0, ROW, &err) && contains(&err, "n_ctx 0"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, N_CTX, 0, &err) && contains(&err, "row_elems 0"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, -1, N_CTX, ROW, &err) && contains(&err, "window -1"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, 0, N_CTX, ROW, &err) && contains(&err, "layer 0 is sliding-window"));
+    CHECK(!mu_kv_init(&c, 0, KINDS, WINDOW, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "n_layers 0"));
+    CHECK(!mu_kv_init(&c, 4, NULL, WINDOW, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "is_swa"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, 0, HEADS, HEAD_DIM, &err) && contains(&err, "n_ctx 0"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, N_CTX, 0, HEAD_DIM, &err) && contains(&err, "n_head 0"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, N_CTX, HEADS, -4, &err) && contains(&err, "head_dim -4"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, -1, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "window -1"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, 0, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "layer 0 is sliding-window"));
     /* sizes that overflow 64 bits, and sizes that are merely absurd */
-    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, INT64_MAX, INT64_MAX / 2, &err) && contains(&err, "byte limit"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, (int64_t)1 << 40, 256, &err) && contains(&err, "byte limit"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, INT64_MAX, INT64_MAX / 2, 1, &err) && contains(&err, "byte limit"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, (int64_t)1 << 40, 2, 128, &err) && contains(&err, "byte limit"));
+    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, N_CTX, INT64_MAX / 2, 4, &err) && contains(&err, "byte limit"));
     CHECK(c.layers == NULL); /* failed init leaves an empty, freeable cache */
     mu_kv_free(&c);
     mu_kv_free(NULL);
@@ -184,11 +195,11 @@ static void test_append_and_wrap(void) {
     for (int i = 0; i < ROW; i++) { k[i] = 1.0f + 0x1p-11f * (float)i; v[i] = -(float)(i + 1) * 10000.0f; }
     mu_error err = {{0}};
     CHECK(mu_kv_append(&c, 0, 30, k, v, &err));
-    const uint16_t *kr = mu_kv_k_row(&c.layers[0], 30), *vr = mu_kv_v_row(&c.layers[0], 30);
+    const uint16_t *kr = mu_kv_k(&c.layers[0], 30, 0), *vr = mu_kv_v(&c.layers[0], 30, 1);
     CHECK_EQ_INT(kr[1], 0x3C00); /* 1 + 2^-11: tie, to even */
     CHECK_EQ_INT(kr[3], 0x3C02); /* 1 + 3*2^-11: tie, to even (up) */
-    CHECK_EQ_INT(vr[6], 0xFC00); /* -70000 overflows f16 to -inf */
-    for (int i = 0; i < ROW; i++) CHECK_EQ_INT(kr[i], mu_f32_to_f16(k[i]));
+    CHECK_EQ_INT(vr[6 - HEAD_DIM], 0xFC00); /* v[6] = -70000 overflows f16 to -inf */
+    for (int i = 0; i < ROW; i++) CHECK_EQ_INT(mu_kv_k(&c.layers[0], 30, i / HEAD_DIM)[i % HEAD_DIM], mu_f32_to_f16(k[i]));
     mu_kv_free(&c);
 }
 
@@ -338,15 +349,18 @@ static void test_snapshots(void) {
     CHECK(mu_kv_snapshot_restore(&c, s, &err) && clone_equal(&c, &original));
     mu_kv_free(&other);
     /* any geometry difference is refused and leaves the target untouched */
-    struct { int n_layers; bool kinds[MAX_LAYERS]; int64_t window, n_ctx, row; const char *msg; } bad[] = {
-        {3, {true, false, true}, WINDOW, N_CTX, ROW, "3 layers"},
-        {4, {true, false, true, false}, WINDOW, 32, ROW, "n_ctx 32"},
-        {4, {true, false, true, false}, 16, N_CTX, ROW, "window 16"},
-        {4, {true, true, true, false}, WINDOW, N_CTX, ROW, "layer 1 mismatch: snapshot is full"},
-        {4, {true, false, true, false}, WINDOW, N_CTX, ROW + 4, "layer 0 mismatch"},
+    struct { int n_layers; bool kinds[MAX_LAYERS]; int64_t window, n_ctx, heads, head_dim; const char *msg; } bad[] = {
+        {3, {true, false, true}, WINDOW, N_CTX, HEADS, HEAD_DIM, "3 layers"},
+        {4, {true, false, true, false}, WINDOW, 32, HEADS, HEAD_DIM, "n_ctx 32"},
+        {4, {true, false, true, false}, 16, N_CTX, HEADS, HEAD_DIM, "window 16"},
+        {4, {true, true, true, false}, WINDOW, N_CTX, HEADS, HEAD_DIM, "layer 1 mismatch: snapshot is full"},
+        {4, {true, false, true, false}, WINDOW, N_CTX, HEADS, HEAD_DIM + 4, "layer 0 mismatch"},
+        /* same row size, other head split */
+        {4, {true, false, true, false}, WINDOW, N_CTX, HEAD_DIM, HEADS, "rows of 4 heads x 3"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        CHECK(mu_kv_init(&other, bad[i].n_layers, bad[i].kinds, bad[i].window, bad[i].n_ctx, bad[i].row, &err));
+        CHECK(mu_kv_init(&other, bad[i].n_layers, bad[i].kinds, bad[i].window, bad[i].n_ctx, bad[i].heads,
+                                bad[i].head_dim, &err));
         uint16_t *k0 = other.layers[0].k;
         CHECK_MSG(!mu_kv_snapshot_restore(&other, s, &err) && contains(&err, bad[i].msg),
                   "geometry case %zu: %s", i, err.msg);

@@ -59,7 +59,7 @@ static bool session_init(bench_session *s, const muser_model *mm, int64_t n_ctx,
     s->m = mm->m;
     s->be = mm->be;
     const mu_model_config *c = &s->m->cfg;
-    if (!mu_kv_init(&s->kv, (int)c->n_layer, c->is_swa, c->sliding_window, n_ctx, c->n_head_kv * c->head_dim, err))
+    if (!mu_kv_init(&s->kv, (int)c->n_layer, c->is_swa, c->sliding_window, n_ctx, c->n_head_kv, c->head_dim, err))
         return false;
     s->n_ctx = n_ctx;
     s->chunk = chunk < n_ctx ? chunk : n_ctx;

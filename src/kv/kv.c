@@ -23,9 +23,26 @@ static int64_t physical_of(const mu_kv_layer *l, int64_t pos) {
 }
 
 static size_t row_bytes(const mu_kv_layer *l) { return (size_t)l->row_elems * sizeof(uint16_t); }
+static size_t head_bytes(const mu_kv_layer *l) { return (size_t)l->head_dim * sizeof(uint16_t); }
 
-static uint16_t *k_at(const mu_kv_layer *l, int64_t physical) { return l->k + physical * l->row_elems; }
-static uint16_t *v_at(const mu_kv_layer *l, int64_t physical) { return l->v + physical * l->row_elems; }
+/* One head of one physical row inside a head-major plane. */
+static uint16_t *head_at(const mu_kv_layer *l, uint16_t *plane, int64_t physical, int64_t head) {
+    return plane + (head * l->cap + physical) * l->head_dim;
+}
+
+/* A physical row, all heads, copied out to (or in from) a token-major
+ * buffer of row_elems values, or zeroed. */
+static void row_out(const mu_kv_layer *l, uint16_t *plane, int64_t physical, uint16_t *dst) {
+    for (int64_t h = 0; h < l->n_head; h++) memcpy(dst + h * l->head_dim, head_at(l, plane, physical, h), head_bytes(l));
+}
+
+static void row_in(const mu_kv_layer *l, uint16_t *plane, int64_t physical, const uint16_t *src) {
+    for (int64_t h = 0; h < l->n_head; h++) memcpy(head_at(l, plane, physical, h), src + h * l->head_dim, head_bytes(l));
+}
+
+static void row_zero(const mu_kv_layer *l, uint16_t *plane, int64_t physical) {
+    for (int64_t h = 0; h < l->n_head; h++) memset(head_at(l, plane, physical, h), 0, head_bytes(l));
+}
 
 /* ---------- init / free / clear ---------- */
 
@@ -60,14 +77,15 @@ static void free_plane(uint16_t *p, uint64_t mapped) {
 }
 
 static bool check_geometry(int n_layers, const bool *is_swa, int64_t window, int64_t n_ctx,
-                           int64_t row_elems, mu_error *err) {
+                           int64_t n_head, int64_t head_dim, mu_error *err) {
     if (n_layers <= 0 || n_layers > INT32_MAX / MU_KV_MAX_ROLLBACK) {
         mu_err_set(err, "kv init: n_layers %d out of range [1, %d]", n_layers, INT32_MAX / MU_KV_MAX_ROLLBACK);
         return false;
     }
     if (!is_swa) { mu_err_set(err, "kv init: is_swa array is NULL"); return false; }
     if (n_ctx <= 0) { mu_err_set(err, "kv init: n_ctx %" PRId64 " must be positive", n_ctx); return false; }
-    if (row_elems <= 0) { mu_err_set(err, "kv init: row_elems %" PRId64 " must be positive", row_elems); return false; }
+    if (n_head <= 0) { mu_err_set(err, "kv init: n_head %" PRId64 " must be positive", n_head); return false; }
+    if (head_dim <= 0) { mu_err_set(err, "kv init: head_dim %" PRId64 " must be positive", head_dim); return false; }
     if (window < 0) { mu_err_set(err, "kv init: window %" PRId64 " is negative", window); return false; }
     for (int i = 0; i < n_layers; i++) {
         if (is_swa[i] && window == 0) {
@@ -121,17 +139,19 @@ static bool alloc_journal(mu_kv_cache *c, int64_t row_elems, mu_error *err) {
 }
 
 bool mu_kv_init(mu_kv_cache *c, int n_layers, const bool *is_swa, int64_t window,
-                int64_t n_ctx, int64_t row_elems, mu_error *err) {
+                int64_t n_ctx, int64_t n_head, int64_t head_dim, mu_error *err) {
     if (!c) { mu_err_set(err, "kv init: cache is NULL"); return false; }
     memset(c, 0, sizeof *c);
-    if (!check_geometry(n_layers, is_swa, window, n_ctx, row_elems, err)) return false;
-    uint64_t total;
-    if (!total_bytes(n_layers, is_swa, window, n_ctx, row_elems, &total) || total > MU_KV_MAX_BYTES) {
-        mu_err_set(err, "kv init: %d layers, n_ctx %" PRId64 ", window %" PRId64 ", %" PRId64 " elements per row "
-                   "need more than the %llu-byte limit", n_layers, n_ctx, window, row_elems,
+    if (!check_geometry(n_layers, is_swa, window, n_ctx, n_head, head_dim, err)) return false;
+    uint64_t total, row = 0;
+    if (!mu_mul_u64((uint64_t)n_head, (uint64_t)head_dim, &row) || row > (uint64_t)INT64_MAX ||
+        !total_bytes(n_layers, is_swa, window, n_ctx, (int64_t)row, &total) || total > MU_KV_MAX_BYTES) {
+        mu_err_set(err, "kv init: %d layers, n_ctx %" PRId64 ", window %" PRId64 ", %" PRId64 " heads of %" PRId64
+                   " need more than the %llu-byte limit", n_layers, n_ctx, window, n_head, head_dim,
                    (unsigned long long)MU_KV_MAX_BYTES);
         return false;
     }
+    const int64_t row_elems = (int64_t)row;
     c->n_layers = n_layers;
     c->n_ctx = n_ctx;
     c->window = window;
@@ -145,6 +165,8 @@ bool mu_kv_init(mu_kv_cache *c, int n_layers, const bool *is_swa, int64_t window
         mu_kv_layer *l = &c->layers[i];
         l->swa = is_swa[i];
         l->cap = layer_cap(l->swa, window, n_ctx);
+        l->n_head = n_head;
+        l->head_dim = head_dim;
         l->row_elems = row_elems;
         uint64_t bytes;
         rows_bytes(l->cap, row_elems, &bytes);  /* checked by total_bytes */
@@ -180,8 +202,8 @@ void mu_kv_free(mu_kv_cache *c) {
 static void zero_held_rows(mu_kv_layer *l) {
     for (int64_t i = 0; i < l->len; i++) {
         int64_t p = (l->origin_physical + i) % l->cap;
-        memset(k_at(l, p), 0, row_bytes(l));
-        memset(v_at(l, p), 0, row_bytes(l));
+        row_zero(l, l->k, p);
+        row_zero(l, l->v, p);
     }
 }
 
@@ -197,8 +219,11 @@ void mu_kv_clear(mu_kv_cache *c) {
 
 /* ---------- append and row access ---------- */
 
-static void store_row_f16(uint16_t *dst, const float *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = mu_f32_to_f16(src[i]);
+static void store_row_f16(const mu_kv_layer *l, uint16_t *plane, int64_t physical, const float *src) {
+    for (int64_t h = 0; h < l->n_head; h++) {
+        uint16_t *dst = head_at(l, plane, physical, h);
+        for (int64_t i = 0; i < l->head_dim; i++) dst[i] = mu_f32_to_f16(src[h * l->head_dim + i]);
+    }
 }
 
 bool mu_kv_append(mu_kv_cache *c, int layer, int64_t pos, const float *k, const float *v, mu_error *err) {
@@ -243,11 +268,11 @@ bool mu_kv_append(mu_kv_cache *c, int layer, int64_t pos, const float *k, const 
         e->prev_origin_physical = l->origin_physical;
         e->prev_len = l->len;
         e->saved = true;
-        memcpy(e->old_k, k_at(l, write), row_bytes(l));
-        memcpy(e->old_v, v_at(l, write), row_bytes(l));
+        row_out(l, l->k, write, e->old_k);
+        row_out(l, l->v, write, e->old_v);
     }
-    store_row_f16(k_at(l, write), k, l->row_elems);
-    store_row_f16(v_at(l, write), v, l->row_elems);
+    store_row_f16(l, l->k, write, k);
+    store_row_f16(l, l->v, write, v);
     if (overwrite) {
         l->origin_logical += 1;
         l->origin_physical = (l->origin_physical + 1) % l->cap;
@@ -261,12 +286,12 @@ static bool is_held(const mu_kv_layer *l, int64_t pos) {
     return l && pos >= l->origin_logical && pos < layer_end(l);
 }
 
-const uint16_t *mu_kv_k_row(const mu_kv_layer *l, int64_t pos) {
-    return is_held(l, pos) ? k_at(l, physical_of(l, pos)) : NULL;
+const uint16_t *mu_kv_k(const mu_kv_layer *l, int64_t pos, int64_t head) {
+    return is_held(l, pos) && head >= 0 && head < l->n_head ? head_at(l, l->k, physical_of(l, pos), head) : NULL;
 }
 
-const uint16_t *mu_kv_v_row(const mu_kv_layer *l, int64_t pos) {
-    return is_held(l, pos) ? v_at(l, physical_of(l, pos)) : NULL;
+const uint16_t *mu_kv_v(const mu_kv_layer *l, int64_t pos, int64_t head) {
+    return is_held(l, pos) && head >= 0 && head < l->n_head ? head_at(l, l->v, physical_of(l, pos), head) : NULL;
 }
 
 /* ---------- checkpoint / rollback / commit ---------- */
@@ -295,8 +320,8 @@ bool mu_kv_checkpoint(mu_kv_cache *c, mu_error *err) {
 static void undo_entry(mu_kv_cache *c, const mu_kv_journal_entry *e) {
     mu_kv_layer *l = &c->layers[e->layer];
     if (e->saved) {
-        memcpy(k_at(l, e->physical), e->old_k, row_bytes(l));
-        memcpy(v_at(l, e->physical), e->old_v, row_bytes(l));
+        row_in(l, l->k, e->physical, e->old_k);
+        row_in(l, l->v, e->physical, e->old_v);
     }
     l->origin_logical = e->prev_origin_logical;
     l->origin_physical = e->prev_origin_physical;
@@ -344,8 +369,8 @@ void mu_kv_commit(mu_kv_cache *c) {
 
 typedef struct snapshot_layer {
     bool swa;
-    int64_t cap, row_elems, origin_logical, origin_physical, len;
-    uint16_t *k, *v;  /* held rows in logical order, len * row_elems each */
+    int64_t cap, n_head, head_dim, row_elems, origin_logical, origin_physical, len;
+    uint16_t *k, *v;  /* held rows in logical order, token-major, len * row_elems each */
 } snapshot_layer;
 
 struct mu_kv_snapshot {
@@ -378,15 +403,16 @@ mu_kv_snapshot *mu_kv_snapshot_take(const mu_kv_cache *c) {
     for (int i = 0; i < c->n_layers; i++) {
         const mu_kv_layer *l = &c->layers[i];
         snapshot_layer *d = &s->layers[i];
-        *d = (snapshot_layer){l->swa, l->cap, l->row_elems, l->origin_logical, l->origin_physical, l->len, NULL, NULL};
+        *d = (snapshot_layer){l->swa, l->cap, l->n_head, l->head_dim, l->row_elems,
+                              l->origin_logical, l->origin_physical, l->len, NULL, NULL};
         size_t bytes = (size_t)l->len * row_bytes(l);
         d->k = malloc(bytes ? bytes : 1);
         d->v = malloc(bytes ? bytes : 1);
         if (!d->k || !d->v) { mu_kv_snapshot_free(s); return NULL; }
         for (int64_t j = 0; j < l->len; j++) {
             int64_t p = (l->origin_physical + j) % l->cap;
-            memcpy(d->k + j * l->row_elems, k_at(l, p), row_bytes(l));
-            memcpy(d->v + j * l->row_elems, v_at(l, p), row_bytes(l));
+            row_out(l, l->k, p, d->k + j * l->row_elems);
+            row_out(l, l->v, p, d->v + j * l->row_elems);
         }
     }
     return s;
@@ -402,11 +428,11 @@ static bool snapshot_fits(const mu_kv_cache *c, const mu_kv_snapshot *s, mu_erro
     for (int i = 0; i < c->n_layers; i++) {
         const snapshot_layer *d = &s->layers[i];
         const mu_kv_layer *l = &c->layers[i];
-        if (d->swa != l->swa || d->cap != l->cap || d->row_elems != l->row_elems) {
+        if (d->swa != l->swa || d->cap != l->cap || d->n_head != l->n_head || d->head_dim != l->head_dim) {
             mu_err_set(err, "kv snapshot restore: layer %d mismatch: snapshot is %s with %" PRId64 " rows of %"
-                       PRId64 " elements, cache is %s with %" PRId64 " rows of %" PRId64 " elements", i,
-                       d->swa ? "sliding" : "full", d->cap, d->row_elems,
-                       l->swa ? "sliding" : "full", l->cap, l->row_elems);
+                       PRId64 " heads x %" PRId64 ", cache is %s with %" PRId64 " rows of %" PRId64 " heads x %" PRId64,
+                       i, d->swa ? "sliding" : "full", d->cap, d->n_head, d->head_dim,
+                       l->swa ? "sliding" : "full", l->cap, l->n_head, l->head_dim);
             return false;
         }
     }
@@ -426,8 +452,8 @@ bool mu_kv_snapshot_restore(mu_kv_cache *c, const mu_kv_snapshot *s, mu_error *e
         l->len = d->len;
         for (int64_t j = 0; j < l->len; j++) {
             int64_t p = (l->origin_physical + j) % l->cap;
-            memcpy(k_at(l, p), d->k + j * l->row_elems, row_bytes(l));
-            memcpy(v_at(l, p), d->v + j * l->row_elems, row_bytes(l));
+            row_in(l, l->k, p, d->k + j * l->row_elems);
+            row_in(l, l->v, p, d->v + j * l->row_elems);
         }
     }
     mu_kv_commit(c);  /* the journal described the replaced state */

@@ -8,6 +8,7 @@
  * journaled append saves the row it overwrites (held or not), so a rollback
  * restores the planes bit for bit, including the ring's rotation.
  * Snapshots copy rows and keep the ring's physical rotation.
+ * Storage is head-major: each KV head's rows form one contiguous plane. 
  * Invariant: physical rows not currently held are all zero. */
 #ifndef MUSER_KV_H
 #define MUSER_KV_H
@@ -18,8 +19,9 @@
 typedef struct mu_kv_layer {
     bool swa;
     int64_t cap;              /* rows allocated */
-    int64_t row_elems;        /* n_head_kv * head_dim */
-    uint16_t *k, *v;          /* f16, [cap][row_elems], zero-filled at creation */
+    int64_t n_head, head_dim; /* KV heads and their size */
+    int64_t row_elems;        /* n_head * head_dim: one position's K (or V) */
+    uint16_t *k, *v;          /* f16, head-major [n_head][cap][head_dim], zero-filled at creation */
     uint64_t mapped;          /* bytes mapped for each of k and v (kv.c) */
     int64_t origin_logical;   /* oldest logical position held */
     int64_t origin_physical;  /* its physical row */
@@ -32,7 +34,7 @@ typedef struct mu_kv_journal_entry {
     int64_t physical;         /* row overwritten */
     int64_t prev_origin_logical, prev_origin_physical, prev_len;
     bool saved;               /* old row contents saved below (always, see kv.c) */
-    uint16_t *old_k, *old_v;  /* row_elems each */
+    uint16_t *old_k, *old_v;  /* row_elems each, heads in order */
 } mu_kv_journal_entry;
 
 typedef struct mu_kv_cache {
@@ -48,19 +50,23 @@ typedef struct mu_kv_cache {
 } mu_kv_cache;
 
 bool mu_kv_init(mu_kv_cache *c, int n_layers, const bool *is_swa, int64_t window,
-                int64_t n_ctx, int64_t row_elems, mu_error *err);
+                int64_t n_ctx, int64_t n_head, int64_t head_dim, mu_error *err);
 void mu_kv_free(mu_kv_cache *c);
 void mu_kv_clear(mu_kv_cache *c);
 
-/* Append K and V (f32, rounded to f16 RNE at the store) for logical `pos`. */
+/* Append K and V (f32, rounded to f16 RNE at the store) for logical `pos`:
+ * n_head * head_dim values each, heads in order. */
 bool mu_kv_append(mu_kv_cache *c, int layer, int64_t pos, const float *k, const float *v, mu_error *err);
 /* Logical positions held by a layer: [first, first + count). */
 static inline int64_t mu_kv_first(const mu_kv_layer *l) { return l->origin_logical; }
 static inline int64_t mu_kv_count(const mu_kv_layer *l) { return l->len; }
 static inline int64_t mu_kv_end(const mu_kv_layer *l) { return l->origin_logical + l->len; }
-/* Row pointers by logical position; NULL when pos is not held. */
-const uint16_t *mu_kv_k_row(const mu_kv_layer *l, int64_t pos);
-const uint16_t *mu_kv_v_row(const mu_kv_layer *l, int64_t pos);
+/* One head's K or V (head_dim values) at a logical position; NULL when pos
+ * is not held or head is out of range. Each head's plane is contiguous (the
+ * book's head-major layout), so attention over consecutive positions of one
+ * head streams one address range; a ring wraps once. */
+const uint16_t *mu_kv_k(const mu_kv_layer *l, int64_t pos, int64_t head);
+const uint16_t *mu_kv_v(const mu_kv_layer *l, int64_t pos, int64_t head);
 
 /* Checkpoint at the current length (all layers must agree; fails if one is
  * already active); rollback to any pos in [ckpt_pos, shortest layer length]

@@ -121,7 +121,7 @@ muser_session *muser_session_create(muser_model *mm, const muser_session_params 
     if (chunk > n_ctx) chunk = n_ctx;
     muser_session *s = mu_xcalloc(1, sizeof *s);
     if (!mu_kv_init(&s->kv, (int)c->n_layer, c->is_swa, c->sliding_window, n_ctx,
-                    c->n_head_kv * c->head_dim, ERR(err))) {
+                    c->n_head_kv, c->head_dim, ERR(err))) {
         free(s);
         return NULL;
     }

@@ -508,12 +508,12 @@ static inline void f16_row_to_f32(const uint16_t *src, float *dst, int64_t n) {
 static void avx2_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t start, int64_t end, cpu_attn_part *part,
                             float *scratch) {
     const mu_attn_args *a = job->a;
-    const int64_t D = a->head_dim, G = job->n_g, off = kvh * D, n = end - start + 1;
+    const int64_t D = a->head_dim, G = job->n_g, n = end - start + 1;
     const int64_t ss = CPU_ATTN_BLOCK + 16;
     float *row = scratch, *scores = scratch + 2 * (D + 16);
     const float *q = cpu_attn_q(job, kvh);
     for (int64_t p = 0; p < n; p++) {
-        f16_row_to_f32(mu_kv_k_row(a->kv, start + p) + off, row, D);
+        f16_row_to_f32(mu_kv_k(a->kv, start + p, kvh), row, D);
         for (int64_t g = 0; g < G; g++) scores[g * ss + p] = dot_f32(q + g * D, row, D) * a->scale;
     }
     for (int64_t g = 0; g < G; g++) {
@@ -536,7 +536,7 @@ static void avx2_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t start,
     float *acc = part->acc;
     memset(acc, 0, (size_t)(G * D) * sizeof(float));
     for (int64_t p = 0; p < n; p++) {
-        f16_row_to_f32(mu_kv_v_row(a->kv, start + p) + off, row, D);
+        f16_row_to_f32(mu_kv_v(a->kv, start + p, kvh), row, D);
         for (int64_t g = 0; g < G; g++) {
             const float e = scores[g * ss + p];
             const __m256 ev = _mm256_set1_ps(e);

@@ -347,13 +347,13 @@ static void block_sums(const float *e, int64_t n, int64_t G, float *l) {
 static void avx512_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t start, int64_t end, cpu_attn_part *part,
                               float *scratch) {
     const mu_attn_args *a = job->a;
-    const int64_t D = a->head_dim, G = job->n_g, off = kvh * D, n = end - start + 1;
+    const int64_t D = a->head_dim, G = job->n_g, n = end - start + 1;
     const float *q = cpu_attn_q(job, kvh);
     float *kt = scratch, *e = scratch + 16 * ((D + 15) & ~(int64_t)15);
     const uint16_t **krow = (const uint16_t **)(e + G * E_STRIDE), **vrow = krow + CPU_ATTN_BLOCK;
     for (int64_t p = 0; p < n; p++) {
-        krow[p] = mu_kv_k_row(a->kv, start + p) + off;
-        vrow[p] = mu_kv_v_row(a->kv, start + p) + off;
+        krow[p] = mu_kv_k(a->kv, start + p, kvh);
+        vrow[p] = mu_kv_v(a->kv, start + p, kvh);
     }
     const __m512 scale = _mm512_set1_ps(a->scale);
     for (int64_t p0 = 0; p0 < n; p0 += 16) {

@@ -62,7 +62,7 @@ static void ref_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim,
 
 static void attend_head(const mu_attn_args *a, const float *q, int64_t kv_head, int64_t first, float *out,
                         float *kbuf, float *acc_b) {
-    const int64_t D = a->head_dim, off = kv_head * D;
+    const int64_t D = a->head_dim;
     float M = 0, L = 0;
     for (int64_t d = 0; d < D; d++) out[d] = 0;
     float scores[MU_ATTN_BLOCK];
@@ -70,7 +70,7 @@ static void attend_head(const mu_attn_args *a, const float *q, int64_t kv_head, 
         int64_t end = start + MU_ATTN_BLOCK - 1 < a->pos ? start + MU_ATTN_BLOCK - 1 : a->pos;
         float m_b = -INFINITY;
         for (int64_t p = start; p <= end; p++) {
-            const uint16_t *k = mu_kv_k_row(a->kv, p) + off;
+            const uint16_t *k = mu_kv_k(a->kv, p, kv_head);
             for (int64_t d = 0; d < D; d++) kbuf[d] = mu_f16_to_f32(k[d]);
             float s = mu_dot_f32(q, kbuf, D) * a->scale;
             scores[p - start] = s;
@@ -79,7 +79,7 @@ static void attend_head(const mu_attn_args *a, const float *q, int64_t kv_head, 
         float l_b = 0;
         for (int64_t d = 0; d < D; d++) acc_b[d] = 0;
         for (int64_t p = start; p <= end; p++) {
-            const uint16_t *v = mu_kv_v_row(a->kv, p) + off;
+            const uint16_t *v = mu_kv_v(a->kv, p, kv_head);
             float e = mu_expf(scores[p - start] - m_b);
             l_b = l_b + e;
             for (int64_t d = 0; d < D; d++) acc_b[d] = fmaf(e, mu_f16_to_f32(v[d]), acc_b[d]);
