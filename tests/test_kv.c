@@ -78,7 +78,19 @@ static void check_layer(const mu_kv_cache *c, const model *m, int layer, int64_t
         }
     }
     CHECK(mu_kv_k(l, first - 1, 0) == NULL && mu_kv_v(l, end, 0) == NULL);
-    if (len > 0) CHECK(mu_kv_k(l, first, HEADS) == NULL && mu_kv_v(l, first, -1) == NULL);
+    if (len > 0) {
+        CHECK(mu_kv_k(l, first, HEADS) == NULL && mu_kv_v(l, first, -1) == NULL);
+        /* the span walk (across the ring's wrap) gives the same pointers, and refuses what is not held */
+        const uint16_t *kr[N_CTX], *vr[N_CTX];
+        for (int h = 0; h < HEADS; h++) {
+            CHECK(mu_kv_head_rows(l, first, len, h, kr, vr));
+            for (int64_t i = 0; i < len; i++)
+                CHECK_MSG(kr[i] == mu_kv_k(l, first + i, h) && vr[i] == mu_kv_v(l, first + i, h),
+                          "%s: layer %d head %d: span row %lld", what, layer, h, (long long)i);
+        }
+        CHECK(!mu_kv_head_rows(l, first, len + 1, 0, kr, vr) && !mu_kv_head_rows(l, first - 1, 1, 0, kr, vr) &&
+              !mu_kv_head_rows(l, first, 1, HEADS, kr, vr) && !mu_kv_head_rows(l, first, 0, 0, kr, vr));
+    }
     for (int64_t phys = 0; phys < l->cap; phys++) {
         bool held = (phys - first % l->cap + l->cap) % l->cap < len;
         for (int h = 0; h < HEADS && !held; h++) {

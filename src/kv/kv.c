@@ -294,6 +294,18 @@ const uint16_t *mu_kv_v(const mu_kv_layer *l, int64_t pos, int64_t head) {
     return is_held(l, pos) && head >= 0 && head < l->n_head ? head_at(l, l->v, physical_of(l, pos), head) : NULL;
 }
 
+bool mu_kv_head_rows(const mu_kv_layer *l, int64_t pos, int64_t n, int64_t head, const uint16_t **k,
+                     const uint16_t **v) {
+    if (n <= 0 || !is_held(l, pos) || !is_held(l, pos + n - 1) || head < 0 || head >= l->n_head) return false;
+    const uint16_t *kp = head_at(l, l->k, 0, head), *vp = head_at(l, l->v, 0, head);
+    for (int64_t i = 0, phys = physical_of(l, pos); i < n; i++) {
+        k[i] = kp + phys * l->head_dim;
+        v[i] = vp + phys * l->head_dim;
+        if (++phys == l->cap) phys = 0;
+    }
+    return true;
+}
+
 /* ---------- checkpoint / rollback / commit ---------- */
 
 bool mu_kv_checkpoint(mu_kv_cache *c, mu_error *err) {

@@ -67,6 +67,11 @@ static inline int64_t mu_kv_end(const mu_kv_layer *l) { return l->origin_logical
  * head streams one address range; a ring wraps once. */
 const uint16_t *mu_kv_k(const mu_kv_layer *l, int64_t pos, int64_t head);
 const uint16_t *mu_kv_v(const mu_kv_layer *l, int64_t pos, int64_t head);
+/* The same for the n positions [pos, pos + n) of one head, into k[0..n) and
+ * v[0..n), walking the ring once (no division per row). Returns false,
+ * filling nothing, unless every position is held and head is in range. */
+bool mu_kv_head_rows(const mu_kv_layer *l, int64_t pos, int64_t n, int64_t head, const uint16_t **k,
+                     const uint16_t **v);
 
 /* Checkpoint at the current length (all layers must agree; fails if one is
  * already active); rollback to any pos in [ckpt_pos, shortest layer length]
