@@ -92,4 +92,24 @@ m = re.search(r'depth 96: attention adds (-?[0-9.]+) ms per token; reading the N
 assert m, open('$T/bd.txt').read()
 assert abs(float(m.group(2)) - round(mb, 1)) < 0.051, (m.group(2), mb)
 assert abs(float(m.group(3)) - mb / 8) < 0.006, (m.group(3), mb / 8)"
+# decode against the bandwidth passes right before and after each repetition:
+# reps + 1 passes, each share from its repetition and the two passes around it
+check "$M" bench -m "$T/tiny.gguf" -p 0 -n 4 -r 3 --size 64 -q --json "$T/bw.json" >"$T/bw.txt"
+check python3 -c "
+import json, re
+j = json.load(open('$T/bw.json'))
+d = j['results'][0]['decode']
+bw, sh, tok = d['paired_membw_gbs']['samples'], d['pct_paired_membw']['samples'], d['samples']
+wb = j['model']['weight_bytes_per_token']
+assert len(bw) == 4 and len(sh) == 3 and min(bw) > 0, d
+for i in range(3):
+    want = 100 * tok[i] * wb / 1e9 / ((bw[i] + bw[i + 1]) / 2)
+    assert abs(sh[i] - want) < 0.01 * want + 0.01, (i, sh[i], want)
+m = re.search(r'depth 0: decode read ([0-9.]+)% \(median; ([0-9.]+)-([0-9.]+)%\) of the bandwidth measured around each repetition', open('$T/bw.txt').read())
+assert m and abs(float(m.group(1)) - sorted(sh)[1]) < 0.051, (open('$T/bw.txt').read(), sh)"
+check "$M" bench -m "$T/tiny.gguf" -p 0 -n 4 -r 2 --size 64 --no-paired-membw -q --json "$T/bw2.json" >"$T/bw2.txt"
+check python3 -c "
+import json
+d = json.load(open('$T/bw2.json'))['results'][0]['decode']
+assert 'pct_paired_membw' not in d and 'decode read' not in open('$T/bw2.txt').read(), d"
 exit $fail

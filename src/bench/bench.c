@@ -136,6 +136,8 @@ typedef struct runner {
     mu_kv_snapshot *at_depth;
     int64_t depth;
     int32_t *tokens;
+    mu_membw *pair;            /* opts.paired_membw_bytes */
+    double weight_bytes;       /* weights read per decoded token */
 } runner;
 
 static void progress(const mu_bench_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -181,24 +183,51 @@ static bool timed_run(runner *r, bool decode, double *tok_s, mu_error *err) {
     return true;
 }
 
-static bool run_test(runner *r, bool decode, mu_bench_stats *st, mu_error *err) {
+/* The bandwidth pass paired with a decode repetition: after a pause long
+ * enough for the pool's idle workers to stop spinning, the best of two
+ * passes of each read loop over the kept buffer. */
+static double paired_pass(runner *r) {
+    mu_bench_pause(0.002);
+    return mu_membw_measure(r->pair, 2);
+}
+
+/* Timed repetitions of one test; for decode with paired passes, also a
+ * pass right before and right after each repetition, and the repetition's
+ * weight GB/s as a share of the mean of those two. */
+static bool run_test(runner *r, bool decode, mu_bench_depth *d, mu_error *err) {
     const mu_bench_opts *o = r->o;
     const char *what = decode ? "decode" : "prefill";
-    double *samples = mu_xmalloc((size_t)o->reps * sizeof(double));
+    const bool paired = decode && r->pair;
+    double *samples = mu_xmalloc((size_t)(3 * o->reps + 1) * sizeof(double));
+    double *share = samples + o->reps, *bw = share + o->reps; /* bw[rep], bw[rep + 1]: the passes around rep */
     bool ok = true;
     for (int i = 0; i < o->warmup + o->reps && ok; i++) {
         double v = 0;
-        if (i >= o->warmup) mu_bench_pause(o->pause_s);
+        const int rep = i - o->warmup;
+        if (rep >= 0) mu_bench_pause(o->pause_s);
+        if (rep == 0 && paired) bw[0] = paired_pass(r);
         ok = timed_run(r, decode, &v, err);
         if (!ok) break;
-        if (i < o->warmup) {
+        if (rep < 0) {
             progress(o, "depth %lld: %s warm-up: %.2f tok/s", (long long)r->depth, what, v);
+        } else if (paired) {
+            bw[rep + 1] = paired_pass(r);
+            const double around = 0.5 * (bw[rep] + bw[rep + 1]);
+            samples[rep] = v;
+            share[rep] = around > 0 ? 100.0 * v * r->weight_bytes / 1e9 / around : 0.0;
+            progress(o, "depth %lld: %s %d/%d: %.2f tok/s, %.1f%% of the %.2f GB/s read around it (%.2f before, "
+                     "%.2f after)", (long long)r->depth, what, rep + 1, o->reps, v, share[rep], around, bw[rep],
+                     bw[rep + 1]);
         } else {
-            samples[i - o->warmup] = v;
-            progress(o, "depth %lld: %s %d/%d: %.2f tok/s", (long long)r->depth, what, i - o->warmup + 1, o->reps, v);
+            samples[rep] = v;
+            progress(o, "depth %lld: %s %d/%d: %.2f tok/s", (long long)r->depth, what, rep + 1, o->reps, v);
         }
     }
-    if (ok) mu_bench_stats_compute(st, samples, o->reps);
+    if (ok) mu_bench_stats_compute(decode ? &d->decode : &d->prefill, samples, o->reps);
+    if (ok && paired) {
+        mu_bench_stats_compute(&d->paired_membw, bw, o->reps + 1);
+        mu_bench_stats_compute(&d->paired_share, share, o->reps);
+    }
     free(samples);
     return ok;
 }
@@ -230,8 +259,8 @@ static bool run_depth(runner *r, const muser_model *mm, mu_bench_depth *d, mu_er
             }
         }
     }
-    if (ok && o->n_prompt > 0) ok = run_test(r, false, &d->prefill, err);
-    if (ok && o->n_gen > 0) ok = run_test(r, true, &d->decode, err);
+    if (ok && o->n_prompt > 0) ok = run_test(r, false, d, err);
+    if (ok && o->n_gen > 0) ok = run_test(r, true, d, err);
     mu_kv_snapshot_free(r->at_depth);
     r->at_depth = NULL;
     session_free(&r->s);
@@ -269,7 +298,18 @@ bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *res, mu_error *err) {
         }
     res->depths = mu_xcalloc((size_t)n_depths, sizeof *res->depths);
     res->n_depths = n_depths;
-    runner r = {.o = o};
+    runner r = {.o = o, .weight_bytes = (double)res->info.weight_bytes_per_token};
+    if (o->paired_membw_bytes > 0 && o->n_gen > 0) {
+        progress(o, "allocating the paired bandwidth pass's %zu MiB buffer", o->paired_membw_bytes >> 20);
+        r.pair = mu_membw_open(o->n_threads > 0 ? o->n_threads : res->n_threads, o->paired_membw_bytes);
+        if (!r.pair) {
+            mu_err_set(err, "bench: cannot allocate the %zu-byte buffer of the paired bandwidth pass",
+                       o->paired_membw_bytes);
+            mu_bench_result_free(res);
+            muser_model_free(mm);
+            return false;
+        }
+    }
     r.tokens = mu_xmalloc((size_t)(o->n_prompt + o->n_gen + 1) * sizeof(int32_t));
     make_tokens(r.tokens, o->n_prompt + o->n_gen + 1, mm->m->cfg.n_vocab, 1);
     bool ok = true;
@@ -282,6 +322,7 @@ bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *res, mu_error *err) {
         ok = mu_bench_spec_run(o, mm, &res->spec, err);
     }
     free(r.tokens);
+    mu_membw_close(r.pair);
     muser_model_free(mm);
     if (!ok) mu_bench_result_free(res);
     return ok;
@@ -291,6 +332,8 @@ void mu_bench_result_free(mu_bench_result *r) {
     for (int i = 0; i < r->n_depths; i++) {
         free(r->depths[i].prefill.samples);
         free(r->depths[i].decode.samples);
+        free(r->depths[i].paired_membw.samples);
+        free(r->depths[i].paired_share.samples);
     }
     free(r->depths);
     r->depths = NULL;

@@ -27,6 +27,8 @@ typedef struct mu_bench_opts {
     int64_t chunk;            /* prefill rows per forward call (0 = 512) */
     bool prefill_depth;       /* fill depth by real prefill (default: synthetic K/V) */
     double membw_gbs;         /* machine read bandwidth for the % figures (0 = unknown) */
+    size_t paired_membw_bytes; /* > 0: also a bandwidth pass over a buffer this large right
+                                  before and after each timed decode repetition */
     const char *draft_path;   /* DFlash assistant: also time greedy generation plain vs speculative */
     const char *spec_prompt;  /* its prompt text (NULL: a Genesis verse) */
     int verify_len;           /* 3, 7, 15 (0 = 7) */
@@ -44,6 +46,10 @@ typedef struct mu_bench_stats {
 typedef struct mu_bench_depth {
     int64_t depth;
     mu_bench_stats prefill, decode;
+    /* with opts.paired_membw_bytes: the GB/s of the reps + 1 passes around
+     * the decode repetitions, and each repetition's weight GB/s as a
+     * percentage of the mean of the passes just before and after it */
+    mu_bench_stats paired_membw, paired_share;
     double fill_seconds;
 } mu_bench_depth;
 
@@ -81,6 +87,12 @@ void mu_bench_stats_compute(mu_bench_stats *s, const double *samples, int n);
 /* Sustained read bandwidth in GB/s (1e9 B/s): n_threads threads stream a
  * buffer of `bytes` (much larger than the caches) `reps` times; best pass. */
 double mu_bench_membw(int n_threads, size_t bytes, int reps);
+/* The same with a buffer kept between measurements (NULL when it cannot be
+ * allocated), for a pass right next to each timed decode repetition. */
+typedef struct mu_membw mu_membw;
+mu_membw *mu_membw_open(int n_threads, size_t bytes);
+double mu_membw_measure(mu_membw *m, int reps);
+void mu_membw_close(mu_membw *m);
 
 /* Reports. The JSON has a fixed key order and no timestamps, so two runs diff. */
 bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_bench_result *r, mu_error *err);

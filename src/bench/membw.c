@@ -115,23 +115,50 @@ static void *membw_worker(void *arg) {
     return NULL;
 }
 
-double mu_bench_membw(int n_threads, size_t bytes, int reps) {
+struct mu_membw {
+    int n_threads;
+    size_t slice;
+    uint8_t *buf;
+};
+
+mu_membw *mu_membw_open(int n_threads, size_t bytes) {
     if (n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)n : 1;
     }
-    if (reps < 1) reps = 1;
     size_t slice = bytes / (size_t)n_threads / 4096 * 4096;
-    if (slice == 0) return 0.0;
+    if (slice == 0) return NULL;
     void *buf = NULL;
-    if (posix_memalign(&buf, 2 << 20, slice * (size_t)n_threads) != 0) return 0.0;
+    if (posix_memalign(&buf, 2 << 20, slice * (size_t)n_threads) != 0) return NULL;
 #ifdef MADV_HUGEPAGE
     madvise(buf, slice * (size_t)n_threads, MADV_HUGEPAGE);
 #endif
     memset(buf, 0x5A, slice * (size_t)n_threads); /* fault every page in before timing */
+    mu_membw *m = mu_xcalloc(1, sizeof *m);
+    *m = (mu_membw){.n_threads = n_threads, .slice = slice, .buf = buf};
+    return m;
+}
+
+void mu_membw_close(mu_membw *m) {
+    if (!m) return;
+    free(m->buf);
+    free(m);
+}
+
+double mu_bench_membw(int n_threads, size_t bytes, int reps) {
+    mu_membw *m = mu_membw_open(n_threads, bytes);
+    double gbs = m ? mu_membw_measure(m, reps) : 0.0;
+    mu_membw_close(m);
+    return gbs;
+}
+
+double mu_membw_measure(mu_membw *m, int reps) {
+    if (reps < 1) reps = 1;
+    const int n_threads = m->n_threads;
+    const size_t slice = m->slice;
     read_fn readers[2];
     const int n_readers = pick_readers(readers);
-    membw_job j = {.buf = buf, .slice = slice, .n_threads = n_threads, .reps = reps * n_readers, .fn = readers[0]};
+    membw_job j = {.buf = m->buf, .slice = slice, .n_threads = n_threads, .reps = reps * n_readers, .fn = readers[0]};
     pthread_barrier_init(&j.start, NULL, (unsigned)n_threads);
     pthread_barrier_init(&j.end, NULL, (unsigned)n_threads);
     membw_thread *th = mu_xcalloc((size_t)n_threads, sizeof *th);
@@ -156,6 +183,5 @@ double mu_bench_membw(int n_threads, size_t bytes, int reps) {
     pthread_barrier_destroy(&j.end);
     free(th);
     free(tid);
-    free(buf);
     return best;
 }

@@ -25,6 +25,19 @@ static void json_stats(FILE *f, const char *indent, const mu_bench_stats *s) {
     fprintf(f, "]");
 }
 
+static void json_values(FILE *f, const char *name, const mu_bench_stats *s) {
+    fprintf(f, ",\n        \"%s\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f, \"samples\": [", name, s->median,
+            s->min, s->max);
+    for (int i = 0; i < s->n; i++) fprintf(f, "%s%.3f", i ? ", " : "", s->samples[i]);
+    fprintf(f, "]}");
+}
+
+/* The bandwidth pass before each decode repetition, and the share per pair. */
+static void json_paired(FILE *f, const mu_bench_depth *d) {
+    json_values(f, "paired_membw_gbs", &d->paired_membw);
+    json_values(f, "pct_paired_membw", &d->paired_share);
+}
+
 bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_bench_result *r, mu_error *err) {
     FILE *f = !strcmp(path, "-") ? stdout : fopen(path, "w");
     if (!f) {
@@ -64,8 +77,10 @@ bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_benc
             const double gbs = d->decode.median * (double)m->weight_bytes_per_token / 1e9;
             fprintf(f, ",\n      \"decode\": {\n        \"tokens\": %lld,\n", (long long)o->n_gen);
             json_stats(f, "        ", &d->decode);
-            fprintf(f, ",\n        \"weight_gbs\": %.3f,\n        \"pct_membw\": %.2f\n      }", gbs,
+            fprintf(f, ",\n        \"weight_gbs\": %.3f,\n        \"pct_membw\": %.2f", gbs,
                     o->membw_gbs > 0 ? 100.0 * gbs / o->membw_gbs : 0.0);
+            if (d->paired_share.n) json_paired(f, d);
+            fprintf(f, "\n      }");
         }
         fprintf(f, "\n    }%s\n", i + 1 < r->n_depths ? "," : "");
     }

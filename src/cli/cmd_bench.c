@@ -34,8 +34,10 @@ static void bench_usage(FILE *f) {
             "  --verify-len N         proposals per round: 3, 7 or 15 (default 7)\n"
             "  --prefill-depth        fill the depth by real prefill (default: synthetic K/V rows)\n"
             "  --membw-gbs X          use X GB/s as the read bandwidth instead of measuring it\n"
-            "  --no-membw             skip the bandwidth measurement\n"
-            "  --size MB              bandwidth test buffer (default 1024)\n"
+            "  --no-membw             skip the bandwidth measurements\n"
+            "  --no-paired-membw      skip the bandwidth passes right before and after each decode\n"
+            "                         repetition (by default each one's share is also taken against them)\n"
+            "  --size MB              bandwidth test buffer (default 1024; the paired pass uses at most 256)\n"
             "  --grammar              time one whole-vocabulary json.gbnf mask at 3 states, on the synthetic\n"
             "                         202,048-token vocabulary and with -m on the model's (-r default 21)\n"
             "  --json FILE            write the results as JSON ('-' = stdout)\n"
@@ -48,7 +50,7 @@ typedef struct bench_cli {
     int64_t *depths;
     int64_t threads, reps, warmup, size_mb;
     const char *json, *plot;
-    bool membw_only, no_membw, quiet, grammar, reps_given;
+    bool membw_only, no_membw, no_paired, quiet, grammar, reps_given;
     float membw_gbs;
 } bench_cli;
 
@@ -102,6 +104,7 @@ static int parse(int argc, char **argv, bench_cli *c) {
         else if (!strcmp(a, "--membw")) c->membw_only = true;
         else if (!strcmp(a, "--grammar")) c->grammar = true;
         else if (!strcmp(a, "--no-membw")) c->no_membw = true;
+        else if (!strcmp(a, "--no-paired-membw")) c->no_paired = true;
         else if (!strcmp(a, "--prefill-depth")) c->o.prefill_depth = true;
         else if (!strcmp(a, "--mlock")) c->o.use_mlock = true;
         else if (!strcmp(a, "--draft")) ok = cli_value("bench", argc, argv, &i, &c->o.draft_path);
@@ -215,6 +218,20 @@ static void print_depth_costs(const bench_cli *c, const mu_bench_result *r) {
     }
 }
 
+/* Decode against the bandwidth passes run just before and after each
+ * repetition: on a shared machine whose bandwidth drifts within seconds,
+ * a figure taken minutes earlier is a poor yardstick. */
+static void print_paired(const mu_bench_result *r) {
+    for (int i = 0; i < r->n_depths; i++) {
+        const mu_bench_depth *d = &r->depths[i];
+        if (!d->paired_share.n) continue;
+        printf("depth %lld: decode read %.1f%% (median; %.1f-%.1f%%) of the bandwidth measured around each "
+               "repetition (passes: median %.2f GB/s, %.2f-%.2f)\n",
+               (long long)d->depth, d->paired_share.median, d->paired_share.min, d->paired_share.max,
+               d->paired_membw.median, d->paired_membw.min, d->paired_membw.max);
+    }
+}
+
 static void print_table(const bench_cli *c, const mu_bench_result *r) {
     printf("model:   %s (%s), %.2f GB file, %.2f GB of weights read per token\n", r->model_name, r->lane,
            (double)r->info.file_bytes / 1e9, (double)r->info.weight_bytes_per_token / 1e9);
@@ -259,6 +276,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if (c.membw_gbs > 0) c.o.membw_gbs = c.membw_gbs;
     else if (!c.no_membw) c.o.membw_gbs = measure_membw(&c);
+    if (!c.no_membw && !c.no_paired) c.o.paired_membw_bytes = (size_t)(c.size_mb < 256 ? c.size_mb : 256) << 20;
     if (!c.quiet) c.o.progress = print_progress;
     mu_bench_result r;
     mu_error err;
@@ -268,6 +286,7 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     print_table(&c, &r);
+    print_paired(&r);
     print_depth_costs(&c, &r);
     rc = 0;
     if (c.json && !mu_bench_write_json(c.json, &c.o, &r, &err)) {
