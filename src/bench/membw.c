@@ -145,13 +145,6 @@ void mu_membw_close(mu_membw *m) {
     free(m);
 }
 
-double mu_bench_membw(int n_threads, size_t bytes, int reps) {
-    mu_membw *m = mu_membw_open(n_threads, bytes);
-    double gbs = m ? mu_membw_measure(m, reps) : 0.0;
-    mu_membw_close(m);
-    return gbs;
-}
-
 double mu_membw_measure(mu_membw *m, int reps) {
     if (reps < 1) reps = 1;
     const int n_threads = m->n_threads;
@@ -184,4 +177,11 @@ double mu_membw_measure(mu_membw *m, int reps) {
     free(th);
     free(tid);
     return best;
+}
+
+double mu_bench_membw(int n_threads, size_t bytes, int reps) {
+    mu_membw *m = mu_membw_open(n_threads, bytes);
+    double gbs = m ? mu_membw_measure(m, reps) : 0.0;
+    mu_membw_close(m);
+    return gbs;
 }

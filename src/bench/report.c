@@ -17,22 +17,28 @@ static void json_str(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+/* "[a, b, ...]" with `decimals` digits after the point. */
+static void json_samples(FILE *f, const mu_bench_stats *s, int decimals) {
+    fputc('[', f);
+    for (int i = 0; i < s->n; i++) fprintf(f, "%s%.*f", i ? ", " : "", decimals, s->samples[i]);
+    fputc(']', f);
+}
+
 static void json_stats(FILE *f, const char *indent, const mu_bench_stats *s) {
     fprintf(f, "%s\"tok_s\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f, \"mean\": %.4f, \"cv\": %.6f},\n", indent,
             s->median, s->min, s->max, s->mean, s->cv);
-    fprintf(f, "%s\"samples\": [", indent);
-    for (int i = 0; i < s->n; i++) fprintf(f, "%s%.4f", i ? ", " : "", s->samples[i]);
-    fprintf(f, "]");
+    fprintf(f, "%s\"samples\": ", indent);
+    json_samples(f, s, 4);
 }
 
 static void json_values(FILE *f, const char *name, const mu_bench_stats *s) {
-    fprintf(f, ",\n        \"%s\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f, \"samples\": [", name, s->median,
+    fprintf(f, ",\n        \"%s\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f, \"samples\": ", name, s->median,
             s->min, s->max);
-    for (int i = 0; i < s->n; i++) fprintf(f, "%s%.3f", i ? ", " : "", s->samples[i]);
-    fprintf(f, "]}");
+    json_samples(f, s, 3);
+    fputc('}', f);
 }
 
-/* The bandwidth pass before each decode repetition, and the share per pair. */
+/* The bandwidth passes around the decode repetitions, and each repetition's share. */
 static void json_paired(FILE *f, const mu_bench_depth *d) {
     json_values(f, "paired_membw_gbs", &d->paired_membw);
     json_values(f, "pct_paired_membw", &d->paired_share);
