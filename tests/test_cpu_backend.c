@@ -139,7 +139,7 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int mode, c
     float *x = make_acts(max_rows, n_in);
     float *want = malloc((size_t)(max_rows * n_out) * sizeof(float));
     float *got = malloc((size_t)(max_rows * n_out) * sizeof(float));
-    /* the load-time X16 layout of the backends that want it (one copy per backend) */
+    /* the load-time packed layout (X16, X8) of the backends that want it (one copy per backend) */
     uint8_t *packed[MAX_BACKENDS] = {0};
     mu_weight pw[MAX_BACKENDS];
     const uint64_t bytes = tw.w.row_bytes * (uint64_t)n_out;
@@ -150,8 +150,8 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int mode, c
         pw[c] = tw.w;
         pw[c].data = packed[c];
         cpus[c]->repack(cpus[c], &pw[c], packed[c]);
-        CHECK(pw[c].layout == MU_LAYOUT_X16);
-        CHECK(memcmp(packed[c], tw.data, bytes) != 0 || n_out < 16);
+        CHECK(pw[c].layout == (mu_backend_cpu_isa(cpus[c]) == MU_CPU_ISA_AVX512 ? MU_LAYOUT_X16 : MU_LAYOUT_X8));
+        CHECK(memcmp(packed[c], tw.data, bytes) != 0);
     }
     for (int i = 0; i < n_rc; i++) {
         int64_t rows = row_counts[i];
@@ -164,8 +164,8 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int mode, c
             if (!packed[c]) continue;
             memset(got, 0xFF, (size_t)(rows * n_out) * sizeof(float));
             cpus[c]->matmul(cpus[c], &pw[c], x, got, rows);
-            EXPECT_SAME(got, want, rows * n_out, "X16 matmul %s mode %d n_in %lld n_out %lld rows %lld on %s",
-                        mu_type_name(type), mode, (long long)n_in, (long long)n_out, (long long)rows, label(cpus[c]));
+            EXPECT_SAME(got, want, rows * n_out, "packed (layout %d) matmul %s mode %d n_in %lld n_out %lld rows %lld on %s",
+                        (int)pw[c].layout, mu_type_name(type), mode, (long long)n_in, (long long)n_out, (long long)rows, label(cpus[c]));
         }
     }
     for (int c = 0; c < n_cpus; c++) free(packed[c]);
@@ -188,10 +188,10 @@ static void test_matmul(void) {
         }
     check_matmul(MU_TYPE_Q4_K, 1024, 130, 0, few_rows, 4); /* several tasks per thread */
     /* prefill-sized: activation quantization split over tasks of 16-row groups */
-    static const int64_t many_rows[] = {33, 40};
-    check_matmul(MU_TYPE_Q4_K, 1024, 40, 0, many_rows, 2);
-    check_matmul(MU_TYPE_Q5_K, 1024, 24, 1, many_rows, 2);
-    check_matmul(MU_TYPE_Q6_K, 1024, 40, 2, many_rows, 2);
+    static const int64_t many_rows[] = {33, 40, 70}; /* 70: past the X8 kernel's 64-row panel */
+    check_matmul(MU_TYPE_Q4_K, 1024, 40, 0, many_rows, 3);
+    check_matmul(MU_TYPE_Q5_K, 1024, 24, 1, many_rows, 3);
+    check_matmul(MU_TYPE_Q6_K, 1024, 40, 2, many_rows, 3);
     check_matmul(MU_TYPE_NVFP4_E2M1, 1024, 20, 0, many_rows, 2);
     static const uint32_t ftypes[] = {MU_TYPE_F32, MU_TYPE_F16, MU_TYPE_BF16};
     static const int64_t ragged[] = {1, 15, 16, 31, 33, 100, 256};
@@ -202,33 +202,40 @@ static void test_matmul(void) {
         }
 }
 
-/* X16 packing is a permutation: the reference inverse gives back every
- * GGUF block, and rows past the last group are untouched (any block size:
- * Q5_K and Q6_K exercise the odd-size tail of a block). */
-static void test_x16_roundtrip(void) {
+/* Packing (X16 and X8) is a permutation: the reference inverse gives back
+ * every GGUF block, and rows past the last group are untouched (any block
+ * size: Q5_K and Q6_K exercise the odd-size tail of a block). */
+static void test_pack_roundtrip(void) {
     static const uint32_t types[] = {MU_TYPE_Q4_K, MU_TYPE_Q5_K, MU_TYPE_Q6_K};
-    for (int t = 0; t < 3; t++) {
-        test_weight tw;
-        if (!make_weight(types[t], 768, 37, 1, &tw)) return;
-        CHECK(mu_cpu_x16_eligible(&tw.w));
-        const uint64_t bytes = tw.w.row_bytes * 37, bb = mu_cpu_x16_block_bytes(&tw.w);
-        uint8_t *p = malloc(bytes), *blocks = malloc(16 * bb);
-        memcpy(p, tw.data, bytes);
-        mu_cpu_x16_pack_groups(&tw.w, p, 0, 2);
-        mu_weight pw = tw.w;
-        pw.data = p;
-        for (int64_t g = 0; g < 2; g++)
-            for (int64_t b = 0; b < 3; b++) {
-                mu_cpu_x16_unpack_ref(mu_cpu_x16_at(&pw, bb, g, b), bb, blocks);
-                for (int r = 0; r < 16; r++)
-                    CHECK_MSG(!memcmp(blocks + r * bb, tw.data + (uint64_t)(16 * g + r) * tw.w.row_bytes + b * bb, bb),
-                              "%s group %lld block %lld row %d", mu_type_name(types[t]), (long long)g, (long long)b, r);
-            }
-        CHECK(!memcmp(p + 32 * tw.w.row_bytes, tw.data + 32 * tw.w.row_bytes, 5 * tw.w.row_bytes));
-        free(p);
-        free(blocks);
-        free_weight(&tw);
-    }
+    static const int widths[] = {16, 8};
+    for (int wi = 0; wi < 2; wi++)
+        for (int t = 0; t < 3; t++) {
+            const int W = widths[wi];
+            test_weight tw;
+            if (!make_weight(types[t], 768, 37, 1, &tw)) return;
+            CHECK(mu_cpu_pack_eligible(&tw.w, W));
+            const int64_t groups = 37 / W;
+            const uint64_t bytes = tw.w.row_bytes * 37, bb = mu_cpu_pack_block_bytes(&tw.w);
+            uint8_t *p = malloc(bytes), *blocks = malloc((size_t)W * bb);
+            memcpy(p, tw.data, bytes);
+            mu_cpu_pack_groups(&tw.w, p, W, 0, groups);
+            mu_weight pw = tw.w;
+            pw.data = p;
+            for (int64_t g = 0; g < groups; g++)
+                for (int64_t b = 0; b < 3; b++) {
+                    mu_cpu_unpack_ref(mu_cpu_pack_at(&pw, bb, W, g, b), bb, W, blocks);
+                    for (int r = 0; r < W; r++)
+                        CHECK_MSG(!memcmp(blocks + r * bb, tw.data + (uint64_t)(W * g + r) * tw.w.row_bytes + b * bb, bb),
+                                  "%s width %d group %lld block %lld row %d", mu_type_name(types[t]), W, (long long)g,
+                                  (long long)b, r);
+                }
+            const uint64_t packed_bytes = (uint64_t)(groups * W) * tw.w.row_bytes;
+            CHECK(memcmp(p, tw.data, packed_bytes) != 0);
+            CHECK(!memcmp(p + packed_bytes, tw.data + packed_bytes, bytes - packed_bytes));
+            free(p);
+            free(blocks);
+            free_weight(&tw);
+        }
 }
 
 /* Native NVFP4 W4A4 mode runs the scalar kernel on every ISA. */
@@ -389,7 +396,7 @@ static void test_attention(void) {
 }
 
 int main(void) {
-    setenv("MUSER_CPU_REPACK", "1", 1); /* the X16 layout whatever the caller's environment says */
+    setenv("MUSER_CPU_REPACK", "1", 1); /* the packed layouts whatever the caller's environment says */
     ref = mu_backend_ref_create(1);
     static const int threads[] = {1, 2, 3, 8};
     for (int isa = MU_CPU_ISA_SCALAR; isa <= MU_CPU_ISA_AVX512; isa++) {
@@ -402,7 +409,7 @@ int main(void) {
     }
     CHECK(n_cpus >= 4);
     test_matmul();
-    test_x16_roundtrip();
+    test_pack_roundtrip();
     test_w4a4();
     test_rmsnorm();
     test_rope();

@@ -79,11 +79,12 @@ int32_t mu_e2m1_q1(uint8_t code);          /* value * 2 as integer */
 int32_t mu_e4m3fn_q9(uint8_t b);           /* value * 512 as integer (finite codes) */
 
 /* Byte order of a weight's data. MU_LAYOUT_ROWS is the GGUF's (n_out rows
- * of row_bytes, what every generic reader here expects). MU_LAYOUT_X16 is the
- * CPU backend's load-time repack (cpu_repack.h): each group of 16 rows stored
- * block by block with the rows' dwords interleaved; rows past the last full
- * group keep their GGUF bytes and offsets. Only that backend reads it. */
-enum { MU_LAYOUT_ROWS = 0, MU_LAYOUT_X16 = 1 };
+ * of row_bytes, what every generic reader here expects). MU_LAYOUT_X16 and
+ * MU_LAYOUT_X8 are the CPU backend's load-time repacks (cpu_repack.h): each
+ * group of 16 (AVX-512) or 8 (AVX2) rows stored block by block with the
+ * rows' dwords interleaved; rows past the last full group keep their GGUF
+ * bytes and offsets. Only that backend reads them. */
+enum { MU_LAYOUT_ROWS = 0, MU_LAYOUT_X16 = 1, MU_LAYOUT_X8 = 2 };
 
 /* A weight matrix as the forward pass sees it: n_out rows of n_in values.
  * All pointers are views into the GGUF mapping. */

@@ -13,7 +13,8 @@
 #if defined(__x86_64__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-#include <immintrin.h>
+#include "backend/cpu/cpu_avx2.h"
+#include "backend/cpu/cpu_repack.h"
 
 /* ======================================================== helpers */
 
@@ -266,6 +267,12 @@ static bool avx2_q_supported(const mu_weight *w) {
 static void avx2_qmatmul(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) {
     const int64_t nb = w->n_in / MU_QK_K;
     const mu_block_q8k *xq = act;
+    if (w->layout == MU_LAYOUT_X8) { /* o0 is a multiple of 16 (cpu_backend.c's split) */
+        const int64_t split = o1 < mu_cpu_pack_rows(w, 8) ? o1 : mu_cpu_pack_rows(w, 8);
+        if (o0 < split) mu_cpu_avx2_x8_matmul(w, o0, split, xq, rows, y);
+        if (split >= o1) return;
+        o0 = split > o0 ? split : o0; /* the rows past the last group keep the GGUF layout */
+    }
     if (cpu_is_native(w)) {
         for (int64_t o = o0; o < o1; o++) {
             const uint8_t *pay = w->data + o * (w->n_in / 2), *scl = w->nvfp4_scales + o * (w->n_in / 16);
@@ -566,6 +573,7 @@ static void avx2_div_scalar(float *out, float l, int64_t n) {
 
 const cpu_kernels mu_cpu_kernels_avx2 = {
     .isa = MU_CPU_ISA_AVX2,
+    .pack_layout = MU_LAYOUT_X8,
     .q_supported = avx2_q_supported,
     .act_bytes = avx2_act_bytes,
     .quantize_rows = avx2_quantize_rows,

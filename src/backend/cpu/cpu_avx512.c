@@ -409,6 +409,7 @@ static void avx512_div_scalar(float *out, float l, int64_t n) {
 
 const cpu_kernels mu_cpu_kernels_avx512 = {
     .isa = MU_CPU_ISA_AVX512,
+    .pack_layout = MU_LAYOUT_X16,
     .q_supported = mu_cpu_avx512_q_supported,
     .act_bytes = mu_cpu_avx512_act_bytes,
     .quantize_rows = mu_cpu_avx512_quantize_rows,

@@ -1039,11 +1039,11 @@ static void kq_gemm16_any(const mu_weight *w, const uint8_t *r, int64_t o0, int6
  * GGUF-layout GEMM: same blocks, same order, same bits. */
 static void x16_gemm16(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) {
     const int64_t nb = w->n_in / MU_QK_K;
-    const uint64_t bb = mu_cpu_x16_block_bytes(w);
+    const uint64_t bb = mu_cpu_pack_block_bytes(w);
     uint8_t *buf = mu_xmalloc((size_t)(o1 - o0) * w->row_bytes);
     for (int64_t g = o0 / 16; g < o1 / 16; g++)
         for (int64_t b = 0; b < nb; b++)
-            mu_cpu_avx512_x16_unpack(mu_cpu_x16_at(w, bb, g, b), bb,
+            mu_cpu_avx512_x16_unpack(mu_cpu_pack_at(w, bb, 16, g, b), bb,
                                      buf + (uint64_t)(16 * g - o0) * w->row_bytes + (uint64_t)b * bb, w->row_bytes);
     kq_gemm16_any(w, buf, o0, o1, act, rows, y);
     free(buf);
@@ -1068,7 +1068,7 @@ bool mu_cpu_avx512_q_supported(const mu_weight *w) { return step_for(w) != NULL;
 void mu_cpu_avx512_qmatmul(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y) {
     const mu_block_q8k *xq = act;
     if (w->layout == MU_LAYOUT_X16) { /* o0 is a multiple of 16 (cpu_backend.c's split) */
-        const int64_t split = o1 < mu_cpu_x16_rows(w) ? o1 : mu_cpu_x16_rows(w);
+        const int64_t split = o1 < mu_cpu_pack_rows(w, 16) ? o1 : mu_cpu_pack_rows(w, 16);
         if (o0 < split) {
             if (rows <= 8) mu_cpu_avx512_x16_matmul(w, o0, split, xq, rows, y);
             else x16_gemm16(w, o0, split, act, rows, y);

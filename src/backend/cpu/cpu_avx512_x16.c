@@ -240,11 +240,11 @@ static inline __attribute__((always_inline)) void q5k_tile(const uint8_t *grp, i
  * Q5_K or Q6_K weight for `rows` activation rows. */
 void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const mu_block_q8k *xq, int64_t rows, float *y) {
     const int64_t nb = w->n_in / MU_QK_K;
-    const uint64_t bb = mu_cpu_x16_block_bytes(w);
+    const uint64_t bb = mu_cpu_pack_block_bytes(w);
     for (int64_t g = o0 / 16; g < o1 / 16; g++)
         for (int64_t r = 0; r < rows; r += X16_TILE) {
             const int T = rows - r < X16_TILE ? (int)(rows - r) : X16_TILE;
-            const uint8_t *grp = mu_cpu_x16_at(w, bb, g, 0);
+            const uint8_t *grp = mu_cpu_pack_at(w, bb, 16, g, 0);
             const mu_block_q8k *xr = xq + r * nb;
             float *yr = y + r * w->n_out + 16 * g;
             if (w->type == MU_TYPE_Q6_K) TILE_CASES(q6k_tile)
@@ -253,7 +253,7 @@ void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const 
         }
 }
 
-/* The 16 GGUF blocks of an X16 group block (mu_cpu_x16_unpack_ref's result)
+/* The 16 GGUF blocks of an X16 group block (mu_cpu_unpack_ref's result)
  * by 16x16 dword transposes; block r goes to out + r * stride. */
 void mu_cpu_avx512_x16_unpack(const uint8_t *grp, uint64_t bb, uint8_t *out, uint64_t stride) {
     const int nd = (int)(bb / 4), rem = (int)(bb % 4);

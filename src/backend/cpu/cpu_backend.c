@@ -173,10 +173,10 @@ static bool same_activations(const matmul_job *a, const matmul_job *b) {
 }
 
 static void check_layout(const cpu_ctx *c, const mu_weight *w) {
-    if (w->layout != MU_LAYOUT_ROWS && c->k->isa != MU_CPU_ISA_AVX512) {
-        /* only this backend's AVX-512 kernels read X16 (cpu_repack.h) */
-        fprintf(stderr, "muser: internal error: %s is repacked but the cpu backend runs %s\n", w->name ? w->name : "?",
-                mu_cpu_isa_name(c->k->isa));
+    if (w->layout != MU_LAYOUT_ROWS && w->layout != c->k->pack_layout) {
+        /* each ISA's kernels read their own packed layout only (cpu_repack.h) */
+        fprintf(stderr, "muser: internal error: %s is repacked (layout %d) but the cpu backend runs %s\n",
+                w->name ? w->name : "?", (int)w->layout, mu_cpu_isa_name(c->k->isa));
         abort();
     }
 }
@@ -371,8 +371,8 @@ static int env_switch(const char *name) {
     return -1;
 }
 
-/* MUSER_CPU_REPACK=1 / 0 forces the X16 repack on / off; it is on by
- * default. (Until the sixth session it was on for AMD only: the X16 kernel's
+/* MUSER_CPU_REPACK=1 / 0 forces the load-time repack (X16 with AVX-512,
+ * X8 with AVX2) on / off; it is on by default. (Until the sixth session it was on for AMD only: the X16 kernel's
  * prefetch had been compiled away, and without it X16 lost on an Intel Xeon.
  * With it, X16 decode is 8-30 % faster there; docs/benchmarks.md.) */
 static bool repack_enabled(void) {
@@ -381,7 +381,8 @@ static bool repack_enabled(void) {
 }
 
 static bool cpu_wants_repack(mu_backend *b, const mu_weight *w) {
-    return ctx_of(b)->k->isa == MU_CPU_ISA_AVX512 && repack_enabled() && mu_cpu_x16_eligible(w);
+    const cpu_kernels *k = ctx_of(b)->k;
+    return k->pack_layout != MU_LAYOUT_ROWS && repack_enabled() && mu_cpu_pack_eligible(w, mu_cpu_pack_width(k->pack_layout));
 }
 
 /* MUSER_CPU_HUGEPAGES=1 / 0 forces the resident huge-page copy of the
@@ -408,6 +409,7 @@ static bool cpu_wants_resident(mu_backend *b) {
 typedef struct repack_job {
     const mu_weight *w;
     uint8_t *data;
+    int width;
     int64_t groups, per_task;
 } repack_job;
 
@@ -415,7 +417,7 @@ static void repack_task(void *arg, int64_t t, int thread) {
     (void)thread;
     const repack_job *j = arg;
     const int64_t g0 = t * j->per_task, g1 = g0 + j->per_task < j->groups ? g0 + j->per_task : j->groups;
-    const uint64_t group_bytes = 16 * j->w->row_bytes;
+    const uint64_t group_bytes = (uint64_t)j->width * j->w->row_bytes;
 #ifdef MADV_POPULATE_WRITE
     /* Take this range's private page copies in one call (the pages are a
      * private file mapping made writable): one copy per page instead of a
@@ -425,21 +427,23 @@ static void repack_task(void *arg, int64_t t, int thread) {
     const uintptr_t e = (uintptr_t)(j->data + (uint64_t)g1 * group_bytes) & ~(page - 1);
     if (e > a) (void)madvise((void *)a, e - a, MADV_POPULATE_WRITE);
 #endif
-    mu_cpu_x16_pack_groups(j->w, j->data, g0, g1);
+    mu_cpu_pack_groups(j->w, j->data, j->width, g0, g1);
 }
 
 /* In place, split over the pool: on a VM that backs fresh pages lazily the
  * page copies dominate (about 2 s per GB on one thread here) and they
  * scale with threads. */
 static void cpu_repack(mu_backend *b, mu_weight *w, uint8_t *data) {
-    if (!mu_cpu_x16_eligible(w)) return; /* the caller asked wants_repack; packing anything else would corrupt it */
     cpu_ctx *c = ctx_of(b);
-    repack_job j = {.w = w, .data = data, .groups = mu_cpu_x16_rows(w) / 16};
-    j.per_task = ceil_div(1 << 20, (int64_t)(16 * w->row_bytes)); /* about 1 MiB per task */
+    const int width = mu_cpu_pack_width(c->k->pack_layout);
+    /* the caller asked wants_repack; packing anything else would corrupt it */
+    if (c->k->pack_layout == MU_LAYOUT_ROWS || !mu_cpu_pack_eligible(w, width)) return;
+    repack_job j = {.w = w, .data = data, .width = width, .groups = mu_cpu_pack_rows(w, width) / width};
+    j.per_task = ceil_div(1 << 20, (int64_t)((uint64_t)width * w->row_bytes)); /* about 1 MiB per task */
     pthread_mutex_lock(&c->lock);
     cpu_pool_run(c->pool, repack_task, &j, ceil_div(j.groups, j.per_task));
     pthread_mutex_unlock(&c->lock);
-    w->layout = MU_LAYOUT_X16;
+    w->layout = c->k->pack_layout;
 }
 
 /* ---------- lifetime ---------- */

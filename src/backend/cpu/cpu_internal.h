@@ -33,6 +33,9 @@ typedef struct cpu_attn_part {
 
 typedef struct cpu_kernels {
     mu_cpu_isa isa;
+    /* The load-time layout these kernels read besides GGUF rows
+     * (MU_LAYOUT_X16, MU_LAYOUT_X8; MU_LAYOUT_ROWS: none). */
+    uint8_t pack_layout;
     /* Quantized weights: can qmatmul take this weight (type and mode)? */
     bool (*q_supported)(const mu_weight *w);
     /* Bytes of the activation buffer for `rows` rows against w: Q8_K blocks
