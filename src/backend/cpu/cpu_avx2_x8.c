@@ -29,7 +29,7 @@
 /* Activation rows whose blocks stay in L2 while a task's groups pass over them. */
 #define X8_ROW_PANEL 64
 /* Software prefetch distance of the weight stream, in bytes. */
-#define X8_PREFETCH 4096
+#define X8_PREFETCH 8192
 #define Q4K_GROUP_BLOCK 1152 /* 8 x 144 bytes */
 #define Q5K_GROUP_BLOCK 1408 /* 8 x 176 bytes */
 #define Q6K_GROUP_BLOCK 1680 /* 8 x 210 bytes */
@@ -124,12 +124,14 @@ static inline __attribute__((always_inline)) void q45k_tile(const uint8_t *grp, 
         for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
         /* sub-block j = 2c + h: the low (h = 0) or high nibbles of qs dwords
          * 8c .. 8c + 7, against activation codes 32j .. 32j + 31 */
+#pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             const int c = j >> 1;
             const __m256i scp = _mm256_shuffle_epi8(sc[j >> 2], pair_ctrl(j & 3, j & 3));
             for (int p0 = 0; p0 < 8; p0 += run) {
                 __m256i acc[X8_TILE];
                 for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
                 for (int p = p0; p < p0 + run; p++) {
                     const __m256i q = load_dw(grp, qs_dw + 8 * c + p);
                     __m256i code = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(q, 4) : q, m0f);
@@ -172,6 +174,61 @@ static inline __m256i q6k_codes(const uint8_t *grp, int n, int i, int k) {
     return _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
 }
 
+/* sumi[t] (before the -32 offset) one sub-block at a time: only the tile's
+ * accumulators are live, for tiles of 3+ rows. */
+static inline __attribute__((always_inline)) void q6k_sums_by_sub_block(const uint8_t *grp, const mu_block_q8k *x,
+                                                                         int64_t nbx, int64_t b, int T, __m256i *sumi) {
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++)
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+#pragma GCC unroll 2
+            for (int ih = 0; ih < 2; ih++) {
+                const int sb = 8 * n + 2 * k + ih; /* its scale: byte sb % 4 of dword 48 + sb / 4 */
+                const __m256i scp = _mm256_srai_epi16(
+                    _mm256_shuffle_epi8(load_dw(grp, 48 + sb / 4), high_pair_ctrl(sb % 4, sb % 4)), 8);
+#pragma GCC unroll 2
+                for (int i0 = 4 * ih; i0 < 4 * ih + 4; i0 += 2) {
+                    const __m256i c0 = q6k_codes(grp, n, i0, k), c1 = q6k_codes(grp, n, i0 + 1, k);
+                    for (int t = 0; t < T; t++) {
+                        const int8_t *xq = x[t * nbx + b].qs + 128 * n + 32 * k + 4 * i0;
+                        const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(c0, bcast(xq)),
+                                                           _mm256_maddubs_epi16(c1, bcast(xq + 4)));
+                        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(a, scp));
+                        keep_in_register(&sumi[t]);
+                    }
+                }
+            }
+}
+
+/* The same sums one l-dword at a time: its ql and qh dwords are loaded once
+ * for the four sub-blocks they feed, for tiles of 1-2 rows (decode). */
+static inline __attribute__((always_inline)) void q6k_sums_by_dword(const uint8_t *grp, const mu_block_q8k *x,
+                                                                     int64_t nbx, int64_t b, int T, __m256i *sumi) {
+#pragma GCC unroll 2
+    for (int n = 0; n < 2; n++)
+#pragma GCC unroll 4
+        for (int i0 = 0; i0 < 8; i0 += 2) {
+            __m256i acc[2][4];
+            for (int t = 0; t < T; t++)
+                for (int k = 0; k < 4; k++) acc[t][k] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int i = i0; i < i0 + 2; i++)
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m256i c = q6k_codes(grp, n, i, k);
+                    for (int t = 0; t < T; t++)
+                        acc[t][k] = _mm256_add_epi16(acc[t][k], _mm256_maddubs_epi16(c, bcast(x[t * nbx + b].qs + 128 * n + 32 * k + 4 * i)));
+                }
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const int sb = 8 * n + 2 * k + i0 / 4;
+                const __m256i scp = _mm256_srai_epi16(_mm256_shuffle_epi8(load_dw(grp, 48 + sb / 4), high_pair_ctrl(sb % 4, sb % 4)), 8);
+                for (int t = 0; t < T; t++) sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(acc[t][k], scp));
+            }
+        }
+}
+
 static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
                                                             int64_t nbx, int T, float *y, int64_t ys, const mu_weight *w) {
     __m256 total[X8_TILE];
@@ -180,23 +237,8 @@ static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, i
         prefetch_block(grp, Q6K_GROUP_BLOCK);
         __m256i sumi[X8_TILE];
         for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
-        for (int n = 0; n < 2; n++)
-            for (int k = 0; k < 4; k++)
-                for (int ih = 0; ih < 2; ih++) {
-                    const int sb = 8 * n + 2 * k + ih; /* its scale: byte sb % 4 of dword 48 + sb / 4 */
-                    const __m256i scp = _mm256_srai_epi16(
-                        _mm256_shuffle_epi8(load_dw(grp, 48 + sb / 4), high_pair_ctrl(sb % 4, sb % 4)), 8);
-                    for (int i0 = 4 * ih; i0 < 4 * ih + 4; i0 += 2) {
-                        const __m256i c0 = q6k_codes(grp, n, i0, k), c1 = q6k_codes(grp, n, i0 + 1, k);
-                        for (int t = 0; t < T; t++) {
-                            const int8_t *xq = x[t * nbx + b].qs + 128 * n + 32 * k + 4 * i0;
-                            const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(c0, bcast(xq)),
-                                                               _mm256_maddubs_epi16(c1, bcast(xq + 4)));
-                            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(a, scp));
-                            keep_in_register(&sumi[t]);
-                        }
-                    }
-                }
+        if (T <= 2) q6k_sums_by_dword(grp, x, nbx, b, T, sumi);
+        else q6k_sums_by_sub_block(grp, x, nbx, b, T, sumi);
         /* the -32 offset: sum_s sc_s * bsum_s, sub-blocks in int16 pairs */
         __m256i scp2[8];
         for (int i = 0; i < 8; i++)
