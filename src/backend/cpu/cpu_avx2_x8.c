@@ -25,7 +25,7 @@
 #include "backend/cpu/cpu_repack.h"
 
 /* Activation rows per register tile. */
-#define X8_TILE 8
+#define X8_TILE 4
 /* Activation rows whose blocks stay in L2 while a task's groups pass over them. */
 #define X8_ROW_PANEL 64
 /* Software prefetch distance of the weight stream, in bytes. */
@@ -261,11 +261,7 @@ static void q4k_tile_any(const uint8_t *grp, int64_t nb, const mu_block_q8k *x, 
     case 1: q45k_tile(grp, nb, x, nb, 1, y, w->n_out, w, false); break;
     case 2: q45k_tile(grp, nb, x, nb, 2, y, w->n_out, w, false); break;
     case 3: q45k_tile(grp, nb, x, nb, 3, y, w->n_out, w, false); break;
-    case 4: q45k_tile(grp, nb, x, nb, 4, y, w->n_out, w, false); break;
-    case 5: q45k_tile(grp, nb, x, nb, 5, y, w->n_out, w, false); break;
-    case 6: q45k_tile(grp, nb, x, nb, 6, y, w->n_out, w, false); break;
-    case 7: q45k_tile(grp, nb, x, nb, 7, y, w->n_out, w, false); break;
-    default: q45k_tile(grp, nb, x, nb, 8, y, w->n_out, w, false); break;
+    default: q45k_tile(grp, nb, x, nb, 4, y, w->n_out, w, false); break;
     }
 }
 
@@ -274,11 +270,7 @@ static void q5k_tile_any(const uint8_t *grp, int64_t nb, const mu_block_q8k *x, 
     case 1: q45k_tile(grp, nb, x, nb, 1, y, w->n_out, w, true); break;
     case 2: q45k_tile(grp, nb, x, nb, 2, y, w->n_out, w, true); break;
     case 3: q45k_tile(grp, nb, x, nb, 3, y, w->n_out, w, true); break;
-    case 4: q45k_tile(grp, nb, x, nb, 4, y, w->n_out, w, true); break;
-    case 5: q45k_tile(grp, nb, x, nb, 5, y, w->n_out, w, true); break;
-    case 6: q45k_tile(grp, nb, x, nb, 6, y, w->n_out, w, true); break;
-    case 7: q45k_tile(grp, nb, x, nb, 7, y, w->n_out, w, true); break;
-    default: q45k_tile(grp, nb, x, nb, 8, y, w->n_out, w, true); break;
+    default: q45k_tile(grp, nb, x, nb, 4, y, w->n_out, w, true); break;
     }
 }
 
@@ -287,11 +279,7 @@ static void q6k_tile_any(const uint8_t *grp, int64_t nb, const mu_block_q8k *x, 
     case 1: q6k_tile(grp, nb, x, nb, 1, y, w->n_out, w); break;
     case 2: q6k_tile(grp, nb, x, nb, 2, y, w->n_out, w); break;
     case 3: q6k_tile(grp, nb, x, nb, 3, y, w->n_out, w); break;
-    case 4: q6k_tile(grp, nb, x, nb, 4, y, w->n_out, w); break;
-    case 5: q6k_tile(grp, nb, x, nb, 5, y, w->n_out, w); break;
-    case 6: q6k_tile(grp, nb, x, nb, 6, y, w->n_out, w); break;
-    case 7: q6k_tile(grp, nb, x, nb, 7, y, w->n_out, w); break;
-    default: q6k_tile(grp, nb, x, nb, 8, y, w->n_out, w); break;
+    default: q6k_tile(grp, nb, x, nb, 4, y, w->n_out, w); break;
     }
 }
 
