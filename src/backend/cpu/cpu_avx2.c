@@ -512,6 +512,48 @@ static inline void f16_row_to_f32(const uint16_t *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
 }
 
+/* P.V: acc[g][d] = fmaf(e_p[g], v_p[d], acc[g][d]) with keys ascending,
+ * as the reference, but with the accumulators in registers: one 8-wide
+ * slice of the head dimension for up to PV_HEADS heads at a time, keys in
+ * passes of PV_PASS that continue the stored accumulators (a pass's V rows,
+ * 64 x 256 bytes at head_dim 128, stay in L1 over all the slices). */
+#define PV_PASS 64
+#define PV_HEADS 8
+static void pv_passes(const mu_attn_args *a, int64_t kvh, int64_t start, int64_t n, const float *e, int64_t ss,
+                      int64_t G, int64_t D, float *acc) {
+    const uint16_t *vrow[PV_PASS];
+    for (int64_t p0 = 0; p0 < n; p0 += PV_PASS) {
+        const int64_t np = n - p0 < PV_PASS ? n - p0 : PV_PASS;
+        for (int64_t p = 0; p < np; p++) vrow[p] = mu_kv_v(a->kv, start + p0 + p, kvh);
+        for (int64_t g0 = 0; g0 < G; g0 += PV_HEADS) {
+            const int64_t gc = G - g0 < PV_HEADS ? G - g0 : PV_HEADS;
+            int64_t d0 = 0;
+            for (; d0 + 8 <= D; d0 += 8) {
+                __m256 r[PV_HEADS];
+#pragma GCC unroll 8
+                for (int g = 0; g < PV_HEADS; g++)
+                    r[g] = p0 == 0 || g >= gc ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + (g0 + g) * D + d0);
+                for (int64_t p = 0; p < np; p++) {
+                    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vrow[p] + d0)));
+                    const float *ep = e + g0 * ss + p0 + p;
+#pragma GCC unroll 8
+                    for (int g = 0; g < PV_HEADS; g++)
+                        r[g] = _mm256_fmadd_ps(_mm256_set1_ps(ep[(g < gc ? g : 0) * ss]), v, r[g]);
+                }
+#pragma GCC unroll 8
+                for (int g = 0; g < PV_HEADS; g++)
+                    if (g < gc) _mm256_storeu_ps(acc + (g0 + g) * D + d0, r[g]);
+            }
+            for (; d0 < D; d0++) /* a head_dim that is not a multiple of 8 */
+                for (int64_t g = g0; g < g0 + gc; g++) {
+                    float t = p0 == 0 ? 0.0f : acc[g * D + d0];
+                    for (int64_t p = 0; p < np; p++) t = fmaf(e[g * ss + p0 + p], _cvtsh_ss(vrow[p][d0]), t);
+                    acc[g * D + d0] = t;
+                }
+        }
+    }
+}
+
 static void avx2_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t start, int64_t end, cpu_attn_part *part,
                             float *scratch) {
     const mu_attn_args *a = job->a;
@@ -540,20 +582,7 @@ static void avx2_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t start,
         part->m[g] = m_b;
         part->l[g] = l_b;
     }
-    float *acc = part->acc;
-    memset(acc, 0, (size_t)(G * D) * sizeof(float));
-    for (int64_t p = 0; p < n; p++) {
-        f16_row_to_f32(mu_kv_v(a->kv, start + p, kvh), row, D);
-        for (int64_t g = 0; g < G; g++) {
-            const float e = scores[g * ss + p];
-            const __m256 ev = _mm256_set1_ps(e);
-            float *ag = acc + g * D;
-            int64_t d = 0;
-            for (; d + 8 <= D; d += 8)
-                _mm256_storeu_ps(ag + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(row + d), _mm256_loadu_ps(ag + d)));
-            for (; d < D; d++) ag[d] = fmaf(e, row[d], ag[d]);
-        }
-    }
+    pv_passes(a, kvh, start, n, scores, ss, G, D, part->acc);
 }
 
 static void avx2_scale_add2(float *out, const float *in, float ca, float cb, int64_t n) {
