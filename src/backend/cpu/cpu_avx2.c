@@ -512,6 +512,21 @@ static inline void f16_row_to_f32(const uint16_t *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
 }
 
+/* Two keys' scores for one head (n a multiple of 32): fdot's canonical
+ * order for both at once, each q load shared. */
+static inline void dot2_f32(const float *q, const float *k0, const float *k1, int64_t n, float *s0, float *s1) {
+    __m256 a[4], b[4];
+    for (int k = 0; k < 4; k++) a[k] = b[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 32)
+        for (int k = 0; k < 4; k++) {
+            const __m256 qv = _mm256_loadu_ps(q + i + 8 * k);
+            a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i + 8 * k), a[k]);
+            b[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i + 8 * k), b[k]);
+        }
+    *s0 = fold32(a);
+    *s1 = fold32(b);
+}
+
 /* P.V: acc[g][d] = fmaf(e_p[g], v_p[d], acc[g][d]) with keys ascending,
  * as the reference, but with the accumulators in registers: one 8-wide
  * slice of the head dimension for up to PV_HEADS heads at a time, keys in
@@ -519,12 +534,11 @@ static inline void f16_row_to_f32(const uint16_t *src, float *dst, int64_t n) {
  * 64 x 256 bytes at head_dim 128, stay in L1 over all the slices). */
 #define PV_PASS 64
 #define PV_HEADS 8
-static void pv_passes(const mu_attn_args *a, int64_t kvh, int64_t start, int64_t n, const float *e, int64_t ss,
-                      int64_t G, int64_t D, float *acc) {
-    const uint16_t *vrow[PV_PASS];
+static void pv_passes(const uint16_t *const *vrows, int64_t n, const float *e, int64_t ss, int64_t G, int64_t D,
+                      float *acc) {
     for (int64_t p0 = 0; p0 < n; p0 += PV_PASS) {
         const int64_t np = n - p0 < PV_PASS ? n - p0 : PV_PASS;
-        for (int64_t p = 0; p < np; p++) vrow[p] = mu_kv_v(a->kv, start + p0 + p, kvh);
+        const uint16_t *const *vrow = vrows + p0;
         for (int64_t g0 = 0; g0 < G; g0 += PV_HEADS) {
             const int64_t gc = G - g0 < PV_HEADS ? G - g0 : PV_HEADS;
             int64_t d0 = 0;
@@ -560,9 +574,23 @@ static void avx2_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t start,
     const int64_t D = a->head_dim, G = job->n_g, n = end - start + 1;
     const int64_t ss = CPU_ATTN_BLOCK + 16;
     float *row = scratch, *scores = scratch + 2 * (D + 16);
+    const uint16_t **krow = (const uint16_t **)(scores + G * ss), **vrow = krow + CPU_ATTN_BLOCK;
+    mu_kv_head_rows(a->kv, start, n, kvh, krow, vrow); /* held: the driver takes [first, pos] from the layer */
     const float *q = cpu_attn_q(job, kvh);
-    for (int64_t p = 0; p < n; p++) {
-        f16_row_to_f32(mu_kv_k(a->kv, start + p, kvh), row, D);
+    int64_t p = 0;
+    if (D % 32 == 0)
+        for (; p + 2 <= n; p += 2) {
+            f16_row_to_f32(krow[p], row, D);
+            f16_row_to_f32(krow[p + 1], row + D + 16, D);
+            for (int64_t g = 0; g < G; g++) {
+                float s0, s1;
+                dot2_f32(q + g * D, row, row + D + 16, D, &s0, &s1);
+                scores[g * ss + p] = s0 * a->scale;
+                scores[g * ss + p + 1] = s1 * a->scale;
+            }
+        }
+    for (; p < n; p++) {
+        f16_row_to_f32(krow[p], row, D);
         for (int64_t g = 0; g < G; g++) scores[g * ss + p] = dot_f32(q + g * D, row, D) * a->scale;
     }
     for (int64_t g = 0; g < G; g++) {
@@ -582,7 +610,7 @@ static void avx2_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t start,
         part->m[g] = m_b;
         part->l[g] = l_b;
     }
-    pv_passes(a, kvh, start, n, scores, ss, G, D, part->acc);
+    pv_passes(vrow, n, scores, ss, G, D, part->acc);
 }
 
 static void avx2_scale_add2(float *out, const float *in, float ca, float cb, int64_t n) {
