@@ -187,6 +187,7 @@ static void test_matmul(void) {
             check_matmul(qtypes[t], 768, 16, mode, few_rows, 4);
         }
     check_matmul(MU_TYPE_Q4_K, 1024, 130, 0, few_rows, 4); /* several tasks per thread */
+    check_matmul(MU_TYPE_Q5_K, 8448, 9, 0, few_rows, 4);   /* 33 blocks: past the X8 decode's broadcast buffer */
     /* prefill-sized: activation quantization split over tasks of 16-row groups */
     static const int64_t many_rows[] = {33, 40, 70}; /* 70: past the X8 kernel's 64-row panel */
     check_matmul(MU_TYPE_Q4_K, 1024, 40, 0, many_rows, 3);
