@@ -256,31 +256,22 @@ static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, i
     store_totals(total, T, y, ys, w);
 }
 
-static void q4k_tile_any(const uint8_t *grp, int64_t nb, const mu_block_q8k *x, int T, float *y, const mu_weight *w) {
-    switch (T) {
-    case 1: q45k_tile(grp, nb, x, nb, 1, y, w->n_out, w, false); break;
-    case 2: q45k_tile(grp, nb, x, nb, 2, y, w->n_out, w, false); break;
-    case 3: q45k_tile(grp, nb, x, nb, 3, y, w->n_out, w, false); break;
-    default: q45k_tile(grp, nb, x, nb, 4, y, w->n_out, w, false); break;
+/* One tile of T (1-4) activation rows: T as a constant in every kernel. */
+#define X8_CASES(call)                                                                                          \
+    switch (T) {                                                                                                \
+    case 1: call(1); break;                                                                                     \
+    case 2: call(2); break;                                                                                     \
+    case 3: call(3); break;                                                                                     \
+    default: call(4); break;                                                                                    \
     }
-}
+#define Q4K_TILE(n) q45k_tile(grp, nb, x, nb, n, y, w->n_out, w, false)
+#define Q5K_TILE(n) q45k_tile(grp, nb, x, nb, n, y, w->n_out, w, true)
+#define Q6K_TILE(n) q6k_tile(grp, nb, x, nb, n, y, w->n_out, w)
 
-static void q5k_tile_any(const uint8_t *grp, int64_t nb, const mu_block_q8k *x, int T, float *y, const mu_weight *w) {
-    switch (T) {
-    case 1: q45k_tile(grp, nb, x, nb, 1, y, w->n_out, w, true); break;
-    case 2: q45k_tile(grp, nb, x, nb, 2, y, w->n_out, w, true); break;
-    case 3: q45k_tile(grp, nb, x, nb, 3, y, w->n_out, w, true); break;
-    default: q45k_tile(grp, nb, x, nb, 4, y, w->n_out, w, true); break;
-    }
-}
-
-static void q6k_tile_any(const uint8_t *grp, int64_t nb, const mu_block_q8k *x, int T, float *y, const mu_weight *w) {
-    switch (T) {
-    case 1: q6k_tile(grp, nb, x, nb, 1, y, w->n_out, w); break;
-    case 2: q6k_tile(grp, nb, x, nb, 2, y, w->n_out, w); break;
-    case 3: q6k_tile(grp, nb, x, nb, 3, y, w->n_out, w); break;
-    default: q6k_tile(grp, nb, x, nb, 4, y, w->n_out, w); break;
-    }
+static void x8_tile(const mu_weight *w, const uint8_t *grp, int64_t nb, const mu_block_q8k *x, int T, float *y) {
+    if (w->type == MU_TYPE_Q6_K) X8_CASES(Q6K_TILE)
+    else if (w->type == MU_TYPE_Q5_K) X8_CASES(Q5K_TILE)
+    else X8_CASES(Q4K_TILE)
 }
 
 /* Output rows [o0, o1) (multiples of 8, inside the X8 groups) for `rows`
@@ -297,9 +288,7 @@ void mu_cpu_avx2_x8_matmul(const mu_weight *w, int64_t o0, int64_t o1, const mu_
                 const uint8_t *grp = mu_cpu_pack_at(w, bb, 8, g, 0);
                 const mu_block_q8k *xr = xq + r * nb;
                 float *yr = y + r * w->n_out + 8 * g;
-                if (w->type == MU_TYPE_Q6_K) q6k_tile_any(grp, nb, xr, T, yr, w);
-                else if (w->type == MU_TYPE_Q5_K) q5k_tile_any(grp, nb, xr, T, yr, w);
-                else q4k_tile_any(grp, nb, xr, T, yr, w);
+                x8_tile(w, grp, nb, xr, T, yr);
             }
     }
 }
