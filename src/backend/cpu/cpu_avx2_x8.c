@@ -268,10 +268,16 @@ static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, i
 #define Q5K_TILE(n) q45k_tile(grp, nb, x, nb, n, y, w->n_out, w, true)
 #define Q6K_TILE(n) q6k_tile(grp, nb, x, nb, n, y, w->n_out, w)
 
+/* One function per format keeps each one's code (four tile sizes inlined)
+ * small enough for gcc's debug-info tracking in RelWithDebInfo builds. */
+static void q4k_tiles(const mu_weight *w, const uint8_t *grp, int64_t nb, const mu_block_q8k *x, int T, float *y) { X8_CASES(Q4K_TILE) }
+static void q5k_tiles(const mu_weight *w, const uint8_t *grp, int64_t nb, const mu_block_q8k *x, int T, float *y) { X8_CASES(Q5K_TILE) }
+static void q6k_tiles(const mu_weight *w, const uint8_t *grp, int64_t nb, const mu_block_q8k *x, int T, float *y) { X8_CASES(Q6K_TILE) }
+
 static void x8_tile(const mu_weight *w, const uint8_t *grp, int64_t nb, const mu_block_q8k *x, int T, float *y) {
-    if (w->type == MU_TYPE_Q6_K) X8_CASES(Q6K_TILE)
-    else if (w->type == MU_TYPE_Q5_K) X8_CASES(Q5K_TILE)
-    else X8_CASES(Q4K_TILE)
+    if (w->type == MU_TYPE_Q6_K) q6k_tiles(w, grp, nb, x, T, y);
+    else if (w->type == MU_TYPE_Q5_K) q5k_tiles(w, grp, nb, x, T, y);
+    else q4k_tiles(w, grp, nb, x, T, y);
 }
 
 /* Output rows [o0, o1) (multiples of 8, inside the X8 groups) for `rows`
