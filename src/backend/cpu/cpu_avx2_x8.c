@@ -174,6 +174,12 @@ static inline __m256i q6k_codes(const uint8_t *grp, int n, int i, int k) {
     return _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
 }
 
+/* The int16 pair (sc[s0], sc[s1]) of every row, sign-extended: two of a
+ * Q6_K group block's int8 scales (dwords 48-51), s0 and s1 in one dword. */
+static inline __m256i q6k_scale_pair(const uint8_t *grp, int s0, int s1) {
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(load_dw(grp, 48 + s0 / 4), high_pair_ctrl(s0 % 4, s1 % 4)), 8);
+}
+
 /* sumi[t] (before the -32 offset) one sub-block at a time: only the tile's
  * accumulators are live, for tiles of 3+ rows. */
 static inline __attribute__((always_inline)) void q6k_sums_by_sub_block(const uint8_t *grp, const mu_block_q8k *x,
@@ -184,9 +190,8 @@ static inline __attribute__((always_inline)) void q6k_sums_by_sub_block(const ui
         for (int k = 0; k < 4; k++)
 #pragma GCC unroll 2
             for (int ih = 0; ih < 2; ih++) {
-                const int sb = 8 * n + 2 * k + ih; /* its scale: byte sb % 4 of dword 48 + sb / 4 */
-                const __m256i scp = _mm256_srai_epi16(
-                    _mm256_shuffle_epi8(load_dw(grp, 48 + sb / 4), high_pair_ctrl(sb % 4, sb % 4)), 8);
+                const int sb = 8 * n + 2 * k + ih;
+                const __m256i scp = q6k_scale_pair(grp, sb, sb);
 #pragma GCC unroll 2
                 for (int i0 = 4 * ih; i0 < 4 * ih + 4; i0 += 2) {
                     const __m256i c0 = q6k_codes(grp, n, i0, k), c1 = q6k_codes(grp, n, i0 + 1, k);
@@ -223,7 +228,7 @@ static inline __attribute__((always_inline)) void q6k_sums_by_dword(const uint8_
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 const int sb = 8 * n + 2 * k + i0 / 4;
-                const __m256i scp = _mm256_srai_epi16(_mm256_shuffle_epi8(load_dw(grp, 48 + sb / 4), high_pair_ctrl(sb % 4, sb % 4)), 8);
+                const __m256i scp = q6k_scale_pair(grp, sb, sb);
                 for (int t = 0; t < T; t++) sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(acc[t][k], scp));
             }
         }
@@ -241,9 +246,7 @@ static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, i
         else q6k_sums_by_sub_block(grp, x, nbx, b, T, sumi);
         /* the -32 offset: sum_s sc_s * bsum_s, sub-blocks in int16 pairs */
         __m256i scp2[8];
-        for (int i = 0; i < 8; i++)
-            scp2[i] = _mm256_srai_epi16(
-                _mm256_shuffle_epi8(load_dw(grp, 48 + i / 2), high_pair_ctrl(2 * (i % 2), 2 * (i % 2) + 1)), 8);
+        for (int i = 0; i < 8; i++) scp2[i] = q6k_scale_pair(grp, 2 * i, 2 * i + 1);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 32 * 52)));
         for (int t = 0; t < T; t++) {
             const mu_block_q8k *xb = x + t * nbx + b;
