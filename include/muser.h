@@ -1,9 +1,11 @@
 /* muser: an inference engine for Muse Glimmer GGUF models.
  *
  * Embedding API. A model is loaded once (read-only mmap, validated
- * fail-closed) and shared by any number of sessions; a session owns a KV
- * cache and a position. Every fallible call takes a muser_error* (may be
- * NULL) and reports one precise message on failure.
+ * fail-closed) and shared by any number of engines and sessions; a session
+ * owns a KV cache and a position, an engine runs the rows of many sessions
+ * in one batched forward. Every fallible call takes a muser_error* (may be
+ * NULL) and reports one precise message on failure. The thread-safety
+ * contract is stated with the engine calls below.
  *
  *   muser_error err;
  *   muser_model *m = muser_model_load("model.gguf", NULL, &err);
@@ -64,6 +66,71 @@ void muser_model_get_info(const muser_model *m, muser_model_info *info);
 /* Resolve a backend name ("ref", "cpu", "cuda", "auto"); false if unknown. */
 bool muser_backend_from_name(const char *name, muser_backend_kind *out);
 
+/* ---------------- engines, sessions and the step function ----------------
+ * A session is one sequence: its KV cache (sliding-window rings and NoPE
+ * planes), its position and its last logits. Sessions live in an engine,
+ * which owns the backend memory they share (activation scratch sized by
+ * the largest batch, logits rows) and runs their rows through the model
+ * together: one forward takes rows of any number of sessions, every op runs
+ * once over all of them, and each row attends only to its own session's
+ * keys. A session's logits are bit-identical whether it runs alone or
+ * batched with others, and however its input was chunked.
+ *
+ *   muser_engine_params ep = {.n_seq_max = 8, .n_ctx = 4096};
+ *   muser_engine *e = muser_engine_create(m, &ep, &err);
+ *   muser_session *a = muser_engine_session(e, &err), *b = ...;
+ *   muser_session_submit(a, prompt_a, n_a, NULL, &err);   // queue input
+ *   muser_session_submit(b, prompt_b, n_b, NULL, &err);
+ *   while (muser_engine_step(e, NULL, &err) > 0 || muser_engine_busy(e)) {
+ *       // sessions whose input is consumed have logits: sample, submit the next token
+ *   }
+ *
+ * muser_session_create makes a one-sequence engine owned by the session
+ * (the classic single-stream API).
+ *
+ * Thread safety: a muser_model is read-only after loading and may be
+ * shared by any number of engines and threads. Every call on an engine or
+ * on any of its sessions takes the engine's lock, so they may come from
+ * different threads; they run one at a time. A logits pointer returned for
+ * a session stays valid until that session's next feed, step row, reset,
+ * rollback or restore. Samplers, detokenizers and speculation states are
+ * not locked: use each from one thread at a time. */
+typedef struct muser_engine muser_engine;
+
+typedef struct muser_engine_params {
+    int32_t n_seq_max;          /* sessions the engine can hold; 0 = 1 */
+    int64_t n_ctx;              /* context of each session; 0 = the model's training context */
+    int64_t n_batch;            /* most rows in one forward; 0 = 512 */
+    int64_t prefill_chunk;      /* most rows of one session in one forward; 0 = n_batch */
+} muser_engine_params;
+
+muser_engine *muser_engine_create(muser_model *m, const muser_engine_params *params, muser_error *err);
+/* Frees the engine and every session still in it. */
+void muser_engine_free(muser_engine *e);
+/* A new, empty session (sequence) of the engine; NULL when it holds
+ * n_seq_max already. Free it with muser_session_free. */
+muser_session *muser_engine_session(muser_engine *e, muser_error *err);
+/* Sessions with queued input. */
+int32_t muser_engine_busy(muser_engine *e);
+
+typedef struct muser_step_info {
+    int64_t rows;               /* rows in the forward */
+    int64_t decode_rows;        /* rows of sessions with at most 16 queued (decode, verification) */
+    int64_t prefill_rows;       /* rows of prompt chunks */
+    int32_t sessions;           /* sessions with rows in it */
+    int32_t completed;          /* sessions whose queued input is now consumed */
+} muser_step_info;
+
+/* One batched forward: every session whose queued input is at most 16 rows
+ * (a decode token or a verification block) contributes all of it, then
+ * queued prompts contribute chunks (oldest submission first) up to n_batch
+ * rows in all and prefill_chunk per session, so a long prompt never stalls
+ * the others. Returns the number of sessions whose input completed (their
+ * logits are ready), 0 when nothing was queued, -1 on an engine error. A
+ * session whose own rows fail (a non-finite logit) is poisoned and keeps
+ * its message in muser_session_error; the others go on. */
+int32_t muser_engine_step(muser_engine *e, muser_step_info *info, muser_error *err);
+
 typedef struct muser_session_params {
     int64_t n_ctx;              /* 0 = the model's training context */
     int64_t prefill_chunk;      /* rows per forward call during prefill; 0 = 512 */
@@ -71,22 +138,39 @@ typedef struct muser_session_params {
 
 muser_session *muser_session_create(muser_model *m, const muser_session_params *params, muser_error *err);
 void muser_session_free(muser_session *s);
-/* Forget everything (position 0). */
+/* Forget everything (position 0, queued input dropped). */
 void muser_session_reset(muser_session *s);
 int64_t muser_session_pos(const muser_session *s);
 int64_t muser_session_n_ctx(const muser_session *s);
 muser_model *muser_session_model(const muser_session *s);
+muser_engine *muser_session_engine(const muser_session *s);
 
-/* Feed tokens at the current position. On success the logits of the last
- * token are available from muser_session_logits (n_vocab floats, valid until
- * the next feed). Prefill of N tokens gives bit-identical logits to feeding
- * them one at a time. Fails (state unchanged) on an invalid token id or a
- * full context; a non-finite logit is an error that poisons the session
- * until muser_session_reset. */
+/* Feed tokens at the current position, now, in forwards of this session's
+ * rows alone. On success the logits of the last token are available from
+ * muser_session_logits (n_vocab floats). Prefill of N tokens gives
+ * bit-identical logits to feeding them one at a time. Fails (state
+ * unchanged) on an invalid token id, a full context or queued input; a
+ * non-finite logit is an error that poisons the session until
+ * muser_session_reset. */
 bool muser_session_feed(muser_session *s, const int32_t *tokens, int64_t n, muser_error *err);
 /* As feed, but writes every row's logits to out[n][n_vocab] (speculative verify). */
 bool muser_session_feed_all(muser_session *s, const int32_t *tokens, int64_t n, float *out, muser_error *err);
 const float *muser_session_logits(const muser_session *s);
+/* Queue tokens for muser_engine_step (checked now as feed checks them;
+ * all_out as in feed_all, or NULL for the last row's logits only; it must
+ * stay valid until the input completes). One submission at a time. */
+bool muser_session_submit(muser_session *s, const int32_t *tokens, int64_t n, float *all_out, muser_error *err);
+/* Queued rows not yet run. */
+int64_t muser_session_queued(const muser_session *s);
+/* The message that poisoned the session ("" when it is healthy). */
+const char *muser_session_error(const muser_session *s);
+
+/* Make dst (another session of the same engine) continue from src's
+ * first n tokens: the KV of every position attention can still read is
+ * copied, dst's own content is dropped. With n == src's position dst also
+ * gets src's logits. Fails when src's sliding-window rings no longer hold
+ * the window before n. */
+bool muser_session_fork(muser_session *dst, const muser_session *src, int64_t n, muser_error *err);
 
 /* Rollback window: checkpoint now, feed up to 16 tokens, roll back to any
  * position in between (exact: ring rows restored), or commit. */

@@ -281,17 +281,19 @@ static void test_rmsnorm(void) {
 static void test_rope(void) {
     static const int64_t dims[][2] = {{8, 8}, {64, 64}, {40, 16}, {128, 34}, {64, 2}};
     for (size_t i = 0; i < 5; i++)
-        for (int64_t rows = 1; rows <= 41; rows += 20) {
+        for (int64_t rows = 1; rows <= 41; rows += 20)
+            for (int neox = 0; neox < 2; neox++) {
             const int64_t H = 3, D = dims[i][0], R = dims[i][1], n = rows * H * D;
             float *x = rand_vec(n, 2.0f), *cs = rand_vec(rows * R, 1.0f);
             float *want = malloc((size_t)n * sizeof(float)), *got = malloc((size_t)n * sizeof(float));
             memcpy(want, x, (size_t)n * sizeof(float));
-            ref->rope(ref, want, H, D, R, cs, rows);
+            ref->rope(ref, want, H, D, R, cs, rows, neox);
+            CHECK(memcmp(want, x, (size_t)n * sizeof(float)) != 0); /* it rotated something */
             for (int c = 0; c < n_cpus; c++) {
                 memcpy(got, x, (size_t)n * sizeof(float));
-                cpus[c]->rope(cpus[c], got, H, D, R, cs, rows);
-                EXPECT_SAME(got, want, n, "rope D %lld n_rot %lld rows %lld on %s", (long long)D, (long long)R,
-                            (long long)rows, label(cpus[c]));
+                cpus[c]->rope(cpus[c], got, H, D, R, cs, rows, neox);
+                EXPECT_SAME(got, want, n, "rope%s D %lld n_rot %lld rows %lld on %s", neox ? " neox" : "", (long long)D,
+                            (long long)R, (long long)rows, label(cpus[c]));
             }
             free(x); free(cs); free(want); free(got);
         }
@@ -348,8 +350,9 @@ static void test_elementwise(void) {
 /* ---------------------------------------------------------------- attention */
 
 static void check_attention_at(const mu_kv_cache *kv, int64_t pos, int64_t window, int64_t H, int64_t Hkv, int64_t D) {
-    mu_attn_args a = {.kv = &kv->layers[0], .pos = pos, .window = window, .n_head = H, .n_head_kv = Hkv,
-                      .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
+    const mu_kv_layer *layer = &kv->layers[0];
+    mu_attn_batch a = {.rows = 1, .kv = &layer, .pos = &pos, .window = window, .n_head = H, .n_head_kv = Hkv,
+                       .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
     float *q = rand_vec(H * D, 1.5f);
     float *want = malloc((size_t)(H * D) * sizeof(float)), *got = malloc((size_t)(H * D) * sizeof(float));
     ref->attention(ref, &a, q, want);
@@ -366,7 +369,7 @@ static void test_attention_case(bool swa, int64_t window, int64_t n_ctx, int64_t
     mu_kv_cache kv;
     mu_error err;
     bool is_swa[1] = {swa};
-    if (!mu_kv_init(&kv, 1, is_swa, window, n_ctx, Hkv, D, &err)) {
+    if (!mu_kv_init(&kv, NULL, 1, is_swa, window, 0, n_ctx, Hkv, D, &err)) {
         CHECK_MSG(false, "%s", err.msg);
         return;
     }

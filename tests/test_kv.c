@@ -157,7 +157,7 @@ static bool clone_equal(const mu_kv_cache *c, const clone *s) {
 
 static void init_cache(mu_kv_cache *c, int n_layers, const bool *kinds, int64_t window, int64_t n_ctx) {
     mu_error err = {{0}};
-    bool ok = mu_kv_init(c, n_layers, kinds, window, n_ctx, HEADS, HEAD_DIM, &err);
+    bool ok = mu_kv_init(c, NULL, n_layers, kinds, window, 0, n_ctx, HEADS, HEAD_DIM, &err);
     CHECK_MSG(ok, "init: %s", err.msg);
     if (!ok) exit(1);
 }
@@ -169,17 +169,17 @@ static bool contains(const mu_error *err, const char *s) { return strstr(err->ms
 static void test_init_errors(void) {
     mu_kv_cache c;
     mu_error err = {{0}};
-    CHECK(!mu_kv_init(&c, 0, KINDS, WINDOW, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "n_layers 0"));
-    CHECK(!mu_kv_init(&c, 4, NULL, WINDOW, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "is_swa"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, 0, HEADS, HEAD_DIM, &err) && contains(&err, "n_ctx 0"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, N_CTX, 0, HEAD_DIM, &err) && contains(&err, "n_head 0"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, N_CTX, HEADS, -4, &err) && contains(&err, "head_dim -4"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, -1, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "window -1"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, 0, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "layer 0 is sliding-window"));
+    CHECK(!mu_kv_init(&c, NULL, 0, KINDS, WINDOW, 0, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "n_layers 0"));
+    CHECK(!mu_kv_init(&c, NULL, 4, NULL, WINDOW, 0, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "is_swa"));
+    CHECK(!mu_kv_init(&c, NULL, 4, KINDS, WINDOW, 0, 0, HEADS, HEAD_DIM, &err) && contains(&err, "n_ctx 0"));
+    CHECK(!mu_kv_init(&c, NULL, 4, KINDS, WINDOW, 0, N_CTX, 0, HEAD_DIM, &err) && contains(&err, "n_head 0"));
+    CHECK(!mu_kv_init(&c, NULL, 4, KINDS, WINDOW, 0, N_CTX, HEADS, -4, &err) && contains(&err, "head_dim -4"));
+    CHECK(!mu_kv_init(&c, NULL, 4, KINDS, -1, 0, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "window -1"));
+    CHECK(!mu_kv_init(&c, NULL, 4, KINDS, 0, 0, N_CTX, HEADS, HEAD_DIM, &err) && contains(&err, "layer 0 is sliding-window"));
     /* sizes that overflow 64 bits, and sizes that are merely absurd */
-    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, INT64_MAX, INT64_MAX / 2, 1, &err) && contains(&err, "byte limit"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, (int64_t)1 << 40, 2, 128, &err) && contains(&err, "byte limit"));
-    CHECK(!mu_kv_init(&c, 4, KINDS, WINDOW, N_CTX, INT64_MAX / 2, 4, &err) && contains(&err, "byte limit"));
+    CHECK(!mu_kv_init(&c, NULL, 4, KINDS, WINDOW, 0, INT64_MAX, INT64_MAX / 2, 1, &err) && contains(&err, "byte limit"));
+    CHECK(!mu_kv_init(&c, NULL, 4, KINDS, WINDOW, 0, (int64_t)1 << 40, 2, 128, &err) && contains(&err, "byte limit"));
+    CHECK(!mu_kv_init(&c, NULL, 4, KINDS, WINDOW, 0, N_CTX, INT64_MAX / 2, 4, &err) && contains(&err, "byte limit"));
     CHECK(c.layers == NULL); /* failed init leaves an empty, freeable cache */
     mu_kv_free(&c);
     mu_kv_free(NULL);
@@ -371,7 +371,7 @@ static void test_snapshots(void) {
         {4, {true, false, true, false}, WINDOW, N_CTX, HEAD_DIM, HEADS, "rows of 4 heads x 3"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        CHECK(mu_kv_init(&other, bad[i].n_layers, bad[i].kinds, bad[i].window, bad[i].n_ctx, bad[i].heads,
+        CHECK(mu_kv_init(&other, NULL, bad[i].n_layers, bad[i].kinds, bad[i].window, 0, bad[i].n_ctx, bad[i].heads,
                                 bad[i].head_dim, &err));
         uint16_t *k0 = other.layers[0].k;
         CHECK_MSG(!mu_kv_snapshot_restore(&other, s, &err) && contains(&err, bad[i].msg),

@@ -1,6 +1,13 @@
 /* The small op interface the forward pass is written against. Every backend
  * (ref, cpu, cuda) implements these ops and must reproduce the ref backend's
- * bits exactly (docs/numerics.md). Activations are row-major f32 [rows][n]. */
+ * bits exactly (docs/numerics.md). Activations are row-major f32 [rows][n].
+ *
+ * Memory: every float* an op takes (activations, KV planes, logits,
+ * captured features) is *backend memory*, allocated by the backend's alloc
+ * and possibly not addressable by the host (a device backend). Model code
+ * only does pointer arithmetic on it and moves bytes across with upload /
+ * download; arrays marked "host" (token ids, positions, physical rows) are
+ * ordinary host memory. ref and cpu keep everything in host memory. */
 #ifndef MUSER_BACKEND_H
 #define MUSER_BACKEND_H
 #include "quant/quant.h"
@@ -8,9 +15,8 @@
 
 typedef struct mu_backend mu_backend;
 
-/* One attention call: query rows (already normed and rotated), heads laid
- * out [n_head][head_dim]; keys are those of `kv` with logical positions in
- * [pos - window + 1, pos] (window 0 = all held positions <= pos). */
+/* One query row of attention: keys are those of `kv` with logical
+ * positions in [pos - window + 1, pos] (window 0 = all held positions <= pos). */
 typedef struct mu_attn_args {
     const mu_kv_layer *kv;
     int64_t pos;
@@ -19,11 +25,47 @@ typedef struct mu_attn_args {
     float scale;                 /* 1/sqrt(head_dim) */
 } mu_attn_args;
 
+/* Attention over a batch: row r sees only its own sequence's keys
+ * (kv[r]) up to its own position pos[r]. Query rows are already normed and
+ * rotated, heads laid out [n_head][head_dim]. */
+typedef struct mu_attn_batch {
+    int64_t rows;
+    const mu_kv_layer *const *kv; /* host [rows] */
+    const int64_t *pos;           /* host [rows] */
+    int64_t window;
+    int64_t n_head, n_head_kv, head_dim;
+    float scale;
+} mu_attn_batch;
+
+/* The single-row description of batch row r. */
+static inline mu_attn_args mu_attn_row(const mu_attn_batch *b, int64_t r) {
+    return (mu_attn_args){.kv = b->kv[r], .pos = b->pos[r], .window = b->window, .n_head = b->n_head,
+                          .n_head_kv = b->n_head_kv, .head_dim = b->head_dim, .scale = b->scale};
+}
+
 struct mu_backend {
     const char *name;
     void *ctx;
     int n_threads;
     void (*destroy)(mu_backend *b);
+
+    /* ---- memory ---- */
+    /* `bytes` of backend memory, zero-filled; NULL when it cannot be had. */
+    void *(*alloc)(mu_backend *b, size_t bytes);
+    void (*free)(mu_backend *b, void *p, size_t bytes);
+    /* backend -> backend; the ranges may overlap (memmove semantics). */
+    void (*copy)(mu_backend *b, void *dst, const void *src, size_t bytes);
+    /* rows of `width` bytes, `dst_stride` / `src_stride` bytes apart,
+     * backend -> backend; the ranges do not overlap. */
+    void (*copy2d)(mu_backend *b, void *dst, size_t dst_stride, const void *src, size_t src_stride, size_t width,
+                   int64_t rows);
+    void (*upload)(mu_backend *b, void *dst, const void *host_src, size_t bytes);
+    void (*download)(mu_backend *b, void *host_dst, const void *src, size_t bytes);
+    void (*zero)(mu_backend *b, void *dst, size_t bytes);
+
+    /* ---- ops ---- */
+    /* x[r] = token_embd row tokens[r] (host ids), dequantized to f32. */
+    void (*embed)(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float *x);
     /* y[r][0..n_out) = W x[r] for r < rows (canonical row dot). */
     void (*matmul)(mu_backend *b, const mu_weight *w, const float *x, float *y, int64_t rows);
     /* Optional (NULL: matmul per weight): y[i] = W[i] x for n weights that
@@ -33,18 +75,42 @@ struct mu_backend {
                          int64_t rows);
     /* y = x * inv_rms(x) [* w] per row of n; w may be NULL (weightless norm). */
     void (*rmsnorm)(mu_backend *b, const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows);
-    /* Interleaved (GPT-J) rotation of the first n_rot dims of each head, in
-     * place; cs holds [rows][n_rot/2] (cos, sin) pairs for that row. */
-    void (*rope)(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot,
-                 const float *cs, int64_t rows);
-    /* out[n_head*head_dim] for one query row. */
-    void (*attention)(mu_backend *b, const mu_attn_args *a, const float *q, float *out);
+    /* cs[r][i] = (cos, sin) of pos[r] * inv_freq[i], i < n_pairs: computed
+     * in double with the engine's own cos/sin and rounded to f32 once.
+     * pos and inv_freq are host arrays. */
+    void (*rope_table)(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
+                       float *cs);
+    /* Rotation of the first n_rot dims of each head, in place; cs holds
+     * [rows][n_rot/2] (cos, sin) pairs for that row. neox false: interleaved
+     * pairs (2i, 2i+1) (GPT-J, ggml mode 0); true: pairs (i, i + n_rot/2). */
+    void (*rope)(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
+                 int64_t rows, bool neox);
+    /* Store K and V rows (f32, rounded to f16 RNE) of layer l at the given
+     * physical rows (host [rows]) of its head-major planes. */
+    void (*kv_store)(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k, const float *v,
+                     int64_t rows);
+    /* out[r][n_head*head_dim] for every query row of the batch. */
+    void (*attention)(mu_backend *b, const mu_attn_batch *a, const float *q, float *out);
     /* x[i] *= sigmoid(g[i]) */
     void (*sigmoid_gate)(mu_backend *b, float *x, const float *g, int64_t n);
     /* gate[i] = silu(gate[i]) * up[i] */
     void (*swiglu)(mu_backend *b, float *gate, const float *up, int64_t n);
     /* x[i] += y[i] */
     void (*add)(mu_backend *b, float *x, const float *y, int64_t n);
+    /* logits = cap > 0 ? tanh((l * scale) / cap) * cap : l * scale */
+    void (*logit_tail)(mu_backend *b, float *logits, float scale, float cap, int64_t n);
+    /* Per row of n: s = x * scale; m = max s; e = expf(s - m) summed in
+     * order into f32; x = e / sum. */
+    void (*softmax)(mu_backend *b, float *x, float scale, int64_t n, int64_t rows);
+    /* out[r] (host) = index of the largest x[r][i], the lowest on ties. */
+    void (*argmax)(mu_backend *b, const float *x, int64_t n, int64_t rows, int32_t *out);
+    /* Head rows into per-head slot planes: for row r, head h < n_head,
+     * src[(r * n_head + h) * D ...] goes to slot slots[r] (host) of plane h:
+     * dst[(h * S + slot) * D + d], or transposed, dst[(h * D + d) * S + slot]. */
+    void (*store_heads)(mu_backend *b, float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
+                        const float *src, int64_t rows, bool transposed);
+
+    /* ---- load time ---- */
     /* Optional (NULL: none), called once per weight at load before any op
      * reads it: wants_repack says whether this backend has a faster layout
      * for w; repack rewrites w's bytes into it in place (`data` is w->data,
@@ -54,10 +120,25 @@ struct mu_backend {
      * at load (gguf_make_resident), before any repack? */
     bool (*wants_resident)(mu_backend *b);
     void (*repack)(mu_backend *b, mu_weight *w, uint8_t *data);
-    /* logits = cap > 0 ? tanh((l * scale) / cap) * cap : l * scale */
-    void (*logit_tail)(mu_backend *b, float *logits, float scale, float cap, int64_t n);
 };
 
 mu_backend *mu_backend_ref_create(int n_threads);
+
+/* The host-memory implementations that ref and cpu share (host_ops.c):
+ * memory, embed, rope_table, kv_store, softmax, argmax, store_heads. They
+ * are the reference for these ops. */
+void mu_backend_set_host_ops(mu_backend *b);
+/* The NeoX rotation (rope with neox true) on host rows: ref and cpu both
+ * run this one (only the DFlash assistant uses it). */
+void mu_host_rope_neox(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows);
+
+/* A matrix of activations as an F32 weight for matmul: n_out rows of n_in
+ * values, `stride` floats apart, in backend memory (the DFlash assistant's
+ * attention products). */
+mu_weight mu_f32_matrix(const float *data, int64_t n_in, int64_t n_out, int64_t stride);
+
+/* Backend memory with a failure that names what it was for (aborts: out
+ * of memory for scratch is not recoverable mid-forward). */
+void *mu_backend_xalloc(mu_backend *b, size_t bytes, const char *what);
 
 #endif

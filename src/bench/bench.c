@@ -1,6 +1,7 @@
 /* The benchmark runner: load through the public API (so the backend is the
- * one users get), then time mu_forward over a private KV cache, exactly as
- * a session feeds it (chunked prefill, last-row logits, finiteness check). */
+ * one users get), then time sessions exactly as muser run feeds them
+ * (chunked prefill, last-row logits, finiteness check), and an engine of N
+ * sessions decoding together (--parallel). */
 #include "bench/bench.h"
 #include "backend/cpu/cpu_backend.h"
 #include "model/api_internal.h"
@@ -42,67 +43,20 @@ void mu_bench_stats_compute(mu_bench_stats *s, const double *samples, int n) {
     free(sorted);
 }
 
-/* ---------- a private session over mu_forward ---------- */
+/* ---------- the session under test ---------- */
 
-typedef struct bench_session {
-    const mu_model *m;
-    mu_backend *be;
-    mu_kv_cache kv;
-    mu_forward_scratch scratch;
-    double *inv_freq;
-    float *logits;
-    int64_t n_ctx, chunk, pos;
-} bench_session;
-
-static bool session_init(bench_session *s, const muser_model *mm, int64_t n_ctx, int64_t chunk, mu_error *err) {
-    memset(s, 0, sizeof *s);
-    s->m = mm->m;
-    s->be = mm->be;
-    const mu_model_config *c = &s->m->cfg;
-    if (!mu_kv_init(&s->kv, (int)c->n_layer, c->is_swa, c->sliding_window, n_ctx, c->n_head_kv, c->head_dim, err))
-        return false;
-    s->n_ctx = n_ctx;
-    s->chunk = chunk < n_ctx ? chunk : n_ctx;
-    mu_scratch_init(&s->scratch, c, s->chunk);
-    s->inv_freq = mu_rope_inv_freq(c);
-    s->logits = mu_xmalloc((size_t)c->n_vocab * sizeof(float));
-    return true;
-}
-
-static void session_free(bench_session *s) {
-    mu_kv_free(&s->kv);
-    mu_scratch_free(&s->scratch);
-    free(s->inv_freq);
-    free(s->logits);
-}
-
-/* Feed tokens in chunks; logits of the last one, checked finite. */
-static bool session_feed(bench_session *s, const int32_t *tokens, int64_t n, mu_error *err) {
-    if (n > s->n_ctx - s->pos) {
-        mu_err_set(err, "bench: context full (%lld + %lld > %lld)", (long long)s->pos, (long long)n, (long long)s->n_ctx);
-        return false;
-    }
-    for (int64_t done = 0; done < n;) {
-        int64_t rows = n - done < s->chunk ? n - done : s->chunk;
-        bool last = done + rows == n;
-        if (!mu_forward(s->m, s->be, &s->kv, &s->scratch, s->inv_freq, tokens + done, rows, s->pos,
-                        last ? s->logits : NULL, 1, err))
-            return false;
-        s->pos += rows;
-        done += rows;
-    }
-    for (int64_t i = 0; i < s->m->cfg.n_vocab; i++)
-        if (!isfinite(s->logits[i])) {
-            mu_err_set(err, "bench: non-finite logit at position %lld", (long long)(s->pos - 1));
-            return false;
-        }
-    return true;
+/* Feed tokens in chunks through the session (as muser run does); the
+ * session checks the last row's logits are finite. */
+static bool session_feed(muser_session *s, const int32_t *tokens, int64_t n, mu_error *err) {
+    return muser_session_feed(s, tokens, n, (muser_error *)err);
 }
 
 /* Synthetic depth: random K/V rows (normal-ish, fixed seed) for positions
- * [0, depth) of every layer. Attention cost does not depend on the values. */
-static bool fill_synthetic(bench_session *s, int64_t depth, mu_error *err) {
-    const int64_t row = s->kv.layers[0].row_elems;
+ * [0, depth) of every layer, stored straight into the session's cache.
+ * Attention cost does not depend on the values. */
+static bool fill_synthetic(muser_session *s, mu_backend *be, int64_t depth, mu_error *err) {
+    mu_kv_cache *kv = mu_session_kv(s);
+    const int64_t row = kv->layers[0].row_elems;
     enum { POOL = 61 };
     float *pool = mu_xmalloc((size_t)(POOL * row) * sizeof(float));
     uint64_t x = 0x2545F4914F6CDD1Dull;
@@ -110,12 +64,16 @@ static bool fill_synthetic(bench_session *s, int64_t depth, mu_error *err) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
         pool[i] = (float)((double)(x >> 40) / 16777216.0 * 2.0 - 1.0);
     }
+    const size_t bytes = (size_t)(POOL * row) * sizeof(float);
+    float *dev = mu_backend_xalloc(be, bytes, "the synthetic K/V rows");
+    be->upload(be, dev, pool, bytes);
     bool ok = true;
-    for (int il = 0; il < s->kv.n_layers && ok; il++)
+    for (int il = 0; il < kv->n_layers && ok; il++)
         for (int64_t p = 0; p < depth && ok; p++)
-            ok = mu_kv_append(&s->kv, il, p, pool + (p % POOL) * row, pool + ((p * 7 + 3) % POOL) * row, err);
+            ok = mu_kv_append(kv, il, p, dev + (p % POOL) * row, dev + ((p * 7 + 3) % POOL) * row, err);
+    be->free(be, dev, bytes);
     free(pool);
-    if (ok) s->pos = depth;
+    if (ok) mu_session_set_pos(s, depth);
     return ok;
 }
 
@@ -132,8 +90,8 @@ static void make_tokens(int32_t *t, int64_t n, int64_t n_vocab, uint64_t seed) {
 
 typedef struct runner {
     const mu_bench_opts *o;
-    bench_session s;
-    mu_kv_snapshot *at_depth;
+    muser_session *s;
+    muser_snapshot *at_depth;
     int64_t depth;
     int32_t *tokens;
     mu_membw *pair;            /* opts.paired_membw_bytes */
@@ -152,12 +110,11 @@ static void progress(const mu_bench_opts *o, const char *fmt, ...) {
 }
 
 static bool back_to_depth(runner *r, mu_error *err) {
-    r->s.pos = r->depth;
     if (!r->at_depth) {
-        mu_kv_clear(&r->s.kv);
+        muser_session_reset(r->s);
         return true;
     }
-    return mu_kv_snapshot_restore(&r->s.kv, r->at_depth, err);
+    return muser_session_restore(r->s, r->at_depth, (muser_error *)err);
 }
 
 void mu_bench_pause(double seconds) {
@@ -174,8 +131,8 @@ static bool timed_run(runner *r, bool decode, double *tok_s, mu_error *err) {
     double t0 = mu_now();
     if (decode) {
         for (int64_t i = 0; i < n; i++)
-            if (!session_feed(&r->s, t + i, 1, err)) return false;
-    } else if (!session_feed(&r->s, t, n, err)) {
+            if (!session_feed(r->s, t + i, 1, err)) return false;
+    } else if (!session_feed(r->s, t, n, err)) {
         return false;
     }
     double dt = mu_now() - t0;
@@ -235,7 +192,9 @@ static bool run_test(runner *r, bool decode, mu_bench_depth *d, mu_error *err) {
 static bool run_depth(runner *r, const muser_model *mm, mu_bench_depth *d, mu_error *err) {
     const mu_bench_opts *o = r->o;
     const int64_t n_ctx = d->depth + (o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen) + 1;
-    if (!session_init(&r->s, mm, n_ctx, o->chunk > 0 ? o->chunk : 512, err)) return false;
+    muser_session_params sp = {.n_ctx = n_ctx, .prefill_chunk = o->chunk > 0 ? o->chunk : 512};
+    r->s = muser_session_create((muser_model *)mm, &sp, (muser_error *)err);
+    if (!r->s) return false;
     r->depth = d->depth;
     r->at_depth = NULL;
     bool ok = true;
@@ -245,14 +204,14 @@ static bool run_depth(runner *r, const muser_model *mm, mu_bench_depth *d, mu_er
         if (o->prefill_depth) {
             int32_t *fill = mu_xmalloc((size_t)d->depth * sizeof(int32_t));
             make_tokens(fill, d->depth, mm->m->cfg.n_vocab, 7);
-            ok = session_feed(&r->s, fill, d->depth, err);
+            ok = session_feed(r->s, fill, d->depth, err);
             free(fill);
         } else {
-            ok = fill_synthetic(&r->s, d->depth, err);
+            ok = fill_synthetic(r->s, mm->be, d->depth, err);
         }
         d->fill_seconds = mu_now() - t0;
         if (ok) {
-            r->at_depth = mu_kv_snapshot_take(&r->s.kv);
+            r->at_depth = muser_session_snapshot(r->s);
             if (!r->at_depth) {
                 mu_err_set(err, "bench: out of memory for the depth-%lld snapshot", (long long)d->depth);
                 ok = false;
@@ -261,9 +220,9 @@ static bool run_depth(runner *r, const muser_model *mm, mu_bench_depth *d, mu_er
     }
     if (ok && o->n_prompt > 0) ok = run_test(r, false, d, err);
     if (ok && o->n_gen > 0) ok = run_test(r, true, d, err);
-    mu_kv_snapshot_free(r->at_depth);
+    muser_snapshot_free(r->at_depth);
     r->at_depth = NULL;
-    session_free(&r->s);
+    muser_session_free(r->s);
     return ok;
 }
 

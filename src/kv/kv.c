@@ -1,20 +1,30 @@
-/* Two-class f16 KV cache: SWA rings and growing full planes (book Ch 15).
+/* Two-class f16 KV cache: SWA rings and growing full planes (kv.h).
  *
  * Invariant kept by every operation: a physical row that is not currently
- * held is all zero. It holds at init (zero-filled), append only writes the
- * row it starts holding, rollback restores the exact bytes that were there
- * at the target length, snapshot restore rewrites held rows and zeroes the
- * rest, and clear zeroes the held rows. So clear is O(held rows) and a
- * cleared cache is bitwise identical to a fresh one. */
+ * held is all zero. It holds at init (zero-filled), a store only writes the
+ * rows it starts holding, rollback restores the exact bytes that were there
+ * at the target length, snapshot restore and fork rewrite held rows and
+ * zero the rest, and clear zeroes the held rows. So clear is O(held rows)
+ * and a cleared cache is bitwise identical to a fresh one. The planes are
+ * backend memory; every byte moves through the backend's memory ops. */
 #include "kv/kv.h"
-#include "util/hugemap.h"
+#include "backend/backend.h"
 #include <inttypes.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 
 /* Refuse caches above 1 TiB before asking the allocator (which, with
  * overcommit, might "succeed" and fail only when the pages are touched). */
 #define MU_KV_MAX_BYTES (1ull << 40)
+
+/* The host memory ops, for caches made without a backend (tests). */
+static mu_backend *host_backend(void) {
+    static mu_backend host;
+    if (!host.alloc) {
+        host.name = "host";
+        mu_backend_set_host_ops(&host);
+    }
+    return &host;
+}
 
 static int64_t layer_end(const mu_kv_layer *l) { return l->origin_logical + l->len; }
 
@@ -22,61 +32,58 @@ static int64_t physical_of(const mu_kv_layer *l, int64_t pos) {
     return (l->origin_physical + (pos - l->origin_logical)) % l->cap;
 }
 
-static size_t row_bytes(const mu_kv_layer *l) { return (size_t)l->row_elems * sizeof(uint16_t); }
 static size_t head_bytes(const mu_kv_layer *l) { return (size_t)l->head_dim * sizeof(uint16_t); }
+static size_t plane_bytes(const mu_kv_layer *l) { return (size_t)l->n_head * (size_t)l->cap * head_bytes(l); }
 
-/* One head of one physical row inside a head-major plane. */
-static uint16_t *head_at(const mu_kv_layer *l, uint16_t *plane, int64_t physical, int64_t head) {
-    return plane + (head * l->cap + physical) * l->head_dim;
+/* One head of one physical row inside a head-major plane of cap rows. */
+static uint16_t *head_at(const mu_kv_layer *l, uint16_t *plane, int64_t cap, int64_t physical, int64_t head) {
+    return plane + (head * cap + physical) * l->head_dim;
 }
 
-/* A physical row, all heads, copied out to (or in from) a token-major
- * buffer of row_elems values, or zeroed. */
-static void row_out(const mu_kv_layer *l, uint16_t *plane, int64_t physical, uint16_t *dst) {
-    for (int64_t h = 0; h < l->n_head; h++) memcpy(dst + h * l->head_dim, head_at(l, plane, physical, h), head_bytes(l));
+/* n physical rows from `from` (no wrap) of every head: plane -> plane. */
+static void copy_rows(mu_backend *be, const mu_kv_layer *l, uint16_t *dst, int64_t dcap, int64_t dphys,
+                      uint16_t *src, int64_t scap, int64_t sphys, int64_t n) {
+    for (int64_t h = 0; h < l->n_head; h++)
+        be->copy(be, head_at(l, dst, dcap, dphys, h), head_at(l, src, scap, sphys, h), (size_t)n * head_bytes(l));
 }
 
-static void row_in(const mu_kv_layer *l, uint16_t *plane, int64_t physical, const uint16_t *src) {
-    for (int64_t h = 0; h < l->n_head; h++) memcpy(head_at(l, plane, physical, h), src + h * l->head_dim, head_bytes(l));
+/* Calls fn on the runs of physical rows holding logical [pos, pos + n) (a
+ * ring wraps at most once). */
+typedef void (*run_fn)(void *ctx, const mu_kv_layer *l, int64_t physical, int64_t n, int64_t index);
+static void for_runs(const mu_kv_layer *l, int64_t pos, int64_t n, run_fn fn, void *ctx) {
+    int64_t phys = physical_of(l, pos), index = 0;
+    while (n > 0) {
+        int64_t run = l->cap - phys < n ? l->cap - phys : n;
+        fn(ctx, l, phys, run, index);
+        index += run;
+        n -= run;
+        phys = 0;
+    }
 }
 
-static void row_zero(const mu_kv_layer *l, uint16_t *plane, int64_t physical) {
-    for (int64_t h = 0; h < l->n_head; h++) memset(head_at(l, plane, physical, h), 0, head_bytes(l));
+typedef struct plane_op {
+    mu_backend *be;
+    uint16_t *k, *v;   /* host side: head-major [n_head][len][head_dim] (snapshots) */
+    int64_t len;
+} plane_op;
+
+static void zero_run(void *ctx, const mu_kv_layer *l, int64_t phys, int64_t n, int64_t index) {
+    (void)index;
+    mu_backend *be = ((plane_op *)ctx)->be;
+    for (int64_t h = 0; h < l->n_head; h++) {
+        be->zero(be, head_at(l, l->k, l->cap, phys, h), (size_t)n * head_bytes(l));
+        be->zero(be, head_at(l, l->v, l->cap, phys, h), (size_t)n * head_bytes(l));
+    }
+}
+
+static void zero_held_rows(mu_backend *be, mu_kv_layer *l) {
+    plane_op op = {.be = be};
+    for_runs(l, l->origin_logical, l->len, zero_run, &op);
 }
 
 /* ---------- init / free / clear ---------- */
 
-/* A zero-filled plane. At 2 MiB or more: a 2 MiB-aligned anonymous mapping
- * advised MADV_HUGEPAGE. Attention walks a plane row by row; in 4 KiB pages
- * every 8 rows of 512 bytes cost a TLB walk (a nested one in a VM). Smaller
- * planes keep 4 KiB pages, so a small cache does not commit a whole huge
- * page per plane. *mapped receives the bytes to unmap (0: calloc'd). */
-static bool alloc_zeroed(uint16_t **out, uint64_t *mapped, uint64_t bytes, const char *what, int layer,
-                         mu_error *err) {
-    uint8_t *p = NULL;
-    *mapped = 0;
-#if !defined(__SANITIZE_ADDRESS__) /* sanitizer builds keep calloc: its redzones catch a write past a plane */
-    if (bytes >= MU_HUGE_PAGE) {
-        *mapped = (bytes + MU_HUGE_PAGE - 1) & ~(MU_HUGE_PAGE - 1);
-        p = mu_map_aligned(*mapped, false);
-#ifdef MADV_HUGEPAGE
-        if (p) madvise(p, (size_t)*mapped, MADV_HUGEPAGE);
-#endif
-    }
-#endif
-    if (!*mapped) p = calloc(1, (size_t)bytes);
-    *out = (uint16_t *)p;
-    if (!p) mu_err_set(err, "kv init: cannot allocate %" PRIu64 " bytes for the %s of layer %d", bytes, what, layer);
-    return p != NULL;
-}
-
-static void free_plane(uint16_t *p, uint64_t mapped) {
-    if (!p) return;
-    if (mapped) munmap(p, (size_t)mapped);
-    else free(p);
-}
-
-static bool check_geometry(int n_layers, const bool *is_swa, int64_t window, int64_t n_ctx,
+static bool check_geometry(int n_layers, const bool *is_swa, int64_t window, int64_t slack, int64_t n_ctx,
                            int64_t n_head, int64_t head_dim, mu_error *err) {
     if (n_layers <= 0 || n_layers > INT32_MAX / MU_KV_MAX_ROLLBACK) {
         mu_err_set(err, "kv init: n_layers %d out of range [1, %d]", n_layers, INT32_MAX / MU_KV_MAX_ROLLBACK);
@@ -87,6 +94,10 @@ static bool check_geometry(int n_layers, const bool *is_swa, int64_t window, int
     if (n_head <= 0) { mu_err_set(err, "kv init: n_head %" PRId64 " must be positive", n_head); return false; }
     if (head_dim <= 0) { mu_err_set(err, "kv init: head_dim %" PRId64 " must be positive", head_dim); return false; }
     if (window < 0) { mu_err_set(err, "kv init: window %" PRId64 " is negative", window); return false; }
+    if (slack < 0 || slack > ((int64_t)1 << 24)) {
+        mu_err_set(err, "kv init: slack %" PRId64 " out of range [0, 2^24]", slack);
+        return false;
+    }
     for (int i = 0; i < n_layers; i++) {
         if (is_swa[i] && window == 0) {
             mu_err_set(err, "kv init: layer %d is sliding-window but window is 0 (none)", i);
@@ -104,17 +115,17 @@ static bool rows_bytes(int64_t rows, int64_t row_elems, uint64_t *out) {
            *out <= (uint64_t)INT64_MAX;
 }
 
-static int64_t layer_cap(bool swa, int64_t window, int64_t n_ctx) {
-    return swa && window < n_ctx ? window : n_ctx;
+static int64_t layer_cap(bool swa, int64_t window, int64_t slack, int64_t n_ctx) {
+    return swa && window + slack < n_ctx ? window + slack : n_ctx;
 }
 
 /* Total bytes of all planes plus the journal's saved rows. */
-static bool total_bytes(int n_layers, const bool *is_swa, int64_t window, int64_t n_ctx,
+static bool total_bytes(int n_layers, const bool *is_swa, int64_t window, int64_t slack, int64_t n_ctx,
                         int64_t row_elems, uint64_t *total) {
     uint64_t bytes;
     *total = 0;
     for (int i = 0; i < n_layers; i++) {
-        if (!rows_bytes(layer_cap(is_swa[i], window, n_ctx), row_elems, &bytes) ||
+        if (!rows_bytes(layer_cap(is_swa[i], window, slack, n_ctx), row_elems, &bytes) ||
             !mu_mul_u64(bytes, 2, &bytes) || !mu_add_u64(*total, bytes, total))
             return false;
     }
@@ -122,41 +133,37 @@ static bool total_bytes(int n_layers, const bool *is_swa, int64_t window, int64_
            mu_add_u64(*total, bytes, total);
 }
 
-static bool alloc_journal(mu_kv_cache *c, int64_t row_elems, mu_error *err) {
-    int n = c->n_layers * MU_KV_MAX_ROLLBACK;
-    c->journal = calloc((size_t)n, sizeof *c->journal);
-    if (!c->journal) { mu_err_set(err, "kv init: cannot allocate the rollback journal (%d entries)", n); return false; }
-    for (int i = 0; i < n; i++) {
-        /* one block per entry: old K row, then old V row */
-        c->journal[i].old_k = malloc(2 * (size_t)row_elems * sizeof(uint16_t));
-        if (!c->journal[i].old_k) {
-            mu_err_set(err, "kv init: cannot allocate rollback journal entry %d", i);
-            return false;
-        }
-        c->journal[i].old_v = c->journal[i].old_k + row_elems;
-    }
-    return true;
+static int64_t journal_cap(const mu_kv_cache *c) { return (int64_t)c->n_layers * MU_KV_MAX_ROLLBACK; }
+
+static bool alloc_plane(mu_kv_cache *c, uint16_t **out, size_t bytes, const char *what, int layer, mu_error *err) {
+    *out = c->be->alloc(c->be, bytes);
+    if (!*out) mu_err_set(err, "kv init: cannot allocate %zu bytes of %s memory for the %s of layer %d", bytes,
+                          c->be->name, what, layer);
+    return *out != NULL;
 }
 
-bool mu_kv_init(mu_kv_cache *c, int n_layers, const bool *is_swa, int64_t window,
+bool mu_kv_init(mu_kv_cache *c, mu_backend *be, int n_layers, const bool *is_swa, int64_t window, int64_t slack,
                 int64_t n_ctx, int64_t n_head, int64_t head_dim, mu_error *err) {
     if (!c) { mu_err_set(err, "kv init: cache is NULL"); return false; }
     memset(c, 0, sizeof *c);
-    if (!check_geometry(n_layers, is_swa, window, n_ctx, n_head, head_dim, err)) return false;
+    if (!check_geometry(n_layers, is_swa, window, slack, n_ctx, n_head, head_dim, err)) return false;
     uint64_t total, row = 0;
     if (!mu_mul_u64((uint64_t)n_head, (uint64_t)head_dim, &row) || row > (uint64_t)INT64_MAX ||
-        !total_bytes(n_layers, is_swa, window, n_ctx, (int64_t)row, &total) || total > MU_KV_MAX_BYTES) {
+        !total_bytes(n_layers, is_swa, window, slack, n_ctx, (int64_t)row, &total) || total > MU_KV_MAX_BYTES) {
         mu_err_set(err, "kv init: %d layers, n_ctx %" PRId64 ", window %" PRId64 ", %" PRId64 " heads of %" PRId64
                    " need more than the %llu-byte limit", n_layers, n_ctx, window, n_head, head_dim,
                    (unsigned long long)MU_KV_MAX_BYTES);
         return false;
     }
     const int64_t row_elems = (int64_t)row;
+    c->be = be ? be : host_backend();
     c->n_layers = n_layers;
     c->n_ctx = n_ctx;
     c->window = window;
+    c->slack = slack;
     c->layers = calloc((size_t)n_layers, sizeof *c->layers);
-    if (!c->layers) {
+    c->journal = calloc((size_t)journal_cap(c), sizeof *c->journal);
+    if (!c->layers || !c->journal) {
         mu_err_set(err, "kv init: cannot allocate %d layer records", n_layers);
         mu_kv_free(c);
         return false;
@@ -164,121 +171,117 @@ bool mu_kv_init(mu_kv_cache *c, int n_layers, const bool *is_swa, int64_t window
     for (int i = 0; i < n_layers; i++) {
         mu_kv_layer *l = &c->layers[i];
         l->swa = is_swa[i];
-        l->cap = layer_cap(l->swa, window, n_ctx);
+        l->cap = layer_cap(l->swa, window, slack, n_ctx);
         l->n_head = n_head;
         l->head_dim = head_dim;
         l->row_elems = row_elems;
-        uint64_t bytes;
-        rows_bytes(l->cap, row_elems, &bytes);  /* checked by total_bytes */
-        if (!alloc_zeroed(&l->k, &l->mapped, bytes, "K plane", i, err) ||
-            !alloc_zeroed(&l->v, &l->mapped, bytes, "V plane", i, err)) {
+        if (!alloc_plane(c, &l->k, plane_bytes(l), "K plane", i, err) ||
+            !alloc_plane(c, &l->v, plane_bytes(l), "V plane", i, err)) {
             mu_kv_free(c);
             return false;
         }
     }
-    if (!alloc_journal(c, row_elems, err)) {
+    const size_t jbytes = (size_t)journal_cap(c) * (size_t)row_elems * sizeof(uint16_t);
+    if (!alloc_plane(c, &c->jk, jbytes, "rollback journal", -1, err) ||
+        !alloc_plane(c, &c->jv, jbytes, "rollback journal", -1, err)) {
         mu_kv_free(c);
         return false;
     }
+    for (int64_t i = 0; i < journal_cap(c); i++) c->journal[i].slot = i;
     return true;
 }
 
 void mu_kv_free(mu_kv_cache *c) {
     if (!c) return;
-    if (c->journal) {
-        for (int i = 0; i < c->n_layers * MU_KV_MAX_ROLLBACK; i++) free(c->journal[i].old_k);
-    }
-    free(c->journal);
     if (c->layers) {
         for (int i = 0; i < c->n_layers; i++) {
-            free_plane(c->layers[i].k, c->layers[i].mapped);
-            free_plane(c->layers[i].v, c->layers[i].mapped);
+            c->be->free(c->be, c->layers[i].k, plane_bytes(&c->layers[i]));
+            c->be->free(c->be, c->layers[i].v, plane_bytes(&c->layers[i]));
         }
+        const size_t jbytes = (size_t)journal_cap(c) * (size_t)c->layers[0].row_elems * sizeof(uint16_t);
+        if (c->jk) c->be->free(c->be, c->jk, jbytes);
+        if (c->jv) c->be->free(c->be, c->jv, jbytes);
     }
+    free(c->journal);
     free(c->layers);
     memset(c, 0, sizeof *c);
-}
-
-static void zero_held_rows(mu_kv_layer *l) {
-    for (int64_t i = 0; i < l->len; i++) {
-        int64_t p = (l->origin_physical + i) % l->cap;
-        row_zero(l, l->k, p);
-        row_zero(l, l->v, p);
-    }
 }
 
 void mu_kv_clear(mu_kv_cache *c) {
     if (!c || !c->layers) return;
     for (int i = 0; i < c->n_layers; i++) {
         mu_kv_layer *l = &c->layers[i];
-        zero_held_rows(l);
+        zero_held_rows(c->be, l);
         l->origin_logical = l->origin_physical = l->len = 0;
     }
     mu_kv_commit(c);
 }
 
-/* ---------- append and row access ---------- */
+int64_t mu_kv_len(const mu_kv_cache *c) { return c && c->layers ? layer_end(&c->layers[0]) : 0; }
 
-static void store_row_f16(const mu_kv_layer *l, uint16_t *plane, int64_t physical, const float *src) {
-    for (int64_t h = 0; h < l->n_head; h++) {
-        uint16_t *dst = head_at(l, plane, physical, h);
-        for (int64_t i = 0; i < l->head_dim; i++) dst[i] = mu_f32_to_f16(src[h * l->head_dim + i]);
-    }
-}
+/* ---------- store and row access ---------- */
 
-bool mu_kv_append(mu_kv_cache *c, int layer, int64_t pos, const float *k, const float *v, mu_error *err) {
-    if (!c || !c->layers) { mu_err_set(err, "kv append: cache is not initialized"); return false; }
+bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float *k, const float *v, mu_error *err) {
+    if (!c || !c->layers) { mu_err_set(err, "kv store: cache is not initialized"); return false; }
     if (layer < 0 || layer >= c->n_layers) {
-        mu_err_set(err, "kv append: layer %d out of range [0, %d)", layer, c->n_layers);
+        mu_err_set(err, "kv store: layer %d out of range [0, %d)", layer, c->n_layers);
         return false;
     }
-    if (!k || !v) { mu_err_set(err, "kv append: layer %d position %" PRId64 ": K or V row is NULL", layer, pos); return false; }
+    if (!k || !v) { mu_err_set(err, "kv store: layer %d position %" PRId64 ": K or V row is NULL", layer, pos); return false; }
     mu_kv_layer *l = &c->layers[layer];
     int64_t expected = layer_end(l);
+    if (n < 1) { mu_err_set(err, "kv store: layer %d: %" PRId64 " rows", layer, n); return false; }
     if (pos != expected) {
-        mu_err_set(err, "kv append: layer %d: cache discontinuity: expected position %" PRId64 ", got %" PRId64,
+        mu_err_set(err, "kv store: layer %d: cache discontinuity: expected position %" PRId64 ", got %" PRId64,
                    layer, expected, pos);
         return false;
     }
-    if (pos >= c->n_ctx) {
-        mu_err_set(err, "kv append: layer %d: position %" PRId64 " is outside the context (n_ctx %" PRId64 ")",
-                   layer, pos, c->n_ctx);
+    if (pos + n > c->n_ctx) {
+        mu_err_set(err, "kv store: layer %d: position %" PRId64 " is outside the context (n_ctx %" PRId64 ")",
+                   layer, c->n_ctx > pos ? c->n_ctx : pos, c->n_ctx);
         return false;
     }
-    if (c->ckpt_active && pos - c->ckpt_pos >= MU_KV_MAX_ROLLBACK) {
-        mu_err_set(err, "kv append: layer %d: position %" PRId64 " would be row %" PRId64 " past the checkpoint "
+    if (l->swa && l->cap < c->n_ctx && n > l->cap - c->window + 1) {
+        mu_err_set(err, "kv store: layer %d: %" PRId64 " rows in one store exceed the ring's slack (%" PRId64
+                   " rows beyond the window of %" PRId64 ")", layer, n, l->cap - c->window, c->window);
+        return false;
+    }
+    if (c->ckpt_active && pos + n - 1 - c->ckpt_pos >= MU_KV_MAX_ROLLBACK) {
+        mu_err_set(err, "kv store: layer %d: position %" PRId64 " would be row %" PRId64 " past the checkpoint "
                    "at %" PRId64 "; at most %d rows can be rolled back (commit first)",
-                   layer, pos, pos - c->ckpt_pos + 1, c->ckpt_pos, MU_KV_MAX_ROLLBACK);
+                   layer, pos + n - 1, pos + n - c->ckpt_pos, c->ckpt_pos, MU_KV_MAX_ROLLBACK);
         return false;
     }
-    if (c->ckpt_active && c->n_journal >= c->n_layers * MU_KV_MAX_ROLLBACK) {
-        mu_err_set(err, "kv append: layer %d: rollback journal full (%d entries)", layer, c->n_journal);
+    if (c->ckpt_active && c->n_journal + n > journal_cap(c)) {
+        mu_err_set(err, "kv store: layer %d: rollback journal full (%d entries)", layer, c->n_journal);
         return false;
     }
-
-    bool overwrite = l->len == l->cap;  /* only a full SWA ring: pos < n_ctx = cap for full planes */
-    int64_t write = overwrite ? l->origin_physical : (l->origin_physical + l->len) % l->cap;
-    if (c->ckpt_active) {
-        /* keep the old bytes of every written row, held or not, so rollback is bitwise */
-        mu_kv_journal_entry *e = &c->journal[c->n_journal++];
-        e->layer = layer;
-        e->pos = pos;
-        e->physical = write;
-        e->prev_origin_logical = l->origin_logical;
-        e->prev_origin_physical = l->origin_physical;
-        e->prev_len = l->len;
-        e->saved = true;
-        row_out(l, l->k, write, e->old_k);
-        row_out(l, l->v, write, e->old_v);
+    int64_t local[64], *phys = n <= 64 ? local : mu_xmalloc((size_t)n * sizeof *phys);
+    for (int64_t i = 0; i < n; i++) {
+        bool overwrite = l->len == l->cap; /* only a full SWA ring: pos < n_ctx = cap for full planes */
+        int64_t write = overwrite ? l->origin_physical : (l->origin_physical + l->len) % l->cap;
+        if (c->ckpt_active) {
+            /* keep the old bytes of every written row, held or not, so rollback is bitwise */
+            mu_kv_journal_entry *e = &c->journal[c->n_journal++];
+            e->layer = layer;
+            e->pos = pos + i;
+            e->physical = write;
+            e->prev_origin_logical = l->origin_logical;
+            e->prev_origin_physical = l->origin_physical;
+            e->prev_len = l->len;
+            copy_rows(c->be, l, c->jk, journal_cap(c), e->slot, l->k, l->cap, write, 1);
+            copy_rows(c->be, l, c->jv, journal_cap(c), e->slot, l->v, l->cap, write, 1);
+        }
+        if (overwrite) {
+            l->origin_logical += 1;
+            l->origin_physical = (l->origin_physical + 1) % l->cap;
+        } else {
+            l->len += 1;
+        }
+        phys[i] = write;
     }
-    store_row_f16(l, l->k, write, k);
-    store_row_f16(l, l->v, write, v);
-    if (overwrite) {
-        l->origin_logical += 1;
-        l->origin_physical = (l->origin_physical + 1) % l->cap;
-    } else {
-        l->len += 1;
-    }
+    c->be->kv_store(c->be, l, phys, k, v, n);
+    if (phys != local) free(phys);
     return true;
 }
 
@@ -287,21 +290,78 @@ static bool is_held(const mu_kv_layer *l, int64_t pos) {
 }
 
 const uint16_t *mu_kv_k(const mu_kv_layer *l, int64_t pos, int64_t head) {
-    return is_held(l, pos) && head >= 0 && head < l->n_head ? head_at(l, l->k, physical_of(l, pos), head) : NULL;
+    return is_held(l, pos) && head >= 0 && head < l->n_head ? head_at(l, l->k, l->cap, physical_of(l, pos), head) : NULL;
 }
 
 const uint16_t *mu_kv_v(const mu_kv_layer *l, int64_t pos, int64_t head) {
-    return is_held(l, pos) && head >= 0 && head < l->n_head ? head_at(l, l->v, physical_of(l, pos), head) : NULL;
+    return is_held(l, pos) && head >= 0 && head < l->n_head ? head_at(l, l->v, l->cap, physical_of(l, pos), head) : NULL;
 }
 
 bool mu_kv_head_rows(const mu_kv_layer *l, int64_t pos, int64_t n, int64_t head, const uint16_t **k,
                      const uint16_t **v) {
     if (n <= 0 || !is_held(l, pos) || !is_held(l, pos + n - 1) || head < 0 || head >= l->n_head) return false;
-    const uint16_t *kp = head_at(l, l->k, 0, head), *vp = head_at(l, l->v, 0, head);
+    const uint16_t *kp = head_at(l, l->k, l->cap, 0, head), *vp = head_at(l, l->v, l->cap, 0, head);
     for (int64_t i = 0, phys = physical_of(l, pos); i < n; i++) {
         k[i] = kp + phys * l->head_dim;
         v[i] = vp + phys * l->head_dim;
         if (++phys == l->cap) phys = 0;
+    }
+    return true;
+}
+
+/* ---------- fork ---------- */
+
+static bool same_geometry(const mu_kv_cache *a, const mu_kv_cache *b, const char *what, mu_error *err) {
+    bool same = a->n_layers == b->n_layers && a->n_ctx == b->n_ctx && a->window == b->window;
+    for (int i = 0; same && i < a->n_layers; i++) {
+        const mu_kv_layer *x = &a->layers[i], *y = &b->layers[i];
+        same = x->swa == y->swa && x->cap == y->cap && x->n_head == y->n_head && x->head_dim == y->head_dim;
+    }
+    if (!same)
+        mu_err_set(err, "%s: geometry mismatch (%d layers, n_ctx %" PRId64 ", window %" PRId64 " against %d layers, "
+                   "n_ctx %" PRId64 ", window %" PRId64 ", or a layer's ring or heads)", what, a->n_layers, a->n_ctx,
+                   a->window, b->n_layers, b->n_ctx, b->window);
+    return same;
+}
+
+typedef struct fork_op {
+    mu_backend *be;
+    const mu_kv_layer *src;
+} fork_op;
+
+/* Source and destination place position p at the same physical row p % cap. */
+static void fork_run(void *ctx, const mu_kv_layer *l, int64_t phys, int64_t n, int64_t index) {
+    (void)index;
+    fork_op *f = ctx;
+    copy_rows(f->be, l, l->k, l->cap, phys, f->src->k, l->cap, phys, n);
+    copy_rows(f->be, l, l->v, l->cap, phys, f->src->v, l->cap, phys, n);
+}
+
+bool mu_kv_fork(mu_kv_cache *dst, const mu_kv_cache *src, int64_t n, mu_error *err) {
+    if (!dst || !src || !dst->layers || !src->layers) { mu_err_set(err, "kv fork: cache is not initialized"); return false; }
+    if (dst == src) { mu_err_set(err, "kv fork: source and destination are the same cache"); return false; }
+    if (!same_geometry(dst, src, "kv fork", err)) return false;
+    for (int i = 0; i < src->n_layers; i++) {
+        const mu_kv_layer *s = &src->layers[i];
+        const int64_t need = s->swa && n - src->window + 1 > 0 ? n - src->window + 1 : 0;
+        if (n < 0 || n > layer_end(s) || (n > 0 && need < s->origin_logical)) {
+            mu_err_set(err, "kv fork of %" PRId64 " positions: layer %d holds [%" PRId64 ", %" PRId64 ")%s", n, i,
+                       s->origin_logical, layer_end(s),
+                       n > layer_end(s) ? "" : "; its ring no longer holds the window before that position");
+            return false;
+        }
+    }
+    mu_kv_clear(dst);
+    for (int i = 0; i < src->n_layers; i++) {
+        const mu_kv_layer *s = &src->layers[i];
+        mu_kv_layer *d = &dst->layers[i];
+        int64_t first = n - d->cap > s->origin_logical ? n - d->cap : s->origin_logical;
+        if (first > n) first = n;
+        fork_op op = {.be = dst->be, .src = s};
+        d->origin_logical = first;
+        d->origin_physical = first % d->cap;
+        d->len = n - first;
+        for_runs(d, first, n - first, fork_run, &op);
     }
     return true;
 }
@@ -331,10 +391,8 @@ bool mu_kv_checkpoint(mu_kv_cache *c, mu_error *err) {
 
 static void undo_entry(mu_kv_cache *c, const mu_kv_journal_entry *e) {
     mu_kv_layer *l = &c->layers[e->layer];
-    if (e->saved) {
-        row_in(l, l->k, e->physical, e->old_k);
-        row_in(l, l->v, e->physical, e->old_v);
-    }
+    copy_rows(c->be, l, l->k, l->cap, e->physical, c->jk, journal_cap(c), e->slot, 1);
+    copy_rows(c->be, l, l->v, l->cap, e->physical, c->jv, journal_cap(c), e->slot, 1);
     l->origin_logical = e->prev_origin_logical;
     l->origin_physical = e->prev_origin_physical;
     l->len = e->prev_len;
@@ -362,7 +420,7 @@ bool mu_kv_rollback(mu_kv_cache *c, int64_t pos, mu_error *err) {
     /* undo newest first; entries of different layers are independent */
     for (int i = c->n_journal - 1; i >= 0; i--)
         if (c->journal[i].pos >= pos) undo_entry(c, &c->journal[i]);
-    /* keep the older entries in order; swapping keeps each entry's row block owned once */
+    /* keep the older entries in order; swapping keeps each journal row owned once */
     int kept = 0;
     for (int i = 0; i < c->n_journal; i++)
         if (c->journal[i].pos < pos) swap_entries(&c->journal[kept++], &c->journal[i]);
@@ -382,7 +440,7 @@ void mu_kv_commit(mu_kv_cache *c) {
 typedef struct snapshot_layer {
     bool swa;
     int64_t cap, n_head, head_dim, row_elems, origin_logical, origin_physical, len;
-    uint16_t *k, *v;  /* held rows in logical order, token-major, len * row_elems each */
+    uint16_t *k, *v;  /* held rows in logical order, head-major [n_head][len][head_dim], host memory */
 } snapshot_layer;
 
 struct mu_kv_snapshot {
@@ -403,6 +461,27 @@ void mu_kv_snapshot_free(mu_kv_snapshot *s) {
     free(s);
 }
 
+/* Held rows between the planes and a head-major host copy of len rows. */
+static void save_run(void *ctx, const mu_kv_layer *l, int64_t phys, int64_t n, int64_t index) {
+    plane_op *op = ctx;
+    for (int64_t h = 0; h < l->n_head; h++) {
+        op->be->download(op->be, op->k + (h * op->len + index) * l->head_dim, head_at(l, l->k, l->cap, phys, h),
+                         (size_t)n * head_bytes(l));
+        op->be->download(op->be, op->v + (h * op->len + index) * l->head_dim, head_at(l, l->v, l->cap, phys, h),
+                         (size_t)n * head_bytes(l));
+    }
+}
+
+static void load_run(void *ctx, const mu_kv_layer *l, int64_t phys, int64_t n, int64_t index) {
+    plane_op *op = ctx;
+    for (int64_t h = 0; h < l->n_head; h++) {
+        op->be->upload(op->be, head_at(l, l->k, l->cap, phys, h), op->k + (h * op->len + index) * l->head_dim,
+                       (size_t)n * head_bytes(l));
+        op->be->upload(op->be, head_at(l, l->v, l->cap, phys, h), op->v + (h * op->len + index) * l->head_dim,
+                       (size_t)n * head_bytes(l));
+    }
+}
+
 mu_kv_snapshot *mu_kv_snapshot_take(const mu_kv_cache *c) {
     if (!c || !c->layers) return NULL;
     mu_kv_snapshot *s = calloc(1, sizeof *s);
@@ -417,15 +496,12 @@ mu_kv_snapshot *mu_kv_snapshot_take(const mu_kv_cache *c) {
         snapshot_layer *d = &s->layers[i];
         *d = (snapshot_layer){l->swa, l->cap, l->n_head, l->head_dim, l->row_elems,
                               l->origin_logical, l->origin_physical, l->len, NULL, NULL};
-        size_t bytes = (size_t)l->len * row_bytes(l);
+        size_t bytes = (size_t)l->len * (size_t)l->row_elems * sizeof(uint16_t);
         d->k = malloc(bytes ? bytes : 1);
         d->v = malloc(bytes ? bytes : 1);
         if (!d->k || !d->v) { mu_kv_snapshot_free(s); return NULL; }
-        for (int64_t j = 0; j < l->len; j++) {
-            int64_t p = (l->origin_physical + j) % l->cap;
-            row_out(l, l->k, p, d->k + j * l->row_elems);
-            row_out(l, l->v, p, d->v + j * l->row_elems);
-        }
+        plane_op op = {.be = c->be, .k = d->k, .v = d->v, .len = l->len};
+        for_runs(l, l->origin_logical, l->len, save_run, &op);
     }
     return s;
 }
@@ -458,15 +534,12 @@ bool mu_kv_snapshot_restore(mu_kv_cache *c, const mu_kv_snapshot *s, mu_error *e
     for (int i = 0; i < c->n_layers; i++) {
         mu_kv_layer *l = &c->layers[i];
         const snapshot_layer *d = &s->layers[i];
-        zero_held_rows(l);  /* with the invariant, the whole plane is now zero */
+        zero_held_rows(c->be, l);  /* with the invariant, the whole plane is now zero */
         l->origin_logical = d->origin_logical;
         l->origin_physical = d->origin_physical;
         l->len = d->len;
-        for (int64_t j = 0; j < l->len; j++) {
-            int64_t p = (l->origin_physical + j) % l->cap;
-            row_in(l, l->k, p, d->k + j * l->row_elems);
-            row_in(l, l->v, p, d->v + j * l->row_elems);
-        }
+        plane_op op = {.be = c->be, .k = d->k, .v = d->v, .len = l->len};
+        for_runs(l, l->origin_logical, l->len, load_run, &op);
     }
     mu_kv_commit(c);  /* the journal described the replaced state */
     return true;

@@ -1,5 +1,8 @@
-/* Two-class KV cache (book Ch 15), f16 storage.
- *  - Sliding (SWA) layers: a ring of min(n_ctx, window) rows. Metadata
+/* Two-class KV cache (docs/numerics.md, "KV cache"), f16 storage.
+ *  - Sliding (SWA) layers: a ring of min(n_ctx, window + slack) rows, where
+ *    slack is the most rows one forward stores for this sequence minus one:
+ *    a batch stores all its rows before attention reads any, so the ring
+ *    must still hold the window of the batch's first row. Metadata
  *    origin_logical / origin_physical / len says which logical positions
  *    live where: logical p is at physical (origin_physical + p - origin_logical) % cap.
  *  - Full (NoPE) layers: a growing plane, row p at physical p.
@@ -8,21 +11,25 @@
  * journaled append saves the row it overwrites (held or not), so a rollback
  * restores the planes bit for bit, including the ring's rotation.
  * Snapshots copy rows and keep the ring's physical rotation.
- * Storage is head-major: each KV head's rows form one contiguous plane. 
- * Invariant: physical rows not currently held are all zero. */
+ * Storage is head-major: each KV head's rows form one contiguous plane.
+ * The planes are backend memory (backend/backend.h): this module keeps the
+ * bookkeeping and asks the backend to store, copy, read and zero rows.
+ * Invariants: physical rows not currently held are all zero; logical
+ * position p always lives at physical row p % cap. */
 #ifndef MUSER_KV_H
 #define MUSER_KV_H
 #include "util/common.h"
 
 #define MU_KV_MAX_ROLLBACK 16
 
+typedef struct mu_backend mu_backend;
+
 typedef struct mu_kv_layer {
     bool swa;
     int64_t cap;              /* rows allocated */
     int64_t n_head, head_dim; /* KV heads and their size */
     int64_t row_elems;        /* n_head * head_dim: one position's K (or V) */
-    uint16_t *k, *v;          /* f16, head-major [n_head][cap][head_dim], zero-filled at creation */
-    uint64_t mapped;          /* bytes mapped for each of k and v (kv.c) */
+    uint16_t *k, *v;          /* backend memory: f16, head-major [n_head][cap][head_dim], zero-filled at creation */
     int64_t origin_logical;   /* oldest logical position held */
     int64_t origin_physical;  /* its physical row */
     int64_t len;              /* rows held */
@@ -33,35 +40,46 @@ typedef struct mu_kv_journal_entry {
     int64_t pos;              /* logical position appended */
     int64_t physical;         /* row overwritten */
     int64_t prev_origin_logical, prev_origin_physical, prev_len;
-    bool saved;               /* old row contents saved below (always, see kv.c) */
-    uint16_t *old_k, *old_v;  /* row_elems each, heads in order */
+    int64_t slot;             /* its old contents: row `slot` of the journal planes */
 } mu_kv_journal_entry;
 
 typedef struct mu_kv_cache {
+    mu_backend *be;           /* owner of the planes */
     int n_layers;
     int64_t n_ctx;            /* maximum logical positions */
     int64_t window;           /* sliding window (0 = none) */
+    int64_t slack;            /* extra ring rows (see the top of this file) */
     mu_kv_layer *layers;
     /* checkpoint */
     bool ckpt_active;
     int64_t ckpt_pos;         /* logical length at checkpoint */
     int n_journal;
     mu_kv_journal_entry *journal; /* capacity n_layers * MU_KV_MAX_ROLLBACK */
+    uint16_t *jk, *jv;        /* journal planes (backend memory), head-major, one row per entry */
 } mu_kv_cache;
 
-bool mu_kv_init(mu_kv_cache *c, int n_layers, const bool *is_swa, int64_t window,
+/* be == NULL: host memory (the ops ref and cpu share). */
+bool mu_kv_init(mu_kv_cache *c, mu_backend *be, int n_layers, const bool *is_swa, int64_t window, int64_t slack,
                 int64_t n_ctx, int64_t n_head, int64_t head_dim, mu_error *err);
 void mu_kv_free(mu_kv_cache *c);
 void mu_kv_clear(mu_kv_cache *c);
+/* Length every layer agrees on (layer 0's end). */
+int64_t mu_kv_len(const mu_kv_cache *c);
 
-/* Append K and V (f32, rounded to f16 RNE at the store) for logical `pos`:
- * n_head * head_dim values each, heads in order. */
-bool mu_kv_append(mu_kv_cache *c, int layer, int64_t pos, const float *k, const float *v, mu_error *err);
+/* Store K and V rows (f32 in backend memory, rounded to f16 RNE at the
+ * store) for logical positions [pos, pos + n): n_head * head_dim values per
+ * row, heads in order. Refuses a discontinuity, a full context, more rows
+ * than the checkpoint allows, or more rows than the ring's slack. */
+bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float *k, const float *v, mu_error *err);
+static inline bool mu_kv_append(mu_kv_cache *c, int layer, int64_t pos, const float *k, const float *v, mu_error *err) {
+    return mu_kv_store(c, layer, pos, 1, k, v, err);
+}
 /* Logical positions held by a layer: [first, first + count). */
 static inline int64_t mu_kv_first(const mu_kv_layer *l) { return l->origin_logical; }
 static inline int64_t mu_kv_count(const mu_kv_layer *l) { return l->len; }
 static inline int64_t mu_kv_end(const mu_kv_layer *l) { return l->origin_logical + l->len; }
-/* One head's K or V (head_dim values) at a logical position; NULL when pos
+/* Host backends only (the planes are host memory):
+ * one head's K or V (head_dim values) at a logical position; NULL when pos
  * is not held or head is out of range. Each head's plane is contiguous (the
  * book's head-major layout), so attention over consecutive positions of one
  * head streams one address range; a ring wraps once. */
@@ -82,6 +100,13 @@ bool mu_kv_head_rows(const mu_kv_layer *l, int64_t pos, int64_t n, int64_t head,
 bool mu_kv_checkpoint(mu_kv_cache *c, mu_error *err);
 bool mu_kv_rollback(mu_kv_cache *c, int64_t pos, mu_error *err);
 void mu_kv_commit(mu_kv_cache *c);
+
+/* Make dst hold src's first n positions (everything attention at position
+ * n onward reads: full planes [0, n), rings the n_ctx..window tail), as an
+ * uninterrupted run to n would. Same geometry; fails when src no longer
+ * holds a needed row (its ring has moved past n) or n exceeds src's length.
+ * dst's checkpoint is dropped. */
+bool mu_kv_fork(mu_kv_cache *dst, const mu_kv_cache *src, int64_t n, mu_error *err);
 
 /* Snapshot: deep copy of held rows and metadata (physical rotation kept).
  * take returns NULL when out of memory; restore fails on any geometry

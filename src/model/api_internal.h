@@ -20,6 +20,12 @@ struct muser_model {
     mu_grammar_vocab *gvocab;   /* built by the first grammar sampler, shared by all */
 };
 
+/* A session's cache and position, for the benchmark's synthetic depth
+ * (engine.c): rows stored straight into the cache, then the position set
+ * to match (logits dropped). */
+mu_kv_cache *mu_session_kv(muser_session *s);
+void mu_session_set_pos(muser_session *s, int64_t pos);
+
 /* Load tokenizer and chat template of a validated model (api_text.c). */
 bool mu_api_load_text(muser_model *mm, mu_error *err);
 void mu_api_free_text(muser_model *mm);

@@ -1,4 +1,4 @@
-/* One forward pass (book Ch 10-19; spec muse-glimmer-gguf.md §6):
+/* One forward pass (docs/numerics.md, "The forward pass"):
  *   x = rmsnorm(embed(tokens))                             (weightless, eps)
  *   per layer:  h = rmsnorm(x)*attn_norm; q,k,v,g = W h
  *               q,k = per-head rmsnorm * q_norm/k_norm; RoPE on sliding layers
@@ -7,35 +7,36 @@
  *               h = rmsnorm(x)*ffn_norm; f = Wdown(silu(Wg h) * (Wu h))
  *               x += rmsnorm(f, 1e-8) * post_ffw_norm
  *   logits = softcap(logit_scale * Wout (rmsnorm(x)*output_norm))
- * Every op is row-independent except attention, which runs row by row after
- * that row's K/V append, so prefill equals one-at-a-time decode bit for bit.
- * mu_forward_capture also copies the residual entering chosen layers (the
- * DFlash assistant's conditioning); it only reads x, so logits are unchanged. */
+ * Every op is row-independent except attention, which reads the keys of the
+ * row's own sequence up to the row's own position. A layer stores all rows'
+ * K/V first and then attends (the SWA ring's slack keeps the first row's
+ * window), so a row's bits depend neither on the batch around it nor on how
+ * its prompt was chunked. */
 #include "model/forward.h"
 #include "util/mumath.h"
 #include <math.h>
 #include <stdlib.h>
 
-void mu_scratch_init(mu_forward_scratch *s, const mu_model_config *c, int64_t rows) {
+void mu_scratch_init(mu_forward_scratch *s, mu_backend *be, const mu_model_config *c, int64_t rows) {
     size_t R = (size_t)rows, E = (size_t)c->n_embd, Q = (size_t)(c->n_head * c->head_dim);
-    size_t KV = (size_t)(c->n_head_kv * c->head_dim), F = (size_t)c->n_ff;
-    s->rows = rows;
-    s->x = mu_xmalloc(R * E * sizeof(float));
-    s->h = mu_xmalloc(R * E * sizeof(float));
-    s->o = mu_xmalloc(R * E * sizeof(float));
-    s->q = mu_xmalloc(R * Q * sizeof(float));
-    s->g = mu_xmalloc(R * Q * sizeof(float));
-    s->att = mu_xmalloc(R * Q * sizeof(float));
-    s->k = mu_xmalloc(R * KV * sizeof(float));
-    s->v = mu_xmalloc(R * KV * sizeof(float));
-    s->fg = mu_xmalloc(R * F * sizeof(float));
-    s->fu = mu_xmalloc(R * F * sizeof(float));
-    s->cs = mu_xmalloc(R * (size_t)c->n_rot * sizeof(float));
+    size_t KV = (size_t)(c->n_head_kv * c->head_dim), F = (size_t)c->n_ff, CS = (size_t)c->n_rot;
+    *s = (mu_forward_scratch){.be = be, .rows = rows};
+    /* one allocation, carved: x h o [E], q g att [Q], k v [KV], fg fu [F], cs [n_rot] */
+    size_t floats = R * (3 * E + 3 * Q + 2 * KV + 2 * F + CS);
+    s->bytes = floats * sizeof(float);
+    float *p = mu_backend_xalloc(be, s->bytes, "the activation scratch");
+    float **dst[] = {&s->x, &s->h, &s->o, &s->q, &s->g, &s->att, &s->k, &s->v, &s->fg, &s->fu, &s->cs};
+    size_t sizes[] = {E, E, E, Q, Q, Q, KV, KV, F, F, CS};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        *dst[i] = p;
+        p += R * sizes[i];
+    }
+    s->kvl = mu_xcalloc(R, sizeof *s->kvl);
 }
 
 void mu_scratch_free(mu_forward_scratch *s) {
-    free(s->x); free(s->h); free(s->o); free(s->q); free(s->g); free(s->att);
-    free(s->k); free(s->v); free(s->fg); free(s->fu); free(s->cs);
+    if (s->x) s->be->free(s->be, s->x, s->bytes);
+    free(s->kvl);
     memset(s, 0, sizeof *s);
 }
 
@@ -48,18 +49,6 @@ double *mu_rope_inv_freq(const mu_model_config *c) {
     return f;
 }
 
-/* (cos, sin) of pos * inv_freq[i], computed in double and rounded to f32 once,
- * on the CPU for every backend. */
-static void rope_table(const mu_model_config *c, const double *inv_freq, int64_t p0, int64_t rows, float *cs) {
-    int64_t n = c->n_rot / 2;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < n; i++) {
-            double a = (double)(p0 + r) * inv_freq[i];
-            cs[(r * n + i) * 2] = (float)mu_cos(a);
-            cs[(r * n + i) * 2 + 1] = (float)mu_sin(a);
-        }
-}
-
 /* y[i] = W[i] x for weights that share their input rows. */
 static void matmuls(mu_backend *be, int n, const mu_weight *const *w, const float *x, float *const *y, int64_t rows) {
     if (be->matmul_multi) {
@@ -69,32 +58,37 @@ static void matmuls(mu_backend *be, int n, const mu_weight *const *w, const floa
     for (int i = 0; i < n; i++) be->matmul(be, w[i], x, y[i], rows);
 }
 
-static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *kv, mu_forward_scratch *s,
-                            const double *inv_freq, int il, int64_t rows, int64_t p0, mu_error *err) {
+/* Store the batch's K/V rows, one store per run of a sequence's rows. */
+static bool store_kv(mu_kv_cache *const *kv, const mu_forward_scratch *s, const mu_batch *b, int il, int64_t KV,
+                     mu_error *err) {
+    for (int64_t r0 = 0, r1; r0 < b->n; r0 = r1) {
+        for (r1 = r0 + 1; r1 < b->n && b->seq[r1] == b->seq[r0];) r1++;
+        if (!mu_kv_store(kv[b->seq[r0]], il, b->pos[r0], r1 - r0, s->k + r0 * KV, s->v + r0 * KV, err)) return false;
+    }
+    return true;
+}
+
+static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_forward_scratch *s,
+                            const mu_batch *b, int il, mu_error *err) {
     const mu_model_config *c = &m->cfg;
     const mu_layer_weights *lw = &m->layers[il];
-    const int64_t E = c->n_embd, D = c->head_dim, Q = c->n_head * D, KV = c->n_head_kv * D;
+    const int64_t E = c->n_embd, D = c->head_dim, Q = c->n_head * D, KV = c->n_head_kv * D, rows = b->n;
     be->rmsnorm(be, s->x, lw->attn_norm, c->rms_eps, s->h, E, rows);
     matmuls(be, 4, (const mu_weight *[]){&lw->attn_q, &lw->attn_k, &lw->attn_v, &lw->attn_gate}, s->h,
             (float *[]){s->q, s->k, s->v, s->g}, rows);
     be->rmsnorm(be, s->q, lw->attn_q_norm, c->rms_eps, s->q, D, rows * c->n_head);
     be->rmsnorm(be, s->k, lw->attn_k_norm, c->rms_eps, s->k, D, rows * c->n_head_kv);
-    if (c->is_swa[il]) {
-        rope_table(c, inv_freq, p0, rows, s->cs);
-        be->rope(be, s->q, c->n_head, D, c->n_rot, s->cs, rows);
-        be->rope(be, s->k, c->n_head_kv, D, c->n_rot, s->cs, rows);
+    if (c->is_swa[il]) { /* RoPE on sliding layers only; the full layers are NoPE */
+        be->rope(be, s->q, c->n_head, D, c->n_rot, s->cs, rows, false);
+        be->rope(be, s->k, c->n_head_kv, D, c->n_rot, s->cs, rows, false);
     }
-    mu_attn_args a = {
-        .kv = &kv->layers[il], .window = c->is_swa[il] ? c->sliding_window : 0,
-        .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = D,
-        .scale = 1.0f / sqrtf((float)D),
+    if (!store_kv(kv, s, b, il, KV, err)) return false;
+    for (int64_t r = 0; r < rows; r++) s->kvl[r] = &kv[b->seq[r]]->layers[il];
+    mu_attn_batch a = {
+        .rows = rows, .kv = s->kvl, .pos = b->pos, .window = c->is_swa[il] ? c->sliding_window : 0,
+        .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = D, .scale = 1.0f / sqrtf((float)D),
     };
-    for (int64_t r = 0; r < rows; r++) {
-        /* Callers check capacity and contiguity first; this is the backstop. */
-        if (!mu_kv_append(kv, il, p0 + r, s->k + r * KV, s->v + r * KV, err)) return false;
-        a.pos = p0 + r;
-        be->attention(be, &a, s->q + r * Q, s->att + r * Q);
-    }
+    be->attention(be, &a, s->q, s->att);
     be->sigmoid_gate(be, s->att, s->g, rows * Q);
     be->matmul(be, &lw->attn_output, s->att, s->o, rows);
     be->rmsnorm(be, s->o, lw->post_attention_norm, MU_POST_NORM_EPS, s->o, E, rows);
@@ -114,38 +108,54 @@ static void ffn_block(const mu_model *m, mu_backend *be, mu_forward_scratch *s, 
     be->add(be, s->x, s->o, rows * E);
 }
 
-/* Copy the residual rows entering layer il into their capture slot. */
-static void capture_boundary(const mu_capture *cap, int il, const float *x, int64_t E, int64_t rows, int64_t row0) {
-    int slot = cap->slot[il];
+/* Copy the residual rows entering layer il into their capture rows. */
+static void capture_boundary(mu_backend *be, const mu_capture *cap, const mu_batch *b, int il, const float *x,
+                             int64_t E) {
+    const int slot = cap->slot[il];
     if (slot < 0) return;
-    const int64_t stride = cap->n * E;
-    for (int64_t r = 0; r < rows; r++)
-        memcpy(cap->rows + (row0 + r) * stride + slot * E, x + r * E, (size_t)E * sizeof(float));
+    const size_t stride = (size_t)(cap->n * E) * sizeof(float);
+    for (int64_t r0 = 0, r1; r0 < b->n; r0 = r1) { /* runs of consecutive capture rows */
+        for (r1 = r0 + 1; r1 < b->n && b->cap_row[r0] >= 0 && b->cap_row[r1] == b->cap_row[r1 - 1] + 1;) r1++;
+        if (b->cap_row[r0] < 0) continue;
+        be->copy2d(be, cap->rows + b->cap_row[r0] * cap->n * E + slot * E, stride, x + r0 * E,
+                   (size_t)E * sizeof(float), (size_t)E * sizeof(float), r1 - r0);
+    }
 }
 
-bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *kv, mu_forward_scratch *s,
-                const double *inv_freq, const int32_t *tokens, int64_t rows, int64_t p0,
-                float *logits, int64_t n_logits, mu_error *err) {
-    return mu_forward_capture(m, be, kv, s, inv_freq, tokens, rows, p0, logits, n_logits, NULL, 0, err);
+/* The rows that want logits, gathered (runs of consecutive rows) into dst. */
+static int64_t gather_logit_rows(mu_backend *be, const mu_batch *b, const float *x, float *dst, int64_t E) {
+    int64_t n = 0;
+    for (int64_t r0 = 0, r1; r0 < b->n; r0 = r1) {
+        for (r1 = r0 + 1; r1 < b->n && b->logits[r1] == b->logits[r0];) r1++;
+        if (!b->logits[r0]) continue;
+        be->copy(be, dst + n * E, x + r0 * E, (size_t)((r1 - r0) * E) * sizeof(float));
+        n += r1 - r0;
+    }
+    return n;
 }
 
-bool mu_forward_capture(const mu_model *m, mu_backend *be, mu_kv_cache *kv, mu_forward_scratch *s,
-                        const double *inv_freq, const int32_t *tokens, int64_t rows, int64_t p0,
-                        float *logits, int64_t n_logits, mu_capture *cap, int64_t row0, mu_error *err) {
+bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_forward_scratch *s,
+                const double *inv_freq, const mu_batch *b, float *logits, mu_capture *cap, mu_error *err) {
     const mu_model_config *c = &m->cfg;
-    const int64_t E = c->n_embd;
-    if (cap && cap->n == 0) cap = NULL;
-    for (int64_t r = 0; r < rows; r++) mu_weight_dequant_row(&m->token_embd, tokens[r], s->x + r * E);
+    const int64_t E = c->n_embd, rows = b->n;
+    if (rows < 1 || rows > s->rows) {
+        mu_err_set(err, "forward: %lld rows; the scratch holds 1 to %lld", (long long)rows, (long long)s->rows);
+        return false;
+    }
+    if (cap && (cap->n == 0 || !b->cap_row)) cap = NULL;
+    be->embed(be, &m->token_embd, b->token, rows, s->x);
     be->rmsnorm(be, s->x, NULL, c->rms_eps, s->x, E, rows);
+    if (c->n_swa_layers) be->rope_table(be, inv_freq, c->n_rot / 2, b->pos, rows, s->cs);
     for (int il = 0; il < c->n_layer; il++) {
-        if (cap) capture_boundary(cap, il, s->x, E, rows, row0);
-        if (!attention_block(m, be, kv, s, inv_freq, il, rows, p0, err)) return false;
+        if (cap) capture_boundary(be, cap, b, il, s->x, E);
+        if (!attention_block(m, be, kv, s, b, il, err)) return false;
         ffn_block(m, be, s, il, rows);
     }
-    if (cap) capture_boundary(cap, (int)c->n_layer, s->x, E, rows, row0);
-    if (!logits) return true;
-    const float *last = s->x + (rows - n_logits) * E;
-    be->rmsnorm(be, last, m->output_norm, c->rms_eps, s->h, E, n_logits);
+    if (cap) capture_boundary(be, cap, b, (int)c->n_layer, s->x, E);
+    if (!logits || !b->logits) return true;
+    const int64_t n_logits = gather_logit_rows(be, b, s->x, s->o, E);
+    if (!n_logits) return true;
+    be->rmsnorm(be, s->o, m->output_norm, c->rms_eps, s->h, E, n_logits);
     be->matmul(be, &m->output, s->h, logits, n_logits);
     be->logit_tail(be, logits, c->logit_scale, c->softcap, n_logits * c->n_vocab);
     return true;

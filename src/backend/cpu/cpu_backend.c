@@ -286,7 +286,11 @@ static void cpu_rmsnorm(mu_backend *b, const float *x, const float *w, float eps
 }
 
 static void cpu_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
-                     int64_t rows) {
+                     int64_t rows, bool neox) {
+    if (neox) { /* the DFlash assistant's few rows: the shared scalar rotation */
+        mu_host_rope_neox(x, n_heads, head_dim, n_rot, cs, rows);
+        return;
+    }
     cpu_ctx *c = ctx_of(b);
     pthread_mutex_lock(&c->lock);
     rows_job j = {.k = c->k, .y = x, .cs = cs, .rows = rows, .n_heads = n_heads, .head_dim = head_dim, .n_rot = n_rot};
@@ -353,10 +357,14 @@ static void cpu_logit_tail(mu_backend *b, float *l, float scale, float cap, int6
 
 /* ---------- attention ---------- */
 
-static void cpu_attention(mu_backend *b, const mu_attn_args *a, const float *q, float *out) {
+static void cpu_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
     cpu_ctx *c = ctx_of(b);
+    const int64_t Q = ab->n_head * ab->head_dim;
     pthread_mutex_lock(&c->lock);
-    cpu_attention_run(c->pool, c->k, &c->attn, a, q, out);
+    for (int64_t r = 0; r < ab->rows; r++) {
+        mu_attn_args a = mu_attn_row(ab, r);
+        cpu_attention_run(c->pool, c->k, &c->attn, &a, q + r * Q, out + r * Q);
+    }
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -475,6 +483,7 @@ mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
     b->ctx = c;
     b->n_threads = cpu_pool_threads(c->pool);
     b->destroy = cpu_destroy;
+    mu_backend_set_host_ops(b);
     b->matmul = cpu_matmul;
     b->matmul_multi = cpu_matmul_multi;
     b->rmsnorm = cpu_rmsnorm;

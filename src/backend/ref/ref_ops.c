@@ -37,16 +37,21 @@ static void ref_rmsnorm(mu_backend *b, const float *x, const float *w, float eps
     }
 }
 
-/* ---------- RoPE (interleaved pairs, ggml mode 0) ---------- */
+/* ---------- RoPE: interleaved pairs (ggml mode 0) or NeoX halves ---------- */
 
 static void ref_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot,
-                     const float *cs, int64_t rows) {
+                     const float *cs, int64_t rows, bool neox) {
     (void)b;
+    if (neox) {
+        mu_host_rope_neox(x, n_heads, head_dim, n_rot, cs, rows);
+        return;
+    }
+    const int64_t half = n_rot / 2;
     for (int64_t r = 0; r < rows; r++) {
         const float *csr = cs + r * n_rot;
         for (int64_t h = 0; h < n_heads; h++) {
             float *v = x + (r * n_heads + h) * head_dim;
-            for (int64_t i = 0; i < n_rot / 2; i++) {
+            for (int64_t i = 0; i < half; i++) {
                 float c = csr[2 * i], s = csr[2 * i + 1];
                 float x0 = v[2 * i], x1 = v[2 * i + 1];
                 v[2 * i] = x0 * c - x1 * s;
@@ -99,8 +104,7 @@ static void attend_head(const mu_attn_args *a, const float *q, int64_t kv_head, 
     for (int64_t d = 0; d < D; d++) out[d] = out[d] / L;
 }
 
-static void ref_attention(mu_backend *b, const mu_attn_args *a, const float *q, float *out) {
-    (void)b;
+static void attend_row(const mu_attn_args *a, const float *q, float *out) {
     int64_t first = mu_kv_first(a->kv);
     if (a->window > 0 && a->pos - a->window + 1 > first) first = a->pos - a->window + 1;
     float *kbuf = mu_xmalloc((size_t)a->head_dim * 2 * sizeof(float));
@@ -108,6 +112,15 @@ static void ref_attention(mu_backend *b, const mu_attn_args *a, const float *q, 
     for (int64_t h = 0; h < a->n_head; h++)
         attend_head(a, q + h * a->head_dim, h / group, first, out + h * a->head_dim, kbuf, kbuf + a->head_dim);
     free(kbuf);
+}
+
+static void ref_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
+    (void)b;
+    const int64_t Q = ab->n_head * ab->head_dim;
+    for (int64_t r = 0; r < ab->rows; r++) {
+        mu_attn_args a = mu_attn_row(ab, r);
+        attend_row(&a, q + r * Q, out + r * Q);
+    }
 }
 
 /* ---------- elementwise ---------- */
@@ -143,6 +156,7 @@ mu_backend *mu_backend_ref_create(int n_threads) {
     b->name = "ref";
     b->n_threads = n_threads > 0 ? n_threads : 1;
     b->destroy = ref_destroy;
+    mu_backend_set_host_ops(b);
     b->matmul = ref_matmul;
     b->rmsnorm = ref_rmsnorm;
     b->rope = ref_rope;

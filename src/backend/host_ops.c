@@ -1,0 +1,186 @@
+/* Host-memory ops shared by the ref and cpu backends: memory, embedding
+ * lookup, the RoPE table, the KV store and the DFlash assistant's softmax,
+ * argmax and head stores. Plain scalar C (compiled with -ffp-contract=off
+ * like the rest): for the ops here this is the reference a device backend
+ * reproduces (docs/numerics.md). */
+#include "backend/backend.h"
+#include "util/hugemap.h"
+#include "util/mumath.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/* ---------- memory ---------- */
+
+/* At 2 MiB or more: a 2 MiB-aligned anonymous mapping advised
+ * MADV_HUGEPAGE. Attention walks a KV plane row by row; in 4 KiB pages
+ * every 8 rows of 512 bytes cost a TLB walk (a nested one in a VM). Smaller
+ * buffers keep 4 KiB pages, so a small cache does not commit a whole huge
+ * page per plane. Sanitizer builds keep calloc: its redzones catch a write
+ * past a buffer. */
+static bool use_mapping(size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+    (void)bytes;
+    return false;
+#else
+    return bytes >= MU_HUGE_PAGE;
+#endif
+}
+
+static size_t mapped_span(size_t bytes) { return (bytes + MU_HUGE_PAGE - 1) & ~(size_t)(MU_HUGE_PAGE - 1); }
+
+static void *host_alloc(mu_backend *b, size_t bytes) {
+    (void)b;
+    if (!use_mapping(bytes)) return calloc(1, bytes ? bytes : 1);
+    uint8_t *p = mu_map_aligned(mapped_span(bytes), false);
+#ifdef MADV_HUGEPAGE
+    if (p) madvise(p, mapped_span(bytes), MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+static void host_free(mu_backend *b, void *p, size_t bytes) {
+    (void)b;
+    if (!p) return;
+    if (use_mapping(bytes)) munmap(p, mapped_span(bytes));
+    else free(p);
+}
+
+static void host_copy(mu_backend *b, void *dst, const void *src, size_t bytes) {
+    (void)b;
+    if (bytes) memmove(dst, src, bytes);
+}
+
+static void host_copy2d(mu_backend *b, void *dst, size_t dst_stride, const void *src, size_t src_stride, size_t width,
+                        int64_t rows) {
+    (void)b;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy((uint8_t *)dst + (size_t)r * dst_stride, (const uint8_t *)src + (size_t)r * src_stride, width);
+}
+
+static void host_zero(mu_backend *b, void *dst, size_t bytes) {
+    (void)b;
+    if (bytes) memset(dst, 0, bytes);
+}
+
+void *mu_backend_xalloc(mu_backend *b, size_t bytes, const char *what) {
+    void *p = b->alloc(b, bytes);
+    if (!p) {
+        fprintf(stderr, "muser: out of %s memory: %zu bytes for %s\n", b->name, bytes, what);
+        abort();
+    }
+    return p;
+}
+
+/* ---------- ops ---------- */
+
+static void host_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float *x) {
+    (void)b;
+    for (int64_t r = 0; r < rows; r++) mu_weight_dequant_row(w, tokens[r], x + r * w->n_in);
+}
+
+static void host_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
+                            float *cs) {
+    (void)b;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < n_pairs; i++) {
+            double a = (double)pos[r] * inv_freq[i];
+            cs[(r * n_pairs + i) * 2] = (float)mu_cos(a);
+            cs[(r * n_pairs + i) * 2 + 1] = (float)mu_sin(a);
+        }
+}
+
+static void host_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k, const float *v,
+                          int64_t rows) {
+    (void)b;
+    const int64_t D = l->head_dim, H = l->n_head;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < H; h++) {
+            uint16_t *kd = l->k + (h * l->cap + physical[r]) * D, *vd = l->v + (h * l->cap + physical[r]) * D;
+            const float *ks = k + (r * H + h) * D, *vs = v + (r * H + h) * D;
+            for (int64_t i = 0; i < D; i++) {
+                kd[i] = mu_f32_to_f16(ks[i]);
+                vd[i] = mu_f32_to_f16(vs[i]);
+            }
+        }
+}
+
+static void host_softmax(mu_backend *b, float *x, float scale, int64_t n, int64_t rows) {
+    (void)b;
+    for (int64_t r = 0; r < rows; r++) {
+        float *s = x + r * n, mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; j++) {
+            s[j] = s[j] * scale;
+            if (s[j] > mx) mx = s[j];
+        }
+        for (int64_t j = 0; j < n; j++) {
+            s[j] = mu_expf(s[j] - mx);
+            sum += s[j];
+        }
+        for (int64_t j = 0; j < n; j++) s[j] = s[j] / sum;
+    }
+}
+
+static void host_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, int32_t *out) {
+    (void)b;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *l = x + r * n;
+        int64_t best = 0;
+        for (int64_t i = 1; i < n; i++)
+            if (l[i] > l[best]) best = i;
+        out[r] = (int32_t)best;
+    }
+}
+
+static void host_store_heads(mu_backend *b, float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
+                             const float *src, int64_t rows, bool transposed) {
+    (void)b;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < n_head; h++) {
+            const float *s = src + (r * n_head + h) * D;
+            if (!transposed) {
+                memcpy(dst + (h * S + slots[r]) * D, s, (size_t)D * sizeof(float));
+                continue;
+            }
+            float *t = dst + h * D * S + slots[r];
+            for (int64_t d = 0; d < D; d++) t[d * S] = s[d];
+        }
+}
+
+void mu_host_rope_neox(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows) {
+    const int64_t half = n_rot / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *csr = cs + r * half * 2;
+        for (int64_t h = 0; h < n_heads; h++) {
+            float *v = x + (r * n_heads + h) * head_dim;
+            for (int64_t i = 0; i < half; i++) {
+                float c = csr[2 * i], s = csr[2 * i + 1], x0 = v[i], x1 = v[i + half];
+                v[i] = x0 * c - x1 * s;
+                v[i + half] = x1 * c + x0 * s;
+            }
+        }
+    }
+}
+
+void mu_backend_set_host_ops(mu_backend *b) {
+    b->alloc = host_alloc;
+    b->free = host_free;
+    b->copy = host_copy;
+    b->copy2d = host_copy2d;
+    b->upload = host_copy;
+    b->download = host_copy;
+    b->zero = host_zero;
+    b->embed = host_embed;
+    b->rope_table = host_rope_table;
+    b->kv_store = host_kv_store;
+    b->softmax = host_softmax;
+    b->argmax = host_argmax;
+    b->store_heads = host_store_heads;
+}
+
+mu_weight mu_f32_matrix(const float *data, int64_t n_in, int64_t n_out, int64_t stride) {
+    return (mu_weight){.name = "activations", .type = MU_TYPE_F32, .data = (const uint8_t *)data, .scale = 1.0f,
+                       .n_in = n_in, .n_out = n_out, .row_bytes = (uint64_t)stride * sizeof(float)};
+}

@@ -1,0 +1,696 @@
+/* Engines and sessions (include/muser.h): a pool of sequences whose rows
+ * run through the model together. The engine owns the backend memory all
+ * its sessions share (scratch sized by n_batch, logits rows, capture rows)
+ * and one lock; each session owns its KV cache and a host copy of its last
+ * logits row. Two ways in:
+ *   - feed / feed_all: this session's rows alone, now, in chunks;
+ *   - submit + muser_engine_step: queued input of every session, one
+ *     batched forward per step (decode and verification rows first, then
+ *     prompt chunks), as a server drives it.
+ * Both build an mu_batch and call mu_forward; since every row's bits are
+ * independent of the rows around it (model/forward.c), a session's logits
+ * do not depend on which way or with whom it ran. */
+#include "model/api_internal.h"
+#include "model/capture.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STEP_DECODE_MAX 16  /* queued rows that count as decode / verification, not prompt */
+#define MAX_SEQ 4096
+
+struct muser_engine {
+    muser_model *model;
+    mu_backend *be;
+    int64_t n_ctx, n_batch, chunk;
+    int32_t n_seq_max;
+    muser_session **seqs;       /* [n_seq_max], NULL = free */
+    mu_kv_cache **kvs;          /* [n_seq_max]: the forward's view of seqs[i]->kv */
+    mu_forward_scratch scratch;
+    double *inv_freq;
+    float *logits;              /* backend [n_logits][n_vocab] */
+    int64_t n_logits;           /* logits rows one forward can return */
+    mu_capture capture;         /* boundaries (slot) shared by sessions with capture on; rows: backend [n_batch] */
+    int n_capturing;            /* sessions with capture on */
+    uint64_t submit_clock;      /* orders submissions (oldest prompt first) */
+    pthread_mutex_t lock;
+    /* the batch under construction (host) */
+    int32_t *b_token, *b_seq;
+    int64_t *b_pos, *b_cap;
+    bool *b_logits;
+    int32_t *b_sessions;        /* sessions in the batch, in row order */
+};
+
+struct muser_session {
+    muser_engine *e;
+    int32_t id;
+    bool owns_engine;           /* made by muser_session_create */
+    mu_kv_cache kv;
+    int64_t pos;
+    float *logits;              /* host [n_vocab], last row */
+    bool has_logits;
+    bool poisoned;
+    char error[1024];
+    /* capture (model/capture.h): rows of the most recent feed, backend [cap_cap][n * n_embd] */
+    bool capture_on;
+    float *cap_rows;
+    int64_t cap_cap, captured_rows;
+    /* queued input (submit) */
+    int32_t *q;
+    int64_t q_len, q_done, q_cap;
+    float *q_all_out;
+    uint64_t q_order;
+};
+
+struct muser_snapshot {
+    mu_kv_snapshot *kv;
+    int64_t pos;
+};
+
+/* ------------------------------------------------------------------ engine */
+
+static void lock(muser_engine *e) { pthread_mutex_lock(&e->lock); }
+static void unlock(muser_engine *e) { pthread_mutex_unlock(&e->lock); }
+
+muser_engine *muser_engine_create(muser_model *mm, const muser_engine_params *params, muser_error *err) {
+    muser_engine_params p = params ? *params : (muser_engine_params){0};
+    const mu_model_config *c = &mm->m->cfg;
+    const int64_t n_ctx = p.n_ctx > 0 ? p.n_ctx : c->n_ctx_train;
+    int64_t n_batch = p.n_batch > 0 ? p.n_batch : 512;
+    const int32_t n_seq = p.n_seq_max > 0 ? p.n_seq_max : 1;
+    if (p.n_ctx < 0 || n_ctx > (int64_t)1 << 24) {
+        mu_err_set(ERR(err), "engine: n_ctx %lld out of range [1, 2^24]", (long long)p.n_ctx);
+        return NULL;
+    }
+    if (p.n_batch < 0 || n_batch > 65536) {
+        mu_err_set(ERR(err), "engine: n_batch %lld out of range [1, 65536]", (long long)p.n_batch);
+        return NULL;
+    }
+    if (p.n_seq_max < 0 || n_seq > MAX_SEQ) {
+        mu_err_set(ERR(err), "engine: n_seq_max %d out of range [1, %d]", p.n_seq_max, MAX_SEQ);
+        return NULL;
+    }
+    if (p.prefill_chunk < 0 || p.prefill_chunk > n_batch) {
+        mu_err_set(ERR(err), "engine: prefill_chunk %lld out of range [1, n_batch %lld]", (long long)p.prefill_chunk,
+                   (long long)n_batch);
+        return NULL;
+    }
+    int64_t chunk = p.prefill_chunk > 0 ? p.prefill_chunk : n_batch;
+    if (chunk > n_ctx) chunk = n_ctx;
+    muser_engine *e = mu_xcalloc(1, sizeof *e);
+    e->model = mm;
+    e->be = mm->be;
+    e->n_ctx = n_ctx;
+    e->n_seq_max = n_seq;
+    e->chunk = chunk;
+    /* room for a decode or verification block of every session at once */
+    if (n_batch < chunk) n_batch = chunk;
+    e->n_batch = n_batch;
+    e->seqs = mu_xcalloc((size_t)n_seq, sizeof *e->seqs);
+    e->kvs = mu_xcalloc((size_t)n_seq, sizeof *e->kvs);
+    mu_scratch_init(&e->scratch, e->be, c, n_batch);
+    e->inv_freq = mu_rope_inv_freq(c);
+    /* Logits rows: a verification block per session, at least 64, at most a batch. */
+    int64_t nl = (int64_t)n_seq * STEP_DECODE_MAX;
+    e->n_logits = nl < 64 ? 64 : nl;
+    if (e->n_logits > n_batch) e->n_logits = n_batch;
+    e->logits = mu_backend_xalloc(e->be, (size_t)(e->n_logits * c->n_vocab) * sizeof(float), "logits rows");
+    e->b_token = mu_xmalloc((size_t)n_batch * sizeof *e->b_token);
+    e->b_seq = mu_xmalloc((size_t)n_batch * sizeof *e->b_seq);
+    e->b_pos = mu_xmalloc((size_t)n_batch * sizeof *e->b_pos);
+    e->b_cap = mu_xmalloc((size_t)n_batch * sizeof *e->b_cap);
+    e->b_logits = mu_xmalloc((size_t)n_batch * sizeof *e->b_logits);
+    e->b_sessions = mu_xmalloc((size_t)n_seq * sizeof *e->b_sessions);
+    pthread_mutex_init(&e->lock, NULL);
+    return e;
+}
+
+static void session_destroy(muser_session *s);
+
+void muser_engine_free(muser_engine *e) {
+    if (!e) return;
+    for (int32_t i = 0; i < e->n_seq_max; i++)
+        if (e->seqs[i]) session_destroy(e->seqs[i]);
+    const mu_model_config *c = &e->model->m->cfg;
+    mu_scratch_free(&e->scratch);
+    e->be->free(e->be, e->logits, (size_t)(e->n_logits * c->n_vocab) * sizeof(float));
+    if (e->capture.rows) e->be->free(e->be, e->capture.rows, (size_t)(e->n_batch * e->capture.n * c->n_embd) * sizeof(float));
+    free(e->capture.slot);
+    free(e->inv_freq);
+    free(e->seqs);
+    free(e->kvs);
+    free(e->b_token);
+    free(e->b_seq);
+    free(e->b_pos);
+    free(e->b_cap);
+    free(e->b_logits);
+    free(e->b_sessions);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+muser_session *muser_engine_session(muser_engine *e, muser_error *err) {
+    lock(e);
+    int32_t id = 0;
+    while (id < e->n_seq_max && e->seqs[id]) id++;
+    if (id == e->n_seq_max) {
+        unlock(e);
+        mu_err_set(ERR(err), "engine: all %d sessions are in use", e->n_seq_max);
+        return NULL;
+    }
+    const mu_model_config *c = &e->model->m->cfg;
+    muser_session *s = mu_xcalloc(1, sizeof *s);
+    /* A ring keeps the window of the first row of the largest block one
+     * forward stores for one session (kv.h). */
+    const int64_t most = e->chunk > STEP_DECODE_MAX ? e->chunk : STEP_DECODE_MAX;
+    if (!mu_kv_init(&s->kv, e->be, (int)c->n_layer, c->is_swa, c->sliding_window, most - 1, e->n_ctx,
+                    c->n_head_kv, c->head_dim, ERR(err))) {
+        unlock(e);
+        free(s);
+        return NULL;
+    }
+    s->e = e;
+    s->id = id;
+    s->logits = mu_xmalloc((size_t)c->n_vocab * sizeof(float));
+    e->seqs[id] = s;
+    e->kvs[id] = &s->kv;
+    unlock(e);
+    return s;
+}
+
+int32_t muser_engine_busy(muser_engine *e) {
+    lock(e);
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->n_seq_max; i++) n += e->seqs[i] && e->seqs[i]->q_done < e->seqs[i]->q_len;
+    unlock(e);
+    return n;
+}
+
+/* ------------------------------------------------------------------ sessions */
+
+muser_session *muser_session_create(muser_model *mm, const muser_session_params *params, muser_error *err) {
+    muser_session_params p = params ? *params : (muser_session_params){0};
+    if (p.n_ctx < 0 || p.prefill_chunk < 0 || p.n_ctx > (int64_t)1 << 24 || p.prefill_chunk > 65536) {
+        mu_err_set(ERR(err), "session parameters out of range (n_ctx %lld, prefill_chunk %lld)",
+                   (long long)p.n_ctx, (long long)p.prefill_chunk);
+        return NULL;
+    }
+    const int64_t n_ctx = p.n_ctx > 0 ? p.n_ctx : mm->m->cfg.n_ctx_train;
+    int64_t chunk = p.prefill_chunk > 0 ? p.prefill_chunk : 512;
+    if (chunk > n_ctx) chunk = n_ctx;
+    muser_engine_params ep = {.n_seq_max = 1, .n_ctx = n_ctx, .n_batch = chunk};
+    muser_engine *e = muser_engine_create(mm, &ep, err);
+    muser_session *s = e ? muser_engine_session(e, err) : NULL;
+    if (!s) {
+        muser_engine_free(e);
+        return NULL;
+    }
+    s->owns_engine = true;
+    return s;
+}
+
+static void session_destroy(muser_session *s) {
+    muser_engine *e = s->e;
+    const size_t row = (size_t)(e->capture.n * e->model->m->cfg.n_embd) * sizeof(float);
+    if (s->cap_rows) e->be->free(e->be, s->cap_rows, (size_t)s->cap_cap * row);
+    if (s->capture_on) e->n_capturing--;
+    e->seqs[s->id] = NULL;
+    e->kvs[s->id] = NULL;
+    mu_kv_free(&s->kv);
+    free(s->logits);
+    free(s->q);
+    free(s);
+}
+
+void muser_session_free(muser_session *s) {
+    if (!s) return;
+    muser_engine *e = s->e;
+    const bool owns = s->owns_engine;
+    lock(e);
+    session_destroy(s);
+    unlock(e);
+    if (owns) muser_engine_free(e);
+}
+
+static void reset_locked(muser_session *s) {
+    mu_kv_clear(&s->kv);
+    s->pos = 0;
+    s->has_logits = false;
+    s->poisoned = false;
+    s->error[0] = 0;
+    s->captured_rows = 0;
+    s->q_len = s->q_done = 0;
+    s->q_all_out = NULL;
+}
+
+void muser_session_reset(muser_session *s) {
+    lock(s->e);
+    reset_locked(s);
+    unlock(s->e);
+}
+
+int64_t muser_session_pos(const muser_session *s) { return s->pos; }
+int64_t muser_session_n_ctx(const muser_session *s) { return s->e->n_ctx; }
+const float *muser_session_logits(const muser_session *s) { return s->has_logits ? s->logits : NULL; }
+muser_model *muser_session_model(const muser_session *s) { return s->e->model; }
+muser_engine *muser_session_engine(const muser_session *s) { return s->e; }
+const char *muser_session_error(const muser_session *s) { return s->error; }
+int64_t muser_session_queued(const muser_session *s) { return s->q_len - s->q_done; }
+
+static void poison(muser_session *s, const char *msg) {
+    s->poisoned = true;
+    s->has_logits = false;
+    snprintf(s->error, sizeof s->error, "%s", msg);
+}
+
+static bool check_input(const muser_session *s, const int32_t *tokens, int64_t n, mu_error *err) {
+    const int64_t n_vocab = s->e->model->m->cfg.n_vocab;
+    if (s->poisoned) {
+        mu_err_set(err, "session is poisoned (%.900s); reset it", s->error);
+        return false;
+    }
+    if (s->q_done < s->q_len) {
+        mu_err_set(err, "session has %lld queued rows; step the engine first", (long long)(s->q_len - s->q_done));
+        return false;
+    }
+    if (n <= 0 || !tokens) {
+        mu_err_set(err, "feed needs at least one token");
+        return false;
+    }
+    if (n > s->e->n_ctx - s->pos) {
+        mu_err_set(err, "context full: position %lld + %lld tokens exceeds n_ctx %lld",
+                   (long long)s->pos, (long long)n, (long long)s->e->n_ctx);
+        return false;
+    }
+    if (s->kv.ckpt_active && s->pos + n > s->kv.ckpt_pos + MU_KV_MAX_ROLLBACK) {
+        mu_err_set(err, "checkpoint at position %lld allows %d rows; feeding %lld at %lld would exceed it (commit first)",
+                   (long long)s->kv.ckpt_pos, MU_KV_MAX_ROLLBACK, (long long)n, (long long)s->pos);
+        return false;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            mu_err_set(err, "token %lld (index %lld) is outside the vocabulary [0, %lld)",
+                       (long long)tokens[i], (long long)i, (long long)n_vocab);
+            return false;
+        }
+    return true;
+}
+
+/* Room for n captured rows of this session's current input. */
+static void capture_reserve(muser_session *s, int64_t n) {
+    muser_engine *e = s->e;
+    if (!s->capture_on || s->cap_cap >= n) return;
+    const size_t row = (size_t)(e->capture.n * e->model->m->cfg.n_embd) * sizeof(float);
+    if (s->cap_rows) e->be->free(e->be, s->cap_rows, (size_t)s->cap_cap * row);
+    s->cap_rows = mu_backend_xalloc(e->be, (size_t)n * row, "captured rows");
+    s->cap_cap = n;
+}
+
+/* ------------------------------------------------------------------ one forward */
+
+/* A session's run of rows in the batch under construction. */
+typedef struct seq_run {
+    muser_session *s;
+    int64_t first_row, n;       /* rows [first_row, first_row + n) of the batch */
+    int64_t logit_row;          /* first of its logits rows in e->logits, -1 none */
+    int64_t n_logits;
+    float *out;                 /* host destination of those rows ([n_logits][V]) */
+    int64_t cap_first;          /* first capture row in e->capture.rows, -1 none */
+} seq_run;
+
+/* Append session s's next n queued (or given) tokens to the batch. */
+static void add_run(muser_engine *e, seq_run *run, int64_t *rows, int64_t *n_logit_rows, int64_t *n_cap_rows,
+                    const int32_t *tokens, bool all_logits, bool last_logits, float *out) {
+    muser_session *s = run->s;
+    run->first_row = *rows;
+    run->logit_row = -1;
+    run->n_logits = 0;
+    run->out = out;
+    run->cap_first = s->capture_on ? *n_cap_rows : -1;
+    for (int64_t i = 0; i < run->n; i++) {
+        int64_t r = (*rows)++;
+        e->b_token[r] = tokens[i];
+        e->b_seq[r] = s->id;
+        e->b_pos[r] = s->pos + i;
+        e->b_logits[r] = all_logits || (last_logits && i == run->n - 1);
+        e->b_cap[r] = s->capture_on ? (*n_cap_rows)++ : -1;
+        if (e->b_logits[r]) {
+            if (run->logit_row < 0) run->logit_row = *n_logit_rows;
+            run->n_logits++;
+            (*n_logit_rows)++;
+        }
+    }
+}
+
+static bool check_finite(muser_session *s, const float *rows, int64_t n, int64_t pos0) {
+    const int64_t V = s->e->model->m->cfg.n_vocab;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < V; i++)
+            if (!isfinite(rows[r * V + i])) {
+                char msg[200];
+                snprintf(msg, sizeof msg, "non-finite logit %g for token %lld at position %lld (refusing to sample)",
+                         (double)rows[r * V + i], (long long)i, (long long)(pos0 + r));
+                poison(s, msg);
+                return false;
+            }
+    return true;
+}
+
+/* Run the batch of `rows` rows made of runs[0..n_runs): forward, logits
+ * read back, captured rows moved to each session, positions advanced.
+ * false only when the forward itself failed (every session in it is then
+ * poisoned); a non-finite row poisons its own session only. */
+static bool run_batch(muser_engine *e, seq_run *runs, int n_runs, int64_t rows, int64_t n_cap_rows, mu_error *err) {
+    const mu_model *m = e->model->m;
+    const int64_t V = m->cfg.n_vocab, E = m->cfg.n_embd;
+    bool any_logits = false;
+    for (int64_t r = 0; r < rows; r++) any_logits |= e->b_logits[r];
+    if (n_cap_rows && !e->capture.rows) {
+        const size_t row = (size_t)(e->capture.n * E) * sizeof(float);
+        e->capture.rows = mu_backend_xalloc(e->be, (size_t)e->n_batch * row, "the capture rows");
+        e->capture.cap = e->n_batch;
+    }
+    mu_batch b = {.n = rows, .token = e->b_token, .seq = e->b_seq, .pos = e->b_pos,
+                  .logits = any_logits ? e->b_logits : NULL, .cap_row = n_cap_rows ? e->b_cap : NULL};
+    if (!mu_forward(m, e->be, e->kvs, &e->scratch, e->inv_freq, &b, e->logits, n_cap_rows ? &e->capture : NULL, err)) {
+        for (int i = 0; i < n_runs; i++) poison(runs[i].s, err->msg);
+        return false;
+    }
+    for (int i = 0; i < n_runs; i++) {
+        seq_run *run = &runs[i];
+        muser_session *s = run->s;
+        if (run->cap_first >= 0) {
+            const size_t row = (size_t)(e->capture.n * E) * sizeof(float);
+            e->be->copy(e->be, (uint8_t *)s->cap_rows + (size_t)s->captured_rows * row,
+                        (uint8_t *)e->capture.rows + (size_t)run->cap_first * row, (size_t)run->n * row);
+            s->captured_rows += run->n;
+        }
+        const int64_t pos0 = s->pos;
+        s->pos += run->n;
+        if (run->n_logits) {
+            e->be->download(e->be, run->out, e->logits + run->logit_row * V, (size_t)(run->n_logits * V) * sizeof(float));
+            if (!check_finite(s, run->out, run->n_logits, pos0 + run->n - run->n_logits)) continue;
+        }
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------ feed */
+
+/* This session's rows alone, in forwards of at most chunk rows (and at
+ * most n_logits rows when every row's logits are wanted). */
+static bool feed_locked(muser_session *s, const int32_t *tokens, int64_t n, float *all_out, mu_error *err) {
+    muser_engine *e = s->e;
+    if (!check_input(s, tokens, n, err)) return false;
+    const int64_t V = e->model->m->cfg.n_vocab;
+    s->has_logits = false;
+    s->captured_rows = 0;
+    capture_reserve(s, n);
+    const int64_t per = all_out && e->n_logits < e->chunk ? e->n_logits : e->chunk;
+    for (int64_t done = 0; done < n;) {
+        seq_run run = {.s = s, .n = n - done < per ? n - done : per};
+        const bool last = done + run.n == n;
+        int64_t rows = 0, n_logit_rows = 0, n_cap = 0;
+        add_run(e, &run, &rows, &n_logit_rows, &n_cap, tokens + done, all_out != NULL, last,
+                all_out ? all_out + done * V : s->logits);
+        if (!run_batch(e, &run, 1, rows, n_cap, err)) return false;
+        if (s->poisoned) {
+            mu_err_set(err, "%s", s->error);
+            return false;
+        }
+        done += run.n;
+    }
+    if (all_out) memcpy(s->logits, all_out + (n - 1) * V, (size_t)V * sizeof(float));
+    s->has_logits = true;
+    return true;
+}
+
+bool muser_session_feed(muser_session *s, const int32_t *tokens, int64_t n, muser_error *err) {
+    lock(s->e);
+    bool ok = feed_locked(s, tokens, n, NULL, ERR(err));
+    unlock(s->e);
+    return ok;
+}
+
+bool muser_session_feed_all(muser_session *s, const int32_t *tokens, int64_t n, float *out, muser_error *err) {
+    if (!out) {
+        mu_err_set(ERR(err), "feed_all needs an output buffer");
+        return false;
+    }
+    lock(s->e);
+    bool ok = feed_locked(s, tokens, n, out, ERR(err));
+    unlock(s->e);
+    return ok;
+}
+
+/* ------------------------------------------------------------------ submit and step */
+
+bool muser_session_submit(muser_session *s, const int32_t *tokens, int64_t n, float *all_out, muser_error *err) {
+    muser_engine *e = s->e;
+    lock(e);
+    bool ok = check_input(s, tokens, n, ERR(err));
+    if (ok) {
+        if (n > s->q_cap) {
+            s->q_cap = n;
+            s->q = mu_xrealloc(s->q, (size_t)n * sizeof *s->q);
+        }
+        memcpy(s->q, tokens, (size_t)n * sizeof *tokens);
+        s->q_len = n;
+        s->q_done = 0;
+        s->q_all_out = all_out;
+        s->q_order = ++e->submit_clock;
+        s->has_logits = false;
+        s->captured_rows = 0;
+        capture_reserve(s, n);
+    }
+    unlock(e);
+    return ok;
+}
+
+static int cmp_order(const void *a, const void *b) {
+    const muser_session *x = *(muser_session *const *)a, *y = *(muser_session *const *)b;
+    return (x->q_order > y->q_order) - (x->q_order < y->q_order);
+}
+
+/* Sessions with queued input, oldest submission first. */
+static int32_t queued_sessions(muser_engine *e, muser_session **out) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->n_seq_max; i++)
+        if (e->seqs[i] && e->seqs[i]->q_done < e->seqs[i]->q_len) out[n++] = e->seqs[i];
+    qsort(out, (size_t)n, sizeof *out, cmp_order);
+    return n;
+}
+
+int32_t muser_engine_step(muser_engine *e, muser_step_info *info, muser_error *err) {
+    muser_step_info local = {0};
+    if (!info) info = &local;
+    *info = (muser_step_info){0};
+    lock(e);
+    const int64_t V = e->model->m->cfg.n_vocab;
+    muser_session **order = mu_xmalloc((size_t)e->n_seq_max * sizeof *order);
+    seq_run *runs = mu_xmalloc((size_t)e->n_seq_max * sizeof *runs);
+    const int32_t n_q = queued_sessions(e, order);
+    int64_t rows = 0, n_logit_rows = 0, n_cap = 0;
+    int n_runs = 0;
+    /* two passes: decode / verification blocks whole, then prompt chunks */
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t i = 0; i < n_q; i++) {
+            muser_session *s = order[i];
+            const int64_t left = s->q_len - s->q_done;
+            const bool small = left <= STEP_DECODE_MAX;
+            if (small != (pass == 0)) continue;
+            int64_t n = left < e->chunk ? left : e->chunk;
+            if (n > e->n_batch - rows) n = e->n_batch - rows;
+            const bool all = s->q_all_out != NULL;
+            if (all && n > e->n_logits - n_logit_rows) n = e->n_logits - n_logit_rows;
+            const bool completes = n == left;
+            if (n <= 0 || (small && !completes) || (!all && completes && n_logit_rows == e->n_logits)) continue;
+            seq_run *run = &runs[n_runs++];
+            *run = (seq_run){.s = s, .n = n};
+            float *out = all ? s->q_all_out + s->q_done * V : s->logits;
+            add_run(e, run, &rows, &n_logit_rows, &n_cap, s->q + s->q_done, all, completes, out);
+            if (small) info->decode_rows += n;
+            else info->prefill_rows += n;
+        }
+    int32_t completed = 0;
+    int32_t rc = 0;
+    if (rows > 0) {
+        mu_error ferr = {{0}};
+        if (!run_batch(e, runs, n_runs, rows, n_cap, &ferr)) {
+            mu_err_set(ERR(err), "%s", ferr.msg);
+            rc = -1;
+        } else {
+            for (int i = 0; i < n_runs; i++) {
+                muser_session *s = runs[i].s;
+                s->q_done += runs[i].n;
+                if (s->poisoned) {
+                    s->q_len = s->q_done = 0;
+                    continue;
+                }
+                if (s->q_done == s->q_len) {
+                    if (s->q_all_out) memcpy(s->logits, s->q_all_out + (s->q_len - 1) * V, (size_t)V * sizeof(float));
+                    s->has_logits = true;
+                    s->q_all_out = NULL;
+                    completed++;
+                }
+            }
+            rc = completed;
+        }
+    }
+    info->rows = rows;
+    info->sessions = n_runs;
+    info->completed = completed;
+    free(order);
+    free(runs);
+    unlock(e);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ checkpoints, forks, snapshots */
+
+bool muser_session_checkpoint(muser_session *s, muser_error *err) {
+    lock(s->e);
+    bool ok = mu_kv_checkpoint(&s->kv, ERR(err));
+    unlock(s->e);
+    return ok;
+}
+
+bool muser_session_rollback(muser_session *s, int64_t pos, muser_error *err) {
+    lock(s->e);
+    bool ok = s->q_done == s->q_len && mu_kv_rollback(&s->kv, pos, ERR(err));
+    if (s->q_done < s->q_len) mu_err_set(ERR(err), "rollback: the session has queued input");
+    if (ok) {
+        s->pos = pos;
+        s->has_logits = false;
+    }
+    unlock(s->e);
+    return ok;
+}
+
+void muser_session_commit(muser_session *s) {
+    lock(s->e);
+    mu_kv_commit(&s->kv);
+    unlock(s->e);
+}
+
+bool muser_session_fork(muser_session *dst, const muser_session *src, int64_t n, muser_error *err) {
+    if (dst->e != src->e) {
+        mu_err_set(ERR(err), "fork: the sessions belong to different engines");
+        return false;
+    }
+    lock(dst->e);
+    bool ok = false;
+    if (dst == src) mu_err_set(ERR(err), "fork: source and destination are the same session");
+    else if (src->poisoned) mu_err_set(ERR(err), "fork: the source session is poisoned (%.900s)", src->error);
+    else if (n < 0 || n > src->pos) mu_err_set(ERR(err), "fork: %lld tokens; the source holds %lld", (long long)n, (long long)src->pos);
+    else if (dst->q_done < dst->q_len || src->q_done < src->q_len) mu_err_set(ERR(err), "fork: a session has queued input");
+    else ok = mu_kv_fork(&dst->kv, &src->kv, n, ERR(err)); /* validates before it touches dst */
+    if (ok) {
+        dst->pos = n;
+        dst->poisoned = false;
+        dst->error[0] = 0;
+        dst->captured_rows = 0;
+        dst->has_logits = n == src->pos && src->has_logits;
+        if (dst->has_logits) memcpy(dst->logits, src->logits, (size_t)dst->e->model->m->cfg.n_vocab * sizeof(float));
+    }
+    unlock(dst->e);
+    return ok;
+}
+
+muser_snapshot *muser_session_snapshot(const muser_session *s) {
+    lock(s->e);
+    muser_snapshot *snap = mu_xcalloc(1, sizeof *snap);
+    snap->kv = mu_kv_snapshot_take(&s->kv);
+    snap->pos = s->pos;
+    unlock(s->e);
+    if (!snap->kv) {
+        free(snap);
+        return NULL;
+    }
+    return snap;
+}
+
+bool muser_session_restore(muser_session *s, const muser_snapshot *snap, muser_error *err) {
+    if (!snap) {
+        mu_err_set(ERR(err), "restore: snapshot is NULL");
+        return false;
+    }
+    lock(s->e);
+    bool ok = s->q_done == s->q_len;
+    if (!ok) mu_err_set(ERR(err), "restore: the session has queued input");
+    ok = ok && mu_kv_snapshot_restore(&s->kv, snap->kv, ERR(err));
+    if (ok) {
+        s->pos = snap->pos;
+        s->has_logits = false;
+        s->poisoned = false;
+        s->error[0] = 0;
+    }
+    unlock(s->e);
+    return ok;
+}
+
+void muser_snapshot_free(muser_snapshot *snap) {
+    if (!snap) return;
+    mu_kv_snapshot_free(snap->kv);
+    free(snap);
+}
+
+/* ------------------------------------------------------------------ capture (model/capture.h) */
+
+bool mu_session_set_capture(muser_session *s, const int *boundaries, int n, mu_error *err) {
+    muser_engine *e = s->e;
+    const int64_t n_layer = e->model->m->cfg.n_layer;
+    if (n < 0 || n > n_layer + 1) {
+        mu_err_set(err, "capture: %d boundaries requested; the model has %lld", n, (long long)n_layer + 1);
+        return false;
+    }
+    int *slot = mu_xmalloc((size_t)(n_layer + 1) * sizeof *slot);
+    for (int64_t b = 0; b <= n_layer; b++) slot[b] = -1;
+    for (int i = 0; i < n; i++) {
+        int b = boundaries[i];
+        if (b < 0 || b > n_layer || slot[b] >= 0) {
+            mu_err_set(err, "capture: boundary %d (entry %d) is %s", b, i,
+                       b < 0 || b > n_layer ? "outside [0, n_layer]" : "repeated");
+            free(slot);
+            return false;
+        }
+        slot[b] = i;
+    }
+    lock(e);
+    const size_t E = (size_t)e->model->m->cfg.n_embd;
+    const bool same = e->capture.n == n && (!n || !memcmp(e->capture.slot, slot, (size_t)(n_layer + 1) * sizeof *slot));
+    const int others = e->n_capturing - (s->capture_on ? 1 : 0);
+    if (n && !same && others > 0) {
+        unlock(e);
+        free(slot);
+        mu_err_set(err, "capture: another session of this engine captures other boundaries");
+        return false;
+    }
+    if (s->cap_rows) e->be->free(e->be, s->cap_rows, (size_t)s->cap_cap * (size_t)e->capture.n * E * sizeof(float));
+    s->cap_rows = NULL;
+    s->cap_cap = s->captured_rows = 0;
+    if (s->capture_on) e->n_capturing--;
+    s->capture_on = n > 0;
+    if (s->capture_on) e->n_capturing++;
+    if (n && !same) {
+        if (e->capture.rows) e->be->free(e->be, e->capture.rows, (size_t)e->capture.cap * (size_t)e->capture.n * E * sizeof(float));
+        free(e->capture.slot);
+        e->capture = (mu_capture){.n = n, .slot = slot};
+        slot = NULL;
+    }
+    free(slot);
+    unlock(e);
+    return true;
+}
+
+const float *mu_session_captured(const muser_session *s, int64_t *n_rows) {
+    *n_rows = s->capture_on ? s->captured_rows : 0;
+    return *n_rows ? s->cap_rows : NULL;
+}
+
+mu_kv_cache *mu_session_kv(muser_session *s) { return &s->kv; }
+
+void mu_session_set_pos(muser_session *s, int64_t pos) {
+    s->pos = pos;
+    s->has_logits = false;
+}
