@@ -1,9 +1,10 @@
-/* The DFlash draft forward (tools/train/dflash.py, digest §8.1-8.2) over
- * the target's backend: every matrix product goes through mu_backend.matmul
- * (the canonical row dot of each weight type), norms and residual adds
- * through the backend too. Attention is two F32 matmuls per KV head
- * (scores = Q K^T over [context ; block] keys, then P V with V transposed),
- * with an f32 softmax in between; RoPE (NeoX, rotate_half) is done here.
+/* The DFlash draft forward (tools/train/dflash.py is its reference;
+ * docs/speculative.md) over the target's backend: every op is a backend op
+ * and every activation lives in backend memory. Matrix products go through
+ * mu_backend.matmul (the canonical row dot of each weight type); attention
+ * is two F32 matmuls per KV head (scores = Q K^T over [context ; block]
+ * keys, then P V with V transposed) with the backend's softmax in between;
+ * RoPE is the backend's NeoX rotation (rotate_half).
  *
  * Context cache: per layer and KV head, the K (k-normed, rotated at its
  * absolute position) and V (stored transposed, one plane per dimension, so
@@ -29,15 +30,21 @@ struct mu_dflash_state {
     int64_t sink, window;       /* context capacity sink + window rows */
     int64_t slots;              /* per KV head: sink + window + block_size */
     int64_t rows;               /* committed context rows (next anchor position) */
+    /* backend memory: */
     float **ck;                 /* [n_layer] -> [n_head_kv][slots][head_dim] */
     float **cv;                 /* [n_layer] -> [n_head_kv][head_dim][slots]: V transposed, the P V operand */
-    double *inv_freq;           /* [head_dim / 2] */
     float *cs;                  /* (cos, sin) [max(CTX_CHUNK, block)][head_dim / 2] */
     float *cx, *kt, *vt;        /* context batch: fc output, K, V */
     float *h, *a, *q, *kb, *vb, *att, *o, *fg, *fu; /* block rows */
     float *qh, *oh;             /* one KV head's query rows / outputs [block * group][head_dim] */
     float *p;                   /* scores, then probabilities [block * group][slots] */
     float *logits;              /* [block - 1][n_vocab] */
+    void *mem;                  /* one allocation holding every buffer above */
+    size_t mem_bytes;
+    /* host: */
+    double *inv_freq;           /* [head_dim / 2] */
+    int64_t *pos, *slot;        /* [max(CTX_CHUNK, block)] row positions and cache slots */
+    int32_t *ids;               /* [block] block tokens, then proposals */
 };
 
 mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target, mu_backend *be) {
@@ -52,48 +59,43 @@ mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target,
     st->sink = MU_DFLASH_SINK;
     st->window = c->sliding_window;
     st->slots = st->sink + st->window + c->block_size;
-    const size_t slots = (size_t)st->slots, rows = B > CTX_CHUNK ? B : CTX_CHUNK;
-    st->ck = mu_xcalloc((size_t)c->n_layer, sizeof *st->ck);
-    st->cv = mu_xcalloc((size_t)c->n_layer, sizeof *st->cv);
-    for (int64_t il = 0; il < c->n_layer; il++) {
-        st->ck[il] = mu_xcalloc(slots * KV, sizeof(float));
-        st->cv[il] = mu_xcalloc(slots * KV, sizeof(float));
+    const size_t slots = (size_t)st->slots, rows = B > CTX_CHUNK ? B : CTX_CHUNK, L = (size_t)c->n_layer;
+    /* every backend buffer carved from one allocation, in floats */
+    float **bufs[] = {&st->cs, &st->cx, &st->kt, &st->vt, &st->h, &st->a, &st->o, &st->q, &st->att, &st->kb,
+                      &st->vb, &st->fg, &st->fu, &st->qh, &st->oh, &st->p, &st->logits};
+    const size_t sizes[] = {rows * D, CTX_CHUNK * E, CTX_CHUNK * KV, CTX_CHUNK * KV, B * E, B * E, B * E, B * Q,
+                            B * Q, B * KV, B * KV, B * F, B * F, B * group * D, B * group * D, B * group * slots,
+                            (B - 1) * (size_t)target->cfg.n_vocab};
+    size_t total = 2 * L * slots * KV;
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) total += (sizes[i] + 15) & ~(size_t)15;
+    st->mem_bytes = total * sizeof(float);
+    float *p = st->mem = mu_backend_xalloc(be, st->mem_bytes, "the DFlash assistant's state");
+    st->ck = mu_xcalloc(L, sizeof *st->ck);
+    st->cv = mu_xcalloc(L, sizeof *st->cv);
+    for (size_t il = 0; il < L; il++) {
+        st->ck[il] = p;
+        st->cv[il] = p + slots * KV;
+        p += 2 * slots * KV;
+    }
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        *bufs[i] = p;
+        p += (sizes[i] + 15) & ~(size_t)15;
     }
     const int64_t half = c->head_dim / 2;
     st->inv_freq = mu_xmalloc((size_t)half * sizeof(double));
     for (int64_t i = 0; i < half; i++)
         st->inv_freq[i] = 1.0 / mu_pow((double)c->rope_base, 2.0 * (double)i / (double)c->head_dim);
-    st->cs = mu_xmalloc(rows * D * sizeof(float));
-    st->cx = mu_xmalloc(CTX_CHUNK * E * sizeof(float));
-    st->kt = mu_xmalloc(CTX_CHUNK * KV * sizeof(float));
-    st->vt = mu_xmalloc(CTX_CHUNK * KV * sizeof(float));
-    st->h = mu_xmalloc(B * E * sizeof(float));
-    st->a = mu_xmalloc(B * E * sizeof(float));
-    st->o = mu_xmalloc(B * E * sizeof(float));
-    st->q = mu_xmalloc(B * Q * sizeof(float));
-    st->att = mu_xmalloc(B * Q * sizeof(float));
-    st->kb = mu_xmalloc(B * KV * sizeof(float));
-    st->vb = mu_xmalloc(B * KV * sizeof(float));
-    st->fg = mu_xmalloc(B * F * sizeof(float));
-    st->fu = mu_xmalloc(B * F * sizeof(float));
-    st->qh = mu_xmalloc(B * group * D * sizeof(float));
-    st->oh = mu_xmalloc(B * group * D * sizeof(float));
-    st->p = mu_xmalloc(B * group * slots * sizeof(float));
-    st->logits = mu_xmalloc((B - 1) * (size_t)target->cfg.n_vocab * sizeof(float));
+    st->pos = mu_xmalloc(rows * sizeof *st->pos);
+    st->slot = mu_xmalloc(rows * sizeof *st->slot);
+    st->ids = mu_xmalloc(B * sizeof *st->ids);
     return st;
 }
 
 void mu_dflash_state_free(mu_dflash_state *st) {
     if (!st) return;
-    for (int64_t il = 0; il < st->d->cfg.n_layer; il++) {
-        free(st->ck[il]);
-        free(st->cv[il]);
-    }
-    free(st->ck); free(st->cv); free(st->inv_freq); free(st->cs);
-    free(st->cx); free(st->kt); free(st->vt);
-    free(st->h); free(st->a); free(st->o); free(st->q); free(st->att);
-    free(st->kb); free(st->vb); free(st->fg); free(st->fu);
-    free(st->qh); free(st->oh); free(st->p); free(st->logits);
+    st->be->free(st->be, st->mem, st->mem_bytes);
+    free(st->ck); free(st->cv); free(st->inv_freq);
+    free(st->pos); free(st->slot); free(st->ids);
     free(st);
 }
 
@@ -113,48 +115,27 @@ static int64_t rows_held(const mu_dflash_state *st) {
     return st->sink + (tail < st->window ? tail : st->window);
 }
 
-/* Copy K/V rows [rows][n_head_kv * head_dim] into per-head cache slots
- * (V into the transposed planes). */
+/* K/V rows [rows][n_head_kv * head_dim] into per-head cache slots (V
+ * into the transposed planes): block rows at consecutive slots from pos0,
+ * context rows at the slot of their position. */
 static void store_rows(const mu_dflash_state *st, int il, const float *k, const float *v, int64_t rows,
                        int64_t pos0, bool block) {
     const int64_t D = st->d->cfg.head_dim, Hkv = st->d->cfg.n_head_kv, S = st->slots;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t slot = block ? pos0 + r : cache_slot(st, pos0 + r);
-        for (int64_t g = 0; g < Hkv; g++) {
-            memcpy(st->ck[il] + (g * S + slot) * D, k + (r * Hkv + g) * D, (size_t)D * sizeof(float));
-            const float *vr = v + (r * Hkv + g) * D;
-            float *vt = st->cv[il] + g * D * S + slot;
-            for (int64_t d = 0; d < D; d++) vt[d * S] = vr[d];
-        }
-    }
+    for (int64_t r = 0; r < rows; r++) st->slot[r] = block ? pos0 + r : cache_slot(st, pos0 + r);
+    st->be->store_heads(st->be, st->ck[il], st->slot, S, D, Hkv, k, rows, false);
+    st->be->store_heads(st->be, st->cv[il], st->slot, S, D, Hkv, v, rows, true);
 }
 
-/* (cos, sin) of pos * inv_freq[i] in double, rounded to f32 once. */
+/* (cos, sin) of positions p0.. for rows rows (the backend's RoPE table). */
 static void rope_table(const mu_dflash_state *st, int64_t p0, int64_t rows) {
-    const int64_t half = st->d->cfg.head_dim / 2;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < half; i++) {
-            double ang = (double)(p0 + r) * st->inv_freq[i];
-            st->cs[(r * half + i) * 2] = (float)mu_cos(ang);
-            st->cs[(r * half + i) * 2 + 1] = (float)mu_sin(ang);
-        }
+    for (int64_t r = 0; r < rows; r++) st->pos[r] = p0 + r;
+    st->be->rope_table(st->be, st->inv_freq, st->d->cfg.head_dim / 2, st->pos, rows, st->cs);
 }
 
-/* NeoX rotation of rows whose table rows start at cs_row0: pairs
- * (i, i + head_dim/2), x*cos + rotate_half(x)*sin. */
+/* NeoX rotation of rows whose table rows start at cs_row0. */
 static void rope_neox(const mu_dflash_state *st, float *x, int64_t n_heads, int64_t rows, int64_t cs_row0) {
-    const int64_t D = st->d->cfg.head_dim, half = D / 2;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *cs = st->cs + (cs_row0 + r) * half * 2;
-        for (int64_t h = 0; h < n_heads; h++) {
-            float *v = x + (r * n_heads + h) * D;
-            for (int64_t i = 0; i < half; i++) {
-                float c = cs[2 * i], s = cs[2 * i + 1], x0 = v[i], x1 = v[i + half];
-                v[i] = x0 * c - x1 * s;
-                v[i + half] = x1 * c + x0 * s;
-            }
-        }
-    }
+    const int64_t D = st->d->cfg.head_dim;
+    st->be->rope(st->be, x, n_heads, D, D, st->cs + cs_row0 * D, rows, true);
 }
 
 /* K (k-normed, rotated) and V of m consecutive context rows from p0. */
@@ -196,13 +177,6 @@ void mu_dflash_append_context(mu_dflash_state *st, const float *features, int64_
     st->rows = end;
 }
 
-/* An F32 matrix view for mu_backend.matmul: n_out rows of n_in values,
- * `stride` floats apart. */
-static mu_weight f32_view(const float *data, int64_t n_in, int64_t n_out, int64_t stride) {
-    return (mu_weight){.name = "dflash attention", .type = MU_TYPE_F32, .data = (const uint8_t *)data,
-                       .scale = 1.0f, .n_in = n_in, .n_out = n_out, .row_bytes = (uint64_t)stride * sizeof(float)};
-}
-
 /* softmax(scale * Q K^T) V for query rows [r0, r0 + nr) of the block, one
  * KV head at a time; keys = the held context slots, then the block's. */
 static void attention(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
@@ -211,28 +185,17 @@ static void attention(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
     const int64_t D = c->head_dim, H = c->n_head, group = H / c->n_head_kv, nq = nr * group;
     const int64_t n_keys = rows_held(st) + c->block_size;
     const float scale = 1.0f / sqrtf((float)D);
+    const size_t head_rows = (size_t)(group * D) * sizeof(float), q_row = (size_t)(H * D) * sizeof(float);
     for (int64_t g = 0; g < c->n_head_kv; g++) {
         const float *k = st->ck[il] + g * st->slots * D, *vt = st->cv[il] + g * D * st->slots;
-        for (int64_t r = 0; r < nr; r++) /* query rows of this head group, (row, head) order */
-            memcpy(st->qh + r * group * D, st->q + ((r0 + r) * H + g * group) * D, (size_t)(group * D) * sizeof(float));
-        mu_weight kw = f32_view(k, D, n_keys, D);
+        /* query rows of this head group, (row, head) order */
+        be->copy2d(be, st->qh, head_rows, st->q + (r0 * H + g * group) * D, q_row, head_rows, nr);
+        mu_weight kw = mu_f32_matrix(k, D, n_keys, D);
         be->matmul(be, &kw, st->qh, st->p, nq);
-        for (int64_t i = 0; i < nq; i++) {
-            float *s = st->p + i * n_keys, mx = -INFINITY, sum = 0;
-            for (int64_t j = 0; j < n_keys; j++) {
-                s[j] = s[j] * scale;
-                if (s[j] > mx) mx = s[j];
-            }
-            for (int64_t j = 0; j < n_keys; j++) {
-                s[j] = mu_expf(s[j] - mx);
-                sum += s[j];
-            }
-            for (int64_t j = 0; j < n_keys; j++) s[j] = s[j] / sum;
-        }
-        mu_weight vw = f32_view(vt, n_keys, D, st->slots);
+        be->softmax(be, st->p, scale, n_keys, nq);
+        mu_weight vw = mu_f32_matrix(vt, n_keys, D, st->slots);
         be->matmul(be, &vw, st->p, st->oh, nq);
-        for (int64_t r = 0; r < nr; r++)
-            memcpy(st->att + ((r0 + r) * H + g * group) * D, st->oh + r * group * D, (size_t)(group * D) * sizeof(float));
+        be->copy2d(be, st->att + (r0 * H + g * group) * D, q_row, st->oh, head_rows, head_rows, nr);
     }
 }
 
@@ -264,19 +227,13 @@ static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
     be->add(be, h, st->o, nr * E);
 }
 
-static int32_t argmax_row(const float *l, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (l[i] > l[best]) best = i;
-    return (int32_t)best;
-}
-
 void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
     const mu_dflash_config *c = &st->d->cfg;
     const mu_model *t = st->t;
     mu_backend *be = st->be;
     const int64_t E = c->n_embd, B = c->block_size, V = t->cfg.n_vocab;
-    for (int64_t r = 0; r < B; r++) mu_weight_dequant_row(&t->token_embd, r ? c->mask_token : anchor, st->h + r * E);
+    for (int64_t r = 0; r < B; r++) st->ids[r] = r ? c->mask_token : anchor;
+    be->embed(be, &t->token_embd, st->ids, B, st->h);
     rope_table(st, st->rows, B);
     for (int il = 0; il < c->n_layer; il++) {
         bool last = il == c->n_layer - 1;
@@ -285,6 +242,6 @@ void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *p
     /* rows 1..n_prop: final norm and the target's head (no logit scale, no soft-cap) */
     be->rmsnorm(be, st->h + E, st->d->output_norm, c->rms_eps, st->a, E, n_prop);
     be->matmul(be, &t->output, st->a, st->logits, n_prop);
-    for (int i = 0; i < n_prop; i++) proposals[i] = argmax_row(st->logits + i * V, V);
-    if (logits) memcpy(logits, st->logits, (size_t)n_prop * (size_t)V * sizeof(float));
+    be->argmax(be, st->logits, V, n_prop, proposals);
+    if (logits) be->download(be, logits, st->logits, (size_t)n_prop * (size_t)V * sizeof(float));
 }

@@ -120,7 +120,8 @@ struct muser_spec {
     int verify_len;
     int64_t n_vocab, feat_len;      /* floats per captured row */
     float *logits;                  /* verify rows [verify_len + 1][n_vocab] */
-    float *feats;                   /* captured rows not yet in the assistant's context */
+    float *feats;                   /* backend memory: captured rows not yet in the assistant's context */
+    mu_backend *be;
     int64_t n_feats, cap_feats;
     spec_gate gate;
     muser_spec_stats st;
@@ -149,7 +150,7 @@ static void make_room(muser_spec *sp) {
     }
     if (n_sink) mu_dflash_append_context(sp->ds, sp->feats, n_sink);
     mu_dflash_skip_context(sp->ds, drop);
-    memmove(sp->feats, sp->feats + (n_sink + drop) * sp->feat_len, (size_t)(window * sp->feat_len) * sizeof(float));
+    sp->be->copy(sp->be, sp->feats, sp->feats + (n_sink + drop) * sp->feat_len, (size_t)(window * sp->feat_len) * sizeof(float));
     sp->n_feats = window;
 }
 
@@ -157,7 +158,7 @@ static void take_feats(muser_spec *sp, const float *rows, int64_t n) {
     while (n > 0) {
         if (sp->n_feats == sp->cap_feats) make_room(sp);
         int64_t m = sp->cap_feats - sp->n_feats < n ? sp->cap_feats - sp->n_feats : n;
-        memcpy(sp->feats + sp->n_feats * sp->feat_len, rows, (size_t)(m * sp->feat_len) * sizeof(float));
+        sp->be->copy(sp->be, sp->feats + sp->n_feats * sp->feat_len, rows, (size_t)(m * sp->feat_len) * sizeof(float));
         sp->n_feats += m;
         rows += m * sp->feat_len;
         n -= m;
@@ -270,7 +271,8 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     /* room for twice the assistant's context, at most 32 MiB */
     int64_t want = 2 * (MU_DFLASH_SINK + c->sliding_window), fit = ((int64_t)32 << 20) / (sp->feat_len * 4);
     sp->cap_feats = want < fit ? want : fit > 64 ? fit : 64;
-    sp->feats = mu_xmalloc((size_t)(sp->cap_feats * sp->feat_len) * sizeof(float));
+    sp->be = target->be;
+    sp->feats = mu_backend_xalloc(sp->be, (size_t)(sp->cap_feats * sp->feat_len) * sizeof(float), "the assistant's feature rows");
     gate_init(&sp->gate, p->no_gate);
     muser_spec_reset(sp);
     if (!p->no_gate) gate_calibrate(sp);
@@ -282,7 +284,7 @@ void muser_spec_free(muser_spec *sp) {
     mu_session_set_capture(sp->s, NULL, 0, NULL);
     mu_dflash_state_free(sp->ds);
     free(sp->logits);
-    free(sp->feats);
+    sp->be->free(sp->be, sp->feats, (size_t)(sp->cap_feats * sp->feat_len) * sizeof(float));
     free(sp);
 }
 
