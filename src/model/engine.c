@@ -497,7 +497,8 @@ int32_t muser_engine_step(muser_engine *e, muser_step_info *info, muser_error *e
         for (int32_t i = 0; i < n_q; i++) {
             muser_session *s = order[i];
             const int64_t left = s->q_len - s->q_done;
-            const bool small = left <= STEP_DECODE_MAX;
+            /* whole in one forward: a decode token or a verification block */
+            const bool small = left <= STEP_DECODE_MAX && left <= e->chunk;
             if (small != (pass == 0)) continue;
             int64_t n = left < e->chunk ? left : e->chunk;
             if (n > e->n_batch - rows) n = e->n_batch - rows;

@@ -1,0 +1,244 @@
+/* The engine's batch invariance: a sequence's logits are bit-identical
+ * whether it runs alone or batched with others.
+ *  - 8 sequences of different prompt lengths (some past the sliding-window
+ *    ring wrap) join an engine at random steps, submit their prompts in
+ *    random pieces (prefill chunks of several sizes) while others decode,
+ *    then decode teacher-forced tokens; every logits row is compared byte
+ *    for byte with the same sequence run alone in its own session.
+ *  - inside the batch, one sequence verifies a block under a checkpoint and
+ *    rolls back (as speculation does), another snapshots, runs ahead and
+ *    restores: both then continue exactly as the solo run.
+ *  - forks: a fork of a prefix continues exactly as the solo run; a fork
+ *    whose window the source's ring has already dropped is refused.
+ * For ref and cpu, every weight format, three engine shapes. */
+#include "testutil.h"
+#include "model_fixture.h"
+#include "muser.h"
+
+#define N_SEQ 8
+#define N_DECODE 6
+#define WINDOW 32
+#define MAX_PROMPT 96
+
+static const int64_t PROMPT_LEN[N_SEQ] = {5, 17, 33, 48, 70, 3, 90, 40}; /* 33+ pass the window of 32 */
+#define SPEC_SEQ 3   /* verifies a 4-row block under a checkpoint at its 3rd decode step */
+#define SNAP_SEQ 4   /* snapshots after its prompt, runs 5 junk tokens, restores */
+
+static int32_t token_of(int seq, int64_t i) { return (int32_t)((seq * 977 + i * 131 + 17) % 300); }
+
+typedef struct solo {
+    float *rows; /* [1 + N_DECODE][V]: after the prompt, after each decode token */
+} solo;
+
+static bool same_row(const float *a, const float *b, int64_t V) { return !memcmp(a, b, (size_t)V * sizeof(float)); }
+
+static void run_solo(muser_model *m, int seq, int64_t V, solo *out) {
+    muser_error err;
+    muser_session_params sp = {.n_ctx = 256};
+    muser_session *s = muser_session_create(m, &sp, &err);
+    CHECK_MSG(s, "%s", err.msg);
+    if (!s) return;
+    int32_t toks[MAX_PROMPT + N_DECODE];
+    for (int64_t i = 0; i < PROMPT_LEN[seq] + N_DECODE; i++) toks[i] = token_of(seq, i);
+    out->rows = malloc((size_t)((1 + N_DECODE) * V) * sizeof(float));
+    CHECK_MSG(muser_session_feed(s, toks, PROMPT_LEN[seq], &err), "%s", err.msg);
+    memcpy(out->rows, muser_session_logits(s), (size_t)V * sizeof(float));
+    for (int d = 0; d < N_DECODE; d++) {
+        CHECK_MSG(muser_session_feed(s, &toks[PROMPT_LEN[seq] + d], 1, &err), "%s", err.msg);
+        memcpy(out->rows + (d + 1) * V, muser_session_logits(s), (size_t)V * sizeof(float));
+    }
+    muser_session_free(s);
+}
+
+typedef struct live {
+    muser_session *s;
+    int phase;            /* 0 not started, 1 prompt, 2 decode, 3 done */
+    int64_t submitted;    /* prompt tokens submitted so far */
+    int d;                /* decode tokens submitted */
+    bool outstanding;     /* a submission is queued */
+    int what;             /* 0 prompt piece, 1 decode token, 2 verify block, 3 junk after snapshot */
+    float *block;         /* verify block rows [4][V] */
+    muser_snapshot *snap;
+} live;
+
+static int64_t rnd(uint64_t *r, int64_t n) { return (int64_t)(tu_rng_next(r) % (uint64_t)n); }
+
+/* Submit this sequence's next input; returns false when it is done. */
+static void submit_next(live *L, int seq, uint64_t *rng, int64_t V) {
+    muser_error err = {{0}};
+    int32_t toks[20];
+    bool ok = true;
+    if (L->phase == 1) {
+        const int64_t left = PROMPT_LEN[seq] - L->submitted;
+        int64_t n = 1 + rnd(rng, 20);
+        if (n > left) n = left;
+        for (int64_t i = 0; i < n; i++) toks[i] = token_of(seq, L->submitted + i);
+        ok = muser_session_submit(L->s, toks, n, NULL, &err);
+        L->submitted += n;
+        L->what = 0;
+    } else if (L->phase == 2 && seq == SNAP_SEQ && L->d == 0 && !L->snap) {
+        L->snap = muser_session_snapshot(L->s);
+        CHECK(L->snap != NULL);
+        for (int i = 0; i < 5; i++) toks[i] = (int32_t)(250 + i);
+        ok = muser_session_submit(L->s, toks, 5, NULL, &err);
+        L->what = 3;
+    } else if (L->phase == 2 && seq == SPEC_SEQ && L->d == 2 && !L->block) {
+        L->block = malloc((size_t)(4 * V) * sizeof(float));
+        toks[0] = token_of(seq, PROMPT_LEN[seq] + L->d);
+        toks[1] = 7, toks[2] = 8, toks[3] = 9; /* proposals that will be rejected */
+        ok = muser_session_checkpoint(L->s, &err) && muser_session_submit(L->s, toks, 4, L->block, &err);
+        L->what = 2;
+    } else {
+        toks[0] = token_of(seq, PROMPT_LEN[seq] + L->d);
+        ok = muser_session_submit(L->s, toks, 1, NULL, &err);
+        L->what = 1;
+    }
+    CHECK_MSG(ok, "seq %d submit: %s", seq, err.msg);
+    L->outstanding = ok;
+}
+
+/* A submission completed: check what it produced against the solo run. */
+static void on_complete(live *L, int seq, const solo *ref, int64_t V, const char *label) {
+    muser_error err = {{0}};
+    const float *row = muser_session_logits(L->s);
+    L->outstanding = false;
+    switch (L->what) {
+    case 0:
+        if (L->submitted == PROMPT_LEN[seq]) {
+            CHECK_MSG(row && same_row(row, ref->rows, V), "%s: seq %d prompt logits differ from solo", label, seq);
+            L->phase = 2;
+        }
+        break;
+    case 1:
+        L->d++;
+        CHECK_MSG(row && same_row(row, ref->rows + L->d * V, V), "%s: seq %d decode %d differs from solo", label, seq,
+                  L->d);
+        break;
+    case 2: {
+        L->d++;
+        CHECK_MSG(same_row(L->block, ref->rows + L->d * V, V), "%s: seq %d verify row differs from solo", label, seq);
+        const int64_t keep = muser_session_pos(L->s) - 3;
+        CHECK_MSG(muser_session_rollback(L->s, keep, &err), "%s", err.msg);
+        muser_session_commit(L->s);
+        break;
+    }
+    case 3:
+        CHECK_MSG(muser_session_restore(L->s, L->snap, &err), "%s", err.msg);
+        CHECK(muser_session_pos(L->s) == PROMPT_LEN[seq]);
+        break;
+    }
+    if (L->phase == 2 && L->d == N_DECODE) L->phase = 3;
+}
+
+static void run_batched(muser_model *m, const solo *ref, int64_t V, int64_t n_batch, int64_t chunk, uint64_t seed,
+                        const char *label) {
+    muser_error err = {{0}};
+    muser_engine_params ep = {.n_seq_max = N_SEQ, .n_ctx = 256, .n_batch = n_batch, .prefill_chunk = chunk};
+    muser_engine *e = muser_engine_create(m, &ep, &err);
+    CHECK_MSG(e, "%s", err.msg);
+    if (!e) return;
+    live L[N_SEQ] = {{0}};
+    uint64_t rng = seed;
+    int done = 0, steps = 0;
+    int64_t mixed = 0; /* steps with prefill and decode rows together */
+    while (done < N_SEQ && steps < 10000) {
+        for (int i = 0; i < N_SEQ; i++) {
+            if (L[i].phase == 0 && rnd(&rng, 4) == 0) {
+                L[i].s = muser_engine_session(e, &err);
+                CHECK_MSG(L[i].s, "%s", err.msg);
+                if (!L[i].s) return;
+                L[i].phase = 1;
+            }
+            if ((L[i].phase == 1 || L[i].phase == 2) && !L[i].outstanding) submit_next(&L[i], i, &rng, V);
+        }
+        muser_step_info info;
+        int32_t rc = muser_engine_step(e, &info, &err);
+        CHECK_MSG(rc >= 0, "%s: step: %s", label, err.msg);
+        if (rc < 0) break;
+        steps++;
+        mixed += info.decode_rows > 0 && info.prefill_rows > 0;
+        CHECK(info.rows <= n_batch);
+        for (int i = 0; i < N_SEQ; i++) {
+            if (!L[i].outstanding || muser_session_queued(L[i].s) > 0) continue;
+            CHECK_MSG(!muser_session_error(L[i].s)[0], "%s", muser_session_error(L[i].s));
+            on_complete(&L[i], i, &ref[i], V, label);
+            if (L[i].phase == 3) done++;
+        }
+    }
+    CHECK_MSG(done == N_SEQ, "%s: %d of %d sequences finished in %d steps", label, done, N_SEQ, steps);
+    CHECK_MSG(mixed > 0, "%s: no step mixed prefill and decode rows", label);
+    CHECK(muser_engine_busy(e) == 0);
+    /* An engine that is full refuses another session. */
+    CHECK(!muser_engine_session(e, &err) && strstr(err.msg, "in use"));
+    for (int i = 0; i < N_SEQ; i++) {
+        free(L[i].block);
+        muser_snapshot_free(L[i].snap);
+    }
+    muser_engine_free(e); /* frees the sessions still in it */
+}
+
+/* Fork a prefix of sequence 3 (48 tokens) at 40: the fork continues as the
+ * solo run; a fork from sequence 6 (90 tokens) at 20 needs ring rows the
+ * source has dropped and is refused, leaving the destination untouched. */
+static void test_fork(muser_model *m, const solo *ref, int64_t V) {
+    muser_error err = {{0}};
+    muser_engine_params ep = {.n_seq_max = 3, .n_ctx = 256, .n_batch = 16};
+    muser_engine *e = muser_engine_create(m, &ep, &err);
+    muser_session *a = muser_engine_session(e, &err), *b = muser_engine_session(e, &err), *c = muser_engine_session(e, &err);
+    CHECK(a && b && c);
+    if (!a || !b || !c) return;
+    int32_t toks[MAX_PROMPT + N_DECODE];
+    for (int64_t i = 0; i < PROMPT_LEN[3] + N_DECODE; i++) toks[i] = token_of(3, i);
+    CHECK(muser_session_feed(a, toks, 40, &err));
+    CHECK_MSG(muser_session_fork(b, a, 40, &err), "%s", err.msg);
+    CHECK(muser_session_logits(b) && same_row(muser_session_logits(b), muser_session_logits(a), V));
+    CHECK(muser_session_feed(a, toks + 40, 20, &err)); /* the source runs on */
+    CHECK(muser_session_feed(b, toks + 40, PROMPT_LEN[3] - 40, &err));
+    CHECK_MSG(same_row(muser_session_logits(b), ref[3].rows, V), "fork: prompt logits differ from solo");
+    CHECK(muser_session_feed(b, toks + PROMPT_LEN[3], 1, &err));
+    CHECK_MSG(same_row(muser_session_logits(b), ref[3].rows + V, V), "fork: decode differs from solo");
+    /* c holds something; a refused fork must not change it */
+    CHECK(muser_session_feed(c, toks, 3, &err));
+    for (int64_t i = 0; i < PROMPT_LEN[6]; i++) toks[i] = token_of(6, i);
+    muser_session_reset(a);
+    CHECK(muser_session_feed(a, toks, PROMPT_LEN[6], &err));
+    err.msg[0] = 0;
+    CHECK(!muser_session_fork(c, a, 20, &err) && strstr(err.msg, "no longer holds"));
+    CHECK(muser_session_pos(c) == 3);
+    CHECK(!muser_session_fork(c, c, 1, &err));
+    CHECK(!muser_session_fork(c, a, PROMPT_LEN[6] + 1, &err));
+    muser_engine_free(e);
+}
+
+static void run_type(const char *type, muser_backend_kind backend) {
+    muser_error err;
+    muser_model_params mp = {.backend = backend, .n_threads = 2};
+    muser_model *m = muser_model_load(fx_synth(type, 11, WINDOW), &mp, &err);
+    CHECK_MSG(m, "%s: %s", type, m ? "" : err.msg);
+    if (!m) return;
+    muser_model_info info;
+    muser_model_get_info(m, &info);
+    const int64_t V = info.n_vocab;
+    solo ref[N_SEQ];
+    for (int i = 0; i < N_SEQ; i++) run_solo(m, i, V, &ref[i]);
+    char label[96];
+    static const int64_t shapes[][2] = {{8, 3}, {24, 7}, {64, 64}}; /* n_batch, prefill_chunk */
+    for (size_t k = 0; k < 3; k++) {
+        snprintf(label, sizeof label, "%s on %s, batch %lld chunk %lld", type, info.backend, (long long)shapes[k][0],
+                 (long long)shapes[k][1]);
+        run_batched(m, ref, V, shapes[k][0], shapes[k][1], 0x9E3779B97F4A7C15ull * (k + 1) + (uint64_t)backend, label);
+    }
+    test_fork(m, ref, V);
+    for (int i = 0; i < N_SEQ; i++) free(ref[i].rows);
+    muser_model_free(m);
+}
+
+int main(void) {
+    const char *types[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "q4_k_xl", "nvfp4", "nvfp4_ggml"};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        run_type(types[i], MUSER_BACKEND_REF);
+        run_type(types[i], MUSER_BACKEND_CPU);
+    }
+    fx_cleanup();
+    TEST_MAIN_END();
+}
