@@ -1,6 +1,7 @@
-# Thin front over CMake. `make run` builds and generates; `make test` builds
-# the Release and the ASan+UBSan configurations and runs the whole suite, then
-# builds the GGUF fuzzer with clang and gives it a short run.
+# Thin front over CMake. `make run` builds and generates with the shipped
+# model models/glimmer-tiny-q4_k_xl.gguf; `make test` builds the Release and
+# the ASan+UBSan configurations and runs the whole suite, then builds the
+# GGUF fuzzer with clang and gives it a short run.
 JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
