@@ -9,7 +9,7 @@
 #        FUZZ_WORK   scratch dir (default /tmp/muser-fuzz-gguf): corpus (kept
 #                    between runs), seeds, artifacts (crashes)
 #        FUZZ_JOBS   parallel fuzzing processes (default 1)
-#        FUZZ_RUNS   inputs the smoke run executes (default 2000000; it
+#        FUZZ_RUNS   inputs the smoke run executes (default 1000000; it
 #                    stops after 60 s regardless, on a slow machine)
 #        MUSER_SHARED  for the real tokenizer GGUF seeds (default ../shared)
 # Seeds: tests/malformed/*.gguf, valid files from make_malformed_corpus.py
@@ -38,7 +38,7 @@ run_fuzzer() { # BIN WORK ARGS...
     (cd "$work" && "$bin" "$@") || status=$?
     local found
     found=$(find "$work/artifacts" -type f | wc -l)
-    echo "fuzz exit status $status; $found artifact(s) in $work/artifacts; corpus $(ls "$work/corpus" | wc -l) inputs"
+    echo "fuzz exit status $status; $found artifact(s) in $work/artifacts; corpus $(find "$work/corpus" -type f | wc -l) inputs"
     [ "$status" -eq 0 ] && [ "$found" -eq 0 ]
 }
 
@@ -51,7 +51,7 @@ if [ "${1:-}" = "--smoke" ]; then
     rm -rf "$WORK"
     mkdir -p "$WORK/corpus" "$WORK/artifacts"
     common_args "$WORK"
-    run_fuzzer "$BIN" "$WORK" "${ARGS[@]}" -seed=1 -runs="${FUZZ_RUNS:-2000000}" -max_total_time=60 \
+    run_fuzzer "$BIN" "$WORK" "${ARGS[@]}" -seed=1 -runs="${FUZZ_RUNS:-1000000}" -max_total_time=60 \
         "$WORK/corpus" "$ROOT/tests/malformed"
     exit
 fi
