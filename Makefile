@@ -1,11 +1,14 @@
-# Thin front over CMake. `make run` builds and generates; `make test` builds
-# the Release and the ASan+UBSan configurations and runs the whole suite.
+# Thin front over CMake. `make run` builds and generates with the shipped
+# model models/glimmer-tiny-q4_k_xl.gguf; `make test` builds the Release and
+# the ASan+UBSan configurations and runs the whole suite, then builds the
+# GGUF fuzzer with clang and gives it a short run.
 JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
 MODEL ?= models/glimmer-tiny-q4_k_xl.gguf
 
-.PHONY: all deps build build-asan run models-local test test-release test-asan clean
+.PHONY: all deps build build-asan build-fuzz run models-local test test-release test-asan test-fuzz clean
 
 all: build
 
@@ -19,6 +22,11 @@ build: deps
 build-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMUSER_SANITIZE=ON >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+# libFuzzer needs clang; only the fuzz targets are built in this tree.
+build-fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMUSER_FUZZ=ON >/dev/null
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_gguf
 
 # The main job: generation with the shipped default model (glimmer-tiny).
 run: build
@@ -41,7 +49,10 @@ test-release: build
 test-asan: build-asan
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
 
-test: test-release test-asan
+test-fuzz: build-fuzz
+	cd $(FUZZ_BUILD) && ctest --output-on-failure -R '^fuzz_'
+
+test: test-release test-asan test-fuzz
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -1,5 +1,6 @@
-/* libFuzzer target for the GGUF reader (built only by scripts/fuzz_gguf.sh,
- * never by CMake). Parses the input from memory, then walks everything the
+/* libFuzzer target for the GGUF reader (CMake target fuzz_gguf in a clang
+ * build; `make test-fuzz` runs it briefly, scripts/fuzz_gguf.sh for longer).
+ * Parses the input from memory, then walks everything the
  * reader returned through the public lookups, getters and hashes, so any
  * inconsistent pointer, length or index shows up under ASan/UBSan. */
 #include "gguf/gguf.h"

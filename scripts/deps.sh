@@ -1,7 +1,9 @@
 #!/bin/sh
 # Install the Debian packages the build and tests need, if any are missing.
 set -e
-PKGS="cmake make gcc libssl-dev pkg-config python3 libpcre2-dev libjansson-dev python3-jinja2"
+# clang and libclang-rt-dev (its libFuzzer runtime, only a Recommends of clang)
+# build the fuzz targets.
+PKGS="cmake make gcc libssl-dev pkg-config python3 libpcre2-dev libjansson-dev python3-jinja2 clang libclang-rt-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -246,7 +246,7 @@ static void test_classes_and_literals(void) {
     expect_all(g, "nullable star", s_full, NULL, s_rej);
     mu_grammar_free(g);
 
-    /* the README's performance pattern x? x? ... and special chars */
+    /* llama.cpp's documented performance pattern x? x? ... and special chars */
     g = parse_str("root ::= ... \"abc\" ...");
     const char *d_full[] = {"abcabcabc", "\xf0\x9f\x94\xb5\xf0\x9f\x9f\xa0\xe2\x9c\x85" "abc"
                             "\xe2\x9d\x8c\xf0\x9f\x9f\xa0\xf0\x9f\x94\xb5", NULL},

@@ -1,8 +1,8 @@
 /* JSON Schema -> GBNF (src/grammar/json_schema.c).
  *
  * 1. Corpus: every tests/data/json_schema/NAME.json must convert to exactly
- *    NAME.gbnf, which llama.cpp's own converter printed (see the README
- *    there), after one documented patch for muser's deliberate fix of the
+ *    NAME.gbnf, which llama.cpp's own converter printed (see
+ *    tests/data/json_schema/README.md), after one documented patch for muser's deliberate fix of the
  *    additionalProperties key rule. Every produced grammar must also parse
  *    with mu_grammar_parse.
  * 2. Refusals: exact messages for keywords and constructs that llama would

@@ -1,4 +1,4 @@
-/* Block formats: the book's worked vectors bit for bit, exhaustive FP8/FP4
+/* Block formats: the worked vectors of docs/model.md bit for bit, exhaustive FP8/FP4
  * and f16/bf16 conversions, and the Q8_K quantizer rules. */
 #include "quant/quant.h"
 #include "testutil.h"

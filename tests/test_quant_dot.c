@@ -12,7 +12,7 @@ static float f16le(const uint8_t *p) { return mu_f16_to_f32((uint16_t)(p[0] | p[
 
 /* ------------------------------------------------ independent decoders */
 
-/* Digest §1.5 get_scale_min_k4. */
+/* get_scale_min_k4 as docs/model.md writes it (K-quants). */
 static void scale_min(const uint8_t *s, int j, int *sc, int *m) {
     if (j < 4) {
         *sc = s[j] & 63, *m = s[j + 4] & 63;
@@ -261,7 +261,8 @@ static void test_nvfp4_w4a16(void) {
     }
 }
 
-/* W4A4 activation quantization per the book's contract, re-derived here. */
+/* W4A4 activation quantization per the contract in docs/numerics.md,
+ * re-derived here. */
 /* divide_by_6 selects the variant amax / 6 (not the contract) for tests
  * that prove they can tell the two apart. */
 static uint8_t w4a4_quant_group_v(const float *x, float inv, uint8_t *code, bool divide_by_6) {

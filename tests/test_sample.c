@@ -760,7 +760,7 @@ static void test_chains_vs_llama(void) {
 
     /* temp 0 on integer logits (heavy ties at the maximum): a deliberate
      * difference from llama.cpp, which keeps the first maximum in candidate
-     * order; muser keeps the lowest token id (the book's argmax rule). With
+     * order; muser keeps the lowest token id (docs/sampling.md). With
      * top-k off every tied maximum survives, so the winner must be the row's
      * lowest-id maximum; with the default top-k 40 it must at least be a maximum. */
     for (int topk = 0; topk < 2; topk++) {

@@ -361,7 +361,7 @@ static void check_synth_file(const char *path, const char *type) {
         if (t->type == MU_TYPE_NVFP4) companions += 1;
     }
     CHECK_EQ_INT(f->n_tensors, (uint64_t)n + companions);
-    /* Lane rule (digest 2.1): NVFP4_E2M1 tensors iff weight_precision == nvfp4. */
+    /* Lane rule (docs/model.md, Lanes): NVFP4_E2M1 tensors iff weight_precision == nvfp4. */
     CHECK_EQ_INT(native > 0, !strcmp(type, "nvfp4"));
     if (is_nvfp4_lane(type)) CHECK_EQ_INT(native > 0 || companions > 0, 1);
     check_vectors(f);

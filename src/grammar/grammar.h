@@ -1,7 +1,8 @@
 /* GBNF grammars (llama.cpp's grammar format) and an incremental recognizer
  * that constrains generated tokens.
  *
- * Syntax: llama.cpp grammars/README.md, parsed as llama-grammar.cpp does:
+ * Syntax: llama.cpp's GBNF, parsed as llama.cpp's grammar parser does
+ * (differences: docs/sampling.md):
  * rules `name ::= alternatives` (names [a-zA-Z0-9-]+), `|`, `( )`, `* + ?`,
  * `{m} {m,} {m,n}` (counts <= 2000), string literals and `[...]` / `[^...]`
  * classes with the escapes \n \r \t \\ \" \[ \] \xHH \uHHHH \UHHHHHHHH,

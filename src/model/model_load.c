@@ -1,4 +1,5 @@
-/* Fail-closed loading of a muse-glimmer GGUF (book Ch 9, digest §2.1).
+/* Fail-closed loading of a muse-glimmer GGUF (keys, tensors and lanes:
+ * docs/model.md).
  * Every geometry value comes from the file and is checked against every
  * tensor; anything unexpected is refused with the key or tensor named. */
 #include "model/model.h"
@@ -115,7 +116,7 @@ static bool load_config(loader *L) {
     if (!mu_bind_f32(&L->b, ARCH ".rope.scaling.factor", &factor, false, 1.0f)) return false;
     if (factor <= 0) return mu_bind_fail(&L->b, "rope.scaling.factor must be > 0");
     /* llama.cpp applies the linear factor only to the full-attention base; muse
-     * never sets freq_scale_swa, so sliding layers keep 1.0 (spec §2). */
+     * never sets freq_scale_swa, so sliding layers keep 1.0 (docs/model.md). */
     return true;
 }
 
@@ -156,7 +157,7 @@ static bool bind_layer(loader *L, int il) {
               mu_bind_vector(&L->b, T("post_ffw_norm.weight"), E, &lw->post_ffw_norm);
     if (!ok) return false;
     /* The converter synthesizes q_norm = qk_scale_factor and k_norm = 1; a
-     * varying vector means a different model (book Ch 9: refuse). */
+     * varying vector means a different model, so refuse it (docs/model.md). */
     if (!constant_vector(lw->attn_q_norm, c->head_dim))
         return mu_bind_fail(&L->b, "tensor %s is not a constant broadcast (non-constant QK-norm)", T("attn_q_norm.weight"));
     if (!constant_vector(lw->attn_k_norm, c->head_dim))
@@ -165,7 +166,7 @@ static bool bind_layer(loader *L, int il) {
     return true;
 }
 
-/* Lane selection is fail-closed in both directions (digest §2.1). */
+/* Lane selection is fail-closed in both directions (docs/model.md, Lanes). */
 static bool select_lane(loader *L) {
     bool has_native = false;
     for (uint64_t i = 0; i < L->b.f->n_tensors; i++)

@@ -1,4 +1,4 @@
-/* K-quants: Q4_K, Q5_K, Q6_K (256-value super-blocks; digest §1.5-1.7).
+/* K-quants: Q4_K, Q5_K, Q6_K (256-value super-blocks; docs/model.md).
  *
  * Q4_K (144 B): d f16 | dmin f16 | scales[12] (8 x 6-bit sc, 8 x 6-bit m) | qs[128]
  *   sub-block j (values 32j..32j+31): y = (d*sc_j)*code - dmin*m_j, code 0..15

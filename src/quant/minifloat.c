@@ -1,4 +1,4 @@
-/* FP8 E4M3FN, ggml's UE4M3 and FP4 E2M1 (book Ch 7): decode tables,
+/* FP8 E4M3FN, ggml's UE4M3 and FP4 E2M1 (docs/model.md): decode tables,
  * rounding rules and the exact integer twins used by the NVFP4 dots. */
 #include "quant/quant_internal.h"
 #include <math.h>

@@ -1,6 +1,6 @@
 /* NVFP4 in its two layouts.
  *
- * Native (book Ch 7, types 1000 + 1001): per row n/2 payload bytes, value 2p
+ * Native (types 1000 + 1001, docs/model.md): per row n/2 payload bytes, value 2p
  * in the low nibble of byte p and value 2p+1 in the high nibble; n/16 E4M3FN
  * scale bytes in a companion tensor; one f32 scale2 per tensor.
  *   value = (e2m1(code) * e4m3fn(scale)) * scale2           (pinned order)
@@ -79,8 +79,8 @@ float mu_nvfp4_dot_q8k(const uint8_t *payload, const uint8_t *scales, const mu_b
     return ((float)itotal * 0x1p-10f) * x->d;
 }
 
-/* W4A4 activation group (the producer's compressed-tensors contract, as the
- * book's CPU oracle and GPU kernel write it): r = f32(f16(x)); amax = max|r|;
+/* W4A4 activation group (the contract docs/numerics.md writes out, which
+ * every backend must match): r = f32(f16(x)); amax = max|r|;
  * scale byte = e4m3fn_from_f32(min((amax * 0x1.555556p-3f) * inv, 448)),
  * 0x1.555556p-3f being 1/6 in f32; with s = e4m3fn(scale byte) and
  * t = |r| * inv, the code magnitude follows the E2M1 midpoints scaled by s:

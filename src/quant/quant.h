@@ -22,8 +22,8 @@ enum mu_type {
     MU_TYPE_Q8_K = 15,
     MU_TYPE_BF16 = 30,
     MU_TYPE_NVFP4 = 40,          /* llama.cpp GGML_TYPE_NVFP4: 64 values, 4 UE4M3 scales, 36 B */
-    MU_TYPE_NVFP4_E2M1 = 1000,   /* book-native payload: 2 codes per byte, low nibble = even index */
-    MU_TYPE_F8_E4M3FN = 1001,    /* book-native per-16 scales */
+    MU_TYPE_NVFP4_E2M1 = 1000,   /* native NVFP4 payload: 2 codes per byte, low nibble = even index (docs/model.md) */
+    MU_TYPE_F8_E4M3FN = 1001,    /* native NVFP4 per-16 scales */
 };
 
 #define MU_QK_K 256
@@ -69,7 +69,7 @@ bool mu_type_row_bytes(uint32_t type, uint64_t n, uint64_t *out);
 void mu_quantize_q8k(const float *x, mu_block_q8k *y, int64_t n, bool via_f16);
 void mu_dequantize_q8k(const mu_block_q8k *x, float *y, int64_t n);
 
-/* FP8/FP4 helpers (book Ch 7). */
+/* FP8/FP4 helpers (formats: docs/model.md, Minifloats). */
 float mu_e4m3fn_to_f32(uint8_t b);         /* NaN for 0x7F/0xFF */
 uint8_t mu_e4m3fn_from_f32(float f);       /* nearest, ties to even code, saturate 448, NaN->0x7F */
 float mu_ue4m3_to_f32(uint8_t b);          /* ggml NVFP4 block scale: sign bit ignored */
@@ -135,7 +135,7 @@ float mu_nvfp4_tensor_scale2(const float *w, int64_t n);
 /* Native NVFP4 f_b for one 256-value block (128 payload bytes, 16 scale
  * bytes): ((float)itotal * 2^-10) * x->d, without scale2. */
 float mu_nvfp4_dot_q8k(const uint8_t *payload, const uint8_t *scales, const mu_block_q8k *x);
-/* Native NVFP4 W4A4 row dot (book §7.4.3), f16-rounded result; n % 16 == 0. */
+/* Native NVFP4 W4A4 row dot (order: docs/numerics.md), f16-rounded result; n % 16 == 0. */
 float mu_nvfp4_w4a4_dot(const uint8_t *payload, const uint8_t *scales, float scale2,
                         float input_scale_inv, const float *x, int64_t n);
 /* Validate a weight view before any dot: supported matmul type, n_in

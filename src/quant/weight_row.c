@@ -17,7 +17,7 @@
  *   exact integer sums inside the block, then a few named f32 operations.
  *
  * Native NVFP4 W4A16 (type 1000, input_scale_inv == 0), activations
- * quantized with via_f16 = true (the book's order):
+ * quantized with via_f16 = true (the order of docs/numerics.md):
  *   total = 0.0f; for each b: total = total + ((((float)itotal_b * 0x1p-10f)
  *           * xd_b) * scale2);  result = f32(f16(total))
  * Native NVFP4 W4A4 (input_scale_inv > 0): mu_nvfp4_w4a4_dot on the f32 x.

@@ -154,8 +154,8 @@ void mu_sample_temp(mu_candidates *c, float temp) {
     if (c->size == 0) return;
     if (temp <= 0.0f) {
         /* Greedy: the maximum survives. Among equal maxima the lowest token id
-         * wins (the book's first-maximum rule, which every argmax in the engine
-         * and a GPU reduction share). llama.cpp keeps the first in candidate
+         * wins (the engine's first-maximum rule, docs/sampling.md, which every
+         * argmax in the engine and a GPU reduction share). llama.cpp keeps the first in candidate
          * order instead; the two differ only on exact ties. */
         size_t max_i = 0;
         float max_l = c->data[0].logit;

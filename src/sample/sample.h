@@ -211,7 +211,7 @@ typedef struct mu_sampler_params {
     float dry_multiplier;       /* 0.00 = off */
     float dry_base;             /* 1.75 */
     int32_t dry_allowed_length; /* 2 */
-    int32_t dry_penalty_last_n; /* -1 = n_ctx (pinned default; README tables say 64) */
+    int32_t dry_penalty_last_n; /* -1 = n_ctx (llama.cpp's coded default, not the 64 its docs list; docs/sampling.md) */
     const char *const *dry_breakers; /* default "\n" ":" "\"" "*" */
     size_t n_dry_breakers;
     float dynatemp_range;       /* 0.00 = off */
