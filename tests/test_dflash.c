@@ -156,7 +156,7 @@ static void test_loader(void) {
         mu_dflash_free(d);
         remove(dst);
     }
-    /* A missing window loads (with a warning) at the book's 2048. */
+    /* A missing window loads (with a warning) at the default 2048 (docs/speculative.md). */
     const edit no_window = {.name = "no window", .drop_key = "dflash.attention.sliding_window"};
     char dst[300];
     snprintf(dst, sizeof dst, "%s/dflash-no-window.gguf", fx_tmpdir());

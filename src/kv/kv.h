@@ -81,7 +81,7 @@ static inline int64_t mu_kv_end(const mu_kv_layer *l) { return l->origin_logical
 /* Host backends only (the planes are host memory):
  * one head's K or V (head_dim values) at a logical position; NULL when pos
  * is not held or head is out of range. Each head's plane is contiguous (the
- * book's head-major layout), so attention over consecutive positions of one
+ * head-major layout of docs/numerics.md), so attention over consecutive positions of one
  * head streams one address range; a ring wraps once. */
 const uint16_t *mu_kv_k(const mu_kv_layer *l, int64_t pos, int64_t head);
 const uint16_t *mu_kv_v(const mu_kv_layer *l, int64_t pos, int64_t head);

@@ -1,4 +1,4 @@
-/* The DFlash assistant (book Ch 8; tools/train/dflash.py is the reference):
+/* The DFlash assistant (docs/speculative.md; tools/train/dflash.py is the reference):
  * a small drafter conditioned on the target's hidden states that proposes a
  * block of tokens in one forward, and the exact greedy speculative loop that
  * verifies those proposals with the target.
@@ -20,7 +20,7 @@
 #include "backend/backend.h"
 
 #define MU_DFLASH_SINK 64             /* cache ABI constant, not GGUF metadata */
-#define MU_DFLASH_DEFAULT_WINDOW 2048 /* the book's value when the key is missing */
+#define MU_DFLASH_DEFAULT_WINDOW 2048 /* used when the key is missing (docs/speculative.md) */
 
 typedef struct mu_dflash_config {
     int64_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_ctx_train;
@@ -52,7 +52,7 @@ typedef struct mu_dflash {
 
 /* Load and validate a dflash GGUF; NULL with a message naming the key or
  * tensor. A missing sliding_window is accepted with a loud warning on
- * stderr (the book's rule), everything else fails closed. */
+ * stderr (docs/speculative.md), everything else fails closed. */
 mu_dflash *mu_dflash_load(const char *path, mu_error *err);
 /* Validate an already-open GGUF (takes ownership of f on success and failure). */
 mu_dflash *mu_dflash_from_gguf(gguf_file *f, mu_error *err);

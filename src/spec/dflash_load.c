@@ -1,6 +1,6 @@
-/* Fail-closed loading of a dflash GGUF (digest §2.3 and §8; layout of
- * tools/train/export_dflash.py and llama.cpp's converter, spec
- * muse-glimmer-gguf.md §9). Every geometry value comes from the file and is
+/* Fail-closed loading of a dflash GGUF (docs/speculative.md; the layout of
+ * tools/train/export_dflash.py and llama.cpp's converter, docs/glimmer-tiny.md).
+ * Every geometry value comes from the file and is
  * checked against every tensor; anything unexpected is refused by name. */
 #include "spec/dflash.h"
 #include "gguf/gguf_internal.h"

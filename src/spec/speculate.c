@@ -8,14 +8,14 @@
  * next pending token. The target rolls back to the rows that were kept, and
  * their hidden states go to the assistant's context.
  *
- * Drawing with the target's own chain is the book's acceptance rule
+ * Drawing with the target's own chain is the standard acceptance rule (docs/speculative.md)
  * min(1, p/q) with residual max(p - q, 0) for a draft that proposes its
  * argmax (q is one-hot): the proposal is kept with probability p(d), and a
  * rejection draws from p without d, renormalized. Here it also consumes the
  * sampler's random stream exactly as plain decoding does, so the output is
  * token for token the plain output for the same seed.
  *
- * An adaptive gate (the book's Ch 8 windowed gate plus a speed check)
+ * An adaptive gate (a windowed acceptance gate plus a speed check, docs/speculative.md)
  * falls back to one-token steps when speculation does not pay; it changes
  * speed only, never tokens. */
 #include "spec/speculate.h"
@@ -32,7 +32,7 @@ struct muser_draft {
 
 /* ---------------------------------------------------------------- gate */
 
-#define GATE_WINDOW 8          /* rounds judged together (book Ch 8) */
+#define GATE_WINDOW 8          /* rounds judged together (docs/speculative.md) */
 #define GATE_WARMUP 1          /* rounds after (re)opening that are not judged (context catch-up) */
 #define GATE_MIN_PROPOSALS 32
 #define GATE_MIN_ACCEPTANCE 0.25

@@ -1,4 +1,4 @@
-/* Exact greedy speculative decoding with a DFlash assistant (book Ch 8.4).
+/* Exact greedy speculative decoding with a DFlash assistant (docs/speculative.md).
  *
  * Contract: the returned tokens are exactly the target's plain greedy
  * continuation (argmax, lowest id on ties, stopping after an end-of-

@@ -380,10 +380,9 @@ static int env_switch(const char *name) {
 }
 
 /* MUSER_CPU_REPACK=1 / 0 forces the load-time repack (X16 with AVX-512,
- * X8 with AVX2) on / off; it is on by default. (Until the sixth session X16
- * was on for AMD only: the X16 kernel's prefetch had been compiled away,
- * and without it X16 lost on an Intel Xeon. With it, X16 decode is 8-30 %
- * faster there; docs/benchmarks.md.) */
+ * X8 with AVX2) on / off; it is on by default (with the X16 kernel's weight
+ * prefetch, X16 decode is 8-30 % faster on an Intel Xeon too:
+ * docs/benchmarks.md, Intel host). */
 static bool repack_enabled(void) {
     const int forced = env_switch("MUSER_CPU_REPACK");
     return forced != 0;

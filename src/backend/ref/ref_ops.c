@@ -140,7 +140,7 @@ static void ref_add(mu_backend *b, float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
 }
 
-/* Scale, then soft-cap (book: scale-then-softcap order is a contract). */
+/* Scale, then soft-cap (the order is part of the contract: docs/numerics.md). */
 static void ref_logit_tail(mu_backend *b, float *l, float scale, float cap, int64_t n) {
     (void)b;
     for (int64_t i = 0; i < n; i++) {
