@@ -1,4 +1,4 @@
-/* Two-class KV cache (docs/numerics.md, "KV cache"), f16 storage.
+/* Two-class KV cache (docs/model.md; storage and order: docs/numerics.md, "KV store"), f16 storage.
  *  - Sliding (SWA) layers: a ring of min(n_ctx, window + slack) rows, where
  *    slack is the most rows one forward stores for this sequence minus one:
  *    a batch stores all its rows before attention reads any, so the ring

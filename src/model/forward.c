@@ -1,4 +1,4 @@
-/* One forward pass (docs/numerics.md, "The forward pass"):
+/* One forward pass (docs/model.md, "Graph"; each op's order: docs/numerics.md):
  *   x = rmsnorm(embed(tokens))                             (weightless, eps)
  *   per layer:  h = rmsnorm(x)*attn_norm; q,k,v,g = W h
  *               q,k = per-head rmsnorm * q_norm/k_norm; RoPE on sliding layers
