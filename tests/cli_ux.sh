@@ -1,0 +1,45 @@
+#!/bin/bash
+# First-use defects of the CLI: out-of-range sampling values refused by flag
+# name, non-regular model files refused instead of hanging, `muser info` on a
+# DFlash assistant, tokenize/detokenize defaulting to the shipped model, one
+# "muser CMD:" prefix per error, and file errors that give the reason.
+set -u
+source "$(dirname "$0")/lib_cli.sh" ux
+G="$MUSER_SOURCE_DIR/models/glimmer-tiny-q4_k_xl.gguf"
+A="$MUSER_SOURCE_DIR/models/glimmer-tiny-dflash-q4_k_xl.gguf"
+
+check "$M" synth --preset tiny --type q4_k_xl --seed 42 -o "$T/tiny.gguf" --no-progress
+TOK=1,2,3,4,5,6,7,8,9,10
+run1() { "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 2 "$@"; }
+
+# 1. sampling values outside their meaningful range are refused by flag name
+expect_fail "--top-p must be in [0, 1], got '2'" run1 --top-p 2
+expect_fail "--top-p must be in [0, 1], got '-0.1'" run1 --top-p -0.1
+expect_fail "--min-p must be in [0, 1], got '1.5'" run1 --min-p 1.5
+expect_fail "--typical must be in [0, 1], got '3'" run1 --typical 3
+expect_fail "--typical-p must be in [0, 1], got '-1'" run1 --typical-p -1
+expect_fail "--xtc-probability must be in [0, 1], got '1.01'" run1 --xtc-probability 1.01
+expect_fail "--xtc-threshold must be in [0, 1], got '-0.5'" run1 --xtc-threshold -0.5
+expect_fail "--temp must be >= 0, got '-1'" run1 --temp -1
+expect_fail "--temperature must be >= 0, got '-0.5'" run1 --temperature -0.5
+expect_fail "--repeat-penalty must be > 0, got '0'" run1 --repeat-penalty 0
+expect_fail "--repeat-penalty must be > 0, got '-1.1'" run1 --repeat-penalty -1.1
+expect_fail "--dry-multiplier must be >= 0, got '-1'" run1 --dry-multiplier -1
+expect_fail "--dry-base must be >= 1, got '0.5'" run1 --dry-base 0.5
+expect_fail "--dynatemp-range must be >= 0, got '-2'" run1 --dynatemp-range -2
+expect_fail "--dynatemp-exp must be >= 0, got '-1'" run1 --dynatemp-exp -1
+expect_fail "--mirostat-lr must be >= 0, got '-0.1'" run1 --mirostat-lr -0.1
+expect_fail "--mirostat-ent must be >= 0, got '-5'" run1 --mirostat-ent -5
+expect_fail "--mirostat expects an integer in [0, 2], got '3'" run1 --mirostat 3
+expect_fail "--repeat-last-n expects an integer in [-1," run1 --repeat-last-n -2
+expect_fail "--dry-penalty-last-n expects an integer in [-1," run1 --dry-penalty-last-n -2
+expect_fail "--min-keep expects an integer in [0," run1 --min-keep -1
+expect_fail "--top-p expects a finite number, got 'nan'" run1 --top-p nan
+# ... while every value llama.cpp gives a meaning to is still accepted
+check run1 --temp 0 --top-p 0 --min-p 1 --typical 0 --xtc-probability 1 --xtc-threshold 1 >/dev/null 2>&1
+check run1 --top-p 1 --min-p 0 --typical 1 --xtc-probability 0 --xtc-threshold 0 >/dev/null 2>&1
+check run1 --top-k 0 --top-k -5 --top-nsigma -1 --repeat-last-n -1 --dry-penalty-last-n -1 >/dev/null 2>&1
+check run1 --presence-penalty -1.5 --frequency-penalty -2 --repeat-penalty 0.5 --dry-base 1 >/dev/null 2>&1
+check run1 --mirostat 2 --mirostat-lr 0 --mirostat-ent 0 --dynatemp-range 0 --dynatemp-exp 0 >/dev/null 2>&1
+
+exit $fail
