@@ -42,4 +42,21 @@ check run1 --top-k 0 --top-k -5 --top-nsigma -1 --repeat-last-n -1 --dry-penalty
 check run1 --presence-penalty -1.5 --frequency-penalty -2 --repeat-penalty 0.5 --dry-base 1 >/dev/null 2>&1
 check run1 --mirostat 2 --mirostat-lr 0 --mirostat-ent 0 --dynatemp-range 0 --dynatemp-exp 0 >/dev/null 2>&1
 
+# 2. a FIFO, a directory, /dev/null: refused at once, by every command that opens a model
+mkfifo "$T/fifo.gguf"
+mkdir "$T/dir.gguf"
+nonreg() { # WANT KIND CMD...: fails within 20 s (a FIFO used to block forever) saying WANT
+    local want="$1"; shift
+    expect_fail "$want: is not a regular file ($1)" timeout 20 "${@:2}"
+}
+for cmd in "info -m" "run --tokens 1 -m" "tokenize hi -m" "detokenize 1 -m" "perplexity -f $T/fifo.gguf -m"; do
+    # shellcheck disable=SC2086
+    nonreg "$T/fifo.gguf" "a FIFO" "$M" $cmd "$T/fifo.gguf"
+done
+nonreg "$T/dir.gguf" "a directory" "$M" info -m "$T/dir.gguf"
+nonreg /dev/null "a character device" "$M" info -m /dev/null
+nonreg "$T/fifo.gguf" "a FIFO" "$M" quantize "$T/fifo.gguf" "$T/q.gguf" Q8_0
+nonreg "$T/dir.gguf" "a directory" "$M" run --tokens 1 -m "$T/dir.gguf"
+nonreg "$T/fifo.gguf" "a FIFO" "$M" run --tokens 1 -m "$T/tiny.gguf" --draft "$T/fifo.gguf"
+
 exit $fail
