@@ -59,4 +59,21 @@ nonreg "$T/fifo.gguf" "a FIFO" "$M" quantize "$T/fifo.gguf" "$T/q.gguf" Q8_0
 nonreg "$T/dir.gguf" "a directory" "$M" run --tokens 1 -m "$T/dir.gguf"
 nonreg "$T/fifo.gguf" "a FIFO" "$M" run --tokens 1 -m "$T/tiny.gguf" --draft "$T/fifo.gguf"
 
+# 5. one "muser CMD:" prefix per error
+once() { # CMD WANT ARGS...: `muser ARGS` fails, says WANT, and names CMD once
+    local cmd="$1" want="$2"; shift 2
+    local out
+    if out=$("$M" "$@" 2>&1); then echo "FAILED (exit 0): muser $*" >&2; fail=1; return; fi
+    grep -qF -- "muser $cmd: $want" <<<"$out" || { echo "FAILED (message '$out' lacks 'muser $cmd: $want'): muser $*" >&2; fail=1; }
+    ! grep -qF -- "$cmd: $cmd:" <<<"$out" || { echo "FAILED (prefix doubled in '$out'): muser $*" >&2; fail=1; }
+}
+once synth "unknown preset 'bogus'" synth --preset bogus --type q4_k_xl -o "$T/x.gguf"
+once synth "n_layer = 3 is not a multiple" synth --preset tiny --type q4_k_xl --layers 3 -o "$T/x.gguf"
+once synth "unknown weight type 'Q2_K'" synth --preset tiny --type Q2_K -o "$T/x.gguf"
+once quantize "unknown weight type 'BOGUS'" quantize "$T/tiny.gguf" "$T/q.gguf" BOGUS
+once detokenize "token 0 has id 99999" detokenize -m "$T/tiny.gguf" 99999
+once tokenize "$T/missing.gguf: cannot open: No such file or directory" tokenize -m "$T/missing.gguf" hi
+once info "$T/missing.gguf: cannot open: No such file or directory" info -m "$T/missing.gguf"
+once perplexity "$T/missing.gguf: cannot open: No such file or directory" perplexity -m "$T/missing.gguf" -f "$T/x"
+
 exit $fail

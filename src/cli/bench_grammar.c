@@ -60,7 +60,7 @@ static void print_table(const vocab_result *v, int n, int reps) {
 static bool write_json(const char *path, const vocab_result *v, int n, int reps, mu_error *err) {
     FILE *f = !strcmp(path, "-") ? stdout : fopen(path, "w");
     if (!f) {
-        mu_err_set(err, "bench: cannot write %s: %s", path, strerror(errno));
+        mu_err_set(err, "cannot write %s: %s", path, strerror(errno));
         return false;
     }
     fprintf(f, "{\n  \"muser_bench_grammar\": 1,\n  \"grammar\": \"json.gbnf\",\n  \"reps\": %d,\n  \"vocabs\": [\n",
@@ -110,7 +110,7 @@ int bench_grammar(const char *model_path, int reps, const char *json_path, bool 
     print_table(res, n, reps);
     rc = json_path && !write_json(json_path, res, n, reps, &err) ? 1 : 0;
 done:
-    if (rc) fprintf(stderr, "muser bench: %s\n", err.msg);
+    if (rc) cli_error("bench", err.msg);
     for (int i = 0; i < n; i++)
         for (int k = 0; k < 3; k++) free(res[i].ms[k].samples);
     mu_grammar_vocab_free(real);

@@ -158,10 +158,10 @@ int cmd_info(int argc, char **argv) {
     if (!c.path) { fprintf(stderr, "muser info: -m MODEL is required\n"); return 2; }
     mu_error err;
     c.f = gguf_open(c.path, &err);
-    if (!c.f) { fprintf(stderr, "muser info: %s\n", err.msg); return 1; }
+    if (!c.f) { cli_error("info", err.msg); return 1; }
     t_hash0 = mu_now();
     if (!gguf_sha256_file(c.path, c.file_sha, hash_progress, NULL, &err)) {
-        fprintf(stderr, "muser info: %s\n", err.msg);
+        cli_error("info", err.msg);
         gguf_close(c.f);
         return 1;
     }

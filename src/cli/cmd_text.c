@@ -10,7 +10,7 @@ static muser_model *load(const char *cmd, const char *path) {
     muser_error err;
     muser_model_params mp = {.backend = MUSER_BACKEND_REF};
     muser_model *m = muser_model_load(path, &mp, &err);
-    if (!m) fprintf(stderr, "muser %s: %s\n", cmd, err.msg);
+    if (!m) cli_error(cmd, err.msg);
     else if (!muser_model_has_tokenizer(m)) {
         fprintf(stderr, "muser %s: %s has no tokenizer metadata\n", cmd, path);
         muser_model_free(m);
@@ -46,7 +46,7 @@ int cmd_tokenize(int argc, char **argv) {
     int32_t *ids = NULL;
     int64_t n = muser_tokenize(m, text, strlen(text), add_special, parse_special, &ids, &err);
     int rc = 0;
-    if (n < 0) { fprintf(stderr, "muser tokenize: %s\n", err.msg); rc = 1; }
+    if (n < 0) { cli_error("tokenize", err.msg); rc = 1; }
     for (int64_t i = 0; i < n; i++) {
         if (ids_only) { printf("%s%d", i ? "," : "", ids[i]); continue; }
         printf("%6d ", ids[i]);
@@ -84,7 +84,7 @@ int cmd_detokenize(int argc, char **argv) {
     size_t len;
     char *text = muser_detokenize(m, ids, (size_t)n, special, &len, &err);
     int rc = 0;
-    if (!text) { fprintf(stderr, "muser detokenize: %s\n", err.msg); rc = 1; }
+    if (!text) { cli_error("detokenize", err.msg); rc = 1; }
     else { fwrite(text, 1, len, stdout); printf("\n"); }
     free(text);
     free(ids);
@@ -172,7 +172,7 @@ int cmd_chat_template(int argc, char **argv) {
     free(msgs);
     free(tools);
     if (!out) {
-        if (err.msg[0]) fprintf(stderr, "muser chat-template: %s\n", err.msg);
+        if (err.msg[0]) cli_error("chat-template", err.msg);
         return 1;
     }
     fwrite(out, 1, out_len, stdout);
