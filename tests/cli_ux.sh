@@ -59,6 +59,45 @@ nonreg "$T/fifo.gguf" "a FIFO" "$M" quantize "$T/fifo.gguf" "$T/q.gguf" Q8_0
 nonreg "$T/dir.gguf" "a directory" "$M" run --tokens 1 -m "$T/dir.gguf"
 nonreg "$T/fifo.gguf" "a FIFO" "$M" run --tokens 1 -m "$T/tiny.gguf" --draft "$T/fifo.gguf"
 
+# 3. muser info describes a DFlash assistant as one, exit 0, text and --json
+check "$M" info -m "$A" >"$T/ainfo.txt"
+for want in "assistant:   glimmer-tiny-dflash" "architecture: dflash (a DFlash assistant" \
+    "target layers: 1, 2, 4, 5, 7 (one-based)" "drafting:    block size 16, window 256 after a 64-row sink, mask token 8190" \
+    "validation:  ok" "  total           58 tensors" "  fc.weight"; do
+    grep -qF -- "$want" "$T/ainfo.txt" || { echo "FAILED: info on the assistant lacks '$want'" >&2; fail=1; }
+done
+grep -q REFUSED "$T/ainfo.txt" && { echo "FAILED: info refuses the assistant" >&2; fail=1; }
+check "$M" info -m "$A" --json >"$T/ainfo.json"
+check "$M" info -m "$G" --json --no-tensors >"$T/ginfo.json"
+check $PY -c "
+import json
+d = json.load(open('$T/ainfo.json')); g = json.load(open('$T/ginfo.json'))
+assert d['valid'] and d['kind'] == 'assistant' and d['architecture'] == 'dflash', d
+a = d['assistant']
+assert a['target_layers'] == [1, 2, 4, 5, 7] and a['block_size'] == 16 and a['sliding_window'] == 256, a
+assert a['mask_token'] == 8190 and a['sink'] == 64 and not a['window_defaulted'], a
+assert d['geometry']['n_layer'] == 5 and d['geometry']['n_vocab'] == 8192, d['geometry']
+assert len(d['tensors']) == d['n_tensors'] == 58 and sum(t['tensors'] for t in d['types']) == 58
+# the identity the assistant is checked against is the shipped target's tokenizer hash
+assert d['sha256']['target_tokenizer'] == g['sha256']['tokenizer'], (d['sha256'], g['sha256'])
+assert g['kind'] == 'model' and g['valid']
+"
+# an assistant that fails its own validation is still refused (exit 3), as an assistant
+$PY - "$A" "$T/bad-assistant.gguf" <<'EOF'
+import sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+i = b.find(b'dflash.block_size')
+assert i > 0
+i += len(b'dflash.block_size')
+assert int.from_bytes(b[i:i + 4], 'little') == 4  # uint32
+b[i + 4:i + 8] = (1).to_bytes(4, 'little')        # block size 1: out of range
+open(sys.argv[2], 'wb').write(b)
+EOF
+"$M" info -m "$T/bad-assistant.gguf" --no-tensors >"$T/bad.txt" 2>&1
+check test $? -eq 3
+check grep -qF "architecture: dflash (a DFlash assistant)" "$T/bad.txt"
+check grep -qF "REFUSED: $T/bad-assistant.gguf: dflash.block_size 1 is out of range" "$T/bad.txt"
+
 # 5. one "muser CMD:" prefix per error
 once() { # CMD WANT ARGS...: `muser ARGS` fails, says WANT, and names CMD once
     local cmd="$1" want="$2"; shift 2
