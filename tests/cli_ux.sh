@@ -98,6 +98,18 @@ check test $? -eq 3
 check grep -qF "architecture: dflash (a DFlash assistant)" "$T/bad.txt"
 check grep -qF "REFUSED: $T/bad-assistant.gguf: dflash.block_size 1 is out of range" "$T/bad.txt"
 
+# 4. tokenize / detokenize default to $MUSER_MODEL, else the shipped model, like run
+check env -u MUSER_MODEL "$M" tokenize "Hello world" --ids --no-bos >"$T/d1.txt"
+check "$M" tokenize -m "$G" "Hello world" --ids --no-bos >"$T/d2.txt"
+check cmp "$T/d1.txt" "$T/d2.txt"
+check test "$(env -u MUSER_MODEL "$M" detokenize "$(cat "$T/d1.txt")")" = "Hello world"
+check env MUSER_MODEL="$T/tiny.gguf" "$M" tokenize "Hello world" --ids --no-bos >"$T/d3.txt"
+check "$M" tokenize -m "$T/tiny.gguf" "Hello world" --ids --no-bos >"$T/d4.txt"
+check cmp "$T/d3.txt" "$T/d4.txt"
+check test "$(env MUSER_MODEL="$T/tiny.gguf" "$M" detokenize "$(cat "$T/d4.txt")")" = "Hello world"
+expect_fail "usage: muser tokenize [-m MODEL] TEXT" "$M" tokenize
+expect_fail "usage: muser detokenize [-m MODEL] 1,2,3" "$M" detokenize
+
 # 5. one "muser CMD:" prefix per error
 once() { # CMD WANT ARGS...: `muser ARGS` fails, says WANT, and names CMD once
     local cmd="$1" want="$2"; shift 2

@@ -25,10 +25,11 @@ int cmd_tokenize(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: muser tokenize -m MODEL TEXT [--ids] [--no-bos] [--no-parse-special]\n\n"
+            printf("usage: muser tokenize [-m MODEL] TEXT [--ids] [--no-bos] [--no-parse-special]\n\n"
                    "Prints one line per token: id and its text (quoted, escaped); --ids prints\n"
                    "a comma-separated id list instead. Control-token texts in TEXT are parsed as\n"
-                   "those tokens unless --no-parse-special; BOS is added as the model asks unless --no-bos.\n");
+                   "those tokens unless --no-parse-special; BOS is added as the model asks unless --no-bos.\n"
+                   "MODEL defaults to $MUSER_MODEL, else the shipped model (as for muser run).\n");
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!cli_value("tokenize", argc, argv, &i, &model)) return 2;
@@ -39,7 +40,8 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!text) text = a;
         else { fprintf(stderr, "muser tokenize: one TEXT argument expected (quote it)\n"); return 2; }
     }
-    if (!model || !text) { fprintf(stderr, "muser tokenize: usage: muser tokenize -m MODEL TEXT\n"); return 2; }
+    if (!text) { fprintf(stderr, "muser tokenize: usage: muser tokenize [-m MODEL] TEXT\n"); return 2; }
+    if (!cli_model_or_default("tokenize", &model)) return 2;
     muser_model *m = load("tokenize", model);
     if (!m) return 1;
     muser_error err;
@@ -65,8 +67,9 @@ int cmd_detokenize(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: muser detokenize -m MODEL 1,2,3 [--no-special]\n\n"
-                   "Prints the text the ids stand for (control tokens rendered unless --no-special).\n");
+            printf("usage: muser detokenize [-m MODEL] 1,2,3 [--no-special]\n\n"
+                   "Prints the text the ids stand for (control tokens rendered unless --no-special).\n"
+                   "MODEL defaults to $MUSER_MODEL, else the shipped model (as for muser run).\n");
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!cli_value("detokenize", argc, argv, &i, &model)) return 2;
@@ -74,7 +77,8 @@ int cmd_detokenize(int argc, char **argv) {
         else if (a[0] == '-' && a[1]) { fprintf(stderr, "muser detokenize: unknown option '%s'\n", a); return 2; }
         else list = a;
     }
-    if (!model || !list) { fprintf(stderr, "muser detokenize: usage: muser detokenize -m MODEL 1,2,3\n"); return 2; }
+    if (!list) { fprintf(stderr, "muser detokenize: usage: muser detokenize [-m MODEL] 1,2,3\n"); return 2; }
+    if (!cli_model_or_default("detokenize", &model)) return 2;
     int32_t *ids;
     int64_t n;
     if (!cli_parse_ids("detokenize", list, &ids, &n)) return 2;
