@@ -127,4 +127,19 @@ once tokenize "$T/missing.gguf: cannot open: No such file or directory" tokenize
 once info "$T/missing.gguf: cannot open: No such file or directory" info -m "$T/missing.gguf"
 once perplexity "$T/missing.gguf: cannot open: No such file or directory" perplexity -m "$T/missing.gguf" -f "$T/x"
 
+# 6. file errors give the reason
+once chat-template "cannot open $T/missing.json: No such file or directory" \
+    chat-template -m "$T/tiny.gguf" --messages "$T/missing.json"
+once chat-template "reading $T/dir.gguf failed: Is a directory" chat-template -m "$T/tiny.gguf" --messages "$T/dir.gguf"
+once perplexity "cannot open $T/missing.txt: No such file or directory" perplexity -m "$T/tiny.gguf" -f "$T/missing.txt"
+once run "cannot open $T/missing.gbnf: No such file or directory" run -m "$T/tiny.gguf" --tokens 1 --grammar-file "$T/missing.gbnf"
+once quantize "$T/nodir/q.gguf.tmp." quantize "$T/tiny.gguf" "$T/nodir/q.gguf" Q8_0 --no-progress
+expect_fail ": cannot create: No such file or directory" "$M" quantize "$T/tiny.gguf" "$T/nodir/q.gguf" Q8_0 --no-progress
+once synth "$T/nodir/x.gguf.tmp." synth --preset tiny --type q4_k_xl -o "$T/nodir/x.gguf" --no-progress
+expect_fail ": cannot create: No such file or directory" "$M" synth --preset tiny --type q4_k_xl -o "$T/nodir/x.gguf" --no-progress
+once bench "cannot write $T/nodir/g.json: No such file or directory" bench --grammar --reps 1 --json "$T/nodir/g.json" -q
+# a write that fails only when the buffer is flushed (full disk) still says why
+if [ -w /dev/full ]; then
+    once bench "writing /dev/full failed: No space left on device" bench --grammar --reps 1 --json /dev/full -q
+fi
 exit $fail

@@ -79,10 +79,13 @@ static bool write_json(const char *path, const vocab_result *v, int n, int reps,
         fprintf(f, "      ]\n    }%s\n", i + 1 < n ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    bool ok = f == stdout || !ferror(f);
-    if (f != stdout && fclose(f)) ok = false;
-    if (!ok) mu_err_set(err, "bench: writing %s failed", path);
-    return ok;
+    /* fflush and fclose report the failure of the buffered writes (a full
+     * disk) with errno set; ferror alone does not keep errno. */
+    int e = fflush(f) ? errno : 0;
+    if (!e && ferror(f)) e = EIO;
+    if (f != stdout && fclose(f) && !e) e = errno;
+    if (e) mu_err_set(err, "writing %s failed: %s", path, strerror(e));
+    return !e;
 }
 
 int bench_grammar(const char *model_path, int reps, const char *json_path, bool quiet) {

@@ -3,6 +3,7 @@
 #include "muser.h"
 #include "template/template.h"
 #include "util/common.h"
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,16 +99,18 @@ int cmd_detokenize(int argc, char **argv) {
 
 static char *read_file(const char *cmd, const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "muser %s: cannot open %s\n", cmd, path); return NULL; }
+    if (!f) { fprintf(stderr, "muser %s: cannot open %s: %s\n", cmd, path, strerror(errno)); return NULL; }
     size_t cap = 4096, n = 0;
     char *buf = mu_xmalloc(cap);
     for (size_t r; (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
         n += r;
         if (cap - n < 2) buf = mu_xrealloc(buf, cap *= 2);
     }
-    bool bad = ferror(f);
+    /* errno still holds fread's failure (a directory gives EISDIR): read it
+     * before fclose can change it (EIO if the C library left it 0). */
+    int e = ferror(f) ? (errno ? errno : EIO) : 0;
     fclose(f);
-    if (bad) { fprintf(stderr, "muser %s: reading %s failed\n", cmd, path); free(buf); return NULL; }
+    if (e) { fprintf(stderr, "muser %s: reading %s failed: %s\n", cmd, path, strerror(e)); free(buf); return NULL; }
     buf[n] = 0;
     if (len) *len = n;
     return buf;
