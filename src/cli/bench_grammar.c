@@ -60,7 +60,7 @@ static void print_table(const vocab_result *v, int n, int reps) {
 static bool write_json(const char *path, const vocab_result *v, int n, int reps, mu_error *err) {
     FILE *f = !strcmp(path, "-") ? stdout : fopen(path, "w");
     if (!f) {
-        mu_err_set(err, "bench: cannot write %s: %s", path, strerror(errno));
+        mu_err_set(err, "cannot write %s: %s", path, strerror(errno));
         return false;
     }
     fprintf(f, "{\n  \"muser_bench_grammar\": 1,\n  \"grammar\": \"json.gbnf\",\n  \"reps\": %d,\n  \"vocabs\": [\n",
@@ -79,10 +79,13 @@ static bool write_json(const char *path, const vocab_result *v, int n, int reps,
         fprintf(f, "      ]\n    }%s\n", i + 1 < n ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    bool ok = f == stdout || !ferror(f);
-    if (f != stdout && fclose(f)) ok = false;
-    if (!ok) mu_err_set(err, "bench: writing %s failed", path);
-    return ok;
+    /* fflush and fclose report the failure of the buffered writes (a full
+     * disk) with errno set; ferror alone does not keep errno. */
+    int e = fflush(f) ? errno : 0;
+    if (!e && ferror(f)) e = EIO;
+    if (f != stdout && fclose(f) && !e) e = errno;
+    if (e) mu_err_set(err, "writing %s failed: %s", path, strerror(e));
+    return !e;
 }
 
 int bench_grammar(const char *model_path, int reps, const char *json_path, bool quiet) {
@@ -110,7 +113,7 @@ int bench_grammar(const char *model_path, int reps, const char *json_path, bool 
     print_table(res, n, reps);
     rc = json_path && !write_json(json_path, res, n, reps, &err) ? 1 : 0;
 done:
-    if (rc) fprintf(stderr, "muser bench: %s\n", err.msg);
+    if (rc) cli_error("bench", err.msg);
     for (int i = 0; i < n; i++)
         for (int k = 0; k < 3; k++) free(res[i].ms[k].samples);
     mu_grammar_vocab_free(real);

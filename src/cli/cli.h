@@ -23,6 +23,12 @@ bool cli_model_or_default(const char *cmd, const char **model);
 /* Whole file as a NUL-terminated malloc'd buffer; NULL with a message. */
 char *cli_read_file(const char *cmd, const char *path, size_t *len);
 
+/* Print "muser CMD: MSG" for a library message, with one prefix only: the
+ * tools and the tokenizer name themselves ("synth: ...", "quantize: ...",
+ * "detokenize: ..."), so a MSG that already starts with "CMD: " loses that
+ * copy (src/tools/synth.c, src/tokenizer/tok_decode.c). */
+void cli_error(const char *cmd, const char *msg);
+
 /* Argument helpers: print "muser <cmd>: ..." on error and return false. */
 bool cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool cli_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);

@@ -6,6 +6,12 @@
 #include <string.h>
 #include <unistd.h>
 
+void cli_error(const char *cmd, const char *msg) {
+    const size_t n = strlen(cmd);
+    if (!strncmp(msg, cmd, n) && msg[n] == ':' && msg[n + 1] == ' ') msg += n + 2;
+    fprintf(stderr, "muser %s: %s\n", cmd, msg);
+}
+
 bool cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
     char *end;
     errno = 0;

@@ -99,7 +99,7 @@ static bool probe_bos(muser_model *m, bool *add_bos) {
     int32_t *ids = NULL;
     int64_t n = muser_tokenize(m, "", 0, true, false, &ids, &err);
     if (n < 0) {
-        fprintf(stderr, "muser perplexity: %s\n", err.msg);
+        cli_error("perplexity", err.msg);
         return false;
     }
     int32_t bos = muser_token_bos(m);
@@ -260,7 +260,7 @@ static int evaluate(const ppl_opts *o, muser_model *m, const muser_model_info *i
     muser_session_params sp = {.n_ctx = n_ctx, .prefill_chunk = r.batch};
     window_eval w = {.s = muser_session_create(m, &sp, &err), .n_ctx = n_ctx, .batch = r.batch,
                      .n_vocab = info->n_vocab, .add_bos = add_bos, .bos = muser_token_bos(m)};
-    if (!w.s) fprintf(stderr, "muser perplexity: %s\n", err.msg);
+    if (!w.s) cli_error("perplexity", err.msg);
     else {
         w.input = mu_xmalloc((size_t)n_ctx * sizeof(int32_t));
         w.logits = mu_xmalloc((size_t)r.batch * (size_t)info->n_vocab * sizeof(float));
@@ -290,7 +290,7 @@ int cmd_perplexity(int argc, char **argv) {
     muser_model_params mp = {.backend = o.backend, .n_threads = (int)o.threads};
     muser_model *m = muser_model_load(o.model, &mp, &err);
     if (!m) {
-        fprintf(stderr, "muser perplexity: %s\n", err.msg);
+        cli_error("perplexity", err.msg);
         return 1;
     }
     muser_model_info info;

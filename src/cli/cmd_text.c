@@ -3,6 +3,7 @@
 #include "muser.h"
 #include "template/template.h"
 #include "util/common.h"
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,7 +11,7 @@ static muser_model *load(const char *cmd, const char *path) {
     muser_error err;
     muser_model_params mp = {.backend = MUSER_BACKEND_REF};
     muser_model *m = muser_model_load(path, &mp, &err);
-    if (!m) fprintf(stderr, "muser %s: %s\n", cmd, err.msg);
+    if (!m) cli_error(cmd, err.msg);
     else if (!muser_model_has_tokenizer(m)) {
         fprintf(stderr, "muser %s: %s has no tokenizer metadata\n", cmd, path);
         muser_model_free(m);
@@ -25,10 +26,11 @@ int cmd_tokenize(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: muser tokenize -m MODEL TEXT [--ids] [--no-bos] [--no-parse-special]\n\n"
+            printf("usage: muser tokenize [-m MODEL] TEXT [--ids] [--no-bos] [--no-parse-special]\n\n"
                    "Prints one line per token: id and its text (quoted, escaped); --ids prints\n"
                    "a comma-separated id list instead. Control-token texts in TEXT are parsed as\n"
-                   "those tokens unless --no-parse-special; BOS is added as the model asks unless --no-bos.\n");
+                   "those tokens unless --no-parse-special; BOS is added as the model asks unless --no-bos.\n"
+                   "MODEL defaults to $MUSER_MODEL, else the shipped model (as for muser run).\n");
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!cli_value("tokenize", argc, argv, &i, &model)) return 2;
@@ -39,14 +41,15 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!text) text = a;
         else { fprintf(stderr, "muser tokenize: one TEXT argument expected (quote it)\n"); return 2; }
     }
-    if (!model || !text) { fprintf(stderr, "muser tokenize: usage: muser tokenize -m MODEL TEXT\n"); return 2; }
+    if (!text) { fprintf(stderr, "muser tokenize: usage: muser tokenize [-m MODEL] TEXT\n"); return 2; }
+    if (!cli_model_or_default("tokenize", &model)) return 2;
     muser_model *m = load("tokenize", model);
     if (!m) return 1;
     muser_error err;
     int32_t *ids = NULL;
     int64_t n = muser_tokenize(m, text, strlen(text), add_special, parse_special, &ids, &err);
     int rc = 0;
-    if (n < 0) { fprintf(stderr, "muser tokenize: %s\n", err.msg); rc = 1; }
+    if (n < 0) { cli_error("tokenize", err.msg); rc = 1; }
     for (int64_t i = 0; i < n; i++) {
         if (ids_only) { printf("%s%d", i ? "," : "", ids[i]); continue; }
         printf("%6d ", ids[i]);
@@ -65,8 +68,9 @@ int cmd_detokenize(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: muser detokenize -m MODEL 1,2,3 [--no-special]\n\n"
-                   "Prints the text the ids stand for (control tokens rendered unless --no-special).\n");
+            printf("usage: muser detokenize [-m MODEL] 1,2,3 [--no-special]\n\n"
+                   "Prints the text the ids stand for (control tokens rendered unless --no-special).\n"
+                   "MODEL defaults to $MUSER_MODEL, else the shipped model (as for muser run).\n");
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!cli_value("detokenize", argc, argv, &i, &model)) return 2;
@@ -74,7 +78,8 @@ int cmd_detokenize(int argc, char **argv) {
         else if (a[0] == '-' && a[1]) { fprintf(stderr, "muser detokenize: unknown option '%s'\n", a); return 2; }
         else list = a;
     }
-    if (!model || !list) { fprintf(stderr, "muser detokenize: usage: muser detokenize -m MODEL 1,2,3\n"); return 2; }
+    if (!list) { fprintf(stderr, "muser detokenize: usage: muser detokenize [-m MODEL] 1,2,3\n"); return 2; }
+    if (!cli_model_or_default("detokenize", &model)) return 2;
     int32_t *ids;
     int64_t n;
     if (!cli_parse_ids("detokenize", list, &ids, &n)) return 2;
@@ -84,7 +89,7 @@ int cmd_detokenize(int argc, char **argv) {
     size_t len;
     char *text = muser_detokenize(m, ids, (size_t)n, special, &len, &err);
     int rc = 0;
-    if (!text) { fprintf(stderr, "muser detokenize: %s\n", err.msg); rc = 1; }
+    if (!text) { cli_error("detokenize", err.msg); rc = 1; }
     else { fwrite(text, 1, len, stdout); printf("\n"); }
     free(text);
     free(ids);
@@ -94,16 +99,18 @@ int cmd_detokenize(int argc, char **argv) {
 
 static char *read_file(const char *cmd, const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "muser %s: cannot open %s\n", cmd, path); return NULL; }
+    if (!f) { fprintf(stderr, "muser %s: cannot open %s: %s\n", cmd, path, strerror(errno)); return NULL; }
     size_t cap = 4096, n = 0;
     char *buf = mu_xmalloc(cap);
     for (size_t r; (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
         n += r;
         if (cap - n < 2) buf = mu_xrealloc(buf, cap *= 2);
     }
-    bool bad = ferror(f);
+    /* errno still holds fread's failure (a directory gives EISDIR): read it
+     * before fclose can change it (EIO if the C library left it 0). */
+    int e = ferror(f) ? (errno ? errno : EIO) : 0;
     fclose(f);
-    if (bad) { fprintf(stderr, "muser %s: reading %s failed\n", cmd, path); free(buf); return NULL; }
+    if (e) { fprintf(stderr, "muser %s: reading %s failed: %s\n", cmd, path, strerror(e)); free(buf); return NULL; }
     buf[n] = 0;
     if (len) *len = n;
     return buf;
@@ -172,7 +179,7 @@ int cmd_chat_template(int argc, char **argv) {
     free(msgs);
     free(tools);
     if (!out) {
-        if (err.msg[0]) fprintf(stderr, "muser chat-template: %s\n", err.msg);
+        if (err.msg[0]) cli_error("chat-template", err.msg);
         return 1;
     }
     fwrite(out, 1, out_len, stdout);

@@ -55,7 +55,7 @@ int cmd_synth(int argc, char **argv) {
     o.n_threads = (int)threads;
     mu_error err;
     if (!mu_synth(&o, &err)) {
-        fprintf(stderr, "muser synth: %s\n", err.msg);
+        cli_error("synth", err.msg);
         return 1;
     }
     return 0;
@@ -92,7 +92,7 @@ int cmd_quantize(int argc, char **argv) {
     }
     mu_error err;
     if (!mu_quantize_file(pos[0], pos[1], pos[2], (int)threads, progress, &err)) {
-        fprintf(stderr, "muser quantize: %s\n", err.msg);
+        cli_error("quantize", err.msg);
         return 1;
     }
     return 0;

@@ -11,39 +11,55 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The values a float option accepts. llama.cpp checks almost none of these
+ * (a --top-p of 2 silently means "off"); here a value outside the range
+ * every sampler documents is refused by name, while the values llama.cpp
+ * gives a meaning to (top-k <= 0 = off, last-n -1 = context, top-n-sigma
+ * <= 0 = off, xtc-threshold above 0.5 = off) stay accepted. */
+typedef enum frange {
+    FR_ANY,   /* any finite number (presence/frequency penalties: negative rewards) */
+    FR_GE0,   /* >= 0 */
+    FR_GT0,   /* > 0: the repeat penalty divides positive logits by it */
+    FR_GE1,   /* >= 1: DRY's base is raised to the repeat length */
+    FR_UNIT,  /* a probability, in [0, 1] */
+} frange;
+
+static const char *const FRANGE_TEXT[] = {"finite", ">= 0", "> 0", ">= 1", "in [0, 1]"};
+
 typedef struct num_opt {
     const char *name, *alias;
     bool is_float;
     size_t offset;          /* into muser_sampling_params */
     int64_t lo, hi;         /* integer range */
+    frange fr;              /* float range */
     const char *help;
 } num_opt;
 
-#define F(field) true, offsetof(muser_sampling_params, field), 0, 0
-#define I(field, lo, hi) false, offsetof(muser_sampling_params, field), lo, hi
+#define F(field, fr) true, offsetof(muser_sampling_params, field), 0, 0, fr
+#define I(field, lo, hi) false, offsetof(muser_sampling_params, field), lo, hi, FR_ANY
 
 static const num_opt NUM_OPTS[] = {
-    {"--temp", "--temperature", F(temp), "temperature; <= 0 = greedy (lowest id wins ties)"},
+    {"--temp", "--temperature", F(temp, FR_GE0), "temperature; 0 = greedy (lowest id wins ties)"},
     {"--top-k", NULL, I(top_k, INT32_MIN, INT32_MAX), "top-k; <= 0 = off"},
-    {"--top-p", NULL, F(top_p), "top-p (nucleus); 1.0 = off"},
-    {"--min-p", NULL, F(min_p), "min-p; 0.0 = off"},
-    {"--typical", "--typical-p", F(typ_p), "locally typical p; 1.0 = off"},
-    {"--top-nsigma", "--top-n-sigma", F(top_n_sigma), "top-n-sigma; <= 0 = off"},
-    {"--xtc-probability", NULL, F(xtc_probability), "XTC probability; 0.0 = off"},
-    {"--xtc-threshold", NULL, F(xtc_threshold), "XTC threshold; > 0.5 = off"},
+    {"--top-p", NULL, F(top_p, FR_UNIT), "top-p (nucleus), in [0, 1]; 1.0 = off"},
+    {"--min-p", NULL, F(min_p, FR_UNIT), "min-p, in [0, 1]; 0.0 = off"},
+    {"--typical", "--typical-p", F(typ_p, FR_UNIT), "locally typical p, in [0, 1]; 1.0 = off"},
+    {"--top-nsigma", "--top-n-sigma", F(top_n_sigma, FR_ANY), "top-n-sigma; <= 0 = off"},
+    {"--xtc-probability", NULL, F(xtc_probability, FR_UNIT), "XTC probability, in [0, 1]; 0.0 = off"},
+    {"--xtc-threshold", NULL, F(xtc_threshold, FR_UNIT), "XTC threshold, in [0, 1]; > 0.5 = off"},
     {"--repeat-last-n", NULL, I(penalty_last_n, -1, INT32_MAX), "tokens the penalties look back; 0 = off, -1 = context"},
-    {"--repeat-penalty", NULL, F(penalty_repeat), "repeat penalty; 1.0 = off"},
-    {"--presence-penalty", NULL, F(penalty_present), "presence penalty; 0.0 = off"},
-    {"--frequency-penalty", NULL, F(penalty_freq), "frequency penalty; 0.0 = off"},
-    {"--dry-multiplier", NULL, F(dry_multiplier), "DRY multiplier; 0.0 = off"},
-    {"--dry-base", NULL, F(dry_base), "DRY base (>= 1)"},
+    {"--repeat-penalty", NULL, F(penalty_repeat, FR_GT0), "repeat penalty, > 0; 1.0 = off"},
+    {"--presence-penalty", NULL, F(penalty_present, FR_ANY), "presence penalty; 0.0 = off"},
+    {"--frequency-penalty", NULL, F(penalty_freq, FR_ANY), "frequency penalty; 0.0 = off"},
+    {"--dry-multiplier", NULL, F(dry_multiplier, FR_GE0), "DRY multiplier, >= 0; 0.0 = off"},
+    {"--dry-base", NULL, F(dry_base, FR_GE1), "DRY base (>= 1)"},
     {"--dry-allowed-length", NULL, I(dry_allowed_length, 0, INT32_MAX), "DRY allowed repeat length"},
     {"--dry-penalty-last-n", NULL, I(dry_penalty_last_n, -1, INT32_MAX), "tokens DRY scans; 0 = off, -1 = context"},
-    {"--dynatemp-range", NULL, F(dynatemp_range), "dynamic temperature range; 0.0 = off"},
-    {"--dynatemp-exp", NULL, F(dynatemp_exponent), "dynamic temperature exponent"},
+    {"--dynatemp-range", NULL, F(dynatemp_range, FR_GE0), "dynamic temperature range, >= 0; 0.0 = off"},
+    {"--dynatemp-exp", NULL, F(dynatemp_exponent, FR_GE0), "dynamic temperature exponent, >= 0"},
     {"--mirostat", NULL, I(mirostat, 0, 2), "0 = off, 1 = Mirostat, 2 = Mirostat 2.0 (replace the chain)"},
-    {"--mirostat-lr", NULL, F(mirostat_eta), "Mirostat learning rate (eta)"},
-    {"--mirostat-ent", NULL, F(mirostat_tau), "Mirostat target entropy (tau)"},
+    {"--mirostat-lr", NULL, F(mirostat_eta, FR_GE0), "Mirostat learning rate (eta), >= 0"},
+    {"--mirostat-ent", NULL, F(mirostat_tau, FR_GE0), "Mirostat target entropy (tau), >= 0"},
     {"--min-keep", NULL, I(min_keep, 0, INT32_MAX), "tokens every sampler keeps at least"},
     {"--n-probs", "--logprobs", I(n_probs, 0, 1 << 20), "with --json: each token's logprob and its N likeliest alternatives"},
 };
@@ -61,11 +77,26 @@ void run_sampling_free(run_sampling *r) {
     free(r->schema_text);
 }
 
+static bool in_range(frange fr, float f) {
+    switch (fr) {
+    case FR_GE0: return f >= 0.0f;
+    case FR_GT0: return f > 0.0f;
+    case FR_GE1: return f >= 1.0f;
+    case FR_UNIT: return f >= 0.0f && f <= 1.0f;
+    case FR_ANY: break;
+    }
+    return true;
+}
+
 static bool parse_num(const num_opt *o, const char *flag, const char *v, muser_sampling_params *p) {
     char *field = (char *)p + o->offset;
     if (o->is_float) {
         float f;
         if (!cli_parse_f32("run", flag, v, &f)) return false;
+        if (!in_range(o->fr, f)) {
+            fprintf(stderr, "muser run: %s must be %s, got '%s'\n", flag, FRANGE_TEXT[o->fr], v);
+            return false;
+        }
         memcpy(field, &f, sizeof f);
         return true;
     }
@@ -175,10 +206,6 @@ bool run_sampling_finish(run_sampling *r) {
                 (r->schema_file != NULL);
     if (given > 1) {
         fprintf(stderr, "muser run: give one of --grammar, --grammar-file, --json-schema, --json-schema-file\n");
-        return false;
-    }
-    if (r->p.dry_base < 1.0f) {
-        fprintf(stderr, "muser run: --dry-base must be >= 1 (llama.cpp silently keeps its default)\n");
         return false;
     }
     size_t len;

@@ -16,12 +16,10 @@
  * else (tensors, alignment, other keys, template). */
 #include "gguf/gguf_internal.h"
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define TOKENIZER_HASH_TAG "muser-c.gguf-tokenizer.v1"
@@ -91,26 +89,19 @@ bool gguf_sha256_file(const char *path, char hex[65],
                       void (*progress)(uint64_t done, uint64_t total, void *ctx), void *ctx,
                       mu_error *err) {
     memset(hex, 0, 65);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        mu_err_set(err, "%s: cannot open: %s", path, strerror(errno));
-        return false;
-    }
-    struct stat st;
+    uint64_t total;
+    int fd = gguf_open_regular(path, &total, err);
+    if (fd < 0) return false;
     uint8_t *buf = NULL;
     EVP_MD_CTX *md = NULL;
     bool ok = false;
-    if (fstat(fd, &st) != 0) {
-        mu_err_set(err, "%s: cannot stat: %s", path, strerror(errno));
-        goto out;
-    }
     buf = malloc(FILE_HASH_CHUNK);
     md = EVP_MD_CTX_new();
     if (!buf || !md || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
         mu_err_set(err, "%s: cannot set up SHA-256 (out of memory?)", path);
         goto out;
     }
-    uint64_t total = (uint64_t)st.st_size, done = 0;
+    uint64_t done = 0;
     for (;;) {
         ssize_t r = read(fd, buf, FILE_HASH_CHUNK);
         if (r < 0 && errno == EINTR) continue;

@@ -25,6 +25,15 @@ static inline uint64_t gguf_le64(const uint8_t *p) {
 uint32_t gguf_vtype_fixed_size(uint32_t t);
 bool gguf_vtype_is_int(uint32_t t);
 
+/* Open path read-only, refusing anything but a regular file: "PATH: is not a
+ * regular file (a FIFO)". The type is checked with stat() before open(),
+ * because opening a FIFO blocks until a writer appears (`muser info -m fifo`
+ * would hang), and again with fstat() on the descriptor (opened
+ * O_NONBLOCK) in case the path was swapped in between. Returns the
+ * descriptor with *size set, or -1 with err set (strerror(errno) for system
+ * errors). */
+int gguf_open_regular(const char *path, uint64_t *size, mu_error *err);
+
 /* Map `size` bytes of fd read-only and private at a 2 MiB boundary; *span
  * gets the owned range (size rounded up to 2 MiB, the tail inaccessible). */
 const uint8_t *gguf_map_file(int fd, uint64_t size, uint64_t *span, const char *path, mu_error *err);

@@ -6,13 +6,60 @@
 #include "gguf/gguf_internal.h"
 #include "util/hugemap.h"
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define COPY_PIECE ((uint64_t)64 << 20)
+
+static const char *kind_of(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a file";
+}
+
+int gguf_open_regular(const char *path, uint64_t *size, mu_error *err) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        mu_err_set(err, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        mu_err_set(err, "%s: is not a regular file (%s)", path, kind_of(st.st_mode));
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        mu_err_set(err, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    if (fstat(fd, &st) != 0) {
+        mu_err_set(err, "%s: cannot stat: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        mu_err_set(err, "%s: is not a regular file (%s)", path, kind_of(st.st_mode));
+        close(fd);
+        return -1;
+    }
+    /* Back to blocking reads: O_NONBLOCK only guarded the open itself. */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        mu_err_set(err, "%s: cannot clear O_NONBLOCK: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    *size = (uint64_t)st.st_size;
+    return fd;
+}
 
 static uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 

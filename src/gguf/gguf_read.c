@@ -8,13 +8,11 @@
 #include "gguf/gguf_internal.h"
 #include "quant/quant.h"
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* Minimal encoded sizes, used to bound counts before allocating. */
@@ -509,20 +507,11 @@ gguf_file *gguf_open_memory(const void *buf, uint64_t len, const char *name, mu_
 gguf_file *gguf_open(const char *path, mu_error *err) {
     gguf_file *f = new_file(path, err);
     if (!f) return NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = gguf_open_regular(path, &f->size, err);
     if (fd < 0) {
-        mu_err_set(err, "%s: cannot open: %s", path, strerror(errno));
         gguf_close(f);
         return NULL;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        mu_err_set(err, "%s: not a regular file", path);
-        close(fd);
-        gguf_close(f);
-        return NULL;
-    }
-    f->size = (uint64_t)st.st_size;
     if (f->size > 0) {
         const uint8_t *m = gguf_map_file(fd, f->size, &f->span, path, err);
         if (!m) {

@@ -436,6 +436,7 @@ static bool write_all(int fd, const void *buf, uint64_t n, uint64_t offset) {
         size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : (size_t)n;
         ssize_t r = pwrite(fd, p, chunk, (off_t)offset);
         if (r < 0 && errno == EINTR) continue;
+        if (r == 0) errno = EIO; /* no progress and no errno: the callers print strerror(errno) */
         if (r <= 0) return false;
         p += r;
         n -= (uint64_t)r;
@@ -515,7 +516,12 @@ bool gguf_writer_finish(gguf_writer *w, mu_error *err) {
     }
     int fd = w->fd;
     w->fd = -1;
-    if (close(fd) != 0 || rename(w->tmp_path, w->path) != 0) {
+    if (close(fd) != 0) {
+        mu_err_set(err, "%s: cannot close: %s", w->tmp_path, strerror(errno));
+        abandon_output(w);
+        return false;
+    }
+    if (rename(w->tmp_path, w->path) != 0) {
         mu_err_set(err, "%s: cannot move into place: %s", w->path, strerror(errno));
         abandon_output(w);
         return false;
