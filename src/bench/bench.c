@@ -226,9 +226,78 @@ static bool run_depth(runner *r, const muser_model *mm, mu_bench_depth *d, mu_er
     return ok;
 }
 
+/* ---------- sequences decoding together ---------- */
+
+#define PARALLEL_PROMPT 32
+
+/* Reset every session and prefill its own prompt (untimed). */
+static bool parallel_prefill(muser_session **s, int64_t n_seq, int64_t n_vocab, mu_error *err) {
+    int32_t prompt[PARALLEL_PROMPT];
+    for (int64_t i = 0; i < n_seq; i++) {
+        muser_session_reset(s[i]);
+        make_tokens(prompt, PARALLEL_PROMPT, n_vocab, 100 + (uint64_t)i);
+        if (!muser_session_feed(s[i], prompt, PARALLEL_PROMPT, (muser_error *)err)) return false;
+    }
+    return true;
+}
+
+/* One timed repetition: n_gen steps, each one forward of one row per sequence. */
+static bool parallel_rep(muser_engine *e, muser_session **s, int64_t n_seq, const int32_t *tokens, int64_t n_gen,
+                         double *tok_s, mu_error *err) {
+    double t0 = mu_now();
+    for (int64_t t = 0; t < n_gen; t++) {
+        for (int64_t i = 0; i < n_seq; i++)
+            if (!muser_session_submit(s[i], &tokens[(t + i * 7) % n_gen], 1, NULL, (muser_error *)err)) return false;
+        muser_step_info info;
+        if (muser_engine_step(e, &info, (muser_error *)err) != n_seq) {
+            if (!err->msg[0]) mu_err_set(err, "bench: a parallel step completed %d of %lld sequences (%s)",
+                                         info.completed, (long long)n_seq, muser_session_error(s[0]));
+            return false;
+        }
+    }
+    double dt = mu_now() - t0;
+    *tok_s = dt > 0 ? (double)(n_seq * n_gen) / dt : 0.0;
+    return true;
+}
+
+static bool run_parallel(runner *r, muser_model *mm, mu_bench_parallel *p, mu_error *err) {
+    const mu_bench_opts *o = r->o;
+    const int64_t n_gen = o->n_gen > 0 ? o->n_gen : 128;
+    muser_engine_params ep = {.n_seq_max = (int32_t)p->n_seq, .n_ctx = PARALLEL_PROMPT + n_gen + 1,
+                              .n_batch = o->chunk > 0 ? o->chunk : 512};
+    if (ep.n_batch < p->n_seq) ep.n_batch = p->n_seq;
+    muser_engine *e = muser_engine_create(mm, &ep, (muser_error *)err);
+    if (!e) return false;
+    muser_session **s = mu_xcalloc((size_t)p->n_seq, sizeof *s);
+    double *samples = mu_xmalloc((size_t)o->reps * sizeof(double));
+    bool ok = true;
+    for (int64_t i = 0; i < p->n_seq && ok; i++) ok = (s[i] = muser_engine_session(e, (muser_error *)err)) != NULL;
+    for (int i = 0; i < o->warmup + o->reps && ok; i++) {
+        const int rep = i - o->warmup;
+        double v = 0;
+        ok = parallel_prefill(s, p->n_seq, mm->m->cfg.n_vocab, err);
+        if (ok && rep >= 0) mu_bench_pause(o->pause_s);
+        ok = ok && parallel_rep(e, s, p->n_seq, r->tokens, n_gen, &v, err);
+        if (!ok) break;
+        if (rep < 0) {
+            progress(o, "parallel %lld: warm-up: %.2f tok/s", (long long)p->n_seq, v);
+        } else {
+            samples[rep] = v;
+            progress(o, "parallel %lld: %d/%d: %.2f tok/s (%.2f per sequence)", (long long)p->n_seq, rep + 1, o->reps, v,
+                     v / (double)p->n_seq);
+        }
+    }
+    if (ok) mu_bench_stats_compute(&p->aggregate, samples, o->reps);
+    free(samples);
+    free(s);
+    muser_engine_free(e);
+    return ok;
+}
+
 bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *res, mu_error *err) {
     memset(res, 0, sizeof *res);
-    if (o->reps < 1 || o->warmup < 0 || o->n_prompt < 0 || o->n_gen < 0 || (o->n_prompt == 0 && o->n_gen == 0)) {
+    if (o->reps < 1 || o->warmup < 0 || o->n_prompt < 0 || o->n_gen < 0 ||
+        (o->n_prompt == 0 && o->n_gen == 0 && !o->n_parallel)) {
         mu_err_set(err, "bench: nothing to measure (reps %d, prompt %lld, gen %lld)", o->reps, (long long)o->n_prompt,
                    (long long)o->n_gen);
         return false;
@@ -269,12 +338,27 @@ bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *res, mu_error *err) {
             return false;
         }
     }
-    r.tokens = mu_xmalloc((size_t)(o->n_prompt + o->n_gen + 1) * sizeof(int32_t));
-    make_tokens(r.tokens, o->n_prompt + o->n_gen + 1, mm->m->cfg.n_vocab, 1);
+    const int64_t n_tokens = o->n_prompt + (o->n_gen > 0 ? o->n_gen : 128) + 1;
+    r.tokens = mu_xmalloc((size_t)n_tokens * sizeof(int32_t));
+    make_tokens(r.tokens, n_tokens, mm->m->cfg.n_vocab, 1);
     bool ok = true;
-    for (int i = 0; i < n_depths && ok; i++) {
+    for (int i = 0; i < n_depths && ok && (o->n_prompt > 0 || o->n_gen > 0); i++) {
         res->depths[i].depth = depths[i];
         ok = run_depth(&r, mm, &res->depths[i], err);
+    }
+    if (ok && o->n_parallel) {
+        res->parallel = mu_xcalloc((size_t)o->n_parallel, sizeof *res->parallel);
+        res->n_parallel = o->n_parallel;
+        for (int i = 0; i < o->n_parallel && ok; i++) {
+            res->parallel[i].n_seq = o->parallel[i];
+            if (o->parallel[i] < 1 || o->parallel[i] > 4096) {
+                mu_err_set(err, "bench: --parallel %lld out of range [1, 4096]", (long long)o->parallel[i]);
+                ok = false;
+                break;
+            }
+            progress(o, "parallel: %lld sequences decoding together", (long long)o->parallel[i]);
+            ok = run_parallel(&r, mm, &res->parallel[i], err);
+        }
     }
     if (ok && o->draft_path) {
         progress(o, "speculative: greedy generation, plain vs %s", o->draft_path);
@@ -299,5 +383,9 @@ void mu_bench_result_free(mu_bench_result *r) {
     r->n_depths = 0;
     free(r->spec.plain.samples);
     free(r->spec.spec.samples);
+    for (int i = 0; i < r->n_parallel; i++) free(r->parallel[i].aggregate.samples);
+    free(r->parallel);
+    r->parallel = NULL;
+    r->n_parallel = 0;
     r->spec = (mu_bench_spec){0};
 }

@@ -29,6 +29,8 @@ typedef struct mu_bench_opts {
     double membw_gbs;         /* machine read bandwidth for the % figures (0 = unknown) */
     size_t paired_membw_bytes; /* > 0: also a bandwidth pass over a buffer this large right
                                   before and after each timed decode repetition */
+    const int64_t *parallel;  /* --parallel: sequence counts to decode together (NULL: none) */
+    int n_parallel;
     const char *draft_path;   /* DFlash assistant: also time greedy generation plain vs speculative */
     const char *spec_prompt;  /* its prompt text (NULL: a Genesis verse) */
     int verify_len;           /* 3, 7, 15 (0 = 7) */
@@ -64,6 +66,14 @@ typedef struct mu_bench_spec {
     int64_t rounds, round_tokens, drafted, accepted; /* summed over the timed repetitions */
 } mu_bench_spec;
 
+/* n_seq sequences of one engine decoding together: each step is one
+ * forward with one row per sequence (teacher-forced, after a distinct
+ * 32-token prompt each); tokens/s summed over the sequences. */
+typedef struct mu_bench_parallel {
+    int64_t n_seq;
+    mu_bench_stats aggregate; /* tokens/s of all sequences together */
+} mu_bench_parallel;
+
 typedef struct mu_bench_result {
     muser_model_info info;
     char model_name[128], lane[32], backend[32], isa[16];
@@ -72,6 +82,8 @@ typedef struct mu_bench_result {
     int n_depths;
     mu_bench_depth *depths;
     mu_bench_spec spec;       /* with opts.draft_path */
+    int n_parallel;
+    mu_bench_parallel *parallel; /* with opts.parallel */
 } mu_bench_result;
 
 void mu_bench_opts_init(mu_bench_opts *o);

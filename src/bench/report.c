@@ -107,6 +107,20 @@ bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_benc
                 sp->rounds ? (double)sp->round_tokens / (double)sp->rounds : 0.0,
                 sp->drafted ? (double)sp->accepted / (double)sp->drafted : 0.0);
     }
+    if (r->n_parallel) {
+        fprintf(f, ",\n  \"parallel\": [\n");
+        for (int i = 0; i < r->n_parallel; i++) {
+            const mu_bench_parallel *p = &r->parallel[i];
+            fprintf(f, "    {\n      \"sequences\": %lld,\n      \"tokens\": %lld,\n", (long long)p->n_seq,
+                    (long long)(o->n_gen > 0 ? o->n_gen : 128));
+            json_stats(f, "      ", &p->aggregate);
+            fprintf(f, ",\n      \"x_one_sequence\": %.4f\n    }%s\n",
+                    r->parallel[0].n_seq == 1 && r->parallel[0].aggregate.median > 0
+                        ? p->aggregate.median / r->parallel[0].aggregate.median : 0.0,
+                    i + 1 < r->n_parallel ? "," : "");
+        }
+        fprintf(f, "  ]");
+    }
     fprintf(f, "\n}\n");
     bool ok = !ferror(f);
     if (f != stdout && fclose(f) != 0) ok = false;

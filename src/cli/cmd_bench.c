@@ -33,6 +33,9 @@ static void bench_usage(FILE *f) {
             "  --spec-prompt TEXT     that prompt (default: Genesis 1:1)\n"
             "  --verify-len N         proposals per round: 3, 7 or 15 (default 7)\n"
             "  --prefill-depth        fill the depth by real prefill (default: synthetic K/V rows)\n"
+            "  --parallel N[,N...]    also decode -n tokens with N sequences of one engine together (one\n"
+            "                         batched forward per step, after a 32-token prompt each); aggregate\n"
+            "                         tokens/s, e.g. 1,2,4,8 (with -p 0 -n 0... only this test runs if -p 0)\n"
             "  --membw-gbs X          use X GB/s as the read bandwidth instead of measuring it\n"
             "  --no-membw             skip the bandwidth measurements\n"
             "  --no-paired-membw      skip the bandwidth passes right before and after each decode\n"
@@ -47,26 +50,44 @@ static void bench_usage(FILE *f) {
 
 typedef struct bench_cli {
     mu_bench_opts o;
-    int64_t *depths;
+    int64_t *depths, *parallel;
     int64_t threads, reps, warmup, size_mb;
     const char *json, *plot;
     bool membw_only, no_membw, no_paired, quiet, grammar, reps_given;
     float membw_gbs;
 } bench_cli;
 
-static bool parse_depths(const char *s, bench_cli *c) {
+/* "a,b,c" into a list of at most 64 values. */
+static bool parse_list(const char *flag, const char *s, int64_t **out, int *n_out) {
     int32_t *ids = NULL;
     int64_t n = 0;
     if (!cli_parse_ids("bench", s, &ids, &n) || n <= 0 || n > 64) {
-        if (n > 64) fprintf(stderr, "muser bench: at most 64 depths\n");
+        if (n > 64) fprintf(stderr, "muser bench: %s takes at most 64 values\n", flag);
         free(ids);
         return false;
     }
-    c->depths = mu_xmalloc((size_t)n * sizeof(int64_t));
-    for (int64_t i = 0; i < n; i++) c->depths[i] = ids[i];
-    c->o.depths = c->depths;
-    c->o.n_depths = (int)n;
+    free(*out);
+    *out = mu_xmalloc((size_t)n * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) (*out)[i] = ids[i];
+    *n_out = (int)n;
     free(ids);
+    return true;
+}
+
+static bool parse_depths(const char *s, bench_cli *c) {
+    if (!parse_list("--depth", s, &c->depths, &c->o.n_depths)) return false;
+    c->o.depths = c->depths;
+    return true;
+}
+
+static bool parse_parallel(const char *s, bench_cli *c) {
+    if (!parse_list("--parallel", s, &c->parallel, &c->o.n_parallel)) return false;
+    for (int i = 0; i < c->o.n_parallel; i++)
+        if (c->parallel[i] < 1 || c->parallel[i] > 4096) {
+            fprintf(stderr, "muser bench: --parallel %lld: sequence counts are 1 to 4096\n", (long long)c->parallel[i]);
+            return false;
+        }
+    c->o.parallel = c->parallel;
     return true;
 }
 
@@ -86,6 +107,8 @@ static int parse(int argc, char **argv, bench_cli *c) {
             ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_i64("bench", a, v, 0, 1 << 20, &c->o.n_gen);
         else if (!strcmp(a, "-d") || !strcmp(a, "--depth"))
             ok = cli_value("bench", argc, argv, &i, &v) && parse_depths(v, c);
+        else if (!strcmp(a, "--parallel"))
+            ok = cli_value("bench", argc, argv, &i, &v) && parse_parallel(v, c);
         else if (!strcmp(a, "-r") || !strcmp(a, "--reps"))
             ok = (c->reps_given = true) && cli_value("bench", argc, argv, &i, &v) &&
                  cli_parse_i64("bench", a, v, 1, 1000, &c->reps);
@@ -186,7 +209,7 @@ static int membw_only(const bench_cli *c) {
 
 static void print_row(int64_t depth, const char *test, int64_t n, const mu_bench_stats *s, double bytes_per_tok,
                       double membw) {
-    char name[32];
+    char name[64];
     snprintf(name, sizeof name, "%s%lld", test, (long long)n);
     printf("%8lld  %-10s %10.2f %10.2f %10.2f %7.2f%%", (long long)depth, name, s->median, s->min, s->max, 100.0 * s->cv);
     if (bytes_per_tok > 0) {
@@ -245,6 +268,18 @@ static void print_table(const bench_cli *c, const mu_bench_result *r) {
         if (d->decode.n)
             print_row(d->depth, "tg", c->o.n_gen, &d->decode, (double)r->info.weight_bytes_per_token, c->o.membw_gbs);
     }
+    for (int i = 0; i < r->n_parallel; i++) {
+        const mu_bench_parallel *p = &r->parallel[i];
+        char name[24];
+        snprintf(name, sizeof name, "par%d", (int)p->n_seq);
+        print_row(0, name, c->o.n_gen > 0 ? c->o.n_gen : 128, &p->aggregate, 0, 0);
+    }
+    for (int i = 0; i < r->n_parallel && r->parallel[0].n_seq == 1; i++) {
+        const mu_bench_parallel *p = &r->parallel[i];
+        printf("parallel %lld: %.2f tok/s together (%.2f per sequence), %.2fx one sequence\n", (long long)p->n_seq,
+               p->aggregate.median, p->aggregate.median / (double)p->n_seq,
+               r->parallel[0].aggregate.median > 0 ? p->aggregate.median / r->parallel[0].aggregate.median : 0.0);
+    }
     const mu_bench_spec *sp = &r->spec;
     if (!sp->ran) return;
     print_row(0, "greedy", sp->n_gen, &sp->plain, 0, 0);
@@ -262,16 +297,19 @@ int cmd_bench(int argc, char **argv) {
     int rc = parse(argc, argv, &c);
     if (rc >= 0) {
         free(c.depths);
+        free(c.parallel);
         return rc;
     }
     if (c.grammar) {
         rc = bench_grammar(c.o.model_path, c.reps_given ? (int)c.reps : 21, c.json, c.quiet);
         free(c.depths);
+        free(c.parallel);
         return rc;
     }
     if (c.membw_only) {
         rc = membw_only(&c);
         free(c.depths);
+        free(c.parallel);
         return rc;
     }
     if (c.membw_gbs > 0) c.o.membw_gbs = c.membw_gbs;
@@ -283,6 +321,7 @@ int cmd_bench(int argc, char **argv) {
     if (!mu_bench_run(&c.o, &r, &err)) {
         fprintf(stderr, "muser bench: %s\n", err.msg);
         free(c.depths);
+        free(c.parallel);
         return 1;
     }
     print_table(&c, &r);
@@ -299,5 +338,6 @@ int cmd_bench(int argc, char **argv) {
     }
     mu_bench_result_free(&r);
     free(c.depths);
+    free(c.parallel);
     return rc;
 }
