@@ -165,6 +165,26 @@ bool mu_gen_run(mu_gen *g, muser_session *s, muser_spec *sp, mu_gen_seq *seq, co
  * then mu_gen_drive runs the started request to its end. */
 bool mu_gen_drive(mu_gen *g, muser_session *s, muser_spec *sp, mu_gen_seq *seq, muser_error *err);
 
+/* ---------------------------------------------------------- exactness pair */
+
+/* Greedy decoding of one prompt on s, plain and speculative (every step
+ * speculates, no gate), each through mu_gen_run; the two streams must be
+ * identical (`muser speculate`, `muser bench --draft`). */
+typedef struct mu_gen_pair {
+    int32_t *plain, *spec;       /* the two token streams */
+    int64_t n_plain, n_spec;
+    double t_plain, t_spec;      /* decode seconds after the prompt */
+    muser_spec_stats st;         /* of the speculative run */
+} mu_gen_pair;
+/* One run into p: plain when d is NULL, else speculative with d. */
+bool mu_gen_greedy(muser_session *s, const muser_draft *d, int verify_len, const int32_t *prompt, int64_t n_prompt,
+                   int64_t n_predict, mu_gen_pair *p, muser_error *err);
+void mu_gen_pair_free(mu_gen_pair *p);
+/* Tokens per second after the first one (which comes from the prompt's row). */
+double mu_gen_rate(int64_t n, double seconds);
+/* Index of the first difference, -1 if the streams are identical. */
+int64_t mu_gen_pair_diff(const mu_gen_pair *p);
+
 /* ---------------------------------------------------------- text helpers */
 
 /* A growing NUL-terminated byte string. */
