@@ -11,7 +11,7 @@ static bool run_greedy(mu_gen *g, muser_session *s, muser_spec *sp, const mu_gen
     const mu_gen_result *r = mu_gen_get_result(g);
     free(*out);
     *out = mu_xmalloc((size_t)(r->n_tokens ? r->n_tokens : 1) * sizeof(int32_t));
-    memcpy(*out, r->tokens, (size_t)r->n_tokens * sizeof(int32_t));
+    if (r->n_tokens) memcpy(*out, r->tokens, (size_t)r->n_tokens * sizeof(int32_t));
     *n = r->n_tokens;
     *t_decode = r->t_decode;
     return true;
