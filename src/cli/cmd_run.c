@@ -332,6 +332,7 @@ typedef struct chat_state {
 } chat_state;
 
 static void drop_turns(chat_state *c, int n) {
+    if (n <= 0) return;
     for (int i = 0; i < n; i++) {
         free(c->turns[i].user);
         free(c->turns[i].reply);
