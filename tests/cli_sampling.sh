@@ -107,10 +107,11 @@ check $PY -c "import json; d = json.load(open('$T/ab.json')); assert d['text'] =
 # --verbose prints the chain
 check "$M" run -m "$T/tiny.gguf" --tokens $TOK -n 2 -v >/dev/null 2>"$T/v.err"
 check grep -q "sampler chain: logits -> ?penalties" "$T/v.err"
-# --chat restarts the grammar for every reply
+# --chat restarts the grammar for every reply; each reply ends its line on stdout
 printf 'Hi\nHello again\n/exit\n' | "$M" run -m "$G" --chat -n 20 -s 3 --grammar 'root ::= "ab"' >"$T/chat.out" 2>"$T/chat.err"
 check test $? -eq 0
-check test "$(cat "$T/chat.out")" = "abab"
+check test "$(cat "$T/chat.out")" = "$(printf 'ab\nab')"
+check test "$(wc -l <"$T/chat.out")" -eq 2
 # muser bench --grammar: the synthetic and the model vocabulary, JSON report
 check "$M" bench --grammar -m "$G" -r 3 -q --json "$T/gb.json" >"$T/gb.txt"
 check grep -q "in-string" "$T/gb.txt"

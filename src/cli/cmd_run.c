@@ -1,11 +1,14 @@
 /* muser run: prompt (token ids, text or chat) -> streamed generation.
- * Tokens come from the llama.cpp sampler chain (optionally constrained by a
- * grammar or JSON Schema, run_sampling.c has the options). Text is printed
- * as soon as it forms complete UTF-8; generation stops on an
- * end-of-generation token, a --stop string, a finished grammar or -n tokens.
+ * A thin client of the request loop in src/gen/gen.h (sampling, stop
+ * strings, streaming text, logprobs, speculation): this file has the
+ * options, the printing and the JSON. Tokens come from the llama.cpp
+ * sampler chain (optionally constrained by a grammar or JSON Schema,
+ * run_sampling.c has the options). Generation stops on an end-of-generation
+ * token, a --stop string, a finished grammar, -n tokens or a full context.
  * --chat keeps a multi-turn conversation rendered with the model's chat
- * template. */
+ * template, dropping the oldest turns when the context fills. */
 #include "cli.h"
+#include "gen/gen.h"
 #include "muser.h"
 #include "run_sampling.h"
 #include "util/common.h"
@@ -15,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_STOPS 16
+#define MAX_STOPS MU_GEN_MAX_STOPS
 
 typedef struct run_opts {
     const char *model, *draft, *dump, *prompt, *prompt_file, *system;
@@ -132,221 +135,57 @@ static int parse(int argc, char **argv, run_opts *o) {
 static volatile sig_atomic_t g_interrupted;
 static void on_sigint(int sig) { (void)sig; g_interrupted = 1; }
 
-typedef struct gen_state {
+typedef struct run_state {
     const run_opts *o;
     muser_model *m;
     muser_session *s;
     muser_model_info info;
-    FILE *dump;
-    muser_sampler *smp;
+    mu_gen *gen;
     muser_draft *draft;   /* NULL: plain decoding */
     muser_spec *sp;
-    int32_t n_probs;      /* logprob alternatives per token (--json only) */
-    /* output of the current generation */
-    int32_t *out_ids;
-    muser_logprob *lp, *lp_top; /* per token: chosen, then n_probs alternatives */
-    int64_t n_out, cap_out;
-    int32_t *fed;         /* generated tokens the session has been fed */
-    int64_t n_fed, cap_fed;
-    char *text;           /* all text produced so far (for stop strings and --json) */
-    size_t text_len, text_cap, printed;
-    bool stopped_by_eog, stopped_by_stop, stopped_by_grammar;
-    double t_prefill, t_decode;
-    int64_t n_prefill, n_decoded;
-} gen_state;
+    mu_gen_seq seq;       /* tokens in the session (the chat reuses their prefix) */
+    FILE *dump;
+    bool dump_failed;
+} run_state;
 
-static void append_text(gen_state *g, const char *p, size_t n) {
-    if (g->text_len + n + 1 > g->text_cap) {
-        g->text_cap = (g->text_len + n + 1) * 2;
-        g->text = mu_xrealloc(g->text, g->text_cap);
-    }
-    memcpy(g->text + g->text_len, p, n);
-    g->text_len += n;
-    g->text[g->text_len] = 0;
-}
-
-/* Print what can no longer become part of a stop string; true if a stop hit. */
-static bool emit(gen_state *g, bool final) {
-    size_t limit = g->text_len;
-    bool hit = false;
-    for (int k = 0; k < g->o->n_stops; k++) {
-        const char *p = memmem(g->text + g->printed, g->text_len - g->printed, g->o->stops[k], strlen(g->o->stops[k]));
-        if (p && (size_t)(p - g->text) < limit) { limit = (size_t)(p - g->text); hit = true; }
-    }
-    if (!hit && !final) /* hold back a suffix that may still grow into a stop string */
-        for (int k = 0; k < g->o->n_stops; k++) {
-            size_t sl = strlen(g->o->stops[k]);
-            for (size_t keep = sl - 1; keep > 0; keep--)
-                if (keep <= g->text_len - g->printed &&
-                    !memcmp(g->text + g->text_len - keep, g->o->stops[k], keep)) {
-                    if (g->text_len - keep < limit) limit = g->text_len - keep;
-                    break;
-                }
-        }
-    if (limit > g->printed) {
-        if (!g->o->json) fwrite(g->text + g->printed, 1, limit - g->printed, stdout);
-        fflush(stdout);
-        g->printed = limit;
-    }
-    if (hit) { /* the stop string itself is not part of the output */
-        g->text_len = limit;
-        g->text[limit] = 0;
-    }
-    return hit;
-}
-
-/* Record a drawn token, with its logprobs when asked for. */
-static bool push_token(gen_state *g, const float *logits, int32_t tok) {
-    if (g->n_out == g->cap_out) {
-        g->cap_out = g->cap_out * 2 + 64;
-        g->out_ids = mu_xrealloc(g->out_ids, (size_t)g->cap_out * sizeof *g->out_ids);
-        if (g->n_probs) {
-            g->lp = mu_xrealloc(g->lp, (size_t)g->cap_out * sizeof *g->lp);
-            g->lp_top = mu_xrealloc(g->lp_top, (size_t)g->cap_out * (size_t)g->n_probs * sizeof *g->lp_top);
-        }
-    }
-    muser_error err;
-    if (g->n_probs && muser_sampler_logprobs(g->smp, logits, tok, &g->lp[g->n_out],
-                                             &g->lp_top[g->n_out * g->n_probs], &err) < 0) {
-        fprintf(stderr, "\nmuser run: %s\n", err.msg);
-        return false;
-    }
-    g->out_ids[g->n_out++] = tok;
-    return true;
-}
-
-/* Draw and accept a token from a row: 1, 0 when a finished grammar allows
- * nothing more (a normal stop, also under --ignore-eos), -1 on error. */
-static int draw_one(gen_state *g, const float *logits, int32_t *tok, muser_error *err) {
-    *tok = muser_sampler_sample(g->smp, logits, err);
-    if (*tok < 0 && muser_sampler_grammar_complete(g->smp)) return 0;
-    return *tok >= 0 && muser_sampler_accept(g->smp, *tok, err) ? 1 : -1;
-}
-
-static void note_fed(gen_state *g, const int32_t *ids, int64_t n) {
-    if (g->n_fed + n > g->cap_fed) {
-        g->cap_fed = (g->n_fed + n) * 2 + 64;
-        g->fed = mu_xrealloc(g->fed, (size_t)g->cap_fed * sizeof *g->fed);
-    }
-    memcpy(g->fed + g->n_fed, ids, (size_t)n * sizeof *ids);
-    g->n_fed += n;
-}
-
-/* Feed the pending token and draw what follows: 1..max_out tokens and the
- * rows they were drawn from (one with plain decoding, up to verify length +
- * 1 with the assistant), 0 on a finished grammar, -1 on error. */
-static int advance(gen_state *g, int32_t pending, int max_out, int32_t *out, const float **rows) {
-    muser_error err;
-    int n;
-    if (g->sp) n = muser_spec_next(g->sp, pending, g->smp, max_out, out, rows, &err);
-    else if (!muser_session_feed(g->s, &pending, 1, &err)) n = -1;
-    else n = draw_one(g, rows[0] = muser_session_logits(g->s), out, &err);
-    if (n < 0) {
-        fprintf(stderr, "\nmuser run: %s\n", err.msg);
-        return -1;
-    }
-    note_fed(g, &pending, 1);
-    if (n > 1) note_fed(g, out, n - 1);
-    return n;
-}
-
-/* llama-server restarts the sampler for every request (reseeded, grammar
- * from the start) and feeds the whole prompt into the penalty history. */
-static bool start_sampler(gen_state *g, const int32_t *prompt, int64_t n_prompt) {
-    muser_error err;
-    muser_sampler_reset(g->smp);
-    if (muser_sampler_accept_prompt(g->smp, prompt, (size_t)n_prompt, &err)) return true;
-    fprintf(stderr, "muser run: %s\n", err.msg);
-    return false;
-}
-
-static bool dump_logits(gen_state *g, const float *logits) {
-    if (!g->dump || fwrite(logits, sizeof(float), (size_t)g->info.n_vocab, g->dump) == (size_t)g->info.n_vocab)
-        return true;
-    fprintf(stderr, "muser run: writing logits failed\n");
-    return false;
-}
-
-/* Handle one drawn token: record, print, check stops. false = stop. */
-static bool take_token(gen_state *g, muser_detok *dt, const float *row, int32_t tok, bool *ok) {
-    if (!push_token(g, row, tok)) return *ok = false;
-    if (muser_token_is_eog(g->m, tok)) { g->stopped_by_eog = true; return false; }
-    if (dt) {
-        size_t len;
-        const char *piece = muser_detok_push(dt, tok, &len);
-        append_text(g, piece, len);
-        if (emit(g, false)) { g->stopped_by_stop = true; return false; }
-    } else if (!g->o->json) {
-        printf("%s%d", g->n_out > 1 ? " " : "", tok);
+/* Each drawn token: its row to --dump-logits, its final text (or its id,
+ * for a model without tokenizer) to stdout. false stops the request. */
+static bool on_event(void *user, const mu_gen_event *ev) {
+    run_state *r = user;
+    if (ev->row && r->dump && !r->dump_failed &&
+        fwrite(ev->row, sizeof(float), (size_t)r->info.n_vocab, r->dump) != (size_t)r->info.n_vocab)
+        r->dump_failed = true;
+    if (!r->o->json) {
+        if (ev->text_len) fwrite(ev->text, 1, ev->text_len, stdout);
+        else if (ev->token >= 0 && !muser_model_has_tokenizer(r->m) && !muser_token_is_eog(r->m, ev->token))
+            printf("%s%d", ev->index ? " " : "", ev->token);
         fflush(stdout);
     }
-    return g->n_out < g->o->n_predict;
+    return !g_interrupted && !r->dump_failed;
 }
 
-/* Feed prompt (already in the session's context after this) and generate. */
-static bool generate(gen_state *g, const int32_t *prompt, int64_t n_prompt) {
+/* Run a started request; false (message printed) on an error. */
+static bool drive(run_state *r) {
     muser_error err;
-    g->n_out = g->n_fed = 0;
-    g->text_len = g->printed = 0;
-    g->stopped_by_eog = g->stopped_by_stop = g->stopped_by_grammar = false;
-    double t0 = mu_now();
-    if (g->sp ? !muser_spec_feed(g->sp, prompt, n_prompt, &err) : !muser_session_feed(g->s, prompt, n_prompt, &err)) {
-        fprintf(stderr, "muser run: %s\n", err.msg);
-        return false;
-    }
-    g->t_prefill = mu_now() - t0;
-    g->n_prefill = n_prompt;
-    if (g->sp) muser_spec_reset_stats(g->sp);
-    const float *logits = muser_session_logits(g->s);
-    if (!dump_logits(g, logits)) return false;
-    muser_detok *dt = muser_detok_new(g->m, false);
-    double t1 = mu_now();
-    bool ok = true;
     g_interrupted = 0;
-    int32_t q[16];        /* drawn tokens not handled yet; the last one is pending (not fed) */
-    const float *rows[16];
-    int nq = 0, iq = 0;
-    if (g->o->n_predict > 0) {
-        rows[0] = logits;
-        nq = draw_one(g, logits, &q[0], &err);
-        if (nq < 0) { fprintf(stderr, "\nmuser run: %s\n", err.msg); ok = false; }
-    }
-    while (ok && nq > 0 && !g_interrupted) {
-        if (iq == nq) {
-            int64_t left = g->o->n_predict - g->n_out;
-            nq = advance(g, q[nq - 1], left < 16 ? (int)left : 16, q, rows);
-            iq = 0;
-            if (nq < 0) ok = false;
-            if (nq <= 0) break;
-        }
-        if (g->n_out && !(ok = dump_logits(g, rows[iq]))) break; /* the prompt's row went out above */
-        if (!take_token(g, dt, rows[iq], q[iq], &ok)) break;
-        iq++;
-    }
-    g->stopped_by_grammar = ok && nq == 0 && g->o->n_predict > 0 && !g_interrupted;
-    if (dt && !g->stopped_by_stop) {
-        size_t len;
-        const char *rest = muser_detok_flush(dt, &len);
-        append_text(g, rest, len);
-        g->stopped_by_stop = emit(g, true);
-    }
-    muser_detok_free(dt);
-    g->n_decoded = g->n_fed;
-    g->t_decode = mu_now() - t1;
-    return ok;
+    bool ok = mu_gen_drive(r->gen, r->s, r->sp, &r->seq, &err);
+    if (r->dump_failed) fprintf(stderr, "\nmuser run: writing logits failed\n");
+    else if (!ok) fprintf(stderr, "\nmuser run: %s\n", err.msg);
+    return ok && !r->dump_failed;
 }
 
-static void print_timings(const gen_state *g) {
-    fprintf(stderr, "\nprefill: %lld tokens in %.3f s (%.2f tok/s); decode: %lld tokens in %.3f s (%.2f tok/s); backend %s\n",
+static void print_timings(const run_state *r) {
+    const mu_gen_result *g = mu_gen_get_result(r->gen);
+    fprintf(stderr, "prefill: %lld tokens in %.3f s (%.2f tok/s); decode: %lld tokens in %.3f s (%.2f tok/s); backend %s\n",
             (long long)g->n_prefill, g->t_prefill, g->t_prefill > 0 ? (double)g->n_prefill / g->t_prefill : 0.0,
             (long long)g->n_decoded, g->t_decode, g->n_decoded ? (double)g->n_decoded / g->t_decode : 0.0,
-            g->info.backend);
-    if (!g->sp) return;
+            r->info.backend);
+    if (!r->sp) return;
     muser_spec_stats st;
-    muser_spec_get_stats(g->sp, &st);
+    muser_spec_get_stats(r->sp, &st);
     if (!st.rounds && !st.gate_open) {
         fprintf(stderr, "speculative: gate closed, %lld plain steps (calibration: a %lld-proposal round %.2f ms, "
-                "a plain step %.2f ms)\n", (long long)st.plain_steps, (long long)g->o->verify_len,
+                "a plain step %.2f ms)\n", (long long)st.plain_steps, (long long)r->o->verify_len,
                 st.calib_round_s * 1e3, st.calib_plain_s * 1e3);
         return;
     }
@@ -356,70 +195,54 @@ static void print_timings(const gen_state *g) {
             (long long)st.drafted, (long long)st.plain_steps, (long long)st.gate_closures);
 }
 
-static void print_spec_json(const gen_state *g) {
+/* Why a reply ended early, on stderr (a full context or Ctrl-C are normal ends). */
+static void print_end_note(const run_state *r) {
+    const mu_gen_result *g = mu_gen_get_result(r->gen);
+    if (g->stop == MU_GEN_STOP_CANCELLED) fprintf(stderr, "(interrupted)\n");
+    else if (g->stop == MU_GEN_STOP_CONTEXT)
+        fprintf(stderr, "(context full: the %lld-token context ended the reply after %lld tokens)\n",
+                (long long)muser_session_n_ctx(r->s), (long long)g->n_tokens);
+}
+
+static void print_spec_json(const run_state *r) {
     muser_spec_stats st;
-    muser_spec_get_stats(g->sp, &st);
+    muser_spec_get_stats(r->sp, &st);
     printf(",\"speculative\":{\"draft\":");
-    cli_json_str(stdout, muser_draft_name(g->draft));
+    cli_json_str(stdout, muser_draft_name(r->draft));
     printf(",\"verify_len\":%lld,\"rounds\":%lld,\"round_tokens\":%lld,\"drafted\":%lld,\"accepted\":%lld,"
            "\"plain_steps\":%lld,\"gate_closures\":%lld,\"gate_open\":%s,\"draft_s\":%.6f,\"verify_s\":%.6f,"
            "\"plain_s\":%.6f,\"calibration_round_s\":%.6f,\"calibration_plain_s\":%.6f}",
-           (long long)g->o->verify_len, (long long)st.rounds, (long long)st.round_tokens, (long long)st.drafted,
+           (long long)r->o->verify_len, (long long)st.rounds, (long long)st.round_tokens, (long long)st.drafted,
            (long long)st.accepted, (long long)st.plain_steps, (long long)st.gate_closures,
            st.gate_open ? "true" : "false", st.t_draft, st.t_verify, st.t_plain, st.calib_round_s, st.calib_plain_s);
 }
 
-/* A token's bytes as a JSON string: valid UTF-8 kept, every byte of an
- * invalid or cut-off sequence as U+FFFD (the exact bytes go to "bytes"). */
-static void json_piece(const char *p, size_t n) {
-    putchar('"');
-    for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)p[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 && c >= 0xC2 ? 2 : (c & 0xF0) == 0xE0 ? 3
-                   : (c & 0xF8) == 0xF0 && c <= 0xF4 ? 4 : 0;
-        bool valid = len && i + len <= n;
-        for (size_t k = 1; valid && k < len; k++) valid = ((unsigned char)p[i + k] & 0xC0) == 0x80;
-        if (valid && len == 3) { /* no overlongs, no surrogates */
-            unsigned char d = (unsigned char)p[i + 1];
-            valid = !(c == 0xE0 && d < 0xA0) && !(c == 0xED && d >= 0xA0);
-        } else if (valid && len == 4) {
-            unsigned char d = (unsigned char)p[i + 1];
-            valid = !(c == 0xF0 && d < 0x90) && !(c == 0xF4 && d >= 0x90);
-        }
-        if (!valid) { fputs("\\ufffd", stdout); i++; continue; }
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c == '\n') fputs("\\n", stdout);
-        else if (c == '\t') fputs("\\t", stdout);
-        else if (c < 0x20 || c == 0x7F) printf("\\u%04x", c);
-        else fwrite(p + i, 1, len, stdout);
-        i += len;
-    }
-    putchar('"');
-}
-
-static void json_token(const gen_state *g, int32_t id, float logprob) {
+/* A token as {"id","text","bytes","logprob"}: the text as valid JSON (bytes
+ * of invalid UTF-8 as U+FFFD), the exact bytes in "bytes". */
+static void json_token(const run_state *r, int32_t id, float logprob) {
     char buf[256];
-    size_t n = muser_token_piece(g->m, id, true, buf, sizeof buf);
+    size_t n = muser_token_piece(r->m, id, true, buf, sizeof buf);
     if (n > sizeof buf) n = sizeof buf;
-    printf("\"id\":%d,\"text\":", id);
-    json_piece(buf, n);
-    printf(",\"bytes\":[");
+    mu_gen_str text = {0};
+    mu_gen_json_string(&text, buf, n);
+    printf("\"id\":%d,\"text\":%s,\"bytes\":[", id, text.s);
+    free(text.s);
     for (size_t i = 0; i < n; i++) printf("%s%u", i ? "," : "", (unsigned char)buf[i]);
     if (isfinite(logprob)) printf("],\"logprob\":%.9g", (double)logprob);
     else printf("],\"logprob\":null");
 }
 
 /* OpenAI-style: per token its logprob and the likeliest alternatives. */
-static void print_logprobs(const gen_state *g) {
+static void print_logprobs(const run_state *r, const mu_gen_result *g) {
     printf(",\"logprobs\":[");
-    for (int64_t i = 0; i < g->n_out; i++) {
+    for (int64_t i = 0; i < g->n_tokens; i++) {
         printf("%s{", i ? "," : "");
-        json_token(g, g->out_ids[i], g->lp[i].logprob);
+        json_token(r, g->tokens[i], g->logprobs[i].logprob);
         printf(",\"top_logprobs\":[");
         for (int32_t k = 0; k < g->n_probs; k++) {
-            const muser_logprob *t = &g->lp_top[i * g->n_probs + k];
+            const muser_logprob *t = &g->top[i * g->n_probs + k];
             printf("%s{", k ? "," : "");
-            json_token(g, t->id, t->logprob);
+            json_token(r, t->id, t->logprob);
             printf("}");
         }
         printf("]}");
@@ -427,123 +250,159 @@ static void print_logprobs(const gen_state *g) {
     printf("]");
 }
 
-static void print_json(const gen_state *g, const int32_t *prompt, int64_t n_prompt) {
+static void print_json(const run_state *r) {
+    const mu_gen_result *g = mu_gen_get_result(r->gen);
     printf("{\"prompt_tokens\":[");
-    for (int64_t i = 0; i < n_prompt; i++) printf("%s%d", i ? "," : "", prompt[i]);
+    for (int64_t i = 0; i < g->n_prompt; i++) printf("%s%d", i ? "," : "", g->prompt[i]);
     printf("],\"tokens\":[");
-    for (int64_t i = 0; i < g->n_out; i++) printf("%s%d", i ? "," : "", g->out_ids[i]);
+    for (int64_t i = 0; i < g->n_tokens; i++) printf("%s%d", i ? "," : "", g->tokens[i]);
     printf("],\"text\":");
-    cli_json_str(stdout, g->text ? g->text : "");
+    cli_json_str(stdout, g->text);
     char chain[512];
-    muser_sampler_chain_str(g->smp, chain, sizeof chain);
-    printf(",\"seed\":%u,\"sampler_chain\":", muser_sampler_seed(g->smp));
+    muser_sampler *smp = mu_gen_sampler(r->gen);
+    muser_sampler_chain_str(smp, chain, sizeof chain);
+    printf(",\"seed\":%u,\"sampler_chain\":", muser_sampler_seed(smp));
     cli_json_str(stdout, chain);
-    if (g->n_probs) print_logprobs(g);
+    if (g->n_probs) print_logprobs(r, g);
     printf(",\"stop\":\"%s\",\"timings\":{\"prefill_tokens\":%lld,\"prefill_s\":%.6f,\"prefill_tok_s\":%.3f,"
            "\"decode_tokens\":%lld,\"decode_s\":%.6f,\"decode_tok_s\":%.3f}",
-           g->stopped_by_eog ? "eog" : g->stopped_by_stop ? "stop_string" : g->stopped_by_grammar ? "grammar" : "length", (long long)g->n_prefill,
-           g->t_prefill, g->t_prefill > 0 ? (double)g->n_prefill / g->t_prefill : 0.0, (long long)g->n_decoded,
-           g->t_decode, g->n_decoded ? (double)g->n_decoded / g->t_decode : 0.0);
-    if (g->sp) print_spec_json(g);
-    printf(",\"backend\":\"%s\"}\n", g->info.backend);
+           mu_gen_stop_name(g->stop), (long long)g->n_prefill, g->t_prefill,
+           g->t_prefill > 0 ? (double)g->n_prefill / g->t_prefill : 0.0, (long long)g->n_decoded, g->t_decode,
+           g->n_decoded ? (double)g->n_decoded / g->t_decode : 0.0);
+    if (r->sp) print_spec_json(r);
+    printf(",\"backend\":\"%s\"}\n", r->info.backend);
 }
 
-/* ---------------- prompts ---------------- */
+/* ---------------- one prompt (-p, -f, --tokens) ---------------- */
 
-static void json_append(char **buf, size_t *len, const char *s) {
-    size_t n = strlen(s);
-    *buf = mu_xrealloc(*buf, *len + n + 1);
-    memcpy(*buf + *len, s, n + 1);
-    *len += n;
-}
-
-/* Append {"role":..,"content":..} to a JSON array under construction. */
-static void add_message(char **arr, size_t *len, const char *role, const char *content, size_t clen) {
-    json_append(arr, len, *len > 1 ? ",{\"role\":\"" : "{\"role\":\"");
-    json_append(arr, len, role);
-    json_append(arr, len, "\",\"content\":\"");
-    char esc[8];
-    for (size_t i = 0; i < clen; i++) {
-        unsigned char c = (unsigned char)content[i];
-        if (c == '"' || c == '\\') { esc[0] = '\\'; esc[1] = (char)c; esc[2] = 0; }
-        else if (c == '\n') strcpy(esc, "\\n");
-        else if (c == '\t') strcpy(esc, "\\t");
-        else if (c == '\r') strcpy(esc, "\\r");
-        else if (c < 0x20) snprintf(esc, sizeof esc, "\\u%04x", c);
-        else { esc[0] = (char)c; esc[1] = 0; }
-        json_append(arr, len, esc);
-    }
-    json_append(arr, len, "\"}");
-}
-
-/* Tokenize rendered chat text: specials parsed, BOS added once if the model wants it. */
-static int64_t tokenize_chat(muser_model *m, const char *text, int32_t **ids, muser_error *err) {
-    int64_t n = muser_tokenize(m, text, strlen(text), false, true, ids, err);
-    int32_t bos = muser_token_bos(m);
-    int32_t *probe = NULL;
-    muser_error e2;
-    bool wants_bos = muser_tokenize(m, "", 0, true, false, &probe, &e2) > 0;
-    free(probe);
-    if (n >= 0 && wants_bos && bos >= 0 && (n == 0 || (*ids)[0] != bos)) {
-        *ids = mu_xrealloc(*ids, (size_t)(n + 1) * sizeof(int32_t));
-        memmove(*ids + 1, *ids, (size_t)n * sizeof(int32_t));
-        (*ids)[0] = bos;
-        n++;
-    }
-    return n;
-}
-
-static char *render_chat(muser_model *m, const char *messages, muser_error *err) {
-    muser_chat_params p = {.messages_json = messages, .add_generation_prompt = true};
-    return muser_chat_render(m, &p, err);
-}
-
-static int64_t build_prompt(const run_opts *o, muser_model *m, int32_t **ids) {
-    muser_error err;
+static int run_once(run_state *r) {
+    const run_opts *o = r->o;
+    mu_gen_request req = {.n_predict = o->n_predict, .stops = o->stops, .n_stops = o->n_stops,
+                          .speculate = r->sp != NULL};
+    mu_gen_str msgs = {0};
+    char *text = NULL;
     if (o->tokens) {
-        *ids = mu_xmalloc((size_t)o->n_tokens * sizeof(int32_t));
-        memcpy(*ids, o->tokens, (size_t)o->n_tokens * sizeof(int32_t));
-        return o->n_tokens;
-    }
-    size_t len = 0;
-    char *text = o->prompt_file ? cli_read_file("run", o->prompt_file, &len) : mu_xstrdup(o->prompt);
-    if (!text) return -1;
-    if (!o->prompt_file) len = strlen(text);
-    int64_t n;
-    if (o->system) {
-        char *msgs = mu_xstrdup("[");
-        size_t ml = 1;
-        add_message(&msgs, &ml, "system", o->system, strlen(o->system));
-        add_message(&msgs, &ml, "user", text, len);
-        json_append(&msgs, &ml, "]");
-        char *rendered = render_chat(m, msgs, &err);
-        n = rendered ? tokenize_chat(m, rendered, ids, &err) : -1;
-        free(rendered);
-        free(msgs);
+        req.tokens = o->tokens;
+        req.n_tokens = o->n_tokens;
     } else {
-        n = muser_tokenize(m, text, len, true, true, ids, &err);
+        size_t len = 0;
+        text = o->prompt_file ? cli_read_file("run", o->prompt_file, &len) : mu_xstrdup(o->prompt);
+        if (!text) return 1;
+        if (!o->prompt_file) len = strlen(text);
+        if (o->system) { /* through the chat template, the same messages as --chat builds */
+            mu_gen_str_append(&msgs, "[", 1);
+            mu_gen_json_message(&msgs, "system", o->system, strlen(o->system));
+            mu_gen_json_message(&msgs, "user", text, len);
+            mu_gen_str_append(&msgs, "]", 1);
+            req.messages_json = msgs.s;
+        } else {
+            req.text = text;
+            req.text_len = len;
+        }
     }
+    muser_error err;
+    int rc = 1;
+    bool started = mu_gen_start(r->gen, &req, on_event, r, &err);
+    free(msgs.s);
     free(text);
-    if (n < 0) fprintf(stderr, "muser run: %s\n", err.msg);
-    else if (n == 0) { fprintf(stderr, "muser run: the prompt is empty\n"); free(*ids); n = -1; }
-    return n;
+    if (!started) fprintf(stderr, "muser run: %s\n", err.msg);
+    else if (drive(r)) {
+        rc = 0;
+        if (o->json) print_json(r);
+        else {
+            printf("\n");
+            fflush(stdout);
+            print_end_note(r);
+            print_timings(r);
+        }
+    }
+    return rc;
 }
 
 /* ---------------- chat ---------------- */
 
-static void reset_session(gen_state *g) {
-    if (g->sp) muser_spec_reset(g->sp);
-    else muser_session_reset(g->s);
+typedef struct chat_turn {
+    char *user, *reply;
+    size_t user_len, reply_len;
+} chat_turn;
+
+typedef struct chat_state {
+    chat_turn *turns;
+    int n_turns, cap_turns;
+} chat_state;
+
+static void drop_turns(chat_state *c, int n) {
+    if (n <= 0) return;
+    for (int i = 0; i < n; i++) {
+        free(c->turns[i].user);
+        free(c->turns[i].reply);
+    }
+    memmove(c->turns, c->turns + n, (size_t)(c->n_turns - n) * sizeof *c->turns);
+    c->n_turns -= n;
 }
 
-static int chat_loop(gen_state *g) {
-    char *msgs = mu_xstrdup("[");
-    size_t ml = 1;
-    if (g->o->system) add_message(&msgs, &ml, "system", g->o->system, strlen(g->o->system));
-    int32_t *hist = NULL; /* tokens in the session */
-    int64_t n_hist = 0;
+/* Messages: the system message, turns[first..], the new user line. */
+static char *chat_messages(const run_opts *o, const chat_state *c, int first, const char *line, size_t n) {
+    mu_gen_str b = {0};
+    mu_gen_str_append(&b, "[", 1);
+    if (o->system) mu_gen_json_message(&b, "system", o->system, strlen(o->system));
+    for (int i = first; i < c->n_turns; i++) {
+        mu_gen_json_message(&b, "user", c->turns[i].user, c->turns[i].user_len);
+        mu_gen_json_message(&b, "assistant", c->turns[i].reply, c->turns[i].reply_len);
+    }
+    mu_gen_json_message(&b, "user", line, n);
+    mu_gen_str_append(&b, "]", 1);
+    return b.s;
+}
+
+/* Start the request for a new line, dropping the oldest turns until the
+ * prompt leaves room for a reply (a quarter of the context, or -n if less).
+ * false (said on stderr) when it cannot start: the line is then not kept. */
+static bool chat_start(run_state *r, chat_state *c, const char *line, size_t n) {
+    const run_opts *o = r->o;
+    const int64_t n_ctx = muser_session_n_ctx(r->s);
+    int64_t room = n_ctx / 4 < o->n_predict ? n_ctx / 4 : o->n_predict;
+    if (room < 1) room = 1;
+    mu_gen_request req = {.n_predict = o->n_predict, .stops = o->stops, .n_stops = o->n_stops,
+                          .speculate = r->sp != NULL};
+    for (int first = 0;; first++) {
+        char *msgs = chat_messages(o, c, first, line, n);
+        req.messages_json = msgs;
+        muser_error err;
+        bool ok = mu_gen_start(r->gen, &req, on_event, r, &err);
+        free(msgs);
+        if (!ok) {
+            fprintf(stderr, "muser run: %s\n", err.msg);
+            return false;
+        }
+        int64_t n_prompt;
+        mu_gen_prompt(r->gen, &n_prompt);
+        if (n_prompt + room <= n_ctx || (first == c->n_turns && n_prompt < n_ctx)) {
+            if (first) fprintf(stderr, "(context full: dropped the %d oldest turn%s)\n", first, first > 1 ? "s" : "");
+            drop_turns(c, first);
+            return true;
+        }
+        if (first == c->n_turns) {
+            fprintf(stderr, "(this message needs %lld tokens with the template%s, the context holds %lld: "
+                    "shorten it%s)\n", (long long)n_prompt, c->n_turns ? " even without earlier turns" : "",
+                    (long long)n_ctx, c->n_turns ? " or /reset" : "");
+            mu_gen_finish(r->gen, MU_GEN_STOP_CANCELLED, NULL);
+            return false;
+        }
+    }
+}
+
+static void reset_session(run_state *r) {
+    if (r->sp) muser_spec_reset(r->sp);
+    else muser_session_reset(r->s);
+    mu_gen_seq_clear(&r->seq);
+}
+
+static int chat_loop(run_state *r) {
+    chat_state c = {0};
     char line[65536];
-    fprintf(stderr, "chat with %s (/exit to quit, /reset to forget, Ctrl-C stops a reply)\n", g->info.name);
+    int rc = 0;
+    fprintf(stderr, "chat with %s (/exit to quit, /reset to forget, Ctrl-C stops a reply)\n", r->info.name);
     for (;;) {
         fprintf(stderr, "\n> ");
         if (!fgets(line, sizeof line, stdin)) break; /* EOF or Ctrl-C at the prompt */
@@ -551,42 +410,34 @@ static int chat_loop(gen_state *g) {
         while (n && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
         if (!strcmp(line, "/exit")) break;
         if (!strcmp(line, "/reset")) {
-            msgs[1] = 0;
-            ml = 1;
-            if (g->o->system) add_message(&msgs, &ml, "system", g->o->system, strlen(g->o->system));
-            reset_session(g);
-            n_hist = 0;
+            drop_turns(&c, c.n_turns);
+            reset_session(r);
             fprintf(stderr, "(conversation forgotten)\n");
             continue;
         }
-        if (!n) continue;
-        add_message(&msgs, &ml, "user", line, n);
-        json_append(&msgs, &ml, "]");
-        muser_error err;
-        char *rendered = render_chat(g->m, msgs, &err);
-        msgs[--ml] = 0; /* drop the closing bracket again */
-        int32_t *ids = NULL;
-        int64_t n_ids = rendered ? tokenize_chat(g->m, rendered, &ids, &err) : -1;
-        free(rendered);
-        if (n_ids < 0) { fprintf(stderr, "muser run: %s\n", err.msg); break; }
-        /* Reuse the KV of the common prefix; otherwise start over. */
-        int64_t common = 0;
-        while (common < n_hist && common < n_ids && hist[common] == ids[common]) common++;
-        if (common < n_hist || common == n_ids) { reset_session(g); common = 0; }
-        if (!start_sampler(g, ids, n_ids) || !generate(g, ids + common, n_ids - common)) { free(ids); break; }
-        if (g_interrupted) fprintf(stderr, "\n(interrupted)");
-        print_timings(g);
-        hist = mu_xrealloc(hist, (size_t)(n_ids + g->n_out) * sizeof(int32_t));
-        memcpy(hist, ids, (size_t)n_ids * sizeof(int32_t));
-        int64_t fed = g->n_fed; /* generated tokens the session has seen */
-        memcpy(hist + n_ids, g->fed, (size_t)fed * sizeof(int32_t));
-        n_hist = n_ids + fed;
-        free(ids);
-        add_message(&msgs, &ml, "assistant", g->text ? g->text : "", g->text ? g->text_len : 0);
+        if (!n || !chat_start(r, &c, line, n)) continue;
+        if (!drive(r)) {
+            rc = 1;
+            break;
+        }
+        printf("\n"); /* the reply's end, on the same stream as the reply */
+        fflush(stdout);
+        print_end_note(r);
+        print_timings(r);
+        const mu_gen_result *g = mu_gen_get_result(r->gen);
+        if (c.n_turns == c.cap_turns) {
+            c.cap_turns = c.cap_turns * 2 + 8;
+            c.turns = mu_xrealloc(c.turns, (size_t)c.cap_turns * sizeof *c.turns);
+        }
+        chat_turn *t = &c.turns[c.n_turns++];
+        t->user = mu_xstrdup(line);
+        t->user_len = n;
+        t->reply = mu_xstrdup(g->text);
+        t->reply_len = g->text_len;
     }
-    free(hist);
-    free(msgs);
-    return 0;
+    drop_turns(&c, c.n_turns);
+    free(c.turns);
+    return rc;
 }
 
 /* llama's startup lines: seed, parameters, chain. */
@@ -598,16 +449,40 @@ static void print_sampler(const muser_sampler *smp) {
 }
 
 /* Load the assistant and bind it to the session. */
-static bool start_spec(gen_state *g, muser_error *err) {
-    const run_opts *o = g->o;
-    g->draft = muser_draft_load(o->draft, g->m, err);
-    if (!g->draft) return false;
+static bool start_spec(run_state *r, muser_error *err) {
+    const run_opts *o = r->o;
+    r->draft = muser_draft_load(o->draft, r->m, err);
+    if (!r->draft) return false;
     muser_spec_params p = {.verify_len = (int)o->verify_len, .no_gate = o->spec_always};
-    g->sp = muser_spec_create(g->s, g->draft, &p, err);
-    if (g->sp && o->verbose) fprintf(stderr, "speculative decoding with %s (verify length %lld%s)\n",
-                                     muser_draft_name(g->draft), (long long)o->verify_len,
+    r->sp = muser_spec_create(r->s, r->draft, &p, err);
+    if (r->sp && o->verbose) fprintf(stderr, "speculative decoding with %s (verify length %lld%s)\n",
+                                     muser_draft_name(r->draft), (long long)o->verify_len,
                                      o->spec_always ? ", every step" : ", adaptive gate");
-    return g->sp != NULL;
+    return r->sp != NULL;
+}
+
+/* Model, session, generation state, assistant; false with err. */
+static bool set_up(run_state *r, run_opts *o, muser_error *err) {
+    muser_model_get_info(r->m, &r->info);
+    if ((o->prompt || o->prompt_file || o->chat) && !muser_model_has_tokenizer(r->m)) {
+        snprintf(err->msg, sizeof err->msg, "%s has no tokenizer; use --tokens", o->model);
+        return false;
+    }
+    int64_t ctx = o->ctx ? o->ctx : (r->info.n_ctx_train < 4096 ? r->info.n_ctx_train : 4096);
+    if (ctx > r->info.n_ctx_train) /* allowed (no RoPE scaling is applied), but rarely what was meant */
+        fprintf(stderr, "muser run: warning: a context of %lld tokens exceeds the %lld the model was trained on; "
+                "output past that is unreliable\n", (long long)ctx, (long long)r->info.n_ctx_train);
+    muser_session_params sp = {.n_ctx = ctx, .prefill_chunk = o->chunk};
+    if (!(r->s = muser_session_create(r->m, &sp, err))) return false;
+    o->sampling.p.n_ctx = (int32_t)(ctx < INT32_MAX ? ctx : INT32_MAX);
+    if (!(r->gen = mu_gen_new(r->m, &o->sampling.p, err))) return false;
+    if (o->verbose) print_sampler(mu_gen_sampler(r->gen));
+    if (o->draft && !start_spec(r, err)) return false;
+    if (o->dump && !(r->dump = fopen(o->dump, "wb"))) {
+        snprintf(err->msg, sizeof err->msg, "cannot open %s for writing", o->dump);
+        return false;
+    }
+    return true;
 }
 
 int cmd_run(int argc, char **argv) {
@@ -620,73 +495,22 @@ int cmd_run(int argc, char **argv) {
     }
     muser_error err;
     muser_model_params mp = {.backend = o.backend, .n_threads = (int)o.threads, .use_mlock = o.mlock};
-    muser_model *m = muser_model_load(o.model, &mp, &err);
-    if (!m) {
-        fprintf(stderr, "muser run: %s\n", err.msg);
-        free(o.tokens);
-        run_sampling_free(&o.sampling);
-        return 1;
-    }
-    gen_state g = {.o = &o, .m = m, .n_probs = o.sampling.p.n_probs};
-    muser_model_get_info(m, &g.info);
-    if ((o.prompt || o.prompt_file || o.chat) && !muser_model_has_tokenizer(m)) {
-        fprintf(stderr, "muser run: %s has no tokenizer; use --tokens\n", o.model);
-        muser_model_free(m);
-        free(o.tokens);
-        run_sampling_free(&o.sampling);
-        return 1;
-    }
-    int64_t ctx = o.ctx ? o.ctx : (g.info.n_ctx_train < 4096 ? g.info.n_ctx_train : 4096);
-    muser_session_params sp = {.n_ctx = ctx, .prefill_chunk = o.chunk};
-    g.s = muser_session_create(m, &sp, &err);
-    o.sampling.p.n_ctx = (int32_t)(ctx < INT32_MAX ? ctx : INT32_MAX);
-    if (g.s && !(g.smp = muser_sampler_create(m, &o.sampling.p, &err))) {
-        muser_session_free(g.s);
-        g.s = NULL;
-    }
-    if (g.smp && o.verbose) print_sampler(g.smp);
-    if (g.smp && o.draft && !start_spec(&g, &err)) {
-        muser_sampler_free(g.smp);
-        g.smp = NULL;
-        muser_session_free(g.s);
-        g.s = NULL;
-    }
+    run_state r = {.o = &o, .m = muser_model_load(o.model, &mp, &err)};
     rc = 1;
-    struct sigaction sa = {.sa_handler = on_sigint}; /* no SA_RESTART: Ctrl-C at the prompt ends fgets */
-    sigemptyset(&sa.sa_mask);
-    if (!g.s) fprintf(stderr, "muser run: %s\n", err.msg);
-    else if (o.dump && !(g.dump = fopen(o.dump, "wb"))) fprintf(stderr, "muser run: cannot open %s for writing\n", o.dump);
-    else if (o.chat) {
+    if (!r.m || !set_up(&r, &o, &err)) fprintf(stderr, "muser run: %s\n", err.msg);
+    else {
+        struct sigaction sa = {.sa_handler = on_sigint}; /* no SA_RESTART: Ctrl-C at the prompt ends fgets */
+        sigemptyset(&sa.sa_mask);
         sigaction(SIGINT, &sa, NULL);
-        rc = chat_loop(&g);
-    } else {
-        int32_t *prompt = NULL;
-        int64_t n_prompt = build_prompt(&o, m, &prompt);
-        if (n_prompt > 0) {
-            sigaction(SIGINT, &sa, NULL);
-            if (start_sampler(&g, prompt, n_prompt) && generate(&g, prompt, n_prompt)) {
-                rc = 0;
-                if (o.json) print_json(&g, prompt, n_prompt);
-                else {
-                    printf("\n");
-                    fflush(stdout);
-                    print_timings(&g);
-                }
-            }
-        }
-        free(prompt);
+        rc = o.chat ? chat_loop(&r) : run_once(&r);
     }
-    if (g.dump && fclose(g.dump) && rc == 0) { fprintf(stderr, "muser run: writing %s failed\n", o.dump); rc = 1; }
-    muser_spec_free(g.sp);
-    muser_draft_free(g.draft);
-    muser_sampler_free(g.smp);
-    muser_session_free(g.s);
-    muser_model_free(m);
-    free(g.out_ids);
-    free(g.fed);
-    free(g.lp);
-    free(g.lp_top);
-    free(g.text);
+    if (r.dump && fclose(r.dump) && rc == 0) { fprintf(stderr, "muser run: writing %s failed\n", o.dump); rc = 1; }
+    muser_spec_free(r.sp);
+    muser_draft_free(r.draft);
+    mu_gen_free(r.gen);
+    mu_gen_seq_free(&r.seq);
+    muser_session_free(r.s);
+    muser_model_free(r.m);
     free(o.tokens);
     run_sampling_free(&o.sampling);
     return rc;

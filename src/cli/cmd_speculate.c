@@ -3,8 +3,9 @@
  * the speculative loop on the same prompt, checks that both token streams
  * are identical and reports acceptance and speed. Exit 1 if they differ. */
 #include "cli.h"
+#include "gen/gen.h"
 #include "muser.h"
-#include "spec/speculate.h"
+#include "spec/dflash.h"
 #include "util/common.h"
 #include <stdlib.h>
 #include <string.h>
@@ -67,67 +68,38 @@ static int parse(int argc, char **argv, spec_opts *o) {
     return -1;
 }
 
-typedef struct spec_result {
-    int32_t *plain, *spec;
-    int64_t n_plain, n_spec, n_prompt;
-    double t_plain;             /* plain decode seconds after the prompt */
-    mu_spec_stats st;
-    char *text;
-} spec_result;
-
-/* Tokens per second after the first token (which both get from the prompt). */
-static double rate(int64_t n, double seconds) { return n > 1 && seconds > 0 ? (double)(n - 1) / seconds : 0; }
-
-static int64_t first_difference(const spec_result *r) {
-    int64_t n = r->n_plain < r->n_spec ? r->n_plain : r->n_spec;
-    for (int64_t i = 0; i < n; i++)
-        if (r->plain[i] != r->spec[i]) return i;
-    return r->n_plain == r->n_spec ? -1 : n;
-}
-
-static void print_stats(const spec_opts *o, const mu_dflash *d, const spec_result *r, bool exact) {
-    const mu_spec_stats *st = &r->st;
-    double steps = st->verify_steps ? (double)st->verify_steps : 1;
-    double plain = rate(r->n_plain, r->t_plain), spec = rate(r->n_spec, st->t_total - st->t_prefill);
+static void print_stats(const spec_opts *o, const mu_dflash *d, const mu_gen_pair *r, int64_t n_prompt,
+                        const char *text, bool exact) {
+    const muser_spec_stats *st = &r->st;
+    /* a plain step (no room to draft) counts as a verify step of one token */
+    int64_t verify_steps = st->rounds + st->plain_steps, step_tokens = st->round_tokens + st->plain_steps;
+    double steps = verify_steps ? (double)verify_steps : 1, t_verify = st->t_verify + st->t_plain;
+    double plain = mu_gen_rate(r->n_plain, r->t_plain), spec = mu_gen_rate(r->n_spec, r->t_spec);
     if (o->json) {
         printf("{\"prompt_tokens\": %lld, \"verify_len\": %lld, \"draft_sink\": %d, \"draft_window\": %lld, \"ids\": [",
-               (long long)r->n_prompt, (long long)o->verify_len, MU_DFLASH_SINK, (long long)d->cfg.sliding_window);
+               (long long)n_prompt, (long long)o->verify_len, MU_DFLASH_SINK, (long long)d->cfg.sliding_window);
         for (int64_t i = 0; i < r->n_spec; i++) printf("%s%d", i ? ", " : "", r->spec[i]);
         printf("], \"text\": ");
-        cli_json_str(stdout, r->text ? r->text : "");
+        cli_json_str(stdout, text ? text : "");
         printf(", \"verify_steps\": %lld, \"tokens_per_step\": %.4f, \"drafted\": %lld, \"accepted\": %lld, "
                "\"acceptance\": %.4f, \"plain_tokens_per_s\": %.2f, \"spec_tokens_per_s\": %.2f, \"speedup\": %.4f, "
                "\"draft_s\": %.4f, \"verify_s\": %.4f, \"exact\": %s}\n",
-               (long long)st->verify_steps, (double)st->step_tokens / steps, (long long)st->drafted,
+               (long long)verify_steps, (double)step_tokens / steps, (long long)st->drafted,
                (long long)st->accepted, st->drafted ? (double)st->accepted / (double)st->drafted : 0, plain, spec,
-               plain > 0 ? spec / plain : 0, st->t_draft, st->t_verify, exact ? "true" : "false");
+               plain > 0 ? spec / plain : 0, st->t_draft, t_verify, exact ? "true" : "false");
         return;
     }
     printf("\n\nprompt %lld tokens, generated %lld; draft %s (sink %d + window %lld), verify length %lld\n",
-           (long long)r->n_prompt, (long long)r->n_spec, d->name, MU_DFLASH_SINK, (long long)d->cfg.sliding_window,
+           (long long)n_prompt, (long long)r->n_spec, d->name, MU_DFLASH_SINK, (long long)d->cfg.sliding_window,
            (long long)o->verify_len);
     printf("verify steps: %lld, tokens per verify step: %.2f, accepted drafts per step: %.2f, acceptance: %.1f%% "
            "(%lld / %lld)\n",
-           (long long)st->verify_steps, (double)st->step_tokens / steps, (double)st->accepted / steps,
+           (long long)verify_steps, (double)step_tokens / steps, (double)st->accepted / steps,
            st->drafted ? 100.0 * (double)st->accepted / (double)st->drafted : 0.0, (long long)st->accepted,
            (long long)st->drafted);
     printf("plain greedy: %.1f tokens/s; speculative: %.1f tokens/s (draft %.3f s, verify %.3f s); speed ratio %.2fx\n",
-           plain, spec, st->t_draft, st->t_verify, plain > 0 ? spec / plain : 0.0);
+           plain, spec, st->t_draft, t_verify, plain > 0 ? spec / plain : 0.0);
     printf("exact: %s\n", exact ? "yes" : "NO");
-}
-
-static bool run_both(const spec_opts *o, muser_model *m, const mu_dflash *d, muser_session *s, const int32_t *prompt,
-                     spec_result *r) {
-    muser_error err;
-    r->plain = mu_xmalloc((size_t)o->n_predict * sizeof(int32_t));
-    r->spec = mu_xmalloc((size_t)o->n_predict * sizeof(int32_t));
-    r->n_plain = mu_greedy_generate(m, s, prompt, r->n_prompt, o->n_predict, r->plain, &r->t_plain, (mu_error *)&err);
-    if (r->n_plain < 0) { fprintf(stderr, "muser speculate: plain greedy: %s\n", err.msg); return false; }
-    r->n_spec = mu_speculate_greedy(m, d, s, prompt, r->n_prompt, (int)o->verify_len, o->n_predict, r->spec, &r->st,
-                                    (mu_error *)&err);
-    if (r->n_spec < 0) { fprintf(stderr, "muser speculate: %s\n", err.msg); return false; }
-    if (muser_model_has_tokenizer(m)) r->text = muser_detokenize(m, r->spec, (size_t)r->n_spec, false, NULL, &err);
-    return true;
 }
 
 static int64_t build_prompt(const spec_opts *o, muser_model *m, int32_t **ids) {
@@ -150,9 +122,10 @@ int cmd_speculate(int argc, char **argv) {
     muser_error err;
     muser_model_params mp = {.n_threads = (int)o.threads};
     muser_model *m = muser_model_load(o.model, &mp, &err);
-    mu_dflash *d = m ? mu_dflash_load(o.draft, (mu_error *)&err) : NULL;
+    /* the assistant runs through the public API; its file's geometry is printed from the loader's view */
+    muser_draft *draft = m ? muser_draft_load(o.draft, m, &err) : NULL;
+    mu_dflash *d = draft ? mu_dflash_load(o.draft, (mu_error *)&err) : NULL;
     muser_session *s = NULL;
-    spec_result r = {0};
     rc = 1;
     if (!d) fprintf(stderr, "muser speculate: %s\n", err.msg);
     else {
@@ -164,21 +137,28 @@ int cmd_speculate(int argc, char **argv) {
         if (!s) fprintf(stderr, "muser speculate: %s\n", err.msg);
     }
     int32_t *prompt = NULL;
-    if (s && (r.n_prompt = build_prompt(&o, m, &prompt)) > 0 && run_both(&o, m, d, s, prompt, &r)) {
-        int64_t diff = first_difference(&r);
-        if (!o.json && r.text) fputs(r.text, stdout);
-        print_stats(&o, d, &r, diff < 0);
+    int64_t n_prompt = s ? build_prompt(&o, m, &prompt) : -1;
+    mu_gen_pair r = {0};
+    if (n_prompt > 0 && !(mu_gen_greedy(s, NULL, 0, prompt, n_prompt, o.n_predict, &r, &err) &&
+                          mu_gen_greedy(s, draft, (int)o.verify_len, prompt, n_prompt, o.n_predict, &r, &err)))
+        fprintf(stderr, "muser speculate: %s\n", err.msg);
+    else if (n_prompt > 0) {
+        char *text = muser_model_has_tokenizer(m) ? muser_detokenize(m, r.spec, (size_t)r.n_spec, false, NULL, &err)
+                                                  : NULL;
+        int64_t diff = mu_gen_pair_diff(&r);
+        if (!o.json && text) fputs(text, stdout);
+        print_stats(&o, d, &r, n_prompt, text, diff < 0);
         if (diff >= 0)
             fprintf(stderr, "muser speculate: token streams differ at index %lld (plain %lld tokens, speculative %lld)\n",
                     (long long)diff, (long long)r.n_plain, (long long)r.n_spec);
         rc = diff < 0 ? 0 : 1;
+        free(text);
     }
+    mu_gen_pair_free(&r);
     free(prompt);
-    free(r.plain);
-    free(r.spec);
-    free(r.text);
     muser_session_free(s);
     mu_dflash_free(d);
+    muser_draft_free(draft);
     muser_model_free(m);
     free(o.tokens);
     return rc;
