@@ -21,6 +21,7 @@
 #include "model/capture.h"
 #include "spec/dflash.h"
 #include "spec/speculate.h"
+#include "gen/gen.h"
 #include <math.h>
 
 static char target_path[512], draft_path[512];
@@ -550,13 +551,12 @@ static void test_speculation(void) {
         {"And God said,", 1, 2},
         {"And God said,", 1, 1},
     };
-    mu_error err;
-    mu_dflash *d = mu_dflash_load(draft_path, &err);
+    muser_error err;
+    muser_draft *d = muser_draft_load(draft_path, target, &err);
     CHECK_MSG(d != NULL, "%s", err.msg);
     if (!d) return;
     muser_session_params sp = {.n_ctx = 1024};
     muser_session *s = muser_session_create(target, &sp, NULL);
-    int32_t greedy[64], spec[64];
     const int vls[3] = {3, 7, 15};
     bool saw_eog = false;
     for (int v = 0; v < 3; v++) {
@@ -564,19 +564,23 @@ static void test_speculation(void) {
         for (size_t p = 0; p < sizeof prompts / sizeof prompts[0]; p++) {
             int64_t n_prompt;
             int32_t *ids = prompt_tokens(prompts[p].text, prompts[p].repeat, &n_prompt);
-            int64_t ng = mu_greedy_generate(target, s, ids, n_prompt, prompts[p].n, greedy, NULL, &err);
-            mu_spec_stats st;
-            int64_t ns = mu_speculate_greedy(target, d, s, ids, n_prompt, vls[v], prompts[p].n, spec, &st, &err);
-            CHECK_MSG(ng > 0 && ns == ng && !memcmp(greedy, spec, (size_t)ng * sizeof(int32_t)),
+            mu_gen_pair pair = {0};
+            bool ok = mu_gen_greedy(s, NULL, 0, ids, n_prompt, prompts[p].n, &pair, &err) &&
+                      mu_gen_greedy(s, d, vls[v], ids, n_prompt, prompts[p].n, &pair, &err);
+            const int64_t ng = pair.n_plain, ns = pair.n_spec;
+            CHECK_MSG(ok && ng > 0 && mu_gen_pair_diff(&pair) < 0,
                       "VL %d prompt %zu: speculative output (%lld tokens) != greedy (%lld): %s", vls[v], p,
-                      (long long)ns, (long long)ng, ns < 0 ? err.msg : "");
-            CHECK(st.n_generated == ns && st.accepted <= st.drafted && st.accepted == st.step_tokens - st.verify_steps);
-            CHECK(st.n_generated <= 1 + st.step_tokens && st.drafted <= (int64_t)vls[v] * st.verify_steps);
-            saw_eog |= ng < prompts[p].n && muser_token_is_eog(target, greedy[ng - 1]);
+                      (long long)ns, (long long)ng, ok ? "" : err.msg);
+            const muser_spec_stats *st = &pair.st;
+            const int64_t verify_steps = st->rounds + st->plain_steps, step_tokens = st->round_tokens + st->plain_steps;
+            CHECK(st->accepted <= st->drafted && st->accepted == step_tokens - verify_steps);
+            CHECK(ns <= 1 + step_tokens && st->drafted <= (int64_t)vls[v] * verify_steps);
+            saw_eog |= ng > 0 && ng < prompts[p].n && muser_token_is_eog(target, pair.plain[ng - 1]);
             int64_t none;
             CHECK(mu_session_captured(s, &none) == NULL); /* capture is off again */
-            steps += st.verify_steps;
-            tokens += st.step_tokens;
+            steps += verify_steps;
+            tokens += step_tokens;
+            mu_gen_pair_free(&pair);
             free(ids);
         }
         double per_step = (double)tokens / (double)steps;
@@ -585,9 +589,11 @@ static void test_speculation(void) {
     }
     CHECK_MSG(saw_eog, "no prompt stopped at an end-of-generation token");
     int32_t one = 5;
-    CHECK(mu_speculate_greedy(target, d, s, &one, 1, 5, 8, spec, NULL, &err) < 0 && strstr(err.msg, "3, 7 or 15"));
+    mu_gen_pair pair = {0};
+    CHECK(!mu_gen_greedy(s, d, 5, &one, 1, 8, &pair, &err) && strstr(err.msg, "3, 7 or 15"));
+    mu_gen_pair_free(&pair);
     muser_session_free(s);
-    mu_dflash_free(d);
+    muser_draft_free(d);
 }
 
 
