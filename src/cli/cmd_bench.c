@@ -319,7 +319,7 @@ int cmd_bench(int argc, char **argv) {
     mu_bench_result r;
     mu_error err;
     if (!mu_bench_run(&c.o, &r, &err)) {
-        fprintf(stderr, "muser bench: %s\n", err.msg);
+        cli_error("bench", err.msg);
         free(c.depths);
         free(c.parallel);
         return 1;
@@ -329,11 +329,11 @@ int cmd_bench(int argc, char **argv) {
     print_depth_costs(&c, &r);
     rc = 0;
     if (c.json && !mu_bench_write_json(c.json, &c.o, &r, &err)) {
-        fprintf(stderr, "muser bench: %s\n", err.msg);
+        cli_error("bench", err.msg);
         rc = 1;
     }
     if (c.plot && !mu_bench_write_plot(c.plot, &r, &err)) {
-        fprintf(stderr, "muser bench: %s\n", err.msg);
+        cli_error("bench", err.msg);
         rc = 1;
     }
     mu_bench_result_free(&r);

@@ -305,7 +305,7 @@ static int run_once(run_state *r) {
     bool started = mu_gen_start(r->gen, &req, on_event, r, &err);
     free(msgs.s);
     free(text);
-    if (!started) fprintf(stderr, "muser run: %s\n", err.msg);
+    if (!started) cli_error("run", err.msg);
     else if (drive(r)) {
         rc = 0;
         if (o->json) print_json(r);
@@ -372,7 +372,7 @@ static bool chat_start(run_state *r, chat_state *c, const char *line, size_t n) 
         bool ok = mu_gen_start(r->gen, &req, on_event, r, &err);
         free(msgs);
         if (!ok) {
-            fprintf(stderr, "muser run: %s\n", err.msg);
+            cli_error("run", err.msg);
             return false;
         }
         int64_t n_prompt;
@@ -497,7 +497,7 @@ int cmd_run(int argc, char **argv) {
     muser_model_params mp = {.backend = o.backend, .n_threads = (int)o.threads, .use_mlock = o.mlock};
     run_state r = {.o = &o, .m = muser_model_load(o.model, &mp, &err)};
     rc = 1;
-    if (!r.m || !set_up(&r, &o, &err)) fprintf(stderr, "muser run: %s\n", err.msg);
+    if (!r.m || !set_up(&r, &o, &err)) cli_error("run", err.msg);
     else {
         struct sigaction sa = {.sa_handler = on_sigint}; /* no SA_RESTART: Ctrl-C at the prompt ends fgets */
         sigemptyset(&sa.sa_mask);

@@ -110,7 +110,7 @@ static int64_t build_prompt(const spec_opts *o, muser_model *m, int32_t **ids) {
     }
     muser_error err;
     int64_t n = muser_tokenize(m, o->prompt, strlen(o->prompt), true, true, ids, &err);
-    if (n < 0) fprintf(stderr, "muser speculate: %s\n", err.msg);
+    if (n < 0) cli_error("speculate", err.msg);
     else if (n == 0) { fprintf(stderr, "muser speculate: the prompt is empty\n"); free(*ids); n = -1; }
     return n;
 }
@@ -127,21 +127,21 @@ int cmd_speculate(int argc, char **argv) {
     mu_dflash *d = draft ? mu_dflash_load(o.draft, (mu_error *)&err) : NULL;
     muser_session *s = NULL;
     rc = 1;
-    if (!d) fprintf(stderr, "muser speculate: %s\n", err.msg);
+    if (!d) cli_error("speculate", err.msg);
     else {
         muser_model_info info;
         muser_model_get_info(m, &info);
         int64_t ctx = o.ctx ? o.ctx : (info.n_ctx_train < 4096 ? info.n_ctx_train : 4096);
         muser_session_params sp = {.n_ctx = ctx};
         s = muser_session_create(m, &sp, &err);
-        if (!s) fprintf(stderr, "muser speculate: %s\n", err.msg);
+        if (!s) cli_error("speculate", err.msg);
     }
     int32_t *prompt = NULL;
     int64_t n_prompt = s ? build_prompt(&o, m, &prompt) : -1;
     mu_gen_pair r = {0};
     if (n_prompt > 0 && !(mu_gen_greedy(s, NULL, 0, prompt, n_prompt, o.n_predict, &r, &err) &&
                           mu_gen_greedy(s, draft, (int)o.verify_len, prompt, n_prompt, o.n_predict, &r, &err)))
-        fprintf(stderr, "muser speculate: %s\n", err.msg);
+        cli_error("speculate", err.msg);
     else if (n_prompt > 0) {
         char *text = muser_model_has_tokenizer(m) ? muser_detokenize(m, r.spec, (size_t)r.n_spec, false, NULL, &err)
                                                   : NULL;
