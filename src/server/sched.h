@@ -1,0 +1,137 @@
+/* The server's scheduler: continuous batching of generation jobs over one
+ * engine (include/muser.h: muser_engine_step) with n_slots sessions.
+ *
+ * One scheduler thread owns the engine. Each step it admits waiting jobs
+ * into free slots (the slot whose cached tokens share the longest prefix
+ * with the job's prompt first, so a request that extends the slot's last
+ * prompt prefills only the new tokens), submits every active slot's next
+ * input (a prompt chunk, or the one token drawn last), runs one batched
+ * forward, and hands each finished row to that job's request loop (src/gen:
+ * sampling, grammar, stop strings, logprobs), which raises events. HTTP
+ * threads read a job's events with srv_job_next (blocking) and may cancel
+ * it at any time: its slot is free for the next step.
+ *
+ * Bits: a job's tokens and logprobs do not depend on the jobs beside it
+ * (the engine's batch invariance; every job has its own sampler), so at
+ * temperature 0, or with a seed, a request replays exactly alone or under
+ * load. */
+#ifndef MUSER_SERVER_SCHED_H
+#define MUSER_SERVER_SCHED_H
+#include "gen/gen.h"
+#include "muser.h"
+
+typedef struct srv_sched srv_sched;
+typedef struct srv_job srv_job;
+
+typedef struct srv_sched_params {
+    int32_t n_slots;            /* sessions generating at once (llama-server --parallel); 0 = 4 */
+    int64_t n_ctx;              /* context of each slot; 0 = the model's training context */
+    int64_t n_batch;            /* most rows in one forward; 0 = 512 */
+    int64_t prefill_chunk;      /* most prompt rows of one slot per forward; 0 = 256 */
+    int32_t max_queue;          /* jobs waiting for a slot beyond which submit refuses; 0 = 64 */
+} srv_sched_params;
+
+srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *p, muser_error *err);
+/* Stop: with finish, running jobs run to their end (new ones are refused);
+ * without, every job is cancelled. Then the thread is joined and all freed
+ * (jobs still held by callers stay valid until srv_job_free). */
+void srv_sched_free(srv_sched *s, bool finish);
+
+/* One generation: the request (prompt, n_predict, stops; its strings are
+ * copied) and the sampling parameters (with grammar / JSON Schema text,
+ * n_probs for logprobs, seed...; pointers borrowed during the call only). */
+typedef struct srv_job_params {
+    mu_gen_request req;
+    muser_sampling_params sampling;
+    int32_t slot;               /* a specific slot (llama.cpp id_slot), -1 = any */
+    bool cache_prompt;          /* reuse the slot's cached prefix (llama.cpp cache_prompt; default true) */
+} srv_job_params;
+
+/* Outcome of a submit that returned NULL. */
+typedef enum srv_refusal {
+    SRV_REFUSED_INVALID = 400,  /* bad grammar or schema, prompt longer than the context, bad slot id: err names it */
+    SRV_REFUSED_BUSY = 429,     /* the waiting queue is full: retry later */
+    SRV_REFUSED_SHUTDOWN = 503, /* the server is stopping */
+} srv_refusal;
+
+/* Queue a job; NULL with *refusal and err when it cannot be queued. The
+ * prompt is tokenized / rendered and the sampler built here, so every
+ * client mistake is reported before anything runs. */
+srv_job *srv_sched_submit(srv_sched *s, const srv_job_params *p, srv_refusal *refusal, muser_error *err);
+
+typedef enum srv_event_kind {
+    SRV_EV_TOKEN = 1,           /* a drawn token */
+    SRV_EV_DONE = 2,            /* the job ended: srv_job_result is final */
+} srv_event_kind;
+
+typedef struct srv_event {
+    srv_event_kind kind;
+    /* SRV_EV_TOKEN, or the text released at the end (token -1): */
+    int32_t token;
+    int64_t index;              /* the token's index in the output */
+    const char *text;           /* bytes that became final with this event (not NUL-terminated) */
+    size_t text_len;
+    bool has_logprob;           /* sampling n_probs > 0 */
+    muser_logprob logprob;      /* of the drawn token */
+    const muser_logprob *top;   /* n_top alternatives */
+    int32_t n_top;
+    /* SRV_EV_DONE: */
+    mu_gen_stop stop;
+} srv_event;
+
+/* The next event of the job, blocking up to timeout_ms (-1: forever);
+ * false on timeout. Pointers in *ev stay valid until the next call. After
+ * SRV_EV_DONE it returns SRV_EV_DONE again at once. */
+bool srv_job_next(srv_job *j, srv_event *ev, int timeout_ms);
+/* The client went away (or asked to stop): the job ends with stop
+ * "cancelled" at the next step and its slot is released. */
+void srv_job_cancel(srv_job *j);
+/* Valid after SRV_EV_DONE until srv_job_free: the request loop's result
+ * (prompt tokens, drawn tokens, text, logprobs, stop, timings). */
+const mu_gen_result *srv_job_result(const srv_job *j);
+/* Prompt tokens taken from the slot's cache instead of prefilled. */
+int64_t srv_job_cached(const srv_job *j);
+/* The slot the job ran in (-1 before it was admitted). */
+int32_t srv_job_slot(const srv_job *j);
+/* The sampler's seed (the resolved one when random). */
+uint32_t srv_job_seed(const srv_job *j);
+/* Cancels a running job, then frees it. */
+void srv_job_free(srv_job *j);
+
+/* ------------------------------------------------ state for /metrics, /slots, /props */
+
+#define SRV_HIST_BUCKETS 14     /* upper bounds in seconds: srv_hist_bounds */
+extern const double srv_hist_bounds[SRV_HIST_BUCKETS];
+
+typedef struct srv_hist {
+    uint64_t count[SRV_HIST_BUCKETS + 1]; /* per bucket, the last one +Inf (not cumulative) */
+    uint64_t n;
+    double sum;
+} srv_hist;
+
+typedef struct srv_stats {
+    int32_t n_slots, running, waiting;
+    double kv_usage;            /* held KV positions over all slots' capacity, 0..1 */
+    int64_t n_ctx;              /* per slot */
+    uint64_t requests_total, requests_finished, requests_cancelled, requests_refused;
+    uint64_t prompt_tokens_total, cached_tokens_total, generation_tokens_total;
+    uint64_t steps_total;
+    srv_hist ttft, itl, e2e;    /* time to first token, inter-token latency, request latency (s) */
+    uint64_t spec_drafted, spec_accepted; /* speculative proposals (0 without an assistant) */
+} srv_stats;
+void srv_sched_stats(srv_sched *s, srv_stats *st);
+
+typedef struct srv_slot_info {
+    int32_t id;
+    bool busy;
+    int64_t n_ctx;
+    int64_t n_cached;           /* tokens held in the slot's KV */
+    int64_t n_prompt, n_decoded; /* of the running job */
+    uint64_t job_id;            /* 0 when idle */
+} srv_slot_info;
+/* Fills up to cap slots, returns n_slots. */
+int32_t srv_sched_slots(srv_sched *s, srv_slot_info *out, int32_t cap);
+/* Forget a slot's cached tokens; refused while it runs a job. */
+bool srv_sched_slot_erase(srv_sched *s, int32_t slot, muser_error *err);
+
+#endif
