@@ -10,11 +10,14 @@
  * 3. Meaning: a few grammars are run through the GBNF matcher and must
  *    accept exactly the JSON texts the schema allows (brute force over
  *    integer ranges, the cases where llama's own grammar is wrong, escapes in
- *    extra keys, patterns, lengths, enums). */
+ *    extra keys, patterns, lengths, enums), and patterns repeating groups
+ *    that can match "" are compared with PCRE2 over all short strings. */
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "testutil.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <stdbool.h>
 
 static char *read_file(const char *name, size_t *len) {
@@ -417,6 +420,76 @@ static void test_strings_and_enums(void) {
     mu_grammar_free(c.g);
 }
 
+/* Repeating a group that can match "" (json_schema.c, pat_item.ne): llama
+ * writes "(a|)+" as ("a" |)+, which GBNF parsers refuse as left recursion.
+ * Each pattern's grammar must parse and accept exactly the strings PCRE2
+ * matches, over every string of a, b, c up to length 6. */
+static void check_pattern_language(const char *pattern) {
+    char schema[512];
+    snprintf(schema, sizeof schema, "{\"type\":\"string\",\"pattern\":\"%s\"}", pattern);
+    compiled c = compile(schema);
+    int errcode;
+    PCRE2_SIZE erroff;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, 0, &errcode, &erroff, NULL);
+    CHECK_MSG(re != NULL, "%s: PCRE2 refuses it", pattern);
+    if (!c.g || !re) {
+        mu_grammar_free(c.g);
+        pcre2_code_free(re);
+        return;
+    }
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int wrong = 0, matched = 0;
+    for (int len = 0; len <= 6; len++) {
+        int total = 1;
+        for (int k = 0; k < len; k++) total *= 3;
+        for (int code = 0; code < total; code++) {
+            char s[8], json[16];
+            for (int k = 0, v = code; k < len; k++, v /= 3) s[k] = (char)('a' + v % 3);
+            s[len] = '\0';
+            snprintf(json, sizeof json, "\"%s\"", s);
+            bool want = pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)len, 0, 0, md, NULL) >= 0;
+            matched += want;
+            if (accepts(&c, json) != want && wrong++ < 5)
+                fprintf(stderr, "%s: \"%s\" %s\n", pattern, s, want ? "rejected" : "accepted");
+        }
+    }
+    CHECK_MSG(wrong == 0, "%s: %d strings judged differently from PCRE2", pattern, wrong);
+    CHECK_MSG(matched > 0, "%s: PCRE2 matches nothing, the comparison is vacuous", pattern);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    mu_grammar_free(c.g);
+}
+
+static void test_nullable_repetition(void) {
+    static const char *const PATTERNS[] = {
+        "^(a|)+$",          "^(a|)*b$",         "^(|ab)+c?$",       "^(a?)+$",
+        "^(a*)+b$",         "^(a?b?)+c$",       "^((a|)(b|))*$",    "^(a|){2,3}$",
+        "^(a?){2,}b$",      "^(a|b?){0,2}c$",   "^((a|)+)+$",       "^(a|b|)+c$",
+        "^()+a$",           "^(a{0})*b$",       "^((ab|)c?){1,2}$", "^(a*b*){2}c?$",
+        "^([ab]?|c)+$",     "^(a(b|)|)+c$",     "^((a|)b)+$",       "^(a|)?b$",
+        "^(a{0,2}){2}b?$",  "^((c|)(a?)+)*b$",  "^(a|)+?b$",        "^(a?){3}$",
+    };
+    for (size_t i = 0; i < sizeof PATTERNS / sizeof PATTERNS[0]; i++) check_pattern_language(PATTERNS[i]);
+
+    compiled c = compile("{\"type\":\"string\",\"pattern\":\"^f(orboa|)+baz*qux?$\"}");
+    static const char *const YES[] = {"\"fbaqu\"", "\"forboabazzqux\"", "\"forboaorboabaqu\"",
+                                      "\"fbazzzqux\"", "\"forboabaqux\""};
+    static const char *const NO[] = {"\"fbaz\"", "\"forbobaqu\"", "\"forboaorbbaqu\"", "\"baqu\"",
+                                     "\"fbaquxx\"", "\"forboaforboabaqu\"", "\"\""};
+    for (size_t i = 0; i < sizeof YES / sizeof YES[0]; i++) CHECK_MSG(accepts(&c, YES[i]), "rejected %s", YES[i]);
+    for (size_t i = 0; i < sizeof NO / sizeof NO[0]; i++) CHECK_MSG(!accepts(&c, NO[i]), "accepted %s", NO[i]);
+    mu_grammar_free(c.g);
+
+    /* inside an object, next to other properties */
+    c = compile("{\"type\":\"object\",\"properties\":{\"w\":{\"type\":\"string\",\"pattern\":\"^(x?y?)+z$\"},"
+                "\"n\":{\"type\":\"integer\"}},\"required\":[\"w\",\"n\"]}");
+    CHECK(accepts(&c, "{\"w\":\"z\",\"n\":1}"));
+    CHECK(accepts(&c, "{\"w\":\"yxxyz\",\"n\":1}"));
+    CHECK(!accepts(&c, "{\"w\":\"yx\",\"n\":1}"));
+    CHECK(!accepts(&c, "{\"w\":\"zz\",\"n\":1}"));
+    mu_grammar_free(c.g);
+}
+
 int main(void) {
     test_corpus();
     test_patch_scope();
@@ -426,5 +499,6 @@ int main(void) {
     test_integer_ranges();
     test_extra_keys();
     test_strings_and_enums();
+    test_nullable_repetition();
     TEST_MAIN_END();
 }

@@ -40,6 +40,9 @@
  *  - the "any other key" rule of additionalProperties next to properties
  *    starts with [^"\\\x7F\x00-\x1F...] instead of [^"...], so an extra key
  *    cannot begin with a raw backslash or control character;
+ *  - a pattern that repeats a group able to match "" ("(a|)+", "(a?)*",
+ *    "(a*){2,}") repeats the group's non-empty part with minimum 0 instead
+ *    (same language); llama's text is left recursion GBNF parsers refuse;
  *  - "items": false next to prefixItems (llama crashes) gives the tuple;
  *  - $ref pointers are unescaped (~0, ~1) as RFC 6901 says.
  * Refused where llama would silently accept: see above. JSON numbers beyond
