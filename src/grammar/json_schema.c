@@ -1479,15 +1479,83 @@ static void trie_emit(trie_node *node, sbuf *out, const char *char_rule) {
     sb_free(&rejects);
 }
 
-/* A JSON string that is none of `keys` (the additionalProperties key). */
-static char *not_strings(converter *c, const prop_list *props) {
+/* llama's key rule nests one group per character of the longest declared
+ * name, and the GBNF parser (src/grammar/gbnf_parse.c) refuses groups
+ * nested deeper than 256 levels. Up to this many characters the rule is
+ * llama's text; beyond it, trie_emit_flat's. */
+#define KEY_TRIE_NESTED_MAX 200
+
+static size_t trie_height(const trie_node *node) {
+    size_t h = 0;
+    for (size_t k = 0; k < node->n_kids; k++) {
+        size_t kh = 1 + trie_height(node->kids[k]);
+        if (kh > h) h = kh;
+    }
+    return h;
+}
+
+/* The flat key rule: every trie node with children gets a rule matching
+ * the rest of a key that has reached it without being a declared name:
+ * nothing (unless the node ends a declared name), a child's character and
+ * that child's rule, or any other character and anything after it. Rules
+ * refer to each other only forward, so no group is nested more than two
+ * levels whatever the names' length. Unlike llama's text this also accepts
+ * the proper prefixes of declared names and extra keys that begin with an
+ * escape sequence, so exactly the declared names are refused (compared as
+ * written in the JSON text, as llama does). `number` counts nodes in
+ * depth-first order: the node after the first i characters of a single
+ * name is rule "<base>-i". */
+static void trie_alternatives(converter *c, trie_node *node, const char *base, size_t *number, const char *char_rule,
+                              sbuf *out) {
+    qsort(node->kids, node->n_kids, sizeof *node->kids, trie_cmp);
+    const char **kid_rules = mu_xcalloc(node->n_kids ? node->n_kids : 1, sizeof *kid_rules);
+    for (size_t k = 0; k < node->n_kids; k++) {
+        trie_node *kid = node->kids[k];
+        if (!kid->n_kids) continue;
+        char *name = str_printf("%s-%zu", base, ++*number);
+        sbuf body = {0};
+        trie_alternatives(c, kid, base, number, char_rule, &body);
+        kid_rules[k] = add_rule(c, name, sb_str(&body));
+        sb_free(&body);
+        free(name);
+    }
+    /* GBNF writes the empty alternative as nothing before the first '|' */
+    if (!node->end) sb_add(out, "| ");
+    sbuf rejects = {0};
+    bool dash = false;
+    for (size_t k = 0; k < node->n_kids; k++) {
+        trie_node *kid = node->kids[k];
+        if (strcmp(kid->ch, "-") == 0) dash = true;
+        else sb_add(&rejects, kid->ch);
+        if (kid_rules[k]) sb_addf(out, "[%s] %s | ", kid->ch, kid_rules[k]);
+        else sb_addf(out, "[%s] %s+ | ", kid->ch, char_rule);
+    }
+    /* '-' between two characters of a class would make a range: last */
+    if (dash) sb_addc(&rejects, '-');
+    sb_addf(out, "[^\"\\\\\\x7F\\x00-\\x1F%s] %s*", sb_str(&rejects), char_rule);
+    sb_addf(out, " | [\\\\] ([\"\\\\bfnrt] | \"u\" [0-9a-fA-F]{4}) %s*", char_rule);
+    sb_free(&rejects);
+    free(kid_rules);
+}
+
+/* A JSON string that is none of `keys` (the additionalProperties key);
+ * `rule_name` names the sub-rules of the flat form. */
+static char *not_strings(converter *c, const prop_list *props, const char *rule_name) {
     trie_node root = {0};
     for (size_t i = 0; i < props->n; i++) trie_insert(&root, props->v[i].key);
     const char *char_rule = add_builtin(c, "char");
     sbuf out = {0};
     sb_add(&out, "[\"] ( ");
-    trie_emit(&root, &out, char_rule);
-    sb_addf(&out, " )%s [\"] space", root.end ? "" : "?");
+    if (trie_height(&root) <= KEY_TRIE_NESTED_MAX) {
+        trie_emit(&root, &out, char_rule);
+        sb_addf(&out, " )%s [\"] space", root.end ? "" : "?");
+    } else {
+        sbuf alts = {0};
+        size_t number = 0;
+        trie_alternatives(c, &root, rule_name, &number, char_rule, &alts);
+        sb_addf(&out, "%s ) [\"] space", sb_str(&alts));
+        sb_free(&alts);
+    }
     trie_free(&root);
     return sb_take(&out);
 }
@@ -1578,8 +1646,8 @@ static const char *additional_kv_rule(converter *c, const prop_list *props, cons
         if (props->n == 0) {
             key_rule = add_builtin(c, "string");
         } else {
-            char *k_body = not_strings(c, props);
             char *k_name = str_printf("%s-k", sub);
+            char *k_body = not_strings(c, props, k_name);
             key_rule = add_rule(c, k_name, k_body);
             free(k_body);
             free(k_name);
