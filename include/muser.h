@@ -165,6 +165,15 @@ int64_t muser_session_queued(const muser_session *s);
 /* The message that poisoned the session ("" when it is healthy). */
 const char *muser_session_error(const muser_session *s);
 
+/* Keep only the first n tokens (llama.cpp's sequence removal of [n, end)):
+ * the logits are dropped. Fails (nothing changed) when a sliding-window
+ * ring no longer holds the window before n, during a checkpoint or with
+ * queued input. n >= the position is a no-op. */
+bool muser_session_truncate(muser_session *s, int64_t n, muser_error *err);
+/* Drop the queued input that has not run yet (rows already run stay in
+ * the KV: the position says how far it got). */
+void muser_session_cancel_queued(muser_session *s);
+
 /* Make dst (another session of the same engine) continue from src's
  * first n tokens: the KV of every position attention can still read is
  * copied, dst's own content is dropped. With n == src's position dst also

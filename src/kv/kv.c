@@ -309,6 +309,39 @@ bool mu_kv_head_rows(const mu_kv_layer *l, int64_t pos, int64_t n, int64_t head,
     return true;
 }
 
+/* ---------- truncate ---------- */
+
+/* Can a layer drop everything from n on and still serve position n? */
+static bool keeps_window(const mu_kv_cache *c, const mu_kv_layer *l, int64_t n) {
+    const int64_t need = l->swa && n - c->window + 1 > 0 ? n - c->window + 1 : 0;
+    return n == 0 || need >= l->origin_logical;
+}
+
+bool mu_kv_truncate(mu_kv_cache *c, int64_t n, mu_error *err) {
+    if (!c || !c->layers) { mu_err_set(err, "kv truncate: cache is not initialized"); return false; }
+    if (c->ckpt_active) { mu_err_set(err, "kv truncate: a checkpoint is active"); return false; }
+    if (n < 0) { mu_err_set(err, "kv truncate to %" PRId64 ": negative", n); return false; }
+    for (int i = 0; i < c->n_layers; i++)
+        if (n < layer_end(&c->layers[i]) && !keeps_window(c, &c->layers[i], n)) {
+            mu_err_set(err, "kv truncate to %" PRId64 ": layer %d holds [%" PRId64 ", %" PRId64 "); its ring no longer "
+                       "holds the window before that position", n, i, c->layers[i].origin_logical, layer_end(&c->layers[i]));
+            return false;
+        }
+    for (int i = 0; i < c->n_layers; i++) {
+        mu_kv_layer *l = &c->layers[i];
+        if (n >= layer_end(l)) continue;
+        plane_op op = {.be = c->be};
+        const int64_t from = n > l->origin_logical ? n : l->origin_logical;
+        for_runs(l, from, layer_end(l) - from, zero_run, &op);
+        l->len = from - l->origin_logical;
+        if (l->len == 0) { /* empty: the next store (position n) starts the layer again */
+            l->origin_logical = n;
+            l->origin_physical = n % l->cap;
+        }
+    }
+    return true;
+}
+
 /* ---------- fork ---------- */
 
 static bool same_geometry(const mu_kv_cache *a, const mu_kv_cache *b, const char *what, mu_error *err) {

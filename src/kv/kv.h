@@ -108,6 +108,11 @@ void mu_kv_commit(mu_kv_cache *c);
  * dst's checkpoint is dropped. */
 bool mu_kv_fork(mu_kv_cache *dst, const mu_kv_cache *src, int64_t n, mu_error *err);
 
+/* Keep only positions [0, n): later rows are zeroed. Fails (nothing
+ * changed) when a ring no longer holds the window before n, or while a
+ * checkpoint is active. n >= the length is a no-op. */
+bool mu_kv_truncate(mu_kv_cache *c, int64_t n, mu_error *err);
+
 /* Snapshot: deep copy of held rows and metadata (physical rotation kept).
  * take returns NULL when out of memory; restore fails on any geometry
  * difference (layers, n_ctx, window, layer kinds, row size). */

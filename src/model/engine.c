@@ -549,6 +549,28 @@ int32_t muser_engine_step(muser_engine *e, muser_step_info *info, muser_error *e
 
 /* ------------------------------------------------------------------ checkpoints, forks, snapshots */
 
+bool muser_session_truncate(muser_session *s, int64_t n, muser_error *err) {
+    lock(s->e);
+    bool ok = false;
+    if (s->q_done < s->q_len) mu_err_set(ERR(err), "truncate: the session has queued input");
+    else if (n < 0) mu_err_set(ERR(err), "truncate to %lld: negative", (long long)n);
+    else if (n >= s->pos) ok = true;
+    else if ((ok = mu_kv_truncate(&s->kv, n, ERR(err)))) {
+        s->pos = n;
+        s->has_logits = false;
+        s->captured_rows = 0;
+    }
+    unlock(s->e);
+    return ok;
+}
+
+void muser_session_cancel_queued(muser_session *s) {
+    lock(s->e);
+    s->q_len = s->q_done = 0;
+    s->q_all_out = NULL;
+    unlock(s->e);
+}
+
 bool muser_session_checkpoint(muser_session *s, muser_error *err) {
     lock(s->e);
     bool ok = mu_kv_checkpoint(&s->kv, ERR(err));

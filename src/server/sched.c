@@ -1,0 +1,578 @@
+/* Continuous batching (sched.h): one thread, one engine, n_slots sessions.
+ *
+ * Locking: s->mu guards the waiting queue, the slots, every job's state and
+ * event queue, and the statistics. The scheduler thread holds it except
+ * during muser_engine_step (the forward), so HTTP threads can submit, read
+ * events and cancel while a step runs; whatever they change is seen at the
+ * next step. Each job has its own condition variable for its reader. */
+#include "server/sched.h"
+#include "util/common.h"
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ERR_CAST(e) ((mu_error *)(e))
+
+const double srv_hist_bounds[SRV_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                  0.25,  0.5,    1,     2.5,  5,     10,  60};
+
+typedef struct stored_event {
+    srv_event_kind kind;
+    int32_t token;
+    int64_t index;
+    char *text;
+    size_t text_len;
+    bool has_logprob;
+    muser_logprob logprob;
+    muser_logprob *top;
+    int32_t n_top;
+    mu_gen_stop stop;
+} stored_event;
+
+typedef enum job_state { JOB_WAITING, JOB_RUNNING, JOB_DONE } job_state;
+
+struct srv_job {
+    srv_sched *s;
+    uint64_t id;
+    int refs;                   /* the caller's and the scheduler's */
+    job_state state;
+    bool cancel;
+    mu_gen *g;
+    int32_t want_slot;          /* -1: any */
+    bool cache_prompt;
+    int32_t slot;
+    int64_t cached;             /* prompt tokens reused from the slot */
+    int64_t fed;                /* prompt tokens in the slot's KV */
+    bool prompt_queued;         /* the rest of the prompt is submitted */
+    bool token_queued;          /* `next` is submitted */
+    int32_t next;               /* the token to feed next */
+    uint32_t seed;
+    double t_submit, t_last;    /* mu_now() */
+    int64_t n_events;
+    pthread_cond_t cond;
+    stored_event *ev;           /* queue */
+    size_t ev_head, ev_len, ev_cap;
+    stored_event current;       /* handed to the reader (its memory lives until the next call) */
+    srv_job *next_waiting;
+};
+
+typedef struct slot {
+    muser_session *sess;
+    srv_job *job;               /* NULL: idle */
+    int32_t *toks;              /* tokens in the session's KV */
+    int64_t n_toks, cap_toks;
+} slot;
+
+struct srv_sched {
+    muser_model *m;
+    muser_engine *e;
+    srv_sched_params p;
+    int64_t n_vocab;
+    slot *slots;
+    srv_job *wait_head, *wait_tail;
+    int32_t n_waiting;
+    uint64_t next_id;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;        /* the scheduler: new work, a cancel, shutdown */
+    pthread_t thread;
+    bool stopping, finish;
+    srv_stats st;
+};
+
+/* ------------------------------------------------------------------ events */
+
+static void hist_add(srv_hist *h, double v) {
+    int b = 0;
+    while (b < SRV_HIST_BUCKETS && v > srv_hist_bounds[b]) b++;
+    h->count[b]++;
+    h->n++;
+    h->sum += v;
+}
+
+static void push_event(srv_job *j, const stored_event *e) {
+    if (j->ev_head + j->ev_len == j->ev_cap) {
+        if (j->ev_head > 0) {
+            memmove(j->ev, j->ev + j->ev_head, j->ev_len * sizeof *j->ev);
+            j->ev_head = 0;
+        } else {
+            j->ev_cap = j->ev_cap * 2 + 16;
+            j->ev = mu_xrealloc(j->ev, j->ev_cap * sizeof *j->ev);
+        }
+    }
+    j->ev[j->ev_head + j->ev_len++] = *e;
+    pthread_cond_broadcast(&j->cond);
+}
+
+static void free_event(stored_event *e) {
+    free(e->text);
+    free(e->top);
+    memset(e, 0, sizeof *e);
+}
+
+/* mu_gen's callback, on the scheduler thread with s->mu held. */
+static bool on_gen_event(void *user, const mu_gen_event *ev) {
+    srv_job *j = user;
+    srv_sched *s = j->s;
+    stored_event e = {.kind = SRV_EV_TOKEN, .token = ev->token, .index = ev->index, .text_len = ev->text_len};
+    if (ev->text_len) {
+        e.text = mu_xmalloc(ev->text_len);
+        memcpy(e.text, ev->text, ev->text_len);
+    }
+    if (ev->logprob) {
+        e.has_logprob = true;
+        e.logprob = *ev->logprob;
+        e.n_top = ev->n_top;
+        if (ev->n_top > 0) {
+            e.top = mu_xmalloc((size_t)ev->n_top * sizeof *e.top);
+            memcpy(e.top, ev->top, (size_t)ev->n_top * sizeof *e.top);
+        }
+    }
+    if (ev->token >= 0) {
+        const double now = mu_now();
+        if (j->n_events++ == 0) hist_add(&s->st.ttft, now - j->t_submit);
+        else hist_add(&s->st.itl, now - j->t_last);
+        j->t_last = now;
+        s->st.generation_tokens_total++;
+    }
+    push_event(j, &e);
+    return !j->cancel;
+}
+
+/* ------------------------------------------------------------------ jobs */
+
+static void job_unref(srv_job *j) {
+    if (--j->refs > 0) return;
+    for (size_t i = 0; i < j->ev_len; i++) free_event(&j->ev[j->ev_head + i]);
+    free(j->ev);
+    free_event(&j->current);
+    mu_gen_free(j->g);
+    pthread_cond_destroy(&j->cond);
+    free(j);
+}
+
+/* The job ends (with s->mu held): the DONE event, statistics, the slot. */
+static void finish_job(srv_sched *s, srv_job *j) {
+    const mu_gen_result *r = mu_gen_get_result(j->g);
+    j->state = JOB_DONE;
+    push_event(j, &(stored_event){.kind = SRV_EV_DONE, .token = -1, .stop = r->stop});
+    hist_add(&s->st.e2e, mu_now() - j->t_submit);
+    if (r->stop == MU_GEN_STOP_CANCELLED) s->st.requests_cancelled++;
+    else s->st.requests_finished++;
+    if (j->slot >= 0 && s->slots[j->slot].job == j) s->slots[j->slot].job = NULL;
+    job_unref(j);
+}
+
+static void slot_push_tokens(slot *sl, const int32_t *t, int64_t n) {
+    if (sl->n_toks + n > sl->cap_toks) {
+        sl->cap_toks = (sl->n_toks + n) * 2 + 64;
+        sl->toks = mu_xrealloc(sl->toks, (size_t)sl->cap_toks * sizeof *sl->toks);
+    }
+    memcpy(sl->toks + sl->n_toks, t, (size_t)n * sizeof *t);
+    sl->n_toks += n;
+}
+
+static int64_t common_prefix(const slot *sl, const int32_t *p, int64_t n) {
+    int64_t k = 0;
+    while (k < sl->n_toks && k < n && sl->toks[k] == p[k]) k++;
+    return k;
+}
+
+/* Put job j into slot i: keep the longest usable cached prefix (at least
+ * one prompt token is always fed, for its logits row). */
+static void admit(srv_sched *s, srv_job *j, int32_t i) {
+    slot *sl = &s->slots[i];
+    int64_t n_prompt;
+    const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
+    int64_t keep = j->cache_prompt ? common_prefix(sl, prompt, n_prompt) : 0;
+    if (keep >= n_prompt) keep = n_prompt - 1;
+    /* the KV may hold more than sl->toks says: rows of a cancelled input that had already run */
+    if (keep < muser_session_pos(sl->sess) && !muser_session_truncate(sl->sess, keep, NULL)) keep = 0;
+    if (keep == 0) muser_session_reset(sl->sess);
+    sl->n_toks = keep;
+    sl->job = j;
+    j->slot = i;
+    j->state = JOB_RUNNING;
+    j->cached = j->fed = keep;
+    s->st.cached_tokens_total += (uint64_t)keep;
+    s->st.prompt_tokens_total += (uint64_t)n_prompt;
+}
+
+/* A free slot for j: its own when it asked for one, else the free slot
+ * sharing the longest prefix with its prompt (the emptiest on ties). */
+static int32_t pick_slot(const srv_sched *s, const srv_job *j) {
+    if (j->want_slot >= 0) return s->slots[j->want_slot].job ? -1 : j->want_slot;
+    int64_t n_prompt;
+    const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
+    int32_t best = -1;
+    int64_t best_common = -1, best_len = 0;
+    for (int32_t i = 0; i < s->p.n_slots; i++) {
+        const slot *sl = &s->slots[i];
+        if (sl->job) continue;
+        const int64_t c = j->cache_prompt ? common_prefix(sl, prompt, n_prompt) : 0;
+        if (c > best_common || (c == best_common && sl->n_toks < best_len)) {
+            best = i;
+            best_common = c;
+            best_len = sl->n_toks;
+        }
+    }
+    return best;
+}
+
+static void admit_waiting(srv_sched *s) {
+    srv_job **pp = &s->wait_head, *prev = NULL;
+    while (*pp) {
+        srv_job *j = *pp;
+        const int32_t i = j->cancel ? -1 : pick_slot(s, j);
+        if (!j->cancel && i < 0) {
+            prev = j;
+            pp = &j->next_waiting;
+            continue;
+        }
+        *pp = j->next_waiting;
+        if (s->wait_tail == j) s->wait_tail = prev;
+        s->n_waiting--;
+        j->next_waiting = NULL;
+        if (j->cancel) {
+            mu_gen_finish(j->g, MU_GEN_STOP_CANCELLED, NULL);
+            finish_job(s, j);
+        } else {
+            admit(s, j, i);
+        }
+    }
+}
+
+/* Queue each running slot's next input; end cancelled jobs and jobs with
+ * no room left. */
+static int32_t queue_inputs(srv_sched *s) {
+    int32_t active = 0;
+    for (int32_t i = 0; i < s->p.n_slots; i++) {
+        slot *sl = &s->slots[i];
+        srv_job *j = sl->job;
+        if (j && j->cancel) { /* at once, even in the middle of a prompt */
+            muser_session_cancel_queued(sl->sess);
+            mu_gen_finish(j->g, MU_GEN_STOP_CANCELLED, NULL);
+            finish_job(s, j);
+            continue;
+        }
+        if (!j || muser_session_queued(sl->sess) > 0) {
+            active += j != NULL;
+            continue;
+        }
+        muser_error err;
+        int64_t n_prompt;
+        const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
+        bool ok = true;
+        if (!j->prompt_queued) {
+            ok = muser_session_submit(sl->sess, prompt + j->fed, n_prompt - j->fed, NULL, &err);
+            j->prompt_queued = ok;
+        } else if (!j->token_queued) {
+            if (muser_session_pos(sl->sess) >= muser_session_n_ctx(sl->sess)) {
+                mu_gen_finish(j->g, MU_GEN_STOP_CONTEXT, NULL);
+                finish_job(s, j);
+                continue;
+            }
+            ok = muser_session_submit(sl->sess, &j->next, 1, NULL, &err);
+            j->token_queued = ok;
+        }
+        if (!ok) {
+            mu_gen_finish(j->g, MU_GEN_STOP_ERROR, err.msg);
+            finish_job(s, j);
+            continue;
+        }
+        active++;
+    }
+    return active;
+}
+
+/* After a step: hand every completed input's logits row to its job. */
+static void take_rows(srv_sched *s) {
+    for (int32_t i = 0; i < s->p.n_slots; i++) {
+        slot *sl = &s->slots[i];
+        srv_job *j = sl->job;
+        if (!j || muser_session_queued(sl->sess) > 0 || !(j->prompt_queued || j->token_queued)) continue;
+        if (muser_session_error(sl->sess)[0]) {
+            mu_gen_finish(j->g, MU_GEN_STOP_ERROR, muser_session_error(sl->sess));
+            muser_session_reset(sl->sess);
+            sl->n_toks = 0;
+            finish_job(s, j);
+            continue;
+        }
+        const float *row = muser_session_logits(sl->sess);
+        if (!row) continue; /* not this slot's step */
+        if (j->token_queued) {
+            slot_push_tokens(sl, &j->next, 1);
+            j->token_queued = false;
+        } else if (j->fed < muser_session_pos(sl->sess)) { /* the prompt's rows */
+            int64_t n_prompt;
+            const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
+            slot_push_tokens(sl, prompt + j->fed, n_prompt - j->fed);
+            mu_gen_prefilled(j->g, n_prompt - j->fed);
+            j->fed = n_prompt;
+        } else {
+            continue;
+        }
+        const mu_gen_stop st = j->cancel ? MU_GEN_STOP_CANCELLED : mu_gen_take_row(j->g, row, &j->next);
+        if (j->cancel) mu_gen_finish(j->g, MU_GEN_STOP_CANCELLED, NULL);
+        if (st != MU_GEN_RUNNING) finish_job(s, j);
+    }
+}
+
+static void *sched_main(void *arg) {
+    srv_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        if (s->stopping && !s->finish) { /* cancel everything */
+            for (srv_job *j = s->wait_head; j; j = j->next_waiting) j->cancel = true;
+            for (int32_t i = 0; i < s->p.n_slots; i++)
+                if (s->slots[i].job) s->slots[i].job->cancel = true;
+        }
+        admit_waiting(s);
+        const int32_t active = queue_inputs(s);
+        if (!active) {
+            if (s->stopping && !s->n_waiting) break;
+            pthread_cond_wait(&s->wake, &s->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        muser_error err = {{0}};
+        const int32_t rc = muser_engine_step(s->e, NULL, &err);
+        pthread_mutex_lock(&s->mu);
+        s->st.steps_total++;
+        (void)rc; /* a failed forward poisons the sessions in it: take_rows ends their jobs */
+        take_rows(s);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ public */
+
+srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *params, muser_error *err) {
+    srv_sched_params p = params ? *params : (srv_sched_params){0};
+    if (p.n_slots <= 0) p.n_slots = 4;
+    if (p.max_queue <= 0) p.max_queue = 64;
+    if (p.n_batch <= 0) p.n_batch = 512;
+    if (p.prefill_chunk <= 0) p.prefill_chunk = 256;
+    if (p.prefill_chunk > p.n_batch) p.prefill_chunk = p.n_batch;
+    muser_engine_params ep = {.n_seq_max = p.n_slots, .n_ctx = p.n_ctx, .n_batch = p.n_batch,
+                              .prefill_chunk = p.prefill_chunk};
+    muser_engine *e = muser_engine_create(m, &ep, err);
+    if (!e) return NULL;
+    srv_sched *s = mu_xcalloc(1, sizeof *s);
+    s->m = m;
+    s->e = e;
+    s->slots = mu_xcalloc((size_t)p.n_slots, sizeof *s->slots);
+    for (int32_t i = 0; i < p.n_slots; i++) {
+        s->slots[i].sess = muser_engine_session(e, err);
+        if (!s->slots[i].sess) {
+            muser_engine_free(e);
+            free(s->slots);
+            free(s);
+            return NULL;
+        }
+    }
+    muser_model_info info;
+    muser_model_get_info(m, &info);
+    s->n_vocab = info.n_vocab;
+    if (!p.n_ctx) p.n_ctx = muser_session_n_ctx(s->slots[0].sess);
+    s->p = p;
+    s->st.n_slots = p.n_slots;
+    s->st.n_ctx = p.n_ctx;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        mu_err_set(ERR_CAST(err), "scheduler: cannot start its thread: %s", strerror(errno));
+        muser_engine_free(e);
+        free(s->slots);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void srv_sched_free(srv_sched *s, bool finish) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    s->finish = finish;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    for (int32_t i = 0; i < s->p.n_slots; i++) free(s->slots[i].toks);
+    muser_engine_free(s->e);
+    free(s->slots);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->wake);
+    free(s);
+}
+
+srv_job *srv_sched_submit(srv_sched *s, const srv_job_params *p, srv_refusal *refusal, muser_error *err) {
+    srv_refusal dummy;
+    if (!refusal) refusal = &dummy;
+    *refusal = SRV_REFUSED_INVALID;
+    if (p->slot < -1 || p->slot >= s->p.n_slots) {
+        mu_err_set(ERR_CAST(err), "id_slot %d: the server has slots 0 to %d", p->slot, s->p.n_slots - 1);
+        return NULL;
+    }
+    mu_gen *g = mu_gen_new(s->m, &p->sampling, err);
+    if (!g) return NULL;
+    srv_job *j = mu_xcalloc(1, sizeof *j);
+    j->s = s;
+    j->g = g;
+    j->refs = 2;
+    j->want_slot = p->slot;
+    j->slot = -1;
+    j->cache_prompt = p->cache_prompt;
+    pthread_cond_init(&j->cond, NULL);
+    if (!mu_gen_start(g, &p->req, on_gen_event, j, err)) {
+        j->refs = 1;
+        job_unref(j);
+        return NULL;
+    }
+    int64_t n_prompt;
+    mu_gen_prompt(g, &n_prompt);
+    if (n_prompt < 1 || n_prompt >= s->p.n_ctx) {
+        mu_err_set(ERR_CAST(err), n_prompt < 1 ? "the prompt is empty"
+                                               : "the prompt is %lld tokens; the context of a slot holds %lld (one more "
+                                                 "is needed for the first generated token)",
+                   (long long)n_prompt, (long long)s->p.n_ctx - 1);
+        j->refs = 1;
+        job_unref(j);
+        return NULL;
+    }
+    j->seed = muser_sampler_seed(mu_gen_sampler(g));
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping || s->n_waiting >= s->p.max_queue) {
+        const bool stopping = s->stopping;
+        s->st.requests_refused++;
+        pthread_mutex_unlock(&s->mu);
+        *refusal = stopping ? SRV_REFUSED_SHUTDOWN : SRV_REFUSED_BUSY;
+        mu_err_set(ERR_CAST(err), stopping ? "the server is shutting down"
+                                           : "%d requests are already waiting for a slot; retry later",
+                   s->p.max_queue);
+        j->refs = 1;
+        job_unref(j);
+        return NULL;
+    }
+    j->id = ++s->next_id;
+    j->t_submit = mu_now();
+    if (s->wait_tail) s->wait_tail->next_waiting = j;
+    else s->wait_head = j;
+    s->wait_tail = j;
+    s->n_waiting++;
+    s->st.requests_total++;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+    return j;
+}
+
+static bool wait_until(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *deadline) {
+    return deadline ? pthread_cond_timedwait(c, m, deadline) != ETIMEDOUT : (pthread_cond_wait(c, m), true);
+}
+
+bool srv_job_next(srv_job *j, srv_event *ev, int timeout_ms) {
+    srv_sched *s = j->s;
+    struct timespec deadline;
+    if (timeout_ms >= 0) {
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    while (j->ev_len == 0 && j->current.kind != SRV_EV_DONE) {
+        if (!wait_until(&j->cond, &s->mu, timeout_ms >= 0 ? &deadline : NULL) && j->ev_len == 0) {
+            pthread_mutex_unlock(&s->mu);
+            return false;
+        }
+    }
+    if (j->ev_len > 0) {
+        free_event(&j->current);
+        j->current = j->ev[j->ev_head++];
+        j->ev_len--;
+    }
+    const stored_event *c = &j->current;
+    *ev = (srv_event){.kind = c->kind, .token = c->token, .index = c->index, .text = c->text,
+                      .text_len = c->text_len, .has_logprob = c->has_logprob, .logprob = c->logprob, .top = c->top,
+                      .n_top = c->n_top, .stop = c->stop};
+    pthread_mutex_unlock(&s->mu);
+    return true;
+}
+
+void srv_job_cancel(srv_job *j) {
+    srv_sched *s = j->s;
+    pthread_mutex_lock(&s->mu);
+    if (j->state != JOB_DONE) {
+        j->cancel = true;
+        pthread_cond_signal(&s->wake);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+const mu_gen_result *srv_job_result(const srv_job *j) { return mu_gen_get_result(j->g); }
+int64_t srv_job_cached(const srv_job *j) { return j->cached; }
+int32_t srv_job_slot(const srv_job *j) { return j->slot; }
+uint32_t srv_job_seed(const srv_job *j) { return j->seed; }
+
+void srv_job_free(srv_job *j) {
+    if (!j) return;
+    srv_sched *s = j->s;
+    pthread_mutex_lock(&s->mu);
+    if (j->state != JOB_DONE) {
+        j->cancel = true;
+        pthread_cond_signal(&s->wake);
+    }
+    job_unref(j);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_sched_stats(srv_sched *s, srv_stats *st) {
+    pthread_mutex_lock(&s->mu);
+    *st = s->st;
+    st->waiting = s->n_waiting;
+    st->running = 0;
+    int64_t held = 0;
+    for (int32_t i = 0; i < s->p.n_slots; i++) {
+        st->running += s->slots[i].job != NULL;
+        held += muser_session_pos(s->slots[i].sess);
+    }
+    st->kv_usage = (double)held / ((double)s->p.n_slots * (double)s->p.n_ctx);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int32_t srv_sched_slots(srv_sched *s, srv_slot_info *out, int32_t cap) {
+    pthread_mutex_lock(&s->mu);
+    for (int32_t i = 0; i < s->p.n_slots && i < cap; i++) {
+        const slot *sl = &s->slots[i];
+        const srv_job *j = sl->job;
+        int64_t n_prompt = 0;
+        if (j) mu_gen_prompt(j->g, &n_prompt);
+        out[i] = (srv_slot_info){.id = i, .busy = j != NULL, .n_ctx = s->p.n_ctx,
+                                 .n_cached = muser_session_pos(sl->sess), .n_prompt = n_prompt,
+                                 .n_decoded = j ? mu_gen_get_result(j->g)->n_tokens : 0, .job_id = j ? j->id : 0};
+    }
+    const int32_t n = s->p.n_slots;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+bool srv_sched_slot_erase(srv_sched *s, int32_t i, muser_error *err) {
+    if (i < 0 || i >= s->p.n_slots) {
+        mu_err_set(ERR_CAST(err), "slot %d: the server has slots 0 to %d", i, s->p.n_slots - 1);
+        return false;
+    }
+    pthread_mutex_lock(&s->mu);
+    const bool busy = s->slots[i].job != NULL;
+    if (!busy) {
+        muser_session_reset(s->slots[i].sess);
+        s->slots[i].n_toks = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (busy) mu_err_set(ERR_CAST(err), "slot %d is running a request", i);
+    return !busy;
+}

@@ -1,0 +1,219 @@
+/* The server's scheduler (src/server/sched.h) on the shipped glimmer-tiny:
+ *  - 8 greedy jobs with logprobs over 4 slots give exactly the tokens,
+ *    text and logprobs of each prompt run alone through mu_gen_run;
+ *  - a seeded sampled job replays identically alone and under load;
+ *  - a prompt extending a finished one reuses the slot's cached prefix and
+ *    still gives the solo result;
+ *  - a cancelled job ends "cancelled" and frees its slot at once;
+ *  - a full queue refuses with 429, bad input with 400. */
+#include "testutil.h"
+#include "server/sched.h"
+#include <unistd.h>
+
+#define N_CTX 512
+
+static muser_model *model;
+
+static const char *PROMPTS[8] = {
+    "And it came to pass, when the king",
+    "In the beginning God created",
+    "The committee met on Tuesday to discuss",
+    "What is a hacker?",
+    "Once upon a time there was a",
+    "The Lord is my shepherd;",
+    "A unit of computing power",
+    "And God said, Let there be light:",
+};
+
+typedef struct outcome {
+    int32_t toks[64];
+    float lp[64];
+    int64_t n;
+    char text[1024];
+    mu_gen_stop stop;
+} outcome;
+
+static muser_sampling_params params(float temp, uint32_t seed, int n_probs) {
+    muser_sampling_params sp;
+    muser_sampling_params_default(&sp);
+    sp.temp = temp;
+    sp.seed = seed;
+    sp.n_probs = n_probs;
+    return sp;
+}
+
+/* The reference: the prompt alone on a fresh session. */
+static void solo(const char *prompt, const muser_sampling_params *sp, int64_t n_predict, outcome *o) {
+    muser_error err;
+    muser_session_params ps = {.n_ctx = N_CTX};
+    muser_session *s = muser_session_create(model, &ps, &err);
+    mu_gen *g = mu_gen_new(model, sp, &err);
+    mu_gen_request req = {.text = prompt, .n_predict = n_predict};
+    CHECK_MSG(s && g && mu_gen_run(g, s, NULL, NULL, &req, NULL, NULL, &err), "%s", err.msg);
+    const mu_gen_result *r = mu_gen_get_result(g);
+    memset(o, 0, sizeof *o);
+    o->n = r->n_tokens;
+    for (int64_t i = 0; i < r->n_tokens && i < 64; i++) {
+        o->toks[i] = r->tokens[i];
+        o->lp[i] = r->logprobs ? r->logprobs[i].logprob : 0;
+    }
+    snprintf(o->text, sizeof o->text, "%s", r->text);
+    o->stop = r->stop;
+    mu_gen_free(g);
+    muser_session_free(s);
+}
+
+static srv_job *submit(srv_sched *s, const char *prompt, const muser_sampling_params *sp, int64_t n_predict) {
+    srv_job_params p = {.req = {.text = prompt, .n_predict = n_predict}, .sampling = *sp, .slot = -1,
+                        .cache_prompt = true};
+    srv_refusal why;
+    muser_error err;
+    srv_job *j = srv_sched_submit(s, &p, &why, &err);
+    CHECK_MSG(j, "submit: %d %s", (int)why, err.msg);
+    return j;
+}
+
+/* Read a job's events to the end; its outcome from the events themselves. */
+static void collect(srv_job *j, outcome *o) {
+    memset(o, 0, sizeof *o);
+    size_t len = 0;
+    srv_event ev;
+    for (;;) {
+        CHECK(srv_job_next(j, &ev, 30000));
+        if (ev.kind == SRV_EV_DONE) break;
+        if (ev.token >= 0 && o->n < 64) {
+            CHECK(ev.index == o->n);
+            o->toks[o->n] = ev.token;
+            o->lp[o->n] = ev.has_logprob ? ev.logprob.logprob : 0;
+            o->n++;
+        }
+        if (ev.text_len && len + ev.text_len < sizeof o->text) {
+            memcpy(o->text + len, ev.text, ev.text_len);
+            len += ev.text_len;
+        }
+    }
+    o->stop = ev.stop;
+    CHECK(srv_job_result(j)->stop == ev.stop);
+}
+
+static bool same(const outcome *a, const outcome *b) {
+    return a->n == b->n && !memcmp(a->toks, b->toks, (size_t)a->n * sizeof(int32_t)) &&
+           !memcmp(a->lp, b->lp, (size_t)a->n * sizeof(float)) && !strcmp(a->text, b->text) && a->stop == b->stop;
+}
+
+static void test_batched_equals_solo(void) {
+    muser_error err;
+    srv_sched_params sp = {.n_slots = 4, .n_ctx = N_CTX, .prefill_chunk = 8};
+    srv_sched *s = srv_sched_create(model, &sp, &err);
+    CHECK_MSG(s, "%s", err.msg);
+    if (!s) return;
+    const muser_sampling_params greedy = params(0, 1, 3), seeded = params(0.8f, 42, 2);
+    outcome want[9], got[9];
+    for (int i = 0; i < 8; i++) solo(PROMPTS[i], &greedy, 24 + 3 * i, &want[i]);
+    solo(PROMPTS[0], &seeded, 32, &want[8]);
+    srv_job *jobs[9];
+    for (int i = 0; i < 8; i++) jobs[i] = submit(s, PROMPTS[i], &greedy, 24 + 3 * i);
+    jobs[8] = submit(s, PROMPTS[0], &seeded, 32);
+    for (int i = 0; i < 9; i++) {
+        if (!jobs[i]) continue;
+        collect(jobs[i], &got[i]);
+        CHECK_MSG(same(&got[i], &want[i]), "job %d: %lld tokens '%s' against solo %lld '%s'", i,
+                  (long long)got[i].n, got[i].text, (long long)want[i].n, want[i].text);
+        srv_job_free(jobs[i]);
+    }
+    srv_stats st;
+    srv_sched_stats(s, &st);
+    CHECK(st.requests_finished == 9 && st.running == 0 && st.waiting == 0 && st.ttft.n == 9);
+    CHECK(st.generation_tokens_total > 0 && st.steps_total > 0);
+
+    /* a prompt that extends a finished one: the slot's prefix is reused */
+    char longer[256];
+    snprintf(longer, sizeof longer, "%s and the queen", PROMPTS[0]);
+    outcome w, g;
+    solo(longer, &greedy, 16, &w);
+    srv_job *j = submit(s, longer, &greedy, 16);
+    if (j) {
+        collect(j, &g);
+        CHECK_MSG(srv_job_cached(j) >= 8, "cached %lld", (long long)srv_job_cached(j));
+        CHECK(same(&g, &w));
+        srv_job_free(j);
+    }
+
+    /* cancel a long job after a few tokens: its slot is free again */
+    muser_sampling_params forever = greedy;
+    forever.ignore_eos = true;
+    j = submit(s, PROMPTS[1], &forever, 400);
+    if (j) {
+        srv_event ev;
+        for (int k = 0; k < 3; k++) CHECK(srv_job_next(j, &ev, 30000) && ev.kind == SRV_EV_TOKEN);
+        srv_job_cancel(j);
+        do CHECK(srv_job_next(j, &ev, 30000)); while (ev.kind != SRV_EV_DONE);
+        CHECK(ev.stop == MU_GEN_STOP_CANCELLED);
+        srv_job_free(j);
+        srv_slot_info slots[4];
+        CHECK(srv_sched_slots(s, slots, 4) == 4);
+        for (int k = 0; k < 4; k++) CHECK(!slots[k].busy);
+        CHECK(srv_sched_slot_erase(s, 0, &err));
+        CHECK(!srv_sched_slot_erase(s, 9, &err) && strstr(err.msg, "slot 9"));
+    }
+    /* refusals: prompt past the context, bad grammar, bad slot */
+    srv_refusal why;
+    char *huge = malloc(20000);
+    for (int k = 0; k < 19999; k++) huge[k] = k % 5 ? 'a' + k % 23 : ' ';
+    huge[19999] = 0;
+    srv_job_params bad = {.req = {.text = huge, .n_predict = 4}, .sampling = greedy, .slot = -1};
+    CHECK(!srv_sched_submit(s, &bad, &why, &err) && why == SRV_REFUSED_INVALID && strstr(err.msg, "context"));
+    free(huge);
+    bad.req.text = "hi";
+    bad.sampling.grammar = "root ::= (";
+    CHECK(!srv_sched_submit(s, &bad, &why, &err) && why == SRV_REFUSED_INVALID);
+    bad.sampling.grammar = NULL;
+    bad.slot = 7;
+    CHECK(!srv_sched_submit(s, &bad, &why, &err) && why == SRV_REFUSED_INVALID && strstr(err.msg, "id_slot"));
+    srv_sched_free(s, true);
+}
+
+static void test_queue_full(void) {
+    muser_error err;
+    srv_sched_params sp = {.n_slots = 1, .n_ctx = N_CTX, .max_queue = 1};
+    srv_sched *s = srv_sched_create(model, &sp, &err);
+    CHECK_MSG(s, "%s", err.msg);
+    if (!s) return;
+    muser_sampling_params forever = params(0, 1, 0);
+    forever.ignore_eos = true;
+    srv_job_params p = {.req = {.text = "In the beginning", .n_predict = 300}, .sampling = forever, .slot = -1};
+    srv_job *jobs[4];
+    int refused = 0;
+    for (int i = 0; i < 4; i++) {
+        srv_refusal why = 0;
+        jobs[i] = srv_sched_submit(s, &p, &why, &err);
+        if (!jobs[i]) {
+            refused++;
+            CHECK(why == SRV_REFUSED_BUSY && strstr(err.msg, "retry"));
+        }
+    }
+    CHECK_MSG(refused >= 2, "%d of 4 refused with one slot and a queue of one", refused);
+    srv_sched_free(s, false); /* cancels the rest */
+    for (int i = 0; i < 4; i++) {
+        if (!jobs[i]) continue;
+        srv_event ev;
+        do CHECK(srv_job_next(jobs[i], &ev, 30000)); while (ev.kind != SRV_EV_DONE);
+        CHECK(ev.stop == MU_GEN_STOP_CANCELLED || ev.stop == MU_GEN_STOP_LENGTH);
+        srv_job_free(jobs[i]);
+    }
+}
+
+int main(void) {
+    const char *src = getenv("MUSER_SOURCE_DIR");
+    char path[512];
+    snprintf(path, sizeof path, "%s/models/glimmer-tiny-q4_k_xl.gguf", src ? src : ".");
+    muser_error err;
+    muser_model_params mp = {.n_threads = 2};
+    model = muser_model_load(path, &mp, &err);
+    CHECK_MSG(model, "%s", err.msg);
+    if (!model) TEST_MAIN_END();
+    test_batched_equals_solo();
+    test_queue_full();
+    muser_model_free(model);
+    TEST_MAIN_END();
+}
