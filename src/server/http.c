@@ -106,7 +106,8 @@ static const char *error_type(int status) {
 
 static json_t *error_json(int status, const char *param, const char *msg) {
     json_t *e = json_object();
-    json_object_set_new(e, "message", json_string(msg) ? json_string(msg) : json_string("(invalid UTF-8 in message)"));
+    json_t *m = json_string(msg);
+    json_object_set_new(e, "message", m ? m : json_string("(invalid UTF-8 in message)"));
     json_object_set_new(e, "type", json_string(error_type(status)));
     json_object_set_new(e, "param", param ? json_string(param) : json_null());
     json_object_set_new(e, "code", json_integer(status));
