@@ -17,7 +17,7 @@ typedef struct seen {
     int64_t n_events, n_final;       /* token events; text-only events at the end */
     int32_t tokens[2048];
     size_t emitted_after[2048];      /* bytes emitted once token i's event was handled */
-    mu_gen_str text;                 /* every emitted byte */
+    mu_buf text;                 /* every emitted byte */
     bool logprobs_ok;
     int32_t n_probs;
     int64_t cancel_at;               /* return false at this token index (-1: never) */
@@ -25,7 +25,7 @@ typedef struct seen {
 
 static bool record(void *user, const mu_gen_event *ev) {
     seen *w = user;
-    mu_gen_str_append(&w->text, ev->text, ev->text_len);
+    mu_buf_append(&w->text, ev->text, ev->text_len);
     if (ev->token < 0) {
         w->n_final++;
         return true;
@@ -48,7 +48,7 @@ static bool record(void *user, const mu_gen_event *ev) {
 }
 
 static void seen_init(seen *w, int32_t n_probs) {
-    free(w->text.s);
+    free(w->text.p);
     *w = (seen){.logprobs_ok = true, .n_probs = n_probs, .cancel_at = -1};
 }
 
@@ -88,7 +88,7 @@ static void test_stop_across_tokens(void) {
     CHECK_MSG(mu_gen_run(g, s, NULL, NULL, &req, record, &w, &err), "%s", err.msg);
     const mu_gen_result *r = mu_gen_get_result(g);
     CHECK(r->stop == MU_GEN_STOP_LENGTH && r->n_tokens == 40 && w.n_events == 40 && w.n_final == 0);
-    CHECK(w.text.len == r->text_len && !memcmp(w.text.s, r->text, r->text_len));
+    CHECK(w.text.len == r->text_len && !memcmp(w.text.p, r->text, r->text_len));
     char *full = mu_xstrdup(r->text);
     /* a boundary with two ASCII bytes on either side, the first place its four bytes occur */
     int64_t k = -1;
@@ -114,12 +114,12 @@ static void test_stop_across_tokens(void) {
         CHECK_EQ_INT(r->n_tokens, k + 2); /* the token that completes the stop string is the last */
         CHECK_EQ_INT(r->text_len, b - 2);
         CHECK(!memcmp(r->text, full, b - 2) && r->text[b - 2] == 0);
-        CHECK(w.text.len == b - 2 && !memcmp(w.text.s, full, b - 2)); /* nothing of the stop was emitted */
+        CHECK(w.text.len == b - 2 && !memcmp(w.text.p, full, b - 2)); /* nothing of the stop was emitted */
         CHECK_EQ_INT(w.emitted_after[k], b - 2); /* the stop's first half was held back */
         CHECK(k == 0 || w.emitted_after[k - 1] <= b - 2);
     }
     free(full);
-    free(w.text.s);
+    free(w.text.p);
     mu_gen_free(g);
     muser_session_free(s);
 }
@@ -152,7 +152,7 @@ static void test_context_full(void) {
     CHECK(mu_gen_get_result(g)->stop == MU_GEN_STOP_ERROR);
     muser_session_free(tiny);
     mu_gen_free(g);
-    free(w.text.s);
+    free(w.text.p);
     muser_session_free(s);
 }
 
@@ -213,8 +213,8 @@ static void test_state_machine_and_logprobs(void) {
     /* a finished request takes nothing more */
     int32_t next;
     CHECK(mu_gen_take_row(b, muser_session_logits(s), &next) == MU_GEN_STOP_CANCELLED && rb->n_tokens == 4);
-    free(wa.text.s);
-    free(wb.text.s);
+    free(wa.text.p);
+    free(wb.text.p);
     mu_gen_free(a);
     mu_gen_free(b);
     muser_session_free(s);
@@ -282,8 +282,8 @@ static void test_speculative_equals_plain(void) {
             muser_spec_stats st;
             muser_spec_get_stats(sp, &st);
             CHECK(cases[c].n == 1 || st.rounds > 0);
-            free(wa.text.s);
-            free(wb.text.s);
+            free(wa.text.p);
+            free(wb.text.p);
             muser_session_free(plain_s);
             mu_gen_free(a);
             mu_gen_free(b);
@@ -318,21 +318,21 @@ static void test_refusals_and_messages(void) {
     int32_t next;
     CHECK(mu_gen_take_row(g, NULL, &next) == MU_GEN_STOP_ERROR); /* nothing started */
     /* user bytes of any kind make valid messages JSON, rendered by the template */
-    mu_gen_str m = {0};
-    mu_gen_str_append(&m, "[", 1);
+    mu_buf m = {0};
+    mu_buf_append(&m, "[", 1);
     mu_gen_json_message(&m, "system", "\xff", 1);
     mu_gen_json_message(&m, "user", "caf\xe9 \"q\"\n\x01\xe2\x82\xac", 13);
-    mu_gen_str_append(&m, "]", 1);
-    CHECK_MSG(!strcmp(m.s, "[{\"role\":\"system\",\"content\":\"\\ufffd\"},"
+    mu_buf_append(&m, "]", 1);
+    CHECK_MSG(!strcmp(m.p, "[{\"role\":\"system\",\"content\":\"\\ufffd\"},"
                            "{\"role\":\"user\",\"content\":\"caf\\ufffd \\\"q\\\"\\n\\u0001\xe2\x82\xac\"}]"),
-              "%s", m.s);
-    mu_gen_request chat = {.messages_json = m.s, .n_predict = 2};
+              "%s", m.p);
+    mu_gen_request chat = {.messages_json = m.p, .n_predict = 2};
     CHECK_MSG(mu_gen_start(g, &chat, NULL, NULL, &err), "%s", err.msg);
     int64_t n;
     CHECK(mu_gen_prompt(g, &n) && n > 4);
     mu_gen_finish(g, MU_GEN_STOP_CANCELLED, NULL);
     CHECK(mu_gen_get_result(g)->stop == MU_GEN_STOP_CANCELLED);
-    free(m.s);
+    free(m.p);
     CHECK(!strcmp(mu_gen_stop_name(MU_GEN_STOP_CONTEXT), "context") &&
           !strcmp(mu_gen_stop_name(MU_GEN_STOP_STRING), "stop_string"));
     mu_gen_free(g);

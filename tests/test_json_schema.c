@@ -10,11 +10,14 @@
  * 3. Meaning: a few grammars are run through the GBNF matcher and must
  *    accept exactly the JSON texts the schema allows (brute force over
  *    integer ranges, the cases where llama's own grammar is wrong, escapes in
- *    extra keys, patterns, lengths, enums). */
+ *    extra keys, patterns, lengths, enums), and patterns repeating groups
+ *    that can match "" are compared with PCRE2 over all short strings. */
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "testutil.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <stdbool.h>
 
 static char *read_file(const char *name, size_t *len) {
@@ -417,6 +420,240 @@ static void test_strings_and_enums(void) {
     mu_grammar_free(c.g);
 }
 
+/* Repeating a group that can match "" (json_schema.c, pat_item.ne): llama
+ * writes "(a|)+" as ("a" |)+, which GBNF parsers refuse as left recursion.
+ * Each pattern's grammar must parse and accept exactly the strings PCRE2
+ * matches, over every string of a, b, c up to length 6. */
+static void check_pattern_language(const char *pattern) {
+    char schema[512];
+    snprintf(schema, sizeof schema, "{\"type\":\"string\",\"pattern\":\"%s\"}", pattern);
+    compiled c = compile(schema);
+    int errcode;
+    PCRE2_SIZE erroff;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, 0, &errcode, &erroff, NULL);
+    CHECK_MSG(re != NULL, "%s: PCRE2 refuses it", pattern);
+    if (!c.g || !re) {
+        mu_grammar_free(c.g);
+        pcre2_code_free(re);
+        return;
+    }
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    int wrong = 0, matched = 0;
+    for (int len = 0; len <= 6; len++) {
+        int total = 1;
+        for (int k = 0; k < len; k++) total *= 3;
+        for (int code = 0; code < total; code++) {
+            char s[8], json[16];
+            for (int k = 0, v = code; k < len; k++, v /= 3) s[k] = (char)('a' + v % 3);
+            s[len] = '\0';
+            snprintf(json, sizeof json, "\"%s\"", s);
+            bool want = pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)len, 0, 0, md, NULL) >= 0;
+            matched += want;
+            if (accepts(&c, json) != want && wrong++ < 5)
+                fprintf(stderr, "%s: \"%s\" %s\n", pattern, s, want ? "rejected" : "accepted");
+        }
+    }
+    CHECK_MSG(wrong == 0, "%s: %d strings judged differently from PCRE2", pattern, wrong);
+    CHECK_MSG(matched > 0, "%s: PCRE2 matches nothing, the comparison is vacuous", pattern);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    mu_grammar_free(c.g);
+}
+
+static void test_nullable_repetition(void) {
+    static const char *const PATTERNS[] = {
+        "^(a|)+$",          "^(a|)*b$",         "^(|ab)+c?$",       "^(a?)+$",
+        "^(a*)+b$",         "^(a?b?)+c$",       "^((a|)(b|))*$",    "^(a|){2,3}$",
+        "^(a?){2,}b$",      "^(a|b?){0,2}c$",   "^((a|)+)+$",       "^(a|b|)+c$",
+        "^()+a$",           "^(a{0})*b$",       "^((ab|)c?){1,2}$", "^(a*b*){2}c?$",
+        "^([ab]?|c)+$",     "^(a(b|)|)+c$",     "^((a|)b)+$",       "^(a|)?b$",
+        "^(a{0,2}){2}b?$",  "^((c|)(a?)+)*b$",  "^(a|)+?b$",        "^(a?){3}$",
+    };
+    for (size_t i = 0; i < sizeof PATTERNS / sizeof PATTERNS[0]; i++) check_pattern_language(PATTERNS[i]);
+
+    compiled c = compile("{\"type\":\"string\",\"pattern\":\"^f(orboa|)+baz*qux?$\"}");
+    static const char *const YES[] = {"\"fbaqu\"", "\"forboabazzqux\"", "\"forboaorboabaqu\"",
+                                      "\"fbazzzqux\"", "\"forboabaqux\""};
+    static const char *const NO[] = {"\"fbaz\"", "\"forbobaqu\"", "\"forboaorbbaqu\"", "\"baqu\"",
+                                     "\"fbaquxx\"", "\"forboaforboabaqu\"", "\"\""};
+    for (size_t i = 0; i < sizeof YES / sizeof YES[0]; i++) CHECK_MSG(accepts(&c, YES[i]), "rejected %s", YES[i]);
+    for (size_t i = 0; i < sizeof NO / sizeof NO[0]; i++) CHECK_MSG(!accepts(&c, NO[i]), "accepted %s", NO[i]);
+    mu_grammar_free(c.g);
+
+    /* inside an object, next to other properties */
+    c = compile("{\"type\":\"object\",\"properties\":{\"w\":{\"type\":\"string\",\"pattern\":\"^(x?y?)+z$\"},"
+                "\"n\":{\"type\":\"integer\"}},\"required\":[\"w\",\"n\"]}");
+    CHECK(accepts(&c, "{\"w\":\"z\",\"n\":1}"));
+    CHECK(accepts(&c, "{\"w\":\"yxxyz\",\"n\":1}"));
+    CHECK(!accepts(&c, "{\"w\":\"yx\",\"n\":1}"));
+    CHECK(!accepts(&c, "{\"w\":\"zz\",\"n\":1}"));
+    mu_grammar_free(c.g);
+}
+
+/* ---- additionalProperties next to very long property names ----
+ * llama's "any other key" rule nests one group per character of the longest
+ * declared name; past KEY_TRIE_NESTED_MAX (json_schema.c) muser writes a
+ * flat rule per trie node instead. The grammar must parse and refuse as an
+ * extra key exactly the declared names. */
+
+static char *repeat_str(const char *unit, size_t n) {
+    size_t u = strlen(unit);
+    char *s = malloc(u * n + 1);
+    for (size_t i = 0; i < n; i++) memcpy(s + i * u, unit, u);
+    s[u * n] = '\0';
+    return s;
+}
+
+/* {"k1": v1, "k2": v2} (k2 may be NULL) */
+static char *obj2(const char *k1, const char *v1, const char *k2, const char *v2) {
+    size_t n = strlen(k1) + strlen(v1) + (k2 ? strlen(k2) + strlen(v2) : 0) + 16;
+    char *s = malloc(n);
+    if (k2) snprintf(s, n, "{\"%s\":%s,\"%s\":%s}", k1, v1, k2, v2);
+    else snprintf(s, n, "{\"%s\":%s}", k1, v1);
+    return s;
+}
+
+static void check_obj(const compiled *c, const char *k1, const char *v1, const char *k2, const char *v2,
+                      bool want, const char *what) {
+    char *json = obj2(k1, v1, k2, v2);
+    CHECK_MSG(accepts(c, json) == want, "%s (%zu-byte key): %s", what, strlen(k2 ? k2 : k1),
+              want ? "rejected" : "accepted");
+    free(json);
+}
+
+/* One declared string property `name` (spelled `declared` in JSON output:
+ * llama's key literals escape non-ASCII characters), extra keys with
+ * integer values. `flat`: past KEY_TRIE_NESTED_MAX, where also the proper
+ * prefixes of the name and keys starting with an escape are extra keys
+ * (llama's nested rule refuses them: narrower, kept for shorter names). */
+static void check_long_key(const char *schema_fmt, const char *name, const char *declared, bool flat) {
+    char *schema = malloc(strlen(schema_fmt) + strlen(name) + 1);
+    sprintf(schema, schema_fmt, name);
+    compiled c = compile(schema);
+    size_t n = strlen(name);
+    /* cut at code point boundaries: the first one, all but the last one */
+    size_t first = 1, last = n - 1;
+    while ((name[first] & 0xC0) == 0x80) first++;
+    while ((name[last] & 0xC0) == 0x80) last--;
+    char *prefix = strdup(name), *shorter = strdup(name), *longer = malloc(n + 2), *changed = strdup(name);
+    prefix[first] = '\0';
+    shorter[last] = '\0';
+    memcpy(longer, name, n);
+    longer[n] = 'q';
+    longer[n + 1] = '\0';
+    changed[last] = changed[last] == 'q' ? 'r' : 'q';
+    changed[last + 1] = '\0';
+    check_obj(&c, declared, "\"s\"", NULL, NULL, true, "declared key");
+    check_obj(&c, name, "1", NULL, NULL, false, "declared key with an extra key's value");
+    check_obj(&c, declared, "\"s\"", name, "1", false, "declared key again as an extra key");
+    check_obj(&c, shorter, "1", NULL, NULL, flat, "prefix one character short");
+    check_obj(&c, prefix, "1", NULL, NULL, flat, "one-character prefix");
+    check_obj(&c, "", "1", NULL, NULL, true, "empty key");
+    check_obj(&c, longer, "1", NULL, NULL, true, "extension");
+    check_obj(&c, changed, "1", NULL, NULL, true, "last character changed");
+    check_obj(&c, declared, "\"s\"", longer, "2", true, "declared key, then an extension");
+    check_obj(&c, changed, "\"s\"", NULL, NULL, false, "extra key with a string value");
+    check_obj(&c, "\\n", "1", NULL, NULL, flat, "key starting with an escape");
+    check_obj(&c, "\\u0041", "1", NULL, NULL, flat, "key starting with a \\u escape");
+    check_obj(&c, "\\", "1", NULL, NULL, false, "raw backslash (invalid JSON)");
+    free(prefix);
+    free(shorter);
+    free(longer);
+    free(changed);
+    mu_grammar_free(c.g);
+    free(schema);
+}
+
+static void test_long_property_names(void) {
+    static const char PLAIN[] = "{\"type\":\"object\",\"properties\":{\"%s\":{\"type\":\"string\"}},"
+                                "\"additionalProperties\":{\"type\":\"integer\"}}";
+    const size_t LENGTHS[] = {200, 201, 300, 1000};
+    for (size_t i = 0; i < sizeof LENGTHS / sizeof LENGTHS[0]; i++) {
+        char *k = repeat_str("k", LENGTHS[i]);
+        check_long_key(PLAIN, k, k, LENGTHS[i] > 200);
+        free(k);
+    }
+    char *mixed = repeat_str("ab-+.", 100);
+    check_long_key(PLAIN, mixed, mixed, true);
+    free(mixed);
+    /* multi-byte characters: one trie node per code point */
+    char *wide = repeat_str("\u00e9\u2713", 150), *wide_json = repeat_str("\\u00e9\\u2713", 150);
+    check_long_key(PLAIN, wide, wide_json, true);
+    free(wide);
+    free(wide_json);
+
+    /* several names sharing long prefixes; a node whose children are '+',
+     * '-' and '.' (a class "+-." would be a range and refuse ',') */
+    char *p = repeat_str("x", 260);
+    size_t n = strlen(p);
+    char schema[4096];
+    snprintf(schema, sizeof schema,
+             "{\"type\":\"object\",\"properties\":{\"%s\":{\"type\":\"null\"},\"%s+\":{\"type\":\"null\"},"
+             "\"%s-a\":{\"type\":\"null\"},\"%s.\":{\"type\":\"null\"},\"x\":{\"type\":\"null\"},"
+             "\"xy\":{\"type\":\"null\"}},\"additionalProperties\":true}",
+             p, p, p, p);
+    compiled c = compile(schema);
+    char *key = malloc(n + 4);
+    static const struct {
+        const char *suffix;
+        bool declared;
+    } TAILS[] = {{"", true}, {"+", true}, {"-a", true}, {".", true}, {",", false}, {"-", false},
+                 {"-ab", false}, {"+a", false}, {"..", false}, {"/", false}, {"*", false}};
+    for (size_t i = 0; i < sizeof TAILS / sizeof TAILS[0]; i++) {
+        snprintf(key, n + 4, "%s%s", p, TAILS[i].suffix);
+        check_obj(&c, key, "null", NULL, NULL, true, TAILS[i].suffix);
+        check_obj(&c, key, "[1]", NULL, NULL, !TAILS[i].declared, TAILS[i].suffix);
+    }
+    check_obj(&c, "x", "[1]", NULL, NULL, false, "short declared name");
+    check_obj(&c, "xy", "[1]", NULL, NULL, false, "short declared name");
+    check_obj(&c, "xx", "[1]", NULL, NULL, true, "short prefix");
+    check_obj(&c, "xz", "[1]", NULL, NULL, true, "short other key");
+    check_obj(&c, "xyz", "[1]", NULL, NULL, true, "short extension");
+    free(key);
+    mu_grammar_free(c.g);
+
+    /* a nested object, with a required long name */
+    char *q = repeat_str("\u00fc", 300), *q_json = repeat_str("\\u00fc", 300);
+    char *inner = malloc(strlen(q) * 2 + 256);
+    sprintf(inner, "{\"type\":\"object\",\"properties\":{\"o\":{\"type\":\"object\",\"properties\":{\"%s\":"
+                   "{\"type\":\"string\"}},\"required\":[\"%s\"],\"additionalProperties\":{\"type\":\"integer\"}}}}",
+            q, q);
+    c = compile(inner);
+    char *v = malloc(strlen(q_json) * 2 + 64);
+    sprintf(v, "{\"o\":{\"%s\":\"s\",\"a\":1}}", q_json);
+    CHECK_MSG(accepts(&c, v), "nested: rejected %.40s", v);
+    sprintf(v, "{\"o\":{\"%s\":\"s\",\"%s\":1}}", q_json, q);
+    CHECK_MSG(!accepts(&c, v), "nested: accepted the declared name as an extra key");
+    sprintf(v, "{\"o\":{\"a\":1}}");
+    CHECK_MSG(!accepts(&c, v), "nested: accepted a missing required name");
+    free(v);
+    free(inner);
+    mu_grammar_free(c.g);
+    free(q);
+    free(q_json);
+
+    /* two objects whose flat key rules differ only in the last name */
+    char *a = repeat_str("k", 210), *b = repeat_str("k", 210);
+    b[209] = 'j';
+    char *two = malloc(1024), *val = malloc(1024);
+    snprintf(two, 1024, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"object\",\"properties\":{\"%s\":{}},"
+             "\"additionalProperties\":{\"type\":\"integer\"}},\"b\":{\"type\":\"object\",\"properties\":"
+             "{\"%s\":{}},\"additionalProperties\":{\"type\":\"integer\"}}}}", a, b);
+    c = compile(two);
+    snprintf(val, 1024, "{\"a\":{\"%s\":1},\"b\":{\"%s\":1}}", b, a);
+    CHECK_MSG(accepts(&c, val), "two objects: rejected each other's names as extra keys");
+    snprintf(val, 1024, "{\"a\":{\"%s\":\"s\"},\"b\":{\"%s\":1}}", a, b);
+    CHECK_MSG(!accepts(&c, val), "two objects: accepted b's own name as its extra key");
+    snprintf(val, 1024, "{\"a\":{\"%s\":\"s\",\"%s\":1}}", a, a);
+    CHECK_MSG(!accepts(&c, val), "two objects: accepted a's own name as its extra key");
+    mu_grammar_free(c.g);
+    free(two);
+    free(val);
+    free(a);
+    free(b);
+    free(p);
+}
+
 int main(void) {
     test_corpus();
     test_patch_scope();
@@ -426,5 +663,7 @@ int main(void) {
     test_integer_ranges();
     test_extra_keys();
     test_strings_and_enums();
+    test_nullable_repetition();
+    test_long_property_names();
     TEST_MAIN_END();
 }

@@ -223,10 +223,10 @@ static void json_token(const run_state *r, int32_t id, float logprob) {
     char buf[256];
     size_t n = muser_token_piece(r->m, id, true, buf, sizeof buf);
     if (n > sizeof buf) n = sizeof buf;
-    mu_gen_str text = {0};
+    mu_buf text = {0};
     mu_gen_json_string(&text, buf, n);
-    printf("\"id\":%d,\"text\":%s,\"bytes\":[", id, text.s);
-    free(text.s);
+    printf("\"id\":%d,\"text\":%s,\"bytes\":[", id, text.p);
+    free(text.p);
     for (size_t i = 0; i < n; i++) printf("%s%u", i ? "," : "", (unsigned char)buf[i]);
     if (isfinite(logprob)) printf("],\"logprob\":%.9g", (double)logprob);
     else printf("],\"logprob\":null");
@@ -279,7 +279,7 @@ static int run_once(run_state *r) {
     const run_opts *o = r->o;
     mu_gen_request req = {.n_predict = o->n_predict, .stops = o->stops, .n_stops = o->n_stops,
                           .speculate = r->sp != NULL};
-    mu_gen_str msgs = {0};
+    mu_buf msgs = {0};
     char *text = NULL;
     if (o->tokens) {
         req.tokens = o->tokens;
@@ -290,11 +290,11 @@ static int run_once(run_state *r) {
         if (!text) return 1;
         if (!o->prompt_file) len = strlen(text);
         if (o->system) { /* through the chat template, the same messages as --chat builds */
-            mu_gen_str_append(&msgs, "[", 1);
+            mu_buf_append(&msgs, "[", 1);
             mu_gen_json_message(&msgs, "system", o->system, strlen(o->system));
             mu_gen_json_message(&msgs, "user", text, len);
-            mu_gen_str_append(&msgs, "]", 1);
-            req.messages_json = msgs.s;
+            mu_buf_append(&msgs, "]", 1);
+            req.messages_json = msgs.p;
         } else {
             req.text = text;
             req.text_len = len;
@@ -303,7 +303,7 @@ static int run_once(run_state *r) {
     muser_error err;
     int rc = 1;
     bool started = mu_gen_start(r->gen, &req, on_event, r, &err);
-    free(msgs.s);
+    free(msgs.p);
     free(text);
     if (!started) cli_error("run", err.msg);
     else if (drive(r)) {
@@ -343,16 +343,16 @@ static void drop_turns(chat_state *c, int n) {
 
 /* Messages: the system message, turns[first..], the new user line. */
 static char *chat_messages(const run_opts *o, const chat_state *c, int first, const char *line, size_t n) {
-    mu_gen_str b = {0};
-    mu_gen_str_append(&b, "[", 1);
+    mu_buf b = {0};
+    mu_buf_append(&b, "[", 1);
     if (o->system) mu_gen_json_message(&b, "system", o->system, strlen(o->system));
     for (int i = first; i < c->n_turns; i++) {
         mu_gen_json_message(&b, "user", c->turns[i].user, c->turns[i].user_len);
         mu_gen_json_message(&b, "assistant", c->turns[i].reply, c->turns[i].reply_len);
     }
     mu_gen_json_message(&b, "user", line, n);
-    mu_gen_str_append(&b, "]", 1);
-    return b.s;
+    mu_buf_append(&b, "]", 1);
+    return b.p;
 }
 
 /* Start the request for a new line, dropping the oldest turns until the

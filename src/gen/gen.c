@@ -25,7 +25,7 @@ struct mu_gen {
     int32_t *out;
     muser_logprob *lp, *top;  /* per token: chosen, then n_probs alternatives */
     int64_t n_out, cap_out;
-    mu_gen_str text;          /* all text so far, cut at a stop string */
+    mu_buf text;          /* all text so far, cut at a stop string */
     size_t released;          /* bytes of text already emitted */
     bool first_row_taken;     /* later rows imply fed tokens (decode count) */
     double t_start, t_decode0;
@@ -81,7 +81,7 @@ void mu_gen_free(mu_gen *g) {
     free(g->out);
     free(g->lp);
     free(g->top);
-    free(g->text.s);
+    free(g->text.p);
     free(g);
 }
 
@@ -140,7 +140,7 @@ bool mu_gen_start(mu_gen *g, const mu_gen_request *req, mu_gen_callback cb, void
     clear_request(g);
     g->n_out = 0;
     g->text.len = g->released = 0;
-    mu_gen_str_append(&g->text, "", 0); /* never NULL: the stop search reads it */
+    mu_buf_append(&g->text, "", 0); /* never NULL: the stop search reads it */
     g->first_row_taken = false;
     g->error[0] = 0;
     g->res = (mu_gen_result){.stop = MU_GEN_STOP_ERROR, .error = g->error};
@@ -201,7 +201,7 @@ int mu_gen_max_draw(const mu_gen *g) {
 /* The end of text that is final: before the first stop string (*hit), and
  * unless `final`, before a suffix that could still grow into one. */
 static size_t releasable(const mu_gen *g, bool final, bool *hit) {
-    const char *t = g->text.s;
+    const char *t = g->text.p;
     size_t limit = g->text.len;
     *hit = false;
     for (int k = 0; k < g->n_stops; k++) { /* a stop string may start in held-back text */
@@ -227,12 +227,12 @@ static size_t releasable(const mu_gen *g, bool final, bool *hit) {
 static bool release(mu_gen *g, bool final, const char **p, size_t *n) {
     bool hit;
     size_t limit = releasable(g, final, &hit);
-    *p = g->text.s ? g->text.s + g->released : "";
+    *p = g->text.p ? g->text.p + g->released : "";
     *n = limit > g->released ? limit - g->released : 0;
     if (limit > g->released) g->released = limit;
     if (hit) { /* the stop string and what follows are not part of the output */
         g->text.len = limit;
-        g->text.s[limit] = 0;
+        g->text.p[limit] = 0;
     }
     return hit;
 }
@@ -255,7 +255,7 @@ void mu_gen_finish(mu_gen *g, mu_gen_stop why, const char *msg) {
     if (g->dt && why != MU_GEN_STOP_STRING) {
         size_t len;
         const char *rest = muser_detok_flush(g->dt, &len);
-        mu_gen_str_append(&g->text, rest, len);
+        mu_buf_append(&g->text, rest, len);
         const char *p;
         size_t n;
         /* the flushed tail may complete a stop string (eog still names the stop) */
@@ -296,7 +296,7 @@ static mu_gen_stop take_token(mu_gen *g, const float *row, int32_t tok) {
     else if (g->dt) {
         size_t len;
         const char *piece = muser_detok_push(g->dt, tok, &len);
-        mu_gen_str_append(&g->text, piece, len);
+        mu_buf_append(&g->text, piece, len);
         if (release(g, false, &ev.text, &ev.text_len)) st = MU_GEN_STOP_STRING;
     }
     bool go_on = !g->cb || g->cb(g->user, &ev);
@@ -369,7 +369,7 @@ const mu_gen_result *mu_gen_get_result(const mu_gen *g) {
     r->n_prompt = g->n_prompt;
     r->tokens = g->out;
     r->n_tokens = g->n_out;
-    r->text = g->text.s ? g->text.s : "";
+    r->text = g->text.p ? g->text.p : "";
     r->text_len = g->text.len;
     r->logprobs = g->n_probs ? g->lp : NULL;
     r->top = g->n_probs ? g->top : NULL;
@@ -380,18 +380,8 @@ const mu_gen_result *mu_gen_get_result(const mu_gen *g) {
 
 /* ---------------------------------------------------------- text helpers */
 
-void mu_gen_str_append(mu_gen_str *b, const char *p, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        b->cap = (b->len + n + 1) * 2;
-        b->s = mu_xrealloc(b->s, b->cap);
-    }
-    if (n) memcpy(b->s + b->len, p, n);
-    b->len += n;
-    b->s[b->len] = 0;
-}
-
-void mu_gen_json_string(mu_gen_str *b, const char *p, size_t n) {
-    mu_gen_str_append(b, "\"", 1);
+void mu_gen_json_string(mu_buf *b, const char *p, size_t n) {
+    mu_buf_append(b, "\"", 1);
     for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)p[i];
         size_t len = tok_utf8_valid_len((const uint8_t *)p + i, n - i);
@@ -405,19 +395,19 @@ void mu_gen_json_string(mu_gen_str *b, const char *p, size_t n) {
         else if (c == '\t') rep = "\\t";
         else if (c == '\r') rep = "\\r";
         char esc[8];
-        if (rep) mu_gen_str_append(b, rep, strlen(rep));
-        else if (c < 0x20 || c == 0x7F) mu_gen_str_append(b, esc, (size_t)snprintf(esc, sizeof esc, "\\u%04x", c));
-        else mu_gen_str_append(b, p + i, len);
+        if (rep) mu_buf_append(b, rep, strlen(rep));
+        else if (c < 0x20 || c == 0x7F) mu_buf_append(b, esc, (size_t)snprintf(esc, sizeof esc, "\\u%04x", c));
+        else mu_buf_append(b, p + i, len);
         i += len;
     }
-    mu_gen_str_append(b, "\"", 1);
+    mu_buf_append(b, "\"", 1);
 }
 
-void mu_gen_json_message(mu_gen_str *b, const char *role, const char *content, size_t n) {
-    if (b->len && b->s[b->len - 1] != '[') mu_gen_str_append(b, ",", 1);
-    mu_gen_str_append(b, "{\"role\":", 8);
+void mu_gen_json_message(mu_buf *b, const char *role, const char *content, size_t n) {
+    if (b->len && b->p[b->len - 1] != '[') mu_buf_append(b, ",", 1);
+    mu_buf_append(b, "{\"role\":", 8);
     mu_gen_json_string(b, role, strlen(role));
-    mu_gen_str_append(b, ",\"content\":", 11);
+    mu_buf_append(b, ",\"content\":", 11);
     mu_gen_json_string(b, content, n);
-    mu_gen_str_append(b, "}", 1);
+    mu_buf_append(b, "}", 1);
 }

@@ -42,6 +42,7 @@
 #ifndef MUSER_GEN_H
 #define MUSER_GEN_H
 #include "muser.h"
+#include "util/common.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -187,18 +188,12 @@ int64_t mu_gen_pair_diff(const mu_gen_pair *p);
 
 /* ---------------------------------------------------------- text helpers */
 
-/* A growing NUL-terminated byte string. */
-typedef struct mu_gen_str {
-    char *s;
-    size_t len, cap;
-} mu_gen_str;
-void mu_gen_str_append(mu_gen_str *b, const char *p, size_t n);
 /* A JSON string literal of p[0..n): quotes, backslash and control bytes
  * escaped; every byte of invalid or cut-off UTF-8 becomes U+FFFD, so user
  * text of any bytes makes valid JSON. */
-void mu_gen_json_string(mu_gen_str *b, const char *p, size_t n);
+void mu_gen_json_string(mu_buf *b, const char *p, size_t n);
 /* Append {"role":ROLE,"content":CONTENT} to a JSON array under
  * construction (a comma first unless b ends with '['). */
-void mu_gen_json_message(mu_gen_str *b, const char *role, const char *content, size_t n);
+void mu_gen_json_message(mu_buf *b, const char *role, const char *content, size_t n);
 
 #endif

@@ -22,11 +22,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-/* Growable byte buffer holding already-encoded GGUF bytes. */
-typedef struct bytes {
-    uint8_t *p;
-    size_t len, cap;
-} bytes;
+/* Already-encoded GGUF bytes (util/common.h's buffer). */
+typedef mu_buf bytes;
 
 typedef struct wkv {
     char *key;
@@ -63,16 +60,7 @@ struct gguf_writer {
 
 /* ---------------- encoding ---------------- */
 
-static void put(bytes *b, const void *src, size_t n) {
-    if (b->cap - b->len < n) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap - b->len < n) cap *= 2;
-        b->p = mu_xrealloc(b->p, cap);
-        b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->len, src, n);
-    b->len += n;
-}
+static void put(bytes *b, const void *src, size_t n) { mu_buf_append(b, src, n); }
 
 static void put_u8(bytes *b, uint8_t v) { put(b, &v, 1); }
 static void put_u16(bytes *b, uint16_t v) { uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)}; put(b, x, 2); }
@@ -375,8 +363,8 @@ static bool resolve_alignment(gguf_writer *w, mu_error *err) {
     for (size_t i = 0; i < w->n_kv; i++) {
         if (strcmp(w->kvs[i].key, "general.alignment")) continue;
         const bytes *v = &w->kvs[i].val;
-        uint32_t a = v->len == 8 ? gguf_le32(v->p + 4) : 0;
-        if (gguf_le32(v->p) != GGUF_VT_UINT32 || a == 0 || (a & (a - 1))) {
+        uint32_t a = v->len == 8 ? gguf_le32((const uint8_t *)v->p + 4) : 0;
+        if (gguf_le32((const uint8_t *)v->p) != GGUF_VT_UINT32 || a == 0 || (a & (a - 1))) {
             mu_err_set(err, "general.alignment must be a uint32 non-zero power of two");
             return false;
         }

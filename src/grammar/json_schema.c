@@ -890,6 +890,13 @@ typedef struct {
     bool is_bar;  /* an alternation '|' */
     int atoms;    /* regex characters merged into a literal */
     int repeats;  /* quantifiers applied: 1, or 2 with a lazy '?' */
+    /* What the GBNF text (to_rule) matches, for repeating it safely: a
+     * repeated item that can match "" makes the GBNF parser see left
+     * recursion ("(a|)+"), so repetitions use `ne` instead, the same
+     * language without "". ne is NULL when not nullable (ne would be the
+     * text itself) or when the item matches nothing but "". */
+    bool nullable;
+    char *ne;
 } pat_item;
 
 typedef struct {
@@ -918,11 +925,14 @@ static void seq_push(pat_seq *s, char *txt, bool literal, bool is_bar, int atoms
         s->cap = s->cap ? s->cap * 2 : 8;
         s->v = mu_xrealloc(s->v, s->cap * sizeof *s->v);
     }
-    s->v[s->n++] = (pat_item){txt, literal, is_bar, atoms, 0};
+    s->v[s->n++] = (pat_item){txt, literal, is_bar, atoms, 0, false, NULL};
 }
 
 static void seq_free(pat_seq *s) {
-    for (size_t i = 0; i < s->n; i++) free(s->v[i].txt);
+    for (size_t i = 0; i < s->n; i++) {
+        free(s->v[i].txt);
+        free(s->v[i].ne);
+    }
     free(s->v);
     *s = (pat_seq){0};
 }
@@ -945,16 +955,111 @@ static pat_item pat_join(const pat_seq *s) {
             sb_add(&b, s->v[i].txt);
             atoms += s->v[i].atoms;
         }
-        return (pat_item){sb_take(&b), true, false, atoms, 0};
+        return (pat_item){sb_take(&b), true, false, atoms, 0, false, NULL};
     }
-    if (runs == 1) return (pat_item){mu_xstrdup(s->v[0].txt), false, s->v[0].is_bar, 0, s->v[0].repeats};
+    if (runs == 1)
+        return (pat_item){mu_xstrdup(s->v[0].txt), false, s->v[0].is_bar, 0, s->v[0].repeats, false, NULL};
     for (size_t i = 0; i < s->n; i++) {
         char *r = to_rule(&s->v[i]);
         if (i) sb_addc(&b, ' ');
         sb_add(&b, r);
         free(r);
     }
-    return (pat_item){sb_take(&b), false, false, 0, 0};
+    return (pat_item){sb_take(&b), false, false, 0, 0, false, NULL};
+}
+
+/* ---- Nullable items (see pat_item.ne) ----
+ * Repeating an item X that can match "" is rewritten over X', the language
+ * of X without "": X* and X+ become X'*, X{m,n} becomes X'{0,n} and X{m,}
+ * becomes X'*. The language is unchanged: a concatenation of X-strings is
+ * the concatenation of its non-empty ones, and missing copies up to m can
+ * always be filled with "". */
+
+/* Skips one GBNF literal "..." or class [...] starting at t[i]. */
+static size_t gbnf_skip_quoted(const char *t, size_t i) {
+    char close = t[i] == '"' ? '"' : ']';
+    for (i++; t[i] && t[i] != close; i++)
+        if (t[i] == '\\' && t[i + 1]) i++;
+    return t[i] ? i + 1 : i;
+}
+
+/* Whether GBNF text has a space (a sequence) or a '|' (an alternation)
+ * outside literals, classes and groups, and whether it ends in a postfix
+ * operator. */
+static void gbnf_top_level(const char *t, bool *has_space, bool *has_bar, bool *ends_postfix) {
+    int depth = 0;
+    char last = 0;
+    *has_space = *has_bar = false;
+    for (size_t i = 0; t[i];) {
+        char ch = t[i];
+        if (ch == '"' || ch == '[') {
+            i = gbnf_skip_quoted(t, i);
+            last = ']';
+            continue;
+        }
+        if (ch == '(') depth++;
+        else if (ch == ')') depth--;
+        else if (depth == 0 && ch == ' ') *has_space = true;
+        else if (depth == 0 && ch == '|') *has_bar = true;
+        last = ch;
+        i++;
+    }
+    *ends_postfix = last && strchr("*+?}", last);
+}
+
+/* t as one element a postfix operator can follow. */
+static char *gbnf_atom(const char *t) {
+    bool sp, bar, post;
+    gbnf_top_level(t, &sp, &bar, &post);
+    return sp || bar || post ? str_printf("(%s)", t) : mu_xstrdup(t);
+}
+
+/* t as an element of a sequence. */
+static char *gbnf_seq_part(const char *t) {
+    bool sp, bar, post;
+    gbnf_top_level(t, &sp, &bar, &post);
+    return bar ? str_printf("(%s)", t) : mu_xstrdup(t);
+}
+
+/* An item's language without "", as GBNF text; NULL if that is empty. */
+static char *pat_non_empty(const pat_item *it) { return it->nullable ? (it->ne ? mu_xstrdup(it->ne) : NULL) : to_rule(it); }
+
+/* Whether the alternatives of `s` can match "", and their language without
+ * "": a nullable alternative X1 .. Xk (every Xi nullable) loses "" as
+ * X1' X2 .. Xk | X2' X3 .. Xk | .. | Xk' (the first non-empty part is some
+ * Xi'); other alternatives stay as they are. */
+static bool seq_nullable(const pat_seq *s, char **ne) {
+    sbuf out = {0};
+    bool nullable = false;
+    size_t parts = 0;
+    for (size_t a = 0; a <= s->n;) {
+        size_t b = a;
+        while (b < s->n && !s->v[b].is_bar) b++;
+        bool all = true;
+        for (size_t i = a; i < b; i++) all = all && s->v[i].nullable;
+        nullable = nullable || all;
+        for (size_t i = a; i < b; i++) {
+            char *first = all ? pat_non_empty(&s->v[i]) : to_rule(&s->v[i]);
+            if (first) {
+                char *part = all ? gbnf_seq_part(first) : mu_xstrdup(first);
+                sb_add(&out, parts++ ? " | " : "");
+                sb_add(&out, part);
+                for (size_t j = i + 1; j < b; j++) {
+                    char *r = to_rule(&s->v[j]);
+                    sb_addf(&out, " %s", r);
+                    free(r);
+                }
+                free(part);
+                free(first);
+            }
+            if (!all) break; /* the whole alternative, once */
+        }
+        a = b + 1;
+    }
+    *ne = NULL;
+    if (nullable && parts) *ne = sb_take(&out);
+    sb_free(&out);
+    return nullable;
 }
 
 static bool is_non_literal(uint32_t ch) { return ch < 128 && ch && strchr("|.()[]{}*+?", (int)ch); }
@@ -985,14 +1090,36 @@ static bool pat_can_repeat(pat_ctx *p, const pat_seq *seq, bool lazy_mark) {
 
 static bool pat_simple_quantifier(pat_ctx *p, pat_seq *seq) {
     if (!pat_can_repeat(p, seq, p->cp[p->i] == '?')) return false;
+    char q = (char)p->cp[p->i++];
     pat_item *last = &seq->v[seq->n - 1];
     last->repeats++;
-    char *r = to_rule(last);
+    char *r = to_rule(last), *ne = pat_non_empty(last), *txt;
+    bool was_nullable = last->nullable;
+    if (was_nullable && !ne) {
+        txt = mu_xstrdup(""); /* only "" to repeat */
+    } else if (was_nullable && q != '?') {
+        /* X* and X+ of a nullable X: X'* (see pat_item.ne) */
+        char *atom = gbnf_atom(ne);
+        txt = str_printf("%s*", atom);
+        free(ne);
+        ne = str_printf("%s+", atom);
+        free(atom);
+    } else {
+        txt = str_printf("%s%c", r, q); /* llama's text */
+        if (q == '*') {
+            free(ne);
+            ne = str_printf("%s+", r);
+        }
+    }
     free(last->txt);
-    last->txt = str_printf("%s%c", r, (char)p->cp[p->i]);
+    free(last->ne);
+    last->txt = txt;
     last->literal = false;
+    /* X+ of a non-nullable X is the only result that cannot match "" */
+    last->nullable = was_nullable || q != '+';
+    last->ne = last->nullable ? ne : NULL;
+    if (!last->nullable) free(ne);
     free(r);
-    p->i++;
     return true;
 }
 
@@ -1034,6 +1161,20 @@ static bool pat_braces(pat_ctx *p, pat_seq *seq) {
     p->i = quant_at + 1;
     pat_item *last = &seq->v[seq->n - 1];
     last->repeats = 1;
+    bool was_nullable = last->nullable;
+    if (was_nullable && !last->ne) {
+        free(last->txt);
+        last->txt = mu_xstrdup(""); /* only "" to repeat */
+        last->literal = false;
+        return true;
+    }
+    if (was_nullable) {
+        /* X{m,n} of a nullable X: X'{0,n} (see pat_item.ne) */
+        min = 0;
+        free(last->txt);
+        last->txt = last->ne;
+        last->ne = NULL;
+    }
     char *item;
     if (last->literal) {
         item = str_printf("\"%s\"", last->txt);
@@ -1051,6 +1192,9 @@ static bool pat_braces(pat_ctx *p, pat_seq *seq) {
     free(last->txt);
     last->txt = repetition(item, min, has_max, max, NULL);
     last->literal = false;
+    bool only_empty = has_max && max == 0;
+    last->nullable = min == 0 || only_empty;
+    last->ne = last->nullable && !only_empty ? repetition(item, 1, has_max, max, NULL) : NULL;
     free(item);
     return true;
 }
@@ -1189,8 +1333,11 @@ static bool pat_group(pat_ctx *p, int depth, pat_seq *seq) {
     if (!pat_transform(p, depth + 1, true, &inner)) return false;
     char *r = to_rule(&inner);
     seq_push(seq, str_printf("(%s)", r), false, false, 0);
+    seq->v[seq->n - 1].nullable = inner.nullable;
+    seq->v[seq->n - 1].ne = inner.ne ? str_printf("(%s)", inner.ne) : NULL;
     free(r);
     free(inner.txt);
+    free(inner.ne);
     return true;
 }
 
@@ -1226,7 +1373,13 @@ static bool pat_transform(pat_ctx *p, int depth, bool in_group, pat_item *out) {
         }
     }
     if (ok && in_group && !closed) ok = pat_fail(p, p->i, "unclosed '('");
-    if (ok) *out = pat_join(&seq);
+    if (ok) {
+        char *ne;
+        bool nullable = seq_nullable(&seq, &ne);
+        *out = pat_join(&seq);
+        out->nullable = nullable;
+        out->ne = ne;
+    }
     seq_free(&seq);
     return ok;
 }
@@ -1326,15 +1479,83 @@ static void trie_emit(trie_node *node, sbuf *out, const char *char_rule) {
     sb_free(&rejects);
 }
 
-/* A JSON string that is none of `keys` (the additionalProperties key). */
-static char *not_strings(converter *c, const prop_list *props) {
+/* llama's key rule nests one group per character of the longest declared
+ * name, and the GBNF parser (src/grammar/gbnf_parse.c) refuses groups
+ * nested deeper than 256 levels. Up to this many characters the rule is
+ * llama's text; beyond it, trie_emit_flat's. */
+#define KEY_TRIE_NESTED_MAX 200
+
+static size_t trie_height(const trie_node *node) {
+    size_t h = 0;
+    for (size_t k = 0; k < node->n_kids; k++) {
+        size_t kh = 1 + trie_height(node->kids[k]);
+        if (kh > h) h = kh;
+    }
+    return h;
+}
+
+/* The flat key rule: every trie node with children gets a rule matching
+ * the rest of a key that has reached it without being a declared name:
+ * nothing (unless the node ends a declared name), a child's character and
+ * that child's rule, or any other character and anything after it. Rules
+ * refer to each other only forward, so no group is nested more than two
+ * levels whatever the names' length. Unlike llama's text this also accepts
+ * the proper prefixes of declared names and extra keys that begin with an
+ * escape sequence, so exactly the declared names are refused (compared as
+ * written in the JSON text, as llama does). `number` counts nodes in
+ * depth-first order: the node after the first i characters of a single
+ * name is rule "<base>-i". */
+static void trie_alternatives(converter *c, trie_node *node, const char *base, size_t *number, const char *char_rule,
+                              sbuf *out) {
+    qsort(node->kids, node->n_kids, sizeof *node->kids, trie_cmp);
+    const char **kid_rules = mu_xcalloc(node->n_kids ? node->n_kids : 1, sizeof *kid_rules);
+    for (size_t k = 0; k < node->n_kids; k++) {
+        trie_node *kid = node->kids[k];
+        if (!kid->n_kids) continue;
+        char *name = str_printf("%s-%zu", base, ++*number);
+        sbuf body = {0};
+        trie_alternatives(c, kid, base, number, char_rule, &body);
+        kid_rules[k] = add_rule(c, name, sb_str(&body));
+        sb_free(&body);
+        free(name);
+    }
+    /* GBNF writes the empty alternative as nothing before the first '|' */
+    if (!node->end) sb_add(out, "| ");
+    sbuf rejects = {0};
+    bool dash = false;
+    for (size_t k = 0; k < node->n_kids; k++) {
+        trie_node *kid = node->kids[k];
+        if (strcmp(kid->ch, "-") == 0) dash = true;
+        else sb_add(&rejects, kid->ch);
+        if (kid_rules[k]) sb_addf(out, "[%s] %s | ", kid->ch, kid_rules[k]);
+        else sb_addf(out, "[%s] %s+ | ", kid->ch, char_rule);
+    }
+    /* '-' between two characters of a class would make a range: last */
+    if (dash) sb_addc(&rejects, '-');
+    sb_addf(out, "[^\"\\\\\\x7F\\x00-\\x1F%s] %s*", sb_str(&rejects), char_rule);
+    sb_addf(out, " | [\\\\] ([\"\\\\bfnrt] | \"u\" [0-9a-fA-F]{4}) %s*", char_rule);
+    sb_free(&rejects);
+    free(kid_rules);
+}
+
+/* A JSON string that is none of `keys` (the additionalProperties key);
+ * `rule_name` names the sub-rules of the flat form. */
+static char *not_strings(converter *c, const prop_list *props, const char *rule_name) {
     trie_node root = {0};
     for (size_t i = 0; i < props->n; i++) trie_insert(&root, props->v[i].key);
     const char *char_rule = add_builtin(c, "char");
     sbuf out = {0};
     sb_add(&out, "[\"] ( ");
-    trie_emit(&root, &out, char_rule);
-    sb_addf(&out, " )%s [\"] space", root.end ? "" : "?");
+    if (trie_height(&root) <= KEY_TRIE_NESTED_MAX) {
+        trie_emit(&root, &out, char_rule);
+        sb_addf(&out, " )%s [\"] space", root.end ? "" : "?");
+    } else {
+        sbuf alts = {0};
+        size_t number = 0;
+        trie_alternatives(c, &root, rule_name, &number, char_rule, &alts);
+        sb_addf(&out, "%s ) [\"] space", sb_str(&alts));
+        sb_free(&alts);
+    }
     trie_free(&root);
     return sb_take(&out);
 }
@@ -1425,8 +1646,8 @@ static const char *additional_kv_rule(converter *c, const prop_list *props, cons
         if (props->n == 0) {
             key_rule = add_builtin(c, "string");
         } else {
-            char *k_body = not_strings(c, props);
             char *k_name = str_printf("%s-k", sub);
+            char *k_body = not_strings(c, props, k_name);
             key_rule = add_rule(c, k_name, k_body);
             free(k_body);
             free(k_name);
@@ -2121,6 +2342,7 @@ static const char *visit_pattern(converter *c, json_t *schema, const char *rule_
             free(body);
             free(r);
             free(top.txt);
+            free(top.ne);
         }
         free(p.cp);
         free(p.off);

@@ -40,6 +40,14 @@
  *  - the "any other key" rule of additionalProperties next to properties
  *    starts with [^"\\\x7F\x00-\x1F...] instead of [^"...], so an extra key
  *    cannot begin with a raw backslash or control character;
+ *  - a pattern that repeats a group able to match "" ("(a|)+", "(a?)*",
+ *    "(a*){2,}") repeats the group's non-empty part with minimum 0 instead
+ *    (same language); llama's text is left recursion GBNF parsers refuse;
+ *  - next to additionalProperties, a declared name longer than 200
+ *    characters would make llama's "any other key" rule nest one group per
+ *    character, past the GBNF parser's 256 levels; muser writes one flat
+ *    rule per node of the names' trie instead, which refuses exactly the
+ *    declared names (as written, escapes not decoded);
  *  - "items": false next to prefixItems (llama crashes) gives the tuple;
  *  - $ref pointers are unescaped (~0, ~1) as RFC 6901 says.
  * Refused where llama would silently accept: see above. JSON numbers beyond
@@ -49,7 +57,7 @@
  * or follows llama's reading of it): a schema without "type" but with
  * "properties" yields objects only, {} yields objects only, oneOf acts as
  * anyOf, prefixItems tuples allow no extra items, extra keys cannot be
- * proper prefixes of declared names, formats follow llama's rules (a
+ * proper prefixes of declared names (of at most 200 characters), formats follow llama's rules (a
  * "date" may be 2023-02-31). Sub-schemas are checked when the grammar uses
  * them; keywords that are ignored for the produced types are not validated. */
 #ifndef MUSER_GRAMMAR_JSON_SCHEMA_H

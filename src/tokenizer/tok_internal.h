@@ -5,14 +5,12 @@
 
 /* ---------------- byte arena and hash maps (tok_map.c) ---------------- */
 
-/* Growable byte store; strings are referenced by offset so growth is safe. */
-typedef struct tok_arena {
-    char *p;
-    size_t len, cap;
-} tok_arena;
+/* Byte store (util/common.h's buffer); strings are referenced by offset so
+ * growth is safe. */
+typedef mu_buf tok_arena;
 
-/* Appends n bytes (no terminator). */
-void tok_arena_append(tok_arena *a, const void *s, size_t n);
+/* Appends n bytes. */
+static inline void tok_arena_append(tok_arena *a, const void *s, size_t n) { mu_buf_append(a, s, n); }
 /* Appends n bytes plus a NUL; returns the offset of the copy. The caller
  * keeps the arena below 4 GiB (checked at load). */
 uint32_t tok_arena_add(tok_arena *a, const void *s, size_t n);

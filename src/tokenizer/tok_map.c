@@ -3,18 +3,6 @@
 #include "tokenizer/tok_internal.h"
 #include <stdlib.h>
 
-void tok_arena_append(tok_arena *a, const void *s, size_t n) {
-    size_t need = a->len + n;
-    if (need > a->cap) {
-        size_t cap = a->cap ? a->cap : 4096;
-        while (cap < need) cap *= 2;
-        a->p = mu_xrealloc(a->p, cap);
-        a->cap = cap;
-    }
-    if (n) memcpy(a->p + a->len, s, n);
-    a->len = need;
-}
-
 uint32_t tok_arena_add(tok_arena *a, const void *s, size_t n) {
     uint32_t off = (uint32_t)a->len;
     tok_arena_append(a, s, n);

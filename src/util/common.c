@@ -113,3 +113,15 @@ double mu_now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+void mu_buf_append(mu_buf *b, const void *src, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->len + n + 1) cap *= 2;
+        b->p = mu_xrealloc(b->p, cap);
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->len, src, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}

@@ -24,6 +24,15 @@ void *mu_xcalloc(size_t count, size_t size);
 void *mu_xrealloc(void *p, size_t n);
 char *mu_xstrdup(const char *s);
 
+/* The one growable byte buffer: len bytes at p, always followed by a NUL
+ * (so text built in it is a C string), grown by doubling. Zero-initialize;
+ * free(p) when done. */
+typedef struct mu_buf {
+    char *p;
+    size_t len, cap;
+} mu_buf;
+void mu_buf_append(mu_buf *b, const void *src, size_t n);
+
 /* Checked arithmetic: return false on overflow. */
 static inline bool mu_add_u64(uint64_t a, uint64_t b, uint64_t *out) {
     return !__builtin_add_overflow(a, b, out);
