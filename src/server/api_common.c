@@ -249,7 +249,7 @@ static bool parse_samplers(const srv_request *rq, json_t *v, api_gen *g) {
         srv_reply_error(rq, 400, "samplers", "'samplers' must be an array of sampler names or a string of letters");
         return false;
     }
-    mu_gen_str b = {0};
+    mu_buf b = {0};
     size_t i;
     json_t *s;
     json_array_foreach(v, i, s) {
@@ -257,14 +257,14 @@ static bool parse_samplers(const srv_request *rq, json_t *v, api_gen *g) {
             char p[32];
             snprintf(p, sizeof p, "samplers[%zu]", i);
             srv_reply_error(rq, 400, p, "'%s' must be a sampler name", p);
-            free(b.s);
+            free(b.p);
             return false;
         }
-        if (i) mu_gen_str_append(&b, ";", 1);
-        mu_gen_str_append(&b, json_string_value(s), json_string_length(s));
+        if (i) mu_buf_append(&b, ";", 1);
+        mu_buf_append(&b, json_string_value(s), json_string_length(s));
     }
-    mu_gen_str_append(&b, "", 0);
-    g->samplers = b.s;
+    mu_buf_append(&b, "", 0);
+    g->samplers = b.p;
     g->jp.sampling.samplers = g->samplers;
     return true;
 }
@@ -452,10 +452,10 @@ json_t *api_text(const char *p, size_t n) {
     if (s) return s;
     /* Not UTF-8 (a token that is part of a character): the same text with
      * U+FFFD for the bad bytes, through the request loop's encoder. */
-    mu_gen_str b = {0};
+    mu_buf b = {0};
     mu_gen_json_string(&b, p, n);
-    s = json_loadb(b.s, b.len, JSON_DECODE_ANY, NULL);
-    free(b.s);
+    s = json_loadb(b.p, b.len, JSON_DECODE_ANY, NULL);
+    free(b.p);
     return s ? s : json_string("");
 }
 

@@ -419,7 +419,7 @@ json_t *api_messages(const srv_request *rq, json_t *msgs) {
         json_t *nm = json_deep_copy(m);
         if (r == 1) json_object_set_new(nm, "role", json_string("system"));
         if (json_is_array(c)) {
-            mu_gen_str b = {0};
+            mu_buf b = {0};
             size_t j;
             json_t *part;
             json_array_foreach(c, j, part) {
@@ -429,15 +429,15 @@ json_t *api_messages(const srv_request *rq, json_t *msgs) {
                     char q[96];
                     snprintf(q, sizeof q, "%s.content[%zu]", p, j);
                     srv_reply_error(rq, 400, q, "'%s' must be {\"type\": \"text\", \"text\": ...} (only text is supported)", q);
-                    free(b.s);
+                    free(b.p);
                     json_decref(nm);
                     goto fail;
                 }
-                if (b.len) mu_gen_str_append(&b, "\n", 1);
-                mu_gen_str_append(&b, json_string_value(text), json_string_length(text));
+                if (b.len) mu_buf_append(&b, "\n", 1);
+                mu_buf_append(&b, json_string_value(text), json_string_length(text));
             }
-            json_object_set_new(nm, "content", json_stringn(b.s ? b.s : "", b.len));
-            free(b.s);
+            json_object_set_new(nm, "content", json_stringn(b.p ? b.p : "", b.len));
+            free(b.p);
         } else if (c && !json_is_string(c) && !json_is_null(c)) {
             char q[96];
             snprintf(q, sizeof q, "%s.content", p);

@@ -47,7 +47,7 @@ struct srv_conn {
     bool dispatched;
     /* the request */
     char *method, *path;
-    mu_gen_str body;
+    mu_buf body;
     bool too_big;
     srv_request rq;
     srv_handler handler;
@@ -59,7 +59,7 @@ struct srv_conn {
     bool retry_after;
     const char *allow;          /* Allow header of a 405 */
     /* a stream */
-    mu_gen_str out;             /* bytes not yet taken by the reader */
+    mu_buf out;             /* bytes not yet taken by the reader */
     size_t out_pos;
     bool ended;
 };
@@ -85,10 +85,10 @@ static void conn_unref(srv_conn *c) {
     pthread_cond_destroy(&c->cv);
     free(c->method);
     free(c->path);
-    free(c->body.s);
+    free(c->body.p);
     free(c->ctype);
     free(c->data);
-    free(c->out.s);
+    free(c->out.p);
     free(c);
 }
 
@@ -205,9 +205,9 @@ bool srv_stream_send(srv_stream *st, const char *data, size_t len) {
     pthread_mutex_lock(&c->mu);
     bool ok = !c->gone && !c->ended;
     if (ok) {
-        mu_gen_str_append(&c->out, "data: ", 6);
-        mu_gen_str_append(&c->out, data, len);
-        mu_gen_str_append(&c->out, "\n\n", 2);
+        mu_buf_append(&c->out, "data: ", 6);
+        mu_buf_append(&c->out, data, len);
+        mu_buf_append(&c->out, "\n\n", 2);
         pthread_cond_broadcast(&c->cv);
     }
     pthread_mutex_unlock(&c->mu);
@@ -262,7 +262,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         size_t avail = c->out.len - c->out_pos;
         if (avail) {
             size_t n = avail < max ? avail : max;
-            memcpy(buf, c->out.s + c->out_pos, n);
+            memcpy(buf, c->out.p + c->out_pos, n);
             c->out_pos += n;
             if (c->out_pos == c->out.len) c->out.len = c->out_pos = 0;
             pthread_mutex_unlock(&c->mu);
@@ -420,7 +420,7 @@ static enum MHD_Result dispatch(srv_server *srv, srv_conn *c) {
         .method = c->method,
         .path = c->path,
         .content_type = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE),
-        .body = c->body.s ? c->body.s : "",
+        .body = c->body.p ? c->body.p : "",
         .body_len = c->body.len,
         .conn = c,
     };
@@ -539,7 +539,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (c->dispatched) return MHD_NO; /* a second final call cannot happen */
     if (*upload_size) {
         if (c->body.len + *upload_size > srv->p.max_body) c->too_big = true;
-        if (!c->too_big) mu_gen_str_append(&c->body, upload, *upload_size);
+        if (!c->too_big) mu_buf_append(&c->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
@@ -548,7 +548,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->handler = NULL;
         return queue_error(srv, mc, 413, NULL, NULL, "request body exceeds the limit of %zu bytes", srv->p.max_body);
     }
-    if (!c->body.s) mu_gen_str_append(&c->body, "", 0);
+    if (!c->body.p) mu_buf_append(&c->body, "", 0);
     return dispatch(srv, c);
 }
 
@@ -603,18 +603,18 @@ int srv_http_run(srv_server *srv, muser_error *err) {
                 free(cert);
                 return 1;
             }
-            mu_gen_str b = {0};
+            mu_buf b = {0};
             char buf[4096];
             size_t n;
-            while ((n = fread(buf, 1, sizeof buf, f)) > 0 && b.len < (1u << 20)) mu_gen_str_append(&b, buf, n);
+            while ((n = fread(buf, 1, sizeof buf, f)) > 0 && b.len < (1u << 20)) mu_buf_append(&b, buf, n);
             fclose(f);
-            if (!b.len || !strstr(b.s, "-----BEGIN ")) {
+            if (!b.len || !strstr(b.p, "-----BEGIN ")) {
                 snprintf(err->msg, sizeof err->msg, "%s: not a PEM file", files[i]);
-                free(b.s);
+                free(b.p);
                 free(cert);
                 return 1;
             }
-            *dst[i] = b.s;
+            *dst[i] = b.p;
         }
         flags |= MHD_USE_TLS;
     }

@@ -9,7 +9,7 @@
 #include <string.h>
 
 typedef struct prom {
-    mu_gen_str b;
+    mu_buf b;
     char labels[512];           /* model_name="..." */
 } prom;
 
@@ -21,7 +21,7 @@ static void out(prom *p, const char *fmt, ...) {
     int n = vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     if (n < 0) return;
-    mu_gen_str_append(&p->b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    mu_buf_append(&p->b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
 static void head(prom *p, const char *name, const char *type, const char *help) {
@@ -127,6 +127,6 @@ void srv_metrics(srv_server *srv, const srv_request *rq) {
     counter(&p, "vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", (double)st.spec_drafted);
     counter(&p, "vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", (double)st.spec_accepted);
 
-    srv_reply_text(rq, 200, "text/plain; version=0.0.4; charset=utf-8", p.b.s ? p.b.s : "", p.b.len);
-    free(p.b.s);
+    srv_reply_text(rq, 200, "text/plain; version=0.0.4; charset=utf-8", p.b.p ? p.b.p : "", p.b.len);
+    free(p.b.p);
 }
