@@ -260,37 +260,72 @@ static bool parallel_rep(muser_engine *e, muser_session **s, int64_t n_seq, cons
     return true;
 }
 
-static bool run_parallel(runner *r, muser_model *mm, mu_bench_parallel *p, mu_error *err) {
+/* One engine of n_seq sessions. */
+typedef struct par_engine {
+    muser_engine *e;
+    muser_session **s;
+    int64_t n_seq;
+    double *samples;
+} par_engine;
+
+static bool par_open(const mu_bench_opts *o, muser_model *mm, int64_t n_seq, int64_t n_gen, par_engine *pe,
+                     mu_error *err) {
+    muser_engine_params ep = {.n_seq_max = (int32_t)n_seq, .n_ctx = PARALLEL_PROMPT + n_gen + 1,
+                              .n_batch = o->chunk > 0 ? o->chunk : 512};
+    if (ep.n_batch < n_seq) ep.n_batch = n_seq;
+    *pe = (par_engine){.n_seq = n_seq};
+    pe->e = muser_engine_create(mm, &ep, (muser_error *)err);
+    if (!pe->e) return false;
+    pe->s = mu_xcalloc((size_t)n_seq, sizeof *pe->s);
+    pe->samples = mu_xcalloc((size_t)o->reps, sizeof *pe->samples);
+    for (int64_t i = 0; i < n_seq; i++)
+        if (!(pe->s[i] = muser_engine_session(pe->e, (muser_error *)err))) return false;
+    return true;
+}
+
+static void par_close(par_engine *pe) {
+    muser_engine_free(pe->e);
+    free(pe->s);
+    free(pe->samples);
+}
+
+/* Every sequence count in turn within each repetition, so a machine whose
+ * bandwidth drifts over minutes weighs on all of them alike. */
+static bool run_parallel(runner *r, muser_model *mm, mu_bench_result *res, mu_error *err) {
     const mu_bench_opts *o = r->o;
     const int64_t n_gen = o->n_gen > 0 ? o->n_gen : 128;
-    muser_engine_params ep = {.n_seq_max = (int32_t)p->n_seq, .n_ctx = PARALLEL_PROMPT + n_gen + 1,
-                              .n_batch = o->chunk > 0 ? o->chunk : 512};
-    if (ep.n_batch < p->n_seq) ep.n_batch = p->n_seq;
-    muser_engine *e = muser_engine_create(mm, &ep, (muser_error *)err);
-    if (!e) return false;
-    muser_session **s = mu_xcalloc((size_t)p->n_seq, sizeof *s);
-    double *samples = mu_xmalloc((size_t)o->reps * sizeof(double));
+    const int n = res->n_parallel;
+    par_engine *pe = mu_xcalloc((size_t)n, sizeof *pe);
     bool ok = true;
-    for (int64_t i = 0; i < p->n_seq && ok; i++) ok = (s[i] = muser_engine_session(e, (muser_error *)err)) != NULL;
+    for (int k = 0; k < n && ok; k++) ok = par_open(o, mm, res->parallel[k].n_seq, n_gen, &pe[k], err);
     for (int i = 0; i < o->warmup + o->reps && ok; i++) {
         const int rep = i - o->warmup;
-        double v = 0;
-        ok = parallel_prefill(s, p->n_seq, mm->m->cfg.n_vocab, err);
-        if (ok && rep >= 0) mu_bench_pause(o->pause_s);
-        ok = ok && parallel_rep(e, s, p->n_seq, r->tokens, n_gen, &v, err);
-        if (!ok) break;
-        if (rep < 0) {
-            progress(o, "parallel %lld: warm-up: %.2f tok/s", (long long)p->n_seq, v);
-        } else {
-            samples[rep] = v;
-            progress(o, "parallel %lld: %d/%d: %.2f tok/s (%.2f per sequence)", (long long)p->n_seq, rep + 1, o->reps, v,
-                     v / (double)p->n_seq);
+        for (int k = 0; k < n && ok; k++) {
+            double v = 0;
+            ok = parallel_prefill(pe[k].s, pe[k].n_seq, mm->m->cfg.n_vocab, err);
+            if (ok && rep >= 0) mu_bench_pause(o->pause_s);
+            ok = ok && parallel_rep(pe[k].e, pe[k].s, pe[k].n_seq, r->tokens, n_gen, &v, err);
+            if (!ok) break;
+            if (rep < 0) {
+                progress(o, "parallel %lld: warm-up: %.2f tok/s", (long long)pe[k].n_seq, v);
+                continue;
+            }
+            pe[k].samples[rep] = v;
+            progress(o, "parallel %lld: %d/%d: %.2f tok/s (%.2f per sequence)", (long long)pe[k].n_seq, rep + 1,
+                     o->reps, v, v / (double)pe[k].n_seq);
         }
     }
-    if (ok) mu_bench_stats_compute(&p->aggregate, samples, o->reps);
-    free(samples);
-    free(s);
-    muser_engine_free(e);
+    double *ratio = mu_xmalloc((size_t)o->reps * sizeof *ratio);
+    for (int k = 0; k < n; k++) {
+        if (ok) mu_bench_stats_compute(&res->parallel[k].aggregate, pe[k].samples, o->reps);
+        if (ok && pe[0].n_seq == 1) {
+            for (int i = 0; i < o->reps; i++) ratio[i] = pe[0].samples[i] > 0 ? pe[k].samples[i] / pe[0].samples[i] : 0;
+            mu_bench_stats_compute(&res->parallel[k].ratio, ratio, o->reps);
+        }
+    }
+    for (int k = 0; k < n; k++) par_close(&pe[k]);
+    free(ratio);
+    free(pe);
     return ok;
 }
 
@@ -354,11 +389,10 @@ bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *res, mu_error *err) {
             if (o->parallel[i] < 1 || o->parallel[i] > 4096) {
                 mu_err_set(err, "bench: --parallel %lld out of range [1, 4096]", (long long)o->parallel[i]);
                 ok = false;
-                break;
             }
-            progress(o, "parallel: %lld sequences decoding together", (long long)o->parallel[i]);
-            ok = run_parallel(&r, mm, &res->parallel[i], err);
         }
+        if (ok) progress(o, "parallel: sequences decoding together, counts alternating within each repetition");
+        ok = ok && run_parallel(&r, mm, res, err);
     }
     if (ok && o->draft_path) {
         progress(o, "speculative: greedy generation, plain vs %s", o->draft_path);
@@ -383,7 +417,10 @@ void mu_bench_result_free(mu_bench_result *r) {
     r->n_depths = 0;
     free(r->spec.plain.samples);
     free(r->spec.spec.samples);
-    for (int i = 0; i < r->n_parallel; i++) free(r->parallel[i].aggregate.samples);
+    for (int i = 0; i < r->n_parallel; i++) {
+        free(r->parallel[i].aggregate.samples);
+        free(r->parallel[i].ratio.samples);
+    }
     free(r->parallel);
     r->parallel = NULL;
     r->n_parallel = 0;

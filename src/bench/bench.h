@@ -72,6 +72,8 @@ typedef struct mu_bench_spec {
 typedef struct mu_bench_parallel {
     int64_t n_seq;
     mu_bench_stats aggregate; /* tokens/s of all sequences together */
+    mu_bench_stats ratio;     /* per repetition: aggregate over the same repetition's one sequence
+                                 (when the first count is 1; the counts alternate within a repetition) */
 } mu_bench_parallel;
 
 typedef struct mu_bench_result {

@@ -114,10 +114,9 @@ bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_benc
             fprintf(f, "    {\n      \"sequences\": %lld,\n      \"tokens\": %lld,\n", (long long)p->n_seq,
                     (long long)(o->n_gen > 0 ? o->n_gen : 128));
             json_stats(f, "      ", &p->aggregate);
-            fprintf(f, ",\n      \"x_one_sequence\": %.4f\n    }%s\n",
-                    r->parallel[0].n_seq == 1 && r->parallel[0].aggregate.median > 0
-                        ? p->aggregate.median / r->parallel[0].aggregate.median : 0.0,
-                    i + 1 < r->n_parallel ? "," : "");
+            fprintf(f, ",\n      \"x_one_sequence\": %.4f,\n      \"x_one_sequence_min\": %.4f,\n"
+                       "      \"x_one_sequence_max\": %.4f\n    }%s\n",
+                    p->ratio.median, p->ratio.min, p->ratio.max, i + 1 < r->n_parallel ? "," : "");
         }
         fprintf(f, "  ]");
     }

@@ -276,9 +276,9 @@ static void print_table(const bench_cli *c, const mu_bench_result *r) {
     }
     for (int i = 0; i < r->n_parallel && r->parallel[0].n_seq == 1; i++) {
         const mu_bench_parallel *p = &r->parallel[i];
-        printf("parallel %lld: %.2f tok/s together (%.2f per sequence), %.2fx one sequence\n", (long long)p->n_seq,
-               p->aggregate.median, p->aggregate.median / (double)p->n_seq,
-               r->parallel[0].aggregate.median > 0 ? p->aggregate.median / r->parallel[0].aggregate.median : 0.0);
+        printf("parallel %lld: %.2f tok/s together (%.2f per sequence), %.2fx one sequence (median of the "
+               "repetitions' ratios, %.2f-%.2f)\n", (long long)p->n_seq, p->aggregate.median,
+               p->aggregate.median / (double)p->n_seq, p->ratio.median, p->ratio.min, p->ratio.max);
     }
     const mu_bench_spec *sp = &r->spec;
     if (!sp->ran) return;
