@@ -15,6 +15,7 @@ int cmd_chat_template(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_speculate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 /* The model to use: *model if set, else $MUSER_MODEL, else the shipped default
  * of this build; false with a message when there is none. */
 const char *cli_default_draft(void);

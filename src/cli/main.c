@@ -18,7 +18,8 @@ static void usage(FILE *f) {
             "  chat-template  render a chat template for a JSON message list\n"
             "  bench      measure prefill/decode tokens/s and memory bandwidth\n"
             "  perplexity perplexity of a text file (llama.cpp's method)\n"
-            "  speculate  exact greedy speculative decoding with a DFlash assistant\n",
+            "  speculate  exact greedy speculative decoding with a DFlash assistant\n"
+            "  serve      OpenAI- and llama.cpp-compatible HTTP server with continuous batching\n",
             MUSER_VERSION);
 }
 
@@ -39,7 +40,7 @@ int main(int argc, char **argv) {
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
         {"run", cmd_run}, {"info", cmd_info}, {"synth", cmd_synth}, {"quantize", cmd_quantize},
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"chat-template", cmd_chat_template},
-        {"bench", cmd_bench}, {"perplexity", cmd_perplexity}, {"speculate", cmd_speculate},
+        {"bench", cmd_bench}, {"perplexity", cmd_perplexity}, {"speculate", cmd_speculate}, {"serve", cmd_serve},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

@@ -61,6 +61,10 @@ const char *srv_query(const srv_request *rq, const char *key);
 /* A request header (case-insensitive name), NULL when absent. */
 const char *srv_header(const srv_request *rq, const char *name);
 
+/* True once the client has closed its connection: a handler that waits for
+ * a job without streaming polls this to cancel it (docs/server.md). */
+bool srv_client_gone(const srv_request *rq);
+
 /* Replies (exactly one per request). */
 void srv_reply_json(const srv_request *rq, int status, json_t *body); /* takes the reference */
 void srv_reply_text(const srv_request *rq, int status, const char *content_type, const char *text, size_t len);
@@ -96,7 +100,9 @@ void srv_llama_health(srv_server *srv, const srv_request *rq);
 void srv_metrics(srv_server *srv, const srv_request *rq);
 void srv_ui(srv_server *srv, const srv_request *rq);
 
-/* Start listening and serve until srv->stopping; 0 on a clean shutdown. */
+/* Start listening and serve until srv->stopping; 0 on a clean shutdown.
+ * On the way out it stops accepting, lets running jobs finish for a grace
+ * period (then cancels them), frees srv->sched and sets it to NULL. */
 int srv_http_run(srv_server *srv, muser_error *err);
 
 #endif
