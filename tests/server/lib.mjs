@@ -69,6 +69,85 @@ export function raw(method, p, headers, body, base = URL_BASE) {
     });
 }
 
+/* The same over a bare socket, for bodies a server may refuse before it
+ * has read them (413): the headers go first and an early answer is read
+ * before and while the body is written; a write error after the answer
+ * arrived is no failure (curl behaves so; Node's http client and fetch
+ * report EPIPE instead of the answer). chunked sends the body with
+ * Transfer-Encoding: chunked. */
+export function rawSocket(method, p, headers, body, { base = URL_BASE, chunked = false } = {}) {
+    const u = new URL(base + p);
+    return new Promise((resolve, reject) => {
+        const sock = net.connect(Number(u.port), u.hostname);
+        const got = [];
+        let settled = false;
+        const finish = (err) => {
+            if (settled) return;
+            const buf = Buffer.concat(got);
+            const k = buf.indexOf('\r\n\r\n');
+            if (k < 0) {
+                settled = true;
+                reject(err || new Error(`no HTTP answer (${buf.length} bytes)`));
+                return;
+            }
+            const head = buf.slice(0, k).toString('latin1').split('\r\n');
+            const status = Number(head[0].split(' ')[1]);
+            const hs = {};
+            for (const l of head.slice(1)) {
+                const i = l.indexOf(':');
+                hs[l.slice(0, i).trim().toLowerCase()] = l.slice(i + 1).trim();
+            }
+            let rest = buf.slice(k + 4);
+            if (hs['content-length'] !== undefined) {
+                if (rest.length < Number(hs['content-length']) && !err && !sock.destroyed) return; // wait for more
+                rest = rest.slice(0, Number(hs['content-length']));
+            }
+            settled = true;
+            sock.destroy();
+            const text = rest.toString('utf8');
+            let json = null;
+            try { json = JSON.parse(text); } catch { /* not JSON */ }
+            resolve({ status, headers: hs, text, json });
+        };
+        sock.on('data', (d) => { got.push(d); finish(null); });
+        sock.on('end', () => finish(new Error('closed')));
+        sock.on('close', () => finish(new Error('closed')));
+        sock.on('error', () => { /* EPIPE / ECONNRESET while writing: the answer decides */ });
+        sock.on('connect', () => {
+            const hs = { Host: `${u.hostname}:${u.port}`, Connection: 'close', ...headers };
+            if (chunked) { delete hs['Content-Length']; hs['Transfer-Encoding'] = 'chunked'; }
+            let head = `${method} ${u.pathname}${u.search} HTTP/1.1\r\n`;
+            for (const [k, v] of Object.entries(hs)) head += `${k}: ${v}\r\n`;
+            sock.write(`${head}\r\n`);
+            if (!body) return;
+            // in pieces, each once the last has drained (as curl does), so
+            // that an early answer is read while the body is still going out
+            const step = 1 << 16;
+            let i = 0;
+            const more = () => {
+                while (i < body.length && !sock.destroyed && !settled) {
+                    const part = body.slice(i, i + step);
+                    i += step;
+                    let ok;
+                    if (chunked) {
+                        sock.write(`${part.length.toString(16)}\r\n`);
+                        sock.write(part);
+                        ok = sock.write('\r\n');
+                    } else {
+                        ok = sock.write(part);
+                    }
+                    if (!ok) { sock.once('drain', more); return; }
+                }
+                if (chunked && i >= body.length && !sock.destroyed && !settled) sock.write('0\r\n\r\n');
+            };
+            // an answer to the headers alone (413 on Content-Length) is read
+            // before the body goes out: a server that closes at once would
+            // otherwise reset the connection under it
+            setTimeout(more, 200);
+        });
+    });
+}
+
 /* POST a streaming request and collect its server-sent events: every
  * `data:` payload in order (parsed JSON, or the string '[DONE]'). onEvent
  * (ev, i) may return false to abort the request (the client goes away). */

@@ -28,6 +28,7 @@ const LONG_GEN = (content) => ({
 
 test('a client that disconnects mid-stream leaves no busy slot', async () => {
     assert.equal(typeof await idleWithin(5000), 'number', 'slots busy before the test');
+    const m0 = (await get('/metrics')).text;
     // time the first tokens of a long generation, then go away
     let t0 = 0;
     let tFirst = 0;
@@ -47,10 +48,15 @@ test('a client that disconnects mid-stream leaves no busy slot', async () => {
     // the remaining ~890 tokens would take far longer than the cancel did
     const rest = perToken * 880;
     assert.ok(left < Math.max(250, rest / 4), `slot freed after ${left} ms; the rest of the generation would take ~${rest} ms`);
+    const m1 = (await get('/metrics')).text;
+    const d = (name) => metric(m1, name) - metric(m0, name);
+    assert.equal(d('muser_requests_cancelled_total'), 1, 'the job was not counted as cancelled');
+    assert.ok(d('muser_generation_tokens_total') < 300, `${d('muser_generation_tokens_total')} tokens generated for a client gone after 12`);
 });
 
 test('disconnects of running and queued streams free every slot', async () => {
     // 6 streams on 4 slots: 4 run, 2 wait; all go away
+    const m0 = (await get('/metrics')).text;
     const ws = await Promise.all(PROMPTS.slice(0, 6).map((p, i) => sse('/v1/chat/completions', LONG_GEN(p), {
         abortMs: 400 + 30 * i,
     })));
@@ -58,6 +64,9 @@ test('disconnects of running and queued streams free every slot', async () => {
     assert.ok(ws.every((w) => w.aborted), 'a 900-token stream finished within half a second');
     const left = await idleWithin(3000);
     assert.equal(typeof left, 'number', `busy after the disconnects: ${JSON.stringify(left)}`);
+    const m1 = (await get('/metrics')).text;
+    assert.equal(metric(m1, 'muser_requests_cancelled_total') - metric(m0, 'muser_requests_cancelled_total'), 6,
+        'six streams left, six jobs cancelled');
     // and the server serves as before
     const r = await post('/completion', { prompt: PROMPTS[0], n_predict: 4, temperature: 0 });
     assert.equal(r.status, 200, r.text);

@@ -216,7 +216,8 @@ test('GET /metrics: Prometheus text with vLLM gauges, consistent histograms', as
         for (const [, v] of buckets) { assert.ok(v >= prev, `${h} not cumulative`); prev = v; }
         const inf = buckets.find(([k]) => k.includes('le="+Inf"'));
         assert.ok(inf, `${h} without +Inf`);
-        assert.equal(inf[1], seen.get(`${h}_count`), `${h} +Inf != count`);
+        assert.equal(inf[1], metric(t, `${h}_count`), `${h} +Inf != count`);
+        assert.ok(metric(t, `${h}_sum`) >= 0, `${h}_sum`);
     }
     // request and token counters moved
     const counters = [...t.matchAll(/^# TYPE (\S+) counter$/gm)].map((x) => x[1]);

@@ -5,15 +5,16 @@
 // with --api-key.
 //
 // A case: {name, method, path, headers?, body? | json? | body_bytes?,
-// body_encoding?, expect_status: N | [N...], expect_param: "field" | null,
+// body_encoding?, chunked?, expect_status: N | [N...], expect_param: "field" | null,
 // server?}. headers default to Content-Type: application/json; "@LONG@" in
 // a body stands for a text longer than the context; body_bytes makes a body
-// of that many bytes (a JSON string of spaces).
+// of that many bytes (a JSON string of spaces), sent over a bare socket
+// (Transfer-Encoding: chunked with chunked: true).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { URL_BASE, raw, get, post, startServer, stopServer, serverLog, PROMPTS } from './lib.mjs';
+import { URL_BASE, raw, rawSocket, get, post, startServer, stopServer, serverLog, PROMPTS } from './lib.mjs';
 
 const CORPUS = JSON.parse(fs.readFileSync(fileURLToPath(new URL('./malformed.json', import.meta.url)), 'utf8'));
 const KEY = 'sk-muser-test-key';
@@ -64,10 +65,10 @@ for (const c of CORPUS) {
         if (body) headers['Content-Length'] = String(body.length);
         let r;
         try {
-            r = await raw(c.method, c.path, headers, body, base);
+            r = c.body_bytes !== undefined
+                ? await rawSocket(c.method, c.path, headers, body, { base, chunked: !!c.chunked })
+                : await raw(c.method, c.path, headers, body, base);
         } catch (e) {
-            // a server may close the connection after answering an oversized
-            // body early; anything else (a reset without an answer) fails
             assert.fail(`${c.method} ${c.path}: no HTTP answer (${e.code || e.message})`);
         }
         const want = [].concat(c.expect_status);

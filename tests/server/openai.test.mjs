@@ -100,7 +100,9 @@ test('chat streaming: role first, content equals the non-streamed reply, [DONE],
     assert.equal(fin[0].choices[0].finish_reason, ref.choices[0].finish_reason);
     const last = chunks[chunks.length - 1];
     assert.deepEqual(last.choices, [], 'the usage chunk has no choices');
-    assert.deepEqual(last.usage, ref.usage);
+    // (cached_tokens may differ: the reference left its prompt in a slot)
+    const counts = (u) => [u.prompt_tokens, u.completion_tokens, u.total_tokens];
+    assert.deepEqual(counts(last.usage), counts(ref.usage));
     for (const ch of chunks) assert.equal(ch.id, chunks[0].id, 'one id for the whole stream');
     // on the wire: SSE ending in data: [DONE]
     const w = await sse('/v1/chat/completions', { ...body, stream: true });
@@ -125,7 +127,8 @@ test('text completion streaming ends in [DONE] and equals the non-streamed text'
         if (ch.usage) usage = ch.usage;
     }
     assert.equal(text, ref.choices[0].text);
-    assert.deepEqual(usage, ref.usage);
+    const counts = (u) => [u.prompt_tokens, u.completion_tokens, u.total_tokens];
+    assert.deepEqual(counts(usage), counts(ref.usage));
     const w = await sse('/v1/completions', { ...body, stream: true });
     assert.equal(w.events[w.events.length - 1], '[DONE]');
 });
