@@ -8,8 +8,9 @@
  *  - inside the batch, one sequence verifies a block under a checkpoint and
  *    rolls back (as speculation does), another snapshots, runs ahead and
  *    restores: both then continue exactly as the solo run.
- *  - forks: a fork of a prefix continues exactly as the solo run; a fork
- *    whose window the source's ring has already dropped is refused.
+ *  - forks and truncation: a fork of a prefix, or a session truncated back
+ *    to one, continues exactly as the solo run; either is refused when the
+ *    ring has already dropped the window before that position.
  * For ref and cpu, every weight format; three engine shapes on cpu, one on ref. */
 #include "testutil.h"
 #include "model_fixture.h"
@@ -193,6 +194,17 @@ static void test_fork(muser_model *m, const solo *ref, int64_t V) {
     CHECK_MSG(muser_session_fork(b, a, 40, &err), "%s", err.msg);
     CHECK(muser_session_logits(b) && same_row(muser_session_logits(b), muser_session_logits(a), V));
     CHECK(muser_session_feed(a, toks + 40, 20, &err)); /* the source runs on */
+    /* a copy of the first 52 positions (the ring of 32 + 15 holds [13, 60)),
+     * truncated back to 44 (the window before it starts at 13) and fed the
+     * rest of the prompt again, gives the solo run too */
+    muser_session *t = c;
+    CHECK_MSG(muser_session_fork(t, a, 52, &err), "%s", err.msg);
+    CHECK(!muser_session_truncate(t, 40, &err) && strstr(err.msg, "no longer holds"));
+    CHECK_MSG(muser_session_truncate(t, 44, &err), "%s", err.msg);
+    CHECK(muser_session_pos(t) == 44 && !muser_session_logits(t));
+    CHECK(muser_session_feed(t, toks + 44, PROMPT_LEN[3] - 44, &err));
+    CHECK_MSG(same_row(muser_session_logits(t), ref[3].rows, V), "truncate: prompt logits differ from solo");
+    muser_session_reset(t);
     CHECK(muser_session_feed(b, toks + 40, PROMPT_LEN[3] - 40, &err));
     CHECK_MSG(same_row(muser_session_logits(b), ref[3].rows, V), "fork: prompt logits differ from solo");
     CHECK(muser_session_feed(b, toks + PROMPT_LEN[3], 1, &err));
@@ -204,6 +216,8 @@ static void test_fork(muser_model *m, const solo *ref, int64_t V) {
     CHECK(muser_session_feed(a, toks, PROMPT_LEN[6], &err));
     err.msg[0] = 0;
     CHECK(!muser_session_fork(c, a, 20, &err) && strstr(err.msg, "no longer holds"));
+    CHECK(!muser_session_truncate(a, 20, &err) && strstr(err.msg, "no longer holds"));
+    CHECK(muser_session_pos(a) == PROMPT_LEN[6]);
     CHECK(muser_session_pos(c) == 3);
     CHECK(!muser_session_fork(c, c, 1, &err));
     CHECK(!muser_session_fork(c, a, PROMPT_LEN[6] + 1, &err));
