@@ -380,8 +380,9 @@ bool api_parse_prompt(srv_server *srv, const srv_request *rq, json_t *v, const c
     g->tokens = mu_xmalloc(n * sizeof *g->tokens);
     json_array_foreach(v, i, t) {
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= srv->info.n_vocab) {
-            srv_reply_error(rq, 400, key, "'%s[%zu]' must be a token id in [0, %lld)", key, i,
-                            (long long)srv->info.n_vocab);
+            char p[64];
+            snprintf(p, sizeof p, "%s[%zu]", key, i);
+            srv_reply_error(rq, 400, p, "'%s' must be a token id in [0, %lld)", p, (long long)srv->info.n_vocab);
             return false;
         }
         g->tokens[i] = (int32_t)json_integer_value(t);
@@ -393,6 +394,7 @@ bool api_parse_prompt(srv_server *srv, const srv_request *rq, json_t *v, const c
 
 /* The field a scheduler refusal is about, from its message. */
 static const char *refusal_param(const api_gen *g, const char *msg, const char *prompt_key) {
+    if (strstr(msg, "prompt") || strstr(msg, "context")) return prompt_key;
     if (strstr(msg, "slot")) return "id_slot";
     if (strstr(msg, "grammar") || strstr(msg, "GBNF")) return g->jp.sampling.json_schema ? "json_schema" : "grammar";
     if (strstr(msg, "schema")) return "json_schema";
@@ -424,6 +426,12 @@ srv_job *api_submit(srv_server *srv, const srv_request *rq, const api_gen *g, co
 
 bool api_next(const srv_request *rq, srv_job **jobs, const bool *done, int n, srv_event *ev, int *which) {
     for (;;) {
+        /* Checked before every event too: a busy job never times out. */
+        if (srv_client_gone(rq)) {
+            for (int i = 0; i < n; i++)
+                if (!done[i]) srv_job_cancel(jobs[i]);
+            return false;
+        }
         int live = 0;
         for (int i = 0; i < n; i++) {
             if (done[i]) continue;
@@ -433,11 +441,7 @@ bool api_next(const srv_request *rq, srv_job **jobs, const bool *done, int n, sr
                 return true;
             }
         }
-        if (srv_client_gone(rq) || !live) {
-            for (int i = 0; i < n; i++)
-                if (!done[i]) srv_job_cancel(jobs[i]);
-            return false;
-        }
+        if (!live) return false;
     }
 }
 

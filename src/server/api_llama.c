@@ -11,33 +11,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A float setting as JSON with the digits it was given (0.95, not
+ * 0.94999998807907104). */
+static json_t *f32(float x) {
+    char b[32];
+    snprintf(b, sizeof b, "%.7g", (double)x);
+    return json_real(strtod(b, NULL));
+}
+
 /* The sampling settings as llama-server reports them (generation_settings). */
 static json_t *settings_json(srv_server *srv, const api_gen *g) {
     const muser_sampling_params *sp = &g->jp.sampling;
     json_t *o = json_object();
     json_object_set_new(o, "n_predict", json_integer(g->jp.req.n_predict));
     json_object_set_new(o, "seed", json_integer(sp->seed));
-    json_object_set_new(o, "temperature", json_real(sp->temp));
-    json_object_set_new(o, "dynatemp_range", json_real(sp->dynatemp_range));
-    json_object_set_new(o, "dynatemp_exponent", json_real(sp->dynatemp_exponent));
+    json_object_set_new(o, "temperature", f32(sp->temp));
+    json_object_set_new(o, "dynatemp_range", f32(sp->dynatemp_range));
+    json_object_set_new(o, "dynatemp_exponent", f32(sp->dynatemp_exponent));
     json_object_set_new(o, "top_k", json_integer(sp->top_k));
-    json_object_set_new(o, "top_p", json_real(sp->top_p));
-    json_object_set_new(o, "min_p", json_real(sp->min_p));
-    json_object_set_new(o, "top_n_sigma", json_real(sp->top_n_sigma));
-    json_object_set_new(o, "xtc_probability", json_real(sp->xtc_probability));
-    json_object_set_new(o, "xtc_threshold", json_real(sp->xtc_threshold));
-    json_object_set_new(o, "typical_p", json_real(sp->typ_p));
+    json_object_set_new(o, "top_p", f32(sp->top_p));
+    json_object_set_new(o, "min_p", f32(sp->min_p));
+    json_object_set_new(o, "top_n_sigma", f32(sp->top_n_sigma));
+    json_object_set_new(o, "xtc_probability", f32(sp->xtc_probability));
+    json_object_set_new(o, "xtc_threshold", f32(sp->xtc_threshold));
+    json_object_set_new(o, "typical_p", f32(sp->typ_p));
     json_object_set_new(o, "repeat_last_n", json_integer(sp->penalty_last_n));
-    json_object_set_new(o, "repeat_penalty", json_real(sp->penalty_repeat));
-    json_object_set_new(o, "presence_penalty", json_real(sp->penalty_present));
-    json_object_set_new(o, "frequency_penalty", json_real(sp->penalty_freq));
-    json_object_set_new(o, "dry_multiplier", json_real(sp->dry_multiplier));
-    json_object_set_new(o, "dry_base", json_real(sp->dry_base));
+    json_object_set_new(o, "repeat_penalty", f32(sp->penalty_repeat));
+    json_object_set_new(o, "presence_penalty", f32(sp->penalty_present));
+    json_object_set_new(o, "frequency_penalty", f32(sp->penalty_freq));
+    json_object_set_new(o, "dry_multiplier", f32(sp->dry_multiplier));
+    json_object_set_new(o, "dry_base", f32(sp->dry_base));
     json_object_set_new(o, "dry_allowed_length", json_integer(sp->dry_allowed_length));
     json_object_set_new(o, "dry_penalty_last_n", json_integer(sp->dry_penalty_last_n));
     json_object_set_new(o, "mirostat", json_integer(sp->mirostat));
-    json_object_set_new(o, "mirostat_tau", json_real(sp->mirostat_tau));
-    json_object_set_new(o, "mirostat_eta", json_real(sp->mirostat_eta));
+    json_object_set_new(o, "mirostat_tau", f32(sp->mirostat_tau));
+    json_object_set_new(o, "mirostat_eta", f32(sp->mirostat_eta));
     json_t *stop = json_array();
     for (int i = 0; i < g->jp.req.n_stops; i++) json_array_append_new(stop, api_text(g->stops[i], strlen(g->stops[i])));
     json_object_set_new(o, "stop", stop);

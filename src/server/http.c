@@ -161,7 +161,7 @@ void srv_reply_text(const srv_request *rq, int status, const char *content_type,
 }
 
 void srv_reply_json(const srv_request *rq, int status, json_t *body) {
-    char *d = json_dumps(body, JSON_COMPACT | JSON_ENSURE_ASCII);
+    char *d = json_dumps(body, JSON_COMPACT | JSON_ENSURE_ASCII | JSON_REAL_PRECISION(15));
     json_decref(body);
     if (!d) {
         d = mu_xstrdup("{\"error\":{\"message\":\"reply could not be encoded\",\"type\":\"server_error\","
@@ -214,7 +214,7 @@ bool srv_stream_send(srv_stream *st, const char *data, size_t len) {
 }
 
 bool srv_stream_send_json(srv_stream *st, json_t *obj) {
-    char *d = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII);
+    char *d = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII | JSON_REAL_PRECISION(15));
     json_decref(obj);
     if (!d) return srv_stream_send(st, "{\"error\":{\"message\":\"event could not be encoded\"}}", 50);
     bool ok = srv_stream_send(st, d, strlen(d));
@@ -309,7 +309,7 @@ static enum MHD_Result queue_error(srv_server *srv, struct MHD_Connection *mc, i
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     json_t *o = error_json(status, param, msg);
-    char *d = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    char *d = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII | JSON_REAL_PRECISION(15));
     json_decref(o);
     enum MHD_Result ret = queue_buffer(srv, mc, status, "application/json; charset=utf-8", d, d ? strlen(d) : 0,
                                        status == 429 || status == 503, allow);

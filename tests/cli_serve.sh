@@ -1,0 +1,90 @@
+#!/bin/bash
+# Quick end-to-end checks of `muser serve` with curl and the shipped model:
+# the routes answer in their shapes, client mistakes get 4xx with an
+# OpenAI error object naming the field, the API key and the loopback rule
+# hold, a client that hangs up frees its slot, SIGTERM exits 0. The full
+# suite (openai client, malformed corpus, browser) lives in tests/server/.
+set -u
+source "$(dirname "$0")/lib_cli.sh" serve
+CURL=(curl --noproxy 127.0.0.1 -s -S -m 60)
+
+expect_fail "without an API key" "$M" serve --host 0.0.0.0 --port 0
+expect_fail "go together" "$M" serve --port 0 --ssl-cert-file /nonexistent
+expect_fail "unknown option" "$M" serve --bogus
+
+"$M" serve --port 0 -np 2 -c 1024 --api-key k1 >"$T/log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q listening "$T/log" && break; sleep 0.1; done
+port=$(grep -o ':[0-9][0-9]*/' "$T/log" | tr -d ':/')
+B="http://127.0.0.1:$port"
+A=(-H "Authorization: Bearer k1")
+J=(-H "Content-Type: application/json")
+
+# status and body of one request: code goes to $T/code, body to $T/body
+req() { "${CURL[@]}" -o "$T/body" -w '%{http_code}' "$@" >"$T/code"; }
+is() { # is CODE PYTHON-EXPR-ON-d
+    local want="$1" expr="$2"
+    if [ "$(cat "$T/code")" != "$want" ]; then echo "FAILED: status $(cat "$T/code") != $want: $(head -c 300 "$T/body")" >&2; fail=1; return; fi
+    check $PY -c "import json; d=json.load(open('$T/body')); assert $expr, d"
+}
+
+req "$B/health"; is 200 "d=={'status':'ok'}"
+req "$B/v1/models"; is 401 "d['error']['type']=='authentication_error'"
+req "${A[@]}" "$B/v1/models"; is 200 "d['data'][0]['object']=='model'"
+req "${A[@]}" -X POST "$B/v1/models"; is 405 "d['error']['code']==405"
+req "${A[@]}" "$B/nowhere"; is 404 "d['error']['type']=='not_found_error'"
+req "${A[@]}" -d '{}' "$B/v1/chat/completions"; is 415 "d['error']['param']=='Content-Type'"
+req "${A[@]}" "${J[@]}" -d '{"messages":[' "$B/v1/chat/completions"; is 400 "'line 1' in d['error']['message']"
+req "${A[@]}" "${J[@]}" -d '{"messages":[{"role":"user","content":"hi"}],"bogus":1}' "$B/v1/chat/completions"
+is 400 "d['error']['param']=='bogus'"
+req "${A[@]}" "${J[@]}" -d '{"messages":[{"role":"user","content":"hi"}],"temperature":"x"}' "$B/v1/chat/completions"
+is 400 "d['error']['param']=='temperature'"
+req "${A[@]}" "${J[@]}" -d '{"prompt":"x","grammar":"root ::= ("}' "$B/completion"; is 400 "d['error']['param']=='grammar'"
+head -c 9000000 /dev/zero | tr '\0' ' ' >"$T/big"
+req "${A[@]}" "${J[@]}" --data-binary @"$T/big" "$B/v1/completions"; is 413 "d['error']['code']==413"
+
+req "${A[@]}" "${J[@]}" -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8,"temperature":0,"logprobs":true,"top_logprobs":2}' "$B/v1/chat/completions"
+is 200 "d['object']=='chat.completion' and d['choices'][0]['finish_reason'] in ('stop','length') and d['usage']['total_tokens']==d['usage']['prompt_tokens']+d['usage']['completion_tokens'] and len(d['choices'][0]['logprobs']['content'][0]['top_logprobs'])==2"
+cp "$T/body" "$T/first.json"
+req "${A[@]}" "${J[@]}" -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":8,"temperature":0,"logprobs":true,"top_logprobs":2}' "$B/v1/chat/completions"
+check $PY -c "import json; a=json.load(open('$T/first.json')); b=json.load(open('$T/body')); assert a['choices'][0]['message']==b['choices'][0]['message'] and b['usage']['prompt_tokens_details']['cached_tokens']>0"
+
+"${CURL[@]}" -N "${A[@]}" "${J[@]}" -d '{"messages":[{"role":"user","content":"Hello"}],"max_tokens":4,"stream":true,"stream_options":{"include_usage":true}}' "$B/v1/chat/completions" >"$T/sse"
+check $PY - "$T/sse" <<'PY'
+import json, sys
+ev = [l[6:] for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+assert ev[-1] == "[DONE]", ev[-1]
+ch = [json.loads(e) for e in ev[:-1]]
+assert ch[0]["choices"][0]["delta"]["role"] == "assistant"
+assert ch[-1]["choices"] == [] and ch[-1]["usage"]["completion_tokens"] >= 1
+assert ch[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+PY
+
+req "${A[@]}" "${J[@]}" -d '{"prompt":"And it came to pass","max_tokens":3,"n":2,"temperature":0,"logprobs":1}' "$B/v1/completions"
+is 200 "d['object']=='text_completion' and len(d['choices'])==2 and d['choices'][0]['text']==d['choices'][1]['text'] and len(d['choices'][0]['logprobs']['tokens'])==3"
+req "${A[@]}" "${J[@]}" -d '{"prompt":"And it came to pass","n_predict":4,"temperature":0,"n_probs":2}' "$B/completion"
+is 200 "d['stop'] and d['tokens_predicted']==4 and d['stop_type']=='limit' and 'predicted_ms' in d['timings'] and len(d['completion_probabilities'])==4"
+req "${A[@]}" "${J[@]}" -d '{"messages":[{"role":"user","content":"JSON please"}],"max_tokens":120,"seed":3,"response_format":{"type":"json_object"}}' "$B/v1/chat/completions"
+is 200 "d['choices'][0]['finish_reason']!='stop' or isinstance(json.loads(d['choices'][0]['message']['content']), dict)"
+req "${A[@]}" "${J[@]}" -d '{"content":"Hello world","with_pieces":true}' "$B/tokenize"; is 200 "d['tokens'][0]['piece']=='He'"
+req "${A[@]}" "${J[@]}" -d '{"tokens":[654,282,111,1047]}' "$B/detokenize"; is 200 "d['content']=='Hello world'"
+req "${A[@]}" "${J[@]}" -d '{"messages":[{"role":"user","content":"Hi"}]}' "$B/apply-template"; is 200 "'Hi' in d['prompt']"
+req "${A[@]}" "$B/props"; is 200 "d['total_slots']==2 and 'chat_template' in d"
+req "${A[@]}" -X POST "$B/slots/0?action=erase"; is 200 "d['id_slot']==0"
+req "${A[@]}" -X POST "$B/slots/0?action=save"; is 501 "d['error']['param']=='action'"
+req "$B/"; check grep -q 'id="messages"' "$T/body"
+"${CURL[@]}" "${A[@]}" "$B/metrics" >"$T/metrics"
+for name in vllm:num_requests_running vllm:num_requests_waiting vllm:kv_cache_usage_perc vllm:cache_config_info \
+    'vllm:time_to_first_token_seconds_bucket{model_name="glimmer-tiny-q4_k_xl.gguf",le="+Inf"}' muser_requests_total; do
+    check grep -qF "$name" "$T/metrics"
+done
+
+# a client that hangs up frees its slot
+"${CURL[@]}" "${A[@]}" "${J[@]}" -m 1 -d '{"prompt":"Once","n_predict":1000,"ignore_eos":true}' "$B/completion" >/dev/null 2>&1
+sleep 0.5
+req "${A[@]}" "$B/slots"; is 200 "not any(s['is_processing'] for s in d)"
+
+kill -TERM $pid
+wait $pid
+check [ $? -eq 0 ]
+exit $fail
