@@ -29,29 +29,20 @@ const LONG_GEN = (content) => ({
 test('a client that disconnects mid-stream leaves no busy slot', async () => {
     assert.equal(typeof await idleWithin(5000), 'number', 'slots busy before the test');
     const m0 = (await get('/metrics')).text;
-    // time the first tokens of a long generation, then go away
-    let t0 = 0;
-    let tFirst = 0;
-    let tAbort = 0;
+    // read a dozen tokens of a 900-token generation, then go away
     const w = await sse('/v1/chat/completions', LONG_GEN('Tell me everything about Solomon.'), {
-        onEvent: (ev, i) => {
-            if (i === 1) { tFirst = Date.now(); return true; }
-            if (i === 11) { tAbort = Date.now(); return false; }
-            return true;
-        },
+        onEvent: (ev, i) => i < 12,
     });
-    t0 = tFirst;
     assert.equal(w.aborted, true, `stream ended before the client left: ${w.raw.slice(-200)}`);
-    const perToken = (tAbort - t0) / 10;
-    const left = await idleWithin(5000);
-    assert.equal(typeof left, 'number', `still busy 5 s after the disconnect: ${JSON.stringify(left)}`);
-    // the remaining ~890 tokens would take far longer than the cancel did
-    const rest = perToken * 880;
-    assert.ok(left < Math.max(250, rest / 4), `slot freed after ${left} ms; the rest of the generation would take ~${rest} ms`);
+    const left = await idleWithin(2000);
+    assert.equal(typeof left, 'number', `still busy 2 s after the disconnect: ${JSON.stringify(left)}`);
+    // counted in tokens, not time (a loaded machine is slower at both): the
+    // job stopped soon after the client left, far short of its 900 tokens
     const m1 = (await get('/metrics')).text;
     const d = (name) => metric(m1, name) - metric(m0, name);
     assert.equal(d('muser_requests_cancelled_total'), 1, 'the job was not counted as cancelled');
-    assert.ok(d('muser_generation_tokens_total') < 300, `${d('muser_generation_tokens_total')} tokens generated for a client gone after 12`);
+    assert.ok(d('muser_generation_tokens_total') < 250,
+        `${d('muser_generation_tokens_total')} tokens generated for a client gone after 12`);
 });
 
 test('disconnects of running and queued streams free every slot', async () => {
