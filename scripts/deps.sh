@@ -8,6 +8,11 @@ missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
+# The server tests (tests/cli_server.sh) need node and npm (any source: a
+# nodejs that bundles npm counts) and Debian's chromium for the chat page.
+command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
+[ -x /usr/bin/chromium ] || missing="$missing chromium"
 [ -z "$missing" ] && exit 0
 echo "installing:$missing"
 SUDO=""
