@@ -29,6 +29,7 @@ typedef struct api_gen {
     /* owned storage that jp points into */
     muser_logit_bias *bias;
     char *schema, *samplers, *messages, *tools, *text;
+    const char *schema_key;     /* the field the schema came from (for errors) */
     int32_t *tokens;
     const char *stops[MU_GEN_MAX_STOPS];
     const char *breakers[32];

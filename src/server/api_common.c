@@ -236,6 +236,7 @@ bool api_set_schema(const srv_request *rq, json_t *v, const char *key, api_gen *
     free(g->schema);
     g->schema = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     g->jp.sampling.json_schema = g->schema;
+    g->schema_key = key;
     return true;
 }
 
@@ -396,8 +397,9 @@ bool api_parse_prompt(srv_server *srv, const srv_request *rq, json_t *v, const c
 static const char *refusal_param(const api_gen *g, const char *msg, const char *prompt_key) {
     if (strstr(msg, "prompt") || strstr(msg, "context")) return prompt_key;
     if (strstr(msg, "slot")) return "id_slot";
-    if (strstr(msg, "grammar") || strstr(msg, "GBNF")) return g->jp.sampling.json_schema ? "json_schema" : "grammar";
-    if (strstr(msg, "schema")) return "json_schema";
+    const char *schema = g->schema_key ? g->schema_key : "json_schema";
+    if (strstr(msg, "grammar") || strstr(msg, "GBNF")) return g->jp.sampling.json_schema ? schema : "grammar";
+    if (strstr(msg, "schema")) return schema;
     if (strstr(msg, "sampler") || strstr(msg, "sampling")) return "samplers";
     if (strstr(msg, "logit_bias") || strstr(msg, "bias")) return "logit_bias";
     return prompt_key;

@@ -351,7 +351,13 @@ static void run(oai_run *r, json_t *prompts, bool chat_messages) {
             }
         }
         for (int k = 0; k < r->g->n; k++) {
-            srv_job *j = api_submit(r->srv, r->rq, &pg, chat_messages ? "messages" : "prompt");
+            /* n choices of one prompt are n samples: a given seed seeds the
+             * first, the others take the next seeds (a random seed stays
+             * random, each job drawing its own) */
+            api_gen cg = pg;
+            if (pg.jp.sampling.seed != MUSER_SEED_RANDOM) cg.jp.sampling.seed = pg.jp.sampling.seed + (uint32_t)k;
+            if (cg.jp.sampling.seed == MUSER_SEED_RANDOM) cg.jp.sampling.seed = 0; /* wrapped onto the sentinel */
+            srv_job *j = api_submit(r->srv, r->rq, &cg, chat_messages ? "messages" : "prompt");
             if (!j) {
                 free(pg.text);
                 free(pg.tokens);
