@@ -190,7 +190,7 @@ static void test_fork(muser_model *m, const solo *ref, int64_t V) {
     CHECK(a && b && c);
     if (!a || !b || !c) return;
     int32_t toks[MAX_PROMPT + N_DECODE];
-    for (int64_t i = 0; i < PROMPT_LEN[3] + N_DECODE; i++) toks[i] = token_of(3, i);
+    for (int64_t i = 0; i < MAX_PROMPT + N_DECODE; i++) toks[i] = token_of(3, i); /* the solo stream, and on */
     CHECK(muser_session_feed(a, toks, 40, &err));
     CHECK_MSG(muser_session_fork(b, a, 40, &err), "%s", err.msg);
     CHECK(muser_session_logits(b) && same_row(muser_session_logits(b), muser_session_logits(a), V));
