@@ -6,8 +6,7 @@
  * weights are one stream.
  *
  * Exactness: each sub-block sum is an int32 computed exactly, scaled and
- * summed in int32 in any order (exact: |sumi| < 2^31 by the format's
- * ranges), then
+ * summed in int32 (exact: |sumi| < 2^31 by the format's ranges), then
  *   f_b = (d*xd)*(float)sumi - (dmin*xd)*(float)summ
  * lane-wise, the reference's formula, added to the row total in block
  * order. The high nibbles are used in place (byte & 0xF0 = 16 * code):
@@ -107,42 +106,38 @@ static inline __attribute__((always_inline)) void q45k_tile(const uint8_t *grp, 
         /* bits 4-5 from the high bits of bytes 0-3 / 4-7, bits 0-3 from bytes 8-11 (0xE4: C ? A : B) */
         sc[1] = _mm512_and_si512(_mm512_ternarylogic_epi32(_mm512_srli_epi32(s0, 2), s2, k30, 0xE4), k3f);
         mn[1] = _mm512_and_si512(_mm512_ternarylogic_epi32(_mm512_srli_epi32(s1, 2), _mm512_srli_epi32(s2, 4), k30, 0xE4), k3f);
-        /* Per row one int32 sum of the scaled sub-block sums. Register
-         * budget (4 rows): the codes of one dword are made once and used by
-         * every row at once, so only two code vectors are live, and the
-         * high nibbles' sums (16 * code for Q4_K) are shifted down per chunk
-         * (exact: each product is a multiple of 16), so no second per-row
-         * accumulator is needed; without both, 4 rows spilled to the stack. */
-        __m512i sumi[X16_TILE];
-        for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
+        __m512i slo[X16_TILE], shi[X16_TILE];
+        for (int t = 0; t < T; t++) slo[t] = shi[t] = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) { /* qs chunk c: sub-blocks 2c (low nibbles), 2c+1 (high) */
             const int off_lo = 32 * K4_SLOT[2 * c], off_hi = 32 * K4_SLOT[2 * c + 1];
             __m512i al[X16_TILE], ah[X16_TILE];
             for (int t = 0; t < T; t++) al[t] = ah[t] = _mm512_setzero_si512();
-            for (int h = 0; h < 2; h++)
+            for (int h = 0; h < 2; h++) {
+                __m512i lo[4], hi[4];
                 for (int p = 0; p < 4; p++) {
                     const __m512i q = load_dw(grp, qs_dw + 8 * c + 4 * h + p);
-                    __m512i lo, hi;
                     if (five) {
                         const __m512i qh = load_dw(grp, 4 + 4 * h + p); /* bits 2c, 2c + 1: this chunk's codes */
-                        lo = with_high_bit(q, qh, 2 * c, m0f, m10);
-                        hi = with_high_bit(_mm512_srli_epi32(q, 4), qh, 2 * c + 1, m0f, m10);
+                        lo[p] = with_high_bit(q, qh, 2 * c, m0f, m10);
+                        hi[p] = with_high_bit(_mm512_srli_epi32(q, 4), qh, 2 * c + 1, m0f, m10);
                     } else {
-                        lo = _mm512_and_si512(q, m0f);
-                        hi = _mm512_and_si512(q, mf0); /* 16 * code */
-                    }
-                    for (int t = 0; t < T; t++) {
-                        const int8_t *xq = x[t * nbx + b].qs + 16 * h + 4 * p;
-                        al[t] = _mm512_dpbusd_epi32(al[t], lo, bcast(xq + off_lo));
-                        ah[t] = _mm512_dpbusd_epi32(ah[t], hi, bcast(xq + off_hi));
+                        lo[p] = _mm512_and_si512(q, m0f);
+                        hi[p] = _mm512_and_si512(q, mf0); /* 16 * code */
                     }
                 }
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xq = x[t * nbx + b].qs + 16 * h;
+                    for (int p = 0; p < 4; p++) {
+                        al[t] = _mm512_dpbusd_epi32(al[t], lo[p], bcast(xq + off_lo + 4 * p));
+                        ah[t] = _mm512_dpbusd_epi32(ah[t], hi[p], bcast(xq + off_hi + 4 * p));
+                    }
+                }
+            }
             const __m512i sl = _mm512_shuffle_epi8(sc[c >> 1], byte_to_dword((2 * c) & 3));
             const __m512i sh = _mm512_shuffle_epi8(sc[c >> 1], byte_to_dword((2 * c + 1) & 3));
             for (int t = 0; t < T; t++) {
-                const __m512i phi = _mm512_mullo_epi32(ah[t], sh);
-                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(al[t], sl),
-                                                                     five ? phi : _mm512_srai_epi32(phi, 4)));
+                slo[t] = _mm512_add_epi32(slo[t], _mm512_mullo_epi32(al[t], sl));
+                shi[t] = _mm512_add_epi32(shi[t], _mm512_mullo_epi32(ah[t], sh));
             }
         }
         /* summ = sum_j m_j (bsums[2j] + bsums[2j+1]): pairs (m_j, m_j) . (bsums[2j], bsums[2j+1]) */
@@ -155,8 +150,9 @@ static inline __attribute__((always_inline)) void q45k_tile(const uint8_t *grp, 
             const mu_block_q8k *xb = x + t * nbx + b;
             __m512i summ = _mm512_setzero_si512();
             for (int j = 0; j < 8; j++) summ = _mm512_dpwssd_epi32(summ, mp[j], bcast((const int8_t *)(xb->bsums + 2 * j)));
+            const __m512i sumi = _mm512_add_epi32(slo[t], five ? shi[t] : _mm512_srai_epi32(shi[t], 4));
             const __m512 xd = _mm512_set1_ps(xb->d);
-            const __m512 f = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi[t])),
+            const __m512 f = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sumi)),
                                            _mm512_mul_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(summ)));
             total[t] = _mm512_add_ps(total[t], f);
         }
