@@ -203,6 +203,53 @@ static void test_queue_full(void) {
     }
 }
 
+/* With an assistant: a job alone speculates (every step here), jobs side by
+ * side go back to batched steps; either way the tokens, text and logprobs
+ * are those of the plain solo run. */
+static void test_speculation(const char *draft_path) {
+    muser_error err;
+    muser_draft *d = muser_draft_load(draft_path, model, &err);
+    CHECK_MSG(d, "%s", err.msg);
+    if (!d) return;
+    srv_sched_params sp = {.n_slots = 2, .n_ctx = N_CTX, .draft = d, .verify_len = 7, .spec_always = true};
+    srv_sched *s = srv_sched_create(model, &sp, &err);
+    CHECK_MSG(s, "%s", err.msg);
+    if (!s) {
+        muser_draft_free(d);
+        return;
+    }
+    const muser_sampling_params greedy = params(0, 1, 2), seeded = params(0.8f, 9, 2);
+    outcome want, got;
+    for (int i = 0; i < 3; i++) { /* one at a time: alone, so speculating */
+        const muser_sampling_params *smp = i == 2 ? &seeded : &greedy;
+        solo(PROMPTS[i], smp, 40, &want);
+        srv_job *j = submit(s, PROMPTS[i], smp, 40);
+        if (!j) continue;
+        collect(j, &got);
+        CHECK_MSG(same(&got, &want), "speculative job %d: '%s' against plain '%s'", i, got.text, want.text);
+        srv_job_free(j);
+    }
+    srv_stats st;
+    srv_sched_stats(s, &st);
+    CHECK_MSG(st.spec_drafted > 0 && st.spec_accepted <= st.spec_drafted, "drafted %llu, accepted %llu",
+              (unsigned long long)st.spec_drafted, (unsigned long long)st.spec_accepted);
+    /* side by side (batched), then the survivor alone (speculating) */
+    outcome w2[2], g2[2];
+    srv_job *jobs[2];
+    for (int i = 0; i < 2; i++) {
+        solo(PROMPTS[3 + i], &greedy, 20 + 20 * i, &w2[i]);
+        jobs[i] = submit(s, PROMPTS[3 + i], &greedy, 20 + 20 * i);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (!jobs[i]) continue;
+        collect(jobs[i], &g2[i]);
+        CHECK_MSG(same(&g2[i], &w2[i]), "job %d beside another: '%s' against '%s'", i, g2[i].text, w2[i].text);
+        srv_job_free(jobs[i]);
+    }
+    srv_sched_free(s, true);
+    muser_draft_free(d);
+}
+
 int main(void) {
     const char *src = getenv("MUSER_SOURCE_DIR");
     char path[512];
@@ -214,6 +261,8 @@ int main(void) {
     if (!model) TEST_MAIN_END();
     test_batched_equals_solo();
     test_queue_full();
+    snprintf(path, sizeof path, "%s/models/glimmer-tiny-dflash-q4_k_xl.gguf", src ? src : ".");
+    test_speculation(path);
     muser_model_free(model);
     TEST_MAIN_END();
 }

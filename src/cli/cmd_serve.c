@@ -31,7 +31,11 @@ static void serve_usage(FILE *f) {
             "  --ssl-cert-file FILE    serve HTTPS with this PEM certificate (with --ssl-key-file)\n"
             "  --ssl-key-file FILE     PEM private key of the certificate\n"
             "  -a, --alias NAME        model id reported by /v1/models (default: the file name)\n"
-            "  --draft FILE            DFlash assistant GGUF (checked against the model)\n"
+            "  --draft FILE            DFlash assistant GGUF: a request running alone decodes speculatively\n"
+            "                          (the same tokens as plain decoding; an adaptive gate keeps it only\n"
+            "                          where it pays); requests side by side go through batched steps\n"
+            "  --verify-len N          proposals per speculative round: 3, 7 or 15 (default 7; --draft-max)\n"
+            "  --spec-always           speculate every step of a lone request (no gate)\n"
             "  --backend NAME          ref | cpu | cuda | auto (default auto)\n"
             "  -t, --threads N         threads (default: all cores)\n\n"
             "Routes: GET / (chat page), /health, /v1/models, /props, /slots, /metrics;\n"
@@ -70,6 +74,8 @@ int cmd_serve(int argc, char **argv) {
                     .max_body = 8u << 20};
     const char *key_file = NULL;
     char *key_buf = NULL;
+    int64_t verify_len = 7;
+    bool spec_always = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int64_t x = 0;
@@ -100,6 +106,9 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "-a") || !strcmp(a, "--alias")) ok = cli_value("serve", argc, argv, &i, &p.alias);
         else if (!strcmp(a, "--draft") || !strcmp(a, "-md") || !strcmp(a, "--model-draft"))
             ok = cli_value("serve", argc, argv, &i, &p.draft_path);
+        else if (!strcmp(a, "--verify-len") || !strcmp(a, "--draft-max"))
+            ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_verify_len("serve", v, &verify_len);
+        else if (!strcmp(a, "--spec-always")) spec_always = true;
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_i64("serve", a, v, 1, 1024, &x);
             p.n_threads = (int)x;
@@ -165,20 +174,12 @@ int cmd_serve(int argc, char **argv) {
         free(key_buf);
         return 1;
     }
-    if (p.draft_path) {
-        /* Checked now so a wrong assistant fails at start; the scheduler
-         * does not speculate yet (docs/server.md). */
-        muser_draft *d = muser_draft_load(p.draft_path, srv.model, &err);
-        if (!d) {
-            cli_error("serve", err.msg);
-            muser_model_free(srv.model);
-            free(key_buf);
-            return 1;
-        }
-        muser_draft_free(d);
-        fprintf(stderr, "muser serve: note: the server does not speculate yet; --draft %s is checked, not used\n",
-                p.draft_path);
-        srv.p.draft_path = NULL;
+    muser_draft *draft = NULL;
+    if (p.draft_path && !(draft = muser_draft_load(p.draft_path, srv.model, &err))) {
+        cli_error("serve", err.msg);
+        muser_model_free(srv.model);
+        free(key_buf);
+        return 1;
     }
     if (!srv.p.n_ctx || srv.p.n_ctx > srv.info.n_ctx_train) srv.p.n_ctx = srv.info.n_ctx_train;
     const char *base = strrchr(p.model_path, '/');
@@ -186,10 +187,12 @@ int cmd_serve(int argc, char **argv) {
     snprintf(srv.model_id, sizeof srv.model_id, "%s", p.alias ? p.alias : base);
 
     srv_sched_params sp = {.n_slots = srv.p.n_parallel, .n_ctx = srv.p.n_ctx, .n_batch = srv.p.n_batch,
-                           .max_queue = srv.p.max_queue};
+                           .max_queue = srv.p.max_queue, .draft = draft, .verify_len = (int)verify_len,
+                           .spec_always = spec_always};
     srv.sched = srv_sched_create(srv.model, &sp, &err);
     if (!srv.sched) {
         cli_error("serve", err.msg);
+        muser_draft_free(draft);
         muser_model_free(srv.model);
         free(key_buf);
         return 1;
@@ -206,6 +209,7 @@ int cmd_serve(int argc, char **argv) {
     if (rc) cli_error("serve", err.msg);
     g_srv = NULL;
     if (srv.sched) srv_sched_free(srv.sched, false);
+    muser_draft_free(draft);
     muser_model_free(srv.model);
     free(key_buf);
     if (!rc) fprintf(stderr, "muser serve: stopped\n");

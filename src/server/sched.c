@@ -6,6 +6,7 @@
  * events and cancel while a step runs; whatever they change is seen at the
  * next step. Each job has its own condition variable for its reader. */
 #include "server/sched.h"
+#include "spec/speculate.h"
 #include "util/common.h"
 #include <errno.h>
 #include <pthread.h>
@@ -60,6 +61,7 @@ struct srv_job {
 
 typedef struct slot {
     muser_session *sess;
+    muser_spec *sp;             /* with an assistant: its context follows every row of sess */
     srv_job *job;               /* NULL: idle */
     int32_t *toks;              /* tokens in the session's KV */
     int64_t n_toks, cap_toks;
@@ -173,6 +175,13 @@ static void slot_push_tokens(slot *sl, const int32_t *t, int64_t n) {
     sl->n_toks += n;
 }
 
+/* Forget the slot's KV (and its assistant's context). */
+static void slot_reset(slot *sl) {
+    if (sl->sp) muser_spec_reset(sl->sp);
+    else muser_session_reset(sl->sess);
+    sl->n_toks = 0;
+}
+
 static int64_t common_prefix(const slot *sl, const int32_t *p, int64_t n) {
     int64_t k = 0;
     while (k < sl->n_toks && k < n && sl->toks[k] == p[k]) k++;
@@ -187,9 +196,11 @@ static void admit(srv_sched *s, srv_job *j, int32_t i) {
     const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
     int64_t keep = j->cache_prompt ? common_prefix(sl, prompt, n_prompt) : 0;
     if (keep >= n_prompt) keep = n_prompt - 1;
-    /* the KV may hold more than sl->toks says: rows of a cancelled input that had already run */
-    if (keep < muser_session_pos(sl->sess) && !muser_session_truncate(sl->sess, keep, NULL)) keep = 0;
-    if (keep == 0) muser_session_reset(sl->sess);
+    /* the KV may hold more than sl->toks says: rows of a cancelled input
+     * that had already run. An assistant's context cannot be cut back, so
+     * with one only an exact extension of the cached tokens is reused. */
+    if (keep < muser_session_pos(sl->sess) && (sl->sp || !muser_session_truncate(sl->sess, keep, NULL))) keep = 0;
+    if (keep == 0) slot_reset(sl);
     sl->n_toks = keep;
     sl->job = j;
     j->slot = i;
@@ -243,15 +254,53 @@ static void admit_waiting(srv_sched *s) {
     }
 }
 
-/* Queue each running slot's next input; end cancelled jobs and jobs with
- * no room left. */
-static int32_t queue_inputs(srv_sched *s) {
-    int32_t active = 0;
+static void add_spec_stats(srv_sched *s, const muser_spec_stats *a, const muser_spec_stats *b) {
+    s->st.spec_drafted += (uint64_t)(b->drafted - a->drafted);
+    s->st.spec_accepted += (uint64_t)(b->accepted - a->accepted);
+}
+
+/* A job alone on the server decodes speculatively: muser_spec_next feeds
+ * the pending token (and verifies proposals) itself, outside the step. The
+ * lock is released meanwhile; the job's reference keeps it alive. */
+static void speculate(srv_sched *s, slot *sl, srv_job *j) {
+    int32_t out[MU_GEN_MAX_DRAW];
+    const float *rows[MU_GEN_MAX_DRAW];
+    const int32_t pending = j->next;
+    muser_spec_stats before, after;
+    muser_spec_get_stats(sl->sp, &before);
+    muser_error err = {{0}};
+    pthread_mutex_unlock(&s->mu);
+    const int n = muser_spec_next(sl->sp, pending, mu_gen_sampler(j->g), mu_gen_max_draw(j->g), out, rows, &err);
+    pthread_mutex_lock(&s->mu);
+    if (n < 0) {
+        mu_gen_finish(j->g, MU_GEN_STOP_ERROR, err.msg);
+        slot_reset(sl);
+        finish_job(s, j);
+        return;
+    }
+    muser_spec_get_stats(sl->sp, &after);
+    add_spec_stats(s, &before, &after);
+    slot_push_tokens(sl, &pending, 1); /* fed: the pending token and every drawn token but the last */
+    if (n > 1) slot_push_tokens(sl, out, n - 1);
+    const mu_gen_stop st = j->cancel ? MU_GEN_STOP_CANCELLED : mu_gen_take_drawn(j->g, out, rows, n, &j->next);
+    if (j->cancel) mu_gen_finish(j->g, MU_GEN_STOP_CANCELLED, NULL);
+    if (st != MU_GEN_RUNNING) finish_job(s, j);
+}
+
+/* Queue each running slot's next input (or, for a job alone with an
+ * assistant, speculate: *progress); end cancelled jobs and jobs with no
+ * room left. Returns the slots with queued input. */
+static int32_t queue_inputs(srv_sched *s, bool *progress) {
+    int32_t active = 0, running = 0;
+    *progress = false;
+    for (int32_t i = 0; i < s->p.n_slots; i++) running += s->slots[i].job != NULL;
+    const bool alone = running == 1 && s->n_waiting == 0;
     for (int32_t i = 0; i < s->p.n_slots; i++) {
         slot *sl = &s->slots[i];
         srv_job *j = sl->job;
         if (j && j->cancel) { /* at once, even in the middle of a prompt */
             muser_session_cancel_queued(sl->sess);
+            if (sl->sp) slot_reset(sl); /* rows that ran never reached the assistant */
             mu_gen_finish(j->g, MU_GEN_STOP_CANCELLED, NULL);
             finish_job(s, j);
             continue;
@@ -271,6 +320,11 @@ static int32_t queue_inputs(srv_sched *s) {
             if (muser_session_pos(sl->sess) >= muser_session_n_ctx(sl->sess)) {
                 mu_gen_finish(j->g, MU_GEN_STOP_CONTEXT, NULL);
                 finish_job(s, j);
+                continue;
+            }
+            if (sl->sp && alone && !j->cancel) {
+                speculate(s, sl, j);
+                *progress = true;
                 continue;
             }
             ok = muser_session_submit(sl->sess, &j->next, 1, NULL, &err);
@@ -294,23 +348,32 @@ static void take_rows(srv_sched *s) {
         if (!j || muser_session_queued(sl->sess) > 0 || !(j->prompt_queued || j->token_queued)) continue;
         if (muser_session_error(sl->sess)[0]) {
             mu_gen_finish(j->g, MU_GEN_STOP_ERROR, muser_session_error(sl->sess));
-            muser_session_reset(sl->sess);
-            sl->n_toks = 0;
+            slot_reset(sl);
             finish_job(s, j);
             continue;
         }
         const float *row = muser_session_logits(sl->sess);
         if (!row) continue; /* not this slot's step */
+        int64_t n_rows;
         if (j->token_queued) {
             slot_push_tokens(sl, &j->next, 1);
             j->token_queued = false;
+            n_rows = 1;
         } else if (j->fed < muser_session_pos(sl->sess)) { /* the prompt's rows */
             int64_t n_prompt;
             const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
-            slot_push_tokens(sl, prompt + j->fed, n_prompt - j->fed);
-            mu_gen_prefilled(j->g, n_prompt - j->fed);
+            n_rows = n_prompt - j->fed;
+            slot_push_tokens(sl, prompt + j->fed, n_rows);
+            mu_gen_prefilled(j->g, n_rows);
             j->fed = n_prompt;
         } else {
+            continue;
+        }
+        mu_error serr;
+        if (sl->sp && !mu_spec_take_fed(sl->sp, n_rows, &serr)) {
+            mu_gen_finish(j->g, MU_GEN_STOP_ERROR, serr.msg);
+            slot_reset(sl);
+            finish_job(s, j);
             continue;
         }
         const mu_gen_stop st = j->cancel ? MU_GEN_STOP_CANCELLED : mu_gen_take_row(j->g, row, &j->next);
@@ -329,7 +392,9 @@ static void *sched_main(void *arg) {
                 if (s->slots[i].job) s->slots[i].job->cancel = true;
         }
         admit_waiting(s);
-        const int32_t active = queue_inputs(s);
+        bool progress;
+        const int32_t active = queue_inputs(s, &progress);
+        if (!active && progress) continue;
         if (!active) {
             if (s->stopping && !s->n_waiting) break;
             pthread_cond_wait(&s->wake, &s->mu);
@@ -366,6 +431,11 @@ srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *params, muse
     s->slots = mu_xcalloc((size_t)p.n_slots, sizeof *s->slots);
     for (int32_t i = 0; i < p.n_slots; i++) {
         s->slots[i].sess = muser_engine_session(e, err);
+        const muser_spec_params spp = {.verify_len = p.verify_len, .no_gate = p.spec_always};
+        if (s->slots[i].sess && p.draft && !(s->slots[i].sp = muser_spec_create(s->slots[i].sess, p.draft, &spp, err))) {
+            for (int32_t k = 0; k < i; k++) muser_spec_free(s->slots[k].sp);
+            s->slots[i].sess = NULL;
+        }
         if (!s->slots[i].sess) {
             muser_engine_free(e);
             free(s->slots);
@@ -400,7 +470,10 @@ void srv_sched_free(srv_sched *s, bool finish) {
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
-    for (int32_t i = 0; i < s->p.n_slots; i++) free(s->slots[i].toks);
+    for (int32_t i = 0; i < s->p.n_slots; i++) {
+        muser_spec_free(s->slots[i].sp);
+        free(s->slots[i].toks);
+    }
     muser_engine_free(s->e);
     free(s->slots);
     pthread_mutex_destroy(&s->mu);
@@ -568,10 +641,7 @@ bool srv_sched_slot_erase(srv_sched *s, int32_t i, muser_error *err) {
     }
     pthread_mutex_lock(&s->mu);
     const bool busy = s->slots[i].job != NULL;
-    if (!busy) {
-        muser_session_reset(s->slots[i].sess);
-        s->slots[i].n_toks = 0;
-    }
+    if (!busy) slot_reset(&s->slots[i]);
     pthread_mutex_unlock(&s->mu);
     if (busy) mu_err_set(ERR_CAST(err), "slot %d is running a request", i);
     return !busy;

@@ -11,6 +11,13 @@
  * threads read a job's events with srv_job_next (blocking) and may cancel
  * it at any time: its slot is free for the next step.
  *
+ * With a DFlash assistant, a job that runs alone (no other job active or
+ * waiting) decodes speculatively (muser_spec_next: exact, the same tokens
+ * as plain decoding; its gate falls back to plain steps where drafting does
+ * not pay); as soon as another job arrives it goes back to batched steps.
+ * Every row a slot's session takes is handed to its assistant's context,
+ * either way.
+ *
  * Bits: a job's tokens and logprobs do not depend on the jobs beside it
  * (the engine's batch invariance; every job has its own sampler), so at
  * temperature 0, or with a seed, a request replays exactly alone or under
@@ -29,6 +36,9 @@ typedef struct srv_sched_params {
     int64_t n_batch;            /* most rows in one forward; 0 = 512 */
     int64_t prefill_chunk;      /* most prompt rows of one slot per forward; 0 = 256 */
     int32_t max_queue;          /* jobs waiting for a slot beyond which submit refuses; 0 = 64 */
+    const muser_draft *draft;   /* DFlash assistant (may be NULL): a job running alone speculates */
+    int verify_len;             /* its proposals per round: 3, 7 or 15; 0 = 7 */
+    bool spec_always;           /* speculate every step (default: the adaptive gate decides) */
 } srv_sched_params;
 
 srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *p, muser_error *err);

@@ -412,6 +412,8 @@ int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max
     return spec_round(sp, pending, (int)vl, smp, out, rows, err);
 }
 
+bool mu_spec_take_fed(muser_spec *sp, int64_t n, mu_error *err) { return take_captured(sp, n, n, err); }
+
 void mu_spec_draft_now(muser_spec *sp, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
     flush_feats(sp);
     mu_dflash_draft(sp->ds, anchor, n_prop, proposals, logits);
