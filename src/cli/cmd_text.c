@@ -100,20 +100,16 @@ int cmd_detokenize(int argc, char **argv) {
 static char *read_file(const char *cmd, const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) { fprintf(stderr, "muser %s: cannot open %s: %s\n", cmd, path, strerror(errno)); return NULL; }
-    size_t cap = 4096, n = 0;
-    char *buf = mu_xmalloc(cap);
-    for (size_t r; (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
-        n += r;
-        if (cap - n < 2) buf = mu_xrealloc(buf, cap *= 2);
-    }
+    mu_buf b = {0};
+    char chunk[4096];
+    for (size_t r; (r = fread(chunk, 1, sizeof chunk, f)) > 0;) mu_buf_append(&b, chunk, r);
     /* errno still holds fread's failure (a directory gives EISDIR): read it
      * before fclose can change it (EIO if the C library left it 0). */
     int e = ferror(f) ? (errno ? errno : EIO) : 0;
     fclose(f);
-    if (e) { fprintf(stderr, "muser %s: reading %s failed: %s\n", cmd, path, strerror(e)); free(buf); return NULL; }
-    buf[n] = 0;
-    if (len) *len = n;
-    return buf;
+    if (e) { fprintf(stderr, "muser %s: reading %s failed: %s\n", cmd, path, strerror(e)); free(b.p); return NULL; }
+    if (len) *len = b.len;
+    return mu_buf_take(&b);
 }
 
 char *cli_read_file(const char *cmd, const char *path, size_t *len) { return read_file(cmd, path, len); }

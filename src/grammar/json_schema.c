@@ -20,61 +20,8 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------------ */
-/* Growable strings and string lists                                          */
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void sb_addn(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1) cap *= 2;
-        b->p = mu_xrealloc(b->p, cap);
-        b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-static void sb_add(sbuf *b, const char *s) { sb_addn(b, s, strlen(s)); }
-static void sb_addc(sbuf *b, char ch) { sb_addn(b, &ch, 1); }
-
-static void sb_addf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_addf(sbuf *b, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n <= 0) return;
-    char *tmp = mu_xmalloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(tmp, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    sb_addn(b, tmp, (size_t)n);
-    free(tmp);
-}
-
-/* The text so far, never NULL; the builder keeps it. */
-static const char *sb_str(sbuf *b) {
-    if (!b->p) sb_addn(b, "", 0);
-    return b->p;
-}
-
-/* Hands the text to the caller and empties the builder. */
-static char *sb_take(sbuf *b) {
-    sb_str(b);
-    char *p = b->p;
-    *b = (sbuf){0};
-    return p;
-}
-
-static void sb_free(sbuf *b) {
-    free(b->p);
-    *b = (sbuf){0};
-}
+/* Formatted strings and string lists (text is built in an mu_buf,          */
+/* src/util/common.h)                                                          */
 
 static char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static char *str_printf(const char *fmt, ...) {
@@ -132,15 +79,15 @@ static size_t utf8_decode(const char *s, uint32_t *cp) {
 /* JSON pointers for error messages                                          */
 
 static char *ptr_key(const char *base, const char *key) {
-    sbuf b = {0};
-    sb_add(&b, base);
-    sb_addc(&b, '/');
+    mu_buf b = {0};
+    mu_buf_puts(&b, base);
+    mu_buf_putc(&b, '/');
     for (const char *p = key; *p; p++) {
-        if (*p == '~') sb_add(&b, "~0");
-        else if (*p == '/') sb_add(&b, "~1");
-        else sb_addc(&b, *p);
+        if (*p == '~') mu_buf_puts(&b, "~0");
+        else if (*p == '/') mu_buf_puts(&b, "~1");
+        else mu_buf_putc(&b, *p);
     }
-    return sb_take(&b);
+    return mu_buf_take(&b);
 }
 
 static char *ptr_index(const char *base, size_t i) { return str_printf("%s/%zu", base, i); }
@@ -152,38 +99,38 @@ static const char *where(const char *path) { return path[0] ? path : "(root)"; }
 /* Python's json.dumps (ensure_ascii, ", " and ": " separators), which llama's
  * Python converter uses for enum / const values and property-name literals */
 
-static void py_dump_string(sbuf *b, const char *s, size_t len) {
-    sb_addc(b, '"');
+static void py_dump_string(mu_buf *b, const char *s, size_t len) {
+    mu_buf_putc(b, '"');
     for (size_t i = 0; i < len;) {
         uint32_t cp;
         i += utf8_decode(s + i, &cp);
         switch (cp) {
-        case '"': sb_add(b, "\\\""); continue;
-        case '\\': sb_add(b, "\\\\"); continue;
-        case '\n': sb_add(b, "\\n"); continue;
-        case '\r': sb_add(b, "\\r"); continue;
-        case '\t': sb_add(b, "\\t"); continue;
-        case '\b': sb_add(b, "\\b"); continue;
-        case '\f': sb_add(b, "\\f"); continue;
+        case '"': mu_buf_puts(b, "\\\""); continue;
+        case '\\': mu_buf_puts(b, "\\\\"); continue;
+        case '\n': mu_buf_puts(b, "\\n"); continue;
+        case '\r': mu_buf_puts(b, "\\r"); continue;
+        case '\t': mu_buf_puts(b, "\\t"); continue;
+        case '\b': mu_buf_puts(b, "\\b"); continue;
+        case '\f': mu_buf_puts(b, "\\f"); continue;
         default: break;
         }
         if (cp >= 0x20 && cp < 0x7F) {
-            sb_addc(b, (char)cp);
+            mu_buf_putc(b, (char)cp);
         } else if (cp < 0x10000) {
-            sb_addf(b, "\\u%04x", (unsigned)cp);
+            mu_buf_appendf(b, "\\u%04x", (unsigned)cp);
         } else {
             uint32_t v = cp - 0x10000;
-            sb_addf(b, "\\u%04x\\u%04x", (unsigned)(0xD800 | (v >> 10)), (unsigned)(0xDC00 | (v & 0x3FF)));
+            mu_buf_appendf(b, "\\u%04x\\u%04x", (unsigned)(0xD800 | (v >> 10)), (unsigned)(0xDC00 | (v & 0x3FF)));
         }
     }
-    sb_addc(b, '"');
+    mu_buf_putc(b, '"');
 }
 
 /* repr(float): the shortest digits that read back to x, positional notation
  * for decimal exponents -4..15, else d.ddde+XX; always a '.' or an 'e'. */
-static void py_float_repr(sbuf *b, double x) {
+static void py_float_repr(mu_buf *b, double x) {
     if (x == 0) {
-        sb_add(b, signbit(x) ? "-0.0" : "0.0");
+        mu_buf_puts(b, signbit(x) ? "-0.0" : "0.0");
         return;
     }
     char buf[48];
@@ -195,7 +142,7 @@ static void py_float_repr(sbuf *b, double x) {
     int nd = 0;
     const char *s = buf;
     if (*s == '-') {
-        sb_addc(b, '-');
+        mu_buf_putc(b, '-');
         s++;
     }
     for (; *s && *s != 'e'; s++)
@@ -204,83 +151,83 @@ static void py_float_repr(sbuf *b, double x) {
     while (nd > 1 && digits[nd - 1] == '0') nd--;
     if (exp10 >= -4 && exp10 < 16) {
         if (exp10 < 0) {
-            sb_add(b, "0.");
-            for (int i = 0; i < -exp10 - 1; i++) sb_addc(b, '0');
-            sb_addn(b, digits, (size_t)nd);
+            mu_buf_puts(b, "0.");
+            for (int i = 0; i < -exp10 - 1; i++) mu_buf_putc(b, '0');
+            mu_buf_append(b, digits, (size_t)nd);
             return;
         }
-        for (int i = 0; i <= exp10; i++) sb_addc(b, i < nd ? digits[i] : '0');
-        sb_addc(b, '.');
-        if (nd > exp10 + 1) sb_addn(b, digits + exp10 + 1, (size_t)(nd - exp10 - 1));
-        else sb_addc(b, '0');
+        for (int i = 0; i <= exp10; i++) mu_buf_putc(b, i < nd ? digits[i] : '0');
+        mu_buf_putc(b, '.');
+        if (nd > exp10 + 1) mu_buf_append(b, digits + exp10 + 1, (size_t)(nd - exp10 - 1));
+        else mu_buf_putc(b, '0');
         return;
     }
-    sb_addc(b, digits[0]);
+    mu_buf_putc(b, digits[0]);
     if (nd > 1) {
-        sb_addc(b, '.');
-        sb_addn(b, digits + 1, (size_t)(nd - 1));
+        mu_buf_putc(b, '.');
+        mu_buf_append(b, digits + 1, (size_t)(nd - 1));
     }
-    sb_addf(b, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
+    mu_buf_appendf(b, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
 }
 
-static void py_dumps(sbuf *b, json_t *v) {
+static void py_dumps(mu_buf *b, json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         const char *k;
         json_t *x;
         bool first = true;
-        sb_addc(b, '{');
+        mu_buf_putc(b, '{');
         json_object_foreach(v, k, x) {
-            if (!first) sb_add(b, ", ");
+            if (!first) mu_buf_puts(b, ", ");
             first = false;
             py_dump_string(b, k, strlen(k));
-            sb_add(b, ": ");
+            mu_buf_puts(b, ": ");
             py_dumps(b, x);
         }
-        sb_addc(b, '}');
+        mu_buf_putc(b, '}');
         break;
     }
     case JSON_ARRAY: {
         size_t i;
         json_t *x;
-        sb_addc(b, '[');
+        mu_buf_putc(b, '[');
         json_array_foreach(v, i, x) {
-            if (i) sb_add(b, ", ");
+            if (i) mu_buf_puts(b, ", ");
             py_dumps(b, x);
         }
-        sb_addc(b, ']');
+        mu_buf_putc(b, ']');
         break;
     }
     case JSON_STRING: py_dump_string(b, json_string_value(v), json_string_length(v)); break;
-    case JSON_INTEGER: sb_addf(b, "%" JSON_INTEGER_FORMAT, json_integer_value(v)); break;
+    case JSON_INTEGER: mu_buf_appendf(b, "%" JSON_INTEGER_FORMAT, json_integer_value(v)); break;
     case JSON_REAL: py_float_repr(b, json_real_value(v)); break;
-    case JSON_TRUE: sb_add(b, "true"); break;
-    case JSON_FALSE: sb_add(b, "false"); break;
-    case JSON_NULL: sb_add(b, "null"); break;
+    case JSON_TRUE: mu_buf_puts(b, "true"); break;
+    case JSON_FALSE: mu_buf_puts(b, "false"); break;
+    case JSON_NULL: mu_buf_puts(b, "null"); break;
     }
 }
 
 /* A GBNF string literal: quotes, backslashes and line breaks escaped. */
-static void add_literal(sbuf *b, const char *s) {
-    sb_addc(b, '"');
+static void add_literal(mu_buf *b, const char *s) {
+    mu_buf_putc(b, '"');
     for (; *s; s++) {
         switch (*s) {
-        case '\r': sb_add(b, "\\r"); break;
-        case '\n': sb_add(b, "\\n"); break;
-        case '"': sb_add(b, "\\\""); break;
-        case '\\': sb_add(b, "\\\\"); break;
-        default: sb_addc(b, *s);
+        case '\r': mu_buf_puts(b, "\\r"); break;
+        case '\n': mu_buf_puts(b, "\\n"); break;
+        case '"': mu_buf_puts(b, "\\\""); break;
+        case '\\': mu_buf_puts(b, "\\\\"); break;
+        default: mu_buf_putc(b, *s);
         }
     }
-    sb_addc(b, '"');
+    mu_buf_putc(b, '"');
 }
 
 /* The rule text llama uses for an enum / const value. */
-static void add_constant(sbuf *b, json_t *v) {
-    sbuf dumped = {0};
+static void add_constant(mu_buf *b, json_t *v) {
+    mu_buf dumped = {0};
     py_dumps(&dumped, v);
-    add_literal(b, sb_str(&dumped));
-    sb_free(&dumped);
+    add_literal(b, mu_buf_str(&dumped));
+    mu_buf_free(&dumped);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -355,16 +302,16 @@ static const char *insert_rule(converter *c, char *owned_name, const char *body)
 
 /* Runs of characters outside [a-zA-Z0-9-] become one '-'. */
 static char *sanitize_name(const char *name) {
-    sbuf b = {0};
+    mu_buf b = {0};
     bool in_run = false;
     for (const char *p = name; *p; p++) {
         char ch = *p;
         bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-';
-        if (ok) sb_addc(&b, ch);
-        else if (!in_run) sb_addc(&b, '-');
+        if (ok) mu_buf_putc(&b, ch);
+        else if (!in_run) mu_buf_putc(&b, '-');
         in_run = !ok;
     }
-    return sb_take(&b);
+    return mu_buf_take(&b);
 }
 
 /* llama's _add_rule: reuse the name when free or holding the same body,
@@ -703,21 +650,21 @@ static char *repetition(const char *item, long min, bool has_max, long max, cons
 /* llama's integer rule stops at 16 digits; so do the bounds. */
 #define INT_LIMIT INT64_C(9999999999999999)
 
-static void digit_range(sbuf *o, char from, char to) {
-    sb_addc(o, '[');
-    sb_addc(o, from);
+static void digit_range(mu_buf *o, char from, char to) {
+    mu_buf_putc(o, '[');
+    mu_buf_putc(o, from);
     if (from != to) {
-        sb_addc(o, '-');
-        sb_addc(o, to);
+        mu_buf_putc(o, '-');
+        mu_buf_putc(o, to);
     }
-    sb_addc(o, ']');
+    mu_buf_putc(o, ']');
 }
 
-static void more_digits(sbuf *o, int min_digits, int max_digits) {
-    sb_add(o, "[0-9]");
+static void more_digits(mu_buf *o, int min_digits, int max_digits) {
+    mu_buf_puts(o, "[0-9]");
     if (min_digits == max_digits && min_digits == 1) return;
-    if (min_digits == max_digits) sb_addf(o, "{%d}", min_digits);
-    else sb_addf(o, "{%d,%d}", min_digits, max_digits);
+    if (min_digits == max_digits) mu_buf_appendf(o, "{%d}", min_digits);
+    else mu_buf_appendf(o, "{%d,%d}", min_digits, max_digits);
 }
 
 static void repeat_char(char *dst, char ch, size_t n) {
@@ -726,19 +673,19 @@ static void repeat_char(char *dst, char ch, size_t n) {
 }
 
 /* All numbers from `from` to `to`, two digit strings of the same length. */
-static void uniform_range(sbuf *o, const char *from, const char *to) {
+static void uniform_range(mu_buf *o, const char *from, const char *to) {
     size_t len = strlen(from), i = 0;
     while (i < len && from[i] == to[i]) i++;
     if (i > 0) {
-        sb_addc(o, '"');
-        sb_addn(o, from, i);
-        sb_addc(o, '"');
+        mu_buf_putc(o, '"');
+        mu_buf_append(o, from, i);
+        mu_buf_putc(o, '"');
     }
     if (i == len) return;
-    if (i > 0) sb_addc(o, ' ');
+    if (i > 0) mu_buf_putc(o, ' ');
     size_t sub_len = len - i - 1;
     if (sub_len == 0) {
-        sb_addf(o, "[%c-%c]", from[i], to[i]);
+        mu_buf_appendf(o, "[%c-%c]", from[i], to[i]);
         return;
     }
     char zeros[24], nines[24];
@@ -746,49 +693,49 @@ static void uniform_range(sbuf *o, const char *from, const char *to) {
     repeat_char(nines, '9', sub_len);
     const char *from_sub = from + i + 1, *to_sub = to + i + 1;
     bool to_reached = false;
-    sb_addc(o, '(');
+    mu_buf_putc(o, '(');
     if (strcmp(from_sub, zeros) == 0) {
         digit_range(o, from[i], (char)(to[i] - 1));
-        sb_addc(o, ' ');
+        mu_buf_putc(o, ' ');
         more_digits(o, (int)sub_len, (int)sub_len);
     } else {
-        sb_addf(o, "[%c] (", from[i]);
+        mu_buf_appendf(o, "[%c] (", from[i]);
         uniform_range(o, from_sub, nines);
-        sb_addc(o, ')');
+        mu_buf_putc(o, ')');
         if (from[i] < to[i] - 1) {
-            sb_add(o, " | ");
+            mu_buf_puts(o, " | ");
             if (strcmp(to_sub, nines) == 0) {
                 digit_range(o, (char)(from[i] + 1), to[i]);
                 to_reached = true;
             } else {
                 digit_range(o, (char)(from[i] + 1), (char)(to[i] - 1));
             }
-            sb_addc(o, ' ');
+            mu_buf_putc(o, ' ');
             more_digits(o, (int)sub_len, (int)sub_len);
         }
     }
     if (!to_reached) {
-        sb_add(o, " | ");
+        mu_buf_puts(o, " | ");
         digit_range(o, to[i], to[i]);
-        sb_addc(o, ' ');
+        mu_buf_putc(o, ' ');
         uniform_range(o, zeros, to_sub);
     }
-    sb_addc(o, ')');
+    mu_buf_putc(o, ')');
 }
 
-static void int_range(sbuf *o, bool has_min, int64_t min, bool has_max, int64_t max, int decimals_left,
+static void int_range(mu_buf *o, bool has_min, int64_t min, bool has_max, int64_t max, int decimals_left,
                       bool top_level) {
     if (has_min && has_max) {
         if (min < 0 && max < 0) {
-            sb_add(o, "\"-\" (");
+            mu_buf_puts(o, "\"-\" (");
             int_range(o, true, -max, true, -min, decimals_left, true);
-            sb_addc(o, ')');
+            mu_buf_putc(o, ')');
             return;
         }
         if (min < 0) {
-            sb_add(o, "\"-\" (");
+            mu_buf_puts(o, "\"-\" (");
             int_range(o, true, 0, true, -min, decimals_left, true);
-            sb_add(o, ") | ");
+            mu_buf_puts(o, ") | ");
             min = 0;
         }
         char min_s[24], max_s[24], nines[24];
@@ -799,7 +746,7 @@ static void int_range(sbuf *o, bool has_min, int64_t min, bool has_max, int64_t 
             uniform_range(o, min_s, nines);
             min_s[0] = '1';
             repeat_char(min_s + 1, '0', digits);
-            sb_add(o, " | ");
+            mu_buf_puts(o, " | ");
         }
         uniform_range(o, min_s, max_s);
         return;
@@ -807,13 +754,13 @@ static void int_range(sbuf *o, bool has_min, int64_t min, bool has_max, int64_t 
     int less_decimals = decimals_left - 1 > 1 ? decimals_left - 1 : 1;
     if (has_min) {
         if (min < 0) {
-            sb_add(o, "\"-\" (");
+            mu_buf_puts(o, "\"-\" (");
             int_range(o, false, 0, true, -min, decimals_left, false);
-            sb_add(o, ") | [0] | [1-9] ");
+            mu_buf_puts(o, ") | [0] | [1-9] ");
             more_digits(o, 0, decimals_left - 1);
         } else if (min == 0) {
             if (top_level) {
-                sb_add(o, "[0] | [1-9] ");
+                mu_buf_puts(o, "[0] | [1-9] ");
                 more_digits(o, 0, less_decimals);
             } else {
                 more_digits(o, 1, decimals_left);
@@ -822,12 +769,12 @@ static void int_range(sbuf *o, bool has_min, int64_t min, bool has_max, int64_t 
             char ch = (char)('0' + min), start = top_level ? '1' : '0';
             if (ch > start) {
                 digit_range(o, start, (char)(ch - 1));
-                sb_addc(o, ' ');
+                mu_buf_putc(o, ' ');
                 more_digits(o, 1, less_decimals);
-                sb_add(o, " | ");
+                mu_buf_puts(o, " | ");
             }
             digit_range(o, ch, '9');
-            sb_addc(o, ' ');
+            mu_buf_putc(o, ' ');
             more_digits(o, 0, less_decimals);
         } else {
             char min_s[24];
@@ -836,18 +783,18 @@ static void int_range(sbuf *o, bool has_min, int64_t min, bool has_max, int64_t 
             char first = min_s[0];
             if (first > '1') {
                 digit_range(o, top_level ? '1' : '0', (char)(first - 1));
-                sb_addc(o, ' ');
+                mu_buf_putc(o, ' ');
                 more_digits(o, len, less_decimals);
-                sb_add(o, " | ");
+                mu_buf_puts(o, " | ");
             }
             digit_range(o, first, first);
-            sb_add(o, " (");
+            mu_buf_puts(o, " (");
             int_range(o, true, strtoll(min_s + 1, NULL, 10), false, 0, less_decimals, false);
-            sb_addc(o, ')');
+            mu_buf_putc(o, ')');
             if (first < '9') {
-                sb_add(o, " | ");
+                mu_buf_puts(o, " | ");
                 digit_range(o, (char)(first + 1), '9');
-                sb_addc(o, ' ');
+                mu_buf_putc(o, ' ');
                 more_digits(o, len - 1, less_decimals);
             }
         }
@@ -855,15 +802,15 @@ static void int_range(sbuf *o, bool has_min, int64_t min, bool has_max, int64_t 
     }
     if (max >= 0) {
         if (top_level) {
-            sb_add(o, "\"-\" [1-9] ");
+            mu_buf_puts(o, "\"-\" [1-9] ");
             more_digits(o, 0, less_decimals);
-            sb_add(o, " | ");
+            mu_buf_puts(o, " | ");
         }
         int_range(o, true, 0, true, max, decimals_left, true);
     } else {
-        sb_add(o, "\"-\" (");
+        mu_buf_puts(o, "\"-\" (");
         int_range(o, true, -max, false, 0, decimals_left, false);
-        sb_addc(o, ')');
+        mu_buf_putc(o, ')');
     }
 }
 
@@ -948,24 +895,24 @@ static pat_item pat_join(const pat_seq *s) {
     size_t runs = 0;
     for (size_t i = 0; i < s->n; i++)
         if (!(s->v[i].literal && i > 0 && s->v[i - 1].literal)) runs++;
-    sbuf b = {0};
+    mu_buf b = {0};
     if (runs == 1 && s->v[0].literal) {
         int atoms = 0;
         for (size_t i = 0; i < s->n; i++) {
-            sb_add(&b, s->v[i].txt);
+            mu_buf_puts(&b, s->v[i].txt);
             atoms += s->v[i].atoms;
         }
-        return (pat_item){sb_take(&b), true, false, atoms, 0, false, NULL};
+        return (pat_item){mu_buf_take(&b), true, false, atoms, 0, false, NULL};
     }
     if (runs == 1)
         return (pat_item){mu_xstrdup(s->v[0].txt), false, s->v[0].is_bar, 0, s->v[0].repeats, false, NULL};
     for (size_t i = 0; i < s->n; i++) {
         char *r = to_rule(&s->v[i]);
-        if (i) sb_addc(&b, ' ');
-        sb_add(&b, r);
+        if (i) mu_buf_putc(&b, ' ');
+        mu_buf_puts(&b, r);
         free(r);
     }
-    return (pat_item){sb_take(&b), false, false, 0, 0, false, NULL};
+    return (pat_item){mu_buf_take(&b), false, false, 0, 0, false, NULL};
 }
 
 /* ---- Nullable items (see pat_item.ne) ----
@@ -1029,7 +976,7 @@ static char *pat_non_empty(const pat_item *it) { return it->nullable ? (it->ne ?
  * X1' X2 .. Xk | X2' X3 .. Xk | .. | Xk' (the first non-empty part is some
  * Xi'); other alternatives stay as they are. */
 static bool seq_nullable(const pat_seq *s, char **ne) {
-    sbuf out = {0};
+    mu_buf out = {0};
     bool nullable = false;
     size_t parts = 0;
     for (size_t a = 0; a <= s->n;) {
@@ -1042,11 +989,11 @@ static bool seq_nullable(const pat_seq *s, char **ne) {
             char *first = all ? pat_non_empty(&s->v[i]) : to_rule(&s->v[i]);
             if (first) {
                 char *part = all ? gbnf_seq_part(first) : mu_xstrdup(first);
-                sb_add(&out, parts++ ? " | " : "");
-                sb_add(&out, part);
+                mu_buf_puts(&out, parts++ ? " | " : "");
+                mu_buf_puts(&out, part);
                 for (size_t j = i + 1; j < b; j++) {
                     char *r = to_rule(&s->v[j]);
-                    sb_addf(&out, " %s", r);
+                    mu_buf_appendf(&out, " %s", r);
                     free(r);
                 }
                 free(part);
@@ -1057,8 +1004,8 @@ static bool seq_nullable(const pat_seq *s, char **ne) {
         a = b + 1;
     }
     *ne = NULL;
-    if (nullable && parts) *ne = sb_take(&out);
-    sb_free(&out);
+    if (nullable && parts) *ne = mu_buf_take(&out);
+    mu_buf_free(&out);
     return nullable;
 }
 
@@ -1285,7 +1232,7 @@ static bool pat_class(pat_ctx *p, pat_seq *seq) {
 /* A run of plain characters, split like llama does: the last character
  * before a quantifier or group stands alone. */
 static bool pat_literal(pat_ctx *p, pat_seq *seq) {
-    sbuf lit = {0};
+    mu_buf lit = {0};
     int atoms = 0;
     bool ok = true;
     while (ok && p->i < p->n) {
@@ -1300,7 +1247,7 @@ static bool pat_literal(pat_ctx *p, pat_seq *seq) {
                 ok = pat_fail(p, p->i, what);
                 break;
             }
-            sb_addc(&lit, (char)p->cp[p->i + 1]);
+            mu_buf_putc(&lit, (char)p->cp[p->i + 1]);
             p->i += 2;
             atoms++;
             continue;
@@ -1312,14 +1259,14 @@ static bool pat_literal(pat_ctx *p, pat_seq *seq) {
         if (!ok) break;
         bool last = p->i + 1 == p->n;
         if (is_non_literal(ch) ||
-            !(last || lit.n == 0 || p->cp[p->i + 1] == '.' || !is_non_literal(p->cp[p->i + 1])))
+            !(last || lit.len == 0 || p->cp[p->i + 1] == '.' || !is_non_literal(p->cp[p->i + 1])))
             break;
-        sb_addn(&lit, p->s + p->off[p->i], p->off[p->i + 1] - p->off[p->i]);
+        mu_buf_append(&lit, p->s + p->off[p->i], p->off[p->i + 1] - p->off[p->i]);
         p->i++;
         atoms++;
     }
-    if (ok && lit.n) seq_push(seq, sb_take(&lit), true, false, atoms);
-    sb_free(&lit);
+    if (ok && lit.len) seq_push(seq, mu_buf_take(&lit), true, false, atoms);
+    mu_buf_free(&lit);
     return ok;
 }
 
@@ -1456,27 +1403,27 @@ static int trie_cmp(const void *a, const void *b) {
     return strcmp((*(trie_node *const *)a)->ch, (*(trie_node *const *)b)->ch);
 }
 
-static void trie_emit(trie_node *node, sbuf *out, const char *char_rule) {
+static void trie_emit(trie_node *node, mu_buf *out, const char *char_rule) {
     qsort(node->kids, node->n_kids, sizeof *node->kids, trie_cmp);
-    sbuf rejects = {0};
+    mu_buf rejects = {0};
     for (size_t k = 0; k < node->n_kids; k++) {
         trie_node *kid = node->kids[k];
-        sb_add(&rejects, kid->ch);
-        if (k) sb_add(out, " | ");
-        sb_addf(out, "[%s]", kid->ch);
+        mu_buf_puts(&rejects, kid->ch);
+        if (k) mu_buf_puts(out, " | ");
+        mu_buf_appendf(out, "[%s]", kid->ch);
         if (kid->n_kids) {
-            sb_add(out, " (");
+            mu_buf_puts(out, " (");
             trie_emit(kid, out, char_rule);
-            sb_addc(out, ')');
+            mu_buf_putc(out, ')');
         } else if (kid->end) {
-            sb_addf(out, " %s+", char_rule);
+            mu_buf_appendf(out, " %s+", char_rule);
         }
     }
     /* Deliberate difference: llama writes [^"...] here, which lets an extra
      * key start with a raw backslash (escaping the closing quote) or a raw
      * control character, i.e. produce invalid JSON. */
-    if (node->n_kids) sb_addf(out, " | [^\"\\\\\\x7F\\x00-\\x1F%s] %s*", sb_str(&rejects), char_rule);
-    sb_free(&rejects);
+    if (node->n_kids) mu_buf_appendf(out, " | [^\"\\\\\\x7F\\x00-\\x1F%s] %s*", mu_buf_str(&rejects), char_rule);
+    mu_buf_free(&rejects);
 }
 
 /* llama's key rule nests one group per character of the longest declared
@@ -1506,35 +1453,35 @@ static size_t trie_height(const trie_node *node) {
  * depth-first order: the node after the first i characters of a single
  * name is rule "<base>-i". */
 static void trie_alternatives(converter *c, trie_node *node, const char *base, size_t *number, const char *char_rule,
-                              sbuf *out) {
+                              mu_buf *out) {
     qsort(node->kids, node->n_kids, sizeof *node->kids, trie_cmp);
     const char **kid_rules = mu_xcalloc(node->n_kids ? node->n_kids : 1, sizeof *kid_rules);
     for (size_t k = 0; k < node->n_kids; k++) {
         trie_node *kid = node->kids[k];
         if (!kid->n_kids) continue;
         char *name = str_printf("%s-%zu", base, ++*number);
-        sbuf body = {0};
+        mu_buf body = {0};
         trie_alternatives(c, kid, base, number, char_rule, &body);
-        kid_rules[k] = add_rule(c, name, sb_str(&body));
-        sb_free(&body);
+        kid_rules[k] = add_rule(c, name, mu_buf_str(&body));
+        mu_buf_free(&body);
         free(name);
     }
     /* GBNF writes the empty alternative as nothing before the first '|' */
-    if (!node->end) sb_add(out, "| ");
-    sbuf rejects = {0};
+    if (!node->end) mu_buf_puts(out, "| ");
+    mu_buf rejects = {0};
     bool dash = false;
     for (size_t k = 0; k < node->n_kids; k++) {
         trie_node *kid = node->kids[k];
         if (strcmp(kid->ch, "-") == 0) dash = true;
-        else sb_add(&rejects, kid->ch);
-        if (kid_rules[k]) sb_addf(out, "[%s] %s | ", kid->ch, kid_rules[k]);
-        else sb_addf(out, "[%s] %s+ | ", kid->ch, char_rule);
+        else mu_buf_puts(&rejects, kid->ch);
+        if (kid_rules[k]) mu_buf_appendf(out, "[%s] %s | ", kid->ch, kid_rules[k]);
+        else mu_buf_appendf(out, "[%s] %s+ | ", kid->ch, char_rule);
     }
     /* '-' between two characters of a class would make a range: last */
-    if (dash) sb_addc(&rejects, '-');
-    sb_addf(out, "[^\"\\\\\\x7F\\x00-\\x1F%s] %s*", sb_str(&rejects), char_rule);
-    sb_addf(out, " | [\\\\] ([\"\\\\bfnrt] | \"u\" [0-9a-fA-F]{4}) %s*", char_rule);
-    sb_free(&rejects);
+    if (dash) mu_buf_putc(&rejects, '-');
+    mu_buf_appendf(out, "[^\"\\\\\\x7F\\x00-\\x1F%s] %s*", mu_buf_str(&rejects), char_rule);
+    mu_buf_appendf(out, " | [\\\\] ([\"\\\\bfnrt] | \"u\" [0-9a-fA-F]{4}) %s*", char_rule);
+    mu_buf_free(&rejects);
     free(kid_rules);
 }
 
@@ -1544,20 +1491,20 @@ static char *not_strings(converter *c, const prop_list *props, const char *rule_
     trie_node root = {0};
     for (size_t i = 0; i < props->n; i++) trie_insert(&root, props->v[i].key);
     const char *char_rule = add_builtin(c, "char");
-    sbuf out = {0};
-    sb_add(&out, "[\"] ( ");
+    mu_buf out = {0};
+    mu_buf_puts(&out, "[\"] ( ");
     if (trie_height(&root) <= KEY_TRIE_NESTED_MAX) {
         trie_emit(&root, &out, char_rule);
-        sb_addf(&out, " )%s [\"] space", root.end ? "" : "?");
+        mu_buf_appendf(&out, " )%s [\"] space", root.end ? "" : "?");
     } else {
-        sbuf alts = {0};
+        mu_buf alts = {0};
         size_t number = 0;
         trie_alternatives(c, &root, rule_name, &number, char_rule, &alts);
-        sb_addf(&out, "%s ) [\"] space", sb_str(&alts));
-        sb_free(&alts);
+        mu_buf_appendf(&out, "%s ) [\"] space", mu_buf_str(&alts));
+        mu_buf_free(&alts);
     }
     trie_free(&root);
-    return sb_take(&out);
+    return mu_buf_take(&out);
 }
 
 /* Property names the key-exclusion rule can spell: it writes them raw into
@@ -1584,24 +1531,24 @@ static char *optional_chain(converter *c, const char *name, const strlist *keys,
     const char *k = keys->v[from], *kv = kv_names[from];
     bool star = strcmp(k, "*") == 0;
     char *comma_ref = str_printf("( \",\" space %s )", kv);
-    sbuf res = {0};
+    mu_buf res = {0};
     if (first_is_optional) {
-        sb_addf(&res, "%s%s", comma_ref, star ? "*" : "?");
+        mu_buf_appendf(&res, "%s%s", comma_ref, star ? "*" : "?");
     } else {
-        sb_add(&res, kv);
-        if (star) sb_addf(&res, " %s*", comma_ref);
+        mu_buf_puts(&res, kv);
+        if (star) mu_buf_appendf(&res, " %s*", comma_ref);
     }
     free(comma_ref);
     if (from + 1 < keys->n) {
         char *rest_body = optional_chain(c, name, keys, kv_names, from + 1, true);
         char *base = child_name(name, k);
         char *rest_name = str_printf("%s-rest", base);
-        sb_addf(&res, " %s", add_rule(c, rest_name, rest_body));
+        mu_buf_appendf(&res, " %s", add_rule(c, rest_name, rest_body));
         free(rest_body);
         free(base);
         free(rest_name);
     }
-    return sb_take(&res);
+    return mu_buf_take(&res);
 }
 
 /* The "key": value rule of every property, in schema order. */
@@ -1614,15 +1561,15 @@ static bool property_kv_rules(converter *c, const prop_list *props, const char *
         char *prop_name = child_name(name, pr->key);
         const char *value_rule = visit(c, pr->schema, prop_name, pr->path, NULL, NULL);
         if (value_rule) {
-            sbuf key = {0}, kv = {0};
+            mu_buf key = {0}, kv = {0};
             py_dump_string(&key, pr->key, strlen(pr->key));
-            add_literal(&kv, sb_str(&key));
-            sb_addf(&kv, " space \":\" space %s", value_rule);
+            add_literal(&kv, mu_buf_str(&key));
+            mu_buf_appendf(&kv, " space \":\" space %s", value_rule);
             char *kv_name = str_printf("%s-kv", prop_name);
-            kv_names[i] = add_rule(c, kv_name, sb_str(&kv));
+            kv_names[i] = add_rule(c, kv_name, mu_buf_str(&kv));
             free(kv_name);
-            sb_free(&kv);
-            sb_free(&key);
+            mu_buf_free(&kv);
+            mu_buf_free(&key);
         }
         free(prop_name);
         if (!value_rule) return false;
@@ -1666,26 +1613,26 @@ static const char *additional_kv_rule(converter *c, const prop_list *props, cons
 /* "{" required, then optional properties (the extra keys last as "*"). */
 static char *object_body(converter *c, const char *name, const strlist *req_kv, const strlist *opt_keys,
                          const char *const *opt_kv) {
-    sbuf rule = {0};
-    sb_add(&rule, "\"{\" space ");
+    mu_buf rule = {0};
+    mu_buf_puts(&rule, "\"{\" space ");
     for (size_t i = 0; i < req_kv->n; i++) {
-        if (i) sb_add(&rule, " \",\" space ");
-        sb_add(&rule, req_kv->v[i]);
+        if (i) mu_buf_puts(&rule, " \",\" space ");
+        mu_buf_puts(&rule, req_kv->v[i]);
     }
     if (opt_keys->n) {
-        sb_add(&rule, " (");
-        if (req_kv->n) sb_add(&rule, " \",\" space ( ");
+        mu_buf_puts(&rule, " (");
+        if (req_kv->n) mu_buf_puts(&rule, " \",\" space ( ");
         for (size_t i = 0; i < opt_keys->n; i++) {
             char *chain = optional_chain(c, name, opt_keys, opt_kv, i, false);
-            if (i) sb_add(&rule, " | ");
-            sb_add(&rule, chain);
+            if (i) mu_buf_puts(&rule, " | ");
+            mu_buf_puts(&rule, chain);
             free(chain);
         }
-        if (req_kv->n) sb_add(&rule, " )");
-        sb_add(&rule, " )?");
+        if (req_kv->n) mu_buf_puts(&rule, " )");
+        mu_buf_puts(&rule, " )?");
     }
-    sb_add(&rule, " \"}\" space");
-    return sb_take(&rule);
+    mu_buf_puts(&rule, " \"}\" space");
+    return mu_buf_take(&rule);
 }
 
 /* llama's _build_object_rule (no --prop-order: schema order). */
@@ -1732,19 +1679,19 @@ static ref_entry *find_ref_entry(converter *c, const char *ref) {
 }
 
 static char *unescape_pointer_token(const char *from, const char *to, bool *ok) {
-    sbuf b = {0};
+    mu_buf b = {0};
     *ok = true;
     for (const char *p = from; p < to; p++) {
         if (*p != '~') {
-            sb_addc(&b, *p);
+            mu_buf_putc(&b, *p);
         } else if (p + 1 < to && (p[1] == '0' || p[1] == '1')) {
-            sb_addc(&b, p[1] == '0' ? '~' : '/');
+            mu_buf_putc(&b, p[1] == '0' ? '~' : '/');
             p++;
         } else {
             *ok = false;
         }
     }
-    return sb_take(&b);
+    return mu_buf_take(&b);
 }
 
 /* The schema object a "#/..." pointer names in this document. */
@@ -1873,7 +1820,7 @@ static const char *visit_union(converter *c, json_t *schema, const char *name, c
         free(at);
         return NULL;
     }
-    sbuf body = {0};
+    mu_buf body = {0};
     size_t i;
     json_t *alt;
     b->types = 0;
@@ -1885,12 +1832,12 @@ static const char *visit_union(converter *c, json_t *schema, const char *name, c
         free(alt_name);
         free(alt_path);
         if (!r) break;
-        if (i) sb_add(&body, " | ");
-        sb_add(&body, r);
+        if (i) mu_buf_puts(&body, " | ");
+        mu_buf_puts(&body, r);
         b->types |= t;
     }
-    const char *result = c->failed ? NULL : add_rule(c, rule_name, sb_str(&body));
-    sb_free(&body);
+    const char *result = c->failed ? NULL : add_rule(c, rule_name, mu_buf_str(&body));
+    mu_buf_free(&body);
     free(at);
     return result;
 }
@@ -1900,7 +1847,7 @@ static const char *visit_union(converter *c, json_t *schema, const char *name, c
 static const char *visit_type_union(converter *c, json_t *schema, json_t *types, const char *name,
                                     const char *rule_name, const char *path, branch *b) {
     b->checked_by_alternatives = true;
-    sbuf body = {0};
+    mu_buf body = {0};
     size_t i;
     json_t *t;
     json_array_foreach(types, i, t) {
@@ -1909,12 +1856,12 @@ static const char *visit_type_union(converter *c, json_t *schema, json_t *types,
         const char *r = visit(c, schema, alt_name, path, json_string_value(t), &got);
         free(alt_name);
         if (!r) break;
-        if (i) sb_add(&body, " | ");
-        sb_add(&body, r);
+        if (i) mu_buf_puts(&body, " | ");
+        mu_buf_puts(&body, r);
         b->types |= got;
     }
-    const char *result = c->failed ? NULL : add_rule(c, rule_name, sb_str(&body));
-    sb_free(&body);
+    const char *result = c->failed ? NULL : add_rule(c, rule_name, mu_buf_str(&body));
+    mu_buf_free(&body);
     return result;
 }
 
@@ -1925,11 +1872,11 @@ static const char *visit_const(converter *c, json_t *schema, const char *rule_na
     consume(b, "const");
     snprintf(b->context, sizeof b->context, "together with \"const\"");
     b->types = value_types(v);
-    sbuf body = {0};
+    mu_buf body = {0};
     add_constant(&body, v);
-    sb_add(&body, " space");
-    const char *result = add_rule(c, rule_name, sb_str(&body));
-    sb_free(&body);
+    mu_buf_puts(&body, " space");
+    const char *result = add_rule(c, rule_name, mu_buf_str(&body));
+    mu_buf_free(&body);
     return result;
 }
 
@@ -1943,18 +1890,18 @@ static const char *visit_enum(converter *c, json_t *schema, const char *rule_nam
         free(at);
         return NULL;
     }
-    sbuf body = {0};
+    mu_buf body = {0};
     size_t i;
     json_t *v;
-    sb_addc(&body, '(');
+    mu_buf_putc(&body, '(');
     json_array_foreach(values, i, v) {
-        if (i) sb_add(&body, " | ");
+        if (i) mu_buf_puts(&body, " | ");
         add_constant(&body, v);
         b->types |= value_types(v);
     }
-    sb_add(&body, ") space");
-    const char *result = add_rule(c, rule_name, sb_str(&body));
-    sb_free(&body);
+    mu_buf_puts(&body, ") space");
+    const char *result = add_rule(c, rule_name, mu_buf_str(&body));
+    mu_buf_free(&body);
     return result;
 }
 
@@ -2143,17 +2090,17 @@ static const char *all_of_enum_rule(converter *c, const all_of_parts *parts, con
         fail(c, "the enums of allOf at %s/allOf have no value in common", path);
     } else {
         qsort(common.v, common.n, sizeof *common.v, cmp_str);
-        sbuf body = {0};
-        sb_addc(&body, '(');
+        mu_buf body = {0};
+        mu_buf_putc(&body, '(');
         for (size_t k = 0; k < common.n; k++) {
             json_t *s = json_string(common.v[k]);
-            if (k) sb_add(&body, " | ");
+            if (k) mu_buf_puts(&body, " | ");
             add_constant(&body, s);
             json_decref(s);
         }
-        sb_add(&body, ") space");
-        result = add_rule(c, rule_name, sb_str(&body));
-        sb_free(&body);
+        mu_buf_puts(&body, ") space");
+        result = add_rule(c, rule_name, mu_buf_str(&body));
+        mu_buf_free(&body);
     }
     sl_free(&common);
     return result;
@@ -2230,10 +2177,10 @@ static const char *tuple_rule(converter *c, json_t *schema, json_t *items, const
         return NULL;
     if ((has_min && (size_t)min > n) || (has_max && (size_t)max < n))
         return fail(c, "minItems/maxItems at %s contradict the %zu-item tuple (llama ignores them)", where(path), n);
-    sbuf body = {0};
+    mu_buf body = {0};
     size_t i;
     json_t *item;
-    sb_add(&body, "\"[\" space ");
+    mu_buf_puts(&body, "\"[\" space ");
     json_array_foreach(items, i, item) {
         char *tuple_name = str_printf("tuple-%zu", i);
         char *item_name = child_name(name, tuple_name);
@@ -2243,12 +2190,12 @@ static const char *tuple_rule(converter *c, json_t *schema, json_t *items, const
         free(item_name);
         free(item_path);
         if (!r) break;
-        if (i) sb_add(&body, " \",\" space ");
-        sb_add(&body, r);
+        if (i) mu_buf_puts(&body, " \",\" space ");
+        mu_buf_puts(&body, r);
     }
-    sb_add(&body, " \"]\" space");
-    const char *result = c->failed ? NULL : add_rule(c, rule_name, sb_str(&body));
-    sb_free(&body);
+    mu_buf_puts(&body, " \"]\" space");
+    const char *result = c->failed ? NULL : add_rule(c, rule_name, mu_buf_str(&body));
+    mu_buf_free(&body);
     return result;
 }
 
@@ -2437,12 +2384,12 @@ static const char *visit_int_range(converter *c, json_t *schema, const char *rul
         has_min = true;
         min = -INT_LIMIT;
     }
-    sbuf body = {0};
-    sb_addc(&body, '(');
+    mu_buf body = {0};
+    mu_buf_putc(&body, '(');
     int_range(&body, has_min, min, has_max, max, 16, true);
-    sb_add(&body, ") space");
-    const char *result = add_rule(c, rule_name, sb_str(&body));
-    sb_free(&body);
+    mu_buf_puts(&body, ") space");
+    const char *result = add_rule(c, rule_name, mu_buf_str(&body));
+    mu_buf_free(&body);
     return result;
 }
 
@@ -2556,9 +2503,9 @@ char *mu_json_schema_to_gbnf(const char *schema_json, size_t len, mu_error *err)
         mu_err_set(err, "json schema: %s", c.msg);
     } else {
         qsort(c.rules, c.n_rules, sizeof *c.rules, cmp_rule);
-        sbuf b = {0};
-        for (size_t i = 0; i < c.n_rules; i++) sb_addf(&b, "%s ::= %s\n", c.rules[i].name, c.rules[i].body);
-        out = sb_take(&b);
+        mu_buf b = {0};
+        for (size_t i = 0; i < c.n_rules; i++) mu_buf_appendf(&b, "%s ::= %s\n", c.rules[i].name, c.rules[i].body);
+        out = mu_buf_take(&b);
     }
     converter_free(&c);
     json_decref(doc);

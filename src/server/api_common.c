@@ -264,8 +264,7 @@ static bool parse_samplers(const srv_request *rq, json_t *v, api_gen *g) {
         if (i) mu_buf_append(&b, ";", 1);
         mu_buf_append(&b, json_string_value(s), json_string_length(s));
     }
-    mu_buf_append(&b, "", 0);
-    g->samplers = b.p;
+    g->samplers = mu_buf_take(&b);
     g->jp.sampling.samplers = g->samplers;
     return true;
 }

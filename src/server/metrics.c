@@ -13,29 +13,18 @@ typedef struct prom {
     char labels[512];           /* model_name="..." */
 } prom;
 
-static void out(prom *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void out(prom *p, const char *fmt, ...) {
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    mu_buf_append(&p->b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-}
-
 static void head(prom *p, const char *name, const char *type, const char *help) {
-    out(p, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    mu_buf_appendf(&p->b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 static void counter(prom *p, const char *name, const char *help, double v) {
     head(p, name, "counter", help);
-    out(p, "%s{%s} %.17g\n", name, p->labels, v);
+    mu_buf_appendf(&p->b, "%s{%s} %.17g\n", name, p->labels, v);
 }
 
 static void gauge(prom *p, const char *name, const char *help, double v) {
     head(p, name, "gauge", help);
-    out(p, "%s{%s} %.17g\n", name, p->labels, v);
+    mu_buf_appendf(&p->b, "%s{%s} %.17g\n", name, p->labels, v);
 }
 
 static void histogram(prom *p, const char *name, const char *help, const srv_hist *h) {
@@ -43,12 +32,12 @@ static void histogram(prom *p, const char *name, const char *help, const srv_his
     uint64_t cum = 0;
     for (int i = 0; i < SRV_HIST_BUCKETS; i++) {
         cum += h->count[i];
-        out(p, "%s_bucket{%s,le=\"%g\"} %llu\n", name, p->labels, srv_hist_bounds[i], (unsigned long long)cum);
+        mu_buf_appendf(&p->b, "%s_bucket{%s,le=\"%g\"} %llu\n", name, p->labels, srv_hist_bounds[i], (unsigned long long)cum);
     }
     cum += h->count[SRV_HIST_BUCKETS];
-    out(p, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, p->labels, (unsigned long long)cum);
-    out(p, "%s_sum{%s} %.17g\n", name, p->labels, h->sum);
-    out(p, "%s_count{%s} %llu\n", name, p->labels, (unsigned long long)h->n);
+    mu_buf_appendf(&p->b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, p->labels, (unsigned long long)cum);
+    mu_buf_appendf(&p->b, "%s_sum{%s} %.17g\n", name, p->labels, h->sum);
+    mu_buf_appendf(&p->b, "%s_count{%s} %llu\n", name, p->labels, (unsigned long long)h->n);
 }
 
 /* A label value: backslash, quote and newline escaped. */
@@ -112,8 +101,8 @@ void srv_metrics(srv_server *srv, const srv_request *rq) {
     gauge(&p, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", st.kv_usage);
     gauge(&p, "vllm:gpu_cache_usage_perc", "KV-cache usage (older name). 1 means 100 percent usage.", st.kv_usage);
     head(&p, "vllm:cache_config_info", "gauge", "Information of the KV cache configuration (one block per token).");
-    out(&p, "vllm:cache_config_info{%s,block_size=\"1\",num_gpu_blocks=\"%lld\",num_cpu_blocks=\"0\","
-            "cache_dtype=\"f16\",enable_prefix_caching=\"True\",num_slots=\"%d\"} 1\n",
+    mu_buf_appendf(&p.b, "vllm:cache_config_info{%s,block_size=\"1\",num_gpu_blocks=\"%lld\",num_cpu_blocks=\"0\","
+                         "cache_dtype=\"f16\",enable_prefix_caching=\"True\",num_slots=\"%d\"} 1\n",
         p.labels, (long long)(st.n_ctx * st.n_slots), st.n_slots);
     counter(&p, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", (double)st.prompt_tokens_total);
     counter(&p, "vllm:generation_tokens_total", "Number of generation tokens processed.",

@@ -207,7 +207,7 @@ char *mu_template_render_ex(const mu_template *t, const mu_template_inputs *in, 
     c.max_str = in->max_output ? in->max_output : DEFAULT_MAX_OUTPUT;
     c.max_steps = in->max_steps ? in->max_steps : DEFAULT_MAX_STEPS;
     c.keep = tv_list_new(SEQ_LIST, 16);
-    tpl_buf out = {.limit = c.max_str};
+    mu_buf out = {.limit = c.max_str};
     c.out = &out;
     tpl_scope *globals = tpl_scope_new(&c, NULL);
     bool ok = parse_date(&c, in->date) && load_inputs(&c, globals, in);
@@ -223,10 +223,10 @@ char *mu_template_render_ex(const mu_template *t, const mu_template_inputs *in, 
     if (!ok) {
         if (!c.failed) tpl_fail(&c, "RuntimeError", "render failed");
         report(t, &c, fail, err);
-        tpl_buf_free(&out);
+        mu_buf_free(&out);
         return NULL;
     }
-    if (out_len) *out_len = out.n;
+    if (out_len) *out_len = out.len;
     if (!out.p) {
         out.p = mu_xmalloc(1);
         out.p[0] = '\0';

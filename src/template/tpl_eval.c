@@ -240,8 +240,8 @@ static bool call_macro(tpl_ctx *c, const tv_func *fn, const tpl_args *a, tv_valu
         scope_end(s);
         return false;
     }
-    tpl_buf buf = {.limit = c->max_str};
-    tpl_buf *saved = c->out;
+    mu_buf buf = {.limit = c->max_str};
+    mu_buf *saved = c->out;
     c->out = &buf;
     c->depth += 4;
     ok = exec_body(c, s, m->a);
@@ -397,10 +397,10 @@ static bool eval_name(tpl_ctx *c, tpl_scope *s, const tpl_node *n, tv_value *out
         return true;
     }
     if (tpl_global_lookup(n->name->s, n->name->len, out)) return true;
-    tpl_buf b = {0};
+    mu_buf b = {0};
     tv_write_pystr_repr(&b, n->name->s, n->name->len);
     *out = tv_undef_msg("UndefinedError", "%s is undefined", b.p);
-    tpl_buf_free(&b);
+    mu_buf_free(&b);
     return true;
 }
 
@@ -479,17 +479,17 @@ static bool eval_inner(tpl_ctx *c, tpl_scope *s, const tpl_node *n, tv_value *ou
         return ok;
     }
     case N_CONCAT: {
-        tpl_buf buf = {.limit = c->max_str};
+        mu_buf buf = {.limit = c->max_str};
         for (size_t i = 0; i < n->list.n; i++) {
             if (!eval(c, s, n->list.v[i], &a)) {
-                tpl_buf_free(&buf);
+                mu_buf_free(&buf);
                 return false;
             }
             tv_write_str(&buf, a);
             tv_unref(a);
         }
         if (buf.over) {
-            tpl_buf_free(&buf);
+            mu_buf_free(&buf);
             return tpl_check_len(c, SIZE_MAX);
         }
         *out = tv_str_from_buf(&buf);
@@ -736,8 +736,8 @@ static bool call_loop(tpl_ctx *c, tv_loop *lp, const tpl_args *a, tv_value *out)
                         a->npos + 1);
     if (!lp->active) return tpl_fail(c, "RuntimeError", "the loop has finished");
     if (c->depth > MAX_MACRO_DEPTH * 4) return tpl_fail(c, "RecursionError", "maximum recursion depth exceeded");
-    tpl_buf buf = {.limit = c->max_str};
-    tpl_buf *saved = c->out;
+    mu_buf buf = {.limit = c->max_str};
+    mu_buf *saved = c->out;
     c->out = &buf;
     c->depth += 4;
     bool ok = run_loop(c, lp->scope, lp->node, a->pos[0], lp->depth0 + 1);
@@ -771,8 +771,8 @@ static bool exec_set(tpl_ctx *c, tpl_scope *s, const tpl_node *target, tv_value 
 
 /* Renders a body into a string in a child scope. */
 static bool capture(tpl_ctx *c, tpl_scope *s, const tpl_node *body, tv_value *out) {
-    tpl_buf buf = {.limit = c->max_str};
-    tpl_buf *saved = c->out;
+    mu_buf buf = {.limit = c->max_str};
+    mu_buf *saved = c->out;
     c->out = &buf;
     tpl_scope *inner = scope_new(c, s);
     bool ok = exec_body(c, inner, body);
@@ -786,7 +786,7 @@ static bool exec_stmt(tpl_ctx *c, tpl_scope *s, const tpl_node *n) {
     bool ok;
     switch (n->kind) {
     case S_DATA:
-        tpl_buf_put(c->out, n->value.as.s->s, n->value.as.s->len);
+        mu_buf_append(c->out, n->value.as.s->s, n->value.as.s->len);
         if (c->out->over) return tpl_fail(c, "MemoryError", "output size limit exceeded (%zu bytes)", c->max_str);
         return true;
     case S_OUTPUT: return exec_output(c, s, n);

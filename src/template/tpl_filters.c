@@ -178,16 +178,16 @@ static bool f_capitalize(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *o
     if (!tpl_str_of(c, in, &s)) return false;
     /* capitalize == first code point upper-cased, rest lower-cased */
     tv_value low = tpl_str_case(s, 0);
-    tpl_buf b = {0};
+    mu_buf b = {0};
     if (low.as.s->len) {
         size_t i = 0, j = 0;
         uint32_t cp = tpl_utf8_next(s.as.s->s, s.as.s->len, &i);
         if (cp == 0xDF)
-            tpl_buf_puts(&b, "Ss");
+            mu_buf_puts(&b, "Ss");
         else
             tpl_utf8_put(&b, tpl_cp_upper(cp));
         tpl_utf8_next(low.as.s->s, low.as.s->len, &j);
-        tpl_buf_put(&b, low.as.s->s + j, low.as.s->len - j);
+        mu_buf_append(&b, low.as.s->s + j, low.as.s->len - j);
     }
     *out = tv_str_markup(tv_str_from_buf(&b), s.as.s->markup);
     tv_unref(low);
@@ -204,10 +204,10 @@ static bool f_center(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) 
     int64_t len = (int64_t)tv_str_cplen(s.as.s), total = width > len ? width - len : 0;
     int64_t left = total / 2 + (total & width & 1);
     if (!tpl_check_len(c, (size_t)total)) return tv_unref(s), false;
-    tpl_buf b = {0};
-    for (int64_t i = 0; i < left; i++) tpl_buf_putc(&b, ' ');
-    tpl_buf_put(&b, s.as.s->s, s.as.s->len);
-    for (int64_t i = left; i < total; i++) tpl_buf_putc(&b, ' ');
+    mu_buf b = {0};
+    for (int64_t i = 0; i < left; i++) mu_buf_putc(&b, ' ');
+    mu_buf_append(&b, s.as.s->s, s.as.s->len);
+    for (int64_t i = left; i < total; i++) mu_buf_putc(&b, ' ');
     *out = tv_str_markup(tv_str_from_buf(&b), s.as.s->markup);
     tv_unref(s);
     return true;
@@ -271,7 +271,7 @@ static bool f_escape_common(tpl_ctx *c, tv_value in, tv_value *out, bool force) 
     }
     tv_value s;
     if (!tpl_to_str(c, in, &s)) return false;
-    tpl_buf b = {0};
+    mu_buf b = {0};
     tpl_html_escape(&b, s.as.s->s, s.as.s->len);
     tv_unref(s);
     *out = tv_str_markup(tv_str_from_buf(&b), true);
@@ -429,20 +429,20 @@ static bool f_int(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) {
 
 static bool f_indent(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) {
     BIND("do_indent", 1, 0, "width", "first", "blank");
-    tpl_buf ind = {0};
+    mu_buf ind = {0};
     if (has[0] && arg[0].type == TV_STR)
-        tpl_buf_put(&ind, arg[0].as.s->s, arg[0].as.s->len);
+        mu_buf_append(&ind, arg[0].as.s->s, arg[0].as.s->len);
     else {
         int64_t w = 4;
         if (has[0] && arg[0].type != TV_INT && arg[0].type != TV_BOOL)
             return tpl_fail(c, "TypeError", "can't multiply sequence by non-int of type '%s'", tv_type_name(arg[0]));
         if (has[0]) arg_int(c, arg[0], &w);
         if (!tpl_check_len(c, w > 0 ? (size_t)w : 0)) return false;
-        for (int64_t i = 0; i < w; i++) tpl_buf_putc(&ind, ' ');
+        for (int64_t i = 0; i < w; i++) mu_buf_putc(&ind, ' ');
     }
     bool first = has[1] && tv_truthy(arg[1]), blank = has[2] && tv_truthy(arg[2]);
     if (in.type != TV_STR) { /* s += "\n"; s.splitlines() */
-        tpl_buf_free(&ind);
+        mu_buf_free(&ind);
         if (in.type == TV_UNDEFINED) return tpl_fail_undefined(c, in);
         if (in.type == TV_LIST && in.as.l->kind == SEQ_LIST)
             return tpl_fail(c, "AttributeError", "'list' object has no attribute 'splitlines'");
@@ -453,32 +453,32 @@ static bool f_indent(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) 
     /* s += "\n"; lines = s.splitlines() */
     tv_value s;
     {
-        tpl_buf t = {0};
-        tpl_buf_put(&t, in.as.s->s, in.as.s->len);
-        tpl_buf_putc(&t, '\n');
+        mu_buf t = {0};
+        mu_buf_append(&t, in.as.s->s, in.as.s->len);
+        mu_buf_putc(&t, '\n');
         s = tv_str_from_buf(&t);
     }
     tv_value lines;
     bool ok = tpl_call_method0(c, s, "splitlines", &lines);
     tv_unref(s);
     if (!ok) {
-        tpl_buf_free(&ind);
+        mu_buf_free(&ind);
         return false;
     }
-    tpl_buf b = {.limit = c->max_str};
-    if (first) tpl_buf_put(&b, ind.p, ind.n);
+    mu_buf b = {.limit = c->max_str};
+    if (first) mu_buf_append(&b, ind.p, ind.len);
     for (size_t i = 0; i < lines.as.l->n; i++) {
         const tv_str *ln = lines.as.l->v[i].as.s;
         if (i) {
-            tpl_buf_putc(&b, '\n');
-            if (blank || ln->len) tpl_buf_put(&b, ind.p, ind.n);
+            mu_buf_putc(&b, '\n');
+            if (blank || ln->len) mu_buf_append(&b, ind.p, ind.len);
         }
-        tpl_buf_put(&b, ln->s, ln->len);
+        mu_buf_append(&b, ln->s, ln->len);
     }
     tv_unref(lines);
-    tpl_buf_free(&ind);
+    mu_buf_free(&ind);
     if (b.over) {
-        tpl_buf_free(&b);
+        mu_buf_free(&b);
         return tpl_check_len(c, SIZE_MAX);
     }
     *out = tv_str_markup(tv_str_from_buf(&b), in.as.s->markup);
@@ -503,7 +503,7 @@ static bool f_join(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) {
     BIND("sync_do_join", 2, 0, "d", "attribute");
     tv_value items;
     if (!tpl_iterate(c, in, &items)) return false;
-    tpl_buf b = {.limit = c->max_str};
+    mu_buf b = {.limit = c->max_str};
     bool ok = true;
     for (size_t i = 0; i < items.as.l->n && ok; i++) {
         if (i && has[0]) tv_write_str(&b, arg[0]);
@@ -683,12 +683,12 @@ static bool f_reverse(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out)
     BIND0("do_reverse", 1);
     if (in.type == TV_STR) {
         const tv_str *s = in.as.s;
-        tpl_buf b = {0};
+        mu_buf b = {0};
         size_t e = s->len;
         while (e > 0) {
             size_t st = e - 1;
             while (st > 0 && ((unsigned char)s->s[st] & 0xC0) == 0x80) st--;
-            tpl_buf_put(&b, s->s + st, e - st);
+            mu_buf_append(&b, s->s + st, e - st);
             e = st;
         }
         *out = tv_str_markup(tv_str_from_buf(&b), s->markup);
@@ -855,7 +855,7 @@ static bool f_title(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) {
     tv_value s;
     if (!tpl_str_of(c, in, &s)) return false;
     const tv_str *t = s.as.s;
-    tpl_buf b = {0};
+    mu_buf b = {0};
     bool at_start = true;
     for (size_t i = 0; i < t->len;) {
         uint32_t cp = tpl_utf8_next(t->s, t->len, &i);
@@ -865,7 +865,7 @@ static bool f_title(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) {
             at_start = true;
         } else if (at_start) {
             if (cp == 0xDF)
-                tpl_buf_puts(&b, "SS");
+                mu_buf_puts(&b, "SS");
             else
                 tpl_utf8_put(&b, tpl_cp_upper(cp));
             at_start = false;
@@ -912,7 +912,7 @@ static bool f_tojson(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) 
             o.key_sep = seps.as.l->v[1].as.s->s;
             o.key_sep_len = seps.as.l->v[1].as.s->len;
         }
-        tpl_buf b = {.limit = c->max_str};
+        mu_buf b = {.limit = c->max_str};
         if (ok)
             ok = tpl_json_dump(c, &b, in, &o, 0);
         else
@@ -920,7 +920,7 @@ static bool f_tojson(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out) 
         tv_unref(seps);
         return tpl_buf_finish(c, &b, ok, out);
     }
-    tpl_buf b = {.limit = c->max_str};
+    mu_buf b = {.limit = c->max_str};
     return tpl_buf_finish(c, &b, tpl_json_dump(c, &b, in, &o, 0), out);
 }
 
@@ -964,9 +964,9 @@ static bool f_truncate(tpl_ctx *c, tv_value in, const tpl_args *a, tv_value *out
         while (k > 0 && s->s[k - 1] != ' ') k--;
         if (k > 0) cut = k - 1;
     }
-    tpl_buf b = {0};
-    tpl_buf_put(&b, s->s, cut);
-    tpl_buf_put(&b, ends, endlen);
+    mu_buf b = {0};
+    mu_buf_append(&b, s->s, cut);
+    mu_buf_append(&b, ends, endlen);
     *out = tv_str_markup(tv_str_from_buf(&b), s->markup);
     return true;
 }
@@ -1119,10 +1119,10 @@ bool tpl_call_filter(tpl_ctx *c, int id, tv_value in, const tpl_args *a, tv_valu
 bool tpl_call_filter_named(tpl_ctx *c, tv_value name, tv_value in, const tpl_args *a, tv_value *out) {
     int id = name.type == TV_STR ? tpl_filter_lookup(name.as.s->s, name.as.s->len) : -1;
     if (id < 0) {
-        tpl_buf b = {0};
+        mu_buf b = {0};
         tv_write_repr(&b, name);
         tpl_fail(c, "TemplateRuntimeError", "No filter named %s.", b.p);
-        tpl_buf_free(&b);
+        mu_buf_free(&b);
         return false;
     }
     return tpl_call_filter(c, id, in, a, out);

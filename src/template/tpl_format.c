@@ -14,7 +14,7 @@ typedef struct fmt_spec {
     char conv;
 } fmt_spec;
 
-static void pad_text(tpl_buf *b, const fmt_spec *f, const char *s, size_t n) {
+static void pad_text(mu_buf *b, const fmt_spec *f, const char *s, size_t n) {
     size_t cps = 0;
     for (size_t i = 0; i < n; i++)
         if (((unsigned char)s[i] & 0xC0) != 0x80) cps++;
@@ -25,13 +25,13 @@ static void pad_text(tpl_buf *b, const fmt_spec *f, const char *s, size_t n) {
     bool left = memchr(f->flags, '-', (size_t)f->nflags) != NULL;
     size_t pad = f->width > 0 && (size_t)f->width > cps ? (size_t)f->width - cps : 0;
     if (!left)
-        for (size_t i = 0; i < pad; i++) tpl_buf_putc(b, ' ');
-    tpl_buf_put(b, s, n);
+        for (size_t i = 0; i < pad; i++) mu_buf_putc(b, ' ');
+    mu_buf_append(b, s, n);
     if (left)
-        for (size_t i = 0; i < pad; i++) tpl_buf_putc(b, ' ');
+        for (size_t i = 0; i < pad; i++) mu_buf_putc(b, ' ');
 }
 
-static bool format_one(tpl_ctx *c, tpl_buf *b, const fmt_spec *f, tv_value v, bool markup) {
+static bool format_one(tpl_ctx *c, mu_buf *b, const fmt_spec *f, tv_value v, bool markup) {
     char cfmt[48], out[512];
     int k = 0;
     cfmt[k++] = '%';
@@ -43,19 +43,19 @@ static bool format_one(tpl_ctx *c, tpl_buf *b, const fmt_spec *f, tv_value v, bo
     case 's':
     case 'r':
     case 'a': {
-        tpl_buf t = {0};
+        mu_buf t = {0};
         if (f->conv == 's')
             tv_write_str(&t, v);
         else
             tv_write_repr(&t, v);
         if (markup && !(f->conv == 's' && v.type == TV_STR && v.as.s->markup)) { /* Markup % escapes */
-            tpl_buf e = {0};
-            tpl_html_escape(&e, t.p ? t.p : "", t.n);
-            tpl_buf_free(&t);
+            mu_buf e = {0};
+            tpl_html_escape(&e, t.p ? t.p : "", t.len);
+            mu_buf_free(&t);
             t = e;
         }
-        pad_text(b, f, t.p ? t.p : "", t.n);
-        tpl_buf_free(&t);
+        pad_text(b, f, t.p ? t.p : "", t.len);
+        mu_buf_free(&t);
         return true;
     }
     case 'd':
@@ -91,7 +91,7 @@ static bool format_one(tpl_ctx *c, tpl_buf *b, const fmt_spec *f, tv_value v, bo
         } else {
             snprintf(out, sizeof out, cfmt, iv);
         }
-        tpl_buf_puts(b, out);
+        mu_buf_puts(b, out);
         return true;
     }
     case 'e':
@@ -111,15 +111,15 @@ static bool format_one(tpl_ctx *c, tpl_buf *b, const fmt_spec *f, tv_value v, bo
             return tpl_fail(c, "TypeError", "must be real number, not %s", tv_type_name(v));
         snprintf(cfmt + k, sizeof cfmt - (size_t)k, "%c", f->conv);
         snprintf(out, sizeof out, cfmt, d);
-        tpl_buf_puts(b, out);
+        mu_buf_puts(b, out);
         return true;
     }
     case 'c':
         if (v.type == TV_INT && v.as.i >= 0 && v.as.i <= 0x10FFFF) {
-            tpl_buf t = {0};
+            mu_buf t = {0};
             tpl_utf8_put(&t, (uint32_t)v.as.i);
-            pad_text(b, f, t.p, t.n);
-            tpl_buf_free(&t);
+            pad_text(b, f, t.p, t.len);
+            mu_buf_free(&t);
             return true;
         }
         if (v.type == TV_STR && tv_str_cplen(v.as.s) == 1) {
@@ -139,14 +139,14 @@ bool tpl_format_percent(tpl_ctx *c, tv_value fmt, tv_value args, tv_value *out) 
     bool is_map = args.type == TV_DICT;
     size_t nargs = is_tuple ? args.as.l->n : 1, next = 0;
     bool used_map = false;
-    tpl_buf b = {.limit = c->max_str};
+    mu_buf b = {.limit = c->max_str};
     for (size_t i = 0; i < s->len; i++) {
         if (s->s[i] != '%') {
-            tpl_buf_putc(&b, s->s[i]);
+            mu_buf_putc(&b, s->s[i]);
             continue;
         }
         if (++i >= s->len) {
-            tpl_buf_free(&b);
+            mu_buf_free(&b);
             return tpl_fail(c, "ValueError", "incomplete format");
         }
         fmt_spec f = {.width = -1, .prec = -1};
@@ -155,17 +155,17 @@ bool tpl_format_percent(tpl_ctx *c, tv_value fmt, tv_value args, tv_value *out) 
         if (s->s[i] == '(') {
             const char *close = memchr(s->s + i, ')', s->len - i);
             if (!close) {
-                tpl_buf_free(&b);
+                mu_buf_free(&b);
                 return tpl_fail(c, "ValueError", "incomplete format key");
             }
             if (!is_map) {
-                tpl_buf_free(&b);
+                mu_buf_free(&b);
                 return tpl_fail(c, "TypeError", "format requires a mapping");
             }
             size_t ks = i + 1, ke = (size_t)(close - s->s);
             const tv_value *hit = tv_dict_get_str(args.as.d, s->s + ks, ke - ks);
             if (!hit) {
-                tpl_buf_free(&b);
+                mu_buf_free(&b);
                 return tpl_fail(c, "KeyError", "'%.*s'", (int)(ke - ks), s->s + ks);
             }
             v = *hit;
@@ -175,7 +175,7 @@ bool tpl_format_percent(tpl_ctx *c, tv_value fmt, tv_value args, tv_value *out) 
         while (i < s->len && strchr("-+ #0", s->s[i]) && f.nflags < 7) f.flags[f.nflags++] = s->s[i++];
         if (i < s->len && s->s[i] == '*') {
             if (next >= nargs || !is_tuple || args.as.l->v[next].type != TV_INT) {
-                tpl_buf_free(&b);
+                mu_buf_free(&b);
                 return tpl_fail(c, "TypeError", "* wants int");
             }
             f.width = (long)args.as.l->v[next++].as.i;
@@ -190,24 +190,24 @@ bool tpl_format_percent(tpl_ctx *c, tv_value fmt, tv_value args, tv_value *out) 
         }
         while (i < s->len && (s->s[i] == 'h' || s->s[i] == 'l' || s->s[i] == 'L')) i++;
         if (i >= s->len) {
-            tpl_buf_free(&b);
+            mu_buf_free(&b);
             return tpl_fail(c, "ValueError", "incomplete format");
         }
         f.conv = s->s[i];
         if (f.conv == '%') {
-            tpl_buf_putc(&b, '%');
+            mu_buf_putc(&b, '%');
             continue;
         }
         if (!have) {
             if (next >= nargs) {
-                tpl_buf_free(&b);
+                mu_buf_free(&b);
                 return tpl_fail(c, "TypeError", "not enough arguments for format string");
             }
             v = is_tuple ? args.as.l->v[next] : args;
             next++;
         }
         if (!format_one(c, &b, &f, v, s->markup)) {
-            tpl_buf_free(&b);
+            mu_buf_free(&b);
             return false;
         }
     }
@@ -216,11 +216,11 @@ bool tpl_format_percent(tpl_ctx *c, tv_value fmt, tv_value args, tv_value *out) 
     bool subscriptable =
         args.type == TV_DICT || args.type == TV_UNDEFINED || (args.type == TV_LIST && args.as.l->kind == SEQ_LIST);
     if (!used_map && next < nargs && (is_tuple || !subscriptable)) {
-        tpl_buf_free(&b);
+        mu_buf_free(&b);
         return tpl_fail(c, "TypeError", "not all arguments converted during string formatting");
     }
     if (b.over) {
-        tpl_buf_free(&b);
+        mu_buf_free(&b);
         return tpl_check_len(c, SIZE_MAX);
     }
     *out = tv_str_markup(tv_str_from_buf(&b), s->markup);

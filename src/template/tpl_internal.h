@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "template/template.h"
+#include "util/common.h"
 
 /* ------------------------------------------------------------------ arena */
 typedef struct tpl_arena_block tpl_arena_block;
@@ -15,18 +16,8 @@ typedef struct tpl_arena {
 void *tpl_arena_alloc(tpl_arena *a, size_t n); /* zeroed */
 void tpl_arena_free(tpl_arena *a);
 
-/* ------------------------------------------------------------- byte buffer */
-typedef struct tpl_buf {
-    char *p;
-    size_t n, cap;
-    size_t limit; /* max bytes; exceeding sets `over` and drops the data */
-    bool over;
-} tpl_buf;
-void tpl_buf_put(tpl_buf *b, const char *s, size_t n);
-static inline void tpl_buf_putc(tpl_buf *b, char c) { tpl_buf_put(b, &c, 1); }
-static inline void tpl_buf_puts(tpl_buf *b, const char *s) { tpl_buf_put(b, s, strlen(s)); }
-void tpl_buf_printf(tpl_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void tpl_buf_free(tpl_buf *b);
+/* Byte buffers are mu_buf (src/util/common.h), limited to the render's
+ * max_str where they hold rendered text: {.limit = c->max_str}. */
 
 /* ------------------------------------------------------------------ values */
 typedef enum {
@@ -189,7 +180,7 @@ static inline void tv_move(tv_value *dst, tv_value src) {
 tv_value tv_str_new(const char *s, size_t n);
 tv_value tv_str_cstr(const char *s);
 tv_value tv_str_markup(tv_value s, bool markup);  /* consumes s */
-tv_value tv_str_from_buf(tpl_buf *b);             /* takes the buffer's bytes */
+tv_value tv_str_from_buf(mu_buf *b);              /* takes the buffer's bytes */
 tv_str *tv_str_immortal(const char *s, size_t n); /* for the AST; freed by tv_str_free_immortal */
 void tv_str_free_immortal(tv_str *s);
 size_t tv_str_cplen(const tv_str *s); /* length in code points */
@@ -224,16 +215,16 @@ tv_value tv_undef_msg(const char *exc, const char *fmt, ...) __attribute__((form
 bool tv_truthy(tv_value v);
 bool tv_equal(tv_value a, tv_value b);
 const char *tv_type_name(tv_value v);             /* type(x).__name__ */
-void tv_object_type_repr(tpl_buf *b, tv_value v); /* jinja2.utils.object_type_repr */
-void tv_write_str(tpl_buf *b, tv_value v);        /* str(x) */
-void tv_write_repr(tpl_buf *b, tv_value v);       /* repr(x) */
-void tv_write_float(tpl_buf *b, double f);        /* repr(float) */
-void tv_write_pystr_repr(tpl_buf *b, const char *s, size_t n);
+void tv_object_type_repr(mu_buf *b, tv_value v);  /* jinja2.utils.object_type_repr */
+void tv_write_str(mu_buf *b, tv_value v);         /* str(x) */
+void tv_write_repr(mu_buf *b, tv_value v);        /* repr(x) */
+void tv_write_float(mu_buf *b, double f);         /* repr(float) */
+void tv_write_pystr_repr(mu_buf *b, const char *s, size_t n);
 uint64_t tv_hash(tv_value v);
 
 /* UTF-8 helpers (code points as Python str sees them). */
 uint32_t tpl_utf8_next(const char *s, size_t n, size_t *i); /* lenient: bad byte -> U+FFFD */
-void tpl_utf8_put(tpl_buf *b, uint32_t cp);
+void tpl_utf8_put(mu_buf *b, uint32_t cp);
 bool tpl_py_isspace(uint32_t cp);
 size_t tpl_utf8_offset(const char *s, size_t n, size_t cps); /* byte offset of code point #cps */
 
@@ -366,7 +357,7 @@ typedef struct tpl_scope {
 
 typedef struct tpl_ctx {
     const mu_template *t;
-    tpl_buf *out;
+    mu_buf *out;
     tpl_scope *all_scopes; /* scopes captured by macros */
     tv_ns *live_ns;
     size_t max_str;
@@ -391,7 +382,7 @@ bool tpl_fail_undefined(tpl_ctx *c, tv_value undef); /* raise the error an Undef
 bool tpl_check_len(tpl_ctx *c, size_t n);            /* string/list size limit */
 /* End a rendering into b: on ok (and within the size limit) *out takes b's
  * bytes as a string; otherwise b is freed and false returned (failure set). */
-bool tpl_buf_finish(tpl_ctx *c, tpl_buf *b, bool ok, tv_value *out);
+bool tpl_buf_finish(tpl_ctx *c, mu_buf *b, bool ok, tv_value *out);
 
 /* Evaluator (tpl_eval.c). */
 bool tpl_exec_root(tpl_ctx *c, tpl_scope *s);
@@ -433,7 +424,7 @@ typedef struct tpl_json_opts {
     const char *key_sep;
     size_t key_sep_len;
 } tpl_json_opts;
-bool tpl_json_dump(tpl_ctx *c, tpl_buf *b, tv_value v, const tpl_json_opts *o, int depth);
+bool tpl_json_dump(tpl_ctx *c, mu_buf *b, tv_value v, const tpl_json_opts *o, int depth);
 
 /* Argument binding for builtins: maps positional + keyword args onto
  * `names` (NULL-terminated) as Python binds `fname(<hidden>, *names)` with
@@ -444,7 +435,7 @@ bool tpl_bind(tpl_ctx *c, const char *fname, int hidden, int nreq, const tpl_arg
 bool tpl_bind_builtin1(tpl_ctx *c, const char *fname, const tpl_args *a); /* f(x) C builtin */
 
 /* Markup escaping (markupsafe.escape). */
-void tpl_html_escape(tpl_buf *b, const char *s, size_t n);
+void tpl_html_escape(mu_buf *b, const char *s, size_t n);
 
 /* Builtin methods: arity as CPython words its errors (tpl_methods.c). */
 enum { ST_AT, ST_EXPECTED, ST_ONE, ST_NONE, ST_ANY };

@@ -64,62 +64,62 @@ bool tpl_json_parse(tpl_ctx *c, const char *json, const char *what, tv_value *ou
 }
 
 /* ------------------------------------------------------------------ dumps */
-static void dump_string(tpl_buf *b, const char *s, size_t n, bool ascii) {
-    tpl_buf_putc(b, '"');
+static void dump_string(mu_buf *b, const char *s, size_t n, bool ascii) {
+    mu_buf_putc(b, '"');
     for (size_t i = 0; i < n;) {
         size_t st = i;
         uint32_t cp = tpl_utf8_next(s, n, &i);
         switch (cp) {
-        case '"': tpl_buf_puts(b, "\\\""); continue;
-        case '\\': tpl_buf_puts(b, "\\\\"); continue;
-        case '\n': tpl_buf_puts(b, "\\n"); continue;
-        case '\r': tpl_buf_puts(b, "\\r"); continue;
-        case '\t': tpl_buf_puts(b, "\\t"); continue;
-        case '\b': tpl_buf_puts(b, "\\b"); continue;
-        case '\f': tpl_buf_puts(b, "\\f"); continue;
+        case '"': mu_buf_puts(b, "\\\""); continue;
+        case '\\': mu_buf_puts(b, "\\\\"); continue;
+        case '\n': mu_buf_puts(b, "\\n"); continue;
+        case '\r': mu_buf_puts(b, "\\r"); continue;
+        case '\t': mu_buf_puts(b, "\\t"); continue;
+        case '\b': mu_buf_puts(b, "\\b"); continue;
+        case '\f': mu_buf_puts(b, "\\f"); continue;
         default: break;
         }
         if (cp < 0x20 || (ascii && cp > 0x7E)) {
             if (cp >= 0x10000) {
                 uint32_t v = cp - 0x10000;
-                tpl_buf_printf(b, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
+                mu_buf_appendf(b, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
             } else
-                tpl_buf_printf(b, "\\u%04x", cp);
+                mu_buf_appendf(b, "\\u%04x", cp);
         } else
-            tpl_buf_put(b, s + st, i - st);
+            mu_buf_append(b, s + st, i - st);
     }
-    tpl_buf_putc(b, '"');
+    mu_buf_putc(b, '"');
 }
 
-static void newline_indent(tpl_buf *b, const tpl_json_opts *o, int level) {
-    tpl_buf_putc(b, '\n');
-    for (int i = 0; i < level; i++) tpl_buf_put(b, o->indent, o->indent_len);
+static void newline_indent(mu_buf *b, const tpl_json_opts *o, int level) {
+    mu_buf_putc(b, '\n');
+    for (int i = 0; i < level; i++) mu_buf_append(b, o->indent, o->indent_len);
 }
 
-static void dump_float(tpl_buf *b, double f) {
+static void dump_float(mu_buf *b, double f) {
     if (isnan(f))
-        tpl_buf_puts(b, "NaN");
+        mu_buf_puts(b, "NaN");
     else if (isinf(f))
-        tpl_buf_puts(b, f < 0 ? "-Infinity" : "Infinity");
+        mu_buf_puts(b, f < 0 ? "-Infinity" : "Infinity");
     else
         tv_write_float(b, f);
 }
 
 /* A dict key as json.dumps converts it; false if the type is not allowed. */
-static bool key_text(tpl_ctx *c, tpl_buf *b, tv_value k) {
+static bool key_text(tpl_ctx *c, mu_buf *b, tv_value k) {
     switch (k.type) {
-    case TV_STR: tpl_buf_put(b, k.as.s->s, k.as.s->len); return true;
-    case TV_BOOL: tpl_buf_puts(b, k.as.b ? "true" : "false"); return true;
-    case TV_NONE: tpl_buf_puts(b, "null"); return true;
-    case TV_INT: tpl_buf_printf(b, "%lld", (long long)k.as.i); return true;
+    case TV_STR: mu_buf_append(b, k.as.s->s, k.as.s->len); return true;
+    case TV_BOOL: mu_buf_puts(b, k.as.b ? "true" : "false"); return true;
+    case TV_NONE: mu_buf_puts(b, "null"); return true;
+    case TV_INT: mu_buf_appendf(b, "%lld", (long long)k.as.i); return true;
     case TV_FLOAT: dump_float(b, k.as.f); return true;
     default: return tpl_fail(c, "TypeError", "keys must be str, int, float, bool or None, not %s", tv_type_name(k));
     }
 }
 
-static bool dump_dict(tpl_ctx *c, tpl_buf *b, const tv_dict *d, const tpl_json_opts *o, int depth) {
+static bool dump_dict(tpl_ctx *c, mu_buf *b, const tv_dict *d, const tpl_json_opts *o, int depth) {
     if (d->n == 0) {
-        tpl_buf_puts(b, "{}");
+        mu_buf_puts(b, "{}");
         return true;
     }
     size_t *order = mu_xmalloc(d->n * sizeof *order);
@@ -136,33 +136,33 @@ static bool dump_dict(tpl_ctx *c, tpl_buf *b, const tv_dict *d, const tpl_json_o
         free(keys);
         free(idx);
     }
-    tpl_buf_putc(b, '{');
+    mu_buf_putc(b, '{');
     for (size_t k = 0; ok && k < d->n; k++) {
         size_t i = order[k];
-        if (k) tpl_buf_put(b, o->item_sep, o->item_sep_len);
+        if (k) mu_buf_append(b, o->item_sep, o->item_sep_len);
         if (o->has_indent) newline_indent(b, o, depth + 1);
-        tpl_buf key = {0};
+        mu_buf key = {0};
         ok = key_text(c, &key, d->k[i]);
-        if (ok) dump_string(b, key.p ? key.p : "", key.n, o->ensure_ascii);
-        tpl_buf_free(&key);
+        if (ok) dump_string(b, key.p ? key.p : "", key.len, o->ensure_ascii);
+        mu_buf_free(&key);
         if (!ok) break;
-        tpl_buf_put(b, o->key_sep, o->key_sep_len);
+        mu_buf_append(b, o->key_sep, o->key_sep_len);
         ok = tpl_json_dump(c, b, d->v[i], o, depth + 1);
     }
     free(order);
     if (!ok) return false;
     if (o->has_indent) newline_indent(b, o, depth);
-    tpl_buf_putc(b, '}');
+    mu_buf_putc(b, '}');
     return true;
 }
 
-bool tpl_json_dump(tpl_ctx *c, tpl_buf *b, tv_value v, const tpl_json_opts *o, int depth) {
+bool tpl_json_dump(tpl_ctx *c, mu_buf *b, tv_value v, const tpl_json_opts *o, int depth) {
     if (depth > JSON_MAX_DEPTH)
         return tpl_fail(c, "RecursionError", "maximum recursion depth exceeded while encoding a JSON object");
     switch (v.type) {
-    case TV_NONE: tpl_buf_puts(b, "null"); return true;
-    case TV_BOOL: tpl_buf_puts(b, v.as.b ? "true" : "false"); return true;
-    case TV_INT: tpl_buf_printf(b, "%lld", (long long)v.as.i); return true;
+    case TV_NONE: mu_buf_puts(b, "null"); return true;
+    case TV_BOOL: mu_buf_puts(b, v.as.b ? "true" : "false"); return true;
+    case TV_INT: mu_buf_appendf(b, "%lld", (long long)v.as.i); return true;
     case TV_FLOAT: dump_float(b, v.as.f); return true;
     case TV_STR: dump_string(b, v.as.s->s, v.as.s->len, o->ensure_ascii); return true;
     case TV_DICT: return dump_dict(c, b, v.as.d, o, depth);
@@ -170,17 +170,17 @@ bool tpl_json_dump(tpl_ctx *c, tpl_buf *b, tv_value v, const tpl_json_opts *o, i
         if (v.as.l->kind == SEQ_LIST || v.as.l->kind == SEQ_TUPLE) {
             const tv_list *l = v.as.l;
             if (l->n == 0) {
-                tpl_buf_puts(b, "[]");
+                mu_buf_puts(b, "[]");
                 return true;
             }
-            tpl_buf_putc(b, '[');
+            mu_buf_putc(b, '[');
             for (size_t i = 0; i < l->n; i++) {
-                if (i) tpl_buf_put(b, o->item_sep, o->item_sep_len);
+                if (i) mu_buf_append(b, o->item_sep, o->item_sep_len);
                 if (o->has_indent) newline_indent(b, o, depth + 1);
                 if (!tpl_json_dump(c, b, l->v[i], o, depth + 1)) return false;
             }
             if (o->has_indent) newline_indent(b, o, depth);
-            tpl_buf_putc(b, ']');
+            mu_buf_putc(b, ']');
             return true;
         }
         return tpl_fail(c, "TypeError", "Object of type %s is not JSON serializable", tv_type_name(v));

@@ -214,10 +214,10 @@ static int hexval_n(const char *s, size_t n, size_t i, int digits, uint32_t *out
 }
 
 /* Decode a string literal body the way Python's unicode-escape does. */
-static bool decode_string(tpl_lexer *L, size_t at, const char *s, size_t n, tpl_buf *out) {
+static bool decode_string(tpl_lexer *L, size_t at, const char *s, size_t n, mu_buf *out) {
     for (size_t i = 0; i < n;) {
         if (s[i] != '\\' || i + 1 >= n) {
-            tpl_buf_putc(out, s[i++]);
+            mu_buf_putc(out, s[i++]);
             continue;
         }
         char c = s[i + 1];
@@ -225,16 +225,16 @@ static bool decode_string(tpl_lexer *L, size_t at, const char *s, size_t n, tpl_
         uint32_t cp;
         switch (c) {
         case '\n': break;
-        case '\\': tpl_buf_putc(out, '\\'); break;
-        case '\'': tpl_buf_putc(out, '\''); break;
-        case '"': tpl_buf_putc(out, '"'); break;
-        case 'a': tpl_buf_putc(out, '\a'); break;
-        case 'b': tpl_buf_putc(out, '\b'); break;
-        case 'f': tpl_buf_putc(out, '\f'); break;
-        case 'n': tpl_buf_putc(out, '\n'); break;
-        case 'r': tpl_buf_putc(out, '\r'); break;
-        case 't': tpl_buf_putc(out, '\t'); break;
-        case 'v': tpl_buf_putc(out, '\v'); break;
+        case '\\': mu_buf_putc(out, '\\'); break;
+        case '\'': mu_buf_putc(out, '\''); break;
+        case '"': mu_buf_putc(out, '"'); break;
+        case 'a': mu_buf_putc(out, '\a'); break;
+        case 'b': mu_buf_putc(out, '\b'); break;
+        case 'f': mu_buf_putc(out, '\f'); break;
+        case 'n': mu_buf_putc(out, '\n'); break;
+        case 'r': mu_buf_putc(out, '\r'); break;
+        case 't': mu_buf_putc(out, '\t'); break;
+        case 'v': mu_buf_putc(out, '\v'); break;
         case 'x':
             if (!hexval_n(s, n, i, 2, &cp)) return lex_fail(L, at, "truncated \\xXX escape");
             tpl_utf8_put(out, cp);
@@ -259,8 +259,8 @@ static bool decode_string(tpl_lexer *L, size_t at, const char *s, size_t n, tpl_
                     cp = cp * 8 + (uint32_t)(s[i++] - '0');
                 tpl_utf8_put(out, cp);
             } else {
-                tpl_buf_putc(out, '\\');
-                tpl_buf_putc(out, c);
+                mu_buf_putc(out, '\\');
+                mu_buf_putc(out, c);
             }
         }
     }
@@ -324,14 +324,14 @@ static bool lex_tag_token(tpl_lexer *L, size_t *pi, char *stack, int *depth) {
         size_t j = i + 1;
         while (j < n && s[j] != q) j += (s[j] == '\\' && j + 1 < n) ? 2 : 1;
         if (j < n) {
-            tpl_buf b = {0};
+            mu_buf b = {0};
             if (!decode_string(L, i, s + i + 1, j - i - 1, &b)) {
-                tpl_buf_free(&b);
+                mu_buf_free(&b);
                 return false;
             }
             tpl_token *k = push_tok(L, T_STRING, i);
-            k->str = tpl_intern(L->t, b.p ? b.p : "", b.n);
-            tpl_buf_free(&b);
+            k->str = tpl_intern(L->t, b.p ? b.p : "", b.len);
+            mu_buf_free(&b);
             *pi = j + 1;
             return true;
         }
@@ -355,10 +355,10 @@ static bool lex_tag_token(tpl_lexer *L, size_t *pi, char *stack, int *depth) {
     }
     size_t k = i;
     tpl_utf8_next(s, n, &k);
-    tpl_buf b = {0};
+    mu_buf b = {0};
     tv_write_pystr_repr(&b, s + i, k - i);
     bool r = lex_fail(L, i, "unexpected char %s at %zu", b.p, i);
-    tpl_buf_free(&b);
+    mu_buf_free(&b);
     return r;
 }
 

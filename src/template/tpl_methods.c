@@ -143,11 +143,11 @@ static bool m_list_index(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv
             *out = tv_int((int64_t)i);
             return true;
         }
-    tpl_buf b = {0};
+    mu_buf b = {0};
     tv_write_repr(&b, a->pos[0]);
     tpl_fail(c, "ValueError", self->as.l->kind == SEQ_TUPLE ? "tuple.index(x): x not in tuple" : "%s is not in list",
              b.p);
-    tpl_buf_free(&b);
+    mu_buf_free(&b);
     return false;
 }
 
@@ -402,10 +402,10 @@ static bool g_raise_exception(tpl_ctx *c, const tv_value *self, const tpl_args *
     tv_value arg[1];
     bool has[1];
     if (!tpl_bind(c, "_cached_compile_jinja_template.<locals>.raise_exception", 0, 1, a, names, arg, has)) return false;
-    tpl_buf b = {0};
+    mu_buf b = {0};
     tv_write_str(&b, arg[0]);
     tpl_fail(c, "TemplateError", "%s", b.p ? b.p : "");
-    tpl_buf_free(&b);
+    mu_buf_free(&b);
     return false;
 }
 

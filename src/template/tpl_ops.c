@@ -28,10 +28,10 @@ bool tpl_check_len(tpl_ctx *c, size_t n) {
     return true;
 }
 
-bool tpl_buf_finish(tpl_ctx *c, tpl_buf *b, bool ok, tv_value *out) {
+bool tpl_buf_finish(tpl_ctx *c, mu_buf *b, bool ok, tv_value *out) {
     if (ok && b->over) ok = tpl_check_len(c, SIZE_MAX);
     if (!ok) {
-        tpl_buf_free(b);
+        mu_buf_free(b);
         return false;
     }
     *out = tv_str_from_buf(b);
@@ -39,25 +39,25 @@ bool tpl_buf_finish(tpl_ctx *c, tpl_buf *b, bool ok, tv_value *out) {
 }
 
 static tv_value undefined_attr(tv_value obj, const char *name, size_t n) {
-    tpl_buf b = {0}, r = {0};
+    mu_buf b = {0}, r = {0};
     tv_object_type_repr(&b, obj);
-    tv_write_pystr_repr(&r, b.p, b.n);
-    tpl_buf_puts(&r, " has no attribute ");
+    tv_write_pystr_repr(&r, b.p, b.len);
+    mu_buf_puts(&r, " has no attribute ");
     tv_write_pystr_repr(&r, name, n);
     tv_value u = tv_undef_msg("UndefinedError", "%s", r.p);
-    tpl_buf_free(&b);
-    tpl_buf_free(&r);
+    mu_buf_free(&b);
+    mu_buf_free(&r);
     return u;
 }
 
 static tv_value undefined_element(tv_value obj, tv_value key) {
     if (key.type == TV_STR) return undefined_attr(obj, key.as.s->s, key.as.s->len);
-    tpl_buf b = {0};
+    mu_buf b = {0};
     tv_object_type_repr(&b, obj);
-    tpl_buf_puts(&b, " has no element ");
+    mu_buf_puts(&b, " has no element ");
     tv_write_repr(&b, key);
     tv_value u = tv_undef_msg("UndefinedError", "%s", b.p);
-    tpl_buf_free(&b);
+    mu_buf_free(&b);
     return u;
 }
 
@@ -127,10 +127,10 @@ bool tpl_to_str(tpl_ctx *c, tv_value v, tv_value *out) {
         *out = tv_str_markup(tv_ref(v), false);
         return true;
     }
-    tpl_buf b = {.limit = c->max_str};
+    mu_buf b = {.limit = c->max_str};
     tv_write_str(&b, v);
     if (b.over) {
-        tpl_buf_free(&b);
+        mu_buf_free(&b);
         return tpl_check_len(c, SIZE_MAX);
     }
     *out = tv_str_from_buf(&b);
@@ -143,15 +143,15 @@ static bool is_indexable_seq(tv_value v) {
 }
 
 static tv_value unsafe_attr(tv_value obj, const char *name, size_t n) {
-    tpl_buf b = {0};
-    tpl_buf_puts(&b, "access to attribute ");
+    mu_buf b = {0};
+    mu_buf_puts(&b, "access to attribute ");
     tv_write_pystr_repr(&b, name, n);
-    tpl_buf_puts(&b, " of ");
+    mu_buf_puts(&b, " of ");
     const char *tn = tv_type_name(obj);
     tv_write_pystr_repr(&b, tn, strlen(tn));
-    tpl_buf_puts(&b, " object is unsafe.");
+    mu_buf_puts(&b, " object is unsafe.");
     tv_value u = tv_undef_msg("SecurityError", "%s", b.p);
-    tpl_buf_free(&b);
+    mu_buf_free(&b);
     return u;
 }
 
@@ -231,16 +231,16 @@ bool tpl_getitem(tpl_ctx *c, tv_value obj, tv_value key, tv_value *out) {
 /* obj[start:stop:step]: jinja2 emits a plain Python subscript for slices
  * (no environment.getitem), so errors are Python's TypeErrors. */
 static tv_value undefined_slice(tv_value obj, tv_value parts[3]) {
-    tpl_buf b = {0};
+    mu_buf b = {0};
     tv_object_type_repr(&b, obj);
-    tpl_buf_puts(&b, " has no element slice(");
+    mu_buf_puts(&b, " has no element slice(");
     for (int i = 0; i < 3; i++) {
-        if (i) tpl_buf_puts(&b, ", ");
+        if (i) mu_buf_puts(&b, ", ");
         tv_write_repr(&b, parts[i]);
     }
-    tpl_buf_putc(&b, ')');
+    mu_buf_putc(&b, ')');
     tv_value u = tv_undef_msg("UndefinedError", "%s", b.p);
-    tpl_buf_free(&b);
+    mu_buf_free(&b);
     return u;
 }
 
@@ -284,7 +284,7 @@ bool tpl_slice(tpl_ctx *c, tv_value obj, tv_value parts[3], tv_value *out) {
     }
     if (obj.type == TV_STR) {
         const tv_str *s = obj.as.s;
-        tpl_buf b = {0};
+        mu_buf b = {0};
         size_t *offs = NULL;
         if (!s->ascii) {
             offs = mu_xmalloc(((size_t)len + 1) * sizeof *offs);
@@ -297,7 +297,7 @@ bool tpl_slice(tpl_ctx *c, tv_value obj, tv_value parts[3], tv_value *out) {
         }
         for (int64_t i = se[0]; step > 0 ? i < se[1] : i > se[1]; i += step) {
             size_t a = offs ? offs[i] : (size_t)i, e = offs ? offs[i + 1] : (size_t)i + 1;
-            tpl_buf_put(&b, s->s + a, e - a);
+            mu_buf_append(&b, s->s + a, e - a);
         }
         free(offs);
         *out = tv_str_markup(tv_str_from_buf(&b), s->markup);
@@ -318,17 +318,17 @@ static bool type_error_binop(tpl_ctx *c, const char *op, tv_value a, tv_value b)
 static bool concat_str(tpl_ctx *c, tv_value a, tv_value b, tv_value *out) {
     const tv_str *x = a.as.s, *y = b.as.s;
     bool markup = x->markup || y->markup;
-    tpl_buf buf = {.limit = c->max_str};
+    mu_buf buf = {.limit = c->max_str};
     if (markup && !x->markup)
         tpl_html_escape(&buf, x->s, x->len);
     else
-        tpl_buf_put(&buf, x->s, x->len);
+        mu_buf_append(&buf, x->s, x->len);
     if (markup && !y->markup)
         tpl_html_escape(&buf, y->s, y->len);
     else
-        tpl_buf_put(&buf, y->s, y->len);
+        mu_buf_append(&buf, y->s, y->len);
     if (buf.over) {
-        tpl_buf_free(&buf);
+        mu_buf_free(&buf);
         return tpl_check_len(c, SIZE_MAX);
     }
     *out = tv_str_markup(tv_str_from_buf(&buf), markup);
@@ -339,8 +339,8 @@ static bool repeat(tpl_ctx *c, tv_value seq, int64_t times, tv_value *out) {
     if (times < 0) times = 0;
     if (seq.type == TV_STR) {
         if (seq.as.s->len && (uint64_t)times > c->max_str / seq.as.s->len) return tpl_check_len(c, SIZE_MAX);
-        tpl_buf b = {0};
-        for (int64_t i = 0; i < times; i++) tpl_buf_put(&b, seq.as.s->s, seq.as.s->len);
+        mu_buf b = {0};
+        for (int64_t i = 0; i < times; i++) mu_buf_append(&b, seq.as.s->s, seq.as.s->len);
         *out = tv_str_markup(tv_str_from_buf(&b), seq.as.s->markup);
         return true;
     }

@@ -401,20 +401,20 @@ static tv_str *parse_dotted_name(P *p) {
     tpl_token *k = expect_name(p);
     if (!k) return NULL;
     if (!tok_is_op(cur(p), O_DOT)) return name_str(p, k);
-    tpl_buf b = {0};
-    tpl_buf_put(&b, k->p, k->n);
+    mu_buf b = {0};
+    mu_buf_append(&b, k->p, k->n);
     while (tok_is_op(cur(p), O_DOT)) {
         adv(p);
         tpl_token *x = expect_name(p);
         if (!x) {
-            tpl_buf_free(&b);
+            mu_buf_free(&b);
             return NULL;
         }
-        tpl_buf_putc(&b, '.');
-        tpl_buf_put(&b, x->p, x->n);
+        mu_buf_putc(&b, '.');
+        mu_buf_append(&b, x->p, x->n);
     }
-    tv_str *s = tpl_intern(p->t, b.p, b.n);
-    tpl_buf_free(&b);
+    tv_str *s = tpl_intern(p->t, b.p, b.len);
+    mu_buf_free(&b);
     return s;
 }
 
@@ -657,15 +657,15 @@ static tpl_node *parse_primary(P *p) {
             n->value.type = TV_STR;
             n->value.as.s = k->str;
         } else {
-            tpl_buf b = {0};
-            tpl_buf_put(&b, k->str->s, k->str->len);
+            mu_buf b = {0};
+            mu_buf_append(&b, k->str->s, k->str->len);
             while (cur(p)->type == T_STRING) {
-                tpl_buf_put(&b, cur(p)->str->s, cur(p)->str->len);
+                mu_buf_append(&b, cur(p)->str->s, cur(p)->str->len);
                 adv(p);
             }
             n->value.type = TV_STR;
-            n->value.as.s = tpl_intern(p->t, b.p, b.n);
-            tpl_buf_free(&b);
+            n->value.as.s = tpl_intern(p->t, b.p, b.len);
+            mu_buf_free(&b);
         }
     } else if (k->type == T_INT || k->type == T_FLOAT) {
         n = node(p, N_CONST, k->pos);

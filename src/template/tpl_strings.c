@@ -68,7 +68,7 @@ bool tpl_cp_isalpha(uint32_t cp) {
 /* mode: 0 lower, 1 upper, 2 capitalize, 3 title (str.title), 4 swapcase */
 tv_value tpl_str_case(tv_value v, int mode) {
     const tv_str *s = v.as.s;
-    tpl_buf b = {0};
+    mu_buf b = {0};
     bool prev_cased = false, first = true;
     for (size_t i = 0; i < s->len;) {
         uint32_t cp = tpl_utf8_next(s->s, s->len, &i), r = cp;
@@ -81,7 +81,7 @@ tv_value tpl_str_case(tv_value v, int mode) {
         default: up = cp_is_lower(cp); break;
         }
         if (up && cp == 0xDF) {
-            tpl_buf_puts(&b, mode == 2 || mode == 3 ? "Ss" : "SS");
+            mu_buf_puts(&b, mode == 2 || mode == 3 ? "Ss" : "SS");
         } else {
             r = up ? tpl_cp_upper(cp) : tpl_cp_lower(cp);
             tpl_utf8_put(&b, r);
@@ -212,19 +212,19 @@ bool tpl_str_split(tpl_ctx *c, tv_value v, tv_value sep, int64_t maxsplit, bool 
 
 bool tpl_str_replace(tpl_ctx *c, tv_value v, tv_value old, tv_value nw, int64_t count, tv_value *out) {
     const tv_str *s = v.as.s, *o = old.as.s, *n = nw.as.s;
-    tpl_buf b = {.limit = c->max_str};
+    mu_buf b = {.limit = c->max_str};
     if (o->len == 0) { /* insert between every code point */
         int64_t done = 0;
         size_t i = 0;
         for (;;) {
             if (count < 0 || done < count) {
-                tpl_buf_put(&b, n->s, n->len);
+                mu_buf_append(&b, n->s, n->len);
                 done++;
             }
             if (i >= s->len) break;
             size_t st = i;
             tpl_utf8_next(s->s, s->len, &i);
-            tpl_buf_put(&b, s->s + st, i - st);
+            mu_buf_append(&b, s->s + st, i - st);
         }
     } else {
         size_t a = 0;
@@ -233,30 +233,30 @@ bool tpl_str_replace(tpl_ctx *c, tv_value v, tv_value old, tv_value nw, int64_t 
             const char *hit = memmem(s->s + a, s->len - a, o->s, o->len);
             if (!hit) break;
             size_t at = (size_t)(hit - s->s);
-            tpl_buf_put(&b, s->s + a, at - a);
-            tpl_buf_put(&b, n->s, n->len);
+            mu_buf_append(&b, s->s + a, at - a);
+            mu_buf_append(&b, n->s, n->len);
             a = at + o->len;
             done++;
         }
-        tpl_buf_put(&b, s->s + a, s->len - a);
+        mu_buf_append(&b, s->s + a, s->len - a);
     }
     if (b.over) {
-        tpl_buf_free(&b);
+        mu_buf_free(&b);
         return tpl_check_len(c, SIZE_MAX);
     }
     *out = tv_str_markup(tv_str_from_buf(&b), s->markup);
     return true;
 }
 
-void tpl_html_escape(tpl_buf *b, const char *s, size_t n) {
+void tpl_html_escape(mu_buf *b, const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) {
         switch (s[i]) {
-        case '&': tpl_buf_puts(b, "&amp;"); break;
-        case '<': tpl_buf_puts(b, "&lt;"); break;
-        case '>': tpl_buf_puts(b, "&gt;"); break;
-        case '\'': tpl_buf_puts(b, "&#39;"); break;
-        case '"': tpl_buf_puts(b, "&#34;"); break;
-        default: tpl_buf_putc(b, s[i]);
+        case '&': mu_buf_puts(b, "&amp;"); break;
+        case '<': mu_buf_puts(b, "&lt;"); break;
+        case '>': mu_buf_puts(b, "&gt;"); break;
+        case '\'': mu_buf_puts(b, "&#39;"); break;
+        case '"': mu_buf_puts(b, "&#34;"); break;
+        default: mu_buf_putc(b, s[i]);
         }
     }
 }
@@ -344,14 +344,14 @@ static bool m_capitalize(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv
     }
     size_t i = 0;
     uint32_t cp = tpl_utf8_next(SELF_STR->s, SELF_STR->len, &i);
-    tpl_buf b = {0};
+    mu_buf b = {0};
     if (cp == 0xDF)
-        tpl_buf_puts(&b, "Ss");
+        mu_buf_puts(&b, "Ss");
     else
         tpl_utf8_put(&b, tpl_cp_upper(cp));
     size_t j = 0;
     tpl_utf8_next(s->s, s->len, &j);
-    tpl_buf_put(&b, s->s + j, s->len - j);
+    mu_buf_append(&b, s->s + j, s->len - j);
     tv_unref(low);
     *out = tv_str_markup(tv_str_from_buf(&b), SELF_STR->markup);
     return true;
@@ -443,9 +443,9 @@ static bool m_replace(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv_va
     /* Markup.replace escapes plain arguments */
     tv_value esc[2];
     for (int i = 0; i < 2; i++) {
-        tpl_buf b = {0};
+        mu_buf b = {0};
         if (arg[i].as.s->markup)
-            tpl_buf_put(&b, arg[i].as.s->s, arg[i].as.s->len);
+            mu_buf_append(&b, arg[i].as.s->s, arg[i].as.s->len);
         else
             tpl_html_escape(&b, arg[i].as.s->s, arg[i].as.s->len);
         esc[i] = tv_str_from_buf(&b);
@@ -517,7 +517,7 @@ static bool m_join(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv_value
     tv_value items;
     if (!tpl_iterate(c, arg[0], &items)) return false;
     bool markup = SELF_STR->markup;
-    tpl_buf b = {.limit = c->max_str};
+    mu_buf b = {.limit = c->max_str};
     bool ok = true;
     for (size_t i = 0; i < items.as.l->n && ok; i++) {
         tv_value it = items.as.l->v[i];
@@ -525,11 +525,11 @@ static bool m_join(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv_value
             ok = tpl_fail(c, "TypeError", "sequence item %zu: expected str instance, %s found", i, tv_type_name(it));
             break;
         }
-        if (i) tpl_buf_put(&b, SELF_STR->s, SELF_STR->len);
+        if (i) mu_buf_append(&b, SELF_STR->s, SELF_STR->len);
         if (markup && !it.as.s->markup)
             tpl_html_escape(&b, it.as.s->s, it.as.s->len);
         else
-            tpl_buf_put(&b, it.as.s->s, it.as.s->len);
+            mu_buf_append(&b, it.as.s->s, it.as.s->len);
     }
     tv_unref(items);
     tv_value joined;
@@ -621,10 +621,10 @@ static bool m_pad(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv_value 
         left = total / 2 + (total & width & 1);
     else if (mode == 2)
         left = total;
-    tpl_buf b = {0};
-    for (int64_t i = 0; i < left; i++) tpl_buf_put(&b, fill, fill_len);
-    tpl_buf_put(&b, SELF_STR->s, SELF_STR->len);
-    for (int64_t i = left; i < total; i++) tpl_buf_put(&b, fill, fill_len);
+    mu_buf b = {0};
+    for (int64_t i = 0; i < left; i++) mu_buf_append(&b, fill, fill_len);
+    mu_buf_append(&b, SELF_STR->s, SELF_STR->len);
+    for (int64_t i = left; i < total; i++) mu_buf_append(&b, fill, fill_len);
     *out = tv_str_markup(tv_str_from_buf(&b), SELF_STR->markup);
     return true;
 }
@@ -646,11 +646,11 @@ static bool m_zfill(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv_valu
     const tv_str *s = SELF_STR;
     int64_t len = (int64_t)tv_str_cplen(s);
     if (!tpl_check_len(c, width > len ? (size_t)(width - len) : 0)) return false;
-    tpl_buf b = {0};
+    mu_buf b = {0};
     size_t skip = (s->len && (s->s[0] == '+' || s->s[0] == '-')) ? 1 : 0;
-    tpl_buf_put(&b, s->s, skip);
-    for (int64_t i = len; i < width; i++) tpl_buf_putc(&b, '0');
-    tpl_buf_put(&b, s->s + skip, s->len - skip);
+    mu_buf_append(&b, s->s, skip);
+    for (int64_t i = len; i < width; i++) mu_buf_putc(&b, '0');
+    mu_buf_append(&b, s->s + skip, s->len - skip);
     *out = tv_str_markup(tv_str_from_buf(&b), s->markup);
     return true;
 }
@@ -711,7 +711,7 @@ static bool m_removesuffix(tpl_ctx *c, const tv_value *self, const tpl_args *a, 
 /* str.format with positional / named fields and empty format specs. */
 static bool m_format(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv_value *out) {
     const tv_str *s = SELF_STR;
-    tpl_buf b = {.limit = c->max_str};
+    mu_buf b = {.limit = c->max_str};
     size_t auto_idx = 0;
     for (size_t i = 0; i < s->len; i++) {
         char ch = s->s[i];
@@ -719,30 +719,30 @@ static bool m_format(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv_val
             if (i + 1 < s->len && s->s[i + 1] == '}')
                 i++;
             else {
-                tpl_buf_free(&b);
+                mu_buf_free(&b);
                 return tpl_fail(c, "ValueError", "Single '}' encountered in format string");
             }
-            tpl_buf_putc(&b, '}');
+            mu_buf_putc(&b, '}');
             continue;
         }
         if (ch != '{') {
-            tpl_buf_putc(&b, ch);
+            mu_buf_putc(&b, ch);
             continue;
         }
         if (i + 1 < s->len && s->s[i + 1] == '{') {
-            tpl_buf_putc(&b, '{');
+            mu_buf_putc(&b, '{');
             i++;
             continue;
         }
         const char *close = memchr(s->s + i, '}', s->len - i);
         if (!close) {
-            tpl_buf_free(&b);
+            mu_buf_free(&b);
             return tpl_fail(c, "ValueError", "Single '{' encountered in format string");
         }
         size_t fs = i + 1, fe = (size_t)(close - s->s);
         i = fe;
         if (memchr(s->s + fs, ':', fe - fs) || memchr(s->s + fs, '!', fe - fs)) {
-            tpl_buf_free(&b);
+            mu_buf_free(&b);
             return tpl_fail(c, "ValueError", "format specs are not supported");
         }
         tv_value v = tv_undef_anon();
@@ -758,14 +758,14 @@ static bool m_format(tpl_ctx *c, const tv_value *self, const tpl_args *a, tv_val
                 if (tv_str_eq(a->kwname[k], s->s + fs, fe - fs)) v = a->kw[k], found = true;
         }
         if (!found) {
-            tpl_buf_free(&b);
+            mu_buf_free(&b);
             return tpl_fail(c, fe == fs || (s->s[fs] >= '0' && s->s[fs] <= '9') ? "IndexError" : "KeyError",
                             "Replacement index out of range for positional args tuple");
         }
         tv_write_str(&b, v);
     }
     if (b.over) {
-        tpl_buf_free(&b);
+        mu_buf_free(&b);
         return tpl_check_len(c, SIZE_MAX);
     }
     *out = tv_str_from_buf(&b);

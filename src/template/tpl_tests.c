@@ -275,10 +275,10 @@ bool tpl_call_test(tpl_ctx *c, int id, tv_value in, const tpl_args *a, bool *out
 bool tpl_call_test_named(tpl_ctx *c, tv_value name, tv_value in, const tpl_args *a, bool *out) {
     int id = name.type == TV_STR ? tpl_test_lookup(name.as.s->s, name.as.s->len) : -1;
     if (id < 0) {
-        tpl_buf b = {0};
+        mu_buf b = {0};
         tv_write_repr(&b, name);
         tpl_fail(c, "TemplateRuntimeError", "No test named %s.", b.p);
-        tpl_buf_free(&b);
+        mu_buf_free(&b);
         return false;
     }
     return tpl_call_test(c, id, in, a, out);

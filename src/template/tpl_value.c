@@ -37,49 +37,6 @@ void tpl_arena_free(tpl_arena *a) {
     a->head = NULL;
 }
 
-/* ----------------------------------------------------------------- buffers */
-void tpl_buf_put(tpl_buf *b, const char *s, size_t n) {
-    if (b->over) return;
-    if (b->limit && (n > b->limit || b->n > b->limit - n)) {
-        b->over = true;
-        return;
-    }
-    if (b->cap - b->n < n + 1) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap - b->n < n + 1) cap *= 2;
-        b->p = mu_xrealloc(b->p, cap);
-        b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-void tpl_buf_printf(tpl_buf *b, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        tpl_buf_put(b, tmp, (size_t)n);
-        return;
-    }
-    char *big = mu_xmalloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    tpl_buf_put(b, big, (size_t)n);
-    free(big);
-}
-
-void tpl_buf_free(tpl_buf *b) {
-    free(b->p);
-    b->p = NULL;
-    b->n = b->cap = 0;
-}
-
 /* -------------------------------------------------------------------- UTF-8 */
 uint32_t tpl_utf8_next(const char *s, size_t n, size_t *i) {
     const unsigned char *u = (const unsigned char *)s;
@@ -106,26 +63,26 @@ uint32_t tpl_utf8_next(const char *s, size_t n, size_t *i) {
     return cp;
 }
 
-void tpl_utf8_put(tpl_buf *b, uint32_t cp) {
+void tpl_utf8_put(mu_buf *b, uint32_t cp) {
     char t[4];
     if (cp < 0x80) {
         t[0] = (char)cp;
-        tpl_buf_put(b, t, 1);
+        mu_buf_append(b, t, 1);
     } else if (cp < 0x800) {
         t[0] = (char)(0xC0 | (cp >> 6));
         t[1] = (char)(0x80 | (cp & 0x3F));
-        tpl_buf_put(b, t, 2);
+        mu_buf_append(b, t, 2);
     } else if (cp < 0x10000) {
         t[0] = (char)(0xE0 | (cp >> 12));
         t[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
         t[2] = (char)(0x80 | (cp & 0x3F));
-        tpl_buf_put(b, t, 3);
+        mu_buf_append(b, t, 3);
     } else {
         t[0] = (char)(0xF0 | (cp >> 18));
         t[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
         t[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
         t[3] = (char)(0x80 | (cp & 0x3F));
-        tpl_buf_put(b, t, 4);
+        mu_buf_append(b, t, 4);
     }
 }
 
@@ -180,9 +137,9 @@ tv_value tv_str_markup(tv_value v, bool markup) {
     return c;
 }
 
-tv_value tv_str_from_buf(tpl_buf *b) {
-    tv_value v = tv_str_new(b->p ? b->p : "", b->n);
-    tpl_buf_free(b);
+tv_value tv_str_from_buf(mu_buf *b) {
+    tv_value v = tv_str_new(b->p ? b->p : "", b->len);
+    mu_buf_free(b);
     return v;
 }
 
@@ -423,13 +380,13 @@ tv_value tv_func_builtin(const char *name, tpl_builtin_fn fn, tv_value self) {
 }
 
 tv_value tv_undef_msg(const char *exc, const char *fmt, ...) {
-    tpl_buf b = {0};
+    mu_buf b = {0};
     va_list ap;
     va_start(ap, fmt);
     char tmp[1024];
     vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    tpl_buf_puts(&b, tmp);
+    mu_buf_puts(&b, tmp);
     tv_undef *u = mu_xcalloc(1, sizeof *u);
     u->refs = 1;
     u->exc = exc;
@@ -529,9 +486,9 @@ const char *tv_type_name(tv_value v) {
     return "object";
 }
 
-void tv_object_type_repr(tpl_buf *b, tv_value v) {
+void tv_object_type_repr(mu_buf *b, tv_value v) {
     if (v.type == TV_NONE) {
-        tpl_buf_puts(b, "None");
+        mu_buf_puts(b, "None");
         return;
     }
     const char *mod = v.type == TV_NS                                    ? "jinja2.utils."
@@ -540,17 +497,17 @@ void tv_object_type_repr(tpl_buf *b, tv_value v) {
                       : (v.type == TV_STR && v.as.s->markup)             ? "markupsafe."
                       : v.type == TV_UNDEFINED                           ? "jinja2.runtime."
                                                                          : "";
-    tpl_buf_printf(b, "%s%s object", mod, tv_type_name(v));
+    mu_buf_appendf(b, "%s%s object", mod, tv_type_name(v));
 }
 
 /* repr(float): shortest round-trip digits, Python's layout rules. */
-void tv_write_float(tpl_buf *b, double f) {
+void tv_write_float(mu_buf *b, double f) {
     if (isnan(f)) {
-        tpl_buf_puts(b, "nan");
+        mu_buf_puts(b, "nan");
         return;
     }
     if (isinf(f)) {
-        tpl_buf_puts(b, f < 0 ? "-inf" : "inf");
+        mu_buf_puts(b, f < 0 ? "-inf" : "inf");
         return;
     }
     char tmp[40];
@@ -570,26 +527,26 @@ void tv_write_float(tpl_buf *b, double f) {
     int exp10 = atoi(p + 1);
     while (nd > 1 && digits[nd - 1] == '0') nd--;
     int decpt = exp10 + 1;
-    if (neg) tpl_buf_putc(b, '-');
+    if (neg) mu_buf_putc(b, '-');
     if (decpt <= -4 || decpt > 16) {
-        tpl_buf_putc(b, digits[0]);
+        mu_buf_putc(b, digits[0]);
         if (nd > 1) {
-            tpl_buf_putc(b, '.');
-            tpl_buf_put(b, digits + 1, (size_t)nd - 1);
+            mu_buf_putc(b, '.');
+            mu_buf_append(b, digits + 1, (size_t)nd - 1);
         }
-        tpl_buf_printf(b, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
+        mu_buf_appendf(b, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
     } else if (decpt <= 0) {
-        tpl_buf_puts(b, "0.");
-        for (int i = 0; i < -decpt; i++) tpl_buf_putc(b, '0');
-        tpl_buf_put(b, digits, (size_t)nd);
+        mu_buf_puts(b, "0.");
+        for (int i = 0; i < -decpt; i++) mu_buf_putc(b, '0');
+        mu_buf_append(b, digits, (size_t)nd);
     } else if (decpt >= nd) {
-        tpl_buf_put(b, digits, (size_t)nd);
-        for (int i = nd; i < decpt; i++) tpl_buf_putc(b, '0');
-        tpl_buf_puts(b, ".0");
+        mu_buf_append(b, digits, (size_t)nd);
+        for (int i = nd; i < decpt; i++) mu_buf_putc(b, '0');
+        mu_buf_puts(b, ".0");
     } else {
-        tpl_buf_put(b, digits, (size_t)decpt);
-        tpl_buf_putc(b, '.');
-        tpl_buf_put(b, digits + decpt, (size_t)(nd - decpt));
+        mu_buf_append(b, digits, (size_t)decpt);
+        mu_buf_putc(b, '.');
+        mu_buf_append(b, digits + decpt, (size_t)(nd - decpt));
     }
 }
 
@@ -605,119 +562,119 @@ static bool py_isprintable(uint32_t cp) {
     return true;
 }
 
-void tv_write_pystr_repr(tpl_buf *b, const char *s, size_t n) {
+void tv_write_pystr_repr(mu_buf *b, const char *s, size_t n) {
     bool has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
     char q = has_sq && !has_dq ? '"' : '\'';
-    tpl_buf_putc(b, q);
+    mu_buf_putc(b, q);
     for (size_t i = 0; i < n;) {
         size_t start = i;
         uint32_t cp = tpl_utf8_next(s, n, &i);
         if (cp == (uint32_t)q || cp == '\\') {
-            tpl_buf_putc(b, '\\');
-            tpl_buf_putc(b, (char)cp);
+            mu_buf_putc(b, '\\');
+            mu_buf_putc(b, (char)cp);
         } else if (cp == '\n')
-            tpl_buf_puts(b, "\\n");
+            mu_buf_puts(b, "\\n");
         else if (cp == '\r')
-            tpl_buf_puts(b, "\\r");
+            mu_buf_puts(b, "\\r");
         else if (cp == '\t')
-            tpl_buf_puts(b, "\\t");
+            mu_buf_puts(b, "\\t");
         else if (!py_isprintable(cp)) {
             if (cp < 0x100)
-                tpl_buf_printf(b, "\\x%02x", cp);
+                mu_buf_appendf(b, "\\x%02x", cp);
             else if (cp < 0x10000)
-                tpl_buf_printf(b, "\\u%04x", cp);
+                mu_buf_appendf(b, "\\u%04x", cp);
             else
-                tpl_buf_printf(b, "\\U%08x", cp);
+                mu_buf_appendf(b, "\\U%08x", cp);
         } else
-            tpl_buf_put(b, s + start, i - start);
+            mu_buf_append(b, s + start, i - start);
     }
-    tpl_buf_putc(b, q);
+    mu_buf_putc(b, q);
 }
 
-static void write_seq_items(tpl_buf *b, const tv_list *l) {
+static void write_seq_items(mu_buf *b, const tv_list *l) {
     for (size_t i = 0; i < l->n; i++) {
-        if (i) tpl_buf_puts(b, ", ");
+        if (i) mu_buf_puts(b, ", ");
         tv_write_repr(b, l->v[i]);
     }
 }
 
-void tv_write_repr(tpl_buf *b, tv_value v) {
+void tv_write_repr(mu_buf *b, tv_value v) {
     switch (v.type) {
-    case TV_UNDEFINED: tpl_buf_puts(b, "Undefined"); return;
+    case TV_UNDEFINED: mu_buf_puts(b, "Undefined"); return;
     case TV_STR:
-        if (v.as.s->markup) tpl_buf_puts(b, "Markup(");
+        if (v.as.s->markup) mu_buf_puts(b, "Markup(");
         tv_write_pystr_repr(b, v.as.s->s, v.as.s->len);
-        if (v.as.s->markup) tpl_buf_putc(b, ')');
+        if (v.as.s->markup) mu_buf_putc(b, ')');
         return;
     case TV_LIST: {
         const tv_list *l = v.as.l;
         switch (l->kind) {
         case SEQ_TUPLE:
-            tpl_buf_putc(b, '(');
+            mu_buf_putc(b, '(');
             write_seq_items(b, l);
-            if (l->n == 1) tpl_buf_putc(b, ',');
-            tpl_buf_putc(b, ')');
+            if (l->n == 1) mu_buf_putc(b, ',');
+            mu_buf_putc(b, ')');
             return;
-        case SEQ_GENERATOR: tpl_buf_puts(b, "<generator object>"); return;
-        case SEQ_REVITER: tpl_buf_puts(b, "<list_reverseiterator object>"); return;
+        case SEQ_GENERATOR: mu_buf_puts(b, "<generator object>"); return;
+        case SEQ_REVITER: mu_buf_puts(b, "<list_reverseiterator object>"); return;
         case SEQ_DICT_KEYS:
         case SEQ_DICT_VALUES:
         case SEQ_DICT_ITEMS:
-            tpl_buf_printf(b, "%s([", tv_type_name(v));
+            mu_buf_appendf(b, "%s([", tv_type_name(v));
             write_seq_items(b, l);
-            tpl_buf_puts(b, "])");
+            mu_buf_puts(b, "])");
             return;
         default:
-            tpl_buf_putc(b, '[');
+            mu_buf_putc(b, '[');
             write_seq_items(b, l);
-            tpl_buf_putc(b, ']');
+            mu_buf_putc(b, ']');
             return;
         }
     }
     case TV_DICT: {
         const tv_dict *d = v.as.d;
-        tpl_buf_putc(b, '{');
+        mu_buf_putc(b, '{');
         for (size_t i = 0; i < d->n; i++) {
-            if (i) tpl_buf_puts(b, ", ");
+            if (i) mu_buf_puts(b, ", ");
             tv_write_repr(b, d->k[i]);
-            tpl_buf_puts(b, ": ");
+            mu_buf_puts(b, ": ");
             tv_write_repr(b, d->v[i]);
         }
-        tpl_buf_putc(b, '}');
+        mu_buf_putc(b, '}');
         return;
     }
     case TV_FUNC:
         if (v.as.fn->kind == FN_MACRO) {
-            tpl_buf_puts(b, "<Macro ");
+            mu_buf_puts(b, "<Macro ");
             if (v.as.fn->name)
                 tv_write_pystr_repr(b, v.as.fn->name, strlen(v.as.fn->name));
             else
-                tpl_buf_puts(b, "'caller'");
-            tpl_buf_putc(b, '>');
+                mu_buf_puts(b, "'caller'");
+            mu_buf_putc(b, '>');
         } else if (v.as.fn->pyrepr) {
-            tpl_buf_puts(b, v.as.fn->pyrepr);
+            mu_buf_puts(b, v.as.fn->pyrepr);
         } else { /* Python shows an address here; print something stable */
-            tpl_buf_printf(b, "<%s %s>", v.as.fn->pytype ? v.as.fn->pytype : "built-in method", v.as.fn->name);
+            mu_buf_appendf(b, "<%s %s>", v.as.fn->pytype ? v.as.fn->pytype : "built-in method", v.as.fn->name);
         }
         return;
     case TV_NS:
-        tpl_buf_puts(b, "<Namespace ");
+        mu_buf_puts(b, "<Namespace ");
         tv_write_repr(b, tv_dict_val(v.as.ns->attrs));
-        tpl_buf_putc(b, '>');
+        mu_buf_putc(b, '>');
         return;
-    case TV_LOOP: tpl_buf_printf(b, "<LoopContext %zu/%zu>", v.as.loop->index0 + 1, v.as.loop->items->n); return;
+    case TV_LOOP: mu_buf_appendf(b, "<LoopContext %zu/%zu>", v.as.loop->index0 + 1, v.as.loop->items->n); return;
     default: tv_write_str(b, v); return;
     }
 }
 
-void tv_write_str(tpl_buf *b, tv_value v) {
+void tv_write_str(mu_buf *b, tv_value v) {
     switch (v.type) {
     case TV_UNDEFINED: return;
-    case TV_NONE: tpl_buf_puts(b, "None"); return;
-    case TV_BOOL: tpl_buf_puts(b, v.as.b ? "True" : "False"); return;
-    case TV_INT: tpl_buf_printf(b, "%lld", (long long)v.as.i); return;
+    case TV_NONE: mu_buf_puts(b, "None"); return;
+    case TV_BOOL: mu_buf_puts(b, v.as.b ? "True" : "False"); return;
+    case TV_INT: mu_buf_appendf(b, "%lld", (long long)v.as.i); return;
     case TV_FLOAT: tv_write_float(b, v.as.f); return;
-    case TV_STR: tpl_buf_put(b, v.as.s->s, v.as.s->len); return;
+    case TV_STR: mu_buf_append(b, v.as.s->s, v.as.s->len); return;
     default: tv_write_repr(b, v); return;
     }
 }

@@ -114,14 +114,69 @@ double mu_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-void mu_buf_append(mu_buf *b, const void *src, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->len + n + 1) cap *= 2;
-        b->p = mu_xrealloc(b->p, cap);
-        b->cap = cap;
+/* Room for n more bytes and the NUL. */
+static void buf_reserve(mu_buf *b, size_t n) {
+    if (b->cap - b->len > n) return;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap - b->len <= n) cap *= 2;
+    b->p = mu_xrealloc(b->p, cap);
+    b->cap = cap;
+}
+
+/* Whether n more bytes stay within the limit; sets over when not. */
+static bool buf_admit(mu_buf *b, size_t n) {
+    if (b->over) return false;
+    if (b->limit && (n > b->limit || b->len > b->limit - n)) {
+        b->over = true;
+        return false;
     }
+    return true;
+}
+
+void mu_buf_append(mu_buf *b, const void *src, size_t n) {
+    if (!buf_admit(b, n)) return;
+    buf_reserve(b, n);
     if (n) memcpy(b->p + b->len, src, n);
     b->len += n;
     b->p[b->len] = 0;
+}
+
+void mu_buf_appendf(mu_buf *b, const char *fmt, ...) {
+    if (b->over) return;
+    /* First into the spare room; when that is too small, grow and retry. */
+    size_t room = b->cap - b->len;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(room ? b->p + b->len : NULL, room, fmt, ap);
+    va_end(ap);
+    if (n < 0 || !buf_admit(b, (size_t)n)) {
+        if (room) b->p[b->len] = 0; /* drop what vsnprintf left there */
+        return;
+    }
+    if ((size_t)n >= room) {
+        buf_reserve(b, (size_t)n);
+        va_start(ap, fmt);
+        vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+    }
+    b->len += (size_t)n;
+}
+
+const char *mu_buf_str(mu_buf *b) {
+    if (!b->p) mu_buf_append(b, "", 0);
+    return b->p ? b->p : "";
+}
+
+char *mu_buf_take(mu_buf *b) {
+    char *p = b->p;
+    if (!p) p = mu_xstrdup("");
+    b->p = NULL;
+    b->len = b->cap = 0;
+    return p;
+}
+
+void mu_buf_free(mu_buf *b) {
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
 }

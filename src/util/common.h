@@ -25,13 +25,28 @@ void *mu_xrealloc(void *p, size_t n);
 char *mu_xstrdup(const char *s);
 
 /* The one growable byte buffer: len bytes at p, always followed by a NUL
- * (so text built in it is a C string), grown by doubling. Zero-initialize;
- * free(p) when done. */
+ * once anything was appended (so text built in it is a C string), grown by
+ * doubling. Zero-initialize; mu_buf_free (or free(p)) when done.
+ * A nonzero limit caps len: an append that would pass it appends nothing
+ * and sets over, and every append after that is dropped too (the template
+ * renderer's size limit, src/template/tpl_internal.h). */
 typedef struct mu_buf {
     char *p;
     size_t len, cap;
+    size_t limit; /* max bytes, 0 = none */
+    bool over;    /* an append was dropped for the limit */
 } mu_buf;
 void mu_buf_append(mu_buf *b, const void *src, size_t n);
+/* printf into the buffer, any length. */
+void mu_buf_appendf(mu_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static inline void mu_buf_puts(mu_buf *b, const char *s) { mu_buf_append(b, s, strlen(s)); }
+static inline void mu_buf_putc(mu_buf *b, char c) { mu_buf_append(b, &c, 1); }
+/* The text so far, never NULL; the buffer keeps it. */
+const char *mu_buf_str(mu_buf *b);
+/* Hands the text (never NULL, free() it) to the caller and empties the buffer. */
+char *mu_buf_take(mu_buf *b);
+/* Frees the bytes and empties the buffer (limit and over stay). */
+void mu_buf_free(mu_buf *b);
 
 /* Checked arithmetic: return false on overflow. */
 static inline bool mu_add_u64(uint64_t a, uint64_t b, uint64_t *out) {
