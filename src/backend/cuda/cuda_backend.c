@@ -1,0 +1,346 @@
+/* The CUDA backend's mu_backend glue (docs/cuda.md): backend memory is
+ * device memory; host arrays an op takes (token ids, positions, physical
+ * rows, slots, the norm vectors of the model, which are host copies) are
+ * uploaded per call; weights (views into the host GGUF mapping) are
+ * uploaded once, at load through the wants_repack hook or at first use,
+ * and found again through a host pointer -> device pointer map. The
+ * kernels are cuda_kernels.cu. A CUDA failure inside an op aborts with a
+ * message naming the call or kernel and the reason (an op cannot report
+ * an error, and a half-done forward is never a result). Without
+ * MUSER_HAVE_CUDA (no nvcc at configure time) creation fails with an error. */
+#include "backend/cuda/cuda_backend.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef MUSER_HAVE_CUDA
+
+mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
+    (void)n_threads;
+    mu_err_set(err, "backend 'cuda' is not available in this build (configure with nvcc present and -DMUSER_CUDA=ON)");
+    return NULL;
+}
+
+#else
+#include "backend/cuda/cuda_kernels.h"
+
+typedef struct dev_copy {
+    const void *host;
+    size_t bytes;
+    void *dev;
+} dev_copy;
+
+typedef struct dev_buf {
+    void *p;
+    size_t cap;
+} dev_buf;
+
+typedef struct cuda_ctx {
+    dev_copy *copies; /* uploaded weights */
+    size_t n_copies, cap_copies;
+    dev_buf args[2]; /* per-call uploads of host arrays */
+    dev_buf q8;      /* Q8_K activation blocks */
+    dev_buf tmp;     /* overlapping copies */
+} cuda_ctx;
+
+static _Noreturn void die(const char *op, const char *msg) {
+    fprintf(stderr, "muser: cuda backend: %s: %s\n", op, msg);
+    abort();
+}
+
+static cuda_ctx *ctx_of(mu_backend *b) { return (cuda_ctx *)b->ctx; }
+
+static void *buf_reserve(dev_buf *d, size_t bytes, const char *op) {
+    char err[MUCU_ERR_LEN];
+    if (bytes <= d->cap && d->p) return d->p;
+    size_t cap = d->cap ? d->cap : 4096;
+    while (cap < bytes) cap *= 2;
+    if (d->p && !mucu_free(d->p, err)) die(op, err);
+    d->p = NULL;
+    d->cap = 0;
+    if (!mucu_malloc(&d->p, cap, err)) die(op, err);
+    d->cap = cap;
+    return d->p;
+}
+
+/* A host array for this call, in device memory. */
+static void *upload_arg(mu_backend *b, int slot, const void *host, size_t bytes, const char *op) {
+    char err[MUCU_ERR_LEN];
+    void *d = buf_reserve(&ctx_of(b)->args[slot], bytes, op);
+    if (!mucu_memcpy(d, host, bytes, op, err)) die(op, err);
+    return d;
+}
+
+/* The device copy of `bytes` host bytes at `host` (uploaded on first use),
+ * or host itself when it already is device memory (activations viewed as
+ * a weight, mu_f32_matrix). */
+static const void *dev_bytes(mu_backend *b, const void *host, size_t bytes, const char *what) {
+    cuda_ctx *c = ctx_of(b);
+    for (size_t i = 0; i < c->n_copies; i++)
+        if (c->copies[i].host == host && c->copies[i].bytes >= bytes) return c->copies[i].dev;
+    if (mucu_is_device(host)) return host;
+    char err[MUCU_ERR_LEN];
+    void *d = NULL;
+    if (!mucu_malloc(&d, bytes, err) || !mucu_memcpy(d, host, bytes, what, err)) die(what, err);
+    if (c->n_copies == c->cap_copies) {
+        c->cap_copies = c->cap_copies ? 2 * c->cap_copies : 64;
+        c->copies = mu_xrealloc(c->copies, c->cap_copies * sizeof *c->copies);
+    }
+    c->copies[c->n_copies++] = (dev_copy){.host = host, .bytes = bytes, .dev = d};
+    return d;
+}
+
+static bool cuda_type_ok(uint32_t t) {
+    switch (t) {
+    case MU_TYPE_F32: case MU_TYPE_F16: case MU_TYPE_BF16: case MU_TYPE_Q4_0: case MU_TYPE_Q8_0:
+    case MU_TYPE_Q4_K: case MU_TYPE_Q5_K: case MU_TYPE_Q6_K: case MU_TYPE_NVFP4: case MU_TYPE_NVFP4_E2M1:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static mucu_weight dev_weight(mu_backend *b, const mu_weight *w, const char *op) {
+    const char *name = w->name ? w->name : "(unnamed)";
+    if (!cuda_type_ok(w->type)) {
+        char msg[256];
+        const char *tn = mu_type_name(w->type);
+        snprintf(msg, sizeof msg, "weight %s has type %s (%u), which the CUDA kernels do not implement", name,
+                 tn ? tn : "unknown", w->type);
+        die(op, msg);
+    }
+    if (w->layout != MU_LAYOUT_ROWS) die(op, "weight in another backend's repacked layout");
+    const bool native = w->type == MU_TYPE_NVFP4_E2M1;
+    mucu_weight d = {.type = w->type, .scale = w->scale, .has_scale = w->has_scale,
+                     .input_scale_inv = w->input_scale_inv, .n_in = w->n_in, .n_out = w->n_out,
+                     .row_bytes = w->row_bytes};
+    const size_t data_bytes = native ? (size_t)w->n_out * (size_t)(w->n_in / 2) : (size_t)w->n_out * w->row_bytes;
+    d.data = dev_bytes(b, w->data, data_bytes, name);
+    if (native) d.scales = dev_bytes(b, w->nvfp4_scales, (size_t)w->n_out * (size_t)(w->n_in / 16), name);
+    return d;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static void *cuda_alloc(mu_backend *b, size_t bytes) {
+    (void)b;
+    char err[MUCU_ERR_LEN];
+    void *p = NULL;
+    if (!mucu_malloc(&p, bytes, err)) {
+        fprintf(stderr, "muser: cuda backend: alloc of %zu bytes: %s\n", bytes, err);
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_free(mu_backend *b, void *p, size_t bytes) {
+    (void)b, (void)bytes;
+    char err[MUCU_ERR_LEN];
+    if (!mucu_free(p, err)) die("free", err);
+}
+
+static void cuda_copy(mu_backend *b, void *dst, const void *src, size_t bytes) {
+    char err[MUCU_ERR_LEN];
+    if (!bytes || dst == src) return;
+    const uint8_t *d = dst, *s = src;
+    if (d < s + bytes && s < d + bytes) { /* overlap: memmove through a scratch copy */
+        void *t = buf_reserve(&ctx_of(b)->tmp, bytes, "copy");
+        if (!mucu_memcpy(t, src, bytes, "copy (overlap, first half)", err) ||
+            !mucu_memcpy(dst, t, bytes, "copy (overlap, second half)", err))
+            die("copy", err);
+        return;
+    }
+    if (!mucu_memcpy(dst, src, bytes, "copy", err)) die("copy", err);
+}
+
+static void cuda_copy2d(mu_backend *b, void *dst, size_t dst_stride, const void *src, size_t src_stride, size_t width,
+                        int64_t rows) {
+    (void)b;
+    char err[MUCU_ERR_LEN];
+    if (rows > 0 && !mucu_memcpy2d(dst, dst_stride, src, src_stride, width, (size_t)rows, err)) die("copy2d", err);
+}
+
+static void cuda_upload(mu_backend *b, void *dst, const void *host_src, size_t bytes) {
+    (void)b;
+    char err[MUCU_ERR_LEN];
+    if (!mucu_memcpy(dst, host_src, bytes, "upload", err)) die("upload", err);
+}
+
+static void cuda_download(mu_backend *b, void *host_dst, const void *src, size_t bytes) {
+    (void)b;
+    char err[MUCU_ERR_LEN];
+    if (!mucu_memcpy(host_dst, src, bytes, "download", err)) die("download", err);
+}
+
+static void cuda_zero(mu_backend *b, void *dst, size_t bytes) {
+    (void)b;
+    char err[MUCU_ERR_LEN];
+    if (!mucu_memset0(dst, bytes, err)) die("zero", err);
+}
+
+/* ------------------------------------------------------------------- ops */
+
+#define CHECK(op, call)                                                                                              \
+    do {                                                                                                            \
+        char err_[MUCU_ERR_LEN];                                                                                    \
+        char *err = err_;                                                                                           \
+        if (!(call)) die(op, err_);                                                                                 \
+    } while (0)
+
+static void cuda_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float *x) {
+    if (rows <= 0) return;
+    mucu_weight d = dev_weight(b, w, "embed");
+    const int32_t *t = upload_arg(b, 0, tokens, (size_t)rows * sizeof *tokens, "embed");
+    CHECK("embed", mucu_embed(&d, t, rows, x, err));
+}
+
+static void cuda_matmul(mu_backend *b, const mu_weight *w, const float *x, float *y, int64_t rows) {
+    if (rows <= 0) return;
+    mucu_weight d = dev_weight(b, w, "matmul");
+    void *q8 = buf_reserve(&ctx_of(b)->q8, mucu_q8k_bytes(w->n_in, rows) + 1, "matmul");
+    CHECK("matmul", mucu_matmul(&d, x, y, rows, q8, err));
+}
+
+static void cuda_rmsnorm(mu_backend *b, const float *x, const float *w, float eps, float *y, int64_t n,
+                         int64_t rows) {
+    if (rows <= 0) return;
+    const float *dw = NULL;
+    if (w) dw = mucu_is_device(w) ? w : upload_arg(b, 0, w, (size_t)n * sizeof *w, "rmsnorm weight");
+    CHECK("rmsnorm", mucu_rmsnorm(x, dw, eps, y, n, rows, err));
+}
+
+static void cuda_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
+                            float *cs) {
+    if (rows <= 0 || n_pairs <= 0) return;
+    const double *f = upload_arg(b, 0, inv_freq, (size_t)n_pairs * sizeof *inv_freq, "rope_table");
+    const int64_t *p = upload_arg(b, 1, pos, (size_t)rows * sizeof *pos, "rope_table");
+    CHECK("rope_table", mucu_rope_table(f, n_pairs, p, rows, cs, err));
+}
+
+static void cuda_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
+                      int64_t rows, bool neox) {
+    (void)b;
+    CHECK("rope", mucu_rope(x, n_heads, head_dim, n_rot, cs, rows, neox, err));
+}
+
+static void cuda_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k,
+                          const float *v, int64_t rows) {
+    if (rows <= 0) return;
+    const int64_t *p = upload_arg(b, 0, physical, (size_t)rows * sizeof *physical, "kv_store");
+    CHECK("kv_store", mucu_kv_store(l->k, l->v, l->cap, l->n_head, l->head_dim, p, k, v, rows, err));
+}
+
+static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
+    if (ab->rows <= 0) return;
+    mucu_attn_row *desc = mu_xmalloc((size_t)ab->rows * sizeof *desc);
+    for (int64_t r = 0; r < ab->rows; r++) {
+        const mu_kv_layer *l = ab->kv[r];
+        int64_t first = mu_kv_first(l);
+        if (ab->window > 0 && ab->pos[r] - ab->window + 1 > first) first = ab->pos[r] - ab->window + 1;
+        desc[r] = (mucu_attn_row){.k = l->k, .v = l->v, .cap = l->cap, .first = first, .pos = ab->pos[r]};
+    }
+    const mucu_attn_row *d = upload_arg(b, 0, desc, (size_t)ab->rows * sizeof *desc, "attention");
+    free(desc);
+    CHECK("attention", mucu_attention(d, ab->rows, ab->n_head, ab->n_head_kv, ab->head_dim, ab->scale, q, out, err));
+}
+
+static void cuda_sigmoid_gate(mu_backend *b, float *x, const float *g, int64_t n) {
+    (void)b;
+    CHECK("sigmoid_gate", mucu_sigmoid_gate(x, g, n, err));
+}
+
+static void cuda_swiglu(mu_backend *b, float *gate, const float *up, int64_t n) {
+    (void)b;
+    CHECK("swiglu", mucu_swiglu(gate, up, n, err));
+}
+
+static void cuda_add(mu_backend *b, float *x, const float *y, int64_t n) {
+    (void)b;
+    CHECK("add", mucu_add(x, y, n, err));
+}
+
+static void cuda_logit_tail(mu_backend *b, float *logits, float scale, float cap, int64_t n) {
+    (void)b;
+    CHECK("logit_tail", mucu_logit_tail(logits, scale, cap, n, err));
+}
+
+static void cuda_softmax(mu_backend *b, float *x, float scale, int64_t n, int64_t rows) {
+    (void)b;
+    CHECK("softmax", mucu_softmax(x, scale, n, rows, err));
+}
+
+static void cuda_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, int32_t *out) {
+    if (rows <= 0) return;
+    int32_t *d = buf_reserve(&ctx_of(b)->args[0], (size_t)rows * sizeof *out, "argmax");
+    CHECK("argmax", mucu_argmax(x, n, rows, d, err));
+    CHECK("argmax", mucu_memcpy(out, d, (size_t)rows * sizeof *out, "argmax result", err));
+}
+
+static void cuda_store_heads(mu_backend *b, float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
+                             const float *src, int64_t rows, bool transposed) {
+    if (rows <= 0) return;
+    const int64_t *s = upload_arg(b, 0, slots, (size_t)rows * sizeof *slots, "store_heads");
+    CHECK("store_heads", mucu_store_heads(dst, s, S, D, n_head, src, rows, transposed, err));
+}
+
+/* Load time: upload each weight once (the host bytes stay as they are). */
+static bool cuda_wants_repack(mu_backend *b, const mu_weight *w) {
+    if (cuda_type_ok(w->type) && w->layout == MU_LAYOUT_ROWS) (void)dev_weight(b, w, "load");
+    return false;
+}
+
+/* Never reached: cuda_wants_repack always answers false. */
+static void cuda_repack(mu_backend *b, mu_weight *w, uint8_t *data) { (void)b, (void)w, (void)data; }
+
+static void cuda_destroy(mu_backend *b) {
+    cuda_ctx *c = ctx_of(b);
+    char err[MUCU_ERR_LEN];
+    for (size_t i = 0; i < c->n_copies; i++) (void)mucu_free(c->copies[i].dev, err);
+    for (int i = 0; i < 2; i++) (void)mucu_free(c->args[i].p, err);
+    (void)mucu_free(c->q8.p, err);
+    (void)mucu_free(c->tmp.p, err);
+    free(c->copies);
+    free(c);
+    free(b);
+}
+
+mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
+    (void)n_threads;
+    char msg[MUCU_ERR_LEN];
+    int n = 0;
+    if (!mucu_device_count(&n, msg)) {
+        mu_err_set(err, "%s", msg);
+        return NULL;
+    }
+    mu_backend *b = mu_xcalloc(1, sizeof *b);
+    b->name = "cuda";
+    b->ctx = mu_xcalloc(1, sizeof(cuda_ctx));
+    b->n_threads = 1;
+    b->destroy = cuda_destroy;
+    b->alloc = cuda_alloc;
+    b->free = cuda_free;
+    b->copy = cuda_copy;
+    b->copy2d = cuda_copy2d;
+    b->upload = cuda_upload;
+    b->download = cuda_download;
+    b->zero = cuda_zero;
+    b->embed = cuda_embed;
+    b->matmul = cuda_matmul;
+    b->rmsnorm = cuda_rmsnorm;
+    b->rope_table = cuda_rope_table;
+    b->rope = cuda_rope;
+    b->kv_store = cuda_kv_store;
+    b->attention = cuda_attention;
+    b->sigmoid_gate = cuda_sigmoid_gate;
+    b->swiglu = cuda_swiglu;
+    b->add = cuda_add;
+    b->logit_tail = cuda_logit_tail;
+    b->softmax = cuda_softmax;
+    b->argmax = cuda_argmax;
+    b->store_heads = cuda_store_heads;
+    b->wants_repack = cuda_wants_repack;
+    b->repack = cuda_repack; /* mu_repack_weights asks wants_repack only when both are set */
+    return b;
+}
+
+#endif

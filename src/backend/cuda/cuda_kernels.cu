@@ -1,0 +1,871 @@
+/* CUDA kernels of the cuda backend, v0: exact first. Each kernel is the
+ * device twin of a scalar reference (src/backend/ref/ref_ops.c,
+ * src/backend/host_ops.c, src/quant/*.c, src/util/mumath.c) and performs
+ * the same operations in the same order (docs/numerics.md). Built with
+ * -fmad=false -prec-div=true -prec-sqrt=true -ftz=false (CMakeLists.txt),
+ * so every product and sum rounds where the reference rounds and every
+ * fused multiply-add is an explicit fmaf/fma. One thread per output (row
+ * dot, norm row, attention head): speed is not the goal of v0 (docs/cuda.md). */
+#include "backend/cuda/cuda_kernels.h"
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- errors */
+
+static bool cu_ok(cudaError_t e, const char *call, const char *what, char *err) {
+    if (e == cudaSuccess) return true;
+    snprintf(err, MUCU_ERR_LEN, "%s failed (%s): %s (%s)", call, what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return false;
+}
+
+/* After a launch: the launch itself, then its execution (v0 synchronizes
+ * after every kernel so a fault names the kernel that caused it). */
+static bool launched(const char *kernel, char *err) {
+    if (!cu_ok(cudaGetLastError(), "kernel launch", kernel, err)) return false;
+    return cu_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after kernel", kernel, err);
+}
+
+static unsigned grid_for(int64_t n, unsigned block) { return (unsigned)((n + block - 1) / block); }
+
+#define LAUNCH(kernel, n, ...)                                                                                       \
+    do {                                                                                                            \
+        if ((n) <= 0) return true;                                                                                  \
+        kernel<<<grid_for((n), 128), 128>>>(__VA_ARGS__);                                                           \
+        return launched(#kernel, err);                                                                              \
+    } while (0)
+
+/* ------------------------------------------------------- memory wrappers */
+
+extern "C" bool mucu_device_count(int *n, char *err) {
+    *n = 0;
+    cudaError_t e = cudaGetDeviceCount(n);
+    if (e != cudaSuccess) {
+        snprintf(err, MUCU_ERR_LEN, "no CUDA device: cudaGetDeviceCount returned %d (%s: %s)", (int)e,
+                 cudaGetErrorName(e), cudaGetErrorString(e));
+        *n = 0;
+        return false;
+    }
+    if (*n == 0) {
+        snprintf(err, MUCU_ERR_LEN, "no CUDA device: cudaGetDeviceCount returned 0 devices");
+        return false;
+    }
+    return true;
+}
+
+extern "C" bool mucu_malloc(void **p, size_t bytes, char *err) {
+    *p = NULL;
+    if (!cu_ok(cudaMalloc(p, bytes ? bytes : 1), "cudaMalloc", "backend alloc", err)) {
+        *p = NULL;
+        return false;
+    }
+    return cu_ok(cudaMemset(*p, 0, bytes ? bytes : 1), "cudaMemset", "zero-filled alloc", err);
+}
+
+extern "C" bool mucu_free(void *p, char *err) { return !p || cu_ok(cudaFree(p), "cudaFree", "backend free", err); }
+
+extern "C" bool mucu_memcpy(void *dst, const void *src, size_t bytes, const char *what, char *err) {
+    return !bytes || cu_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy", what, err);
+}
+
+extern "C" bool mucu_memcpy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                              char *err) {
+    if (!rows || !width) return true;
+    return cu_ok(cudaMemcpy2D(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault), "cudaMemcpy2D", "copy2d",
+                 err);
+}
+
+extern "C" bool mucu_memset0(void *dst, size_t bytes, char *err) {
+    return !bytes || cu_ok(cudaMemset(dst, 0, bytes), "cudaMemset", "zero", err);
+}
+
+extern "C" bool mucu_is_device(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+/* ------------------------------------------- bits, halves (util/common.c) */
+
+__device__ static inline uint32_t f32_bits(float f) { return __float_as_uint(f); }
+__device__ static inline float bits_f32(uint32_t u) { return __uint_as_float(u); }
+__device__ static inline double bits_f64(uint64_t u) { return __longlong_as_double((long long)u); }
+__device__ static inline uint64_t f64_bits(double d) { return (uint64_t)__double_as_longlong(d); }
+
+__device__ static uint16_t f32_to_f16(float f) {
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t absx = x & 0x7FFFFFFFu;
+    if (absx >= 0x7F800000u) {
+        if (absx == 0x7F800000u) return sign | 0x7C00;
+        return sign | 0x7E00 | (uint16_t)((absx >> 13) & 0x3FF);
+    }
+    if (absx >= 0x477FF000u) return sign | 0x7C00;
+    if (absx < 0x38800000u) {
+        if (absx < 0x33000000u) return sign;
+        uint32_t exp = absx >> 23;
+        uint32_t mant = (absx & 0x7FFFFF) | 0x800000;
+        uint32_t shift = 126 - exp;
+        uint32_t q = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return sign | (uint16_t)q;
+    }
+    uint32_t q = (absx >> 13) - ((127 - 15) << 10);
+    uint32_t rem = absx & 0x1FFF;
+    if (rem > 0x1000 || (rem == 0x1000 && (q & 1))) q++;
+    return sign | (uint16_t)q;
+}
+
+__device__ static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F;
+    uint32_t mant = h & 0x3FF;
+    if (exp == 0x1F) return bits_f32(sign | 0x7F800000u | (mant << 13));
+    if (exp == 0) {
+        if (mant == 0) return bits_f32(sign);
+        float v = (float)mant * (1.0f / 16777216.0f);
+        return sign ? -v : v;
+    }
+    return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+__device__ static inline float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+__device__ static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+__device__ static inline float rd_f16(const uint8_t *p) { return f16_to_f32(rd16(p)); }
+
+/* ------------------------------------------------ engine math (mumath.c) */
+
+__device__ static inline float pow2f(int32_t e) { return bits_f32((uint32_t)(e + 127) << 23); }
+
+__device__ static float scale_pow2f(float p, int32_t n) {
+    if (n > 127) return (p * pow2f(n - 1)) * 2.0f;
+    if (n < -126) return (p * pow2f(n + 100)) * pow2f(-100);
+    return p * pow2f(n);
+}
+
+__device__ static float d_expf(float x) {
+    if (x != x) return x + x;
+    if (x > 0x1.62e42ep+6f) return bits_f32(0x7F800000u);
+    if (x < -0x1.9fe368p+6f) return 0.0f;
+    float n_f = (x * 0x1.715476p+0f + 0x1.8p23f) - 0x1.8p23f;
+    int32_t n = (int32_t)n_f;
+    float r = fmaf(-n_f, 0x1.62e430p-1f, x);
+    r = fmaf(-n_f, -0x1.05c610p-29f, r);
+    float q = fmaf(0x1.6da798p-10f, r, 0x1.123db2p-7f);
+    q = fmaf(q, r, 0x1.555470p-5f);
+    q = fmaf(q, r, 0x1.55547cp-3f);
+    q = fmaf(q, r, 0.5f);
+    q = fmaf(q, r, 1.0f);
+    float p = fmaf(r, q, 1.0f);
+    return scale_pow2f(p, n);
+}
+
+__device__ static float d_tanhf(float x) {
+    if (x != x) return x + x;
+    uint32_t bits = f32_bits(x);
+    uint32_t sign = bits & 0x80000000u;
+    float ax = bits_f32(bits & 0x7FFFFFFFu);
+    if (ax == 0.0f) return x;
+    if (ax < 0.875f) {
+        float x2 = x * x;
+        float g = fmaf(0x1.8f3b5ep-13f, x2, -0x1.1621f2p-10f);
+        g = fmaf(g, x2, 0x1.b8c95ep-9f);
+        g = fmaf(g, x2, -0x1.1fe3f4p-7f);
+        g = fmaf(g, x2, 0x1.661216p-6f);
+        g = fmaf(g, x2, -0x1.ba18c4p-5f);
+        g = fmaf(g, x2, 0x1.11110ap-3f);
+        g = fmaf(g, x2, -0x1.555556p-2f);
+        return fmaf(x * x2, g, x);
+    }
+    float t = 1.0f;
+    if (ax <= 0x1.233334p+3f) t = 1.0f - 2.0f / (d_expf(2.0f * ax) + 1.0f);
+    return bits_f32(f32_bits(t) | sign);
+}
+
+__device__ static inline float d_sigmoidf(float x) { return 1.0f / (1.0f + d_expf(-x)); }
+__device__ static inline float d_siluf(float x) { return x * d_sigmoidf(x); }
+
+__device__ static inline void two_sum(double a, double b, double *s, double *e) {
+    double sum = a + b;
+    double b_virtual = sum - a;
+    double a_virtual = sum - b_virtual;
+    *s = sum;
+    *e = (a - a_virtual) + (b - b_virtual);
+}
+
+__device__ static double sin_kernel(double y, double y_lo) {
+    const double S[10] = {
+        -0x1.5555555555555p-3, 0x1.1111111111111p-7, -0x1.a01a01a01a01ap-13,
+        0x1.71de3a556c734p-19, -0x1.ae64567f544e4p-26, 0x1.6124613a86d09p-33,
+        -0x1.ae7f3e733b81fp-41, 0x1.952c77030ad4ap-49, -0x1.2f49b46814157p-57,
+        0x1.71b8ef6dcf572p-66,
+    };
+    double z = y * y;
+    double s = S[9];
+    for (int i = 8; i >= 0; i--) s = fma(s, z, S[i]);
+    return y + (y * z * s + y_lo * (1.0 - 0.5 * z));
+}
+
+__device__ static double cos_kernel(double y, double y_lo) {
+    const double C[10] = {
+        0x1.5555555555555p-5, -0x1.6c16c16c16c17p-10, 0x1.a01a01a01a01ap-16,
+        -0x1.27e4fb7789f5cp-22, 0x1.1eed8eff8d898p-29, -0x1.93974a8c07c9dp-37,
+        0x1.ae7f3e733b81fp-45, -0x1.6827863b97d97p-53, 0x1.e542ba4020225p-62,
+        -0x1.0ce396db7f853p-70,
+    };
+    double z = y * y, z_err = fma(y, y, -z);
+    double c = C[9];
+    for (int i = 8; i >= 0; i--) c = fma(c, z, C[i]);
+    double hz = 0.5 * z;
+    double w = 1.0 - hz;
+    double w_err = (1.0 - w) - hz;
+    return w + ((w_err - 0.5 * z_err) + (z * z * c - y * y_lo));
+}
+
+__device__ static int reduce_pio2(double x, double *y, double *y_lo) {
+    const double PIO2_1 = 0x1.921fb54442d18p+0, PIO2_2 = 0x1.1a62633145c07p-54, PIO2_3 = -0x1.f1976b7ed8fbcp-110;
+    double n_d = (x * 0x1.45f306dc9c883p-1 + 0x1.8p52) - 0x1.8p52;
+    double r1 = fma(-n_d, PIO2_1, x);
+    double t = n_d * PIO2_2, t_err = fma(n_d, PIO2_2, -t);
+    double hi, lo;
+    two_sum(r1, -t, &hi, &lo);
+    lo -= t_err + n_d * PIO2_3;
+    two_sum(hi, lo, y, y_lo);
+    return (int)((int64_t)n_d & 3);
+}
+
+__device__ static double d_trig(double x, int want_cos) {
+    if (x != x) return x + x;
+    uint64_t abs_bits = f64_bits(x) & 0x7FFFFFFFFFFFFFFFull;
+    if (abs_bits >= 0x7FF0000000000000ull) return bits_f64(0x7FF8000000000000ull);
+    double ax = bits_f64(abs_bits);
+    if (ax >= 0x1p30) return bits_f64(0x7FF8000000000000ull);
+    if (ax < 0x1p-27) return want_cos ? 1.0 : x;
+    double y = x, y_lo = 0.0;
+    int quadrant = 0;
+    if (ax > 0x1.921fb54442d18p-1) quadrant = reduce_pio2(x, &y, &y_lo);
+    quadrant = (quadrant + want_cos) & 3;
+    switch (quadrant) {
+    case 0: return sin_kernel(y, y_lo);
+    case 1: return cos_kernel(y, y_lo);
+    case 2: return -sin_kernel(y, y_lo);
+    default: return -cos_kernel(y, y_lo);
+    }
+}
+
+/* ------------------------------------------ minifloats (quant/minifloat.c) */
+
+__device__ static float e2m1_to_f32(uint8_t code) {
+    const float V[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    return V[code & 0xF];
+}
+
+__device__ static int32_t e2m1_q1(uint8_t code) {
+    const int32_t Q[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+    int32_t m = Q[code & 7];
+    return (code & 8) ? -m : m;
+}
+
+__device__ static uint8_t e2m1_magnitude_code(float a, float s) {
+    if (a <= s * 0.25f) return 0;
+    if (a < s * 0.75f) return 1;
+    if (a <= s * 1.25f) return 2;
+    if (a < s * 1.75f) return 3;
+    if (a <= s * 2.5f) return 4;
+    if (a < s * 3.5f) return 5;
+    if (a <= s * 5.0f) return 6;
+    return 7;
+}
+
+__device__ static float e4m3_magnitude(uint8_t b) {
+    uint32_t e = (b >> 3) & 0xF, m = b & 7;
+    if (e == 0) return (float)m * (1.0f / 512.0f);
+    return bits_f32(((e + 120) << 23) | (m << 20));
+}
+
+__device__ static float e4m3fn_to_f32(uint8_t b) {
+    uint32_t sign = (uint32_t)(b & 0x80) << 24;
+    if ((b & 0x7F) == 0x7F) return bits_f32(sign | 0x7FC00000u);
+    return bits_f32(sign | f32_bits(e4m3_magnitude(b)));
+}
+
+__device__ static int32_t e4m3fn_q9(uint8_t b) {
+    int32_t e = (b >> 3) & 0xF, m = b & 7;
+    int32_t mag = e == 0 ? m : (8 + m) << (e - 1);
+    return (b & 0x80) ? -mag : mag;
+}
+
+__device__ static inline int32_t nearest_magic(float v) {
+    float t = v + 12582912.0f;
+    return (int32_t)(f32_bits(t) & 0x7FFFFF) - 0x400000;
+}
+
+__device__ static uint8_t e4m3fn_from_f32(float f) {
+    uint32_t bits = f32_bits(f);
+    uint8_t sign = (uint8_t)((bits >> 24) & 0x80);
+    uint32_t abits = bits & 0x7FFFFFFFu;
+    if (abits > 0x7F800000u) return 0x7F;
+    float a = bits_f32(abits);
+    if (a >= 448.0f) return sign | 0x7E;
+    if (a < 0.015625f) return sign | (uint8_t)nearest_magic(a * 512.0f);
+    uint32_t exp = (abits >> 23) - 127 + 7;
+    uint32_t code = (exp << 3) | ((abits >> 20) & 7);
+    uint32_t rest = abits & 0xFFFFF, half = 0x80000;
+    if (rest > half || (rest == half && (code & 1))) code++;
+    return sign | (uint8_t)code;
+}
+
+__device__ static float ue4m3_to_f32(uint8_t b) {
+    if (b == 0x00 || b == 0x7F) return 0.0f;
+    return e4m3_magnitude(b & 0x7F);
+}
+
+__device__ static int32_t ue4m3_q9(uint8_t b) {
+    if (b == 0x00 || b == 0x7F) return 0;
+    int32_t e = (b >> 3) & 0xF, m = b & 7;
+    return e == 0 ? m : (8 + m) << (e - 1);
+}
+
+/* ----------------------------------------- per-element dequantization */
+
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30,
+    T_NVFP4 = 40, T_NVFP4_NATIVE = 1000,
+};
+
+/* K-quant 6-bit scale/min pair j of a Q4_K/Q5_K block (quant_internal.h). */
+__device__ static void scale_min_k4(const uint8_t *s, int j, int32_t *sc, int32_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 0x3F;
+        *m = s[j + 4] & 0x3F;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K/Q5_K code of value k (0..255) of a block (kquants.c q4k/q5k_codes). */
+__device__ static int32_t q45k_code(const uint8_t *blk, int k, bool q5) {
+    int g = k / 64, w = k % 64, l = w % 32, hi = w >= 32;
+    const uint8_t *qs = blk + (q5 ? 48 : 16);
+    int32_t c = hi ? qs[32 * g + l] >> 4 : qs[32 * g + l] & 0xF;
+    if (q5) c |= ((blk[16 + l] >> (2 * g + hi)) & 1) << 4;
+    return c;
+}
+
+/* Q6_K code (value - 32) of value k of a block (kquants.c q6k_codes). */
+__device__ static int32_t q6k_code(const uint8_t *blk, int k) {
+    int h = k / 128, w = k % 128, part = w / 32, l = w % 32;
+    const uint8_t *L = blk + 64 * h, *H = blk + 128 + 32 * h;
+    int32_t c;
+    switch (part) {
+    case 0: c = (L[l] & 0xF) | (((H[l] >> 0) & 3) << 4); break;
+    case 1: c = (L[l + 32] & 0xF) | (((H[l] >> 2) & 3) << 4); break;
+    case 2: c = (L[l] >> 4) | (((H[l] >> 4) & 3) << 4); break;
+    default: c = (L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4); break;
+    }
+    return c - 32;
+}
+
+/* Value i of a weight row, as the type's dequantize writes it (before the
+ * ggml `.scale` epilogue; native NVFP4 includes scale2). */
+__device__ static float dequant_elem(const mucu_weight &w, const uint8_t *row, const uint8_t *srow, int64_t i) {
+    switch (w.type) {
+    case T_F32: {
+        const uint8_t *p = row + 4 * i;
+        return bits_f32((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
+    }
+    case T_F16: return f16_to_f32(rd16(row + 2 * i));
+    case T_BF16: return bits_f32((uint32_t)rd16(row + 2 * i) << 16);
+    case T_Q4_0: {
+        const uint8_t *blk = row + (i / 32) * 18;
+        int j = (int)(i % 32);
+        int32_t code = j < 16 ? (blk[2 + j] & 0xF) - 8 : (blk[2 + j - 16] >> 4) - 8;
+        return (float)code * rd_f16(blk);
+    }
+    case T_Q8_0: {
+        const uint8_t *blk = row + (i / 32) * 34;
+        return (float)(int8_t)blk[2 + i % 32] * rd_f16(blk);
+    }
+    case T_Q4_K:
+    case T_Q5_K: {
+        bool q5 = w.type == T_Q5_K;
+        const uint8_t *blk = row + (i / 256) * (q5 ? 176 : 144);
+        int k = (int)(i % 256);
+        int32_t sc, m;
+        scale_min_k4(blk + 4, k / 32, &sc, &m);
+        const float d = rd_f16(blk), dmin = rd_f16(blk + 2);
+        const float dj = d * (float)sc, mj = dmin * (float)m;
+        return dj * (float)q45k_code(blk, k, q5) - mj;
+    }
+    case T_Q6_K: {
+        const uint8_t *blk = row + (i / 256) * 210;
+        int k = (int)(i % 256);
+        const float d = rd_f16(blk + 208);
+        return (d * (float)(int8_t)blk[192 + k / 16]) * (float)q6k_code(blk, k);
+    }
+    case T_NVFP4: {
+        const uint8_t *blk = row + (i / 64) * 36;
+        int k = (int)(i % 64), s = k / 16, t = k % 16;
+        uint8_t byte = blk[4 + 8 * s + t % 8];
+        return e2m1_to_f32(t < 8 ? byte & 0xF : byte >> 4) * ue4m3_to_f32(blk[s]);
+    }
+    case T_NVFP4_NATIVE: {
+        uint8_t code = (i & 1) ? row[i / 2] >> 4 : row[i / 2] & 0xF;
+        return (e2m1_to_f32(code) * e4m3fn_to_f32(srow[i / 16])) * w.scale;
+    }
+    }
+    return __int_as_float(0x7FC00000);
+}
+
+__global__ static void k_embed(mucu_weight w, const int32_t *tokens, int64_t rows, float *x) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * w.n_in) return;
+    int64_t r = t / w.n_in, i = t % w.n_in, tok = tokens[r];
+    const bool native = w.type == T_NVFP4_NATIVE;
+    const uint8_t *row = w.data + (native ? tok * (w.n_in / 2) : (int64_t)((uint64_t)tok * w.row_bytes));
+    const uint8_t *srow = native ? w.scales + tok * (w.n_in / 16) : NULL;
+    float v = dequant_elem(w, row, srow, i);
+    if (!native && w.has_scale) v = v * w.scale;
+    x[t] = v;
+}
+
+/* ------------------------------------------------ Q8_K activations (q8k.c) */
+
+struct q8k_block {
+    float d;
+    int8_t qs[256];
+    int16_t bsums[16];
+};
+static_assert(sizeof(q8k_block) == 292, "Q8_K block must match the ggml layout");
+
+__global__ static void k_quantize_q8k(const float *x, q8k_block *y, int64_t n_blocks, bool via_f16) {
+    int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= n_blocks) return;
+    const float *src = x + b * 256;
+    q8k_block *o = y + b;
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < 256; i++) {
+        float xi = via_f16 ? round_f16(src[i]) : src[i];
+        float a = fabsf(xi);
+        if (a > amax) {
+            amax = a;
+            max = xi;
+        }
+    }
+    if (amax == 0.0f) {
+        o->d = 0.0f;
+        for (int i = 0; i < 256; i++) o->qs[i] = 0;
+        for (int k = 0; k < 16; k++) o->bsums[k] = 0;
+        return;
+    }
+    const float iscale = -127.0f / max;
+    for (int i = 0; i < 256; i++) {
+        float xi = via_f16 ? round_f16(src[i]) : src[i];
+        float t = fmaf(iscale, xi, 12582912.0f);
+        int32_t q = (int32_t)(f32_bits(t) & 0x7FFFFF) - 0x400000;
+        o->qs[i] = (int8_t)(q < 127 ? q : 127);
+    }
+    for (int k = 0; k < 16; k++) {
+        int32_t s = 0;
+        for (int i = 0; i < 16; i++) s += o->qs[16 * k + i];
+        o->bsums[k] = (int16_t)s;
+    }
+    o->d = 1.0f / iscale;
+}
+
+/* ---------------------------------------- block dots (legacy, kquants, nvfp4) */
+
+__device__ static float dot_q4_0(const uint8_t *blk, const q8k_block *x) {
+    float acc = 0.0f;
+    for (int j = 0; j < 8; j++, blk += 18) {
+        int32_t isum = 0;
+        for (int i = 0; i < 16; i++) {
+            isum += ((blk[2 + i] & 0xF) - 8) * x->qs[32 * j + i];
+            isum += ((blk[2 + i] >> 4) - 8) * x->qs[32 * j + 16 + i];
+        }
+        acc = acc + (rd_f16(blk) * x->d) * (float)isum;
+    }
+    return acc;
+}
+
+__device__ static float dot_q8_0(const uint8_t *blk, const q8k_block *x) {
+    float acc = 0.0f;
+    for (int j = 0; j < 8; j++, blk += 34) {
+        int32_t isum = 0;
+        for (int i = 0; i < 32; i++) isum += (int8_t)blk[2 + i] * x->qs[32 * j + i];
+        acc = acc + (rd_f16(blk) * x->d) * (float)isum;
+    }
+    return acc;
+}
+
+__device__ static float dot_q45_k(const uint8_t *blk, const q8k_block *x, bool q5) {
+    int32_t sumi = 0, summ = 0;
+    for (int j = 0; j < 8; j++) {
+        int32_t sc, m, isum = 0;
+        scale_min_k4(blk + 4, j, &sc, &m);
+        for (int i = 32 * j; i < 32 * j + 32; i++) isum += q45k_code(blk, i, q5) * x->qs[i];
+        sumi += sc * isum;
+        summ += m * (x->bsums[2 * j] + x->bsums[2 * j + 1]);
+    }
+    const float d = rd_f16(blk), dmin = rd_f16(blk + 2);
+    return (d * x->d) * (float)sumi - (dmin * x->d) * (float)summ;
+}
+
+__device__ static float dot_q6_k(const uint8_t *blk, const q8k_block *x) {
+    int32_t sumi = 0;
+    for (int s = 0; s < 16; s++) {
+        int32_t isum = 0;
+        for (int i = 16 * s; i < 16 * s + 16; i++) isum += q6k_code(blk, i) * x->qs[i];
+        sumi += (int8_t)blk[192 + s] * isum;
+    }
+    return (rd_f16(blk + 208) * x->d) * (float)sumi;
+}
+
+__device__ static float dot_nvfp4_ggml(const uint8_t *blk, const q8k_block *x) {
+    int64_t itotal = 0;
+    for (int b = 0; b < 4; b++, blk += 36)
+        for (int s = 0; s < 4; s++) {
+            const int8_t *q = x->qs + 64 * b + 16 * s;
+            int32_t dot = 0;
+            for (int j = 0; j < 8; j++) {
+                const uint8_t byte = blk[4 + 8 * s + j];
+                dot += e2m1_q1(byte & 0xF) * q[j];
+                dot += e2m1_q1(byte >> 4) * q[j + 8];
+            }
+            itotal += (int64_t)dot * ue4m3_q9(blk[s]);
+        }
+    return ((float)itotal * 0x1p-10f) * x->d;
+}
+
+__device__ static float dot_nvfp4_native(const uint8_t *payload, const uint8_t *scales, const q8k_block *x) {
+    int64_t itotal = 0;
+    for (int g = 0; g < 16; g++) {
+        int32_t dot = 0;
+        for (int p = 0; p < 8; p++) {
+            const uint8_t byte = payload[8 * g + p];
+            dot += e2m1_q1(byte & 0xF) * x->qs[16 * g + 2 * p];
+            dot += e2m1_q1(byte >> 4) * x->qs[16 * g + 2 * p + 1];
+        }
+        itotal += (int64_t)dot * e4m3fn_q9(scales[g]);
+    }
+    return ((float)itotal * 0x1p-10f) * x->d;
+}
+
+/* W4A4 (nvfp4.c mu_nvfp4_w4a4_dot): activations quantized per 16 here. */
+__device__ static float dot_w4a4(const uint8_t *payload, const uint8_t *scales, float scale2, float inv,
+                                 const float *x, int64_t n) {
+    int64_t sum = 0;
+    for (int64_t g = 0; g < n / 16; g++) {
+        float r[16], amax = 0.0f;
+        for (int i = 0; i < 16; i++) {
+            r[i] = round_f16(x[16 * g + i]);
+            amax = fmaxf(amax, fabsf(r[i]));
+        }
+        const uint8_t asb = e4m3fn_from_f32(fminf((amax * 0x1.555556p-3f) * inv, 448.0f));
+        const float s = e4m3fn_to_f32(asb);
+        int32_t dot = 0;
+        for (int i = 0; i < 16; i++) {
+            uint8_t acode = ((f32_bits(r[i]) >> 31) ? 8 : 0) | (s != 0.0f ? e2m1_magnitude_code(fabsf(r[i]) * inv, s) : 0);
+            const uint8_t byte = payload[8 * g + i / 2];
+            const uint8_t wcode = (i & 1) ? byte >> 4 : byte & 0xF;
+            dot += e2m1_q1(wcode) * e2m1_q1(acode);
+        }
+        sum += (int64_t)dot * e4m3fn_q9(scales[g]) * e4m3fn_q9(asb);
+    }
+    float s = (float)sum * 0x1p-20f;
+    s = s * scale2;
+    s = s * (1.0f / inv);
+    return round_f16(s);
+}
+
+/* mu_weight_dot_row (quant/weight_row.c), one thread per (row, output). */
+__global__ static void k_matmul(mucu_weight w, const float *x, const q8k_block *xq, float *y, int64_t rows) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * w.n_out) return;
+    const int64_t r = t / w.n_out, o = t % w.n_out, nb = w.n_in / 256;
+    const float *xr = x + r * w.n_in;
+    const q8k_block *xqr = xq ? xq + r * nb : NULL;
+    if (w.type == T_NVFP4_NATIVE) {
+        const uint8_t *payload = w.data + o * (w.n_in / 2), *scales = w.scales + o * (w.n_in / 16);
+        if (w.input_scale_inv > 0.0f) {
+            y[t] = dot_w4a4(payload, scales, w.scale, w.input_scale_inv, xr, w.n_in);
+            return;
+        }
+        float total = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            float f = dot_nvfp4_native(payload + b * 128, scales + b * 16, xqr + b);
+            f = f * w.scale;
+            total = total + f;
+        }
+        y[t] = round_f16(total);
+        return;
+    }
+    const uint8_t *row = w.data + (uint64_t)o * w.row_bytes;
+    float total;
+    if (w.type == T_F32 || w.type == T_F16 || w.type == T_BF16) {
+        float p[32];
+        for (int l = 0; l < 32; l++) p[l] = 0.0f;
+        for (int64_t i = 0; i < w.n_in; i++) p[i % 32] = fmaf(dequant_elem(w, row, NULL, i), xr[i], p[i % 32]);
+        for (int h = 16; h >= 1; h /= 2)
+            for (int l = 0; l < h; l++) p[l] = p[l] + p[l + h];
+        total = p[0];
+    } else {
+        total = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            float f;
+            switch (w.type) {
+            case T_Q4_0: f = dot_q4_0(row + b * 8 * 18, xqr + b); break;
+            case T_Q8_0: f = dot_q8_0(row + b * 8 * 34, xqr + b); break;
+            case T_Q4_K: f = dot_q45_k(row + b * 144, xqr + b, false); break;
+            case T_Q5_K: f = dot_q45_k(row + b * 176, xqr + b, true); break;
+            case T_Q6_K: f = dot_q6_k(row + b * 210, xqr + b); break;
+            default: f = dot_nvfp4_ggml(row + b * 4 * 36, xqr + b); break;
+            }
+            total = total + f;
+        }
+    }
+    if (w.has_scale) total = total * w.scale;
+    y[t] = total;
+}
+
+/* --------------------------------------------------- canonical f32 dots */
+
+__device__ static float dot_f32(const float *a, const float *b, int64_t n) {
+    float p[32];
+    for (int l = 0; l < 32; l++) p[l] = 0.0f;
+    for (int64_t i = 0; i < n; i++) p[i % 32] = fmaf(a[i], b[i], p[i % 32]);
+    for (int h = 16; h >= 1; h /= 2)
+        for (int l = 0; l < h; l++) p[l] = p[l] + p[l + h];
+    return p[0];
+}
+
+__global__ static void k_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows) {
+    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float *xr = x + r * n;
+    float *yr = y + r * n;
+    float mean = dot_f32(xr, xr, n) / (float)n;
+    float inv = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = 0; i < n; i++) yr[i] = w ? (xr[i] * inv) * w[i] : xr[i] * inv;
+}
+
+__global__ static void k_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
+                                    float *cs) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * n_pairs) return;
+    int64_t r = t / n_pairs, i = t % n_pairs;
+    double a = (double)pos[r] * inv_freq[i];
+    cs[t * 2] = (float)d_trig(a, 1);
+    cs[t * 2 + 1] = (float)d_trig(a, 0);
+}
+
+__global__ static void k_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
+                              int64_t rows, bool neox) {
+    const int64_t half = n_rot / 2;
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * n_heads * half) return;
+    int64_t i = t % half, rh = t / half, r = rh / n_heads;
+    const float *csr = cs + r * half * 2;
+    float *v = x + rh * head_dim;
+    float c = csr[2 * i], s = csr[2 * i + 1];
+    if (neox) {
+        float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * c - x1 * s;
+        v[i + half] = x1 * c + x0 * s;
+    } else {
+        float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * c - x1 * s;
+        v[2 * i + 1] = x0 * s + x1 * c;
+    }
+}
+
+__global__ static void k_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t H, int64_t D,
+                                  const int64_t *physical, const float *k, const float *v, int64_t rows) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * H * D) return;
+    int64_t i = t % D, h = (t / D) % H, r = t / (D * H);
+    int64_t dst = (h * cap + physical[r]) * D + i;
+    kp[dst] = f32_to_f16(k[t]);
+    vp[dst] = f32_to_f16(v[t]);
+}
+
+/* ref_ops.c attend_head: one thread per (row, head). */
+__global__ static void k_attention(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
+                                   int64_t D, float scale, const float *q, float *out) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * n_head) return;
+    const int64_t r = t / n_head, h = t % n_head, kv_head = h / (n_head / n_head_kv);
+    const mucu_attn_row a = desc[r];
+    const float *qh = q + t * D;
+    float *o = out + t * D;
+    float kbuf[MUCU_MAX_HEAD_DIM], acc_b[MUCU_MAX_HEAD_DIM], scores[256];
+    float M = 0, L = 0;
+    for (int64_t d = 0; d < D; d++) o[d] = 0;
+    for (int64_t start = a.first; start <= a.pos; start += 256) {
+        int64_t end = start + 255 < a.pos ? start + 255 : a.pos;
+        float m_b = -INFINITY;
+        for (int64_t p = start; p <= end; p++) {
+            const uint16_t *k = a.k + (kv_head * a.cap + p % a.cap) * D;
+            for (int64_t d = 0; d < D; d++) kbuf[d] = f16_to_f32(k[d]);
+            float s = dot_f32(qh, kbuf, D) * scale;
+            scores[p - start] = s;
+            if (s > m_b) m_b = s;
+        }
+        float l_b = 0;
+        for (int64_t d = 0; d < D; d++) acc_b[d] = 0;
+        for (int64_t p = start; p <= end; p++) {
+            const uint16_t *v = a.v + (kv_head * a.cap + p % a.cap) * D;
+            float e = d_expf(scores[p - start] - m_b);
+            l_b = l_b + e;
+            for (int64_t d = 0; d < D; d++) acc_b[d] = fmaf(e, f16_to_f32(v[d]), acc_b[d]);
+        }
+        if (start == a.first) {
+            M = m_b;
+            L = l_b;
+            for (int64_t d = 0; d < D; d++) o[d] = acc_b[d];
+            continue;
+        }
+        float M2 = m_b > M ? m_b : M;
+        float ca = d_expf(M - M2), cb = d_expf(m_b - M2);
+        L = L * ca + l_b * cb;
+        for (int64_t d = 0; d < D; d++) o[d] = o[d] * ca + acc_b[d] * cb;
+        M = M2;
+    }
+    for (int64_t d = 0; d < D; d++) o[d] = o[d] / L;
+}
+
+/* ------------------------------------------------------------ elementwise */
+
+__global__ static void k_sigmoid_gate(float *x, const float *g, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] * d_sigmoidf(g[i]);
+}
+
+__global__ static void k_swiglu(float *gate, const float *up, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) gate[i] = d_siluf(gate[i]) * up[i];
+}
+
+__global__ static void k_add(float *x, const float *y, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] + y[i];
+}
+
+__global__ static void k_logit_tail(float *l, float scale, float cap, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = l[i] * scale;
+    l[i] = cap > 0 ? d_tanhf(v / cap) * cap : v;
+}
+
+__global__ static void k_softmax(float *x, float scale, int64_t n, int64_t rows) {
+    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    float *s = x + r * n, mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < n; j++) {
+        s[j] = s[j] * scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    for (int64_t j = 0; j < n; j++) {
+        s[j] = d_expf(s[j] - mx);
+        sum += s[j];
+    }
+    for (int64_t j = 0; j < n; j++) s[j] = s[j] / sum;
+}
+
+__global__ static void k_argmax(const float *x, int64_t n, int64_t rows, int32_t *out) {
+    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float *l = x + r * n;
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    out[r] = (int32_t)best;
+}
+
+__global__ static void k_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
+                                     const float *src, int64_t rows, bool transposed) {
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * n_head * D) return;
+    int64_t d = t % D, h = (t / D) % n_head, r = t / (D * n_head);
+    float v = src[t];
+    if (transposed) dst[h * D * S + slots[r] + d * S] = v;
+    else dst[(h * S + slots[r]) * D + d] = v;
+}
+
+/* -------------------------------------------------------------- launchers */
+
+extern "C" bool mucu_embed(const mucu_weight *w, const int32_t *tokens, int64_t rows, float *x, char *err) {
+    LAUNCH(k_embed, rows * w->n_in, *w, tokens, rows, x);
+}
+
+extern "C" size_t mucu_q8k_bytes(int64_t n_in, int64_t rows) {
+    return (size_t)(n_in / 256) * (size_t)rows * sizeof(q8k_block);
+}
+
+extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, char *err) {
+    const bool native = w->type == T_NVFP4_NATIVE;
+    const bool is_float = w->type == T_F32 || w->type == T_F16 || w->type == T_BF16;
+    const bool uses_q8 = native ? !(w->input_scale_inv > 0.0f) : !is_float;
+    q8k_block *xq = uses_q8 ? (q8k_block *)q8 : NULL;
+    if (uses_q8) {
+        const int64_t nb = rows * (w->n_in / 256);
+        if (nb > 0) {
+            k_quantize_q8k<<<grid_for(nb, 128), 128>>>(x, xq, nb, native);
+            if (!launched("k_quantize_q8k", err)) return false;
+        }
+    }
+    LAUNCH(k_matmul, rows * w->n_out, *w, x, xq, y, rows);
+}
+
+extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, char *err) {
+    LAUNCH(k_rmsnorm, rows, x, w, eps, y, n, rows);
+}
+
+extern "C" bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs,
+                                char *err) {
+    LAUNCH(k_rope_table, rows * n_pairs, inv_freq, n_pairs, pos, rows, cs);
+}
+
+extern "C" bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows,
+                          bool neox, char *err) {
+    LAUNCH(k_rope, rows * n_heads * (n_rot / 2), x, n_heads, head_dim, n_rot, cs, rows, neox);
+}
+
+extern "C" bool mucu_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t n_head, int64_t head_dim,
+                              const int64_t *physical, const float *k, const float *v, int64_t rows, char *err) {
+    LAUNCH(k_kv_store, rows * n_head * head_dim, kp, vp, cap, n_head, head_dim, physical, k, v, rows);
+}
+
+extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
+                               int64_t head_dim, float scale, const float *q, float *out, char *err) {
+    if (head_dim > MUCU_MAX_HEAD_DIM) {
+        snprintf(err, MUCU_ERR_LEN, "k_attention: head_dim %lld exceeds %d", (long long)head_dim, MUCU_MAX_HEAD_DIM);
+        return false;
+    }
+    LAUNCH(k_attention, rows * n_head, desc, rows, n_head, n_head_kv, head_dim, scale, q, out);
+}
+
+extern "C" bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, char *err) { LAUNCH(k_sigmoid_gate, n, x, g, n); }
+extern "C" bool mucu_swiglu(float *gate, const float *up, int64_t n, char *err) { LAUNCH(k_swiglu, n, gate, up, n); }
+extern "C" bool mucu_add(float *x, const float *y, int64_t n, char *err) { LAUNCH(k_add, n, x, y, n); }
+extern "C" bool mucu_logit_tail(float *l, float scale, float cap, int64_t n, char *err) {
+    LAUNCH(k_logit_tail, n, l, scale, cap, n);
+}
+extern "C" bool mucu_softmax(float *x, float scale, int64_t n, int64_t rows, char *err) {
+    LAUNCH(k_softmax, rows, x, scale, n, rows);
+}
+extern "C" bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *out, char *err) {
+    LAUNCH(k_argmax, rows, x, n, rows, out);
+}
+extern "C" bool mucu_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
+                                 const float *src, int64_t rows, bool transposed, char *err) {
+    LAUNCH(k_store_heads, rows * n_head * D, dst, slots, S, D, n_head, src, rows, transposed);
+}

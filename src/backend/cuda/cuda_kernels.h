@@ -1,0 +1,75 @@
+/* The CUDA side of the cuda backend (cuda_kernels.cu), as plain C: device
+ * memory, and one launcher per op. Every pointer here is device memory
+ * unless marked host. Each function returns true on success; on failure
+ * it writes into err a message naming the CUDA call or kernel and the
+ * reason. The kernels reproduce the ref backend's bits exactly
+ * (docs/numerics.md); the mu_backend glue is cuda_backend.c. */
+#ifndef MUSER_CUDA_KERNELS_H
+#define MUSER_CUDA_KERNELS_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { MUCU_ERR_LEN = 256 };
+
+/* A weight as the kernels see it: rows of row_bytes in the GGUF layout. */
+typedef struct mucu_weight {
+    uint32_t type;             /* ggml type id (quant.h's enum mu_type) */
+    const uint8_t *data;       /* device */
+    const uint8_t *scales;     /* device, native NVFP4 only */
+    float scale;
+    int has_scale;
+    float input_scale_inv;
+    int64_t n_in, n_out;
+    uint64_t row_bytes;
+} mucu_weight;
+
+/* One query row of attention: its sequence's planes and key range. */
+typedef struct mucu_attn_row {
+    const uint16_t *k, *v;     /* device, head-major [n_head_kv][cap][head_dim] */
+    int64_t cap;
+    int64_t first, pos;        /* keys at logical [first, pos] */
+} mucu_attn_row;
+
+/* Largest head_dim the attention kernel takes. */
+enum { MUCU_MAX_HEAD_DIM = 512 };
+
+bool mucu_device_count(int *n, char *err);
+bool mucu_malloc(void **p, size_t bytes, char *err);
+bool mucu_free(void *p, char *err);
+/* cudaMemcpyDefault: any direction. */
+bool mucu_memcpy(void *dst, const void *src, size_t bytes, const char *what, char *err);
+bool mucu_memcpy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows, char *err);
+bool mucu_memset0(void *dst, size_t bytes, char *err);
+/* Is p device memory (cudaPointerGetAttributes)? */
+bool mucu_is_device(const void *p);
+
+bool mucu_embed(const mucu_weight *w, const int32_t *tokens, int64_t rows, float *x, char *err);
+/* q8: scratch of rows * n_in/256 Q8_K blocks (mucu_q8k_bytes). */
+size_t mucu_q8k_bytes(int64_t n_in, int64_t rows);
+bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, char *err);
+bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, char *err);
+bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs, char *err);
+bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows, bool neox,
+               char *err);
+bool mucu_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t n_head, int64_t head_dim, const int64_t *physical,
+                   const float *k, const float *v, int64_t rows, char *err);
+bool mucu_attention(const mucu_attn_row *rows_desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                    float scale, const float *q, float *out, char *err);
+bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, char *err);
+bool mucu_swiglu(float *gate, const float *up, int64_t n, char *err);
+bool mucu_add(float *x, const float *y, int64_t n, char *err);
+bool mucu_logit_tail(float *l, float scale, float cap, int64_t n, char *err);
+bool mucu_softmax(float *x, float scale, int64_t n, int64_t rows, char *err);
+bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *out, char *err);
+bool mucu_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head, const float *src,
+                      int64_t rows, bool transposed, char *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

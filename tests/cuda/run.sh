@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Build and check the CUDA backend on a machine with a GPU (docs/cuda.md):
+#  1. configure + build (Release, MUSER_CUDA=ON) into $BUILD
+#  2. tests/cuda/test_cuda_backend: every op against ref, bit for bit
+#  3. the same under compute-sanitizer (memcheck), when it runs here
+#  4. whole model: `muser run --dump-logits` of --backend cuda equals
+#     --backend ref byte for byte on the synthetic tiny model of every
+#     weight type, for prefill chunks 512, 7 and 1
+# Prints one summary line per step; exits non-zero on any failure.
+set -u
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${BUILD:-$SRC/build-cuda}
+JOBS=${JOBS:-$(nproc)}
+fail=0
+say() { printf '%s\n' "$*"; }
+
+say "== configure + build ($BUILD)"
+cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
+    { cat "$BUILD.configure.log"; say "FAIL configure"; exit 1; }
+cmake --build "$BUILD" -j "$JOBS" --target muser test_cuda_backend >"$BUILD.build.log" 2>&1 ||
+    { tail -50 "$BUILD.build.log"; say "FAIL build"; exit 1; }
+nvidia-smi -L 2>/dev/null | head -2
+
+say "== op test"
+if "$BUILD/test_cuda_backend"; then say "PASS op test"; else say "FAIL op test"; fail=1; fi
+
+say "== op test under compute-sanitizer"
+if command -v compute-sanitizer >/dev/null; then
+    if compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_cuda_backend" >"$BUILD.sanitizer.log" 2>&1; then
+        tail -3 "$BUILD.sanitizer.log"; say "PASS compute-sanitizer memcheck"
+    else
+        tail -30 "$BUILD.sanitizer.log"; say "FAIL (or unsupported here) compute-sanitizer memcheck"; fail=1
+    fi
+else
+    say "SKIP compute-sanitizer: not installed"
+fi
+
+say "== whole model: cuda logits == ref logits"
+M="$BUILD/muser"
+T=$(mktemp -d)
+TOK=1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30
+for type in F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K q4_k_xl nvfp4 nvfp4_ggml; do
+    if ! "$M" synth --preset tiny --type "$type" --seed 7 -o "$T/m.gguf" --no-progress >/dev/null 2>"$T/err"; then
+        say "FAIL synth $type: $(cat "$T/err")"; fail=1; continue
+    fi
+    "$M" run -m "$T/m.gguf" --backend ref --tokens $TOK -n 12 --temp 0 --dump-logits "$T/ref.bin" >/dev/null 2>"$T/err" ||
+        { say "FAIL ref run $type: $(tail -2 "$T/err")"; fail=1; continue; }
+    for chunk in 512 7 1; do
+        if ! "$M" run -m "$T/m.gguf" --backend cuda --chunk $chunk --tokens $TOK -n 12 --temp 0 \
+            --dump-logits "$T/cu.bin" >/dev/null 2>"$T/err"; then
+            say "FAIL cuda run $type chunk $chunk: $(tail -3 "$T/err")"; fail=1; continue
+        fi
+        if cmp -s "$T/ref.bin" "$T/cu.bin"; then
+            say "PASS $type chunk $chunk: $(stat -c %s "$T/cu.bin") logit bytes identical"
+        else
+            say "FAIL $type chunk $chunk: logits differ ($(cmp "$T/ref.bin" "$T/cu.bin" | head -1))"; fail=1
+        fi
+    done
+done
+rm -rf "$T"
+if [ $fail = 0 ]; then say "ALL CUDA CHECKS PASSED"; else say "SOME CUDA CHECKS FAILED"; fi
+exit $fail

@@ -1,0 +1,340 @@
+/* Every op of the cuda backend against the ref backend, bit for bit, on
+ * random non-zero inputs of several shapes (docs/cuda.md). Needs a CUDA
+ * device: run by tests/cuda/run.sh, not by CTest (CI has no GPU). */
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "util/mumath.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static mu_backend *ref, *cu;
+static int n_checks, n_fail;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static uint32_t next_u32(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+/* Non-zero, in [-amp, amp]. */
+static float rnd(float amp) {
+    float v;
+    do v = ((float)(next_u32() & 0xFFFFFF) / 8388608.0f - 1.0f) * amp;
+    while (v == 0.0f);
+    return v;
+}
+
+static float *rnd_vec(size_t n, float amp) {
+    float *v = mu_xmalloc(n * sizeof *v + 4);
+    for (size_t i = 0; i < n; i++) v[i] = rnd(amp);
+    return v;
+}
+
+/* A device copy of host bytes. */
+static void *dev(const void *host, size_t bytes) {
+    void *d = cu->alloc(cu, bytes);
+    if (!d) {
+        fprintf(stderr, "alloc failed\n");
+        exit(1);
+    }
+    cu->upload(cu, d, host, bytes);
+    return d;
+}
+
+/* Compare device bytes against host reference bytes. */
+static void check(const char *what, const void *want, const void *d, size_t bytes) {
+    uint8_t *got = mu_xmalloc(bytes + 1);
+    cu->download(cu, got, d, bytes);
+    n_checks++;
+    if (memcmp(got, want, bytes)) {
+        n_fail++;
+        size_t i = 0;
+        while (i < bytes && got[i] == ((const uint8_t *)want)[i]) i++;
+        size_t e = i / 4;
+        float g, w;
+        memcpy(&g, got + 4 * e, 4);
+        memcpy(&w, (const uint8_t *)want + 4 * e, 4);
+        fprintf(stderr, "MISMATCH %s: first differing byte %zu (f32 #%zu: cuda %.9g, ref %.9g)\n", what, i, e,
+                (double)g, (double)w);
+    }
+    free(got);
+}
+
+/* ------------------------------------------------------------- weights */
+
+typedef struct wspec {
+    const char *label;
+    uint32_t type;
+    bool has_scale, w4a4;
+} wspec;
+
+static const wspec WSPECS[] = {
+    {"F32", MU_TYPE_F32, false, false},     {"F16", MU_TYPE_F16, false, false},
+    {"BF16", MU_TYPE_BF16, false, false},   {"Q4_0", MU_TYPE_Q4_0, false, false},
+    {"Q8_0", MU_TYPE_Q8_0, false, false},   {"Q4_K", MU_TYPE_Q4_K, false, false},
+    {"Q5_K", MU_TYPE_Q5_K, false, false},   {"Q6_K", MU_TYPE_Q6_K, false, false},
+    {"NVFP4_ggml", MU_TYPE_NVFP4, false, false}, {"NVFP4_ggml+scale", MU_TYPE_NVFP4, true, false},
+    {"Q4_K+scale", MU_TYPE_Q4_K, true, false}, {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false},
+    {"NVFP4_native_W4A4", MU_TYPE_NVFP4_E2M1, false, true},
+};
+
+/* Host weight bytes (kept alive to the end: the cuda backend caches its
+ * uploads by host pointer). */
+static mu_weight make_weight(const wspec *s, int64_t n_in, int64_t n_out) {
+    mu_weight w = {.name = s->label, .type = s->type, .scale = 1.0f, .n_in = n_in, .n_out = n_out};
+    float *src = rnd_vec((size_t)(n_in * n_out), 1.0f);
+    if (s->type == MU_TYPE_NVFP4_E2M1) {
+        w.row_bytes = (uint64_t)n_in / 2;
+        uint8_t *p = mu_xmalloc((size_t)(n_out * n_in / 2)), *sc = mu_xmalloc((size_t)(n_out * n_in / 16));
+        w.scale = mu_nvfp4_tensor_scale2(src, n_in * n_out);
+        for (int64_t o = 0; o < n_out; o++)
+            mu_nvfp4_quantize_row(src + o * n_in, p + o * n_in / 2, sc + o * n_in / 16, w.scale, n_in);
+        w.data = p;
+        w.nvfp4_scales = sc;
+        if (s->w4a4) w.input_scale_inv = 37.5f;
+    } else {
+        if (!mu_type_row_bytes(s->type, (uint64_t)n_in, &w.row_bytes)) abort();
+        uint8_t *p = mu_xmalloc((size_t)(w.row_bytes * (uint64_t)n_out));
+        for (int64_t o = 0; o < n_out; o++) mu_quantize_row(s->type, src + o * n_in, p + o * w.row_bytes, n_in);
+        w.data = p;
+        if (s->has_scale) {
+            w.has_scale = true;
+            w.scale = 0.8125f;
+        }
+    }
+    free(src);
+    mu_error err;
+    if (!mu_weight_check(&w, &err)) {
+        fprintf(stderr, "bad test weight: %s\n", err.msg);
+        exit(1);
+    }
+    return w;
+}
+
+static void test_matmul_embed(void) {
+    const int64_t n_ins[] = {256, 768}, n_outs[] = {7, 64}, rowss[] = {1, 5};
+    for (size_t t = 0; t < sizeof WSPECS / sizeof *WSPECS; t++)
+        for (int a = 0; a < 2; a++)
+            for (int c = 0; c < 2; c++) {
+                const int64_t n_in = n_ins[a], n_out = n_outs[c];
+                mu_weight w = make_weight(&WSPECS[t], n_in, n_out);
+                for (int r = 0; r < 2; r++) {
+                    const int64_t rows = rowss[r];
+                    float *x = rnd_vec((size_t)(rows * n_in), 3.0f), *y = mu_xmalloc((size_t)(rows * n_out) * 4);
+                    float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
+                    ref->matmul(ref, &w, x, y, rows);
+                    cu->matmul(cu, &w, dx, dy, rows);
+                    char what[128];
+                    snprintf(what, sizeof what, "matmul %s n_in=%lld n_out=%lld rows=%lld", w.name, (long long)n_in,
+                             (long long)n_out, (long long)rows);
+                    check(what, y, dy, (size_t)(rows * n_out) * 4);
+                    cu->free(cu, dx, 0);
+                    cu->free(cu, dy, 0);
+                    free(x);
+                    free(y);
+                }
+                if (WSPECS[t].w4a4) continue; /* embed reads the payload the same way as W4A16 */
+                int32_t tok[6];
+                for (int i = 0; i < 6; i++) tok[i] = (int32_t)(next_u32() % (uint32_t)n_out);
+                float *e = mu_xmalloc((size_t)(6 * n_in) * 4), *de = cu->alloc(cu, (size_t)(6 * n_in) * 4);
+                ref->embed(ref, &w, tok, 6, e);
+                cu->embed(cu, &w, tok, 6, de);
+                char what[128];
+                snprintf(what, sizeof what, "embed %s n_in=%lld", w.name, (long long)n_in);
+                check(what, e, de, (size_t)(6 * n_in) * 4);
+                cu->free(cu, de, 0);
+                free(e);
+            }
+    /* float weights of any length (not a multiple of 32) */
+    for (int t = 0; t < 3; t++) {
+        mu_weight w = make_weight(&WSPECS[t], 77, 9);
+        float *x = rnd_vec(3 * 77, 2.0f), y[27];
+        float *dx = dev(x, 3 * 77 * 4), *dy = cu->alloc(cu, 27 * 4);
+        ref->matmul(ref, &w, x, y, 3);
+        cu->matmul(cu, &w, dx, dy, 3);
+        check(WSPECS[t].label, y, dy, sizeof y);
+        cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x);
+    }
+    /* activations as an F32 weight, in backend memory (mu_f32_matrix) */
+    float *m = rnd_vec(40 * 70, 1.0f), *x = rnd_vec(2 * 64, 1.0f), y[80];
+    float *dm = dev(m, 40 * 70 * 4), *dx = dev(x, 2 * 64 * 4), *dy = cu->alloc(cu, sizeof y);
+    mu_weight hw = mu_f32_matrix(m, 64, 40, 70), dw = mu_f32_matrix(dm, 64, 40, 70);
+    ref->matmul(ref, &hw, x, y, 2);
+    cu->matmul(cu, &dw, dx, dy, 2);
+    check("matmul mu_f32_matrix (device activations)", y, dy, sizeof y);
+    cu->free(cu, dm, 0), cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(m), free(x);
+}
+
+/* ------------------------------------------------------------ row ops */
+
+static void test_rmsnorm(void) {
+    const int64_t ns[] = {64, 256, 1000};
+    for (int i = 0; i < 3; i++)
+        for (int weighted = 0; weighted < 2; weighted++) {
+            const int64_t n = ns[i], rows = 3;
+            float *x = rnd_vec((size_t)(n * rows), 4.0f), *w = rnd_vec((size_t)n, 2.0f), *y = mu_xmalloc((size_t)(n * rows) * 4);
+            float *dx = dev(x, (size_t)(n * rows) * 4);
+            ref->rmsnorm(ref, x, weighted ? w : NULL, 1e-6f, y, n, rows);
+            cu->rmsnorm(cu, dx, weighted ? w : NULL, 1e-6f, dx, n, rows); /* in place, host weight */
+            char what[64];
+            snprintf(what, sizeof what, "rmsnorm n=%lld weighted=%d", (long long)n, weighted);
+            check(what, y, dx, (size_t)(n * rows) * 4);
+            cu->free(cu, dx, 0), free(x), free(w), free(y);
+        }
+}
+
+static void test_rope(void) {
+    const int64_t n_pairs = 32, rows = 4, n_heads = 3, head_dim = 80, n_rot = 64;
+    double inv_freq[32];
+    for (int i = 0; i < n_pairs; i++) inv_freq[i] = mu_pow(10000.0, -2.0 * i / 64.0);
+    int64_t pos[4] = {0, 17, 4095, 131071};
+    float cs[4 * 64];
+    float *dcs = cu->alloc(cu, sizeof cs);
+    ref->rope_table(ref, inv_freq, n_pairs, pos, rows, cs);
+    cu->rope_table(cu, inv_freq, n_pairs, pos, rows, dcs);
+    check("rope_table", cs, dcs, sizeof cs);
+    for (int neox = 0; neox < 2; neox++) {
+        size_t n = (size_t)(rows * n_heads * head_dim);
+        float *x = rnd_vec(n, 2.0f), *dx = dev(x, n * 4);
+        ref->rope(ref, x, n_heads, head_dim, n_rot, cs, rows, neox);
+        cu->rope(cu, dx, n_heads, head_dim, n_rot, dcs, rows, neox);
+        check(neox ? "rope neox" : "rope interleaved", x, dx, n * 4);
+        cu->free(cu, dx, 0), free(x);
+    }
+    cu->free(cu, dcs, 0);
+}
+
+/* kv_store into a ring, then attention over it (GQA, windows, several
+ * 256-key blocks, a ring whose origin has moved). */
+static void test_kv_attention(int64_t D) {
+    const int64_t H = 4, Hkv = 2, cap = 700, base = 333, n = 700;
+    mu_kv_layer hl = {.swa = true, .cap = cap, .n_head = Hkv, .head_dim = D, .row_elems = Hkv * D,
+                      .origin_logical = base, .origin_physical = base % cap, .len = n};
+    mu_kv_layer dl = hl;
+    size_t plane = (size_t)(Hkv * cap * D) * 2;
+    hl.k = calloc(1, plane), hl.v = calloc(1, plane);
+    dl.k = cu->alloc(cu, plane), dl.v = cu->alloc(cu, plane);
+    /* store logical base..base+n-1 in chunks of 50 rows */
+    for (int64_t p0 = base; p0 < base + n; p0 += 50) {
+        int64_t phys[50];
+        for (int i = 0; i < 50; i++) phys[i] = (p0 + i) % cap;
+        float *k = rnd_vec((size_t)(50 * Hkv * D), 3.0f), *v = rnd_vec((size_t)(50 * Hkv * D), 3.0f);
+        float *dk = dev(k, (size_t)(50 * Hkv * D) * 4), *dv = dev(v, (size_t)(50 * Hkv * D) * 4);
+        ref->kv_store(ref, &hl, phys, k, v, 50);
+        cu->kv_store(cu, &dl, phys, dk, dv, 50);
+        cu->free(cu, dk, 0), cu->free(cu, dv, 0), free(k), free(v);
+    }
+    check("kv_store K", hl.k, dl.k, plane);
+    check("kv_store V", hl.v, dl.v, plane);
+    const int64_t rows = 5, Q = H * D;
+    int64_t pos[5] = {base, base + 1, base + 255, base + 256, base + n - 1};
+    const mu_kv_layer *hk[5], *dk[5];
+    for (int r = 0; r < 5; r++) hk[r] = &hl, dk[r] = &dl;
+    const int64_t windows[] = {0, 100, 512};
+    for (int wi = 0; wi < 3; wi++) {
+        float *q = rnd_vec((size_t)(rows * Q), 2.0f), *o = mu_xmalloc((size_t)(rows * Q) * 4);
+        float *dq = dev(q, (size_t)(rows * Q) * 4), *dout = cu->alloc(cu, (size_t)(rows * Q) * 4);
+        mu_attn_batch a = {.rows = rows, .kv = hk, .pos = pos, .window = windows[wi], .n_head = H, .n_head_kv = Hkv,
+                           .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
+        ref->attention(ref, &a, q, o);
+        a.kv = dk;
+        cu->attention(cu, &a, dq, dout);
+        char what[64];
+        snprintf(what, sizeof what, "attention D=%lld window=%lld", (long long)D, (long long)windows[wi]);
+        check(what, o, dout, (size_t)(rows * Q) * 4);
+        cu->free(cu, dq, 0), cu->free(cu, dout, 0), free(q), free(o);
+    }
+    free(hl.k), free(hl.v);
+    cu->free(cu, dl.k, 0), cu->free(cu, dl.v, 0);
+}
+
+static void test_elementwise(void) {
+    const int64_t n = 5000;
+    for (int op = 0; op < 5; op++) {
+        float *x = rnd_vec((size_t)n, op >= 3 ? 40.0f : 12.0f), *y = rnd_vec((size_t)n, 12.0f);
+        float *dx = dev(x, (size_t)n * 4), *dy = dev(y, (size_t)n * 4);
+        const char *what = "";
+        switch (op) {
+        case 0: ref->sigmoid_gate(ref, x, y, n), cu->sigmoid_gate(cu, dx, dy, n), what = "sigmoid_gate"; break;
+        case 1: ref->swiglu(ref, x, y, n), cu->swiglu(cu, dx, dy, n), what = "swiglu"; break;
+        case 2: ref->add(ref, x, y, n), cu->add(cu, dx, dy, n), what = "add"; break;
+        case 3: ref->logit_tail(ref, x, 0.75f, 30.0f, n), cu->logit_tail(cu, dx, 0.75f, 30.0f, n), what = "logit_tail cap"; break;
+        default: ref->logit_tail(ref, x, 0.75f, 0.0f, n), cu->logit_tail(cu, dx, 0.75f, 0.0f, n), what = "logit_tail"; break;
+        }
+        check(what, x, dx, (size_t)n * 4);
+        cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
+    }
+    /* softmax and argmax (with ties: the lowest index wins) */
+    const int64_t m = 333, rows = 4;
+    float *x = rnd_vec((size_t)(m * rows), 8.0f);
+    x[10] = x[200] = 50.0f;
+    x[m + 5] = x[m + 6] = 51.0f;
+    float *dx = dev(x, (size_t)(m * rows) * 4);
+    int32_t am[4], dam[4];
+    ref->argmax(ref, x, m, rows, am);
+    cu->argmax(cu, dx, m, rows, dam);
+    n_checks++;
+    if (memcmp(am, dam, sizeof am)) n_fail++, fprintf(stderr, "MISMATCH argmax\n");
+    ref->softmax(ref, x, 0.7f, m, rows);
+    cu->softmax(cu, dx, 0.7f, m, rows);
+    check("softmax", x, dx, (size_t)(m * rows) * 4);
+    cu->free(cu, dx, 0), free(x);
+}
+
+static void test_store_heads_and_memory(void) {
+    const int64_t S = 11, D = 24, H = 3, rows = 4;
+    int64_t slots[4] = {3, 0, 10, 7};
+    size_t dst_bytes = (size_t)(H * S * D) * 4;
+    for (int tr = 0; tr < 2; tr++) {
+        float *src = rnd_vec((size_t)(rows * H * D), 1.0f), *dst = rnd_vec((size_t)(H * S * D), 1.0f);
+        float *dsrc = dev(src, (size_t)(rows * H * D) * 4), *ddst = dev(dst, dst_bytes);
+        ref->store_heads(ref, dst, slots, S, D, H, src, rows, tr);
+        cu->store_heads(cu, ddst, slots, S, D, H, dsrc, rows, tr);
+        check(tr ? "store_heads transposed" : "store_heads", dst, ddst, dst_bytes);
+        cu->free(cu, dsrc, 0), cu->free(cu, ddst, 0), free(src), free(dst);
+    }
+    /* overlapping copy (memmove), copy2d, zero, zero-filled alloc */
+    float *h = rnd_vec(1000, 1.0f), *d = dev(h, 4000);
+    ref->copy(ref, h + 10, h, 900 * 4);
+    cu->copy(cu, d + 10, d, 900 * 4);
+    check("copy (overlapping, forward)", h, d, 4000);
+    ref->copy(ref, h, h + 7, 900 * 4);
+    cu->copy(cu, d, d + 7, 900 * 4);
+    check("copy (overlapping, backward)", h, d, 4000);
+    float h2[300] = {0};
+    float *d2 = cu->alloc(cu, sizeof h2);
+    check("alloc is zero-filled", h2, d2, sizeof h2);
+    ref->copy2d(ref, h2, 40, h, 100, 24, 7);
+    cu->copy2d(cu, d2, 40, d, 100, 24, 7);
+    check("copy2d", h2, d2, sizeof h2);
+    ref->zero(ref, h2 + 5, 80);
+    cu->zero(cu, d2 + 5, 80);
+    check("zero", h2, d2, sizeof h2);
+    cu->free(cu, d, 0), cu->free(cu, d2, 0), free(h);
+}
+
+int main(void) {
+    mu_error err;
+    ref = mu_backend_ref_create(1);
+    cu = mu_backend_cuda_create(1, &err);
+    if (!cu) {
+        fprintf(stderr, "test_cuda_backend: %s\n", err.msg);
+        return 1;
+    }
+    test_matmul_embed();
+    test_rmsnorm();
+    test_rope();
+    test_kv_attention(64);
+    test_kv_attention(128);
+    test_kv_attention(256);
+    test_elementwise();
+    test_store_heads_and_memory();
+    printf("test_cuda_backend: %d checks, %d mismatches\n", n_checks, n_fail);
+    cu->destroy(cu);
+    ref->destroy(ref);
+    return n_fail ? 1 : 0;
+}
