@@ -30,6 +30,7 @@ static void usage(FILE *f) {
             "  --endpoint NAME        completions (/v1/completions, default) or chat (/v1/chat/completions)\n"
             "  -r, --reps N           timed repetitions per level and server (default 3)\n"
             "  --warmup N             untimed requests per stream before each level (default 1)\n"
+            "  --pause SECONDS        idle before each timed repetition (VMs that throttle sustained load)\n"
             "  -t, --threads N        threads of each server (default: theirs, all cores)\n"
             "  --host ADDR            loopback address to serve on (default 127.0.0.1)\n"
             "  --json FILE            write the results as JSON ('-' = stdout)\n"
@@ -41,6 +42,7 @@ typedef struct opts {
     int32_t *conc;
     int64_t n_conc;
     int64_t duration, requests, max_tokens, parallel, ctx, reps, warmup, threads;
+    double pause;
     bool chat, quiet, duration_given;
 } opts;
 
@@ -83,7 +85,15 @@ static int parse(int argc, char **argv, opts *o) {
             ok = cli_value("bench serve", argc, argv, &i, &v) && cli_parse_i64("bench serve", a, v, 0, 100, &o->warmup);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
             ok = cli_value("bench serve", argc, argv, &i, &v) && cli_parse_i64("bench serve", a, v, 1, 1024, &o->threads);
-        else if (!strcmp(a, "--llama-server")) ok = cli_value("bench serve", argc, argv, &i, &o->llama);
+        else if (!strcmp(a, "--pause")) {
+            float secs = 0;
+            ok = cli_value("bench serve", argc, argv, &i, &v) && cli_parse_f32("bench serve", a, v, &secs);
+            if (ok && (secs < 0 || secs > 600)) {
+                fprintf(stderr, "muser bench serve: --pause must be in [0, 600] seconds, got %s\n", v);
+                ok = false;
+            }
+            o->pause = secs;
+        } else if (!strcmp(a, "--llama-server")) ok = cli_value("bench serve", argc, argv, &i, &o->llama);
         else if (!strcmp(a, "--json")) ok = cli_value("bench serve", argc, argv, &i, &o->json);
         else if (!strcmp(a, "--host")) ok = cli_value("bench serve", argc, argv, &i, &o->host);
         else if (!strcmp(a, "--endpoint")) {
@@ -176,7 +186,7 @@ static bool write_json(const opts *o, const char *const *names, int n_srv, level
             (long long)o->duration, (long long)o->requests);
     fprintf(f, "  \"reps\": %lld,\n  \"warmup\": %lld,\n  \"threads\": %lld,\n  \"parallel\": %lld,\n  \"ctx_per_slot\": %lld,\n",
             (long long)o->reps, (long long)o->warmup, (long long)o->threads, (long long)o->parallel, (long long)o->ctx);
-    fprintf(f, "  \"llama_server\": ");
+    fprintf(f, "  \"pause_s\": %.3f,\n  \"llama_server\": ", o->pause);
     if (o->llama) cli_json_str(f, o->llama);
     else fprintf(f, "null");
     fprintf(f, ",\n  \"llama_server_version\": ");
@@ -243,9 +253,9 @@ int cmd_bench_serve(int argc, char **argv) {
 
     if (!o.quiet) {
         if (o.duration > 0) {
-            double est = (double)o.n_conc * (double)n_srv * (double)(o.reps * o.duration);
+            double est = (double)o.n_conc * (double)n_srv * (double)o.reps * ((double)o.duration + o.pause);
             fprintf(stderr,
-                    "[bench serve] estimate: about %.0f s of timed load (%lld levels x %d servers x %lld reps x %lld s), "
+                    "[bench serve] estimate: about %.0f s of timed load (%lld levels x %d servers x %lld reps x %lld s + pause), "
                     "plus start-up, warm-up and the streams in flight at each deadline\n",
                     est, (long long)o.n_conc, n_srv, (long long)o.reps, (long long)o.duration);
         } else {
@@ -311,6 +321,7 @@ int cmd_bench_serve(int argc, char **argv) {
             for (int s = 0; s < n_srv && !rc; s++) {
                 level_result *lr = &res[s][li];
                 bs_run *r = &lr->runs[rep];
+                if (o.pause > 0) mu_bench_pause(o.pause);
                 bool ok = bs_run_load(&srv[s], &load, r);
                 lr->n_ok += r->n_ok;
                 lr->n_err += r->n_err;
@@ -341,7 +352,8 @@ int cmd_bench_serve(int argc, char **argv) {
                (long long)o.parallel, (long long)o.ctx, (long long)o.reps, (long long)o.warmup);
         if (o.duration > 0) printf("load: %lld s per level and repetition", (long long)o.duration);
         else printf("load: %lld requests per level and repetition", (long long)o.requests);
-        printf("; server threads: %s%lld\n", o.threads ? "" : "default ", (long long)o.threads);
+        if (o.threads) printf("; server threads: %lld\n", (long long)o.threads);
+        else printf("; server threads: each server's default\n");
         if (llama_ver[0]) printf("llama-server: %s\n", llama_ver);
         printf("%-13s %4s %9s %6s %9s %6s %9s %9s %8s %8s %5s\n", "server", "conc", "req/s", "cv", "tok/s", "cv",
                "TTFTp50ms", "TTFTp99ms", "ITLp50ms", "ITLp99ms", "err");
