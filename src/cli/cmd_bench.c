@@ -2,7 +2,8 @@
  * repetitions after warm-up), achieved weight-read GB/s against the
  * machine's measured read bandwidth, at one or more context depths;
  * muser bench --membw measures that bandwidth alone, muser bench --grammar
- * the grammar engine's whole-vocabulary mask (bench_grammar.c). */
+ * the grammar engine's whole-vocabulary mask (bench_grammar.c), muser bench
+ * serve an HTTP server under streaming load (cmd_bench_serve.c). */
 #include "bench/bench.h"
 #include "bench_grammar.h"
 #include "cli.h"
@@ -15,7 +16,8 @@ static void bench_usage(FILE *f) {
     fprintf(f,
             "usage: muser bench -m MODEL [options]\n"
             "       muser bench --membw [-t N] [-r N] [--size MB] [--json FILE]\n"
-            "       muser bench --grammar [-m MODEL] [-r N] [--json FILE]\n\n"
+            "       muser bench --grammar [-m MODEL] [-r N] [--json FILE]\n"
+            "       muser bench serve [-m MODEL] [--concurrency 1,4,8,16] [--llama-server PATH] ... (--help)\n\n"
             "  -m, --model FILE       Muse Glimmer GGUF (default: $MUSER_MODEL, else the shipped model)\n"
             "  -p, --n-prompt N       prefill test tokens (default 512; 0 skips)\n"
             "  -n, --n-gen N          teacher-forced decode test tokens (default 128; 0 skips)\n"
@@ -293,6 +295,7 @@ static void print_table(const bench_cli *c, const mu_bench_result *r) {
 }
 
 int cmd_bench(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
     bench_cli c = {0};
     int rc = parse(argc, argv, &c);
     if (rc >= 0) {

@@ -1,0 +1,35 @@
+#!/bin/bash
+# `muser bench serve` runs end to end on the shipped model without
+# llama-server: it starts `muser serve` itself on loopback, puts two short
+# levels of streaming load on it and writes JSON with every figure; bad
+# options are refused before anything starts. A few seconds.
+set -u
+source "$(dirname "$0")/lib_cli.sh" bench-serve
+
+expect_fail "not a loopback address" "$M" bench serve --host 8.8.8.8 --requests 1
+expect_fail "--duration or --requests" "$M" bench serve --duration 2 --requests 2
+expect_fail "raise -c" "$M" bench serve --max-tokens 2000 -c 1024
+expect_fail "not an executable" "$M" bench serve --llama-server /nonexistent/llama-server
+expect_fail "unknown option" "$M" bench serve --bogus
+
+check "$M" bench serve --concurrency 1,2 --requests 4 --max-tokens 8 -r 2 -c 256 -t 2 --json "$T/b.json" >"$T/out" 2>"$T/err"
+cat "$T/out"
+check grep -q "^muser  *2 " "$T/out"
+check $PY - "$T/b.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["muser_bench_serve"] == 1 and d["max_tokens"] == 8 and d["requests"] == 4 and d["llama_server"] is None, d
+rs = d["results"]
+assert [(r["server"], r["concurrency"]) for r in rs] == [("muser", 1), ("muser", 2)], rs
+for r in rs:
+    assert r["errors"] == 0 and r["requests_ok"] == 8, r  # 4 requests x 2 reps
+    m = r["metrics"]
+    for k in ("requests_per_s", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"):
+        s = m[k]
+        assert len(s["samples"]) == 2 and s["median"] > 0 and s["cv"] >= 0 and s["min"] <= s["median"] <= s["max"], (k, s)
+    # 8 tokens a request: the aggregate rate is 8 times the request rate
+    for rq, tk in zip(m["requests_per_s"]["samples"], m["tokens_per_s"]["samples"]):
+        assert abs(tk - 8 * rq) < 1e-3 * tk, (rq, tk)
+    assert m["ttft_p50_ms"]["median"] <= m["ttft_p99_ms"]["median"] + 1e-9
+EOF
+exit $fail
