@@ -584,6 +584,12 @@ static char *request_body(const bs_load *l, int idx) {
         json_object_set_new(b, "prompt", json_string(prompt));
     }
     json_object_set_new(b, "max_tokens", json_integer(l->max_tokens));
+    if (l->logprobs && l->chat) {
+        json_object_set_new(b, "logprobs", json_true());
+        json_object_set_new(b, "top_logprobs", json_integer(1));
+    } else if (l->logprobs) {
+        json_object_set_new(b, "logprobs", json_integer(1));
+    }
     json_object_set_new(b, "stream", json_true());
     json_object_set_new(b, "stream_options", json_pack("{s:b}", "include_usage", 1));
     json_object_set_new(b, "temperature", json_real(0.0));
