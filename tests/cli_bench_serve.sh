@@ -26,10 +26,13 @@ for r in rs:
     m = r["metrics"]
     for k in ("requests_per_s", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"):
         s = m[k]
-        assert len(s["samples"]) == 2 and s["median"] > 0 and s["cv"] >= 0 and s["min"] <= s["median"] <= s["max"], (k, s)
+        # gaps can be 0: two chunks read in one recv() on a busy machine
+        assert len(s["samples"]) == 2 and s["cv"] >= 0 and s["min"] <= s["median"] <= s["max"], (k, s)
+        assert s["median"] > 0 if not k.startswith("itl") else s["median"] >= 0, (k, s)
     # 8 tokens a request: the aggregate rate is 8 times the request rate
     for rq, tk in zip(m["requests_per_s"]["samples"], m["tokens_per_s"]["samples"]):
         assert abs(tk - 8 * rq) < 1e-3 * tk, (rq, tk)
-    assert m["ttft_p50_ms"]["median"] <= m["ttft_p99_ms"]["median"] + 1e-9
+    for a, b in zip(m["ttft_p50_ms"]["samples"], m["ttft_p99_ms"]["samples"]): assert a <= b + 1e-9, (a, b)
+    for a, b in zip(m["itl_p50_ms"]["samples"], m["itl_p99_ms"]["samples"]): assert a <= b + 1e-9, (a, b)
 EOF
 exit $fail

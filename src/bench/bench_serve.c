@@ -5,8 +5,8 @@
  * response as it comes: the status line and headers, then the body,
  * de-chunked when the server sends Transfer-Encoding: chunked (both
  * libmicrohttpd in src/server/http.c and llama-server stream that way), then
- * split into server-sent-event lines. Every `data:` event whose choice
- * carries text is a token chunk, stamped with the time its bytes arrived:
+ * split into server-sent-event lines. Every `data:` event with a choice that
+ * is not the last one (no finish_reason) is a token chunk, stamped with the time its bytes arrived:
  * the first one gives the time to first token (from the moment the request
  * was sent), the gaps between consecutive ones the inter-token latency.
  * Tokens are counted from the usage object of the last event
@@ -449,11 +449,17 @@ static void on_event(client *c, resp *r, const char *data, size_t n, double t) {
     json_t *choice;
     bool text = false;
     json_array_foreach(ch, i, choice) {
-        json_t *v = c->l->chat ? json_object_get(json_object_get(choice, "delta"), "content")
-                               : json_object_get(choice, "text");
-        if (c->l->chat && !(json_is_string(v) && json_string_length(v)))
-            v = json_object_get(json_object_get(choice, "delta"), "reasoning_content");
-        if (json_is_string(v) && json_string_length(v)) text = true;
+        /* a token's chunk: not the last one (finish_reason set), and in chat
+         * not the opening role-only delta; its text may be empty (a token that
+         * renders as nothing: llama-server still sends its chunk) */
+        json_t *fr = json_object_get(choice, "finish_reason");
+        if (fr && !json_is_null(fr)) continue;
+        if (c->l->chat) {
+            json_t *d = json_object_get(choice, "delta");
+            json_t *v = json_object_get(d, "content");
+            if (json_object_get(d, "role") && !(json_is_string(v) && json_string_length(v))) continue;
+        }
+        text = true;
     }
     if (text) {
         if (!r->seen_token) dvec_push(&c->ttft, t - r->t0);
@@ -578,6 +584,12 @@ static char *request_body(const bs_load *l, int idx) {
         json_object_set_new(b, "prompt", json_string(prompt));
     }
     json_object_set_new(b, "max_tokens", json_integer(l->max_tokens));
+    if (l->logprobs && l->chat) {
+        json_object_set_new(b, "logprobs", json_true());
+        json_object_set_new(b, "top_logprobs", json_integer(1));
+    } else if (l->logprobs) {
+        json_object_set_new(b, "logprobs", json_integer(1));
+    }
     json_object_set_new(b, "stream", json_true());
     json_object_set_new(b, "stream_options", json_pack("{s:b}", "include_usage", 1));
     json_object_set_new(b, "temperature", json_real(0.0));

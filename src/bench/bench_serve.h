@@ -45,6 +45,8 @@ typedef struct bs_load {
     double duration_s;   /* > 0: start requests until then */
     int n_requests;      /* else: this many requests in all */
     int max_tokens;
+    bool logprobs;       /* ask for the chosen token's logprob: a chunk for every token
+                            (muser sends none for a token whose text is empty) */
 } bs_load;
 
 /* One run of the load against one server. */
