@@ -35,24 +35,6 @@
 
 /* ------------------------------------------------------------ helpers */
 
-bool bs_host_is_loopback(const char *host) {
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
-    if (!host || getaddrinfo(host, NULL, &hints, &ai)) return false;
-    bool all = ai != NULL;
-    for (struct addrinfo *a = ai; a; a = a->ai_next) {
-        if (a->ai_family == AF_INET) {
-            const struct sockaddr_in *s = (const void *)a->ai_addr;
-            all &= (ntohl(s->sin_addr.s_addr) >> 24) == 127;
-        } else if (a->ai_family == AF_INET6) {
-            const struct sockaddr_in6 *s = (const void *)a->ai_addr;
-            all &= memcmp(&s->sin6_addr, &in6addr_loopback, sizeof in6addr_loopback) == 0;
-        } else {
-            all = false;
-        }
-    }
-    freeaddrinfo(ai);
-    return all;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

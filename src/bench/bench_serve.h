@@ -36,8 +36,6 @@ void bs_stop(bs_server *s);
 /* The last `max` bytes of the server's log (for error messages). */
 void bs_log_tail(const bs_server *s, char *out, size_t max);
 
-/* Whether every address `host` resolves to is a loopback one. */
-bool bs_host_is_loopback(const char *host);
 
 typedef struct bs_load {
     bool chat;           /* /v1/chat/completions (else /v1/completions) */

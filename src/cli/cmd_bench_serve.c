@@ -7,6 +7,7 @@
  * latency p50/p99, as the median and CV over the repetitions
  * (src/bench/bench_serve.c, docs/benchmarks.md). */
 #include "bench/bench_serve.h"
+#include "server/server.h"
 #include "cli.h"
 #include <limits.h>
 #include <math.h>
@@ -137,7 +138,7 @@ static int parse(int argc, char **argv, opts *o) {
                 (long long)o->max_tokens, (long long)o->ctx);
         return 2;
     }
-    if (!bs_host_is_loopback(o->host)) {
+    if (!srv_host_is_loopback(o->host)) {
         fprintf(stderr, "muser bench serve: --host %s is not a loopback address: the benchmark runs on this machine "
                         "only (127.0.0.1 or ::1)\n", o->host);
         return 2;

@@ -49,25 +49,6 @@ static void on_signal(int sig) {
     if (g_srv) g_srv->stopping = 1;
 }
 
-/* Every address the host name resolves to is a loopback one. */
-static bool host_is_loopback(const char *host) {
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
-    if (getaddrinfo(host, NULL, &hints, &ai)) return false;
-    bool all = ai != NULL;
-    for (struct addrinfo *a = ai; a; a = a->ai_next) {
-        if (a->ai_family == AF_INET) {
-            const struct sockaddr_in *s = (const void *)a->ai_addr;
-            all &= (ntohl(s->sin_addr.s_addr) >> 24) == 127;
-        } else if (a->ai_family == AF_INET6) {
-            const struct sockaddr_in6 *s = (const void *)a->ai_addr;
-            all &= memcmp(&s->sin6_addr, &in6addr_loopback, sizeof in6addr_loopback) == 0;
-        } else {
-            all = false;
-        }
-    }
-    freeaddrinfo(ai);
-    return all;
-}
 
 int cmd_serve(int argc, char **argv) {
     srv_params p = {.host = "127.0.0.1", .port = 8080, .n_parallel = 4, .n_batch = 512, .max_queue = 64,
@@ -145,7 +126,7 @@ int cmd_serve(int argc, char **argv) {
         free(key_buf);
         return 2;
     }
-    if (!p.api_key && !host_is_loopback(p.host)) {
+    if (!p.api_key && !srv_host_is_loopback(p.host)) {
         fprintf(stderr,
                 "muser serve: refusing to listen on %s without an API key: anyone who can reach it could use the "
                 "server (give --api-key or --api-key-file, or --host 127.0.0.1)\n",

@@ -16,8 +16,10 @@
 #include "gen/gen.h"
 #include "util/common.h"
 #include <errno.h>
+#include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -676,4 +678,23 @@ int srv_http_run(srv_server *srv, muser_error *err) {
     free(cert);
     free(key);
     return 0;
+}
+
+bool srv_host_is_loopback(const char *host) {
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (!host || getaddrinfo(host, NULL, &hints, &ai)) return false;
+    bool all = ai != NULL;
+    for (struct addrinfo *a = ai; a; a = a->ai_next) {
+        if (a->ai_family == AF_INET) {
+            const struct sockaddr_in *s = (const void *)a->ai_addr;
+            all &= (ntohl(s->sin_addr.s_addr) >> 24) == 127;
+        } else if (a->ai_family == AF_INET6) {
+            const struct sockaddr_in6 *s = (const void *)a->ai_addr;
+            all &= memcmp(&s->sin6_addr, &in6addr_loopback, sizeof in6addr_loopback) == 0;
+        } else {
+            all = false;
+        }
+    }
+    freeaddrinfo(ai);
+    return all;
 }

@@ -100,6 +100,10 @@ void srv_llama_health(srv_server *srv, const srv_request *rq);
 void srv_metrics(srv_server *srv, const srv_request *rq);
 void srv_ui(srv_server *srv, const srv_request *rq);
 
+/* Every address the host name resolves to is a loopback one (binding
+ * elsewhere needs an API key; `muser bench serve` stays on loopback). */
+bool srv_host_is_loopback(const char *host);
+
 /* Start listening and serve until srv->stopping; 0 on a clean shutdown.
  * On the way out it stops accepting, lets running jobs finish for a grace
  * period (then cancels them), frees srv->sched and sets it to NULL. */
