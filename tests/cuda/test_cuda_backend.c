@@ -169,11 +169,45 @@ static void test_matmul_embed(void) {
     cu->free(cu, dm, 0), cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(m), free(x);
 }
 
+/* The weight-streaming kernels: many blocks (n_in 5120, 6656), n_out not a
+ * multiple of the 4 outputs of a CTA, 1 to 33 rows (chunks of 16 rows,
+ * partial last chunks). */
+static void test_matmul_large(void) {
+    static const wspec big[] = {
+        {"Q4_K", MU_TYPE_Q4_K, false, false}, {"Q5_K", MU_TYPE_Q5_K, false, false},
+        {"Q6_K", MU_TYPE_Q6_K, false, false}, {"Q4_K+scale", MU_TYPE_Q4_K, true, false},
+        {"Q8_0", MU_TYPE_Q8_0, false, false}, {"F16", MU_TYPE_F16, false, false},
+        {"NVFP4_ggml", MU_TYPE_NVFP4, false, false}, {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false},
+    };
+    const int64_t shapes[][2] = {{5120, 37}, {6656, 130}, {1280, 1}};
+    const int64_t rowss[] = {1, 2, 3, 4, 7, 16, 17, 33};
+    for (size_t t = 0; t < sizeof big / sizeof *big; t++)
+        for (int s = 0; s < 3; s++) {
+            const int64_t n_in = shapes[s][0], n_out = shapes[s][1];
+            mu_weight w = make_weight(&big[t], n_in, n_out);
+            for (size_t r = 0; r < sizeof rowss / sizeof *rowss; r++) {
+                const int64_t rows = rowss[r];
+                if (big[t].type != MU_TYPE_Q4_K && big[t].type != MU_TYPE_Q6_K && rows != 1 && rows != 17) continue;
+                float *x = rnd_vec((size_t)(rows * n_in), 3.0f), *y = mu_xmalloc((size_t)(rows * n_out) * 4);
+                if (rows == 3) /* an all-zero block and a block whose largest magnitude repeats */
+                    for (int i = 0; i < 256; i++) x[n_in + i] = 0.0f, x[2 * n_in + 256 + i] = (i % 3) ? 1.5f : -1.5f;
+                float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
+                ref->matmul(ref, &w, x, y, rows);
+                cu->matmul(cu, &w, dx, dy, rows);
+                char what[128];
+                snprintf(what, sizeof what, "matmul %s n_in=%lld n_out=%lld rows=%lld", w.name, (long long)n_in,
+                         (long long)n_out, (long long)rows);
+                check(what, y, dy, (size_t)(rows * n_out) * 4);
+                cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
+            }
+        }
+}
+
 /* ------------------------------------------------------------ row ops */
 
 static void test_rmsnorm(void) {
-    const int64_t ns[] = {64, 256, 1000};
-    for (int i = 0; i < 3; i++)
+    const int64_t ns[] = {64, 256, 1000, 6656};
+    for (int i = 0; i < 4; i++)
         for (int weighted = 0; weighted < 2; weighted++) {
             const int64_t n = ns[i], rows = 3;
             float *x = rnd_vec((size_t)(n * rows), 4.0f), *w = rnd_vec((size_t)n, 2.0f), *y = mu_xmalloc((size_t)(n * rows) * 4);
@@ -183,7 +217,7 @@ static void test_rmsnorm(void) {
             char what[64];
             snprintf(what, sizeof what, "rmsnorm n=%lld weighted=%d", (long long)n, weighted);
             check(what, y, dx, (size_t)(n * rows) * 4);
-            cu->free(cu, dx, 0), free(x), free(w), free(y);
+            cu->free(cu, dx, 0), free(x), free(y); /* w stays alive: the backend caches norm vectors by address */
         }
 }
 
@@ -326,11 +360,13 @@ int main(void) {
         return 1;
     }
     test_matmul_embed();
+    test_matmul_large();
     test_rmsnorm();
     test_rope();
     test_kv_attention(64);
     test_kv_attention(128);
     test_kv_attention(256);
+    test_kv_attention(80);
     test_elementwise();
     test_store_heads_and_memory();
     printf("test_cuda_backend: %d checks, %d mismatches\n", n_checks, n_fail);

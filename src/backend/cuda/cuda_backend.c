@@ -25,7 +25,8 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
 #include "backend/cuda/cuda_kernels.h"
 
 typedef struct dev_copy {
-    const void *host;
+    const void *host; /* NULL: empty slot */
+    int kind;         /* 0: the bytes as they are; 1: the matmul layout (Q6_K split) */
     size_t bytes;
     void *dev;
 } dev_copy;
@@ -36,11 +37,16 @@ typedef struct dev_buf {
 } dev_buf;
 
 typedef struct cuda_ctx {
-    dev_copy *copies; /* uploaded weights */
+    dev_copy *copies; /* uploaded weights and norm vectors: open addressing on (host, kind) */
     size_t n_copies, cap_copies;
-    dev_buf args[2]; /* per-call uploads of host arrays */
+    size_t weight_bytes;
+    uint8_t *ring_h, *ring_d; /* per-call host arrays: pinned staging -> device, stream-ordered */
+    size_t ring_cap, ring_pos;
+    dev_buf out;     /* argmax results */
     dev_buf q8;      /* Q8_K activation blocks */
     dev_buf tmp;     /* overlapping copies */
+    dev_buf part;    /* attention: per 256-key block partials */
+    bool told;       /* footprint printed */
 } cuda_ctx;
 
 static _Noreturn void die(const char *op, const char *msg) {
@@ -55,7 +61,7 @@ static void *buf_reserve(dev_buf *d, size_t bytes, const char *op) {
     if (bytes <= d->cap && d->p) return d->p;
     size_t cap = d->cap ? d->cap : 4096;
     while (cap < bytes) cap *= 2;
-    if (d->p && !mucu_free(d->p, err)) die(op, err);
+    if (d->p && !mucu_free(d->p, err)) die(op, err); /* cudaFree waits for the kernels using it */
     d->p = NULL;
     d->cap = 0;
     if (!mucu_malloc(&d->p, cap, err)) die(op, err);
@@ -63,31 +69,92 @@ static void *buf_reserve(dev_buf *d, size_t bytes, const char *op) {
     return d->p;
 }
 
-/* A host array for this call, in device memory. */
-static void *upload_arg(mu_backend *b, int slot, const void *host, size_t bytes, const char *op) {
+/* A host array for this call, in device memory: copied into the pinned
+ * ring and uploaded in stream order, so the host never waits. The ring is
+ * reused from its start only after a synchronize (every 8 MiB or so of
+ * arguments), so no upload or kernel still reads what is overwritten. */
+static void *upload_arg(mu_backend *b, const void *host, size_t bytes, const char *op) {
+    cuda_ctx *c = ctx_of(b);
     char err[MUCU_ERR_LEN];
-    void *d = buf_reserve(&ctx_of(b)->args[slot], bytes, op);
-    if (!mucu_memcpy(d, host, bytes, op, err)) die(op, err);
+    const size_t n = (bytes + 255) & ~(size_t)255;
+    if (n > c->ring_cap || c->ring_pos + n > c->ring_cap) {
+        if (c->ring_cap && !mucu_sync("argument ring wrap", err)) die(op, err);
+        c->ring_pos = 0;
+        if (n > c->ring_cap) {
+            size_t cap = c->ring_cap ? c->ring_cap : (size_t)8 << 20;
+            while (cap < n) cap *= 2;
+            if (!mucu_host_free(c->ring_h, err) || !mucu_free(c->ring_d, err)) die(op, err);
+            c->ring_h = NULL, c->ring_d = NULL, c->ring_cap = 0;
+            if (!mucu_host_alloc((void **)&c->ring_h, cap, err) || !mucu_malloc((void **)&c->ring_d, cap, err))
+                die(op, err);
+            c->ring_cap = cap;
+        }
+    }
+    uint8_t *h = c->ring_h + c->ring_pos, *d = c->ring_d + c->ring_pos;
+    memcpy(h, host, bytes);
+    if (!mucu_upload_async(d, h, bytes, op, err)) die(op, err);
+    c->ring_pos += n;
     return d;
 }
 
-/* The device copy of `bytes` host bytes at `host` (uploaded on first use),
- * or host itself when it already is device memory (activations viewed as
- * a weight, mu_f32_matrix). */
-static const void *dev_bytes(mu_backend *b, const void *host, size_t bytes, const char *what) {
+static size_t copy_slot(const cuda_ctx *c, const void *host, int kind) {
+    uint64_t k = (uint64_t)(uintptr_t)host * 0x9E3779B97F4A7C15ull + (uint64_t)kind;
+    return (size_t)(k >> 20) & (c->cap_copies - 1);
+}
+
+static void copies_put(cuda_ctx *c, dev_copy e) {
+    if (2 * (c->n_copies + 1) > c->cap_copies) { /* grow, rehash */
+        dev_copy *old = c->copies;
+        size_t old_cap = c->cap_copies;
+        c->cap_copies = old_cap ? 2 * old_cap : 1024;
+        c->copies = mu_xcalloc(c->cap_copies, sizeof *c->copies);
+        c->n_copies = 0;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].host) copies_put(c, old[i]);
+        free(old);
+    }
+    size_t i = copy_slot(c, e.host, e.kind);
+    while (c->copies[i].host) i = (i + 1) & (c->cap_copies - 1);
+    c->copies[i] = e;
+    c->n_copies++;
+}
+
+static const dev_copy *copies_get(const cuda_ctx *c, const void *host, int kind, size_t bytes) {
+    if (!c->cap_copies) return NULL;
+    for (size_t i = copy_slot(c, host, kind); c->copies[i].host; i = (i + 1) & (c->cap_copies - 1))
+        if (c->copies[i].host == host && c->copies[i].kind == kind && c->copies[i].bytes >= bytes) return &c->copies[i];
+    return NULL;
+}
+
+/* The device copy of `bytes` host bytes at `host` (uploaded on first use;
+ * kind 1 with q6k_blocks > 0: in the Q6_K split layout), or host itself
+ * when it already is device memory (activations viewed as a weight,
+ * mu_f32_matrix). Host bytes seen here must stay alive and unchanged while
+ * the backend lives (model weights and norm vectors are). */
+static const void *dev_bytes_kind(mu_backend *b, const void *host, size_t bytes, int kind, int64_t q6k_blocks,
+                                  const char *what) {
     cuda_ctx *c = ctx_of(b);
-    for (size_t i = 0; i < c->n_copies; i++)
-        if (c->copies[i].host == host && c->copies[i].bytes >= bytes) return c->copies[i].dev;
+    const dev_copy *hit = copies_get(c, host, kind, bytes);
+    if (hit) return hit->dev;
     if (mucu_is_device(host)) return host;
     char err[MUCU_ERR_LEN];
     void *d = NULL;
-    if (!mucu_malloc(&d, bytes, err) || !mucu_memcpy(d, host, bytes, what, err)) die(what, err);
-    if (c->n_copies == c->cap_copies) {
-        c->cap_copies = c->cap_copies ? 2 * c->cap_copies : 64;
-        c->copies = mu_xrealloc(c->copies, c->cap_copies * sizeof *c->copies);
+    if (!mucu_malloc(&d, bytes, err)) die(what, err);
+    if (kind == 1 && q6k_blocks > 0) {
+        uint8_t *t = mu_xmalloc(bytes);
+        mucu_q6k_split(host, t, q6k_blocks);
+        if (!mucu_memcpy(d, t, bytes, what, err)) die(what, err);
+        free(t);
+    } else if (!mucu_memcpy(d, host, bytes, what, err)) {
+        die(what, err);
     }
-    c->copies[c->n_copies++] = (dev_copy){.host = host, .bytes = bytes, .dev = d};
+    c->weight_bytes += bytes;
+    copies_put(c, (dev_copy){.host = host, .kind = kind, .bytes = bytes, .dev = d});
     return d;
+}
+
+static const void *dev_bytes(mu_backend *b, const void *host, size_t bytes, const char *what) {
+    return dev_bytes_kind(b, host, bytes, 0, 0, what);
 }
 
 static bool cuda_type_ok(uint32_t t) {
@@ -100,7 +167,9 @@ static bool cuda_type_ok(uint32_t t) {
     }
 }
 
-static mucu_weight dev_weight(mu_backend *b, const mu_weight *w, const char *op) {
+/* The weight as the kernels see it; for_matmul: Q6_K in the split layout
+ * of the fast kernel (embed reads the GGUF layout, a separate copy). */
+static mucu_weight dev_weight(mu_backend *b, const mu_weight *w, const char *op, bool for_matmul) {
     const char *name = w->name ? w->name : "(unnamed)";
     if (!cuda_type_ok(w->type)) {
         char msg[256];
@@ -115,7 +184,12 @@ static mucu_weight dev_weight(mu_backend *b, const mu_weight *w, const char *op)
                      .input_scale_inv = w->input_scale_inv, .n_in = w->n_in, .n_out = w->n_out,
                      .row_bytes = w->row_bytes};
     const size_t data_bytes = native ? (size_t)w->n_out * (size_t)(w->n_in / 2) : (size_t)w->n_out * w->row_bytes;
-    d.data = dev_bytes(b, w->data, data_bytes, name);
+    if (for_matmul && w->type == MU_TYPE_Q6_K && true) {
+        d.data = dev_bytes_kind(b, w->data, data_bytes, 1, w->n_out * (w->n_in / 256), name);
+        d.q6_split = d.data != w->data; /* device activations are never Q6_K; kept for safety */
+    } else {
+        d.data = dev_bytes(b, w->data, data_bytes, name);
+    }
     if (native) d.scales = dev_bytes(b, w->nvfp4_scales, (size_t)w->n_out * (size_t)(w->n_in / 16), name);
     return d;
 }
@@ -187,16 +261,31 @@ static void cuda_zero(mu_backend *b, void *dst, size_t bytes) {
         if (!(call)) die(op, err_);                                                                                 \
     } while (0)
 
+/* Once, at the first forward: the device and what this process holds on it
+ * (weights uploaded so far, KV planes, scratch). */
+static void tell_footprint(mu_backend *b) {
+    cuda_ctx *c = ctx_of(b);
+    if (c->told) return;
+    c->told = true;
+    size_t free_b = 0, total_b = 0;
+    char name[128], err[MUCU_ERR_LEN];
+    if (!mucu_mem_info(&free_b, &total_b, name, sizeof name, err)) die("memory info", err);
+    fprintf(stderr, "muser: cuda: %s: %.2f GiB of %.2f GiB in use (weights and norms %.2f GiB)\n", name,
+            (double)(total_b - free_b) / 1073741824.0, (double)total_b / 1073741824.0,
+            (double)c->weight_bytes / 1073741824.0);
+}
+
 static void cuda_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float *x) {
     if (rows <= 0) return;
-    mucu_weight d = dev_weight(b, w, "embed");
-    const int32_t *t = upload_arg(b, 0, tokens, (size_t)rows * sizeof *tokens, "embed");
+    mucu_weight d = dev_weight(b, w, "embed", false);
+    tell_footprint(b);
+    const int32_t *t = upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed");
     CHECK("embed", mucu_embed(&d, t, rows, x, err));
 }
 
 static void cuda_matmul(mu_backend *b, const mu_weight *w, const float *x, float *y, int64_t rows) {
     if (rows <= 0) return;
-    mucu_weight d = dev_weight(b, w, "matmul");
+    mucu_weight d = dev_weight(b, w, "matmul", true);
     void *q8 = buf_reserve(&ctx_of(b)->q8, mucu_q8k_bytes(w->n_in, rows) + 1, "matmul");
     CHECK("matmul", mucu_matmul(&d, x, y, rows, q8, err));
 }
@@ -205,15 +294,15 @@ static void cuda_rmsnorm(mu_backend *b, const float *x, const float *w, float ep
                          int64_t rows) {
     if (rows <= 0) return;
     const float *dw = NULL;
-    if (w) dw = mucu_is_device(w) ? w : upload_arg(b, 0, w, (size_t)n * sizeof *w, "rmsnorm weight");
+    if (w) dw = dev_bytes(b, w, (size_t)n * sizeof *w, "rmsnorm weight");
     CHECK("rmsnorm", mucu_rmsnorm(x, dw, eps, y, n, rows, err));
 }
 
 static void cuda_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
                             float *cs) {
     if (rows <= 0 || n_pairs <= 0) return;
-    const double *f = upload_arg(b, 0, inv_freq, (size_t)n_pairs * sizeof *inv_freq, "rope_table");
-    const int64_t *p = upload_arg(b, 1, pos, (size_t)rows * sizeof *pos, "rope_table");
+    const double *f = upload_arg(b, inv_freq, (size_t)n_pairs * sizeof *inv_freq, "rope_table");
+    const int64_t *p = upload_arg(b, pos, (size_t)rows * sizeof *pos, "rope_table");
     CHECK("rope_table", mucu_rope_table(f, n_pairs, p, rows, cs, err));
 }
 
@@ -226,22 +315,28 @@ static void cuda_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim
 static void cuda_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k,
                           const float *v, int64_t rows) {
     if (rows <= 0) return;
-    const int64_t *p = upload_arg(b, 0, physical, (size_t)rows * sizeof *physical, "kv_store");
+    const int64_t *p = upload_arg(b, physical, (size_t)rows * sizeof *physical, "kv_store");
     CHECK("kv_store", mucu_kv_store(l->k, l->v, l->cap, l->n_head, l->head_dim, p, k, v, rows, err));
 }
 
 static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
     if (ab->rows <= 0) return;
-    mucu_attn_row *desc = mu_xmalloc((size_t)ab->rows * sizeof *desc);
+    mucu_attn_row one, *desc = ab->rows == 1 ? &one : mu_xmalloc((size_t)ab->rows * sizeof *desc);
+    int64_t nbmax = 0;
     for (int64_t r = 0; r < ab->rows; r++) {
         const mu_kv_layer *l = ab->kv[r];
         int64_t first = mu_kv_first(l);
         if (ab->window > 0 && ab->pos[r] - ab->window + 1 > first) first = ab->pos[r] - ab->window + 1;
         desc[r] = (mucu_attn_row){.k = l->k, .v = l->v, .cap = l->cap, .first = first, .pos = ab->pos[r]};
+        const int64_t nb = ab->pos[r] >= first ? (ab->pos[r] - first) / 256 + 1 : 0;
+        if (nb > nbmax) nbmax = nb;
     }
-    const mucu_attn_row *d = upload_arg(b, 0, desc, (size_t)ab->rows * sizeof *desc, "attention");
-    free(desc);
-    CHECK("attention", mucu_attention(d, ab->rows, ab->n_head, ab->n_head_kv, ab->head_dim, ab->scale, q, out, err));
+    const mucu_attn_row *d = upload_arg(b, desc, (size_t)ab->rows * sizeof *desc, "attention");
+    if (desc != &one) free(desc);
+    float *part = buf_reserve(&ctx_of(b)->part, mucu_attn_part_bytes(ab->rows, ab->n_head, ab->head_dim, nbmax) + 16,
+                              "attention");
+    CHECK("attention", mucu_attention(d, ab->rows, ab->n_head, ab->n_head_kv, ab->head_dim, ab->scale, q, out, part,
+                                      nbmax, err));
 }
 
 static void cuda_sigmoid_gate(mu_backend *b, float *x, const float *g, int64_t n) {
@@ -271,7 +366,7 @@ static void cuda_softmax(mu_backend *b, float *x, float scale, int64_t n, int64_
 
 static void cuda_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, int32_t *out) {
     if (rows <= 0) return;
-    int32_t *d = buf_reserve(&ctx_of(b)->args[0], (size_t)rows * sizeof *out, "argmax");
+    int32_t *d = buf_reserve(&ctx_of(b)->out, (size_t)rows * sizeof *out, "argmax");
     CHECK("argmax", mucu_argmax(x, n, rows, d, err));
     CHECK("argmax", mucu_memcpy(out, d, (size_t)rows * sizeof *out, "argmax result", err));
 }
@@ -279,13 +374,13 @@ static void cuda_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, 
 static void cuda_store_heads(mu_backend *b, float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                              const float *src, int64_t rows, bool transposed) {
     if (rows <= 0) return;
-    const int64_t *s = upload_arg(b, 0, slots, (size_t)rows * sizeof *slots, "store_heads");
+    const int64_t *s = upload_arg(b, slots, (size_t)rows * sizeof *slots, "store_heads");
     CHECK("store_heads", mucu_store_heads(dst, s, S, D, n_head, src, rows, transposed, err));
 }
 
 /* Load time: upload each weight once (the host bytes stay as they are). */
 static bool cuda_wants_repack(mu_backend *b, const mu_weight *w) {
-    if (cuda_type_ok(w->type) && w->layout == MU_LAYOUT_ROWS) (void)dev_weight(b, w, "load");
+    if (cuda_type_ok(w->type) && w->layout == MU_LAYOUT_ROWS) (void)dev_weight(b, w, "load", true);
     return false;
 }
 
@@ -295,8 +390,12 @@ static void cuda_repack(mu_backend *b, mu_weight *w, uint8_t *data) { (void)b, (
 static void cuda_destroy(mu_backend *b) {
     cuda_ctx *c = ctx_of(b);
     char err[MUCU_ERR_LEN];
-    for (size_t i = 0; i < c->n_copies; i++) (void)mucu_free(c->copies[i].dev, err);
-    for (int i = 0; i < 2; i++) (void)mucu_free(c->args[i].p, err);
+    for (size_t i = 0; i < c->cap_copies; i++)
+        if (c->copies[i].host) (void)mucu_free(c->copies[i].dev, err);
+    (void)mucu_host_free(c->ring_h, err);
+    (void)mucu_free(c->ring_d, err);
+    (void)mucu_free(c->out.p, err);
+    (void)mucu_free(c->part.p, err);
     (void)mucu_free(c->q8.p, err);
     (void)mucu_free(c->tmp.p, err);
     free(c->copies);

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include <cuda_runtime.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- errors */
@@ -19,10 +20,17 @@ static bool cu_ok(cudaError_t e, const char *call, const char *what, char *err) 
     return false;
 }
 
-/* After a launch: the launch itself, then its execution (v0 synchronizes
- * after every kernel so a fault names the kernel that caused it). */
+/* After a launch: the launch itself (an asynchronous fault surfaces at the
+ * next synchronizing call, which names itself; MUSER_CUDA_SYNC=1 makes every
+ * launch wait for its kernel so a fault names the kernel that caused it). */
+static int sync_each = -1; /* MUSER_CUDA_SYNC=1: synchronize after every kernel (debugging) */
 static bool launched(const char *kernel, char *err) {
     if (!cu_ok(cudaGetLastError(), "kernel launch", kernel, err)) return false;
+    if (sync_each < 0) {
+        const char *e = getenv("MUSER_CUDA_SYNC");
+        sync_each = e && *e && strcmp(e, "0") ? 1 : 0;
+    }
+    if (!sync_each) return true;
     return cu_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after kernel", kernel, err);
 }
 
@@ -77,6 +85,75 @@ extern "C" bool mucu_memcpy2d(void *dst, size_t dpitch, const void *src, size_t 
 
 extern "C" bool mucu_memset0(void *dst, size_t bytes, char *err) {
     return !bytes || cu_ok(cudaMemset(dst, 0, bytes), "cudaMemset", "zero", err);
+}
+
+extern "C" bool mucu_host_alloc(void **p, size_t bytes, char *err) {
+    *p = NULL;
+    if (!cu_ok(cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocDefault), "cudaHostAlloc", "pinned staging", err)) {
+        *p = NULL;
+        return false;
+    }
+    return true;
+}
+
+extern "C" bool mucu_host_free(void *p, char *err) {
+    return !p || cu_ok(cudaFreeHost(p), "cudaFreeHost", "pinned staging", err);
+}
+
+extern "C" bool mucu_upload_async(void *dst, const void *pinned_src, size_t bytes, const char *what, char *err) {
+    return !bytes || cu_ok(cudaMemcpyAsync(dst, pinned_src, bytes, cudaMemcpyHostToDevice, 0), "cudaMemcpyAsync", what,
+                           err);
+}
+
+extern "C" bool mucu_sync(const char *what, char *err) {
+    return cu_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize", what, err);
+}
+
+extern "C" bool mucu_mem_info(size_t *free_b, size_t *total_b, char *name, size_t name_len, char *err) {
+    int dev = 0;
+    cudaDeviceProp prop;
+    if (!cu_ok(cudaGetDevice(&dev), "cudaGetDevice", "memory info", err)) return false;
+    if (!cu_ok(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties", "memory info", err)) return false;
+    snprintf(name, name_len, "%s", prop.name);
+    return cu_ok(cudaMemGetInfo(free_b, total_b), "cudaMemGetInfo", "memory info", err);
+}
+
+/* Device read bandwidth: a read-only reduction over `bytes` of device
+ * memory (bench.c compares decode against it). */
+__global__ static void k_read_sum(const uint4 *p, size_t n, unsigned *out) {
+    unsigned acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = p[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u) *out = acc; /* keeps the loads */
+}
+
+extern "C" bool mucu_read_bandwidth(size_t bytes, int reps, double *gbs, char *err) {
+    void *buf = NULL, *out = NULL;
+    *gbs = 0;
+    if (!mucu_malloc(&buf, bytes, err) || !mucu_malloc(&out, 64, err)) {
+        mucu_free(buf, err);
+        return false;
+    }
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    const size_t n = bytes / 16;
+    float best_ms = 1e30f;
+    for (int i = 0; i < reps + 1; i++) {
+        cudaEventRecord(e0);
+        k_read_sum<<<132 * 16, 512>>>((const uint4 *)buf, n, (unsigned *)out);
+        cudaEventRecord(e1);
+        if (!cu_ok(cudaEventSynchronize(e1), "cudaEventSynchronize", "k_read_sum", err)) return false;
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (i > 0 && ms < best_ms) best_ms = ms; /* the first run warms up */
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    *gbs = (double)(n * 16) / (best_ms * 1e-3) / 1e9;
+    return mucu_free(buf, err) && mucu_free(out, err);
 }
 
 extern "C" bool mucu_is_device(const void *p) {
@@ -637,25 +714,6 @@ __global__ static void k_matmul(mucu_weight w, const float *x, const q8k_block *
 
 /* --------------------------------------------------- canonical f32 dots */
 
-__device__ static float dot_f32(const float *a, const float *b, int64_t n) {
-    float p[32];
-    for (int l = 0; l < 32; l++) p[l] = 0.0f;
-    for (int64_t i = 0; i < n; i++) p[i % 32] = fmaf(a[i], b[i], p[i % 32]);
-    for (int h = 16; h >= 1; h /= 2)
-        for (int l = 0; l < h; l++) p[l] = p[l] + p[l + h];
-    return p[0];
-}
-
-__global__ static void k_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows) {
-    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    const float *xr = x + r * n;
-    float *yr = y + r * n;
-    float mean = dot_f32(xr, xr, n) / (float)n;
-    float inv = 1.0f / sqrtf(mean + eps);
-    for (int64_t i = 0; i < n; i++) yr[i] = w ? (xr[i] * inv) * w[i] : xr[i] * inv;
-}
-
 __global__ static void k_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
                                     float *cs) {
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -694,51 +752,6 @@ __global__ static void k_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64
     int64_t dst = (h * cap + physical[r]) * D + i;
     kp[dst] = f32_to_f16(k[t]);
     vp[dst] = f32_to_f16(v[t]);
-}
-
-/* ref_ops.c attend_head: one thread per (row, head). */
-__global__ static void k_attention(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
-                                   int64_t D, float scale, const float *q, float *out) {
-    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= rows * n_head) return;
-    const int64_t r = t / n_head, h = t % n_head, kv_head = h / (n_head / n_head_kv);
-    const mucu_attn_row a = desc[r];
-    const float *qh = q + t * D;
-    float *o = out + t * D;
-    float kbuf[MUCU_MAX_HEAD_DIM], acc_b[MUCU_MAX_HEAD_DIM], scores[256];
-    float M = 0, L = 0;
-    for (int64_t d = 0; d < D; d++) o[d] = 0;
-    for (int64_t start = a.first; start <= a.pos; start += 256) {
-        int64_t end = start + 255 < a.pos ? start + 255 : a.pos;
-        float m_b = -INFINITY;
-        for (int64_t p = start; p <= end; p++) {
-            const uint16_t *k = a.k + (kv_head * a.cap + p % a.cap) * D;
-            for (int64_t d = 0; d < D; d++) kbuf[d] = f16_to_f32(k[d]);
-            float s = dot_f32(qh, kbuf, D) * scale;
-            scores[p - start] = s;
-            if (s > m_b) m_b = s;
-        }
-        float l_b = 0;
-        for (int64_t d = 0; d < D; d++) acc_b[d] = 0;
-        for (int64_t p = start; p <= end; p++) {
-            const uint16_t *v = a.v + (kv_head * a.cap + p % a.cap) * D;
-            float e = d_expf(scores[p - start] - m_b);
-            l_b = l_b + e;
-            for (int64_t d = 0; d < D; d++) acc_b[d] = fmaf(e, f16_to_f32(v[d]), acc_b[d]);
-        }
-        if (start == a.first) {
-            M = m_b;
-            L = l_b;
-            for (int64_t d = 0; d < D; d++) o[d] = acc_b[d];
-            continue;
-        }
-        float M2 = m_b > M ? m_b : M;
-        float ca = d_expf(M - M2), cb = d_expf(m_b - M2);
-        L = L * ca + l_b * cb;
-        for (int64_t d = 0; d < D; d++) o[d] = o[d] * ca + acc_b[d] * cb;
-        M = M2;
-    }
-    for (int64_t d = 0; d < D; d++) o[d] = o[d] / L;
 }
 
 /* ------------------------------------------------------------ elementwise */
@@ -800,6 +813,404 @@ __global__ static void k_store_heads(float *dst, const int64_t *slots, int64_t S
     else dst[(h * S + slots[r]) * D + d] = v;
 }
 
+/* ======================================================================
+ * Fast kernels (docs/cuda.md, "Fast paths"). Same numerics as the twins
+ * above: integer inner block sums in any order (exact), the f_b formula as
+ * written, the per-row float sum over 256-blocks strictly in block order,
+ * float dots in the 32-lane order (one warp: lane l owns i = l mod 32,
+ * xor butterfly, lane 0's value is the reference's p[0]).
+ * ==================================================================== */
+
+#define FULL_MASK 0xFFFFFFFFu
+
+/* The 32-lane fold of docs/numerics.md: lane 0 ends with the reference's
+ * p[0] ((p0+p16)+(p8+p24))...; the other lanes' values are discarded. */
+__device__ static inline float warp_fold_lane0(float p) {
+    for (int h = 16; h >= 1; h /= 2) p = p + __shfl_xor_sync(FULL_MASK, p, h);
+    return __shfl_sync(FULL_MASK, p, 0);
+}
+
+/* Q8_K activations in a split layout (the same values as q8k_block): qs
+ * [rows][n_in] int8, d [rows][nb] f32, bsums [rows][nb][16] int16. */
+static inline size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+struct q8split {
+    int8_t *qs;
+    float *d;
+    int16_t *bs;
+};
+static q8split q8split_at(void *base, int64_t n_in, int64_t rows) {
+    const int64_t nb = n_in / 256;
+    q8split s;
+    s.qs = (int8_t *)base;
+    s.d = (float *)((uint8_t *)base + al256((size_t)(rows * n_in)));
+    s.bs = (int16_t *)((uint8_t *)s.d + al256((size_t)(rows * nb) * 4));
+    return s;
+}
+
+/* One warp per 256-value block: ggml's Q8_K rule (q8k.c) exactly. */
+__global__ static void k_quantize_q8split(const float *x, q8split o, int64_t n_blocks) {
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (b >= n_blocks) return;
+    const float *src = x + b * 256 + lane * 8;
+    float v[8];
+    float amax = 0.0f, mx = 0.0f;
+    int idx = 0x7FFFFFFF;
+    for (int i = 0; i < 8; i++) {
+        v[i] = src[i];
+        float a = fabsf(v[i]);
+        if (a > amax) { /* first (lowest index) element of largest magnitude */
+            amax = a;
+            mx = v[i];
+            idx = lane * 8 + i;
+        }
+    }
+    for (int h = 16; h >= 1; h /= 2) {
+        float oa = __shfl_xor_sync(FULL_MASK, amax, h), om = __shfl_xor_sync(FULL_MASK, mx, h);
+        int oi = __shfl_xor_sync(FULL_MASK, idx, h);
+        if (oa > amax || (oa == amax && oi < idx)) {
+            amax = oa;
+            mx = om;
+            idx = oi;
+        }
+    }
+    int8_t *qs = o.qs + b * 256 + lane * 8;
+    if (amax == 0.0f) {
+        *(int2 *)qs = make_int2(0, 0);
+        if ((lane & 1) == 0) o.bs[b * 16 + lane / 2] = 0;
+        if (lane == 0) o.d[b] = 0.0f;
+        return;
+    }
+    const float iscale = -127.0f / mx;
+    int32_t s = 0;
+    uint32_t packed[2] = {0, 0};
+    for (int i = 0; i < 8; i++) {
+        float t = fmaf(iscale, v[i], 12582912.0f);
+        int32_t q = (int32_t)(f32_bits(t) & 0x7FFFFF) - 0x400000;
+        q = q < 127 ? q : 127;
+        s += q;
+        packed[i / 4] |= ((uint32_t)q & 0xFF) << (8 * (i % 4));
+    }
+    *(int2 *)qs = make_int2((int)packed[0], (int)packed[1]);
+    s += __shfl_xor_sync(FULL_MASK, s, 1);
+    if ((lane & 1) == 0) o.bs[b * 16 + lane / 2] = (int16_t)s;
+    if (lane == 0) o.d[b] = 1.0f / iscale;
+}
+
+__device__ static inline uint32_t byte_of3(uint32_t w0, uint32_t w1, uint32_t w2, int k) {
+    uint32_t w = k < 4 ? w0 : (k < 8 ? w1 : w2);
+    return (w >> (8 * (k & 3))) & 0xFF;
+}
+
+__device__ static inline int32_t dp4a4(uint4 a, uint4 b) {
+    int32_t s = __dp4a((int)a.x, (int)b.x, 0);
+    s = __dp4a((int)a.y, (int)b.y, s);
+    s = __dp4a((int)a.z, (int)b.z, s);
+    return __dp4a((int)a.w, (int)b.w, s);
+}
+
+__device__ static inline int32_t sum8(int32_t v) { /* over the 8 lanes of a group */
+    v += __shfl_xor_sync(FULL_MASK, v, 1);
+    v += __shfl_xor_sync(FULL_MASK, v, 2);
+    v += __shfl_xor_sync(FULL_MASK, v, 4);
+    return v;
+}
+
+/* Q6_K on the device: blocks split into ql|qh (192 bytes, 16-aligned),
+ * the 16 int8 scales and the f16 d, each array [n_out * nb] (the upload
+ * repacks; cuda_backend.c). */
+extern "C" size_t mucu_q6k_split_bytes(int64_t n_blocks) { return (size_t)n_blocks * 210; }
+extern "C" void mucu_q6k_split(const uint8_t *src, uint8_t *dst, int64_t n_blocks) {
+    uint8_t *q = dst, *sc = dst + (size_t)n_blocks * 192, *d = sc + (size_t)n_blocks * 16;
+    for (int64_t i = 0; i < n_blocks; i++) {
+        memcpy(q + i * 192, src + i * 210, 192);
+        memcpy(sc + i * 16, src + i * 210 + 192, 16);
+        memcpy(d + i * 2, src + i * 210 + 208, 2);
+    }
+}
+
+/* Weight-streaming matrix-vector product for Q4_K / Q5_K / Q6_K, R rows
+ * (nr <= R used) reusing each weight load. A warp per output; its four
+ * 8-lane groups take blocks b0+0..3; lane t of a group takes 16 bytes of
+ * the block's codes. The integer partial sums are folded within the group
+ * (exact), f_b by the formula, then every lane adds the four f_b of the
+ * step to the row totals in block order. */
+template <int TYPE, int R>
+__global__ static void __launch_bounds__(128) k_mmv_kq(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
+                                                      float *y, int has_scale, float scale) {
+    const int lane = threadIdx.x & 31, g = lane >> 3, t = lane & 7;
+    const int64_t o = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (o >= n_out) return;
+    const int64_t n_in = (int64_t)nb * 256;
+    float total[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) total[r] = 0.0f;
+    const uint8_t *q6sc = W + (size_t)n_out * nb * 192;
+    const uint16_t *q6d = (const uint16_t *)(q6sc + (size_t)n_out * nb * 16);
+    for (int b0 = 0; b0 < nb; b0 += 4) {
+        const int b = b0 + g < nb ? b0 + g : nb - 1; /* lanes past the end compute a block they drop */
+        const int64_t ob = o * nb + b;
+        float f[R];
+        if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+            const bool q5 = TYPE == T_Q5_K;
+            const uint8_t *blk = W + ob * (q5 ? 176 : 144);
+            const uint4 hdr = *(const uint4 *)blk;
+            const uint4 q = *(const uint4 *)(blk + (q5 ? 48 : 16) + 16 * t);
+            uint4 lo, hi;
+            lo.x = q.x & 0x0F0F0F0Fu, lo.y = q.y & 0x0F0F0F0Fu, lo.z = q.z & 0x0F0F0F0Fu, lo.w = q.w & 0x0F0F0F0Fu;
+            hi.x = (q.x >> 4) & 0x0F0F0F0Fu, hi.y = (q.y >> 4) & 0x0F0F0F0Fu;
+            hi.z = (q.z >> 4) & 0x0F0F0F0Fu, hi.w = (q.w >> 4) & 0x0F0F0F0Fu;
+            const int pair = t >> 1;
+            if (q5) {
+                const uint4 qh = *(const uint4 *)(blk + 16 + 16 * (t & 1));
+                const int sl = 2 * pair, sh = 2 * pair + 1;
+                lo.x |= ((qh.x >> sl) & 0x01010101u) << 4, lo.y |= ((qh.y >> sl) & 0x01010101u) << 4;
+                lo.z |= ((qh.z >> sl) & 0x01010101u) << 4, lo.w |= ((qh.w >> sl) & 0x01010101u) << 4;
+                hi.x |= ((qh.x >> sh) & 0x01010101u) << 4, hi.y |= ((qh.y >> sh) & 0x01010101u) << 4;
+                hi.z |= ((qh.z >> sh) & 0x01010101u) << 4, hi.w |= ((qh.w >> sh) & 0x01010101u) << 4;
+            }
+            /* scales: s[k] = byte 4+k of the block */
+            const int jl = 2 * pair, jh = jl + 1;
+            int32_t sc_l, sc_h, m_t;
+            {
+                const uint32_t w0 = hdr.y, w1 = hdr.z, w2 = hdr.w;
+#define SB(k) ((int32_t)byte_of3(w0, w1, w2, (k)))
+                sc_l = jl < 4 ? SB(jl) & 63 : (SB(jl + 4) & 0xF) | ((SB(jl - 4) >> 6) << 4);
+                sc_h = jh < 4 ? SB(jh) & 63 : (SB(jh + 4) & 0xF) | ((SB(jh - 4) >> 6) << 4);
+                m_t = t < 4 ? SB(t + 4) & 63 : (SB(t + 4) >> 4) | ((SB(t) >> 6) << 4);
+#undef SB
+            }
+            const float d = f16_to_f32((uint16_t)(hdr.x & 0xFFFF)), dmin = f16_to_f32((uint16_t)(hdr.x >> 16));
+            const int base = 64 * pair + 16 * (t & 1);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                f[r] = 0.0f;
+                if (r < nr) {
+                    const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
+                    const uint4 xl = *(const uint4 *)(xr + base), xh = *(const uint4 *)(xr + base + 32);
+                    const int16_t *bs = xq.bs + ((int64_t)r * nb + b) * 16;
+                    int32_t sumi = sc_l * dp4a4(lo, xl) + sc_h * dp4a4(hi, xh);
+                    int32_t summ = m_t * ((int32_t)bs[2 * t] + (int32_t)bs[2 * t + 1]);
+                    sumi = sum8(sumi);
+                    summ = sum8(summ);
+                    const float xd = xq.d[(int64_t)r * nb + b];
+                    f[r] = (d * xd) * (float)sumi - (dmin * xd) * (float)summ;
+                }
+            }
+        } else { /* Q6_K, split layout */
+            const uint8_t *blk = W + ob * 192;
+            const uint4 ql = *(const uint4 *)(blk + 16 * t);
+            const int h = t >> 2, i0 = 16 * (t & 3), l0 = i0 & 31, part_lo = i0 >= 32 ? 1 : 0, part_hi = part_lo + 2;
+            const uint4 qh = *(const uint4 *)(blk + 128 + 32 * h + l0);
+            const int sl = 2 * part_lo, sh = 2 * part_hi;
+            uint4 lo, hi;
+            lo.x = __vsub4((ql.x & 0x0F0F0F0Fu) | (((qh.x >> sl) & 0x03030303u) << 4), 0x20202020u);
+            lo.y = __vsub4((ql.y & 0x0F0F0F0Fu) | (((qh.y >> sl) & 0x03030303u) << 4), 0x20202020u);
+            lo.z = __vsub4((ql.z & 0x0F0F0F0Fu) | (((qh.z >> sl) & 0x03030303u) << 4), 0x20202020u);
+            lo.w = __vsub4((ql.w & 0x0F0F0F0Fu) | (((qh.w >> sl) & 0x03030303u) << 4), 0x20202020u);
+            hi.x = __vsub4(((ql.x >> 4) & 0x0F0F0F0Fu) | (((qh.x >> sh) & 0x03030303u) << 4), 0x20202020u);
+            hi.y = __vsub4(((ql.y >> 4) & 0x0F0F0F0Fu) | (((qh.y >> sh) & 0x03030303u) << 4), 0x20202020u);
+            hi.z = __vsub4(((ql.z >> 4) & 0x0F0F0F0Fu) | (((qh.z >> sh) & 0x03030303u) << 4), 0x20202020u);
+            hi.w = __vsub4(((ql.w >> 4) & 0x0F0F0F0Fu) | (((qh.w >> sh) & 0x03030303u) << 4), 0x20202020u);
+            const int k_lo = 128 * h + 32 * part_lo + l0, k_hi = 128 * h + 32 * part_hi + l0;
+            const int32_t sc_l = (int8_t)q6sc[ob * 16 + k_lo / 16], sc_h = (int8_t)q6sc[ob * 16 + k_hi / 16];
+            const float d = f16_to_f32(q6d[ob]);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                f[r] = 0.0f;
+                if (r < nr) {
+                    const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
+                    const uint4 xl = *(const uint4 *)(xr + k_lo), xh = *(const uint4 *)(xr + k_hi);
+                    int32_t sumi = sum8(sc_l * dp4a4(lo, xl) + sc_h * dp4a4(hi, xh));
+                    f[r] = (d * xq.d[(int64_t)r * nb + b]) * (float)sumi;
+                }
+            }
+        }
+        /* the step's blocks b0, b0+1, b0+2, b0+3 in order */
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const float fj = __shfl_sync(FULL_MASK, f[r], 8 * j);
+                if (b0 + j < nb) total[r] = total[r] + fj;
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (r < nr) y[r * n_out + o] = has_scale ? total[r] * scale : total[r];
+    }
+}
+
+/* The other Q8_K types (Q4_0, Q8_0, NVFP4 ggml and native W4A16): a warp
+ * per (row, output); lane l computes f_b for blocks b = l mod 32 with the
+ * scalar block dots above, then the row total adds them in block order. */
+__global__ static void k_matmul_warp(mucu_weight w, const q8k_block *xq, float *y, int64_t rows) {
+    const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (wid >= rows * w.n_out) return;
+    const int64_t r = wid / w.n_out, o = wid % w.n_out, nb = w.n_in / 256;
+    const q8k_block *xqr = xq + r * nb;
+    const bool native = w.type == T_NVFP4_NATIVE;
+    const uint8_t *row = native ? w.data + o * (w.n_in / 2) : w.data + (uint64_t)o * w.row_bytes;
+    const uint8_t *srow = native ? w.scales + o * (w.n_in / 16) : NULL;
+    float total = 0.0f;
+    for (int64_t b0 = 0; b0 < nb; b0 += 32) {
+        const int64_t b = b0 + lane;
+        float f = 0.0f;
+        if (b < nb) {
+            switch (w.type) {
+            case T_Q4_0: f = dot_q4_0(row + b * 8 * 18, xqr + b); break;
+            case T_Q8_0: f = dot_q8_0(row + b * 8 * 34, xqr + b); break;
+            case T_Q4_K: f = dot_q45_k(row + b * 144, xqr + b, false); break;
+            case T_Q5_K: f = dot_q45_k(row + b * 176, xqr + b, true); break;
+            case T_NVFP4_NATIVE: f = dot_nvfp4_native(row + b * 128, srow + b * 16, xqr + b) * w.scale; break;
+            default: f = dot_nvfp4_ggml(row + b * 4 * 36, xqr + b); break;
+            }
+        }
+        for (int j = 0; j < 32; j++) {
+            const float fj = __shfl_sync(FULL_MASK, f, j);
+            if (b0 + j < nb) total = total + fj;
+        }
+    }
+    if (lane) return;
+    if (native) y[wid] = round_f16(total);
+    else y[wid] = w.has_scale ? total * w.scale : total;
+}
+
+/* Float weights (F32, F16, BF16, activations as a matrix): a warp per
+ * (row, output), the 32-lane order. */
+__global__ static void k_matmul_fwarp(mucu_weight w, const float *x, float *y, int64_t rows) {
+    const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (wid >= rows * w.n_out) return;
+    const int64_t r = wid / w.n_out, o = wid % w.n_out;
+    const float *xr = x + r * w.n_in;
+    const uint8_t *row = w.data + (uint64_t)o * w.row_bytes;
+    float p = 0.0f;
+    if (w.type == T_F32) {
+        const float *wr = (const float *)row;
+        for (int64_t i = lane; i < w.n_in; i += 32) p = fmaf(wr[i], xr[i], p);
+    } else if (w.type == T_F16) {
+        const uint16_t *wr = (const uint16_t *)row;
+        for (int64_t i = lane; i < w.n_in; i += 32) p = fmaf(f16_to_f32(wr[i]), xr[i], p);
+    } else {
+        const uint16_t *wr = (const uint16_t *)row;
+        for (int64_t i = lane; i < w.n_in; i += 32) p = fmaf(bits_f32((uint32_t)wr[i] << 16), xr[i], p);
+    }
+    p = warp_fold_lane0(p);
+    if (lane == 0) y[wid] = w.has_scale ? p * w.scale : p;
+}
+
+/* RMSNorm: a warp per row, the 32-lane sumsq order. */
+__global__ static void k_rmsnorm_warp(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows) {
+    const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const float *xr = x + r * n;
+    float *yr = y + r * n;
+    float p = 0.0f;
+    for (int64_t i = lane; i < n; i += 32) p = fmaf(xr[i], xr[i], p);
+    const float mean = warp_fold_lane0(p) / (float)n;
+    const float inv = 1.0f / sqrtf(mean + eps);
+    if (w)
+        for (int64_t i = lane; i < n; i += 32) yr[i] = (xr[i] * inv) * w[i];
+    else
+        for (int64_t i = lane; i < n; i += 32) yr[i] = xr[i] * inv;
+}
+
+/* Attention, split over 256-key blocks: a warp per (row, head, block)
+ * writes the block's (m_b, l_b, acc_b[D]); k_attn_merge then merges a
+ * row's blocks in block order with the reference formula. Lane l owns
+ * dims d = l + 32k. */
+template <int DPL>
+__global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row *desc, int64_t rows, int64_t n_head,
+                                                           int64_t n_head_kv, int64_t D, float scale, const float *q,
+                                                           float *part, int64_t nbmax) {
+    __shared__ float es[4][256];
+    const int wl = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t wid = (int64_t)blockIdx.x * 4 + wl;
+    if (wid >= rows * n_head * nbmax) return;
+    const int64_t rh = wid / nbmax, j = wid % nbmax, r = rh / n_head, h = rh % n_head;
+    const int64_t kv_head = h / (n_head / n_head_kv);
+    const mucu_attn_row a = desc[r];
+    const int64_t start = a.first + 256 * j;
+    if (start > a.pos) return;
+    const int64_t end = start + 255 < a.pos ? start + 255 : a.pos;
+    const int nk = (int)(end - start + 1);
+    const float *qh = q + rh * D;
+    float qv[DPL];
+#pragma unroll
+    for (int k = 0; k < DPL; k++) qv[k] = lane + 32 * k < D ? qh[lane + 32 * k] : 0.0f;
+    float m_b = -INFINITY;
+    const uint16_t *kbase = a.k + kv_head * a.cap * D, *vbase = a.v + kv_head * a.cap * D;
+    for (int p = 0; p < nk; p++) {
+        const uint16_t *kp = kbase + ((start + p) % a.cap) * D;
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < DPL; k++)
+            if (lane + 32 * k < D) acc = fmaf(qv[k], f16_to_f32(kp[lane + 32 * k]), acc);
+        const float s = warp_fold_lane0(acc) * scale;
+        if (lane == 0) es[wl][p] = s;
+        if (s > m_b) m_b = s;
+    }
+    __syncwarp();
+    for (int p = lane; p < nk; p += 32) es[wl][p] = d_expf(es[wl][p] - m_b);
+    __syncwarp();
+    float l_b = 0.0f, acc[DPL];
+#pragma unroll
+    for (int k = 0; k < DPL; k++) acc[k] = 0.0f;
+    for (int p = 0; p < nk; p++) {
+        const float e = es[wl][p];
+        l_b = l_b + e;
+        const uint16_t *vp = vbase + ((start + p) % a.cap) * D;
+#pragma unroll
+        for (int k = 0; k < DPL; k++)
+            if (lane + 32 * k < D) acc[k] = fmaf(e, f16_to_f32(vp[lane + 32 * k]), acc[k]);
+    }
+    float *out = part + wid * (D + 2);
+    if (lane == 0) out[0] = m_b, out[1] = l_b;
+#pragma unroll
+    for (int k = 0; k < DPL; k++)
+        if (lane + 32 * k < D) out[2 + lane + 32 * k] = acc[k];
+}
+
+template <int DPL>
+__global__ static void __launch_bounds__(128) k_attn_merge(const mucu_attn_row *desc, int64_t rows, int64_t n_head,
+                                                          int64_t D, const float *part, int64_t nbmax, float *out) {
+    const int lane = threadIdx.x & 31;
+    const int64_t rh = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (rh >= rows * n_head) return;
+    const mucu_attn_row a = desc[rh / n_head];
+    const int64_t nbr = a.pos >= a.first ? (a.pos - a.first) / 256 + 1 : 0;
+    float M = 0.0f, L = 0.0f, A[DPL];
+#pragma unroll
+    for (int k = 0; k < DPL; k++) A[k] = 0.0f;
+    for (int64_t j = 0; j < nbr; j++) {
+        const float *pb = part + (rh * nbmax + j) * (D + 2);
+        const float m_b = pb[0], l_b = pb[1];
+        if (j == 0) {
+            M = m_b, L = l_b;
+#pragma unroll
+            for (int k = 0; k < DPL; k++)
+                if (lane + 32 * k < D) A[k] = pb[2 + lane + 32 * k];
+            continue;
+        }
+        const float M2 = m_b > M ? m_b : M;
+        const float ca = d_expf(M - M2), cb = d_expf(m_b - M2);
+        L = L * ca + l_b * cb;
+#pragma unroll
+        for (int k = 0; k < DPL; k++)
+            if (lane + 32 * k < D) A[k] = A[k] * ca + pb[2 + lane + 32 * k] * cb;
+        M = M2;
+    }
+    float *o = out + rh * D;
+#pragma unroll
+    for (int k = 0; k < DPL; k++)
+        if (lane + 32 * k < D) o[lane + 32 * k] = A[k] / L;
+}
+
 /* -------------------------------------------------------------- launchers */
 
 extern "C" bool mucu_embed(const mucu_weight *w, const int32_t *tokens, int64_t rows, float *x, char *err) {
@@ -807,26 +1218,74 @@ extern "C" bool mucu_embed(const mucu_weight *w, const int32_t *tokens, int64_t 
 }
 
 extern "C" size_t mucu_q8k_bytes(int64_t n_in, int64_t rows) {
-    return (size_t)(n_in / 256) * (size_t)rows * sizeof(q8k_block);
+    const size_t blocks = (size_t)(n_in / 256) * (size_t)rows * sizeof(q8k_block);
+    const size_t split = al256((size_t)(rows * n_in)) + al256((size_t)(rows * (n_in / 256)) * 4) +
+                         al256((size_t)(rows * (n_in / 256)) * 32);
+    return (blocks > split ? blocks : split) + 256;
+}
+
+static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, float *y, char *err) {
+    const int nb = (int)(w->n_in / 256);
+    const unsigned grid = grid_for(w->n_out, 4);
+    q8split x = xq;
+    x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
+    float *yr = y + r0 * w->n_out;
+#define MMV(T, R) k_mmv_kq<T, R><<<grid, 128>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
+#define MMV_R(T)                                                                                                    \
+    do {                                                                                                            \
+        if (nr <= 1) MMV(T, 1);                                                                                     \
+        else if (nr <= 2) MMV(T, 2);                                                                                \
+        else if (nr <= 4) MMV(T, 4);                                                                                \
+        else if (nr <= 8) MMV(T, 8);                                                                                \
+        else MMV(T, 16);                                                                                            \
+    } while (0)
+    switch (w->type) {
+    case T_Q4_K: MMV_R(T_Q4_K); break;
+    case T_Q5_K: MMV_R(T_Q5_K); break;
+    default: MMV_R(T_Q6_K); break;
+    }
+#undef MMV_R
+#undef MMV
+    return launched("k_mmv_kq", err);
 }
 
 extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, char *err) {
+    if (rows <= 0 || w->n_out <= 0) return true;
     const bool native = w->type == T_NVFP4_NATIVE;
     const bool is_float = w->type == T_F32 || w->type == T_F16 || w->type == T_BF16;
     const bool uses_q8 = native ? !(w->input_scale_inv > 0.0f) : !is_float;
-    q8k_block *xq = uses_q8 ? (q8k_block *)q8 : NULL;
-    if (uses_q8) {
-        const int64_t nb = rows * (w->n_in / 256);
+    const bool kq = w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split);
+    const int64_t nb = rows * (w->n_in / 256);
+    if (kq) { /* the fast path: split Q8_K activations, weight-streaming kernel */
+        q8split xq = q8split_at(q8, w->n_in, rows);
         if (nb > 0) {
-            k_quantize_q8k<<<grid_for(nb, 128), 128>>>(x, xq, nb, native);
-            if (!launched("k_quantize_q8k", err)) return false;
+            k_quantize_q8split<<<grid_for(nb, 4), 128>>>(x, xq, nb);
+            if (!launched("k_quantize_q8split", err)) return false;
         }
+        for (int64_t r0 = 0; r0 < rows; r0 += 16)
+            if (!launch_mmv(w, xq, r0, (int)(rows - r0 < 16 ? rows - r0 : 16), y, err)) return false;
+        return true;
     }
-    LAUNCH(k_matmul, rows * w->n_out, *w, x, xq, y, rows);
+    if (is_float) {
+        k_matmul_fwarp<<<grid_for(rows * w->n_out, 4), 128>>>(*w, x, y, rows);
+        return launched("k_matmul_fwarp", err);
+    }
+    q8k_block *xq = uses_q8 ? (q8k_block *)q8 : NULL;
+    if (uses_q8 && nb > 0) {
+        k_quantize_q8k<<<grid_for(nb, 128), 128>>>(x, xq, nb, native);
+        if (!launched("k_quantize_q8k", err)) return false;
+    }
+    if (uses_q8 && w->type != T_Q6_K) {
+        k_matmul_warp<<<grid_for(rows * w->n_out, 4), 128>>>(*w, xq, y, rows);
+        return launched("k_matmul_warp", err);
+    }
+    LAUNCH(k_matmul, rows * w->n_out, *w, x, xq, y, rows); /* W4A4, GGUF-layout Q6_K */
 }
 
 extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, char *err) {
-    LAUNCH(k_rmsnorm, rows, x, w, eps, y, n, rows);
+    if (rows <= 0) return true;
+    k_rmsnorm_warp<<<grid_for(rows, 4), 128>>>(x, w, eps, y, n, rows);
+    return launched("k_rmsnorm_warp", err);
 }
 
 extern "C" bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs,
@@ -844,13 +1303,35 @@ extern "C" bool mucu_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t n
     LAUNCH(k_kv_store, rows * n_head * head_dim, kp, vp, cap, n_head, head_dim, physical, k, v, rows);
 }
 
+extern "C" size_t mucu_attn_part_bytes(int64_t rows, int64_t n_head, int64_t head_dim, int64_t nbmax) {
+    return (size_t)(rows * n_head * nbmax) * (size_t)(head_dim + 2) * sizeof(float);
+}
+
 extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
-                               int64_t head_dim, float scale, const float *q, float *out, char *err) {
+                               int64_t head_dim, float scale, const float *q, float *out, float *part, int64_t nbmax,
+                               char *err) {
     if (head_dim > MUCU_MAX_HEAD_DIM) {
-        snprintf(err, MUCU_ERR_LEN, "k_attention: head_dim %lld exceeds %d", (long long)head_dim, MUCU_MAX_HEAD_DIM);
+        snprintf(err, MUCU_ERR_LEN, "k_attn_blocks: head_dim %lld exceeds %d", (long long)head_dim, MUCU_MAX_HEAD_DIM);
         return false;
     }
-    LAUNCH(k_attention, rows * n_head, desc, rows, n_head, n_head_kv, head_dim, scale, q, out);
+    if (rows <= 0 || n_head <= 0) return true;
+    const int64_t D = head_dim, rh = rows * n_head;
+    if (nbmax > 0) {
+        const unsigned g1 = grid_for(rh * nbmax, 4);
+        if (D <= 32) k_attn_blocks<1><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
+        else if (D <= 64) k_attn_blocks<2><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
+        else if (D <= 128) k_attn_blocks<4><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
+        else if (D <= 256) k_attn_blocks<8><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
+        else k_attn_blocks<16><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
+        if (!launched("k_attn_blocks", err)) return false;
+    }
+    const unsigned g2 = grid_for(rh, 4);
+    if (D <= 32) k_attn_merge<1><<<g2, 128>>>(desc, rows, n_head, D, part, nbmax, out);
+    else if (D <= 64) k_attn_merge<2><<<g2, 128>>>(desc, rows, n_head, D, part, nbmax, out);
+    else if (D <= 128) k_attn_merge<4><<<g2, 128>>>(desc, rows, n_head, D, part, nbmax, out);
+    else if (D <= 256) k_attn_merge<8><<<g2, 128>>>(desc, rows, n_head, D, part, nbmax, out);
+    else k_attn_merge<16><<<g2, 128>>>(desc, rows, n_head, D, part, nbmax, out);
+    return launched("k_attn_merge", err);
 }
 
 extern "C" bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, char *err) { LAUNCH(k_sigmoid_gate, n, x, g, n); }

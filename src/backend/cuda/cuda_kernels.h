@@ -26,6 +26,7 @@ typedef struct mucu_weight {
     float input_scale_inv;
     int64_t n_in, n_out;
     uint64_t row_bytes;
+    int q6_split;              /* Q6_K in the device's split layout (mucu_q6k_split) */
 } mucu_weight;
 
 /* One query row of attention: its sequence's planes and key range. */
@@ -45,6 +46,18 @@ bool mucu_free(void *p, char *err);
 bool mucu_memcpy(void *dst, const void *src, size_t bytes, const char *what, char *err);
 bool mucu_memcpy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows, char *err);
 bool mucu_memset0(void *dst, size_t bytes, char *err);
+bool mucu_host_alloc(void **p, size_t bytes, char *err); /* pinned */
+bool mucu_host_free(void *p, char *err);
+/* Stream-ordered upload from pinned memory (no host wait). */
+bool mucu_upload_async(void *dst, const void *pinned_src, size_t bytes, const char *what, char *err);
+bool mucu_sync(const char *what, char *err);
+bool mucu_mem_info(size_t *free_b, size_t *total_b, char *name, size_t name_len, char *err);
+/* Device read bandwidth in GB/s (best of reps over `bytes`). */
+bool mucu_read_bandwidth(size_t bytes, int reps, double *gbs, char *err);
+/* Q6_K blocks (210 bytes each) into the device layout: [n] x 192 bytes of
+ * ql|qh, then [n] x 16 scales, then [n] f16 d (same total size). */
+size_t mucu_q6k_split_bytes(int64_t n_blocks);
+void mucu_q6k_split(const uint8_t *src, uint8_t *dst, int64_t n_blocks);
 /* Is p device memory (cudaPointerGetAttributes)? */
 bool mucu_is_device(const void *p);
 
@@ -58,8 +71,11 @@ bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const
                char *err);
 bool mucu_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t n_head, int64_t head_dim, const int64_t *physical,
                    const float *k, const float *v, int64_t rows, char *err);
+/* part: scratch of mucu_attn_part_bytes for the most 256-key blocks of
+ * any row (nbmax). */
+size_t mucu_attn_part_bytes(int64_t rows, int64_t n_head, int64_t head_dim, int64_t nbmax);
 bool mucu_attention(const mucu_attn_row *rows_desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
-                    float scale, const float *q, float *out, char *err);
+                    float scale, const float *q, float *out, float *part, int64_t nbmax, char *err);
 bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, char *err);
 bool mucu_swiglu(float *gate, const float *up, int64_t n, char *err);
 bool mucu_add(float *x, const float *y, int64_t n, char *err);
