@@ -13,6 +13,7 @@
  *    ring has already dropped the window before that position.
  * For ref and cpu, every weight format; three engine shapes on cpu, one on ref
  * (against the same solo rows). */
+#include <stdlib.h>
 #include "testutil.h"
 #include "model_fixture.h"
 #include "muser.h"
@@ -236,7 +237,35 @@ static muser_model *load(const char *type, muser_backend_kind backend) {
 /* The solo runs come from the cpu backend; ref's batched rows are compared
  * with them too (ref and cpu give the same bits: docs/numerics.md), so the
  * slow scalar spec runs one engine shape and no solo set of its own. */
+/* MUSER_TEST_CUDA=1 (tests/cuda/run.sh, on a machine with a GPU): the cuda
+ * backend's batched rows against the cpu solo runs, instead of the cpu and
+ * ref batch shapes. */
+static void run_type_cuda(const char *type) {
+    muser_model *cpu = load(type, MUSER_BACKEND_CPU), *cu = load(type, MUSER_BACKEND_CUDA);
+    if (cpu && cu) {
+        muser_model_info info;
+        muser_model_get_info(cpu, &info);
+        const int64_t V = info.n_vocab;
+        solo want[N_SEQ];
+        for (int i = 0; i < N_SEQ; i++) run_solo(cpu, i, V, &want[i]);
+        static const int64_t shapes[][2] = {{8, 3}, {24, 7}, {64, 64}};
+        char label[96];
+        for (size_t k = 0; k < 3; k++) {
+            snprintf(label, sizeof label, "%s on cuda, batch %lld chunk %lld", type, (long long)shapes[k][0],
+                     (long long)shapes[k][1]);
+            run_batched(cu, want, V, shapes[k][0], shapes[k][1], 0x9E3779B97F4A7C15ull * (k + 1), label);
+        }
+        for (int i = 0; i < N_SEQ; i++) free(want[i].rows);
+    }
+    muser_model_free(cpu);
+    muser_model_free(cu);
+}
+
 static void run_type(const char *type) {
+    if (getenv("MUSER_TEST_CUDA")) {
+        run_type_cuda(type);
+        return;
+    }
     muser_model *cpu = load(type, MUSER_BACKEND_CPU), *ref = load(type, MUSER_BACKEND_REF);
     if (!cpu || !ref) {
         muser_model_free(cpu);

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "model/repack.h"
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <errno.h>
 #include <string.h>
@@ -26,7 +27,15 @@ static mu_backend *create_backend(muser_backend_kind kind, int n_threads, mu_err
     switch (kind) { /* n_threads <= 0: each backend picks its default */
     case MUSER_BACKEND_REF:
         return mu_backend_ref_create(n_threads);
-    case MUSER_BACKEND_DEFAULT: /* the fast CPU backend; cuda v0 is exact but not yet fast (docs/cuda.md) */
+    case MUSER_BACKEND_DEFAULT: { /* CUDA when built with it and a device is present, else the fast CPU backend */
+        mu_error cerr;
+        mu_backend *cu = mu_backend_cuda_create(n_threads, &cerr);
+        if (cu) {
+            fprintf(stderr, "muser: backend auto: cuda\n");
+            return cu;
+        }
+        return mu_backend_cpu_create(n_threads);
+    }
     case MUSER_BACKEND_CPU:
         return mu_backend_cpu_create(n_threads);
     case MUSER_BACKEND_CUDA:

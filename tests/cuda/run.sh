@@ -6,6 +6,9 @@
 #  4. whole model: `muser run --dump-logits` of --backend cuda equals
 #     --backend ref byte for byte on the synthetic tiny model of every
 #     weight type, for prefill chunks 512, 7 and 1
+#  5. tests/test_engine.c with MUSER_TEST_CUDA=1: 8 sequences under random
+#     batch schedules on cuda against solo cpu runs, every weight type
+# SKIP_SANITIZER=1 skips step 3, SKIP_ENGINE=1 step 5.
 # Prints one summary line per step; exits non-zero on any failure.
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -17,7 +20,7 @@ say() { printf '%s\n' "$*"; }
 say "== configure + build ($BUILD)"
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
     { cat "$BUILD.configure.log"; say "FAIL configure"; exit 1; }
-cmake --build "$BUILD" -j "$JOBS" --target muser test_cuda_backend >"$BUILD.build.log" 2>&1 ||
+cmake --build "$BUILD" -j "$JOBS" --target muser test_cuda_backend test_engine >"$BUILD.build.log" 2>&1 ||
     { tail -50 "$BUILD.build.log"; say "FAIL build"; exit 1; }
 nvidia-smi -L 2>/dev/null | head -2
 
@@ -25,7 +28,9 @@ say "== op test"
 if "$BUILD/test_cuda_backend"; then say "PASS op test"; else say "FAIL op test"; fail=1; fi
 
 say "== op test under compute-sanitizer"
-if command -v compute-sanitizer >/dev/null; then
+if [ -n "${SKIP_SANITIZER:-}" ]; then
+    say "SKIP compute-sanitizer: SKIP_SANITIZER set"
+elif command -v compute-sanitizer >/dev/null; then
     if compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/test_cuda_backend" >"$BUILD.sanitizer.log" 2>&1; then
         tail -3 "$BUILD.sanitizer.log"; say "PASS compute-sanitizer memcheck"
     else
@@ -58,5 +63,14 @@ for type in F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K q4_k_xl nvfp4 nvfp4_ggml; do
     done
 done
 rm -rf "$T"
+
+if [ -z "${SKIP_ENGINE:-}" ]; then
+    say "== engine: batched sequences on cuda == solo cpu runs (tests/test_engine.c)"
+    if MUSER_TEST_CUDA=1 MUSER_SOURCE_DIR="$SRC" MUSER_BIN="$M" "$BUILD/test_engine" >"$BUILD.engine.log" 2>&1; then
+        tail -2 "$BUILD.engine.log"; say "PASS engine batch test on cuda"
+    else
+        tail -20 "$BUILD.engine.log"; say "FAIL engine batch test on cuda"; fail=1
+    fi
+fi
 if [ $fail = 0 ]; then say "ALL CUDA CHECKS PASSED"; else say "SOME CUDA CHECKS FAILED"; fi
 exit $fail

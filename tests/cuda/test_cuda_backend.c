@@ -3,6 +3,7 @@
  * device: run by tests/cuda/run.sh, not by CTest (CI has no GPU). */
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
 #include "util/mumath.h"
 #include <math.h>
 #include <stdio.h>
@@ -351,8 +352,18 @@ static void test_store_heads_and_memory(void) {
     cu->free(cu, d, 0), cu->free(cu, d2, 0), free(h);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     mu_error err;
+    if (argc == 3 && !strcmp(argv[1], "--membw")) { /* device read bandwidth over argv[2] GiB */
+        char msg[MUCU_ERR_LEN];
+        double gbs = 0;
+        if (!mucu_read_bandwidth((size_t)atoll(argv[2]) << 30, 5, &gbs, msg)) {
+            fprintf(stderr, "membw: %s\n", msg);
+            return 1;
+        }
+        printf("device read bandwidth: %.1f GB/s (best of 5 read-only passes over %s GiB)\n", gbs, argv[2]);
+        return 0;
+    }
     ref = mu_backend_ref_create(1);
     cu = mu_backend_cuda_create(1, &err);
     if (!cu) {

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (docs/cuda.md, docs/benchmarks.md "CUDA"):
+# unpack the build dependencies the machine lacks (DEBS=dir of .deb files),
+# then run.sh (build + every exactness check), then the device read
+# bandwidth and `muser bench` of the full synthetic q4_k_xl model.
+#   STAGES  subset of "check bench" (default both)
+#   BENCH   "quick" (short runs) or "full" (default)
+set -u
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+export BUILD=${BUILD:-/tmp/muser-build-cuda}
+export JOBS=${JOBS:-$(nproc)}
+STAGES=${STAGES:-check bench}
+BENCH=${BENCH:-full}
+if [ -n "${DEBS:-}" ]; then
+    mkdir -p /tmp/sys
+    for f in "$DEBS"/*.deb; do dpkg -x "$f" /tmp/sys; done
+    export PKG_CONFIG_PATH=/tmp/sys/usr/lib/x86_64-linux-gnu/pkgconfig:/tmp/sys/usr/share/pkgconfig
+    export PKG_CONFIG_SYSROOT_DIR=/tmp/sys
+    export LD_LIBRARY_PATH=/tmp/sys/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+rc=0
+case " $STAGES " in *" check "*) bash "$SRC/tests/cuda/run.sh" || rc=1 ;; esac
+case " $STAGES " in *" bench "*)
+    if [ ! -x "$BUILD/muser" ]; then
+        cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >/dev/null &&
+            cmake --build "$BUILD" -j "$JOBS" --target muser test_cuda_backend >/dev/null || exit 1
+    fi
+    M="$BUILD/muser"
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
+    F=/dev/shm/full.gguf
+    [ -s $F ] || "$M" synth --preset full --type q4_k_xl -o $F --no-progress >/dev/null || exit 1
+    ls -l $F
+    BW=$("$BUILD/test_cuda_backend" --membw 16 | tee /dev/stderr | awk '{print $4}')
+    B="$M bench -m $F --backend cuda --membw-gbs $BW --no-paired-membw"
+    if [ "$BENCH" = quick ]; then
+        $B -p 512 -n 32 -r 2 --warmup 1 -q
+    else
+        $B -p 512 -n 128 -r 5 -q
+        $B -p 2048 -n 0 -r 3 -q
+        $B -p 0 -n 64 -r 3 --parallel 1,4,8 -q
+    fi
+    ;;
+esac
+exit $rc
