@@ -3,7 +3,8 @@
 # unpack the build dependencies the machine lacks (DEBS=dir of .deb files),
 # then run.sh (build + every exactness check), then the device read
 # bandwidth and `muser bench` of the full synthetic q4_k_xl model.
-#   STAGES  subset of "check bench" (default both)
+#   STAGES  subset of "check bench prof" (default "check bench"; prof: a
+#           per-kernel time profile of a short run, MUSER_CUDA_PROF=1)
 #   BENCH   "quick" (short runs) or "full" (default)
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,6 +36,10 @@ case " $STAGES " in *" bench "*)
     [ -s $F ] || "$M" synth --preset full --type q4_k_xl -o $F --no-progress >/dev/null || exit 1
     ls -l $F
     BW=$("$BUILD/test_cuda_backend" --membw 16 | tee /dev/stderr | awk '{print $4}')
+    case " $STAGES " in *" prof "*)
+        MUSER_CUDA_PROF=1 "$M" run -m $F --backend cuda --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 -n 32 \
+            --temp 0 >/dev/null ;;
+    esac
     B="$M bench -m $F --backend cuda --membw-gbs $BW --no-paired-membw"
     if [ "$BENCH" = quick ]; then
         $B -p 512 -n 32 -r 2 --warmup 1 -q

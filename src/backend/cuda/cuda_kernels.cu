@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---------------------------------------------------------------- errors */
 
@@ -24,14 +25,54 @@ static bool cu_ok(cudaError_t e, const char *call, const char *what, char *err) 
  * next synchronizing call, which names itself; MUSER_CUDA_SYNC=1 makes every
  * launch wait for its kernel so a fault names the kernel that caused it). */
 static int sync_each = -1; /* MUSER_CUDA_SYNC=1: synchronize after every kernel (debugging) */
+static int prof_on = 0;    /* MUSER_CUDA_PROF=1: also time each launch (host + kernel), report at exit */
+static struct prof_entry {
+    const char *name;
+    long n;
+    double s;
+} prof_tab[48];
+static double prof_last;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void prof_report(void) {
+    double total = 0;
+    for (int i = 0; i < 48 && prof_tab[i].name; i++) total += prof_tab[i].s;
+    fprintf(stderr, "muser: cuda profile (time from the previous kernel's end to this one's, host work included):\n");
+    for (int i = 0; i < 48 && prof_tab[i].name; i++)
+        fprintf(stderr, "  %-22s %9ld calls %10.3f ms %5.1f%%\n", prof_tab[i].name, prof_tab[i].n, 1e3 * prof_tab[i].s,
+                total > 0 ? 100.0 * prof_tab[i].s / total : 0.0);
+}
+
 static bool launched(const char *kernel, char *err) {
     if (!cu_ok(cudaGetLastError(), "kernel launch", kernel, err)) return false;
     if (sync_each < 0) {
         const char *e = getenv("MUSER_CUDA_SYNC");
         sync_each = e && *e && strcmp(e, "0") ? 1 : 0;
+        e = getenv("MUSER_CUDA_PROF");
+        prof_on = e && *e && strcmp(e, "0") ? 1 : 0;
+        if (prof_on) {
+            sync_each = 1;
+            prof_last = now_s();
+            atexit(prof_report);
+        }
     }
     if (!sync_each) return true;
-    return cu_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after kernel", kernel, err);
+    if (!cu_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after kernel", kernel, err)) return false;
+    if (prof_on) {
+        const double t = now_s();
+        int i = 0;
+        while (i < 47 && prof_tab[i].name && strcmp(prof_tab[i].name, kernel)) i++;
+        prof_tab[i].name = kernel;
+        prof_tab[i].n++;
+        prof_tab[i].s += t - prof_last;
+        prof_last = t;
+    }
+    return true;
 }
 
 static unsigned grid_for(int64_t n, unsigned block) { return (unsigned)((n + block - 1) / block); }
@@ -1129,6 +1170,7 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
                                                            int64_t n_head_kv, int64_t D, float scale, const float *q,
                                                            float *part, int64_t nbmax) {
     __shared__ float es[4][256];
+    __shared__ float qsh[4][32 * DPL];
     const int wl = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t wid = (int64_t)blockIdx.x * 4 + wl;
     if (wid >= rows * n_head * nbmax) return;
@@ -1140,19 +1182,50 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
     const int64_t end = start + 255 < a.pos ? start + 255 : a.pos;
     const int nk = (int)(end - start + 1);
     const float *qh = q + rh * D;
-    float qv[DPL];
-#pragma unroll
-    for (int k = 0; k < DPL; k++) qv[k] = lane + 32 * k < D ? qh[lane + 32 * k] : 0.0f;
-    float m_b = -INFINITY;
+    for (int d = lane; d < 32 * DPL; d += 32) qsh[wl][d] = d < D ? qh[d] : 0.0f;
+    __syncwarp();
     const uint16_t *kbase = a.k + kv_head * a.cap * D, *vbase = a.v + kv_head * a.cap * D;
-    for (int p = 0; p < nk; p++) {
-        const uint16_t *kp = kbase + ((start + p) % a.cap) * D;
-        float acc = 0.0f;
+    const int64_t phys0 = start % a.cap;
+    /* scores: lane takes keys p = lane mod 32, each a whole dot in the
+     * 32-lane order (partial l over d = l mod 32, then the fold) */
+    for (int p = lane; p < nk; p += 32) {
+        int64_t phys = phys0 + p;
+        if (phys >= a.cap) phys -= a.cap;
+        const uint16_t *kp = kbase + phys * D;
+        float pp[32];
 #pragma unroll
-        for (int k = 0; k < DPL; k++)
-            if (lane + 32 * k < D) acc = fmaf(qv[k], f16_to_f32(kp[lane + 32 * k]), acc);
-        const float s = warp_fold_lane0(acc) * scale;
-        if (lane == 0) es[wl][p] = s;
+        for (int l = 0; l < 32; l++) pp[l] = 0.0f;
+        if (D % 32 == 0) {
+            for (int c = 0; c < D / 32; c++) {
+                const uint4 *k4 = (const uint4 *)(kp + 32 * c);
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const uint4 kk = k4[u];
+                    const uint32_t wv[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        const int l = 8 * u + e;
+                        const uint16_t hb = (uint16_t)(e & 1 ? wv[e >> 1] >> 16 : wv[e >> 1] & 0xFFFF);
+                        pp[l] = fmaf(qsh[wl][32 * c + l], f16_to_f32(hb), pp[l]);
+                    }
+                }
+            }
+        } else {
+            for (int c = 0; c < DPL; c++)
+#pragma unroll
+                for (int l = 0; l < 32; l++)
+                    if (32 * c + l < D) pp[l] = fmaf(qsh[wl][32 * c + l], f16_to_f32(kp[32 * c + l]), pp[l]);
+        }
+#pragma unroll
+        for (int hh = 16; hh >= 1; hh /= 2)
+#pragma unroll
+            for (int l = 0; l < hh; l++) pp[l] = pp[l] + pp[l + hh];
+        es[wl][p] = pp[0] * scale;
+    }
+    __syncwarp();
+    float m_b = -INFINITY; /* the reference's scan, in key order */
+    for (int p = 0; p < nk; p++) {
+        const float s = es[wl][p];
         if (s > m_b) m_b = s;
     }
     __syncwarp();
@@ -1161,19 +1234,23 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
     float l_b = 0.0f, acc[DPL];
 #pragma unroll
     for (int k = 0; k < DPL; k++) acc[k] = 0.0f;
+    const int d0 = DPL * lane; /* this lane's dims d0 .. d0+DPL-1 */
+#pragma unroll 4
     for (int p = 0; p < nk; p++) {
         const float e = es[wl][p];
         l_b = l_b + e;
-        const uint16_t *vp = vbase + ((start + p) % a.cap) * D;
+        int64_t phys = phys0 + p;
+        if (phys >= a.cap) phys -= a.cap;
+        const uint16_t *vp = vbase + phys * D + d0;
 #pragma unroll
         for (int k = 0; k < DPL; k++)
-            if (lane + 32 * k < D) acc[k] = fmaf(e, f16_to_f32(vp[lane + 32 * k]), acc[k]);
+            if (d0 + k < D) acc[k] = fmaf(e, f16_to_f32(vp[k]), acc[k]);
     }
     float *out = part + wid * (D + 2);
     if (lane == 0) out[0] = m_b, out[1] = l_b;
 #pragma unroll
     for (int k = 0; k < DPL; k++)
-        if (lane + 32 * k < D) out[2 + lane + 32 * k] = acc[k];
+        if (d0 + k < D) out[2 + d0 + k] = acc[k];
 }
 
 template <int DPL>
