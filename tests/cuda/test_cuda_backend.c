@@ -204,6 +204,38 @@ static void test_matmul_large(void) {
         }
 }
 
+/* matmul_multi: weights of the fast kernel sharing one quantization of x,
+ * and a mix that falls back to one matmul each. */
+static void test_matmul_multi(void) {
+    const wspec specs[3][3] = {
+        {{"Q4_K", MU_TYPE_Q4_K, false, false}, {"Q6_K", MU_TYPE_Q6_K, false, false}, {"Q5_K", MU_TYPE_Q5_K, false, false}},
+        {{"Q4_K", MU_TYPE_Q4_K, false, false}, {"Q8_0", MU_TYPE_Q8_0, false, false}, {"F16", MU_TYPE_F16, false, false}},
+        {{"Q6_K", MU_TYPE_Q6_K, false, false}, {"Q4_K+scale", MU_TYPE_Q4_K, true, false}, {"Q4_K", MU_TYPE_Q4_K, false, false}},
+    };
+    const int64_t n_in = 1536, n_outs[3] = {29, 64, 8}, rows = 5;
+    for (int set = 0; set < 3; set++) {
+        mu_weight w[3];
+        const mu_weight *wp[3];
+        float *y[3], *dy[3];
+        float *x = rnd_vec((size_t)(rows * n_in), 2.0f), *dx = dev(x, (size_t)(rows * n_in) * 4);
+        for (int i = 0; i < 3; i++) {
+            w[i] = make_weight(&specs[set][i], n_in, n_outs[i]);
+            wp[i] = &w[i];
+            y[i] = mu_xmalloc((size_t)(rows * n_outs[i]) * 4);
+            dy[i] = cu->alloc(cu, (size_t)(rows * n_outs[i]) * 4);
+            ref->matmul(ref, &w[i], x, y[i], rows);
+        }
+        cu->matmul_multi(cu, 3, wp, dx, dy, rows);
+        for (int i = 0; i < 3; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "matmul_multi set %d weight %d (%s)", set, i, specs[set][i].label);
+            check(what, y[i], dy[i], (size_t)(rows * n_outs[i]) * 4);
+            cu->free(cu, dy[i], 0), free(y[i]);
+        }
+        cu->free(cu, dx, 0), free(x);
+    }
+}
+
 /* ------------------------------------------------------------ row ops */
 
 static void test_rmsnorm(void) {
@@ -372,6 +404,7 @@ int main(int argc, char **argv) {
     }
     test_matmul_embed();
     test_matmul_large();
+    test_matmul_multi();
     test_rmsnorm();
     test_rope();
     test_kv_attention(64);

@@ -287,7 +287,30 @@ static void cuda_matmul(mu_backend *b, const mu_weight *w, const float *x, float
     if (rows <= 0) return;
     mucu_weight d = dev_weight(b, w, "matmul", true);
     void *q8 = buf_reserve(&ctx_of(b)->q8, mucu_q8k_bytes(w->n_in, rows) + 1, "matmul");
-    CHECK("matmul", mucu_matmul(&d, x, y, rows, q8, err));
+    CHECK("matmul", mucu_matmul(&d, x, y, rows, q8, 0, err));
+}
+
+/* Weights that read the same rows: the activations are quantized once when
+ * every weight takes the fast kernel with the same n_in. */
+static void cuda_matmul_multi(mu_backend *b, int n, const mu_weight *const *w, const float *x, float *const *y,
+                              int64_t rows) {
+    if (rows <= 0) return;
+    bool shared = n > 1;
+    mucu_weight d[8];
+    for (int i = 0; i < n && shared; i++) {
+        if (i >= 8 || w[i]->n_in != w[0]->n_in || !cuda_type_ok(w[i]->type)) {
+            shared = false;
+            break;
+        }
+        d[i] = dev_weight(b, w[i], "matmul", true);
+        shared = mucu_matmul_fast(&d[i]);
+    }
+    if (!shared) {
+        for (int i = 0; i < n; i++) cuda_matmul(b, w[i], x, y[i], rows);
+        return;
+    }
+    void *q8 = buf_reserve(&ctx_of(b)->q8, mucu_q8k_bytes(w[0]->n_in, rows) + 1, "matmul");
+    for (int i = 0; i < n; i++) CHECK("matmul", mucu_matmul(&d[i], x, y[i], rows, q8, i > 0, err));
 }
 
 static void cuda_rmsnorm(mu_backend *b, const float *x, const float *w, float eps, float *y, int64_t n,
@@ -425,6 +448,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->zero = cuda_zero;
     b->embed = cuda_embed;
     b->matmul = cuda_matmul;
+    b->matmul_multi = cuda_matmul_multi;
     b->rmsnorm = cuda_rmsnorm;
     b->rope_table = cuda_rope_table;
     b->rope = cuda_rope;

@@ -970,110 +970,150 @@ extern "C" void mucu_q6k_split(const uint8_t *src, uint8_t *dst, int64_t n_block
     }
 }
 
+/* One lane's share of a weight block, loaded ahead of its use. */
+struct wshare {
+    uint4 hdr, q, qh; /* Q4_K/Q5_K: d|dmin|scales, 16 code bytes, (Q5_K) 16 high-bit bytes; Q6_K: -, ql, qh */
+    int32_t sc_l, sc_h;
+    uint32_t d6;
+};
+
+template <int TYPE>
+__device__ static inline wshare load_share(const uint8_t *W, const uint8_t *q6sc, const uint16_t *q6d, int64_t ob,
+                                           int t) {
+    wshare s;
+    if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+        const bool q5 = TYPE == T_Q5_K;
+        const uint8_t *blk = W + ob * (q5 ? 176 : 144);
+        s.hdr = __ldg((const uint4 *)blk);
+        s.q = __ldg((const uint4 *)(blk + (q5 ? 48 : 16) + 16 * t));
+        if (q5) s.qh = __ldg((const uint4 *)(blk + 16 + 16 * (t & 1)));
+    } else {
+        const uint8_t *blk = W + ob * 192;
+        const int h = t >> 2, i0 = 16 * (t & 3), l0 = i0 & 31, part_lo = i0 >= 32 ? 1 : 0;
+        s.q = __ldg((const uint4 *)(blk + 16 * t));
+        s.qh = __ldg((const uint4 *)(blk + 128 + 32 * h + l0));
+        const int k_lo = 128 * h + 32 * part_lo + l0, k_hi = k_lo + 64;
+        s.sc_l = (int8_t)__ldg(q6sc + ob * 16 + k_lo / 16);
+        s.sc_h = (int8_t)__ldg(q6sc + ob * 16 + k_hi / 16);
+        s.d6 = __ldg(q6d + ob);
+    }
+    return s;
+}
+
+/* f_b of block b for rows r < nr (f[r] = 0 for the others), from this
+ * lane's share; the integer sums are folded over the 8 lanes of the group. */
+template <int TYPE, int R>
+__device__ static inline void block_f(const wshare &s, int b, int nb, int t, const q8split &xq, int nr, float *f) {
+    const int64_t n_in = (int64_t)nb * 256;
+    if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+        const uint4 q = s.q;
+        uint4 lo, hi;
+        lo.x = q.x & 0x0F0F0F0Fu, lo.y = q.y & 0x0F0F0F0Fu, lo.z = q.z & 0x0F0F0F0Fu, lo.w = q.w & 0x0F0F0F0Fu;
+        hi.x = (q.x >> 4) & 0x0F0F0F0Fu, hi.y = (q.y >> 4) & 0x0F0F0F0Fu;
+        hi.z = (q.z >> 4) & 0x0F0F0F0Fu, hi.w = (q.w >> 4) & 0x0F0F0F0Fu;
+        const int pair = t >> 1;
+        if (TYPE == T_Q5_K) {
+            const uint4 qh = s.qh;
+            const int sl = 2 * pair, sh = 2 * pair + 1;
+            lo.x |= ((qh.x >> sl) & 0x01010101u) << 4, lo.y |= ((qh.y >> sl) & 0x01010101u) << 4;
+            lo.z |= ((qh.z >> sl) & 0x01010101u) << 4, lo.w |= ((qh.w >> sl) & 0x01010101u) << 4;
+            hi.x |= ((qh.x >> sh) & 0x01010101u) << 4, hi.y |= ((qh.y >> sh) & 0x01010101u) << 4;
+            hi.z |= ((qh.z >> sh) & 0x01010101u) << 4, hi.w |= ((qh.w >> sh) & 0x01010101u) << 4;
+        }
+        const int jl = 2 * pair, jh = jl + 1;
+        int32_t sc_l, sc_h, m_t;
+        {
+            const uint32_t w0 = s.hdr.y, w1 = s.hdr.z, w2 = s.hdr.w;
+#define SB(k) ((int32_t)byte_of3(w0, w1, w2, (k)))
+            sc_l = jl < 4 ? SB(jl) & 63 : (SB(jl + 4) & 0xF) | ((SB(jl - 4) >> 6) << 4);
+            sc_h = jh < 4 ? SB(jh) & 63 : (SB(jh + 4) & 0xF) | ((SB(jh - 4) >> 6) << 4);
+            m_t = t < 4 ? SB(t + 4) & 63 : (SB(t + 4) >> 4) | ((SB(t) >> 6) << 4);
+#undef SB
+        }
+        const float d = f16_to_f32((uint16_t)(s.hdr.x & 0xFFFF)), dmin = f16_to_f32((uint16_t)(s.hdr.x >> 16));
+        const int base = 64 * pair + 16 * (t & 1);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            f[r] = 0.0f;
+            if (r < nr) {
+                const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
+                const uint4 xl = *(const uint4 *)(xr + base), xh = *(const uint4 *)(xr + base + 32);
+                const int16_t *bs = xq.bs + ((int64_t)r * nb + b) * 16;
+                int32_t sumi = sc_l * dp4a4(lo, xl) + sc_h * dp4a4(hi, xh);
+                int32_t summ = m_t * ((int32_t)bs[2 * t] + (int32_t)bs[2 * t + 1]);
+                sumi = sum8(sumi);
+                summ = sum8(summ);
+                const float xd = xq.d[(int64_t)r * nb + b];
+                f[r] = (d * xd) * (float)sumi - (dmin * xd) * (float)summ;
+            }
+        }
+    } else { /* Q6_K, split layout */
+        const uint4 ql = s.q, qh = s.qh;
+        const int h = t >> 2, i0 = 16 * (t & 3), l0 = i0 & 31, part_lo = i0 >= 32 ? 1 : 0, part_hi = part_lo + 2;
+        const int sl = 2 * part_lo, sh = 2 * part_hi;
+        uint4 lo, hi;
+        lo.x = __vsub4((ql.x & 0x0F0F0F0Fu) | (((qh.x >> sl) & 0x03030303u) << 4), 0x20202020u);
+        lo.y = __vsub4((ql.y & 0x0F0F0F0Fu) | (((qh.y >> sl) & 0x03030303u) << 4), 0x20202020u);
+        lo.z = __vsub4((ql.z & 0x0F0F0F0Fu) | (((qh.z >> sl) & 0x03030303u) << 4), 0x20202020u);
+        lo.w = __vsub4((ql.w & 0x0F0F0F0Fu) | (((qh.w >> sl) & 0x03030303u) << 4), 0x20202020u);
+        hi.x = __vsub4(((ql.x >> 4) & 0x0F0F0F0Fu) | (((qh.x >> sh) & 0x03030303u) << 4), 0x20202020u);
+        hi.y = __vsub4(((ql.y >> 4) & 0x0F0F0F0Fu) | (((qh.y >> sh) & 0x03030303u) << 4), 0x20202020u);
+        hi.z = __vsub4(((ql.z >> 4) & 0x0F0F0F0Fu) | (((qh.z >> sh) & 0x03030303u) << 4), 0x20202020u);
+        hi.w = __vsub4(((ql.w >> 4) & 0x0F0F0F0Fu) | (((qh.w >> sh) & 0x03030303u) << 4), 0x20202020u);
+        const int k_lo = 128 * h + 32 * part_lo + l0, k_hi = 128 * h + 32 * part_hi + l0;
+        const float d = f16_to_f32((uint16_t)s.d6);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            f[r] = 0.0f;
+            if (r < nr) {
+                const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
+                const uint4 xl = *(const uint4 *)(xr + k_lo), xh = *(const uint4 *)(xr + k_hi);
+                int32_t sumi = sum8(s.sc_l * dp4a4(lo, xl) + s.sc_h * dp4a4(hi, xh));
+                f[r] = (d * xq.d[(int64_t)r * nb + b]) * (float)sumi;
+            }
+        }
+    }
+}
+
 /* Weight-streaming matrix-vector product for Q4_K / Q5_K / Q6_K, R rows
  * (nr <= R used) reusing each weight load. A warp per output; its four
- * 8-lane groups take blocks b0+0..3; lane t of a group takes 16 bytes of
- * the block's codes. The integer partial sums are folded within the group
- * (exact), f_b by the formula, then every lane adds the four f_b of the
- * step to the row totals in block order. */
-template <int TYPE, int R>
+ * 8-lane groups take blocks b0+0..3 of a step; lane t of a group takes 16
+ * bytes of the block's codes. U steps' weights are loaded before any is
+ * used (memory parallelism). The integer partial sums are folded within
+ * the group (exact), f_b by the formula, then every lane adds the four f_b
+ * of the step to the row totals in block order. */
+template <int TYPE, int R, int U>
 __global__ static void __launch_bounds__(128) k_mmv_kq(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
                                                       float *y, int has_scale, float scale) {
     const int lane = threadIdx.x & 31, g = lane >> 3, t = lane & 7;
     const int64_t o = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (o >= n_out) return;
-    const int64_t n_in = (int64_t)nb * 256;
     float total[R];
 #pragma unroll
     for (int r = 0; r < R; r++) total[r] = 0.0f;
     const uint8_t *q6sc = W + (size_t)n_out * nb * 192;
     const uint16_t *q6d = (const uint16_t *)(q6sc + (size_t)n_out * nb * 16);
-    for (int b0 = 0; b0 < nb; b0 += 4) {
-        const int b = b0 + g < nb ? b0 + g : nb - 1; /* lanes past the end compute a block they drop */
-        const int64_t ob = o * nb + b;
-        float f[R];
-        if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
-            const bool q5 = TYPE == T_Q5_K;
-            const uint8_t *blk = W + ob * (q5 ? 176 : 144);
-            const uint4 hdr = *(const uint4 *)blk;
-            const uint4 q = *(const uint4 *)(blk + (q5 ? 48 : 16) + 16 * t);
-            uint4 lo, hi;
-            lo.x = q.x & 0x0F0F0F0Fu, lo.y = q.y & 0x0F0F0F0Fu, lo.z = q.z & 0x0F0F0F0Fu, lo.w = q.w & 0x0F0F0F0Fu;
-            hi.x = (q.x >> 4) & 0x0F0F0F0Fu, hi.y = (q.y >> 4) & 0x0F0F0F0Fu;
-            hi.z = (q.z >> 4) & 0x0F0F0F0Fu, hi.w = (q.w >> 4) & 0x0F0F0F0Fu;
-            const int pair = t >> 1;
-            if (q5) {
-                const uint4 qh = *(const uint4 *)(blk + 16 + 16 * (t & 1));
-                const int sl = 2 * pair, sh = 2 * pair + 1;
-                lo.x |= ((qh.x >> sl) & 0x01010101u) << 4, lo.y |= ((qh.y >> sl) & 0x01010101u) << 4;
-                lo.z |= ((qh.z >> sl) & 0x01010101u) << 4, lo.w |= ((qh.w >> sl) & 0x01010101u) << 4;
-                hi.x |= ((qh.x >> sh) & 0x01010101u) << 4, hi.y |= ((qh.y >> sh) & 0x01010101u) << 4;
-                hi.z |= ((qh.z >> sh) & 0x01010101u) << 4, hi.w |= ((qh.w >> sh) & 0x01010101u) << 4;
-            }
-            /* scales: s[k] = byte 4+k of the block */
-            const int jl = 2 * pair, jh = jl + 1;
-            int32_t sc_l, sc_h, m_t;
-            {
-                const uint32_t w0 = hdr.y, w1 = hdr.z, w2 = hdr.w;
-#define SB(k) ((int32_t)byte_of3(w0, w1, w2, (k)))
-                sc_l = jl < 4 ? SB(jl) & 63 : (SB(jl + 4) & 0xF) | ((SB(jl - 4) >> 6) << 4);
-                sc_h = jh < 4 ? SB(jh) & 63 : (SB(jh + 4) & 0xF) | ((SB(jh - 4) >> 6) << 4);
-                m_t = t < 4 ? SB(t + 4) & 63 : (SB(t + 4) >> 4) | ((SB(t) >> 6) << 4);
-#undef SB
-            }
-            const float d = f16_to_f32((uint16_t)(hdr.x & 0xFFFF)), dmin = f16_to_f32((uint16_t)(hdr.x >> 16));
-            const int base = 64 * pair + 16 * (t & 1);
+    for (int b0 = 0; b0 < nb; b0 += 4 * U) {
+        wshare sh[U];
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                f[r] = 0.0f;
-                if (r < nr) {
-                    const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
-                    const uint4 xl = *(const uint4 *)(xr + base), xh = *(const uint4 *)(xr + base + 32);
-                    const int16_t *bs = xq.bs + ((int64_t)r * nb + b) * 16;
-                    int32_t sumi = sc_l * dp4a4(lo, xl) + sc_h * dp4a4(hi, xh);
-                    int32_t summ = m_t * ((int32_t)bs[2 * t] + (int32_t)bs[2 * t + 1]);
-                    sumi = sum8(sumi);
-                    summ = sum8(summ);
-                    const float xd = xq.d[(int64_t)r * nb + b];
-                    f[r] = (d * xd) * (float)sumi - (dmin * xd) * (float)summ;
-                }
-            }
-        } else { /* Q6_K, split layout */
-            const uint8_t *blk = W + ob * 192;
-            const uint4 ql = *(const uint4 *)(blk + 16 * t);
-            const int h = t >> 2, i0 = 16 * (t & 3), l0 = i0 & 31, part_lo = i0 >= 32 ? 1 : 0, part_hi = part_lo + 2;
-            const uint4 qh = *(const uint4 *)(blk + 128 + 32 * h + l0);
-            const int sl = 2 * part_lo, sh = 2 * part_hi;
-            uint4 lo, hi;
-            lo.x = __vsub4((ql.x & 0x0F0F0F0Fu) | (((qh.x >> sl) & 0x03030303u) << 4), 0x20202020u);
-            lo.y = __vsub4((ql.y & 0x0F0F0F0Fu) | (((qh.y >> sl) & 0x03030303u) << 4), 0x20202020u);
-            lo.z = __vsub4((ql.z & 0x0F0F0F0Fu) | (((qh.z >> sl) & 0x03030303u) << 4), 0x20202020u);
-            lo.w = __vsub4((ql.w & 0x0F0F0F0Fu) | (((qh.w >> sl) & 0x03030303u) << 4), 0x20202020u);
-            hi.x = __vsub4(((ql.x >> 4) & 0x0F0F0F0Fu) | (((qh.x >> sh) & 0x03030303u) << 4), 0x20202020u);
-            hi.y = __vsub4(((ql.y >> 4) & 0x0F0F0F0Fu) | (((qh.y >> sh) & 0x03030303u) << 4), 0x20202020u);
-            hi.z = __vsub4(((ql.z >> 4) & 0x0F0F0F0Fu) | (((qh.z >> sh) & 0x03030303u) << 4), 0x20202020u);
-            hi.w = __vsub4(((ql.w >> 4) & 0x0F0F0F0Fu) | (((qh.w >> sh) & 0x03030303u) << 4), 0x20202020u);
-            const int k_lo = 128 * h + 32 * part_lo + l0, k_hi = 128 * h + 32 * part_hi + l0;
-            const int32_t sc_l = (int8_t)q6sc[ob * 16 + k_lo / 16], sc_h = (int8_t)q6sc[ob * 16 + k_hi / 16];
-            const float d = f16_to_f32(q6d[ob]);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                f[r] = 0.0f;
-                if (r < nr) {
-                    const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
-                    const uint4 xl = *(const uint4 *)(xr + k_lo), xh = *(const uint4 *)(xr + k_hi);
-                    int32_t sumi = sum8(sc_l * dp4a4(lo, xl) + sc_h * dp4a4(hi, xh));
-                    f[r] = (d * xq.d[(int64_t)r * nb + b]) * (float)sumi;
-                }
-            }
+        for (int u = 0; u < U; u++) {
+            const int bu = b0 + 4 * u + g;
+            const int b = bu < nb ? bu : nb - 1; /* lanes past the end compute a block they drop */
+            sh[u] = load_share<TYPE>(W, q6sc, q6d, o * nb + b, t);
         }
-        /* the step's blocks b0, b0+1, b0+2, b0+3 in order */
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int u = 0; u < U; u++) {
+            const int bu = b0 + 4 * u + g;
+            float f[R];
+            block_f<TYPE, R>(sh[u], bu < nb ? bu : nb - 1, nb, t, xq, nr, f);
+            /* the step's blocks in order */
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                const float fj = __shfl_sync(FULL_MASK, f[r], 8 * j);
-                if (b0 + j < nb) total[r] = total[r] + fj;
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float fj = __shfl_sync(FULL_MASK, f[r], 8 * j);
+                    if (b0 + 4 * u + j < nb) total[r] = total[r] + fj;
+                }
             }
         }
     }
@@ -1159,6 +1199,34 @@ __global__ static void k_rmsnorm_warp(const float *x, const float *w, float eps,
         for (int64_t i = lane; i < n; i += 32) yr[i] = (xr[i] * inv) * w[i];
     else
         for (int64_t i = lane; i < n; i += 32) yr[i] = xr[i] * inv;
+}
+
+/* RMSNorm of long rows: a CTA per row stages it in shared memory (all
+ * loads in flight at once), warp 0 takes the 32-lane sumsq, all threads
+ * write. */
+__global__ static void __launch_bounds__(256) k_rmsnorm_cta(const float *x, const float *w, float eps, float *y,
+                                                           int64_t n, int64_t rows) {
+    extern __shared__ float xs[];
+    __shared__ float inv_s;
+    const int64_t r = blockIdx.x;
+    const float *xr = x + r * n;
+    float *yr = y + r * n;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xs[i] = xr[i];
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        float p = 0.0f;
+#pragma unroll 8
+        for (int64_t i = lane; i < n; i += 32) p = fmaf(xs[i], xs[i], p);
+        const float mean = warp_fold_lane0(p) / (float)n;
+        if (lane == 0) inv_s = 1.0f / sqrtf(mean + eps);
+    }
+    __syncthreads();
+    const float inv = inv_s;
+    if (w)
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xs[i] * inv) * w[i];
+    else
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xs[i] * inv;
 }
 
 /* Attention, split over 256-key blocks: a warp per (row, head, block)
@@ -1307,7 +1375,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     q8split x = xq;
     x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
     float *yr = y + r0 * w->n_out;
-#define MMV(T, R) k_mmv_kq<T, R><<<grid, 128>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
+#define MMV(T, R) k_mmv_kq<T, R, (R <= 2 ? 4 : (R <= 4 ? 2 : 1))><<<grid, 128>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
 #define MMV_R(T)                                                                                                    \
     do {                                                                                                            \
         if (nr <= 1) MMV(T, 1);                                                                                     \
@@ -1326,7 +1394,12 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     return launched("k_mmv_kq", err);
 }
 
-extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, char *err) {
+extern "C" bool mucu_matmul_fast(const mucu_weight *w) {
+    return w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split);
+}
+
+extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, int prequantized,
+                            char *err) {
     if (rows <= 0 || w->n_out <= 0) return true;
     const bool native = w->type == T_NVFP4_NATIVE;
     const bool is_float = w->type == T_F32 || w->type == T_F16 || w->type == T_BF16;
@@ -1335,7 +1408,7 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
     const int64_t nb = rows * (w->n_in / 256);
     if (kq) { /* the fast path: split Q8_K activations, weight-streaming kernel */
         q8split xq = q8split_at(q8, w->n_in, rows);
-        if (nb > 0) {
+        if (nb > 0 && !prequantized) {
             k_quantize_q8split<<<grid_for(nb, 4), 128>>>(x, xq, nb);
             if (!launched("k_quantize_q8split", err)) return false;
         }
@@ -1361,6 +1434,10 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
 
 extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, char *err) {
     if (rows <= 0) return true;
+    if (n >= 1024 && n <= 12288) {
+        k_rmsnorm_cta<<<(unsigned)rows, 256, (size_t)n * sizeof(float)>>>(x, w, eps, y, n, rows);
+        return launched("k_rmsnorm_cta", err);
+    }
     k_rmsnorm_warp<<<grid_for(rows, 4), 128>>>(x, w, eps, y, n, rows);
     return launched("k_rmsnorm_warp", err);
 }

@@ -64,7 +64,11 @@ bool mucu_is_device(const void *p);
 bool mucu_embed(const mucu_weight *w, const int32_t *tokens, int64_t rows, float *x, char *err);
 /* q8: scratch of rows * n_in/256 Q8_K blocks (mucu_q8k_bytes). */
 size_t mucu_q8k_bytes(int64_t n_in, int64_t rows);
-bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, char *err);
+/* prequantized (fast-path weights only): q8 already holds x's Q8_K
+ * activations from a previous mucu_matmul with the same x, rows and n_in. */
+bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, int prequantized, char *err);
+/* Does w take the weight-streaming kernel (Q4_K, Q5_K, split Q6_K)? */
+bool mucu_matmul_fast(const mucu_weight *w);
 bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, char *err);
 bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs, char *err);
 bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows, bool neox,
