@@ -3,8 +3,9 @@
 # unpack the build dependencies the machine lacks (DEBS=dir of .deb files),
 # then run.sh (build + every exactness check), then the device read
 # bandwidth and `muser bench` of the full synthetic q4_k_xl model.
-#   STAGES  subset of "check bench prof" (default "check bench"; prof: a
-#           per-kernel time profile of a short run, MUSER_CUDA_PROF=1)
+#   STAGES  subset of "check bench prof nsys" (default "check bench"; prof:
+#           a per-kernel profile of a short run, MUSER_CUDA_PROF=1; nsys:
+#           Nsight Systems kernel and API summaries, where nsys is installed)
 #   BENCH   "quick" (short runs) or "full" (default)
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -40,9 +41,20 @@ case " $STAGES " in *" bench "*)
         MUSER_CUDA_PROF=1 "$M" run -m $F --backend cuda --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 -n 32 \
             --temp 0 >/dev/null ;;
     esac
+    case " $STAGES " in *" nsys "*)
+        NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+        if [ -n "$NSYS" ]; then
+            "$NSYS" profile -o /tmp/muser-prof -f true -t cuda "$M" run -m $F --backend cuda --tokens 1,2,3,4 -n 24 \
+                --temp 0 >/dev/null 2>&1
+            "$NSYS" stats -q --report cuda_gpu_kern_sum,cuda_api_sum /tmp/muser-prof.nsys-rep 2>&1 | cut -c1-160 | head -70
+        else
+            echo "no nsys here"
+        fi ;;
+    esac
     B="$M bench -m $F --backend cuda --membw-gbs $BW --no-paired-membw"
     if [ "$BENCH" = quick ]; then
         $B -p 512 -n 32 -r 2 --warmup 1 -q
+        echo "MUSER_CUDA_MMV=0:"; MUSER_CUDA_MMV=0 $B -p 0 -n 32 -r 2 --warmup 1 -q
     else
         $B -p 512 -n 128 -r 5 -q
         $B -p 2048 -n 0 -r 3 -q

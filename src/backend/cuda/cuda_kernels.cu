@@ -7,6 +7,7 @@
  * fused multiply-add is an explicit fmaf/fma. One thread per output (row
  * dot, norm row, attention head): speed is not the goal of v0 (docs/cuda.md). */
 #include "backend/cuda/cuda_kernels.h"
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -864,6 +865,10 @@ __global__ static void k_store_heads(float *dst, const int64_t *slots, int64_t S
 
 #define FULL_MASK 0xFFFFFFFFu
 
+/* f16 -> f32 by the conversion instruction: exact, like f16_to_f32 (the
+ * hot paths: K/V rows and block scales). */
+__device__ static inline float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
 /* The 32-lane fold of docs/numerics.md: lane 0 ends with the reference's
  * p[0] ((p0+p16)+(p8+p24))...; the other lanes' values are discarded. */
 __device__ static inline float warp_fold_lane0(float p) {
@@ -1003,7 +1008,8 @@ __device__ static inline wshare load_share(const uint8_t *W, const uint8_t *q6sc
 /* f_b of block b for rows r < nr (f[r] = 0 for the others), from this
  * lane's share; the integer sums are folded over the 8 lanes of the group. */
 template <int TYPE, int R>
-__device__ static inline void block_f(const wshare &s, int b, int nb, int t, const q8split &xq, int nr, float *f) {
+__device__ static inline void block_f(const wshare &s, int b, int nb, int t, const q8split &xq, const int8_t *qs, int nr,
+                                       float *f) {
     const int64_t n_in = (int64_t)nb * 256;
     if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
         const uint4 q = s.q;
@@ -1030,13 +1036,13 @@ __device__ static inline void block_f(const wshare &s, int b, int nb, int t, con
             m_t = t < 4 ? SB(t + 4) & 63 : (SB(t + 4) >> 4) | ((SB(t) >> 6) << 4);
 #undef SB
         }
-        const float d = f16_to_f32((uint16_t)(s.hdr.x & 0xFFFF)), dmin = f16_to_f32((uint16_t)(s.hdr.x >> 16));
+        const float d = h2f((uint16_t)(s.hdr.x & 0xFFFF)), dmin = h2f((uint16_t)(s.hdr.x >> 16));
         const int base = 64 * pair + 16 * (t & 1);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             f[r] = 0.0f;
             if (r < nr) {
-                const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
+                const int8_t *xr = qs + r * n_in + (int64_t)b * 256;
                 const uint4 xl = *(const uint4 *)(xr + base), xh = *(const uint4 *)(xr + base + 32);
                 const int16_t *bs = xq.bs + ((int64_t)r * nb + b) * 16;
                 int32_t sumi = sc_l * dp4a4(lo, xl) + sc_h * dp4a4(hi, xh);
@@ -1061,12 +1067,12 @@ __device__ static inline void block_f(const wshare &s, int b, int nb, int t, con
         hi.z = __vsub4(((ql.z >> 4) & 0x0F0F0F0Fu) | (((qh.z >> sh) & 0x03030303u) << 4), 0x20202020u);
         hi.w = __vsub4(((ql.w >> 4) & 0x0F0F0F0Fu) | (((qh.w >> sh) & 0x03030303u) << 4), 0x20202020u);
         const int k_lo = 128 * h + 32 * part_lo + l0, k_hi = 128 * h + 32 * part_hi + l0;
-        const float d = f16_to_f32((uint16_t)s.d6);
+        const float d = h2f((uint16_t)s.d6);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             f[r] = 0.0f;
             if (r < nr) {
-                const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
+                const int8_t *xr = qs + r * n_in + (int64_t)b * 256;
                 const uint4 xl = *(const uint4 *)(xr + k_lo), xh = *(const uint4 *)(xr + k_hi);
                 int32_t sumi = sum8(s.sc_l * dp4a4(lo, xl) + s.sc_h * dp4a4(hi, xh));
                 f[r] = (d * xq.d[(int64_t)r * nb + b]) * (float)sumi;
@@ -1082,11 +1088,20 @@ __device__ static inline void block_f(const wshare &s, int b, int nb, int t, con
  * used (memory parallelism). The integer partial sums are folded within
  * the group (exact), f_b by the formula, then every lane adds the four f_b
  * of the step to the row totals in block order. */
-template <int TYPE, int R, int U>
-__global__ static void __launch_bounds__(128) k_mmv_kq(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
-                                                      float *y, int has_scale, float scale) {
+template <int TYPE, int R, int U, int WPC, bool SMEM>
+__global__ static void __launch_bounds__(32 * WPC) k_mmv_kq(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
+                                                           float *y, int has_scale, float scale) {
+    extern __shared__ uint4 xsm[];
     const int lane = threadIdx.x & 31, g = lane >> 3, t = lane & 7;
-    const int64_t o = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int64_t o = (int64_t)blockIdx.x * WPC + (threadIdx.x >> 5);
+    const int64_t n_in = (int64_t)nb * 256;
+    const int8_t *qs = xq.qs;
+    if (SMEM) { /* the CTA's copy of the quantized rows */
+        const uint4 *src = (const uint4 *)xq.qs;
+        for (int64_t i = threadIdx.x; i < nr * n_in / 16; i += 32 * WPC) xsm[i] = src[i];
+        __syncthreads();
+        qs = (const int8_t *)xsm;
+    }
     if (o >= n_out) return;
     float total[R];
 #pragma unroll
@@ -1105,7 +1120,7 @@ __global__ static void __launch_bounds__(128) k_mmv_kq(const uint8_t *W, int64_t
         for (int u = 0; u < U; u++) {
             const int bu = b0 + 4 * u + g;
             float f[R];
-            block_f<TYPE, R>(sh[u], bu < nb ? bu : nb - 1, nb, t, xq, nr, f);
+            block_f<TYPE, R>(sh[u], bu < nb ? bu : nb - 1, nb, t, xq, qs, nr, f);
             /* the step's blocks in order */
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -1233,15 +1248,19 @@ __global__ static void __launch_bounds__(256) k_rmsnorm_cta(const float *x, cons
  * writes the block's (m_b, l_b, acc_b[D]); k_attn_merge then merges a
  * row's blocks in block order with the reference formula. Lane l owns
  * dims d = l + 32k. */
-template <int DPL>
+/* A CTA of 128 threads per (row, head, block). Scores: thread i takes keys
+ * i, i+128 of the block, each a whole dot in the 32-lane order (partial l
+ * over d = l mod 32, then the fold). m_b: the reference's scan in key
+ * order. Then e_p, and thread i accumulates dims i + 128k over the keys in
+ * order (acc_b, l_b). */
+template <int DPT>
 __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row *desc, int64_t rows, int64_t n_head,
                                                            int64_t n_head_kv, int64_t D, float scale, const float *q,
                                                            float *part, int64_t nbmax) {
-    __shared__ float es[4][256];
-    __shared__ float qsh[4][32 * DPL];
-    const int wl = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t wid = (int64_t)blockIdx.x * 4 + wl;
-    if (wid >= rows * n_head * nbmax) return;
+    __shared__ float es[256];
+    __shared__ float qsh[128 * DPT];
+    const int tid = threadIdx.x;
+    const int64_t wid = blockIdx.x;
     const int64_t rh = wid / nbmax, j = wid % nbmax, r = rh / n_head, h = rh % n_head;
     const int64_t kv_head = h / (n_head / n_head_kv);
     const mucu_attn_row a = desc[r];
@@ -1250,13 +1269,11 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
     const int64_t end = start + 255 < a.pos ? start + 255 : a.pos;
     const int nk = (int)(end - start + 1);
     const float *qh = q + rh * D;
-    for (int d = lane; d < 32 * DPL; d += 32) qsh[wl][d] = d < D ? qh[d] : 0.0f;
-    __syncwarp();
+    for (int d = tid; d < 128 * DPT; d += 128) qsh[d] = d < D ? qh[d] : 0.0f;
+    __syncthreads();
     const uint16_t *kbase = a.k + kv_head * a.cap * D, *vbase = a.v + kv_head * a.cap * D;
     const int64_t phys0 = start % a.cap;
-    /* scores: lane takes keys p = lane mod 32, each a whole dot in the
-     * 32-lane order (partial l over d = l mod 32, then the fold) */
-    for (int p = lane; p < nk; p += 32) {
+    for (int p = tid; p < nk; p += 128) {
         int64_t phys = phys0 + p;
         if (phys >= a.cap) phys -= a.cap;
         const uint16_t *kp = kbase + phys * D;
@@ -1266,59 +1283,60 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
         if (D % 32 == 0) {
             for (int c = 0; c < D / 32; c++) {
                 const uint4 *k4 = (const uint4 *)(kp + 32 * c);
+                uint4 kk[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) kk[u] = k4[u];
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    const uint4 kk = k4[u];
-                    const uint32_t wv[4] = {kk.x, kk.y, kk.z, kk.w};
+                    const uint32_t wv[4] = {kk[u].x, kk[u].y, kk[u].z, kk[u].w};
 #pragma unroll
                     for (int e = 0; e < 8; e++) {
                         const int l = 8 * u + e;
                         const uint16_t hb = (uint16_t)(e & 1 ? wv[e >> 1] >> 16 : wv[e >> 1] & 0xFFFF);
-                        pp[l] = fmaf(qsh[wl][32 * c + l], f16_to_f32(hb), pp[l]);
+                        pp[l] = fmaf(qsh[32 * c + l], h2f(hb), pp[l]);
                     }
                 }
             }
         } else {
-            for (int c = 0; c < DPL; c++)
+            for (int c = 0; 32 * c < D; c++)
 #pragma unroll
                 for (int l = 0; l < 32; l++)
-                    if (32 * c + l < D) pp[l] = fmaf(qsh[wl][32 * c + l], f16_to_f32(kp[32 * c + l]), pp[l]);
+                    if (32 * c + l < D) pp[l] = fmaf(qsh[32 * c + l], h2f(kp[32 * c + l]), pp[l]);
         }
 #pragma unroll
         for (int hh = 16; hh >= 1; hh /= 2)
 #pragma unroll
             for (int l = 0; l < hh; l++) pp[l] = pp[l] + pp[l + hh];
-        es[wl][p] = pp[0] * scale;
+        es[p] = pp[0] * scale;
     }
-    __syncwarp();
-    float m_b = -INFINITY; /* the reference's scan, in key order */
+    __syncthreads();
+    float m_b = -INFINITY;
     for (int p = 0; p < nk; p++) {
-        const float s = es[wl][p];
-        if (s > m_b) m_b = s;
+        const float sv = es[p];
+        if (sv > m_b) m_b = sv;
     }
-    __syncwarp();
-    for (int p = lane; p < nk; p += 32) es[wl][p] = d_expf(es[wl][p] - m_b);
-    __syncwarp();
-    float l_b = 0.0f, acc[DPL];
+    __syncthreads();
+    for (int p = tid; p < nk; p += 128) es[p] = d_expf(es[p] - m_b);
+    __syncthreads();
+    float l_b = 0.0f, acc[DPT];
 #pragma unroll
-    for (int k = 0; k < DPL; k++) acc[k] = 0.0f;
-    const int d0 = DPL * lane; /* this lane's dims d0 .. d0+DPL-1 */
-#pragma unroll 4
+    for (int k = 0; k < DPT; k++) acc[k] = 0.0f;
+    int64_t phys = phys0;
+#pragma unroll 8
     for (int p = 0; p < nk; p++) {
-        const float e = es[wl][p];
+        const float e = es[p];
         l_b = l_b + e;
-        int64_t phys = phys0 + p;
-        if (phys >= a.cap) phys -= a.cap;
-        const uint16_t *vp = vbase + phys * D + d0;
+        const uint16_t *vp = vbase + phys * D;
 #pragma unroll
-        for (int k = 0; k < DPL; k++)
-            if (d0 + k < D) acc[k] = fmaf(e, f16_to_f32(vp[k]), acc[k]);
+        for (int k = 0; k < DPT; k++)
+            if (tid + 128 * k < D) acc[k] = fmaf(e, h2f(vp[tid + 128 * k]), acc[k]);
+        if (++phys == a.cap) phys = 0;
     }
     float *out = part + wid * (D + 2);
-    if (lane == 0) out[0] = m_b, out[1] = l_b;
+    if (tid == 0) out[0] = m_b, out[1] = l_b;
 #pragma unroll
-    for (int k = 0; k < DPL; k++)
-        if (d0 + k < D) out[2 + d0 + k] = acc[k];
+    for (int k = 0; k < DPT; k++)
+        if (tid + 128 * k < D) out[2 + tid + 128 * k] = acc[k];
 }
 
 template <int DPL>
@@ -1369,13 +1387,32 @@ extern "C" size_t mucu_q8k_bytes(int64_t n_in, int64_t rows) {
     return (blocks > split ? blocks : split) + 256;
 }
 
+static int mmv_variant = -1; /* MUSER_CUDA_MMV=0: activations from global memory, 4 warps per CTA;
+                                 default 1: a CTA stages rows <= 2 in shared memory, 8 warps per CTA */
+
 static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, float *y, char *err) {
+    if (mmv_variant < 0) {
+        const char *e = getenv("MUSER_CUDA_MMV");
+        mmv_variant = e && !strcmp(e, "0") ? 0 : 1;
+    }
     const int nb = (int)(w->n_in / 256);
-    const unsigned grid = grid_for(w->n_out, 4);
     q8split x = xq;
     x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
     float *yr = y + r0 * w->n_out;
-#define MMV(T, R) k_mmv_kq<T, R, (R <= 2 ? 4 : (R <= 4 ? 2 : 1))><<<grid, 128>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
+    const size_t smem = (size_t)nr * (size_t)w->n_in;
+    if (mmv_variant == 1 && nr <= 2 && smem <= 48 * 1024) {
+        const unsigned grid = grid_for(w->n_out, 8);
+#define MMVS(T, R) k_mmv_kq<T, R, 4, 8, true><<<grid, 256, smem>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
+        switch (w->type) {
+        case T_Q4_K: if (nr == 1) MMVS(T_Q4_K, 1); else MMVS(T_Q4_K, 2); break;
+        case T_Q5_K: if (nr == 1) MMVS(T_Q5_K, 1); else MMVS(T_Q5_K, 2); break;
+        default: if (nr == 1) MMVS(T_Q6_K, 1); else MMVS(T_Q6_K, 2); break;
+        }
+#undef MMVS
+        return launched("k_mmv_kq(smem)", err);
+    }
+    const unsigned grid = grid_for(w->n_out, 4);
+#define MMV(T, R) k_mmv_kq<T, R, (R <= 2 ? 4 : (R <= 4 ? 2 : 1)), 4, false><<<grid, 128>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
 #define MMV_R(T)                                                                                                    \
     do {                                                                                                            \
         if (nr <= 1) MMV(T, 1);                                                                                     \
@@ -1471,12 +1508,10 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
     if (rows <= 0 || n_head <= 0) return true;
     const int64_t D = head_dim, rh = rows * n_head;
     if (nbmax > 0) {
-        const unsigned g1 = grid_for(rh * nbmax, 4);
-        if (D <= 32) k_attn_blocks<1><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
-        else if (D <= 64) k_attn_blocks<2><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
-        else if (D <= 128) k_attn_blocks<4><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
-        else if (D <= 256) k_attn_blocks<8><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
-        else k_attn_blocks<16><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
+        const unsigned g1 = (unsigned)(rh * nbmax);
+        if (D <= 128) k_attn_blocks<1><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
+        else if (D <= 256) k_attn_blocks<2><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
+        else k_attn_blocks<4><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
         if (!launched("k_attn_blocks", err)) return false;
     }
     const unsigned g2 = grid_for(rh, 4);
