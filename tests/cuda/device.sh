@@ -54,7 +54,7 @@ case " $STAGES " in *" bench "*)
     B="$M bench -m $F --backend cuda --membw-gbs $BW --no-paired-membw"
     if [ "$BENCH" = quick ]; then
         $B -p 512 -n 32 -r 2 --warmup 1 -q
-        echo "MUSER_CUDA_MMV=0:"; MUSER_CUDA_MMV=0 $B -p 0 -n 32 -r 2 --warmup 1 -q
+        for v in 1 0; do echo "MUSER_CUDA_MMV=$v:"; MUSER_CUDA_MMV=$v $B -p 512 -n 32 -r 2 --warmup 1 -q | tail -2; done
     else
         $B -p 512 -n 128 -r 5 -q
         $B -p 2048 -n 0 -r 3 -q

@@ -1139,6 +1139,119 @@ __global__ static void __launch_bounds__(32 * WPC) k_mmv_kq(const uint8_t *W, in
     }
 }
 
+/* The lane-per-block variant (default): a thread computes whole blocks'
+ * integer sums (no shuffles), f_b by the formula into shared memory; the
+ * CTA takes RPC consecutive output rows (their blocks are contiguous), so
+ * its threads stream one contiguous stretch of the weight; then one thread
+ * per (row, output) adds that output's f_b in block order. */
+template <int TYPE>
+__device__ static inline void whole_block_f(const uint8_t *W, int64_t n_out, int64_t item, int b, int nb,
+                                            const int8_t *qs, const q8split &xq, int r, float *f_out) {
+    const int64_t n_in = (int64_t)nb * 256;
+    const uint4 *x4 = (const uint4 *)(qs + r * n_in + (int64_t)b * 256);
+    const float xd = xq.d[(int64_t)r * nb + b];
+    if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+        const bool q5 = TYPE == T_Q5_K;
+        const uint8_t *blk = W + item * (q5 ? 176 : 144);
+        const uint4 hdr = __ldg((const uint4 *)blk);
+        const uint4 *q4 = (const uint4 *)(blk + (q5 ? 48 : 16));
+        uint4 qh0 = make_uint4(0, 0, 0, 0), qh1 = qh0;
+        if (q5) qh0 = __ldg((const uint4 *)(blk + 16)), qh1 = __ldg((const uint4 *)(blk + 32));
+        const uint32_t qhw[8] = {qh0.x, qh0.y, qh0.z, qh0.w, qh1.x, qh1.y, qh1.z, qh1.w};
+        const int16_t *bs = xq.bs + ((int64_t)r * nb + b) * 16;
+        int32_t sumi = 0, summ = 0;
+        const uint32_t w0 = hdr.y, w1 = hdr.z, w2 = hdr.w;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uint4 qa = __ldg(q4 + 2 * g), qb = __ldg(q4 + 2 * g + 1);
+            const uint32_t qw[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+            const uint4 xa = x4[4 * g], xb = x4[4 * g + 1], xc = x4[4 * g + 2], xe = x4[4 * g + 3];
+            const uint32_t xl[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+            const uint32_t xh[8] = {xc.x, xc.y, xc.z, xc.w, xe.x, xe.y, xe.z, xe.w};
+            int32_t il = 0, ih = 0;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                uint32_t lo = qw[k] & 0x0F0F0F0Fu, hi = (qw[k] >> 4) & 0x0F0F0F0Fu;
+                if (q5) {
+                    lo |= ((qhw[k] >> (2 * g)) & 0x01010101u) << 4;
+                    hi |= ((qhw[k] >> (2 * g + 1)) & 0x01010101u) << 4;
+                }
+                il = __dp4a((int)lo, (int)xl[k], il);
+                ih = __dp4a((int)hi, (int)xh[k], ih);
+            }
+            const int jl = 2 * g, jh = 2 * g + 1;
+#define SB(k) ((int32_t)byte_of3(w0, w1, w2, (k)))
+            const int32_t sc_l = jl < 4 ? SB(jl) & 63 : (SB(jl + 4) & 0xF) | ((SB(jl - 4) >> 6) << 4);
+            const int32_t sc_h = jh < 4 ? SB(jh) & 63 : (SB(jh + 4) & 0xF) | ((SB(jh - 4) >> 6) << 4);
+            const int32_t m_l = jl < 4 ? SB(jl + 4) & 63 : (SB(jl + 4) >> 4) | ((SB(jl) >> 6) << 4);
+            const int32_t m_h = jh < 4 ? SB(jh + 4) & 63 : (SB(jh + 4) >> 4) | ((SB(jh) >> 6) << 4);
+#undef SB
+            sumi += sc_l * il + sc_h * ih;
+            summ += m_l * ((int32_t)bs[2 * jl] + (int32_t)bs[2 * jl + 1]) + m_h * ((int32_t)bs[2 * jh] + (int32_t)bs[2 * jh + 1]);
+        }
+        const float d = h2f((uint16_t)(hdr.x & 0xFFFF)), dmin = h2f((uint16_t)(hdr.x >> 16));
+        *f_out = (d * xd) * (float)sumi - (dmin * xd) * (float)summ;
+    } else { /* Q6_K split layout */
+        const uint4 *q4 = (const uint4 *)(W + item * 192);
+        const uint8_t *scb = W + (size_t)n_out * nb * 192 + item * 16;
+        const uint16_t *dp = (const uint16_t *)(W + (size_t)n_out * nb * 208) + item;
+        int32_t sumi = 0;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint4 qh0 = __ldg(q4 + 8 + 2 * h), qh1 = __ldg(q4 + 9 + 2 * h);
+            const uint32_t qhw[8] = {qh0.x, qh0.y, qh0.z, qh0.w, qh1.x, qh1.y, qh1.z, qh1.w};
+#pragma unroll
+            for (int half32 = 0; half32 < 2; half32++) { /* ql bytes 64h + 32*half32 + l: parts half32 and half32+2 */
+                const uint4 qa = __ldg(q4 + 4 * h + 2 * half32), qb = __ldg(q4 + 4 * h + 2 * half32 + 1);
+                const uint32_t qw[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+                for (int hi_part = 0; hi_part < 2; hi_part++) {
+                    const int part = half32 + 2 * hi_part, sh = 2 * part;
+                    const int k0 = 128 * h + 32 * part; /* value index of l = 0 */
+                    const uint4 xa = x4[k0 / 16], xb = x4[k0 / 16 + 1];
+                    const uint32_t xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+                    int32_t i0 = 0, i1 = 0;
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        const uint32_t nib = hi_part ? (qw[k] >> 4) & 0x0F0F0F0Fu : qw[k] & 0x0F0F0F0Fu;
+                        const uint32_t c = __vsub4(nib | (((qhw[k] >> sh) & 0x03030303u) << 4), 0x20202020u);
+                        if (k < 4) i0 = __dp4a((int)c, (int)xw[k], i0);
+                        else i1 = __dp4a((int)c, (int)xw[k], i1);
+                    }
+                    sumi += (int32_t)(int8_t)__ldg(scb + k0 / 16) * i0 + (int32_t)(int8_t)__ldg(scb + k0 / 16 + 1) * i1;
+                }
+            }
+        }
+        *f_out = (h2f(__ldg(dp)) * xd) * (float)sumi;
+    }
+}
+
+template <int TYPE, int R>
+__global__ static void __launch_bounds__(128) k_mmv_lpb(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
+                                                       int rpc, float *y, int has_scale, float scale) {
+    extern __shared__ float fsm[]; /* [R][rpc * nb] */
+    const int64_t o0 = (int64_t)blockIdx.x * rpc;
+    const int items = rpc * nb;
+    for (int it = threadIdx.x; it < items; it += 128) {
+        const int64_t o = o0 + it / nb;
+        if (o >= n_out) break;
+        const int b = it % nb;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (r < nr) whole_block_f<TYPE>(W, n_out, o * nb + b, b, nb, xq.qs, xq, r, &fsm[r * items + it]);
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < nr * rpc; k += 128) {
+        const int r = k / rpc, ol = k % rpc;
+        const int64_t o = o0 + ol;
+        if (o >= n_out) continue;
+        const float *fr = fsm + r * items + ol * nb;
+        float total = 0.0f;
+        for (int b = 0; b < nb; b++) total = total + fr[b];
+        y[r * n_out + o] = has_scale ? total * scale : total;
+    }
+}
+
 /* The other Q8_K types (Q4_0, Q8_0, NVFP4 ggml and native W4A16): a warp
  * per (row, output); lane l computes f_b for blocks b = l mod 32 with the
  * scalar block dots above, then the row total adds them in block order. */
@@ -1219,7 +1332,7 @@ __global__ static void k_rmsnorm_warp(const float *x, const float *w, float eps,
 /* RMSNorm of long rows: a CTA per row stages it in shared memory (all
  * loads in flight at once), warp 0 takes the 32-lane sumsq, all threads
  * write. */
-__global__ static void __launch_bounds__(256) k_rmsnorm_cta(const float *x, const float *w, float eps, float *y,
+__global__ static void __launch_bounds__(1024) k_rmsnorm_cta(const float *x, const float *w, float eps, float *y,
                                                            int64_t n, int64_t rows) {
     extern __shared__ float xs[];
     __shared__ float inv_s;
@@ -1387,18 +1500,45 @@ extern "C" size_t mucu_q8k_bytes(int64_t n_in, int64_t rows) {
     return (blocks > split ? blocks : split) + 256;
 }
 
-static int mmv_variant = -1; /* MUSER_CUDA_MMV=0: activations from global memory, 4 warps per CTA;
-                                 default 1: a CTA stages rows <= 2 in shared memory, 8 warps per CTA */
+static int mmv_variant = -1; /* MUSER_CUDA_MMV: 2 (default) lane per block (k_mmv_lpb); 1: 8-lane groups per
+                                 block, rows <= 2 staged in shared memory; 0: 8-lane groups, no staging */
 
 static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, float *y, char *err) {
     if (mmv_variant < 0) {
         const char *e = getenv("MUSER_CUDA_MMV");
-        mmv_variant = e && !strcmp(e, "0") ? 0 : 1;
+        mmv_variant = e && *e ? atoi(e) : 2;
     }
     const int nb = (int)(w->n_in / 256);
     q8split x = xq;
     x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
     float *yr = y + r0 * w->n_out;
+    if (mmv_variant == 2) {
+        const int R = nr <= 1 ? 1 : nr <= 2 ? 2 : nr <= 4 ? 4 : nr <= 8 ? 8 : 16;
+        int rpc = (int)((128 + nb - 1) / nb); /* about one block per thread */
+        if (rpc < 1) rpc = 1;
+        while (rpc > 1 && (size_t)R * rpc * nb * 4 > 48 * 1024) rpc--;
+        if ((size_t)R * rpc * nb * 4 <= 48 * 1024) {
+            const unsigned grid = (unsigned)((w->n_out + rpc - 1) / rpc);
+            const size_t sm = (size_t)R * rpc * nb * 4;
+#define LPB(T, RR) k_mmv_lpb<T, RR><<<grid, 128, sm>>>(w->data, w->n_out, nb, x, nr, rpc, yr, w->has_scale, w->scale)
+#define LPB_R(T)                                                                                                    \
+    do {                                                                                                            \
+        if (R == 1) LPB(T, 1);                                                                                      \
+        else if (R == 2) LPB(T, 2);                                                                                 \
+        else if (R == 4) LPB(T, 4);                                                                                 \
+        else if (R == 8) LPB(T, 8);                                                                                 \
+        else LPB(T, 16);                                                                                            \
+    } while (0)
+            switch (w->type) {
+            case T_Q4_K: LPB_R(T_Q4_K); break;
+            case T_Q5_K: LPB_R(T_Q5_K); break;
+            default: LPB_R(T_Q6_K); break;
+            }
+#undef LPB_R
+#undef LPB
+            return launched("k_mmv_lpb", err);
+        }
+    }
     const size_t smem = (size_t)nr * (size_t)w->n_in;
     if (mmv_variant == 1 && nr <= 2 && smem <= 48 * 1024) {
         const unsigned grid = grid_for(w->n_out, 8);
@@ -1472,7 +1612,7 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
 extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, char *err) {
     if (rows <= 0) return true;
     if (n >= 1024 && n <= 12288) {
-        k_rmsnorm_cta<<<(unsigned)rows, 256, (size_t)n * sizeof(float)>>>(x, w, eps, y, n, rows);
+        k_rmsnorm_cta<<<(unsigned)rows, rows <= 8 ? 1024 : 256, (size_t)n * sizeof(float)>>>(x, w, eps, y, n, rows);
         return launched("k_rmsnorm_cta", err);
     }
     k_rmsnorm_warp<<<grid_for(rows, 4), 128>>>(x, w, eps, y, n, rows);
