@@ -47,6 +47,8 @@ typedef struct cuda_ctx {
     dev_buf tmp;     /* overlapping copies */
     dev_buf part;    /* attention: per 256-key block partials */
     bool told;       /* footprint printed */
+    void *pinned;    /* download staging */
+    size_t pinned_cap;
 } cuda_ctx;
 
 static _Noreturn void die(const char *op, const char *msg) {
@@ -240,10 +242,24 @@ static void cuda_upload(mu_backend *b, void *dst, const void *host_src, size_t b
     if (!mucu_memcpy(dst, host_src, bytes, "upload", err)) die("upload", err);
 }
 
+/* Downloads up to 16 MiB (a logits row, a few) go through a pinned buffer. */
 static void cuda_download(mu_backend *b, void *host_dst, const void *src, size_t bytes) {
-    (void)b;
+    cuda_ctx *c = ctx_of(b);
     char err[MUCU_ERR_LEN];
-    if (!mucu_memcpy(host_dst, src, bytes, "download", err)) die("download", err);
+    if (bytes > ((size_t)16 << 20)) {
+        if (!mucu_memcpy(host_dst, src, bytes, "download", err)) die("download", err);
+        return;
+    }
+    if (bytes > c->pinned_cap) {
+        size_t cap = c->pinned_cap ? c->pinned_cap : 65536;
+        while (cap < bytes) cap *= 2;
+        if (!mucu_host_free(c->pinned, err)) die("download", err);
+        c->pinned = NULL, c->pinned_cap = 0;
+        if (!mucu_host_alloc(&c->pinned, cap, err)) die("download", err);
+        c->pinned_cap = cap;
+    }
+    if (!mucu_memcpy(c->pinned, src, bytes, "download", err)) die("download", err);
+    memcpy(host_dst, c->pinned, bytes);
 }
 
 static void cuda_zero(mu_backend *b, void *dst, size_t bytes) {
@@ -416,6 +432,7 @@ static void cuda_destroy(mu_backend *b) {
     for (size_t i = 0; i < c->cap_copies; i++)
         if (c->copies[i].host) (void)mucu_free(c->copies[i].dev, err);
     (void)mucu_host_free(c->ring_h, err);
+    (void)mucu_host_free(c->pinned, err);
     (void)mucu_free(c->ring_d, err);
     (void)mucu_free(c->out.p, err);
     (void)mucu_free(c->part.p, err);

@@ -1369,7 +1369,7 @@ __global__ static void __launch_bounds__(1024) k_rmsnorm_cta(const float *x, con
 template <int DPT>
 __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row *desc, int64_t rows, int64_t n_head,
                                                            int64_t n_head_kv, int64_t D, float scale, const float *q,
-                                                           float *part, int64_t nbmax) {
+                                                           float *part, int64_t nbmax, float *final_out) {
     __shared__ float es[256];
     __shared__ float qsh[128 * DPT];
     const int tid = threadIdx.x;
@@ -1445,6 +1445,12 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
             if (tid + 128 * k < D) acc[k] = fmaf(e, h2f(vp[tid + 128 * k]), acc[k]);
         if (++phys == a.cap) phys = 0;
     }
+    if (final_out) { /* every row has one block: the merge is out = acc_b / l_b */
+#pragma unroll
+        for (int k = 0; k < DPT; k++)
+            if (tid + 128 * k < D) final_out[rh * D + tid + 128 * k] = acc[k] / l_b;
+        return;
+    }
     float *out = part + wid * (D + 2);
     if (tid == 0) out[0] = m_b, out[1] = l_b;
 #pragma unroll
@@ -1500,13 +1506,14 @@ extern "C" size_t mucu_q8k_bytes(int64_t n_in, int64_t rows) {
     return (blocks > split ? blocks : split) + 256;
 }
 
-static int mmv_variant = -1; /* MUSER_CUDA_MMV: 2 (default) lane per block (k_mmv_lpb); 1: 8-lane groups per
-                                 block, rows <= 2 staged in shared memory; 0: 8-lane groups, no staging */
+static int mmv_variant = -1; /* MUSER_CUDA_MMV: 0 (default) 8-lane groups per block (k_mmv_kq); 1: the same,
+                                 rows <= 2 staged in shared memory; 2: lane per block (k_mmv_lpb). All exact;
+                                 0 was the fastest on the H200 (docs/cuda.md). */
 
 static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, float *y, char *err) {
     if (mmv_variant < 0) {
         const char *e = getenv("MUSER_CUDA_MMV");
-        mmv_variant = e && *e ? atoi(e) : 2;
+        mmv_variant = e && *e ? atoi(e) : 0;
     }
     const int nb = (int)(w->n_in / 256);
     q8split x = xq;
@@ -1649,10 +1656,12 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
     const int64_t D = head_dim, rh = rows * n_head;
     if (nbmax > 0) {
         const unsigned g1 = (unsigned)(rh * nbmax);
-        if (D <= 128) k_attn_blocks<1><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
-        else if (D <= 256) k_attn_blocks<2><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
-        else k_attn_blocks<4><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax);
+        float *fin = nbmax == 1 ? out : NULL;
+        if (D <= 128) k_attn_blocks<1><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+        else if (D <= 256) k_attn_blocks<2><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+        else k_attn_blocks<4><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
         if (!launched("k_attn_blocks", err)) return false;
+        if (fin) return true;
     }
     const unsigned g2 = grid_for(rh, 4);
     if (D <= 32) k_attn_merge<1><<<g2, 128>>>(desc, rows, n_head, D, part, nbmax, out);
