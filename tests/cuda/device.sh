@@ -25,7 +25,14 @@ if [ -n "${DEBS:-}" ]; then
             >/tmp/sys/usr/lib/x86_64-linux-gnu/pkgconfig/gnutls.pc
 fi
 rc=0
-case " $STAGES " in *" check "*) bash "$SRC/tests/cuda/run.sh" || rc=1 ;; esac
+case " $STAGES " in *" check "*)
+    bash "$SRC/tests/cuda/run.sh" || rc=1
+    # the same checks with the int8 tensor-core kernel for calls of >= 16 rows
+    echo "== again with MUSER_CUDA_GEMM=16"
+    MUSER_CUDA_GEMM=16 bash "$SRC/tests/cuda/run.sh" >/tmp/muser-gemm-check.log 2>&1 && GEMM_OK=1
+    grep -v "^PASS .* chunk" /tmp/muser-gemm-check.log
+    ;;
+esac
 case " $STAGES " in *" bench "*)
     if [ ! -x "$BUILD/muser" ]; then
         cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >/dev/null &&
@@ -59,6 +66,11 @@ case " $STAGES " in *" bench "*)
         $B -p 512 -n 128 -r 5 -q
         $B -p 2048 -n 0 -r 3 -q
         $B -p 0 -n 64 -r 3 --parallel 1,4,8 -q
+        if [ -n "${GEMM_OK:-}" ]; then
+            echo "== MUSER_CUDA_GEMM=16 (tensor-core kernel for >= 16 rows):"
+            MUSER_CUDA_GEMM=16 $B -p 512 -n 0 -r 5 -q | tail -1
+            MUSER_CUDA_GEMM=16 $B -p 2048 -n 0 -r 3 -q | tail -1
+        fi
     fi
     ;;
 esac

@@ -181,14 +181,15 @@ static void test_matmul_large(void) {
         {"NVFP4_ggml", MU_TYPE_NVFP4, false, false}, {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false},
     };
     const int64_t shapes[][2] = {{5120, 37}, {6656, 130}, {1280, 1}};
-    const int64_t rowss[] = {1, 2, 3, 4, 7, 16, 17, 33};
+    const int64_t rowss[] = {1, 2, 3, 4, 7, 16, 17, 33, 100};
     for (size_t t = 0; t < sizeof big / sizeof *big; t++)
         for (int s = 0; s < 3; s++) {
             const int64_t n_in = shapes[s][0], n_out = shapes[s][1];
             mu_weight w = make_weight(&big[t], n_in, n_out);
             for (size_t r = 0; r < sizeof rowss / sizeof *rowss; r++) {
                 const int64_t rows = rowss[r];
-                if (big[t].type != MU_TYPE_Q4_K && big[t].type != MU_TYPE_Q6_K && rows != 1 && rows != 17) continue;
+                const bool kq = big[t].type == MU_TYPE_Q4_K || big[t].type == MU_TYPE_Q5_K || big[t].type == MU_TYPE_Q6_K;
+                if (!kq && rows != 1 && rows != 17) continue;
                 float *x = rnd_vec((size_t)(rows * n_in), 3.0f), *y = mu_xmalloc((size_t)(rows * n_out) * 4);
                 if (rows == 3) /* an all-zero block and a block whose largest magnitude repeats */
                     for (int i = 0; i < 256; i++) x[n_in + i] = 0.0f, x[2 * n_in + 256 + i] = (i % 3) ? 1.5f : -1.5f;

@@ -1252,6 +1252,174 @@ __global__ static void __launch_bounds__(128) k_mmv_lpb(const uint8_t *W, int64_
     }
 }
 
+/* Prefill / many rows: int8 tensor-core tiles (mma.sync m16n8k16 s8).
+ * A CTA (4 warps) takes 64 rows x 64 outputs; per 256-block it stages the
+ * rows' Q8_K codes and the outputs' weight codes (unpacked to int8) in
+ * shared memory; warp w takes rows 16w..16w+15 and all 64 outputs (8 n
+ * tiles). Each k16 step's mma gives exact integer sums over 16 values; they
+ * are scaled by the sub-block scale and summed in int32 (sumi, exact in any
+ * order), then f_b by the formula, and each thread adds f_b to its
+ * (row, output) totals in block order. */
+#define GT_M 64
+#define GT_N 64
+#define GT_LD 272 /* 256 + 16: rows 4 banks apart */
+
+__device__ static inline void mma_s8_16816(int32_t c[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+template <int TYPE>
+__global__ static void __launch_bounds__(128) k_gemm_kq(const uint8_t *W, int64_t n_out, int nb, q8split xq, int64_t rows,
+                                                       float *y, int has_scale, float scale) {
+    __shared__ __align__(16) int8_t xs[GT_M * GT_LD];
+    __shared__ __align__(16) int8_t ws[GT_N * GT_LD];
+    __shared__ int32_t wsc[GT_N][16]; /* sub-block scales per 16 values (Q4_K/Q5_K: sc_j twice) */
+    __shared__ int32_t wm[GT_N][8];   /* Q4_K/Q5_K mins */
+    __shared__ float wd[GT_N][2];     /* d, dmin */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * GT_M, out0 = (int64_t)blockIdx.y * GT_N;
+    const int64_t n_in = (int64_t)nb * 256;
+    float total[8][4];
+    int32_t sumi[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) total[n][e] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        /* stage the rows' codes: 64 rows x 16 uint4 */
+        for (int i = tid; i < GT_M * 16; i += 128) {
+            const int r = i >> 4, c = i & 15;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (row0 + r < rows) v = *(const uint4 *)(xq.qs + (row0 + r) * n_in + (int64_t)b * 256 + 16 * c);
+            *(uint4 *)(xs + r * GT_LD + 16 * c) = v;
+        }
+        /* unpack the outputs' weight codes: 2 threads per output */
+        {
+            const int o = tid >> 1, half = tid & 1;
+            const int64_t oo = out0 + o;
+            int8_t *dst = ws + o * GT_LD;
+            if (oo >= n_out) {
+                for (int k = 0; k < 128; k += 16) *(uint4 *)(dst + 128 * half + k) = make_uint4(0, 0, 0, 0);
+                if (!half) {
+                    for (int j = 0; j < 16; j++) wsc[o][j] = 0;
+                    for (int j = 0; j < 8; j++) wm[o][j] = 0;
+                    wd[o][0] = wd[o][1] = 0.0f;
+                }
+            } else if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+                const bool q5 = TYPE == T_Q5_K;
+                const uint8_t *blk = W + (oo * nb + b) * (q5 ? 176 : 144);
+                const uint8_t *qs = blk + (q5 ? 48 : 16);
+                /* this half: pairs gp = 2*half, 2*half+1 (bytes 32gp..32gp+31 -> values 64gp..64gp+63) */
+                for (int gp = 2 * half; gp < 2 * half + 2; gp++)
+                    for (int l4 = 0; l4 < 32; l4 += 4) {
+                        uint32_t q = *(const uint32_t *)(qs + 32 * gp + l4);
+                        uint32_t lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
+                        if (q5) {
+                            const uint32_t qh = *(const uint32_t *)(blk + 16 + l4);
+                            lo |= ((qh >> (2 * gp)) & 0x01010101u) << 4;
+                            hi |= ((qh >> (2 * gp + 1)) & 0x01010101u) << 4;
+                        }
+                        *(uint32_t *)(dst + 64 * gp + l4) = lo;
+                        *(uint32_t *)(dst + 64 * gp + 32 + l4) = hi;
+                    }
+                if (!half) {
+                    for (int j = 0; j < 8; j++) {
+                        int32_t sc, m;
+                        scale_min_k4(blk + 4, j, &sc, &m);
+                        wsc[o][2 * j] = wsc[o][2 * j + 1] = sc;
+                        wm[o][j] = m;
+                    }
+                    wd[o][0] = rd_f16(blk);
+                    wd[o][1] = rd_f16(blk + 2);
+                }
+            } else { /* Q6_K split layout */
+                const int64_t item = oo * nb + b;
+                const uint8_t *blk = W + item * 192;
+                const uint8_t *scb = W + (size_t)n_out * nb * 192 + item * 16;
+                const int h = half; /* values 128h .. 128h+127 */
+                for (int l4 = 0; l4 < 32; l4 += 4) {
+                    const uint32_t qa = *(const uint32_t *)(blk + 64 * h + l4);
+                    const uint32_t qb = *(const uint32_t *)(blk + 64 * h + 32 + l4);
+                    const uint32_t qh = *(const uint32_t *)(blk + 128 + 32 * h + l4);
+                    const uint32_t c0 = (qa & 0x0F0F0F0Fu) | ((qh & 0x03030303u) << 4);
+                    const uint32_t c1 = (qb & 0x0F0F0F0Fu) | (((qh >> 2) & 0x03030303u) << 4);
+                    const uint32_t c2 = ((qa >> 4) & 0x0F0F0F0Fu) | (((qh >> 4) & 0x03030303u) << 4);
+                    const uint32_t c3 = ((qb >> 4) & 0x0F0F0F0Fu) | (((qh >> 6) & 0x03030303u) << 4);
+                    *(uint32_t *)(dst + 128 * h + l4) = __vsub4(c0, 0x20202020u);
+                    *(uint32_t *)(dst + 128 * h + 32 + l4) = __vsub4(c1, 0x20202020u);
+                    *(uint32_t *)(dst + 128 * h + 64 + l4) = __vsub4(c2, 0x20202020u);
+                    *(uint32_t *)(dst + 128 * h + 96 + l4) = __vsub4(c3, 0x20202020u);
+                }
+                for (int j = 8 * h; j < 8 * h + 8; j++) wsc[o][j] = (int8_t)scb[j];
+                if (!half) {
+                    wd[o][0] = rd_f16(W + (size_t)n_out * nb * 208 + 2 * item);
+                    wd[o][1] = 0.0f;
+                }
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sumi[n][e] = 0;
+        const int8_t *xa = xs + (16 * warp + g) * GT_LD + 4 * t;
+#pragma unroll 2
+        for (int ks = 0; ks < 16; ks++) { /* 16 values: one scale per (output, ks) */
+            const uint32_t a0 = *(const uint32_t *)(xa + 16 * ks), a1 = *(const uint32_t *)(xa + 8 * GT_LD + 16 * ks);
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                const uint32_t b0 = *(const uint32_t *)(ws + (8 * n + g) * GT_LD + 16 * ks + 4 * t);
+                int32_t c[4] = {0, 0, 0, 0};
+                mma_s8_16816(c, a0, a1, b0);
+                const int32_t s0 = wsc[8 * n + 2 * t][ks], s1 = wsc[8 * n + 2 * t + 1][ks];
+                sumi[n][0] += s0 * c[0];
+                sumi[n][1] += s1 * c[1];
+                sumi[n][2] += s0 * c[2];
+                sumi[n][3] += s1 * c[3];
+            }
+        }
+        /* f_b and the ordered row totals */
+#pragma unroll
+        for (int e2 = 0; e2 < 2; e2++) {
+            const int64_t r = row0 + 16 * warp + g + 8 * e2;
+            const bool live = r < rows;
+            const float xd = live ? xq.d[r * nb + b] : 0.0f;
+            int32_t bsum[8];
+            if (TYPE != T_Q6_K) {
+                const int16_t *bs = xq.bs + (live ? r * nb + b : 0) * 16;
+#pragma unroll
+                for (int j = 0; j < 8; j++) bsum[j] = (int32_t)bs[2 * j] + (int32_t)bs[2 * j + 1];
+            }
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e1 = 0; e1 < 2; e1++) {
+                    const int o = 8 * n + 2 * t + e1, e = 2 * e2 + e1;
+                    float f;
+                    if (TYPE == T_Q6_K) {
+                        f = (wd[o][0] * xd) * (float)sumi[n][e];
+                    } else {
+                        int32_t summ = 0;
+#pragma unroll
+                        for (int j = 0; j < 8; j++) summ += wm[o][j] * bsum[j];
+                        f = (wd[o][0] * xd) * (float)sumi[n][e] - (wd[o][1] * xd) * (float)summ;
+                    }
+                    total[n][e] = total[n][e] + f;
+                }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int64_t r = row0 + 16 * warp + g + 8 * (e >> 1), o = out0 + 8 * n + 2 * t + (e & 1);
+            if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? total[n][e] * scale : total[n][e];
+        }
+}
+
 /* The other Q8_K types (Q4_0, Q8_0, NVFP4 ggml and native W4A16): a warp
  * per (row, output); lane l computes f_b for blocks b = l mod 32 with the
  * scalar block dots above, then the row total adds them in block order. */
@@ -1578,6 +1746,8 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     return launched("k_mmv_kq", err);
 }
 
+static int gemm_min_rows = -1; /* MUSER_CUDA_GEMM=N: the tensor-core kernel for calls of >= N rows (0: off) */
+
 extern "C" bool mucu_matmul_fast(const mucu_weight *w) {
     return w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split);
 }
@@ -1595,6 +1765,18 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
         if (nb > 0 && !prequantized) {
             k_quantize_q8split<<<grid_for(nb, 4), 128>>>(x, xq, nb);
             if (!launched("k_quantize_q8split", err)) return false;
+        }
+        if (gemm_min_rows < 0) {
+            const char *e = getenv("MUSER_CUDA_GEMM");
+            gemm_min_rows = e && *e ? atoi(e) : 0;
+        }
+        if (gemm_min_rows > 0 && rows >= gemm_min_rows) {
+            const dim3 grid((unsigned)((rows + GT_M - 1) / GT_M), (unsigned)((w->n_out + GT_N - 1) / GT_N));
+            const int nbk = (int)(w->n_in / 256);
+            if (w->type == T_Q4_K) k_gemm_kq<T_Q4_K><<<grid, 128>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);
+            else if (w->type == T_Q5_K) k_gemm_kq<T_Q5_K><<<grid, 128>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);
+            else k_gemm_kq<T_Q6_K><<<grid, 128>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);
+            return launched("k_gemm_kq", err);
         }
         for (int64_t r0 = 0; r0 < rows; r0 += 16)
             if (!launch_mmv(w, xq, r0, (int)(rows - r0 < 16 ? rows - r0 : 16), y, err)) return false;
