@@ -1746,7 +1746,8 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     return launched("k_mmv_kq", err);
 }
 
-static int gemm_min_rows = -1; /* MUSER_CUDA_GEMM=N: the tensor-core kernel for calls of >= N rows (0: off) */
+static int gemm_min_rows = -1; /* MUSER_CUDA_GEMM=N: the tensor-core kernel for calls of >= N rows (default 16;
+                                  0: off, the weight-streaming kernel for every row count) */
 
 extern "C" bool mucu_matmul_fast(const mucu_weight *w) {
     return w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split);
@@ -1768,7 +1769,7 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
         }
         if (gemm_min_rows < 0) {
             const char *e = getenv("MUSER_CUDA_GEMM");
-            gemm_min_rows = e && *e ? atoi(e) : 0;
+            gemm_min_rows = e && *e ? atoi(e) : 16;
         }
         if (gemm_min_rows > 0 && rows >= gemm_min_rows) {
             const dim3 grid((unsigned)((rows + GT_M - 1) / GT_M), (unsigned)((w->n_out + GT_N - 1) / GT_N));
