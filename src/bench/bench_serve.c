@@ -198,8 +198,9 @@ bool bs_spawn_muser(const bs_spawn *sp, bs_server *s, double timeout_s, mu_error
     snprintf(s->name, sizeof s->name, "muser");
     snprintf(s->host, sizeof s->host, "%s", sp->host);
     s->out_fd = -1;
-    char np[16], ctx[16], th[16];
+    char np[16], ctx[16], th[16], pb[16];
     snprintf(np, sizeof np, "%d", sp->n_parallel);
+    snprintf(pb, sizeof pb, "%d", sp->prefill_budget);
     snprintf(ctx, sizeof ctx, "%d", sp->n_ctx_per_slot);
     snprintf(th, sizeof th, "%d", sp->n_threads);
     char *argv[16];
@@ -219,6 +220,10 @@ bool bs_spawn_muser(const bs_spawn *sp, bs_server *s, double timeout_s, mu_error
     if (sp->n_threads > 0) {
         argv[a++] = "-t";
         argv[a++] = th;
+    }
+    if (sp->prefill_budget >= 0) {
+        argv[a++] = "--prefill-budget";
+        argv[a++] = pb;
     }
     argv[a] = NULL;
     int pfd[2];
