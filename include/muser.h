@@ -102,6 +102,9 @@ typedef struct muser_engine_params {
     int64_t n_ctx;              /* context of each session; 0 = the model's training context */
     int64_t n_batch;            /* most rows in one forward; 0 = 512 */
     int64_t prefill_chunk;      /* most rows of one session in one forward; 0 = n_batch */
+    int64_t prefill_budget;     /* most prompt rows in a forward that also carries decode or
+                                 * verification rows (bounds the inter-token latency of generating
+                                 * sessions while others prefill); 0 = no bound beyond n_batch */
 } muser_engine_params;
 
 muser_engine *muser_engine_create(muser_model *m, const muser_engine_params *params, muser_error *err);
@@ -125,7 +128,8 @@ typedef struct muser_step_info {
  * (a decode token or a verification block) contributes all of it, then
  * queued prompts contribute chunks (oldest submission first) up to n_batch
  * rows in all and prefill_chunk per session, so a long prompt never stalls
- * the others. Returns the number of sessions whose input completed (their
+ * the others; when decode rows are present, prompt rows are capped at
+ * prefill_budget. Returns the number of sessions whose input completed (their
  * logits are ready), 0 when nothing was queued, -1 on an engine error. A
  * session whose own rows fail (a non-finite logit) is poisoned and keeps
  * its message in muser_session_error; the others go on. */

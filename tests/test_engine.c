@@ -133,10 +133,11 @@ static void on_complete(live *L, int seq, const solo *ref, int64_t V, const char
     if (L->phase == 2 && L->d == N_DECODE) L->phase = 3;
 }
 
-static void run_batched(muser_model *m, const solo *ref, int64_t V, int64_t n_batch, int64_t chunk, uint64_t seed,
-                        const char *label) {
+static void run_batched(muser_model *m, const solo *ref, int64_t V, int64_t n_batch, int64_t chunk, int64_t budget,
+                        uint64_t seed, const char *label) {
     muser_error err = {{0}};
-    muser_engine_params ep = {.n_seq_max = N_SEQ, .n_ctx = 256, .n_batch = n_batch, .prefill_chunk = chunk};
+    muser_engine_params ep = {.n_seq_max = N_SEQ, .n_ctx = 256, .n_batch = n_batch, .prefill_chunk = chunk,
+                              .prefill_budget = budget};
     muser_engine *e = muser_engine_create(m, &ep, &err);
     CHECK_MSG(e, "%s", err.msg);
     if (!e) return;
@@ -161,6 +162,8 @@ static void run_batched(muser_model *m, const solo *ref, int64_t V, int64_t n_ba
         steps++;
         mixed += info.decode_rows > 0 && info.prefill_rows > 0;
         CHECK(info.rows <= n_batch);
+        /* the budget holds prompt rows beside decode rows */
+        if (budget > 0 && info.decode_rows > 0) CHECK_MSG(info.prefill_rows <= budget, "%s: %lld prompt rows", label, (long long)info.prefill_rows);
         for (int i = 0; i < N_SEQ; i++) {
             if (!L[i].outstanding || muser_session_queued(L[i].s) > 0) continue;
             CHECK_MSG(!muser_session_error(L[i].s)[0], "%s", muser_session_error(L[i].s));
@@ -277,15 +280,15 @@ static void run_type(const char *type) {
     const int64_t V = info.n_vocab;
     solo want[N_SEQ];
     for (int i = 0; i < N_SEQ; i++) run_solo(cpu, i, V, &want[i]);
-    static const int64_t shapes[][2] = {{8, 3}, {24, 7}, {64, 64}}; /* n_batch, prefill_chunk */
+    static const int64_t shapes[][3] = {{8, 3, 0}, {24, 7, 5}, {64, 64, 0}}; /* n_batch, prefill_chunk, budget */
     char label[96];
     for (size_t k = 0; k < 3; k++) {
-        snprintf(label, sizeof label, "%s on cpu, batch %lld chunk %lld", type, (long long)shapes[k][0],
-                 (long long)shapes[k][1]);
-        run_batched(cpu, want, V, shapes[k][0], shapes[k][1], 0x9E3779B97F4A7C15ull * (k + 1), label);
+        snprintf(label, sizeof label, "%s on cpu, batch %lld chunk %lld budget %lld", type, (long long)shapes[k][0],
+                 (long long)shapes[k][1], (long long)shapes[k][2]);
+        run_batched(cpu, want, V, shapes[k][0], shapes[k][1], shapes[k][2], 0x9E3779B97F4A7C15ull * (k + 1), label);
     }
     snprintf(label, sizeof label, "%s on ref, batch 24 chunk 7", type);
-    run_batched(ref, want, V, 24, 7, 0xC2B2AE3D27D4EB4Full, label);
+    run_batched(ref, want, V, 24, 7, 0, 0xC2B2AE3D27D4EB4Full, label);
     test_fork(cpu, want, V);
     for (int i = 0; i < N_SEQ; i++) free(want[i].rows);
     muser_model_free(cpu);

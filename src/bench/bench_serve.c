@@ -193,34 +193,51 @@ static bool spawn(bs_server *s, char *const argv[], int out_fd, mu_error *err) {
     return true;
 }
 
+/* The command line both servers share (llama-server's flag names): -m
+ * FILE --host H --port P -np N -c CTX [-t T]; muser's adds "serve" first and
+ * its --prefill-budget. */
+typedef struct bs_argv {
+    char *argv[24];
+    char np[16], ctx[24], th[16], pb[16];
+} bs_argv;
+
+static void server_args(bs_argv *v, const bs_spawn *sp, bool muser, const char *port, long long ctx) {
+    snprintf(v->np, sizeof v->np, "%d", sp->n_parallel);
+    snprintf(v->ctx, sizeof v->ctx, "%lld", ctx);
+    snprintf(v->th, sizeof v->th, "%d", sp->n_threads);
+    snprintf(v->pb, sizeof v->pb, "%d", sp->prefill_budget);
+    int a = 0;
+    v->argv[a++] = (char *)sp->exe;
+    if (muser) v->argv[a++] = "serve";
+    v->argv[a++] = "-m";
+    v->argv[a++] = (char *)sp->model_path;
+    v->argv[a++] = "--host";
+    v->argv[a++] = (char *)sp->host;
+    v->argv[a++] = "--port";
+    v->argv[a++] = (char *)port;
+    v->argv[a++] = "-np";
+    v->argv[a++] = v->np;
+    v->argv[a++] = "-c";
+    v->argv[a++] = v->ctx;
+    if (sp->n_threads > 0) {
+        v->argv[a++] = "-t";
+        v->argv[a++] = v->th;
+    }
+    if (muser && sp->prefill_budget >= 0) {
+        v->argv[a++] = "--prefill-budget";
+        v->argv[a++] = v->pb;
+    }
+    v->argv[a] = NULL;
+}
+
 bool bs_spawn_muser(const bs_spawn *sp, bs_server *s, double timeout_s, mu_error *err) {
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "muser");
     snprintf(s->host, sizeof s->host, "%s", sp->host);
     s->out_fd = -1;
-    char np[16], ctx[16], th[16];
-    snprintf(np, sizeof np, "%d", sp->n_parallel);
-    snprintf(ctx, sizeof ctx, "%d", sp->n_ctx_per_slot);
-    snprintf(th, sizeof th, "%d", sp->n_threads);
-    char *argv[16];
-    int a = 0;
-    argv[a++] = (char *)sp->exe;
-    argv[a++] = "serve";
-    argv[a++] = "-m";
-    argv[a++] = (char *)sp->model_path;
-    argv[a++] = "--host";
-    argv[a++] = (char *)sp->host;
-    argv[a++] = "--port";
-    argv[a++] = "0";
-    argv[a++] = "-np";
-    argv[a++] = np;
-    argv[a++] = "-c";
-    argv[a++] = ctx;
-    if (sp->n_threads > 0) {
-        argv[a++] = "-t";
-        argv[a++] = th;
-    }
-    argv[a] = NULL;
+    bs_argv v;
+    server_args(&v, sp, true, "0", sp->n_ctx_per_slot);
+    char *const *argv = v.argv;
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC)) {
         snprintf(err->msg, sizeof err->msg, "pipe: %s", strerror(errno));
@@ -293,30 +310,12 @@ bool bs_spawn_llama(const bs_spawn *sp, bs_server *s, double timeout_s, mu_error
         snprintf(err->msg, sizeof err->msg, "no free port on %s", sp->host);
         return false;
     }
-    /* llama-server's -c is the context of all slots together */
-    char port[16], np[16], ctx[24], th[16];
+    char port[16];
     snprintf(port, sizeof port, "%d", s->port);
-    snprintf(np, sizeof np, "%d", sp->n_parallel);
-    snprintf(ctx, sizeof ctx, "%lld", (long long)sp->n_parallel * sp->n_ctx_per_slot);
-    snprintf(th, sizeof th, "%d", sp->n_threads);
-    char *argv[20];
-    int a = 0;
-    argv[a++] = (char *)sp->exe;
-    argv[a++] = "-m";
-    argv[a++] = (char *)sp->model_path;
-    argv[a++] = "--host";
-    argv[a++] = (char *)sp->host;
-    argv[a++] = "--port";
-    argv[a++] = port;
-    argv[a++] = "-np";
-    argv[a++] = np;
-    argv[a++] = "-c";
-    argv[a++] = ctx;
-    if (sp->n_threads > 0) {
-        argv[a++] = "-t";
-        argv[a++] = th;
-    }
-    argv[a] = NULL;
+    bs_argv v;
+    /* llama-server's -c is the context of all slots together */
+    server_args(&v, sp, false, port, (long long)sp->n_parallel * sp->n_ctx_per_slot);
+    char *const *argv = v.argv;
     if (!spawn(s, argv, -1, err)) return false;
     return wait_health(s, timeout_s, err);
 }

@@ -35,6 +35,7 @@ static void usage(FILE *f) {
             "  --warmup N             untimed requests per stream before each level (default 1)\n"
             "  --pause SECONDS        idle before each timed repetition (VMs that throttle sustained load)\n"
             "  -t, --threads N        threads of each server (default: theirs, all cores)\n"
+            "  --prefill-budget N     muser serve's --prefill-budget (default: its own)\n"
             "  --host ADDR            loopback address to serve on (default 127.0.0.1)\n"
             "  --json FILE            write the results as JSON ('-' = stdout)\n"
             "  -q, --quiet            no progress lines\n");
@@ -44,7 +45,7 @@ typedef struct opts {
     const char *model, *llama, *json, *host;
     int32_t *conc;
     int64_t n_conc;
-    int64_t duration, requests, max_tokens, parallel, ctx, reps, warmup, threads;
+    int64_t duration, requests, max_tokens, parallel, ctx, reps, warmup, threads, budget;
     double pause;
     bool chat, quiet, duration_given, logprobs;
 } opts;
@@ -63,6 +64,7 @@ static int parse(int argc, char **argv, opts *o) {
     o->ctx = 1024;
     o->reps = 3;
     o->warmup = 1;
+    o->budget = -1;
     o->host = "127.0.0.1";
     const char *conc = "1,4,8,16", *v = NULL;
     for (int i = 1; i < argc; i++) {
@@ -88,6 +90,8 @@ static int parse(int argc, char **argv, opts *o) {
             ok = cli_value("bench serve", argc, argv, &i, &v) && cli_parse_i64("bench serve", a, v, 0, 100, &o->warmup);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
             ok = cli_value("bench serve", argc, argv, &i, &v) && cli_parse_i64("bench serve", a, v, 1, 1024, &o->threads);
+        else if (!strcmp(a, "--prefill-budget"))
+            ok = cli_value("bench serve", argc, argv, &i, &v) && cli_parse_i64("bench serve", a, v, 0, 65536, &o->budget);
         else if (!strcmp(a, "--pause")) {
             float secs = 0;
             ok = cli_value("bench serve", argc, argv, &i, &v) && cli_parse_f32("bench serve", a, v, &secs);
@@ -191,6 +195,7 @@ static bool write_json(const opts *o, const char *const *names, int n_srv, level
     fprintf(f, "  \"reps\": %lld,\n  \"warmup\": %lld,\n  \"threads\": %lld,\n  \"parallel\": %lld,\n  \"ctx_per_slot\": %lld,\n",
             (long long)o->reps, (long long)o->warmup, (long long)o->threads, (long long)o->parallel, (long long)o->ctx);
     fprintf(f, "  \"logprobs\": %s,\n", o->logprobs ? "true" : "false");
+    fprintf(f, "  \"prefill_budget\": %lld,\n", (long long)o->budget);
     fprintf(f, "  \"pause_s\": %.3f,\n  \"llama_server\": ", o->pause);
     if (o->llama) cli_json_str(f, o->llama);
     else fprintf(f, "null");
@@ -275,7 +280,8 @@ int cmd_bench_serve(int argc, char **argv) {
     memset(srv, 0, sizeof srv);
     for (int s = 0; s < 2; s++) srv[s].out_fd = -1;
     bs_spawn sp = {.model_path = o.model, .host = o.host, .n_parallel = (int)o.parallel,
-                   .n_ctx_per_slot = (int)o.ctx, .n_threads = (int)o.threads};
+                   .n_ctx_per_slot = (int)o.ctx, .n_threads = (int)o.threads,
+                   .prefill_budget = (int)o.budget};
     mu_error err = {{0}};
     sp.exe = self;
     if (!o.quiet) fprintf(stderr, "[bench serve] starting muser serve (%lld slots of %lld tokens)\n", (long long)o.parallel, (long long)o.ctx);

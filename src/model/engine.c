@@ -23,6 +23,7 @@ struct muser_engine {
     muser_model *model;
     mu_backend *be;
     int64_t n_ctx, n_batch, chunk;
+    int64_t prefill_budget;     /* prompt rows beside decode rows; 0 = unbounded */
     int32_t n_seq_max;
     muser_session **seqs;       /* [n_seq_max], NULL = free */
     mu_kv_cache **kvs;          /* [n_seq_max]: the forward's view of seqs[i]->kv */
@@ -95,6 +96,11 @@ muser_engine *muser_engine_create(muser_model *mm, const muser_engine_params *pa
                    (long long)n_batch);
         return NULL;
     }
+    if (p.prefill_budget < 0 || p.prefill_budget > n_batch) {
+        mu_err_set(ERR(err), "engine: prefill_budget %lld out of range [0, n_batch %lld]", (long long)p.prefill_budget,
+                   (long long)n_batch);
+        return NULL;
+    }
     int64_t chunk = p.prefill_chunk > 0 ? p.prefill_chunk : n_batch;
     if (chunk > n_ctx) chunk = n_ctx;
     muser_engine *e = mu_xcalloc(1, sizeof *e);
@@ -103,6 +109,7 @@ muser_engine *muser_engine_create(muser_model *mm, const muser_engine_params *pa
     e->n_ctx = n_ctx;
     e->n_seq_max = n_seq;
     e->chunk = chunk;
+    e->prefill_budget = p.prefill_budget;
     /* room for a decode or verification block of every session at once */
     if (n_batch < chunk) n_batch = chunk;
     e->n_batch = n_batch;
@@ -502,6 +509,11 @@ int32_t muser_engine_step(muser_engine *e, muser_step_info *info, muser_error *e
             if (small != (pass == 0)) continue;
             int64_t n = left < e->chunk ? left : e->chunk;
             if (n > e->n_batch - rows) n = e->n_batch - rows;
+            /* a prompt chunk beside generating sessions delays each of their next tokens by its
+             * cost: keep it within the budget (the rest goes to later steps) */
+            if (!small && info->decode_rows > 0 && e->prefill_budget > 0 &&
+                n > e->prefill_budget - info->prefill_rows)
+                n = e->prefill_budget - info->prefill_rows;
             const bool all = s->q_all_out != NULL;
             if (all && n > e->n_logits - n_logit_rows) n = e->n_logits - n_logit_rows;
             const bool completes = n == left;

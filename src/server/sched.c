@@ -421,8 +421,9 @@ srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *params, muse
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.prefill_chunk <= 0) p.prefill_chunk = 256;
     if (p.prefill_chunk > p.n_batch) p.prefill_chunk = p.n_batch;
+    if (p.prefill_budget < 0 || p.prefill_budget > p.n_batch) p.prefill_budget = p.n_batch;
     muser_engine_params ep = {.n_seq_max = p.n_slots, .n_ctx = p.n_ctx, .n_batch = p.n_batch,
-                              .prefill_chunk = p.prefill_chunk};
+                              .prefill_chunk = p.prefill_chunk, .prefill_budget = p.prefill_budget};
     muser_engine *e = muser_engine_create(m, &ep, err);
     if (!e) return NULL;
     srv_sched *s = mu_xcalloc(1, sizeof *s);

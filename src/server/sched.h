@@ -35,6 +35,7 @@ typedef struct srv_sched_params {
     int64_t n_ctx;              /* context of each slot; 0 = the model's training context */
     int64_t n_batch;            /* most rows in one forward; 0 = 512 */
     int64_t prefill_chunk;      /* most prompt rows of one slot per forward; 0 = 256 */
+    int64_t prefill_budget;     /* most prompt rows in a forward with decode rows; 0 = unbounded */
     int32_t max_queue;          /* jobs waiting for a slot beyond which submit refuses; 0 = 64 */
     const muser_draft *draft;   /* DFlash assistant (may be NULL): a job running alone speculates */
     int verify_len;             /* its proposals per round: 3, 7 or 15; 0 = 7 */

@@ -29,6 +29,7 @@ typedef struct srv_params {
     int32_t n_parallel;         /* slots (default 4) */
     int64_t n_ctx;              /* per slot (default: the model's training context) */
     int64_t n_batch;            /* rows per forward (default 512) */
+    int64_t prefill_budget;     /* prompt rows beside decode rows per forward; -1 = by backend */
     int32_t max_queue;          /* waiting jobs before 429 (default 64) */
     size_t max_body;            /* bytes of a request body before 413 (default 8 MiB) */
     muser_backend_kind backend;

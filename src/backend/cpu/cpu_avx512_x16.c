@@ -253,23 +253,5 @@ void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const 
         }
 }
 
-/* The 16 GGUF blocks of an X16 group block (mu_cpu_unpack_ref's result)
- * by 16x16 dword transposes; block r goes to out + r * stride. */
-void mu_cpu_avx512_x16_unpack(const uint8_t *grp, uint64_t bb, uint8_t *out, uint64_t stride) {
-    const int nd = (int)(bb / 4), rem = (int)(bb % 4);
-    int k0 = 0;
-    for (; k0 + 16 <= nd; k0 += 16) {
-        __m512i r[16];
-        for (int j = 0; j < 16; j++) r[j] = load_dw(grp, k0 + j);
-        transpose16_epi32(r);
-        for (int i = 0; i < 16; i++) _mm512_storeu_si512(out + (uint64_t)i * stride + 4 * k0, r[i]);
-    }
-    for (int i = 0; i < 16; i++) {
-        uint8_t *dst = out + (uint64_t)i * stride;
-        for (int k = k0; k < nd; k++) memcpy(dst + 4 * k, grp + 64 * k + 4 * i, 4);
-        for (int e = 0; e < rem; e++) dst[4 * nd + e] = grp[64 * nd + rem * i + e];
-    }
-}
-
 #pragma GCC pop_options
 #endif
