@@ -251,12 +251,13 @@ static void run_type_cuda(const char *type) {
         const int64_t V = info.n_vocab;
         solo want[N_SEQ];
         for (int i = 0; i < N_SEQ; i++) run_solo(cpu, i, V, &want[i]);
-        static const int64_t shapes[][2] = {{8, 3}, {24, 7}, {64, 64}};
+        static const int64_t shapes[][3] = {{8, 3, 0}, {24, 7, 5}, {64, 64, 0}}; /* n_batch, chunk, budget */
         char label[96];
         for (size_t k = 0; k < 3; k++) {
-            snprintf(label, sizeof label, "%s on cuda, batch %lld chunk %lld", type, (long long)shapes[k][0],
-                     (long long)shapes[k][1]);
-            run_batched(cu, want, V, shapes[k][0], shapes[k][1], 0x9E3779B97F4A7C15ull * (k + 1), label);
+            snprintf(label, sizeof label, "%s on cuda, batch %lld chunk %lld budget %lld", type,
+                     (long long)shapes[k][0], (long long)shapes[k][1], (long long)shapes[k][2]);
+            run_batched(cu, want, V, shapes[k][0], shapes[k][1], shapes[k][2], 0x9E3779B97F4A7C15ull * (k + 1),
+                        label);
         }
         for (int i = 0; i < N_SEQ; i++) free(want[i].rows);
     }
