@@ -18,6 +18,7 @@ int cmd_bench_serve(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_speculate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_kvpack(int argc, char **argv);
 /* The model to use: *model if set, else $MUSER_MODEL, else the shipped default
  * of this build; false with a message when there is none. */
 const char *cli_default_draft(void);
