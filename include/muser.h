@@ -478,8 +478,20 @@ bool muser_kvstore_restore(muser_kvstore *st, const char *id, muser_session *s, 
  * restored prefix's length. */
 int64_t muser_kvstore_prefill(muser_kvstore *st, muser_session *s, const int32_t *tokens, int64_t n, int64_t *reused,
                               muser_error *err);
-/* Bytes and count of the packs read by the last restore of this store. */
+/* Bytes of the pack read by the last restore of this store. */
 uint64_t muser_kvstore_bytes_read(const muser_kvstore *st);
+/* A restore polls *flag (NULL: none) between sections and, once it is
+ * non-zero, stops with "restore cancelled": the session stays as it was. */
+void muser_kvstore_set_cancel(muser_kvstore *st, const volatile int *flag);
+
+/* A pack as a named file DIR/name (llama.cpp's slot files): the same
+ * format and checks; saving replaces an existing file of that name
+ * atomically (rename), one writer at a time. name is a plain file name.
+ * *bytes (may be NULL) gets the bytes written or read. */
+bool muser_kvpack_save_file(muser_session *s, const muser_sampler *smp, const char *dir, const char *name,
+                            const char *key_file, uint64_t *bytes, muser_error *err);
+bool muser_kvpack_restore_file(muser_session *s, muser_sampler *smp, const char *dir, const char *name,
+                               const char *key_file, uint64_t *bytes, muser_error *err);
 
 typedef struct muser_kvpack_info {
     uint64_t file_bytes, n_tokens;

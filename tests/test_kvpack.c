@@ -275,6 +275,27 @@ static void test_refusals(muser_model *m, muser_model *foreign, const char *dir,
         }
     }
     printf("byte flips refused: %d of %zu bytes\n", tried, n);
+    /* a cancelled restore of a good pack: refused, the live session untouched */
+    {
+        static volatile int stop = 1;
+        muser_kvstore_set_cancel(st, &stop);
+        CHECK(!muser_kvstore_restore(st, id, live, NULL, &err) && strstr(err.msg, "cancelled"));
+        muser_kvstore_set_cancel(st, NULL);
+        CHECK_EQ_INT(muser_session_pos(live), 40);
+    }
+    /* the in-memory snapshot keeps the logits row and the token record now */
+    {
+        muser_snapshot *snap = muser_session_snapshot(live);
+        CHECK(snap != NULL);
+        muser_session *other = session(m, 512, 64);
+        feed_range(other, 0, 7, 7);
+        CHECK_MSG(muser_session_restore(other, snap, &err), "%s", err.msg);
+        CHECK(muser_session_logits(other) && same_row(muser_session_logits(other), ref + 39 * V));
+        char sid[65];
+        CHECK_MSG(muser_kvstore_save(st, other, NULL, sid, NULL, &err), "a restored snapshot is packable: %s", err.msg);
+        muser_snapshot_free(snap);
+        muser_session_free(other);
+    }
     /* the live session goes on exactly */
     {
         int32_t t = tok(40);

@@ -20,6 +20,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* Packs are little-endian and KV rows go to disk as they lie in memory. */
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kvpack writes f16 rows in host order: little-endian hosts only"
+#endif
+
 /* ------------------------------------------------------------------ bytes */
 
 static void put_u32(unsigned char *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }

@@ -28,6 +28,7 @@ struct muser_kvstore {
     const unsigned char *ident;
     size_t ident_len;
     uint64_t bytes_read;
+    const volatile int *cancel; /* polled between sections of a restore */
 };
 
 static bool ensure_key(muser_kvstore *st, bool create, mu_error *err) {
@@ -74,6 +75,7 @@ void muser_kvstore_close(muser_kvstore *st) {
 }
 
 uint64_t muser_kvstore_bytes_read(const muser_kvstore *st) { return st->bytes_read; }
+void muser_kvstore_set_cancel(muser_kvstore *st, const volatile int *flag) { st->cancel = flag; }
 
 /* ------------------------------------------------------------------ prefix chain */
 
@@ -137,6 +139,64 @@ static bool fsync_dir(const char *dir, mu_error *err) {
     return ok;
 }
 
+/* Publish the session's pack at final: lock, temporary file in the same
+ * directory, fsync, then link (replace false: an existing pack is never
+ * replaced) or rename (replace true: a named slot file is replaced whole),
+ * fsync of the directory. The session is locked by the caller. */
+static bool publish(muser_kvstore *st, muser_session *s, const muser_sampler *smp, const char *final,
+                    const char *lockp, const char *tmp, bool replace, bool *existed, uint64_t *bytes_out,
+                    mu_error *e) {
+    if (!replace && access(final, F_OK) == 0) {
+        if (existed) *existed = true;
+        return true;
+    }
+    int lk = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lk < 0) {
+        mu_err_set(e, "kvstore save %s: cannot open the lock file: %s", lockp, strerror(errno));
+        return false;
+    }
+    if (flock(lk, LOCK_EX | LOCK_NB) != 0) {
+        close(lk);
+        mu_err_set(e, "kvstore save: another writer holds %s; refusing to write %s concurrently", lockp, final);
+        return false;
+    }
+    bool ok = false;
+    int fd = -1;
+    if (!replace && access(final, F_OK) == 0) { /* the other writer finished between our two looks */
+        if (existed) *existed = true;
+        ok = true;
+        goto out;
+    }
+    unlink(tmp); /* a dead writer of this pid's name: we hold the lock */
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        mu_err_set(e, "kvstore save %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    uint64_t bytes = 0;
+    if (!kvp_write(fd, s, smp, st->ident, st->ident_len, st->key, &bytes, e)) goto out;
+    if (kvp_test_kill_due(bytes)) raise(SIGKILL);
+    if (fsync(fd) != 0) {
+        mu_err_set(e, "kvstore save %s: fsync: %s", tmp, strerror(errno));
+        goto out;
+    }
+    if (kvp_test_kill_due(bytes + 1)) raise(SIGKILL);
+    if (replace ? rename(tmp, final) != 0 : link(tmp, final) != 0) {
+        mu_err_set(e, "kvstore save %s: publishing failed: %s", final, strerror(errno));
+        goto out;
+    }
+    if (kvp_test_kill_due(bytes + 2)) raise(SIGKILL);
+    if (!replace) unlink(tmp);
+    ok = fsync_dir(st->dir, e);
+    if (ok && bytes_out) *bytes_out = bytes;
+out:
+    if (fd >= 0) close(fd);
+    if (!ok) unlink(tmp);
+    unlink(lockp); /* before the unlock: a writer that opened it re-checks for the pack */
+    close(lk);
+    return ok;
+}
+
 bool muser_kvstore_save(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65], bool *existed,
                         muser_error *err) {
     mu_error *e = ERR(err);
@@ -163,58 +223,8 @@ bool muser_kvstore_save(muser_kvstore *st, muser_session *s, const muser_sampler
     pack_path(st, id, final, sizeof final);
     snprintf(lockp, sizeof lockp, "%s/%s.lock", st->dir, id);
     snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%d", st->dir, id, (int)getpid());
-    if (access(final, F_OK) == 0) {
-        mu_session_unlock(s);
-        if (existed) *existed = true;
-        return true;
-    }
-    int lk = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lk < 0) {
-        mu_session_unlock(s);
-        mu_err_set(e, "kvstore save %s: cannot open the lock file: %s", lockp, strerror(errno));
-        return false;
-    }
-    if (flock(lk, LOCK_EX | LOCK_NB) != 0) {
-        mu_session_unlock(s);
-        close(lk);
-        mu_err_set(e, "kvstore save: another writer holds %s (pack %s); refusing to write it concurrently", lockp, id);
-        return false;
-    }
-    bool ok = false;
-    int fd = -1;
-    if (access(final, F_OK) == 0) { /* the other writer finished while we waited for nothing */
-        if (existed) *existed = true;
-        ok = true;
-        goto out;
-    }
-    unlink(tmp); /* a dead writer of this pid's name: we hold the lock */
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        mu_err_set(e, "kvstore save %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    uint64_t bytes = 0;
-    if (!kvp_write(fd, s, smp, st->ident, st->ident_len, st->key, &bytes, e)) goto out;
-    if (kvp_test_kill_due(bytes)) raise(SIGKILL);
-    if (fsync(fd) != 0) {
-        mu_err_set(e, "kvstore save %s: fsync: %s", tmp, strerror(errno));
-        goto out;
-    }
-    if (kvp_test_kill_due(bytes + 1)) raise(SIGKILL);
-    /* link, not rename: an existing pack is never replaced */
-    if (link(tmp, final) != 0) {
-        mu_err_set(e, "kvstore save %s: publishing failed: %s", final, strerror(errno));
-        goto out;
-    }
-    if (kvp_test_kill_due(bytes + 2)) raise(SIGKILL);
-    unlink(tmp);
-    ok = fsync_dir(st->dir, e);
-out:
+    bool ok = publish(st, s, smp, final, lockp, tmp, false, existed, NULL, e);
     mu_session_unlock(s);
-    if (fd >= 0) close(fd);
-    if (!ok) unlink(tmp);
-    unlink(lockp); /* before the unlock: a writer that opened it re-checks for the pack */
-    close(lk);
     return ok;
 }
 
@@ -302,7 +312,7 @@ static bool restore_path(muser_kvstore *st, const char *path, const char *id, mu
     if (!ok) return false;
     kvp_sink sink = {&r, rs_tokens, rs_kv, rs_logits, rs_sampler};
     kvp_info info;
-    ok = kvp_read(path, st->key, st->ident, st->ident_len, &sink, NULL, &info, err);
+    ok = kvp_read(path, st->key, st->ident, st->ident_len, &sink, st->cancel, &info, err);
     if (ok && id) { /* the name is the chain of the tokens: a renamed pack is refused */
         unsigned char(*chain)[32] = mu_xmalloc((size_t)((r.n + KVP_CHUNK - 1) / KVP_CHUNK) * 32);
         int64_t blocks = prefix_chain(st, r.tokens, r.n, chain);
@@ -390,6 +400,52 @@ int64_t muser_kvstore_prefill(muser_kvstore *st, muser_session *s, const int32_t
     }
     if (!muser_kvstore_save(st, s, NULL, id, &existed, err)) return -1;
     return n - k;
+}
+
+/* ------------------------------------------------------------------ single files */
+
+/* A plain file name inside dir: no path separators, no leading dot (the
+ * store's own files), not the key. */
+static bool plain_name(const char *name, mu_error *err) {
+    if (!name || !*name || strchr(name, '/') || name[0] == '.' || strlen(name) > 255 || !strcmp(name, "kvpack.key")) {
+        mu_err_set(err, "file name '%s' must be a plain name (no '/', no leading '.', not kvpack.key)", name ? name : "");
+        return false;
+    }
+    return true;
+}
+
+bool muser_kvpack_save_file(muser_session *s, const muser_sampler *smp, const char *dir, const char *name,
+                            const char *key_file, uint64_t *bytes, muser_error *err) {
+    mu_error *e = ERR(err);
+    if (!plain_name(name, e)) return false;
+    muser_kvstore *st = muser_kvstore_open(muser_session_model(s), dir, key_file, err);
+    if (!st) return false;
+    bool ok = ensure_key(st, true, e);
+    if (ok) {
+        char final[4400], lockp[4400], tmp[4500];
+        snprintf(final, sizeof final, "%s/%s", dir, name);
+        snprintf(lockp, sizeof lockp, "%s/.lock-%s", dir, name);
+        snprintf(tmp, sizeof tmp, "%s/.tmpf-%s-%d", dir, name, (int)getpid());
+        mu_session_lock(s);
+        ok = publish(st, s, smp, final, lockp, tmp, true, NULL, bytes, e);
+        mu_session_unlock(s);
+    }
+    muser_kvstore_close(st);
+    return ok;
+}
+
+bool muser_kvpack_restore_file(muser_session *s, muser_sampler *smp, const char *dir, const char *name,
+                               const char *key_file, uint64_t *bytes, muser_error *err) {
+    mu_error *e = ERR(err);
+    if (!plain_name(name, e)) return false;
+    muser_kvstore *st = muser_kvstore_open(muser_session_model(s), dir, key_file, err);
+    if (!st) return false;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    bool ok = restore_path(st, path, NULL, s, smp, e);
+    if (ok && bytes) *bytes = st->bytes_read;
+    muser_kvstore_close(st);
+    return ok;
 }
 
 /* ------------------------------------------------------------------ verify */
