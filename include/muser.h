@@ -452,7 +452,8 @@ void muser_spec_reset_stats(muser_spec *sp);
  * $MUSER_KVPACK_KEY, else DIR/kvpack.key, made (0600) on the first save. */
 typedef struct muser_kvstore muser_kvstore;
 
-/* Open (creating the directory, mode 0700, if it is missing) a store of
+/* A store handle belongs to one thread at a time (any number of handles,
+ * in any number of processes, may share a directory). Open (creating the directory, mode 0700, if it is missing) a store of
  * packs for model m; hashes the model file once per load (cached in
  * DIR/models/ by path, inode, size, mtime and ctime). */
 muser_kvstore *muser_kvstore_open(muser_model *m, const char *dir, const char *key_file, muser_error *err);

@@ -260,7 +260,11 @@ static void test_refusals(muser_model *m, muser_model *foreign, const char *dir,
     int tried = 0;
     for (size_t i = 0; i < n; i++) {
         bool structure = i < KVP_HEADER_BYTES || i >= n - KVP_SEAL_BYTES;
-        for (int k = 0; k < ns && !structure; k++) structure = i >= at[k] && i < at[k] + KVP_SECTION_BYTES + (k == 0 ? 300 : 0);
+        /* every section: its header, the first 16 payload bytes (the whole identity), the last 16 */
+        for (int k = 0; k < ns && !structure; k++) {
+            const size_t end = k + 1 < ns ? at[k + 1] : n - KVP_SEAL_BYTES;
+            structure = (i >= at[k] && i < at[k] + KVP_SECTION_BYTES + (k == 0 ? 300 : 16)) || (i < end && i + 16 >= end);
+        }
         if (!structure && tu_rng_next(&rng) % 211) continue;
         unsigned char save = orig[i];
         orig[i] ^= (unsigned char)(1 + tu_rng_next(&rng) % 255);

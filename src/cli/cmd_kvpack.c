@@ -18,7 +18,7 @@ typedef struct kv_opts {
     int32_t *tokens;
     int64_t n_tokens, ctx, chunk, threads, n_predict;
     uint64_t max_bytes;
-    bool have_max, json;
+    bool have_max;
     float temp;
     uint64_t seed;
     const char *args[64];
@@ -65,7 +65,6 @@ static int parse(int argc, char **argv, kv_opts *o) {
         else if (!strcmp(a, "--key")) ok = cli_value("kvpack", argc, argv, &i, &o->key);
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) ok = cli_value("kvpack", argc, argv, &i, &o->prompt);
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) ok = cli_value("kvpack", argc, argv, &i, &o->prompt_file);
-        else if (!strcmp(a, "--json")) o->json = true;
         else if (!strcmp(a, "--tokens"))
             ok = cli_value("kvpack", argc, argv, &i, &v) && cli_parse_ids("kvpack", v, &o->tokens, &o->n_tokens);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
