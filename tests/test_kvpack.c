@@ -234,10 +234,26 @@ static void test_refusals(muser_model *m, muser_model *foreign, const char *dir,
     spp.seed = 5;
     muser_sampler *smp = muser_sampler_create(m, &spp, &err);
     CHECK_MSG(smp, "%s", err.msg);
-    int32_t t0 = tok(0);
-    muser_sampler_accept(smp, t0, &err);
+    for (int i = 0; i < 3; i++) { /* move the sampler's streams on: its state is not the seed's */
+        int32_t x = muser_sampler_sample(smp, muser_session_logits(a), &err);
+        CHECK_MSG(x >= 0 && muser_sampler_accept(smp, x, &err), "%s", err.msg);
+    }
     char id[65], path[4200], copy[4200];
     CHECK_MSG(muser_kvstore_save(st, a, smp, id, NULL, &err), "%s", err.msg);
+    { /* a fresh sampler given the pack's state draws what the saved one draws next */
+        muser_sampler *smp2 = muser_sampler_create(m, &spp, &err);
+        muser_session *b = session(m, 1024, 16);
+        CHECK_MSG(muser_kvstore_restore(st, id, b, smp2, &err), "%s", err.msg);
+        for (int i = 0; i < 8; i++) {
+            int32_t x = muser_sampler_sample(smp, muser_session_logits(a), &err);
+            int32_t y = muser_sampler_sample(smp2, muser_session_logits(b), &err);
+            CHECK_EQ_INT(x, y);
+            if (x < 0 || x != y) break;
+            CHECK(muser_sampler_accept(smp, x, &err) && muser_sampler_accept(smp2, y, &err));
+        }
+        muser_sampler_free(smp2);
+        muser_session_free(b);
+    }
     snprintf(path, sizeof path, "%s/%s.kvpack", dir, id);
     snprintf(copy, sizeof copy, "%s/copy.kvpack", dir);
     muser_kvpack_info info;

@@ -299,8 +299,8 @@ static bool rs_sampler(void *ctx, const void *p, size_t n, mu_error *err) {
     return true;
 }
 
-/* Restore the pack at path into s; want_tokens (may be NULL) must equal
- * the pack's tokens. */
+/* Restore the pack at path into s; with id (a store's pack), the chain of
+ * the pack's tokens must be its name. */
 static bool restore_path(muser_kvstore *st, const char *path, const char *id, muser_session *s, muser_sampler *smp,
                          mu_error *err) {
     if (!ensure_key(st, false, err)) return false;
@@ -324,14 +324,14 @@ static bool restore_path(muser_kvstore *st, const char *path, const char *id, mu
             ok = false;
         }
     }
-    if (ok && smp && r.sampler_state && !muser_sampler_state_load(smp, r.sampler_state, r.sampler_len, (muser_error *)err)) {
-        mu_err_prefix(err, "%s: sampler", path);
-        ok = false;
-    }
-    if (ok) {
+    if (ok) { /* the sampler last but one and the swap last: nothing changes unless everything can */
         mu_session_lock(s);
         if (mu_session_busy(s)) {
             mu_err_set(err, "kvpack restore: the session has queued input");
+            ok = false;
+        } else if (smp && r.sampler_state &&
+                   !muser_sampler_state_load(smp, r.sampler_state, r.sampler_len, (muser_error *)err)) {
+            mu_err_prefix(err, "%s: sampler", path);
             ok = false;
         } else {
             mu_session_install(s, &r.staged, r.tokens, r.n, r.logits);
