@@ -540,7 +540,7 @@ bool muser_kvstore_gc(const char *dir, uint64_t max_bytes, muser_kvstore_gc_stat
         n++;
     }
     closedir(d);
-    qsort(ent, n, sizeof *ent, by_atime);
+    if (n) qsort(ent, n, sizeof *ent, by_atime);
     g.packs = (int64_t)n;
     g.bytes_after = g.bytes_before;
     for (size_t i = 0; i < n && g.bytes_after > max_bytes; i++) {
