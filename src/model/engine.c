@@ -368,7 +368,7 @@ static bool check_finite(muser_session *s, const float *rows, int64_t n, int64_t
 
 /* Record tokens fed at pos0 (only while the record is complete). */
 static void hist_append(muser_session *s, int64_t pos0, const int32_t *t, int64_t n) {
-    if (s->n_hist != pos0) return;
+    if (s->n_hist != pos0 || n <= 0) return;
     if (s->n_hist + n > s->hist_cap) {
         s->hist_cap = (s->n_hist + n) * 2 + 64;
         s->hist = mu_xrealloc(s->hist, (size_t)s->hist_cap * sizeof *s->hist);
@@ -658,7 +658,7 @@ muser_snapshot *muser_session_snapshot(const muser_session *s) {
     }
     snap->n_hist = s->n_hist;
     snap->hist = malloc((size_t)(s->n_hist ? s->n_hist : 1) * sizeof *snap->hist);
-    if (snap->hist) memcpy(snap->hist, s->hist, (size_t)s->n_hist * sizeof *snap->hist);
+    if (snap->hist && s->n_hist) memcpy(snap->hist, s->hist, (size_t)s->n_hist * sizeof *snap->hist);
     const bool complete = snap->kv && snap->hist && (!s->has_logits || snap->logits);
     unlock(s->e);
     if (!complete) {
