@@ -191,7 +191,10 @@ bool muser_session_checkpoint(muser_session *s, muser_error *err);
 bool muser_session_rollback(muser_session *s, int64_t pos, muser_error *err);
 void muser_session_commit(muser_session *s);
 
-/* Full snapshots of KV and position (restore onto a session of the same model and n_ctx). */
+/* Full in-memory snapshots of KV, position, tokens and the last logits
+ * row (restore onto a session of the same engine geometry; the restored
+ * session has the logits row again, so it can draw without re-feeding).
+ * For durable, verified packs that restore anywhere, see kvpack below. */
 muser_snapshot *muser_session_snapshot(const muser_session *s);
 bool muser_session_restore(muser_session *s, const muser_snapshot *snap, muser_error *err);
 void muser_snapshot_free(muser_snapshot *snap);
@@ -432,6 +435,92 @@ int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max
                     const float **rows, muser_error *err);
 void muser_spec_get_stats(const muser_spec *sp, muser_spec_stats *st);
 void muser_spec_reset_stats(muser_spec *sp);
+
+/* ---------------- kvpack: durable KV packs (docs/kvpack.md) ----------------
+ * A pack is a session's whole state at a position - its tokens, the KV
+ * every later position can read (full planes whole, sliding rings as the
+ * window's logical tail), the last logits row and optionally a sampler's
+ * state - bound to the model's identity (file, tokenizer, template,
+ * weight types, geometry, numerics ABI), SHA-256 per section and over the
+ * header, and sealed with HMAC-SHA256 under a 32-byte key file of mode
+ * 0600. Restoring checks every byte into a detached KV generation and
+ * swaps it in only when all of it checked out: a refused restore leaves
+ * the session as it was. A pack restores into any session of an engine
+ * whose context holds its tokens; generation then continues with logits
+ * bit-identical to a run that never stopped.
+ *
+ * A store is a directory of packs named by a keyed hash of identity and
+ * tokens (so the names are the on-disk prefix index), published crash
+ * safe (temporary file, fsync, link, fsync of the directory), immutable,
+ * one writer per pack at a time. Key file: key_file, else
+ * $MUSER_KVPACK_KEY, else DIR/kvpack.key, made (0600) on the first save. */
+typedef struct muser_kvstore muser_kvstore;
+
+/* A store handle belongs to one thread at a time (any number of handles,
+ * in any number of processes, may share a directory). Open (creating the directory, mode 0700, if it is missing) a store of
+ * packs for model m; hashes the model file once per load (cached in
+ * DIR/models/ by path, inode, size, mtime and ctime). */
+muser_kvstore *muser_kvstore_open(muser_model *m, const char *dir, const char *key_file, muser_error *err);
+void muser_kvstore_close(muser_kvstore *st);
+
+/* Store the session's pack (smp: its sampler's state too, or NULL). id
+ * gets the pack's name (64 hex digits); *existed (may be NULL) says it was
+ * already there (packs are immutable: nothing is written). Fails closed
+ * when another writer is storing the same pack. The session needs its
+ * last logits row and the tokens of every position (rows it was fed). */
+bool muser_kvstore_save(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65], bool *existed,
+                        muser_error *err);
+/* Longest prefix of tokens[0..n) with a pack: n (an exact hit), or the
+ * largest multiple of 256 below n, or 0; id gets its name. */
+int64_t muser_kvstore_lookup(muser_kvstore *st, const int32_t *tokens, int64_t n, char id[65]);
+/* Restore pack id into s (smp: load the pack's sampler state when it has
+ * one). On failure s is untouched and err names what was refused. */
+bool muser_kvstore_restore(muser_kvstore *st, const char *id, muser_session *s, muser_sampler *smp, muser_error *err);
+/* Prompt cache: make s hold tokens[0..n) with its logits, restoring the
+ * longest stored prefix and feeding only the rest; stores the packs at
+ * the last multiple of 256 and at n for later prompts. Returns the tokens
+ * fed (0 on an exact hit), -1 with err; *reused (may be NULL) gets the
+ * restored prefix's length. */
+int64_t muser_kvstore_prefill(muser_kvstore *st, muser_session *s, const int32_t *tokens, int64_t n, int64_t *reused,
+                              muser_error *err);
+/* Bytes of the pack read by the last restore of this store. */
+uint64_t muser_kvstore_bytes_read(const muser_kvstore *st);
+/* A restore polls *flag (NULL: none) between sections and, once it is
+ * non-zero, stops with "restore cancelled": the session stays as it was. */
+void muser_kvstore_set_cancel(muser_kvstore *st, const volatile int *flag);
+
+/* A pack as a named file DIR/name (llama.cpp's slot files): the same
+ * format and checks; saving replaces an existing file of that name
+ * atomically (rename), one writer at a time. name is a plain file name.
+ * *bytes (may be NULL) gets the bytes written or read. */
+bool muser_kvpack_save_file(muser_session *s, const muser_sampler *smp, const char *dir, const char *name,
+                            const char *key_file, uint64_t *bytes, muser_error *err);
+bool muser_kvpack_restore_file(muser_session *s, muser_sampler *smp, const char *dir, const char *name,
+                               const char *key_file, uint64_t *bytes, muser_error *err);
+
+typedef struct muser_kvpack_info {
+    uint64_t file_bytes, n_tokens;
+    bool has_sampler;
+    char model_sha256[65], tokenizer_sha256[65], chat_template_sha256[65];
+    char lane[17];
+    int64_t n_layer, n_head_kv, head_dim, n_vocab, sliding_window;
+    uint32_t numerics_abi;
+} muser_kvpack_info;
+
+/* Check every byte of the pack at path against the key (key_file as for
+ * a store, DIR being the pack's directory) and, with m, its identity.
+ * Never writes. info (may be NULL) gets its summary. */
+bool muser_kvpack_verify(const char *path, const char *key_file, muser_model *m, muser_kvpack_info *info,
+                         muser_error *err);
+
+typedef struct muser_kvstore_gc_stats {
+    int64_t packs, removed, temp_removed;
+    uint64_t bytes_before, bytes_after;
+} muser_kvstore_gc_stats;
+/* Evict least recently used packs (restores refresh a pack's access
+ * time) until the store holds at most max_bytes of packs, and remove
+ * temporary files of writers that died. */
+bool muser_kvstore_gc(const char *dir, uint64_t max_bytes, muser_kvstore_gc_stats *st, muser_error *err);
 
 #ifdef __cplusplus
 }

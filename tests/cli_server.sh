@@ -29,7 +29,8 @@ fi
 
 PORT=$(node -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
 LOG="$T/server.log"
-"$M" serve --host 127.0.0.1 --port "$PORT" --parallel 4 >"$LOG" 2>&1 &
+mkdir -p "$T/slots"
+"$M" serve --host 127.0.0.1 --port "$PORT" --parallel 4 --slot-save-path "$T/slots" >"$LOG" 2>&1 &
 SRV=$!
 URL="http://127.0.0.1:$PORT"
 up=0

@@ -15,9 +15,12 @@ int cmd_chat_template(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 /* muser bench serve (cmd_bench_serve.c), reached through cmd_bench. */
 int cmd_bench_serve(int argc, char **argv);
+/* muser bench kvpack (cmd_bench_kvpack.c): time to first token, cold and from a kvpack store. */
+int cmd_bench_kvpack(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_speculate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_kvpack(int argc, char **argv);
 /* The model to use: *model if set, else $MUSER_MODEL, else the shipped default
  * of this build; false with a message when there is none. */
 const char *cli_default_draft(void);

@@ -17,7 +17,8 @@ static void bench_usage(FILE *f) {
             "usage: muser bench -m MODEL [options]\n"
             "       muser bench --membw [-t N] [-r N] [--size MB] [--json FILE]\n"
             "       muser bench --grammar [-m MODEL] [-r N] [--json FILE]\n"
-            "       muser bench serve [-m MODEL] [--concurrency 1,4,8,16] [--llama-server PATH] ... (--help)\n\n"
+            "       muser bench serve [-m MODEL] [--concurrency 1,4,8,16] [--llama-server PATH] ... (--help)\n"
+            "       muser bench kvpack [-m MODEL] [-d 2048,16384,65536] ... (time to first token, cold and warm; --help)\n\n"
             "  -m, --model FILE       Muse Glimmer GGUF (default: $MUSER_MODEL, else the shipped model)\n"
             "  -p, --n-prompt N       prefill test tokens (default 512; 0 skips)\n"
             "  -n, --n-gen N          teacher-forced decode test tokens (default 128; 0 skips)\n"
@@ -296,6 +297,7 @@ static void print_table(const bench_cli *c, const mu_bench_result *r) {
 
 int cmd_bench(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_bench_serve(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "kvpack")) return cmd_bench_kvpack(argc - 1, argv + 1);
     bench_cli c = {0};
     int rc = parse(argc, argv, &c);
     if (rc >= 0) {

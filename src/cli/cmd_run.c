@@ -21,7 +21,7 @@
 #define MAX_STOPS MU_GEN_MAX_STOPS
 
 typedef struct run_opts {
-    const char *model, *draft, *dump, *prompt, *prompt_file, *system;
+    const char *model, *draft, *dump, *prompt, *prompt_file, *system, *prompt_cache;
     const char *stops[MAX_STOPS];
     int n_stops;
     int32_t *tokens;
@@ -52,7 +52,10 @@ static void run_usage(FILE *f) {
             "  --json                 print one JSON object: prompt and generated ids, text, seed, sampler\n"
             "                         chain, timings (and logprobs with --n-probs N)\n"
             "  -v, --verbose          print the sampler parameters and chain to stderr\n"
-            "  --dump-logits FILE     write every step's f32 logits (prompt's last row, then each decode step)\n\n"
+            "  --dump-logits FILE     write every step's f32 logits (prompt's last row, then each decode step)\n"
+            "  --prompt-cache DIR     kvpack store (docs/kvpack.md): restore the longest stored prefix of the\n"
+            "                         prompt, prefill only the rest, store packs for later runs; key file\n"
+            "                         $MUSER_KVPACK_KEY or DIR/kvpack.key (made on first use); no speculation\n\n"
             "speculative decoding (output identical to plain decoding, only faster or not):\n"
             "  --draft FILE           DFlash assistant GGUF for the model (default without -m: $MUSER_DRAFT,\n"
             "                         else the shipped models/glimmer-tiny-dflash-q4_k_xl.gguf)\n"
@@ -79,6 +82,7 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) ok = cli_value("run", argc, argv, &i, &o->prompt_file);
         else if (!strcmp(a, "--system")) ok = cli_value("run", argc, argv, &i, &o->system);
         else if (!strcmp(a, "--dump-logits")) ok = cli_value("run", argc, argv, &i, &o->dump);
+        else if (!strcmp(a, "--prompt-cache")) ok = cli_value("run", argc, argv, &i, &o->prompt_cache);
         else if (!strcmp(a, "--draft")) ok = cli_value("run", argc, argv, &i, &o->draft);
         else if (!strcmp(a, "--no-draft")) o->no_draft = true;
         else if (!strcmp(a, "--spec-always")) o->spec_always = true;
@@ -117,7 +121,12 @@ static int parse(int argc, char **argv, run_opts *o) {
         if (!ok) return 2;
     }
     if (o->draft && o->no_draft) { fprintf(stderr, "muser run: --draft and --no-draft exclude each other\n"); return 2; }
-    if (!o->draft && !o->no_draft && !o->model) o->draft = cli_default_draft(); /* the default pair */
+    if (o->prompt_cache && o->draft) {
+        fprintf(stderr, "muser run: --prompt-cache does not combine with --draft (a pack has no assistant context)\n");
+        return 2;
+    }
+    /* the default pair, without the assistant under a prompt cache */
+    if (!o->draft && !o->no_draft && !o->model && !o->prompt_cache) o->draft = cli_default_draft();
     if (!cli_model_or_default("run", &o->model)) return 2;
     int sources = (o->prompt != NULL) + (o->prompt_file != NULL) + (o->tokens != NULL);
     if (sources > 1 || (o->chat && sources)) {
@@ -142,6 +151,7 @@ typedef struct run_state {
     muser_model_info info;
     mu_gen *gen;
     muser_draft *draft;   /* NULL: plain decoding */
+    muser_kvstore *cache; /* --prompt-cache */
     muser_spec *sp;
     mu_gen_seq seq;       /* tokens in the session (the chat reuses their prefix) */
     FILE *dump;
@@ -176,6 +186,10 @@ static bool drive(run_state *r) {
 
 static void print_timings(const run_state *r) {
     const mu_gen_result *g = mu_gen_get_result(r->gen);
+    if (r->cache)
+        fprintf(stderr, "prompt cache: reused %lld of %lld prompt tokens (%.1f KiB of packs read), prefilled %lld\n",
+                (long long)g->n_reused, (long long)g->n_prompt,
+                g->n_reused ? (double)muser_kvstore_bytes_read(r->cache) / 1024.0 : 0.0, (long long)g->n_prefill);
     fprintf(stderr, "prefill: %lld tokens in %.3f s (%.2f tok/s); decode: %lld tokens in %.3f s (%.2f tok/s); backend %s\n",
             (long long)g->n_prefill, g->t_prefill, g->t_prefill > 0 ? (double)g->n_prefill / g->t_prefill : 0.0,
             (long long)g->n_decoded, g->t_decode, g->n_decoded ? (double)g->n_decoded / g->t_decode : 0.0,
@@ -264,9 +278,9 @@ static void print_json(const run_state *r) {
     printf(",\"seed\":%u,\"sampler_chain\":", muser_sampler_seed(smp));
     cli_json_str(stdout, chain);
     if (g->n_probs) print_logprobs(r, g);
-    printf(",\"stop\":\"%s\",\"timings\":{\"prefill_tokens\":%lld,\"prefill_s\":%.6f,\"prefill_tok_s\":%.3f,"
+    printf(",\"stop\":\"%s\",\"timings\":{\"reused_tokens\":%lld,\"prefill_tokens\":%lld,\"prefill_s\":%.6f,\"prefill_tok_s\":%.3f,"
            "\"decode_tokens\":%lld,\"decode_s\":%.6f,\"decode_tok_s\":%.3f}",
-           mu_gen_stop_name(g->stop), (long long)g->n_prefill, g->t_prefill,
+           mu_gen_stop_name(g->stop), (long long)g->n_reused, (long long)g->n_prefill, g->t_prefill,
            g->t_prefill > 0 ? (double)g->n_prefill / g->t_prefill : 0.0, (long long)g->n_decoded, g->t_decode,
            g->n_decoded ? (double)g->n_decoded / g->t_decode : 0.0);
     if (r->sp) print_spec_json(r);
@@ -477,6 +491,10 @@ static bool set_up(run_state *r, run_opts *o, muser_error *err) {
     o->sampling.p.n_ctx = (int32_t)(ctx < INT32_MAX ? ctx : INT32_MAX);
     if (!(r->gen = mu_gen_new(r->m, &o->sampling.p, err))) return false;
     if (o->verbose) print_sampler(mu_gen_sampler(r->gen));
+    if (o->prompt_cache) {
+        if (!(r->cache = muser_kvstore_open(r->m, o->prompt_cache, NULL, err))) return false;
+        mu_gen_set_prompt_cache(r->gen, r->cache);
+    }
     if (o->draft && !start_spec(r, err)) return false;
     if (o->dump && !(r->dump = fopen(o->dump, "wb"))) {
         snprintf(err->msg, sizeof err->msg, "cannot open %s for writing", o->dump);
@@ -507,6 +525,7 @@ int cmd_run(int argc, char **argv) {
     if (r.dump && fclose(r.dump) && rc == 0) { fprintf(stderr, "muser run: writing %s failed\n", o.dump); rc = 1; }
     muser_spec_free(r.sp);
     muser_draft_free(r.draft);
+    muser_kvstore_close(r.cache);
     mu_gen_free(r.gen);
     mu_gen_seq_free(&r.seq);
     muser_session_free(r.s);

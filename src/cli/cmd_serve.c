@@ -40,10 +40,12 @@ static void serve_usage(FILE *f) {
             "  --verify-len N          proposals per speculative round: 3, 7 or 15 (default 7; --draft-max)\n"
             "  --spec-always           speculate every step of a lone request (no gate)\n"
             "  --backend NAME          ref | cpu | cuda | auto (default auto)\n"
-            "  -t, --threads N         threads (default: all cores)\n\n"
+            "  -t, --threads N         threads (default: all cores)\n"
+            "  --slot-save-path DIR    where POST /slots/{id}?action=save|restore keep slot files: kvpack\n"
+            "                          packs (docs/kvpack.md; key $MUSER_KVPACK_KEY or DIR/kvpack.key)\n\n"
             "Routes: GET / (chat page), /health, /v1/models, /props, /slots, /metrics;\n"
             "POST /v1/completions, /v1/chat/completions, /completion, /tokenize, /detokenize,\n"
-            "/apply-template, /slots/{id}?action=erase. SIGTERM / SIGINT stop gracefully.\n");
+            "/apply-template, /slots/{id}?action=erase|save|restore. SIGTERM / SIGINT stop gracefully.\n");
 }
 
 static srv_server *g_srv;
@@ -96,6 +98,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--verify-len") || !strcmp(a, "--draft-max"))
             ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_verify_len("serve", v, &verify_len);
         else if (!strcmp(a, "--spec-always")) spec_always = true;
+        else if (!strcmp(a, "--slot-save-path")) ok = cli_value("serve", argc, argv, &i, &p.slot_save_path);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_i64("serve", a, v, 1, 1024, &x);
             p.n_threads = (int)x;

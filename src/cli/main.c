@@ -19,7 +19,8 @@ static void usage(FILE *f) {
             "  bench      measure prefill/decode tokens/s and memory bandwidth\n"
             "  perplexity perplexity of a text file (llama.cpp's method)\n"
             "  speculate  exact greedy speculative decoding with a DFlash assistant\n"
-            "  serve      OpenAI- and llama.cpp-compatible HTTP server with continuous batching\n",
+            "  serve      OpenAI- and llama.cpp-compatible HTTP server with continuous batching\n"
+            "  kvpack     durable, sealed KV packs: save, restore, ls, verify, gc (docs/kvpack.md)\n",
             MUSER_VERSION);
 }
 
@@ -41,6 +42,7 @@ int main(int argc, char **argv) {
         {"run", cmd_run}, {"info", cmd_info}, {"synth", cmd_synth}, {"quantize", cmd_quantize},
         {"tokenize", cmd_tokenize}, {"detokenize", cmd_detokenize}, {"chat-template", cmd_chat_template},
         {"bench", cmd_bench}, {"perplexity", cmd_perplexity}, {"speculate", cmd_speculate}, {"serve", cmd_serve},
+        {"kvpack", cmd_kvpack},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

@@ -31,6 +31,7 @@ struct mu_gen {
     double t_start, t_decode0;
     char error[1024];
     mu_gen_result res;
+    muser_kvstore *cache;     /* prompt cache, NULL = none */
 };
 
 const char *mu_gen_stop_name(mu_gen_stop st) {
@@ -192,6 +193,10 @@ void mu_gen_prefilled(mu_gen *g, int64_t n) {
 }
 
 bool mu_gen_speculates(const mu_gen *g) { return g->speculate; }
+
+void mu_gen_set_prompt_cache(mu_gen *g, muser_kvstore *st) { g->cache = st; }
+muser_kvstore *mu_gen_prompt_cache(const mu_gen *g) { return g->cache; }
+void mu_gen_set_reused(mu_gen *g, int64_t n) { g->res.n_reused = n; }
 
 int mu_gen_max_draw(const mu_gen *g) {
     int64_t left = g->n_predict < 0 ? MU_GEN_MAX_DRAW : g->n_predict - g->n_out;

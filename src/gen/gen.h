@@ -106,6 +106,7 @@ typedef struct mu_gen_result {
     const muser_logprob *top;    /* per token n_probs alternatives */
     int32_t n_probs;
     int64_t n_prefill, n_decoded; /* tokens fed for the prompt / after it */
+    int64_t n_reused;            /* prompt tokens restored from the prompt cache (mu_gen_set_prompt_cache) */
     double t_prefill, t_decode;  /* seconds */
 } mu_gen_result;
 
@@ -136,6 +137,15 @@ mu_gen_stop mu_gen_take_row(mu_gen *g, const float *row, int32_t *next);
 mu_gen_stop mu_gen_take_drawn(mu_gen *g, const int32_t *toks, const float *const *rows, int n, int32_t *next);
 /* Tokens a speculative step may draw now: min(MU_GEN_MAX_DRAW, tokens left). */
 int mu_gen_max_draw(const mu_gen *g);
+/* Prompt cache (a kvpack store, include/muser.h): mu_gen_drive then makes
+ * the session hold the prompt with muser_kvstore_prefill - the longest
+ * stored prefix restored, only the rest fed, packs stored for later
+ * prompts. NULL turns it off. Not with speculation (the assistant's context
+ * is not in a pack): mu_gen_drive refuses the pair. */
+void mu_gen_set_prompt_cache(mu_gen *g, muser_kvstore *st);
+muser_kvstore *mu_gen_prompt_cache(const mu_gen *g);
+/* The tokens restored for this request's prompt (mu_gen_drive). */
+void mu_gen_set_reused(mu_gen *g, int64_t n);
 /* The started request's `speculate`. */
 bool mu_gen_speculates(const mu_gen *g);
 /* End a running request from outside (context full, cancelled, error with

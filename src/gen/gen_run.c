@@ -67,7 +67,20 @@ bool mu_gen_drive(mu_gen *g, muser_session *s, muser_spec *sp, mu_gen_seq *seq, 
     }
     int64_t n_prompt;
     const int32_t *prompt = mu_gen_prompt(g, &n_prompt);
-    int64_t fed = feed_prompt(s, sp, seq, prompt, n_prompt, &e);
+    int64_t fed;
+    muser_kvstore *cache = mu_gen_prompt_cache(g);
+    if (cache && sp) return failed(g, "the prompt cache does not combine with speculation", err);
+    if (cache) { /* the store restores the longest prefix it has and feeds the rest */
+        int64_t reused = 0;
+        fed = muser_kvstore_prefill(cache, s, prompt, n_prompt, &reused, &e);
+        mu_gen_set_reused(g, reused);
+        if (seq && fed >= 0) {
+            mu_gen_seq_clear(seq);
+            seq_push(seq, prompt, n_prompt);
+        }
+    } else {
+        fed = feed_prompt(s, sp, seq, prompt, n_prompt, &e);
+    }
     if (fed < 0) {
         if (seq) mu_gen_seq_clear(seq); /* a failed feed leaves the session unknown to us */
         return failed(g, e.msg, err);

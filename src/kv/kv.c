@@ -577,3 +577,55 @@ bool mu_kv_snapshot_restore(mu_kv_cache *c, const mu_kv_snapshot *s, mu_error *e
     mu_kv_commit(c);  /* the journal described the replaced state */
     return true;
 }
+
+/* ---------- row transfer by logical position (durable packs) ---------- */
+
+bool mu_kv_read(const mu_kv_cache *c, int layer, int64_t pos, int64_t n, uint16_t *k, uint16_t *v, mu_error *err) {
+    if (!c || !c->layers || layer < 0 || layer >= c->n_layers) {
+        mu_err_set(err, "kv read: layer %d out of range", layer);
+        return false;
+    }
+    const mu_kv_layer *l = &c->layers[layer];
+    if (n < 0 || (n > 0 && (pos < l->origin_logical || pos + n > layer_end(l)))) {
+        mu_err_set(err, "kv read: layer %d holds [%" PRId64 ", %" PRId64 "), not [%" PRId64 ", %" PRId64 ")", layer,
+                   l->origin_logical, layer_end(l), pos, pos + n);
+        return false;
+    }
+    plane_op op = {.be = c->be, .k = k, .v = v, .len = n};
+    if (n > 0) for_runs(l, pos, n, save_run, &op);
+    return true;
+}
+
+bool mu_kv_place(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const uint16_t *k, const uint16_t *v,
+                 mu_error *err) {
+    if (!c || !c->layers || layer < 0 || layer >= c->n_layers) {
+        mu_err_set(err, "kv place: layer %d out of range", layer);
+        return false;
+    }
+    mu_kv_layer *l = &c->layers[layer];
+    if (c->ckpt_active) { mu_err_set(err, "kv place: a checkpoint is active"); return false; }
+    if (pos < 0 || n < 0 || pos + n > c->n_ctx) {
+        mu_err_set(err, "kv place: layer %d: positions [%" PRId64 ", %" PRId64 ") outside the context of %" PRId64,
+                   layer, pos, pos + n, c->n_ctx);
+        return false;
+    }
+    if (l->len > 0 && pos != layer_end(l)) {
+        mu_err_set(err, "kv place: layer %d ends at %" PRId64 "; rows at %" PRId64 " would leave a gap", layer,
+                   layer_end(l), pos);
+        return false;
+    }
+    if (l->len + n > l->cap) {
+        mu_err_set(err, "kv place: layer %d: %" PRId64 " rows do not fit its %" PRId64 "-row %s", layer, l->len + n,
+                   l->cap, l->swa ? "ring" : "plane");
+        return false;
+    }
+    if (n == 0) return true;
+    if (l->len == 0) {
+        l->origin_logical = pos;
+        l->origin_physical = pos % l->cap;
+    }
+    l->len += n;
+    plane_op op = {.be = c->be, .k = (uint16_t *)k, .v = (uint16_t *)v, .len = n};
+    for_runs(l, pos, n, load_run, &op);
+    return true;
+}

@@ -121,4 +121,16 @@ mu_kv_snapshot *mu_kv_snapshot_take(const mu_kv_cache *c);
 bool mu_kv_snapshot_restore(mu_kv_cache *c, const mu_kv_snapshot *s, mu_error *err);
 void mu_kv_snapshot_free(mu_kv_snapshot *s);
 
+/* Row transfer by logical position, for durable packs (src/kvpack/):
+ * host buffers are head-major [n_head][n][head_dim] f16, K then V apart.
+ * read copies held positions [pos, pos + n) out through the backend's
+ * download op (false, nothing written, unless all are held). place
+ * appends them to a layer: pos must be the layer's end, or the layer must
+ * be empty (it then starts at pos, at physical row pos % cap, the
+ * invariant above); n may not exceed the free rows of the ring or plane.
+ * Only whole-cache staging uses place (nothing is journaled). */
+bool mu_kv_read(const mu_kv_cache *c, int layer, int64_t pos, int64_t n, uint16_t *k, uint16_t *v, mu_error *err);
+bool mu_kv_place(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const uint16_t *k, const uint16_t *v,
+                 mu_error *err);
+
 #endif

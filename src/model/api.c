@@ -59,6 +59,7 @@ muser_model *muser_model_load(const char *path, const muser_model_params *params
     mm->be = be;
     mu_model_repack(m, be); /* the backend's load-time layouts (before mlock: those pages are the ones kept) */
     pthread_mutex_init(&mm->gvocab_lock, NULL);
+    pthread_mutex_init(&mm->ident_lock, NULL);
     /* Locked pages cannot be paged out under memory pressure (or by
      * proactive reclaim), so every token reads them from RAM. */
     if (p.use_mlock && mlock(m->gguf->base, (size_t)m->gguf->size) != 0) {
@@ -80,6 +81,8 @@ void muser_model_free(muser_model *m) {
     if (m->locked) munlock(m->m->gguf->base, (size_t)m->m->gguf->size);
     mu_grammar_vocab_free(m->gvocab);
     pthread_mutex_destroy(&m->gvocab_lock);
+    pthread_mutex_destroy(&m->ident_lock);
+    free(m->kv_identity);
     mu_api_free_text(m);
     m->be->destroy(m->be);
     mu_model_free(m->m);

@@ -17,6 +17,9 @@ struct muser_model {
     char chat_template_sha[65];
     bool locked;                /* the file's pages are mlock()ed */
     pthread_mutex_t gvocab_lock;
+    pthread_mutex_t ident_lock;
+    unsigned char *kv_identity; /* a durable pack's identity block (src/kvpack/), built once per load */
+    size_t kv_identity_len;
     mu_grammar_vocab *gvocab;   /* built by the first grammar sampler, shared by all */
 };
 
@@ -25,6 +28,22 @@ struct muser_model {
  * to match (logits dropped). */
 mu_kv_cache *mu_session_kv(muser_session *s);
 void mu_session_set_pos(muser_session *s, int64_t pos);
+
+/* Durable packs (src/kvpack/), engine.c. Lock/unlock take the engine's
+ * lock; everything below them expects it held. hist: the tokens at
+ * [0, *n) (n < the position when some rows came from elsewhere). new_kv
+ * makes an empty cache of the session's own geometry (its backend, n_ctx,
+ * ring slack): the detached generation a restore fills. install swaps it
+ * in as the session's cache (the old one ends up in *staged and is freed),
+ * with the position n, its tokens and the last logits row. */
+void mu_session_lock(muser_session *s);
+void mu_session_unlock(muser_session *s);
+const int32_t *mu_session_hist(const muser_session *s, int64_t *n);
+bool mu_session_busy(const muser_session *s);
+bool mu_session_poisoned(const muser_session *s);
+bool mu_session_new_kv(const muser_session *s, mu_kv_cache *out, mu_error *err);
+void mu_session_install(muser_session *s, mu_kv_cache *staged, const int32_t *tokens, int64_t n,
+                        const float *logits);
 
 /* Load tokenizer and chat template of a validated model (api_text.c). */
 bool mu_api_load_text(muser_model *mm, mu_error *err);

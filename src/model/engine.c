@@ -50,6 +50,11 @@ struct muser_session {
     int64_t pos;
     float *logits;              /* host [n_vocab], last row */
     bool has_logits;
+    /* the tokens at positions [0, n_hist): what a durable pack records
+     * (src/kvpack/); n_hist < pos when rows came from elsewhere (the
+     * benchmark's synthetic depth) */
+    int32_t *hist;
+    int64_t n_hist, hist_cap;
     bool poisoned;
     char error[1024];
     /* capture (model/capture.h): rows of the most recent feed, backend [cap_cap][n * n_embd] */
@@ -66,6 +71,9 @@ struct muser_session {
 struct muser_snapshot {
     mu_kv_snapshot *kv;
     int64_t pos;
+    float *logits;              /* the last row, NULL when the session had none */
+    int32_t *hist;              /* the known tokens [0, n_hist) */
+    int64_t n_hist;
 };
 
 /* ------------------------------------------------------------------ engine */
@@ -225,6 +233,7 @@ static void session_destroy(muser_session *s) {
     e->kvs[s->id] = NULL;
     mu_kv_free(&s->kv);
     free(s->logits);
+    free(s->hist);
     free(s->q);
     free(s);
 }
@@ -242,6 +251,7 @@ void muser_session_free(muser_session *s) {
 static void reset_locked(muser_session *s) {
     mu_kv_clear(&s->kv);
     s->pos = 0;
+    s->n_hist = 0;
     s->has_logits = false;
     s->poisoned = false;
     s->error[0] = 0;
@@ -363,6 +373,17 @@ static bool check_finite(muser_session *s, const float *rows, int64_t n, int64_t
     return true;
 }
 
+/* Record tokens fed at pos0 (only while the record is complete). */
+static void hist_append(muser_session *s, int64_t pos0, const int32_t *t, int64_t n) {
+    if (s->n_hist != pos0 || n <= 0) return;
+    if (s->n_hist + n > s->hist_cap) {
+        s->hist_cap = (s->n_hist + n) * 2 + 64;
+        s->hist = mu_xrealloc(s->hist, (size_t)s->hist_cap * sizeof *s->hist);
+    }
+    memcpy(s->hist + s->n_hist, t, (size_t)n * sizeof *t);
+    s->n_hist += n;
+}
+
 /* Run the batch of `rows` rows made of runs[0..n_runs): forward, logits
  * read back, captured rows moved to each session, positions advanced.
  * false only when the forward itself failed (every session in it is then
@@ -393,6 +414,7 @@ static bool run_batch(muser_engine *e, seq_run *runs, int n_runs, int64_t rows, 
             s->captured_rows += run->n;
         }
         const int64_t pos0 = s->pos;
+        hist_append(s, pos0, e->b_token + run->first_row, run->n);
         s->pos += run->n;
         if (run->n_logits) {
             e->be->download(e->be, run->out, e->logits + run->logit_row * V, (size_t)(run->n_logits * V) * sizeof(float));
@@ -569,6 +591,7 @@ bool muser_session_truncate(muser_session *s, int64_t n, muser_error *err) {
     else if (n >= s->pos) ok = true;
     else if ((ok = mu_kv_truncate(&s->kv, n, ERR(err)))) {
         s->pos = n;
+        if (s->n_hist > n) s->n_hist = n;
         s->has_logits = false;
         s->captured_rows = 0;
     }
@@ -596,6 +619,7 @@ bool muser_session_rollback(muser_session *s, int64_t pos, muser_error *err) {
     if (s->q_done < s->q_len) mu_err_set(ERR(err), "rollback: the session has queued input");
     if (ok) {
         s->pos = pos;
+        if (s->n_hist > pos) s->n_hist = pos;
         s->has_logits = false;
     }
     unlock(s->e);
@@ -622,6 +646,8 @@ bool muser_session_fork(muser_session *dst, const muser_session *src, int64_t n,
     else ok = mu_kv_fork(&dst->kv, &src->kv, n, ERR(err)); /* validates before it touches dst */
     if (ok) {
         dst->pos = n;
+        dst->n_hist = 0;
+        if (src->n_hist >= n) hist_append(dst, 0, src->hist, n);
         dst->poisoned = false;
         dst->error[0] = 0;
         dst->captured_rows = 0;
@@ -637,9 +663,18 @@ muser_snapshot *muser_session_snapshot(const muser_session *s) {
     muser_snapshot *snap = mu_xcalloc(1, sizeof *snap);
     snap->kv = mu_kv_snapshot_take(&s->kv);
     snap->pos = s->pos;
+    const size_t V = (size_t)s->e->model->m->cfg.n_vocab;
+    if (s->has_logits) {
+        snap->logits = malloc(V * sizeof(float));
+        if (snap->logits) memcpy(snap->logits, s->logits, V * sizeof(float));
+    }
+    snap->n_hist = s->n_hist;
+    snap->hist = malloc((size_t)(s->n_hist ? s->n_hist : 1) * sizeof *snap->hist);
+    if (snap->hist && s->n_hist) memcpy(snap->hist, s->hist, (size_t)s->n_hist * sizeof *snap->hist);
+    const bool complete = snap->kv && snap->hist && (!s->has_logits || snap->logits);
     unlock(s->e);
-    if (!snap->kv) {
-        free(snap);
+    if (!complete) {
+        muser_snapshot_free(snap);
         return NULL;
     }
     return snap;
@@ -656,7 +691,11 @@ bool muser_session_restore(muser_session *s, const muser_snapshot *snap, muser_e
     ok = ok && mu_kv_snapshot_restore(&s->kv, snap->kv, ERR(err));
     if (ok) {
         s->pos = snap->pos;
-        s->has_logits = false;
+        s->has_logits = snap->logits != NULL;
+        if (snap->logits) memcpy(s->logits, snap->logits, (size_t)s->e->model->m->cfg.n_vocab * sizeof(float));
+        s->n_hist = 0;
+        hist_append(s, 0, snap->hist, snap->n_hist);
+        s->captured_rows = 0;
         s->poisoned = false;
         s->error[0] = 0;
     }
@@ -667,6 +706,8 @@ bool muser_session_restore(muser_session *s, const muser_snapshot *snap, muser_e
 void muser_snapshot_free(muser_snapshot *snap) {
     if (!snap) return;
     mu_kv_snapshot_free(snap->kv);
+    free(snap->logits);
+    free(snap->hist);
     free(snap);
 }
 
@@ -728,4 +769,40 @@ mu_kv_cache *mu_session_kv(muser_session *s) { return &s->kv; }
 void mu_session_set_pos(muser_session *s, int64_t pos) {
     s->pos = pos;
     s->has_logits = false;
+}
+
+/* ------------------------------------------------------------------ durable packs (src/kvpack/) */
+
+void mu_session_lock(muser_session *s) { lock(s->e); }
+void mu_session_unlock(muser_session *s) { unlock(s->e); }
+
+const int32_t *mu_session_hist(const muser_session *s, int64_t *n) {
+    *n = s->n_hist;
+    return s->hist;
+}
+
+bool mu_session_busy(const muser_session *s) { return s->q_done < s->q_len; }
+bool mu_session_poisoned(const muser_session *s) { return s->poisoned; }
+
+bool mu_session_new_kv(const muser_session *s, mu_kv_cache *out, mu_error *err) {
+    const mu_kv_cache *c = &s->kv;
+    const mu_model_config *cfg = &s->e->model->m->cfg;
+    return mu_kv_init(out, c->be, c->n_layers, cfg->is_swa, c->window, c->slack, c->n_ctx, cfg->n_head_kv,
+                      cfg->head_dim, err);
+}
+
+void mu_session_install(muser_session *s, mu_kv_cache *staged, const int32_t *tokens, int64_t n,
+                        const float *logits) {
+    mu_kv_cache old = s->kv;
+    s->kv = *staged;          /* e->kvs[s->id] points at s->kv: the swap is this one assignment */
+    *staged = old;
+    mu_kv_free(staged);
+    s->pos = n;
+    s->n_hist = 0;
+    hist_append(s, 0, tokens, n);
+    memcpy(s->logits, logits, (size_t)s->e->model->m->cfg.n_vocab * sizeof(float));
+    s->has_logits = true;
+    s->captured_rows = 0;
+    s->poisoned = false;
+    s->error[0] = 0;
 }

@@ -373,6 +373,48 @@ void srv_llama_slots(srv_server *srv, const srv_request *rq) {
     srv_reply_json(rq, 200, a);
 }
 
+/* save / restore: llama-server's {"filename"} body and reply shapes, the
+ * file being a kvpack (docs/kvpack.md) in --slot-save-path. */
+static void slot_file_action(srv_server *srv, const srv_request *rq, int32_t id, bool save) {
+    if (!srv->p.slot_save_path) {
+        srv_reply_error(rq, 501, "action", "slot %s needs the server started with --slot-save-path DIR",
+                        save ? "save" : "restore");
+        return;
+    }
+    if (!srv->sched) {
+        srv_reply_error(rq, 503, NULL, "the server is shutting down");
+        return;
+    }
+    json_t *o = api_body(rq);
+    if (!o) return;
+    const char *name = json_string_value(json_object_get(o, "filename"));
+    if (!name) {
+        srv_reply_error(rq, 400, "filename", "'filename' (a string) is required");
+        json_decref(o);
+        return;
+    }
+    muser_error err = {{0}};
+    int64_t n = 0;
+    uint64_t bytes = 0;
+    const double t0 = mu_now();
+    const bool ok = save ? srv_sched_slot_save(srv->sched, id, srv->p.slot_save_path, name, &n, &bytes, &err)
+                         : srv_sched_slot_restore(srv->sched, id, srv->p.slot_save_path, name, &n, &bytes, &err);
+    const double ms = (mu_now() - t0) * 1e3;
+    if (!ok) {
+        /* a busy slot is a conflict; anything about the file or its checks is the request's */
+        const int code = strstr(err.msg, "running a request") ? 409 : strstr(err.msg, "No such file") ? 404 : 400;
+        srv_reply_error(rq, code, code == 409 ? "id_slot" : "filename", "%s", err.msg);
+    } else if (save) {
+        srv_reply_json(rq, 200, json_pack("{s:i,s:s,s:I,s:I,s:{s:f}}", "id_slot", (int)id, "filename", name, "n_saved",
+                                          (json_int_t)n, "n_written", (json_int_t)bytes, "timings", "save_ms", ms));
+    } else {
+        srv_reply_json(rq, 200, json_pack("{s:i,s:s,s:I,s:I,s:{s:f}}", "id_slot", (int)id, "filename", name,
+                                          "n_restored", (json_int_t)n, "n_read", (json_int_t)bytes, "timings",
+                                          "restore_ms", ms));
+    }
+    json_decref(o);
+}
+
 void srv_llama_slot_action(srv_server *srv, const srv_request *rq) {
     const char *idp = rq->path + strlen("/slots/");
     char *end;
@@ -387,7 +429,7 @@ void srv_llama_slot_action(srv_server *srv, const srv_request *rq) {
         return;
     }
     if (!strcmp(action, "save") || !strcmp(action, "restore")) {
-        srv_reply_error(rq, 501, "action", "action '%s': kvpack not available yet", action);
+        slot_file_action(srv, rq, (int32_t)id, !strcmp(action, "save"));
         return;
     }
     if (strcmp(action, "erase")) {

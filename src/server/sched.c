@@ -7,6 +7,7 @@
  * next step. Each job has its own condition variable for its reader. */
 #include "server/sched.h"
 #include "spec/speculate.h"
+#include "model/api_internal.h"
 #include "util/common.h"
 #include <errno.h>
 #include <pthread.h>
@@ -633,6 +634,55 @@ int32_t srv_sched_slots(srv_sched *s, srv_slot_info *out, int32_t cap) {
     const int32_t n = s->p.n_slots;
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+/* An idle slot i, with s->mu held on success. */
+static slot *idle_slot(srv_sched *s, int32_t i, muser_error *err) {
+    if (i < 0 || i >= s->p.n_slots) {
+        mu_err_set(ERR_CAST(err), "slot %d: the server has slots 0 to %d", i, s->p.n_slots - 1);
+        return NULL;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->slots[i].job) {
+        pthread_mutex_unlock(&s->mu);
+        mu_err_set(ERR_CAST(err), "slot %d is running a request", i);
+        return NULL;
+    }
+    return &s->slots[i];
+}
+
+bool srv_sched_slot_save(srv_sched *s, int32_t i, const char *dir, const char *name, int64_t *n, uint64_t *bytes,
+                         muser_error *err) {
+    slot *sl = idle_slot(s, i, err);
+    if (!sl) return false;
+    *n = sl->n_toks;
+    bool ok = sl->n_toks > 0 && muser_session_pos(sl->sess) == sl->n_toks;
+    if (!ok) mu_err_set(ERR_CAST(err), "slot %d holds no finished prompt to save", i);
+    ok = ok && muser_kvpack_save_file(sl->sess, NULL, dir, name, NULL, bytes, err);
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+bool srv_sched_slot_restore(srv_sched *s, int32_t i, const char *dir, const char *name, int64_t *n,
+                            uint64_t *bytes, muser_error *err) {
+    slot *sl = idle_slot(s, i, err);
+    if (!sl) return false;
+    bool ok = !sl->sp;
+    if (!ok) mu_err_set(ERR_CAST(err), "slot restore: the server runs a DFlash assistant, whose context is not in a pack");
+    ok = ok && muser_kvpack_restore_file(sl->sess, NULL, dir, name, NULL, bytes, err);
+    if (ok) { /* the slot's record of its tokens is the pack's */
+        int64_t k;
+        const int32_t *t = mu_session_hist(sl->sess, &k);
+        if (k > sl->cap_toks) {
+            sl->cap_toks = k;
+            sl->toks = mu_xrealloc(sl->toks, (size_t)k * sizeof *sl->toks);
+        }
+        memcpy(sl->toks, t, (size_t)k * sizeof *t);
+        sl->n_toks = k;
+        *n = k;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return ok;
 }
 
 bool srv_sched_slot_erase(srv_sched *s, int32_t i, muser_error *err) {

@@ -142,6 +142,14 @@ typedef struct srv_slot_info {
 } srv_slot_info;
 /* Fills up to cap slots, returns n_slots. */
 int32_t srv_sched_slots(srv_sched *s, srv_slot_info *out, int32_t cap);
+/* A slot's KV as a kvpack file DIR/name (docs/kvpack.md; llama.cpp's
+ * slot save/restore): refused while the slot runs a job; restore also with
+ * an assistant (its context is not in a pack). A refused restore leaves
+ * the slot as it was. *n gets the tokens, *bytes the file's size. */
+bool srv_sched_slot_save(srv_sched *s, int32_t slot, const char *dir, const char *name, int64_t *n, uint64_t *bytes,
+                         muser_error *err);
+bool srv_sched_slot_restore(srv_sched *s, int32_t slot, const char *dir, const char *name, int64_t *n,
+                            uint64_t *bytes, muser_error *err);
 /* Forget a slot's cached tokens; refused while it runs a job. */
 bool srv_sched_slot_erase(srv_sched *s, int32_t slot, muser_error *err);
 

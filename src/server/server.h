@@ -34,6 +34,7 @@ typedef struct srv_params {
     size_t max_body;            /* bytes of a request body before 413 (default 8 MiB) */
     muser_backend_kind backend;
     int n_threads;
+    const char *slot_save_path; /* --slot-save-path: kvpack files of POST /slots/{id}?action=save|restore */
 } srv_params;
 
 typedef struct srv_server {

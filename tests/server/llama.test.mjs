@@ -170,17 +170,33 @@ test('id_slot, cache_prompt and POST /slots/0?action=erase', async () => {
     assert.equal(d.json.content, a.json.content);
 });
 
-test('POST /slots/0?action=save|restore: 501 until kvpack exists', async () => {
-    const have = fs.existsSync(path.join(SRC, 'src/kvpack'));
-    for (const action of ['save', 'restore']) {
-        const r = await post(`/slots/0?action=${action}`, { filename: 'slot0.bin' });
-        if (have) {
-            assert.equal(r.status, 200, r.text);
-        } else {
-            assert.equal(r.status, 501, r.text);
-            assert.equal(typeof r.json.error.message, 'string');
-        }
-    }
+test('POST /slots/{id}?action=save|restore: a kvpack file moves a slot to another', async () => {
+    const prompt = PROMPTS.join(' ');
+    const body = { prompt, n_predict: 2, temperature: 0, id_slot: 0, cache_prompt: true };
+    const a = await post('/completion', body);
+    assert.equal(a.status, 200, a.text);
+    const s = await post('/slots/0?action=save', { filename: 'slot0.bin' });
+    assert.equal(s.status, 200, s.text);
+    assert.equal(s.json.id_slot, 0);
+    assert.ok(s.json.n_saved >= a.json.tokens_evaluated && s.json.n_written > 0, s.text);
+    const r = await post('/slots/1?action=restore', { filename: 'slot0.bin' });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.n_restored, s.json.n_saved);
+    assert.equal(r.json.n_read, s.json.n_written);
+    // slot 1 now holds slot 0's prompt: nothing but the last token is prefilled, same output
+    const b = await post('/completion', { ...body, id_slot: 1 });
+    assert.equal(b.status, 200, b.text);
+    assert.ok(b.json.timings.prompt_n <= 2, `restored slot prefilled ${b.json.timings.prompt_n}`);
+    assert.equal(b.json.content, a.json.content);
+    // refusals name the field
+    const bad = await post('/slots/1?action=restore', { filename: '../slot0.bin' });
+    assert.equal(bad.status, 400, bad.text);
+    assert.equal(bad.json.error.param, 'filename');
+    const missing = await post('/slots/1?action=restore', { filename: 'never-saved.bin' });
+    assert.equal(missing.status, 404, missing.text);
+    const none = await post('/slots/1?action=save', {});
+    assert.equal(none.status, 400, none.text);
+    assert.equal(none.json.error.param, 'filename');
 });
 
 test('GET /metrics: Prometheus text with vLLM gauges, consistent histograms', async () => {

@@ -1,0 +1,556 @@
+/* kvpack (docs/kvpack.md): durable packs restore exactly and refuse
+ * everything else.
+ *  - exactness: save at random depths (before and past the sliding ring's
+ *    wrap), restore into sessions of other context sizes and prefill
+ *    chunks (other ring capacities), continue 64 tokens: every logits row
+ *    is bit-identical to one uninterrupted run; the restored session has
+ *    the last logits row without re-feeding;
+ *  - prompt cache: a cold prompt, a delta (block-aligned prefix restored,
+ *    the rest prefilled) and an exact hit give the logits of a full
+ *    prefill; the exact hit feeds nothing;
+ *  - refusals, each with a message naming what failed: every byte of the
+ *    header, identity, section headers and seal and sampled bytes of every
+ *    payload flipped, truncations, a foreign model, a wrong key, a key file
+ *    of the wrong mode, a stale version, an identity field (numerics ABI)
+ *    changed and re-sealed; a refused restore leaves the live session as it
+ *    was; a concurrent writer of the same pack fails closed;
+ *  - crash safety: a writer killed (SIGKILL) at 100 random points of a save
+ *    never leaves a pack a reader can open that does not verify;
+ *  - gc: least recently used packs go first. */
+#include "testutil.h"
+#include "model_fixture.h"
+#include "muser.h"
+#include "kvpack/kvpack.h"
+#include <dirent.h>
+#include <fcntl.h>
+#include <openssl/core_names.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define WINDOW 32
+#define CONT 64
+#define MAX_TOK 1024
+
+static int32_t tok(int64_t i) { return (int32_t)((i * 131 + 17 + (i / 7) * 3) % 500); }
+
+static int64_t V;
+
+static bool same_row(const float *a, const float *b) { return !memcmp(a, b, (size_t)V * sizeof(float)); }
+
+static muser_session *session(muser_model *m, int64_t n_ctx, int64_t chunk) {
+    muser_error err;
+    muser_session_params sp = {.n_ctx = n_ctx, .prefill_chunk = chunk};
+    muser_session *s = muser_session_create(m, &sp, &err);
+    CHECK_MSG(s, "%s", err.msg);
+    return s;
+}
+
+/* rows[i]: the logits after tokens [0, i] in one uninterrupted run */
+static float *reference_rows(muser_model *m, int64_t n) {
+    muser_error err;
+    muser_session *s = session(m, MAX_TOK, 64);
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    for (int64_t i = 0; i < n; i++) t[i] = tok(i);
+    float *rows = malloc((size_t)(n * V) * sizeof(float));
+    CHECK_MSG(muser_session_feed_all(s, t, n, rows, &err), "%s", err.msg);
+    free(t);
+    muser_session_free(s);
+    return rows;
+}
+
+static void feed_range(muser_session *s, int64_t from, int64_t to, int64_t piece) {
+    muser_error err;
+    int32_t t[512];
+    for (int64_t p = from; p < to;) {
+        int64_t n = to - p < piece ? to - p : piece;
+        for (int64_t i = 0; i < n; i++) t[i] = tok(p + i);
+        CHECK_MSG(muser_session_feed(s, t, n, &err), "%s", err.msg);
+        p += n;
+    }
+}
+
+static void test_exact(muser_model *m, const char *dir, const float *ref) {
+    muser_error err;
+    muser_kvstore *st = muser_kvstore_open(m, dir, NULL, &err);
+    CHECK_MSG(st, "%s", err.msg);
+    if (!st) return;
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    int64_t depths[10] = {1, 5, WINDOW - 1, WINDOW, WINDOW + 1, 2 * WINDOW + 3, 255, 256, 257, 0};
+    depths[9] = 300 + (int64_t)(tu_rng_next(&rng) % 300); /* a random depth past the ring's wrap */
+    const int64_t ctxs[3] = {700, 1024, 512}, chunks[3] = {16, 512, 7};
+    for (int di = 0; di < 10; di++) {
+        const int64_t d = depths[di];
+        muser_session *a = session(m, 700, 32);
+        if (!a) continue;
+        feed_range(a, 0, d, 1 + (int64_t)(tu_rng_next(&rng) % 40));
+        char id[65];
+        bool existed = true;
+        CHECK_MSG(muser_kvstore_save(st, a, NULL, id, &existed, &err), "depth %lld: %s", (long long)d, err.msg);
+        CHECK(!existed);
+        /* packs are immutable: saving again writes nothing */
+        CHECK_MSG(muser_kvstore_save(st, a, NULL, id, &existed, &err) && existed, "%s", err.msg);
+        muser_session_free(a);
+        /* restore into another context size and ring capacity */
+        muser_session *b = session(m, ctxs[di % 3], chunks[di % 3]);
+        if (!b) continue;
+        feed_range(b, 0, 9, 9); /* something to replace */
+        CHECK_MSG(muser_kvstore_restore(st, id, b, NULL, &err), "depth %lld: %s", (long long)d, err.msg);
+        CHECK_EQ_INT(muser_session_pos(b), d);
+        const float *l = muser_session_logits(b);
+        CHECK_MSG(l && same_row(l, ref + (d - 1) * V), "depth %lld: restored logits row differs", (long long)d);
+        /* continue: one at a time, or in one block for some depths */
+        if (di % 2) {
+            float *rows = malloc((size_t)(CONT * V) * sizeof(float));
+            int32_t t[CONT];
+            for (int i = 0; i < CONT; i++) t[i] = tok(d + i);
+            CHECK_MSG(muser_session_feed_all(b, t, CONT, rows, &err), "%s", err.msg);
+            for (int i = 0; i < CONT; i++)
+                CHECK_MSG(same_row(rows + i * V, ref + (d + i) * V), "depth %lld: row %d after restore differs",
+                          (long long)d, i);
+            free(rows);
+        } else {
+            for (int i = 0; i < CONT; i++) {
+                int32_t t = tok(d + i);
+                CHECK_MSG(muser_session_feed(b, &t, 1, &err), "%s", err.msg);
+                l = muser_session_logits(b);
+                CHECK_MSG(l && same_row(l, ref + (d + i) * V), "depth %lld: row %d after restore differs",
+                          (long long)d, i);
+            }
+        }
+        muser_session_free(b);
+    }
+    /* a context too small for the pack is refused */
+    muser_session *small = session(m, 100, 16);
+    char id[65];
+    int32_t t[700];
+    for (int i = 0; i < 700; i++) t[i] = tok(i);
+    CHECK_EQ_INT(muser_kvstore_lookup(st, t, depths[9], id), depths[9]);
+    CHECK(!muser_kvstore_restore(st, id, small, NULL, &err) && strstr(err.msg, "context"));
+    CHECK_EQ_INT(muser_session_pos(small), 0);
+    muser_session_free(small);
+    muser_kvstore_close(st);
+}
+
+static void test_prompt_cache(muser_model *m, const char *dir) {
+    muser_error err;
+    muser_kvstore *st = muser_kvstore_open(m, dir, NULL, &err);
+    CHECK_MSG(st, "%s", err.msg);
+    if (!st) return;
+    int32_t p1[600], p2[700];
+    for (int i = 0; i < 600; i++) p1[i] = tok(i + 5000);
+    for (int i = 0; i < 700; i++) p2[i] = i < 530 ? p1[i] : tok(i * 7 + 1);
+    muser_session *s = session(m, 1024, 128);
+    int64_t reused = -1;
+    CHECK_EQ_INT(muser_kvstore_prefill(st, s, p1, 600, &reused, &err), 600);
+    CHECK_EQ_INT(reused, 0);
+    /* delta: the 512-token block is shared */
+    CHECK_EQ_INT(muser_kvstore_prefill(st, s, p2, 700, &reused, &err), 700 - 512);
+    CHECK_EQ_INT(reused, 512);
+    float *got = malloc((size_t)V * sizeof(float));
+    memcpy(got, muser_session_logits(s), (size_t)V * sizeof(float));
+    muser_session *full = session(m, 1024, 64);
+    CHECK_MSG(muser_session_feed(full, p2, 700, &err), "%s", err.msg);
+    CHECK_MSG(same_row(got, muser_session_logits(full)), "delta restore differs from a full prefill");
+    /* exact hit: nothing fed, the stored row */
+    muser_session *x = session(m, 1024, 256);
+    CHECK_EQ_INT(muser_kvstore_prefill(st, x, p2, 700, &reused, &err), 0);
+    CHECK_EQ_INT(reused, 700);
+    CHECK_MSG(same_row(muser_session_logits(x), muser_session_logits(full)), "exact hit differs");
+    /* and it goes on as the full run does */
+    int32_t nx = 3;
+    CHECK(muser_session_feed(x, &nx, 1, &err) && muser_session_feed(full, &nx, 1, &err));
+    CHECK_MSG(same_row(muser_session_logits(x), muser_session_logits(full)), "exact hit continues differently");
+    free(got);
+    muser_session_free(x);
+    muser_session_free(full);
+    muser_session_free(s);
+    muser_kvstore_close(st);
+}
+
+/* ---------------------------------------------------------------- refusals */
+
+static char *slurp(const char *path, size_t *n) { return tu_read_file(path, n); }
+
+static void put_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(p, 1, n, f) == n);
+    if (f) fclose(f);
+}
+
+static void hmac_key(const unsigned char *key, const unsigned char *p, size_t n, unsigned char out[32]) {
+    EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    EVP_MAC_CTX *c = EVP_MAC_CTX_new(mac);
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
+                           OSSL_PARAM_construct_end()};
+    size_t len = 0;
+    EVP_MAC_init(c, key, 32, params);
+    EVP_MAC_update(c, (const unsigned char *)KVP_SEAL_DOMAIN, sizeof KVP_SEAL_DOMAIN);
+    EVP_MAC_update(c, p, n);
+    EVP_MAC_final(c, out, &len, 32);
+    EVP_MAC_CTX_free(c);
+    EVP_MAC_free(mac);
+}
+
+static void sha(const unsigned char *p, size_t n, unsigned char out[32]) {
+    unsigned int len = 0;
+    EVP_Digest(p, n, out, &len, EVP_sha256(), NULL);
+}
+
+/* Section starts of a pack (offsets), from its own headers. */
+static int sections(const unsigned char *p, size_t n, size_t *at, int cap) {
+    int k = 0;
+    size_t off = KVP_HEADER_BYTES;
+    while (off + KVP_SECTION_BYTES <= n - KVP_SEAL_BYTES && k < cap) {
+        uint64_t bytes = 0;
+        for (int i = 7; i >= 0; i--) bytes = bytes << 8 | p[off + 24 + i];
+        at[k++] = off;
+        off += KVP_SECTION_BYTES + bytes;
+    }
+    return k;
+}
+
+static void expect_refusal(const char *path, muser_model *m, const char *want, const char *what, size_t at) {
+    muser_error err = {{0}};
+    bool ok = muser_kvpack_verify(path, NULL, m, NULL, &err);
+    CHECK_MSG(!ok, "%s at %zu: accepted", what, at);
+    CHECK_MSG(ok || strstr(err.msg, want), "%s at %zu: message '%s' does not name '%s'", what, at, err.msg, want);
+}
+
+static void test_refusals(muser_model *m, muser_model *foreign, const char *dir, const float *ref) {
+    muser_error err;
+    muser_kvstore *st = muser_kvstore_open(m, dir, NULL, &err);
+    CHECK_MSG(st, "%s", err.msg);
+    if (!st) return;
+    const int64_t d = 300; /* KV chunks of both kinds, a ring past its wrap */
+    muser_session *a = session(m, 512, 64);
+    feed_range(a, 0, d, 64);
+    muser_sampling_params spp;
+    muser_sampling_params_default(&spp);
+    spp.seed = 5;
+    muser_sampler *smp = muser_sampler_create(m, &spp, &err);
+    CHECK_MSG(smp, "%s", err.msg);
+    for (int i = 0; i < 3; i++) { /* move the sampler's streams on: its state is not the seed's */
+        int32_t x = muser_sampler_sample(smp, muser_session_logits(a), &err);
+        CHECK_MSG(x >= 0 && muser_sampler_accept(smp, x, &err), "%s", err.msg);
+    }
+    char id[65], path[4200], copy[4200];
+    CHECK_MSG(muser_kvstore_save(st, a, smp, id, NULL, &err), "%s", err.msg);
+    { /* a fresh sampler given the pack's state draws what the saved one draws next */
+        muser_sampler *smp2 = muser_sampler_create(m, &spp, &err);
+        muser_session *b = session(m, 1024, 16);
+        CHECK_MSG(muser_kvstore_restore(st, id, b, smp2, &err), "%s", err.msg);
+        for (int i = 0; i < 8; i++) {
+            int32_t x = muser_sampler_sample(smp, muser_session_logits(a), &err);
+            int32_t y = muser_sampler_sample(smp2, muser_session_logits(b), &err);
+            CHECK_EQ_INT(x, y);
+            if (x < 0 || x != y) break;
+            CHECK(muser_sampler_accept(smp, x, &err) && muser_sampler_accept(smp2, y, &err));
+        }
+        muser_sampler_free(smp2);
+        muser_session_free(b);
+    }
+    snprintf(path, sizeof path, "%s/%s.kvpack", dir, id);
+    snprintf(copy, sizeof copy, "%s/copy.kvpack", dir);
+    muser_kvpack_info info;
+    CHECK_MSG(muser_kvpack_verify(path, NULL, m, &info, &err), "%s", err.msg);
+    CHECK_EQ_INT(info.n_tokens, d);
+    CHECK(info.has_sampler);
+    size_t n;
+    unsigned char *orig = (unsigned char *)slurp(path, &n);
+    CHECK(orig && n == info.file_bytes);
+    if (!orig) return;
+    size_t at[64];
+    int ns = sections(orig, n, at, 64);
+    CHECK(ns >= 8);
+    /* the live session a refused restore must leave alone */
+    muser_session *live = session(m, 512, 64);
+    feed_range(live, 0, 40, 40);
+
+    /* single-byte corruptions: structure bytes all, payload bytes sampled */
+    uint64_t rng = 12345;
+    int tried = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool structure = i < KVP_HEADER_BYTES || i >= n - KVP_SEAL_BYTES;
+        /* every section: its header, the first 16 payload bytes (the whole identity), the last 16 */
+        for (int k = 0; k < ns && !structure; k++) {
+            const size_t end = k + 1 < ns ? at[k + 1] : n - KVP_SEAL_BYTES;
+            structure = (i >= at[k] && i < at[k] + KVP_SECTION_BYTES + (k == 0 ? 300 : 16)) || (i < end && i + 16 >= end);
+        }
+        if (!structure && tu_rng_next(&rng) % 211) continue;
+        unsigned char save = orig[i];
+        orig[i] ^= (unsigned char)(1 + tu_rng_next(&rng) % 255);
+        put_file(copy, orig, n);
+        orig[i] = save;
+        const char *want = i < KVP_HEADER_BYTES ? "header" : i >= n - KVP_SEAL_BYTES ? "seal" : "section";
+        expect_refusal(copy, m, want, "byte flip", i);
+        if (tried++ % 97 == 0) { /* through a restore: refused, the live session untouched */
+            CHECK_MSG(!muser_kvstore_restore(st, copy, live, NULL, &err), "restore of a flip at %zu accepted", i);
+            CHECK_EQ_INT(muser_session_pos(live), 40);
+            CHECK(muser_session_logits(live) && same_row(muser_session_logits(live), ref + 39 * V));
+        }
+    }
+    printf("byte flips refused: %d of %zu bytes\n", tried, n);
+    /* a cancelled restore of a good pack: refused, the live session untouched */
+    {
+        static volatile int stop = 1;
+        muser_kvstore_set_cancel(st, &stop);
+        CHECK(!muser_kvstore_restore(st, id, live, NULL, &err) && strstr(err.msg, "cancelled"));
+        muser_kvstore_set_cancel(st, NULL);
+        CHECK_EQ_INT(muser_session_pos(live), 40);
+    }
+    /* the in-memory snapshot keeps the logits row and the token record now */
+    {
+        muser_snapshot *snap = muser_session_snapshot(live);
+        CHECK(snap != NULL);
+        muser_session *other = session(m, 512, 64);
+        feed_range(other, 0, 7, 7);
+        CHECK_MSG(muser_session_restore(other, snap, &err), "%s", err.msg);
+        CHECK(muser_session_logits(other) && same_row(muser_session_logits(other), ref + 39 * V));
+        char sid[65];
+        CHECK_MSG(muser_kvstore_save(st, other, NULL, sid, NULL, &err), "a restored snapshot is packable: %s", err.msg);
+        muser_snapshot_free(snap);
+        muser_session_free(other);
+    }
+    /* the live session goes on exactly */
+    {
+        int32_t t = tok(40);
+        CHECK_MSG(muser_session_feed(live, &t, 1, &err), "%s", err.msg);
+        CHECK_MSG(same_row(muser_session_logits(live), ref + 40 * V), "live session changed by refused restores");
+    }
+    /* truncations */
+    size_t cuts[] = {0, 1, 64, KVP_HEADER_BYTES - 1, KVP_HEADER_BYTES, KVP_HEADER_BYTES + 10, n / 3, n / 2, n - KVP_SEAL_BYTES, n - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
+        put_file(copy, orig, cuts[i]);
+        expect_refusal(copy, m, "truncated", "truncation", cuts[i]);
+    }
+    /* trailing bytes */
+    {
+        unsigned char *longer = malloc(n + 1);
+        memcpy(longer, orig, n);
+        longer[n] = 0;
+        put_file(copy, longer, n + 1);
+        expect_refusal(copy, m, "trailing", "append", n);
+        free(longer);
+    }
+    /* foreign identity (another model's file) */
+    put_file(copy, orig, n);
+    expect_refusal(copy, foreign, "identity mismatch: model_sha256", "foreign model", 0);
+    /* wrong key */
+    {
+        char kp[4200];
+        snprintf(kp, sizeof kp, "%s/other.key", dir);
+        unsigned char k2[32];
+        for (int i = 0; i < 32; i++) k2[i] = (unsigned char)(i * 7 + 1);
+        int fd = open(kp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        CHECK(fd >= 0 && write(fd, k2, 32) == 32);
+        close(fd);
+        CHECK(!muser_kvpack_verify(path, kp, m, NULL, &err) && strstr(err.msg, "seal: HMAC-SHA256 mismatch"));
+        chmod(kp, 0644);
+        CHECK(!muser_kvpack_verify(path, kp, m, NULL, &err) && strstr(err.msg, "mode 0644"));
+    }
+    /* stale: version 0 with a correct header digest */
+    {
+        unsigned char *p = malloc(n);
+        memcpy(p, orig, n);
+        p[8] = 0;
+        sha(p, KVP_HEADER_HASHED, p + KVP_HEADER_HASHED);
+        put_file(copy, p, n);
+        expect_refusal(copy, m, "version 0", "stale version", 8);
+        /* an identity field changed and everything re-hashed and re-sealed
+         * with the right key: refused by the identity check by name */
+        memcpy(p, orig, n);
+        p[at[0] + KVP_SECTION_BYTES + 148] ^= 1; /* numerics_abi */
+        {
+            unsigned char *buf = malloc(KVP_SECTION_HASHED + info.n_layer + KVP_IDENT_FIXED);
+            size_t il = KVP_IDENT_FIXED + (size_t)info.n_layer;
+            memcpy(buf, p + at[0], KVP_SECTION_HASHED);
+            memcpy(buf + KVP_SECTION_HASHED, p + at[0] + KVP_SECTION_BYTES, il);
+            sha(buf, KVP_SECTION_HASHED + il, p + at[0] + KVP_SECTION_HASHED);
+            free(buf);
+        }
+        unsigned char key[32];
+        char kp[4200];
+        snprintf(kp, sizeof kp, "%s/kvpack.key", dir);
+        size_t kn;
+        char *kb = slurp(kp, &kn);
+        CHECK(kb && kn == 32);
+        if (kb) memcpy(key, kb, 32);
+        free(kb);
+        unsigned char *seal = p + n - KVP_SEAL_BYTES;
+        hmac_key(key, p, n - KVP_SEAL_BYTES + 8, seal + 8);
+        put_file(copy, p, n);
+        expect_refusal(copy, m, "identity mismatch: numerics_abi", "numerics ABI", 0);
+        /* and without a model only integrity is checked: it passes */
+        CHECK_MSG(muser_kvpack_verify(copy, NULL, NULL, NULL, &err), "%s", err.msg);
+        free(p);
+    }
+    /* a concurrent writer of the same pack fails closed */
+    {
+        muser_session *c = session(m, 512, 64);
+        feed_range(c, 0, 77, 77);
+        char cid[65];
+        /* find the name this session's pack will have: save elsewhere first */
+        char dir2[4200];
+        snprintf(dir2, sizeof dir2, "%s/other", dir);
+        char kp[4200], kp2[4200];
+        snprintf(kp, sizeof kp, "%s/kvpack.key", dir);
+        muser_kvstore *st2 = muser_kvstore_open(m, dir2, kp, &err);
+        CHECK_MSG(st2, "%s", err.msg);
+        CHECK_MSG(st2 && muser_kvstore_save(st2, c, NULL, cid, NULL, &err), "%s", err.msg);
+        snprintf(kp2, sizeof kp2, "%s/%s.lock", dir, cid);
+        int lk = open(kp2, O_RDWR | O_CREAT, 0600);
+        CHECK(lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0);
+        CHECK(!muser_kvstore_save(st, c, NULL, cid, NULL, &err) && strstr(err.msg, "another writer"));
+        close(lk);
+        CHECK_MSG(muser_kvstore_save(st, c, NULL, cid, NULL, &err), "after the other writer: %s", err.msg);
+        muser_kvstore_close(st2);
+        muser_session_free(c);
+    }
+    unlink(copy);
+    free(orig);
+    muser_sampler_free(smp);
+    muser_session_free(live);
+    muser_session_free(a);
+    muser_kvstore_close(st);
+}
+
+/* ---------------------------------------------------------------- kill -9 */
+
+static int verify_all(muser_model *m, const char *dir, int *temps) {
+    DIR *d = opendir(dir);
+    int good = 0;
+    *temps = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        size_t l = strlen(de->d_name);
+        if (!strncmp(de->d_name, ".tmp-", 5)) (*temps)++;
+        if (l < 7 || strcmp(de->d_name + l - 7, ".kvpack")) continue;
+        muser_error err;
+        CHECK_MSG(muser_kvpack_verify(p, NULL, m, NULL, &err), "a published pack does not verify: %s", err.msg);
+        good++;
+    }
+    if (d) closedir(d);
+    return good;
+}
+
+static void test_kill(muser_model *m, const char *dir) {
+    muser_error err;
+    muser_kvstore *st = muser_kvstore_open(m, dir, NULL, &err);
+    CHECK_MSG(st, "%s", err.msg);
+    if (!st) return;
+    muser_session *a = session(m, 512, 64);
+    feed_range(a, 0, 150, 64);
+    char id[65], path[4200];
+    CHECK_MSG(muser_kvstore_save(st, a, NULL, id, NULL, &err), "%s", err.msg);
+    snprintf(path, sizeof path, "%s/%s.kvpack", dir, id);
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0);
+    const int64_t size = sb.st_size;
+    uint64_t rng = 777;
+    int published = 0;
+    for (int it = 0; it < 100; it++) {
+        unlink(path);
+        int64_t kill_at = it < 3 ? size + it : (int64_t)(tu_rng_next(&rng) % (uint64_t)(size + 3));
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            mu_kvpack_test_kill_at(kill_at);
+            muser_error e2;
+            muser_kvstore_save(st, a, NULL, id, NULL, &e2);
+            _exit(3); /* not reached: the hook kills first */
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        CHECK_MSG(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "kill at %lld: the writer was not killed",
+                  (long long)kill_at);
+        int temps;
+        int good = verify_all(m, dir, &temps);
+        /* a pack appears only once it was linked whole */
+        CHECK_MSG(good == (kill_at == size + 2), "kill at %lld of %lld: %d packs published", (long long)kill_at,
+                  (long long)size, good);
+        published += good;
+        muser_kvstore_gc_stats g;
+        CHECK(muser_kvstore_gc(dir, UINT64_MAX, &g, &err));
+        CHECK_MSG(g.temp_removed == temps, "kill at %lld: %d temporary files, gc removed %lld", (long long)kill_at,
+                  temps, (long long)g.temp_removed);
+    }
+    CHECK(published >= 1);
+    /* after all that, a normal save still works and verifies */
+    unlink(path);
+    CHECK_MSG(muser_kvstore_save(st, a, NULL, id, NULL, &err), "%s", err.msg);
+    CHECK_MSG(muser_kvpack_verify(path, NULL, m, NULL, &err), "%s", err.msg);
+    muser_session_free(a);
+    muser_kvstore_close(st);
+}
+
+static void test_gc(muser_model *m, const char *dir) {
+    muser_error err;
+    muser_kvstore *st = muser_kvstore_open(m, dir, NULL, &err);
+    CHECK_MSG(st, "%s", err.msg);
+    if (!st) return;
+    char ids[3][65];
+    for (int i = 0; i < 3; i++) {
+        muser_session *s = session(m, 512, 64);
+        feed_range(s, 0, 20 + i, 64);
+        CHECK_MSG(muser_kvstore_save(st, s, NULL, ids[i], NULL, &err), "%s", err.msg);
+        muser_session_free(s);
+        usleep(20000);
+    }
+    /* use the oldest: it becomes the most recent */
+    muser_session *s = session(m, 512, 64);
+    usleep(20000);
+    CHECK_MSG(muser_kvstore_restore(st, ids[0], s, NULL, &err), "%s", err.msg);
+    muser_session_free(s);
+    struct stat sb;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s.kvpack", dir, ids[0]);
+    CHECK(stat(p, &sb) == 0);
+    muser_kvstore_gc_stats g;
+    CHECK(muser_kvstore_gc(dir, (uint64_t)sb.st_size, &g, &err));
+    CHECK_EQ_INT(g.packs, 3);
+    CHECK_EQ_INT(g.removed, 2);
+    CHECK(access(p, F_OK) == 0);
+    /* a key file of the wrong mode is refused when the store opens */
+    snprintf(p, sizeof p, "%s/kvpack.key", dir);
+    chmod(p, 0640);
+    CHECK(!muser_kvstore_open(m, dir, NULL, &err) && strstr(err.msg, "mode 0640"));
+    chmod(p, 0600);
+    muser_kvstore_close(st);
+}
+
+int main(void) {
+    unsetenv("MUSER_KVPACK_KEY");
+    muser_error err;
+    muser_model_params mp = {.backend = MUSER_BACKEND_CPU, .n_threads = 2};
+    muser_model *m = muser_model_load(fx_synth("q4_k_xl", 11, WINDOW), &mp, &err);
+    muser_model *foreign = muser_model_load(fx_synth("q4_k_xl", 12, WINDOW), &mp, &err);
+    CHECK_MSG(m && foreign, "%s", err.msg);
+    if (!m || !foreign) TEST_MAIN_END();
+    muser_model_info mi;
+    muser_model_get_info(m, &mi);
+    V = mi.n_vocab;
+    float *ref = reference_rows(m, 700 + CONT);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/exact", fx_tmpdir());
+    test_exact(m, dir, ref);
+    snprintf(dir, sizeof dir, "%s/cache", fx_tmpdir());
+    test_prompt_cache(m, dir);
+    snprintf(dir, sizeof dir, "%s/refuse", fx_tmpdir());
+    test_refusals(m, foreign, dir, ref);
+    snprintf(dir, sizeof dir, "%s/kill", fx_tmpdir());
+    test_kill(m, dir);
+    snprintf(dir, sizeof dir, "%s/gc", fx_tmpdir());
+    test_gc(m, dir);
+    free(ref);
+    muser_model_free(foreign);
+    muser_model_free(m);
+    fx_cleanup();
+    TEST_MAIN_END();
+}
