@@ -519,7 +519,12 @@ srv_job *srv_sched_submit(srv_sched *s, const srv_job_params *p, srv_refusal *re
     }
     j->seed = muser_sampler_seed(mu_gen_sampler(g));
     pthread_mutex_lock(&s->mu);
-    if (s->stopping || s->n_waiting >= s->p.max_queue) {
+    /* Jobs the scheduler thread has not yet moved into free slots are not waiting for
+     * a slot: without counting those slots, a burst at an idle server got 429s while
+     * slots were free (the thread may be inside a step when the burst arrives). */
+    int32_t free_slots = 0;
+    for (int32_t i = 0; i < s->p.n_slots; i++) free_slots += !s->slots[i].job;
+    if (s->stopping || s->n_waiting >= s->p.max_queue + free_slots) {
         const bool stopping = s->stopping;
         s->st.requests_refused++;
         pthread_mutex_unlock(&s->mu);
