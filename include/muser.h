@@ -164,6 +164,11 @@ const float *muser_session_logits(const muser_session *s);
  * all_out as in feed_all, or NULL for the last row's logits only; it must
  * stay valid until the input completes). One submission at a time. */
 bool muser_session_submit(muser_session *s, const int32_t *tokens, int64_t n, float *all_out, muser_error *err);
+/* As submit, for prompt text: the step treats it as a prompt at any length
+ * (chunked, and within prefill_budget beside decode rows), where a plain
+ * submission of at most 16 rows runs whole as a decode or verification
+ * block. The logits are the same bits either way. */
+bool muser_session_submit_prompt(muser_session *s, const int32_t *tokens, int64_t n, float *all_out, muser_error *err);
 /* Queued rows not yet run. */
 int64_t muser_session_queued(const muser_session *s);
 /* The message that poisoned the session ("" when it is healthy). */

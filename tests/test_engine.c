@@ -76,7 +76,9 @@ static void submit_next(live *L, int seq, uint64_t *rng, int64_t V) {
         int64_t n = 1 + rnd(rng, 20);
         if (n > left) n = left;
         for (int64_t i = 0; i < n; i++) toks[i] = token_of(seq, L->submitted + i);
-        ok = muser_session_submit(L->s, toks, n, NULL, &err);
+        /* as a prompt (chunked, budgeted) or plainly (whole when short): the same bits */
+        ok = rnd(rng, 2) ? muser_session_submit_prompt(L->s, toks, n, NULL, &err)
+                         : muser_session_submit(L->s, toks, n, NULL, &err);
         L->submitted += n;
         L->what = 0;
     } else if (L->phase == 2 && seq == SNAP_SEQ && L->d == 0 && !L->snap) {

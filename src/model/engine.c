@@ -66,6 +66,7 @@ struct muser_session {
     int64_t q_len, q_done, q_cap;
     float *q_all_out;
     uint64_t q_order;
+    bool q_prompt;              /* submitted as a prompt: chunked and budgeted at any length */
 };
 
 struct muser_snapshot {
@@ -474,7 +475,7 @@ bool muser_session_feed_all(muser_session *s, const int32_t *tokens, int64_t n, 
 
 /* ------------------------------------------------------------------ submit and step */
 
-bool muser_session_submit(muser_session *s, const int32_t *tokens, int64_t n, float *all_out, muser_error *err) {
+static bool submit(muser_session *s, const int32_t *tokens, int64_t n, float *all_out, bool prompt, muser_error *err) {
     muser_engine *e = s->e;
     lock(e);
     bool ok = check_input(s, tokens, n, ERR(err));
@@ -488,12 +489,21 @@ bool muser_session_submit(muser_session *s, const int32_t *tokens, int64_t n, fl
         s->q_done = 0;
         s->q_all_out = all_out;
         s->q_order = ++e->submit_clock;
+        s->q_prompt = prompt;
         s->has_logits = false;
         s->captured_rows = 0;
         capture_reserve(s, n);
     }
     unlock(e);
     return ok;
+}
+
+bool muser_session_submit(muser_session *s, const int32_t *tokens, int64_t n, float *all_out, muser_error *err) {
+    return submit(s, tokens, n, all_out, false, err);
+}
+
+bool muser_session_submit_prompt(muser_session *s, const int32_t *tokens, int64_t n, float *all_out, muser_error *err) {
+    return submit(s, tokens, n, all_out, true, err);
 }
 
 static int cmp_order(const void *a, const void *b) {
@@ -527,7 +537,7 @@ int32_t muser_engine_step(muser_engine *e, muser_step_info *info, muser_error *e
             muser_session *s = order[i];
             const int64_t left = s->q_len - s->q_done;
             /* whole in one forward: a decode token or a verification block */
-            const bool small = left <= STEP_DECODE_MAX && left <= e->chunk;
+            const bool small = !s->q_prompt && left <= STEP_DECODE_MAX && left <= e->chunk;
             if (small != (pass == 0)) continue;
             int64_t n = left < e->chunk ? left : e->chunk;
             if (n > e->n_batch - rows) n = e->n_batch - rows;

@@ -315,7 +315,7 @@ static int32_t queue_inputs(srv_sched *s, bool *progress) {
         const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
         bool ok = true;
         if (!j->prompt_queued) {
-            ok = muser_session_submit(sl->sess, prompt + j->fed, n_prompt - j->fed, NULL, &err);
+            ok = muser_session_submit_prompt(sl->sess, prompt + j->fed, n_prompt - j->fed, NULL, &err);
             j->prompt_queued = ok;
         } else if (!j->token_queued) {
             if (muser_session_pos(sl->sess) >= muser_session_n_ctx(sl->sess)) {
