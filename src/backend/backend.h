@@ -110,6 +110,18 @@ struct mu_backend {
     void (*store_heads)(mu_backend *b, float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                         const float *src, int64_t rows, bool transposed);
 
+    /* ---- optional fused ops (NULL: the forward runs the ops they stand
+     * for, one by one; a fused op gives the same bits) ---- */
+    /* The sandwich residual step over rows of n: x += rmsnorm(o, eps_o) * w_o;
+     * then, if h: h = rmsnorm(x, eps_h) * w_h. o's contents may be lost. */
+    void (*residual)(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
+                     float eps_h, int64_t n, int64_t rows);
+    /* Per-head rmsnorm of q (rows x nq heads) and k (rows x nk heads) with
+     * the head_dim weights wq, wk and eps; then, if cs, rope (interleaved)
+     * on both. */
+    void (*qk_norm_rope)(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
+                         int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows);
+
     /* ---- load time ---- */
     /* Optional (NULL: none), called once per weight at load before any op
      * reads it: wants_repack says whether this backend has a faster layout

@@ -1,11 +1,12 @@
 /* One forward pass (docs/model.md, "Graph"; each op's order: docs/numerics.md):
  *   x = rmsnorm(embed(tokens))                             (weightless, eps)
- *   per layer:  h = rmsnorm(x)*attn_norm; q,k,v,g = W h
+ *   h = rmsnorm(x)*attn_norm of layer 0
+ *   per layer:  q,k,v,g = W h
  *               q,k = per-head rmsnorm * q_norm/k_norm; RoPE on sliding layers
  *               a = attention(q, K, V) * sigmoid(g); o = Wo a
- *               x += rmsnorm(o, 1e-8) * post_attention_norm
- *               h = rmsnorm(x)*ffn_norm; f = Wdown(silu(Wg h) * (Wu h))
- *               x += rmsnorm(f, 1e-8) * post_ffw_norm
+ *               x += rmsnorm(o, 1e-8) * post_attention_norm; h = rmsnorm(x)*ffn_norm
+ *               f = Wdown(silu(Wg h) * (Wu h))
+ *               x += rmsnorm(f, 1e-8) * post_ffw_norm; h = rmsnorm(x)*attn_norm of the next layer
  *   logits = softcap(logit_scale * Wout (rmsnorm(x)*output_norm))
  * Every op is row-independent except attention, which reads the keys of the
  * row's own sequence up to the row's own position. A layer stores all rows'
@@ -68,20 +69,46 @@ static bool store_kv(mu_kv_cache *const *kv, const mu_forward_scratch *s, const 
     return true;
 }
 
+/* x += rmsnorm(o, 1e-8) * w_o (the post-norm), then h = rmsnorm(x) * w_h
+ * (the next block's entry norm; none after the last layer). */
+static void residual(const mu_model_config *c, mu_backend *be, mu_forward_scratch *s, const float *w_o,
+                     const float *w_h, int64_t rows) {
+    float *h = w_h ? s->h : NULL;
+    if (be->residual) {
+        be->residual(be, s->x, s->o, w_o, MU_POST_NORM_EPS, h, w_h, c->rms_eps, c->n_embd, rows);
+        return;
+    }
+    be->rmsnorm(be, s->o, w_o, MU_POST_NORM_EPS, s->o, c->n_embd, rows);
+    be->add(be, s->x, s->o, rows * c->n_embd);
+    if (h) be->rmsnorm(be, s->x, w_h, c->rms_eps, h, c->n_embd, rows);
+}
+
+/* QK norms per head, then RoPE on sliding layers only (the full layers are NoPE). */
+static void qk_norm_rope(const mu_model_config *c, mu_backend *be, mu_forward_scratch *s, const mu_layer_weights *lw,
+                         bool rope, int64_t rows) {
+    const int64_t D = c->head_dim;
+    if (be->qk_norm_rope) {
+        be->qk_norm_rope(be, s->q, lw->attn_q_norm, c->n_head, s->k, lw->attn_k_norm, c->n_head_kv, D, c->rms_eps,
+                         rope ? s->cs : NULL, c->n_rot, rows);
+        return;
+    }
+    be->rmsnorm(be, s->q, lw->attn_q_norm, c->rms_eps, s->q, D, rows * c->n_head);
+    be->rmsnorm(be, s->k, lw->attn_k_norm, c->rms_eps, s->k, D, rows * c->n_head_kv);
+    if (rope) {
+        be->rope(be, s->q, c->n_head, D, c->n_rot, s->cs, rows, false);
+        be->rope(be, s->k, c->n_head_kv, D, c->n_rot, s->cs, rows, false);
+    }
+}
+
+/* Entered with h = rmsnorm(x) * attn_norm; leaves h = rmsnorm(x) * ffn_norm. */
 static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_forward_scratch *s,
                             const mu_batch *b, int il, mu_error *err) {
     const mu_model_config *c = &m->cfg;
     const mu_layer_weights *lw = &m->layers[il];
-    const int64_t E = c->n_embd, D = c->head_dim, Q = c->n_head * D, KV = c->n_head_kv * D, rows = b->n;
-    be->rmsnorm(be, s->x, lw->attn_norm, c->rms_eps, s->h, E, rows);
+    const int64_t D = c->head_dim, Q = c->n_head * D, KV = c->n_head_kv * D, rows = b->n;
     matmuls(be, 4, (const mu_weight *[]){&lw->attn_q, &lw->attn_k, &lw->attn_v, &lw->attn_gate}, s->h,
             (float *[]){s->q, s->k, s->v, s->g}, rows);
-    be->rmsnorm(be, s->q, lw->attn_q_norm, c->rms_eps, s->q, D, rows * c->n_head);
-    be->rmsnorm(be, s->k, lw->attn_k_norm, c->rms_eps, s->k, D, rows * c->n_head_kv);
-    if (c->is_swa[il]) { /* RoPE on sliding layers only; the full layers are NoPE */
-        be->rope(be, s->q, c->n_head, D, c->n_rot, s->cs, rows, false);
-        be->rope(be, s->k, c->n_head_kv, D, c->n_rot, s->cs, rows, false);
-    }
+    qk_norm_rope(c, be, s, lw, c->is_swa[il], rows);
     if (!store_kv(kv, s, b, il, KV, err)) return false;
     for (int64_t r = 0; r < rows; r++) s->kvl[r] = &kv[b->seq[r]]->layers[il];
     mu_attn_batch a = {
@@ -91,21 +118,18 @@ static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *cons
     be->attention(be, &a, s->q, s->att);
     be->sigmoid_gate(be, s->att, s->g, rows * Q);
     be->matmul(be, &lw->attn_output, s->att, s->o, rows);
-    be->rmsnorm(be, s->o, lw->post_attention_norm, MU_POST_NORM_EPS, s->o, E, rows);
-    be->add(be, s->x, s->o, rows * E);
+    residual(c, be, s, lw->post_attention_norm, lw->ffn_norm, rows);
     return true;
 }
 
+/* Leaves h = rmsnorm(x) * the next layer's attn_norm (nothing after the last). */
 static void ffn_block(const mu_model *m, mu_backend *be, mu_forward_scratch *s, int il, int64_t rows) {
     const mu_model_config *c = &m->cfg;
     const mu_layer_weights *lw = &m->layers[il];
-    const int64_t E = c->n_embd;
-    be->rmsnorm(be, s->x, lw->ffn_norm, c->rms_eps, s->h, E, rows);
     matmuls(be, 2, (const mu_weight *[]){&lw->ffn_gate, &lw->ffn_up}, s->h, (float *[]){s->fg, s->fu}, rows);
     be->swiglu(be, s->fg, s->fu, rows * c->n_ff);
     be->matmul(be, &lw->ffn_down, s->fg, s->o, rows);
-    be->rmsnorm(be, s->o, lw->post_ffw_norm, MU_POST_NORM_EPS, s->o, E, rows);
-    be->add(be, s->x, s->o, rows * E);
+    residual(c, be, s, lw->post_ffw_norm, il + 1 < c->n_layer ? m->layers[il + 1].attn_norm : NULL, rows);
 }
 
 /* Copy the residual rows entering layer il into their capture rows. */
@@ -146,6 +170,7 @@ bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_fo
     be->embed(be, &m->token_embd, b->token, rows, s->x);
     be->rmsnorm(be, s->x, NULL, c->rms_eps, s->x, E, rows);
     if (c->n_swa_layers) be->rope_table(be, inv_freq, c->n_rot / 2, b->pos, rows, s->cs);
+    be->rmsnorm(be, s->x, m->layers[0].attn_norm, c->rms_eps, s->h, E, rows);
     for (int il = 0; il < c->n_layer; il++) {
         if (cap) capture_boundary(be, cap, b, il, s->x, E);
         if (!attention_block(m, be, kv, s, b, il, err)) return false;

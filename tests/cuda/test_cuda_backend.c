@@ -181,7 +181,9 @@ static void test_matmul_large(void) {
         {"NVFP4_ggml", MU_TYPE_NVFP4, false, false}, {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false},
     };
     const int64_t shapes[][2] = {{5120, 37}, {6656, 130}, {1280, 1}};
-    const int64_t rowss[] = {1, 2, 3, 4, 7, 16, 17, 33, 100};
+    const int64_t rowss[] = {1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 100};
+    for (int variant = 0; variant <= 3; variant++) { /* every weight-streaming kernel, the default (3) last */
+    mucu_set_mmv_variant(variant);
     for (size_t t = 0; t < sizeof big / sizeof *big; t++)
         for (int s = 0; s < 3; s++) {
             const int64_t n_in = shapes[s][0], n_out = shapes[s][1];
@@ -197,12 +199,73 @@ static void test_matmul_large(void) {
                 ref->matmul(ref, &w, x, y, rows);
                 cu->matmul(cu, &w, dx, dy, rows);
                 char what[128];
-                snprintf(what, sizeof what, "matmul %s n_in=%lld n_out=%lld rows=%lld", w.name, (long long)n_in,
-                         (long long)n_out, (long long)rows);
+                snprintf(what, sizeof what, "matmul %s n_in=%lld n_out=%lld rows=%lld mmv=%d", w.name, (long long)n_in,
+                         (long long)n_out, (long long)rows, variant);
                 check(what, y, dy, (size_t)(rows * n_out) * 4);
                 cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
             }
         }
+    }
+}
+
+/* --bench-mmv: the weight-streaming kernels on the full model's matrix
+ * shapes (q4_k_xl types), GPU time per call by cudaEvents, median of 9
+ * timings of 10 calls each, cycling through copies of the weight that
+ * together exceed the L2 cache. Weight bytes are random (speed only). */
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void bench_mmv(void) {
+    static const struct { const char *what; uint32_t type; int64_t n_in, n_out; } shapes[] = {
+        {"attn_q/gate", MU_TYPE_Q4_K, 6656, 4096}, {"attn_k", MU_TYPE_Q4_K, 6656, 256},
+        {"attn_v", MU_TYPE_Q6_K, 6656, 256},      {"attn_output", MU_TYPE_Q4_K, 4096, 6656},
+        {"ffn_gate/up", MU_TYPE_Q4_K, 6656, 19968}, {"ffn_down", MU_TYPE_Q4_K, 19968, 6656},
+        {"ffn_down", MU_TYPE_Q6_K, 19968, 6656},  {"output/8", MU_TYPE_Q5_K, 6656, 25256},
+    };
+    static const int variants[] = {3, 0}, rowss[] = {1, 2, 4, 8, 16};
+    char msg[MUCU_ERR_LEN];
+    printf("%-12s %-5s %6s %6s %4s %4s %10s %9s\n", "weight", "type", "n_in", "n_out", "mmv", "rows", "us/call", "GB/s");
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        uint64_t rb = 0;
+        if (!mu_type_row_bytes(shapes[si].type, (uint64_t)shapes[si].n_in, &rb)) abort();
+        const size_t bytes = (size_t)rb * (size_t)shapes[si].n_out;
+        int copies = (int)((size_t)(256u << 20) / bytes) + 1;
+        if (copies > 64) copies = 64;
+        mu_weight *w = mu_xcalloc((size_t)copies, sizeof *w);
+        for (int c = 0; c < copies; c++) {
+            uint8_t *p = mu_xmalloc(bytes);
+            for (size_t i = 0; i < bytes; i += 4) {
+                uint32_t v = next_u32() & 0x3BFF3BFFu; /* keeps the f16 d / dmin words finite */
+                memcpy(p + i, &v, bytes - i < 4 ? bytes - i : 4);
+            }
+            w[c] = (mu_weight){.name = shapes[si].what, .type = shapes[si].type, .scale = 1.0f,
+                               .n_in = shapes[si].n_in, .n_out = shapes[si].n_out, .row_bytes = rb, .data = p};
+        }
+        const int64_t n_in = shapes[si].n_in, n_out = shapes[si].n_out;
+        float *x = rnd_vec((size_t)(16 * n_in), 2.0f), *dx = dev(x, (size_t)(16 * n_in) * 4);
+        float *dy = cu->alloc(cu, (size_t)(16 * n_out) * 4);
+        for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
+            for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++) {
+                mucu_set_mmv_variant(variants[vi]);
+                const int rows = rowss[ri];
+                for (int c = 0; c < copies; c++) cu->matmul(cu, &w[c], dx, dy, rows); /* upload + warm-up */
+                double t[9];
+                for (int k = 0; k < 9; k++) {
+                    if (!mucu_timer_begin(msg)) abort();
+                    for (int i = 0; i < 10; i++) cu->matmul(cu, &w[(k * 10 + i) % copies], dx, dy, rows);
+                    if (!mucu_timer_end(&t[k], msg)) abort();
+                    t[k] = t[k] * 1e3 / 10.0;
+                }
+                qsort(t, 9, sizeof *t, cmp_d);
+                printf("%-12s %-5s %6lld %6lld %4d %4d %10.2f %9.1f\n", shapes[si].what, mu_type_name(shapes[si].type),
+                       (long long)n_in, (long long)n_out, variants[vi], rows, t[4], (double)bytes / (t[4] * 1e3));
+            }
+        cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x);
+        /* the host bytes stay alive: the backend keeps their device copies by address until it is destroyed */
+    }
+    mucu_set_mmv_variant(3);
 }
 
 /* matmul_multi: weights of the fast kernel sharing one quantization of x,
@@ -353,6 +416,94 @@ static void test_elementwise(void) {
     cu->free(cu, dx, 0), free(x);
 }
 
+/* The fused ops against the ops they stand for, and the matrix product
+ * that reads their Q8_K quantization right after them (prequantized). */
+static void test_fused(void) {
+    static const wspec q4 = {"Q4_K", MU_TYPE_Q4_K, false, false}, q6 = {"Q6_K", MU_TYPE_Q6_K, false, false};
+    const int64_t ns[] = {6656, 1024, 1000, 768}, rows = 3;
+    for (int i = 0; i < 4; i++)
+        for (int with_h = 0; with_h < 2; with_h++) {
+            const int64_t n = ns[i], N = n * rows;
+            float *x = rnd_vec((size_t)N, 3.0f), *o = rnd_vec((size_t)N, 5.0f), *h = mu_xmalloc((size_t)N * 4);
+            float *wo = rnd_vec((size_t)n, 2.0f), *wh = rnd_vec((size_t)n, 2.0f);
+            float *dx = dev(x, (size_t)N * 4), *dox = dev(o, (size_t)N * 4), *dh = cu->alloc(cu, (size_t)N * 4);
+            ref->rmsnorm(ref, o, wo, 1e-8f, o, n, rows);
+            ref->add(ref, x, o, N);
+            if (with_h) ref->rmsnorm(ref, x, wh, 1e-6f, h, n, rows);
+            cu->residual(cu, dx, dox, wo, 1e-8f, with_h ? dh : NULL, wh, 1e-6f, n, rows);
+            char what[96];
+            snprintf(what, sizeof what, "residual x n=%lld h=%d", (long long)n, with_h);
+            check(what, x, dx, (size_t)N * 4);
+            if (with_h) {
+                snprintf(what, sizeof what, "residual h n=%lld", (long long)n);
+                check(what, h, dh, (size_t)N * 4);
+                if (n % 256 == 0) { /* the product right after reads the fused quantization */
+                    mu_weight w[2] = {make_weight(&q4, n, 40), make_weight(&q6, n, 24)};
+                    const mu_weight *wp[2] = {&w[0], &w[1]};
+                    float *y0 = mu_xmalloc((size_t)(rows * 40) * 4), *y1 = mu_xmalloc((size_t)(rows * 24) * 4);
+                    float *dy0 = cu->alloc(cu, (size_t)(rows * 40) * 4), *dy1 = cu->alloc(cu, (size_t)(rows * 24) * 4);
+                    ref->matmul(ref, &w[0], h, y0, rows);
+                    ref->matmul(ref, &w[1], h, y1, rows);
+                    cu->matmul_multi(cu, 2, wp, dh, (float *[]){dy0, dy1}, rows);
+                    snprintf(what, sizeof what, "residual + matmul_multi n=%lld", (long long)n);
+                    check(what, y0, dy0, (size_t)(rows * 40) * 4);
+                    check(what, y1, dy1, (size_t)(rows * 24) * 4);
+                    /* rmsnorm's fused quantization, then a single product */
+                    ref->rmsnorm(ref, x, wh, 1e-5f, h, n, rows);
+                    cu->rmsnorm(cu, dx, wh, 1e-5f, dh, n, rows);
+                    ref->matmul(ref, &w[0], h, y0, rows);
+                    cu->matmul(cu, &w[0], dh, dy0, rows);
+                    snprintf(what, sizeof what, "rmsnorm + matmul n=%lld", (long long)n);
+                    check(what, y0, dy0, (size_t)(rows * 40) * 4);
+                    cu->free(cu, dy0, 0), cu->free(cu, dy1, 0), free(y0), free(y1);
+                }
+            }
+            cu->free(cu, dx, 0), cu->free(cu, dox, 0), cu->free(cu, dh, 0), free(x), free(o), free(h);
+        }
+    /* gate and swiglu with their fused quantization, then the product */
+    for (int op = 0; op < 2; op++) {
+        const int64_t n_in = 1536, rows = 2, N = n_in * rows;
+        float *x = rnd_vec((size_t)N, 12.0f), *g = rnd_vec((size_t)N, 12.0f), *y = mu_xmalloc((size_t)(rows * 33) * 4);
+        float *dx = dev(x, (size_t)N * 4), *dg = dev(g, (size_t)N * 4), *dy = cu->alloc(cu, (size_t)(rows * 33) * 4);
+        mu_weight w = make_weight(&q4, n_in, 33);
+        if (op) ref->swiglu(ref, x, g, N), cu->swiglu(cu, dx, dg, N);
+        else ref->sigmoid_gate(ref, x, g, N), cu->sigmoid_gate(cu, dx, dg, N);
+        check(op ? "swiglu (fused q8)" : "sigmoid_gate (fused q8)", x, dx, (size_t)N * 4);
+        ref->matmul(ref, &w, x, y, rows);
+        cu->matmul(cu, &w, dx, dy, rows);
+        check(op ? "swiglu + matmul" : "sigmoid_gate + matmul", y, dy, (size_t)(rows * 33) * 4);
+        cu->free(cu, dx, 0), cu->free(cu, dg, 0), cu->free(cu, dy, 0), free(x), free(g), free(y);
+    }
+    /* per-head q/k norm + rope, with and without the rotation, kernel and fallback head sizes */
+    const int64_t Ds[] = {128, 64, 256, 80};
+    for (int i = 0; i < 4; i++)
+        for (int rot = 0; rot < 2; rot++) {
+            const int64_t D = Ds[i], nq = 4, nk = 2, n_rot = D == 80 ? 64 : D, rows2 = 3;
+            float *q = rnd_vec((size_t)(rows2 * nq * D), 3.0f), *k = rnd_vec((size_t)(rows2 * nk * D), 3.0f);
+            float *wq = rnd_vec((size_t)D, 2.0f), *wk = rnd_vec((size_t)D, 2.0f);
+            double inv_freq[128];
+            for (int64_t j = 0; j < n_rot / 2; j++) inv_freq[j] = pow(10000.0, -2.0 * (double)j / (double)n_rot);
+            const int64_t pos[3] = {5, 700, 131000};
+            float *cs = mu_xmalloc((size_t)(rows2 * n_rot) * 4), *dcs = cu->alloc(cu, (size_t)(rows2 * n_rot) * 4);
+            ref->rope_table(ref, inv_freq, n_rot / 2, pos, rows2, cs);
+            cu->rope_table(cu, inv_freq, n_rot / 2, pos, rows2, dcs);
+            float *dq = dev(q, (size_t)(rows2 * nq * D) * 4), *dk = dev(k, (size_t)(rows2 * nk * D) * 4);
+            ref->rmsnorm(ref, q, wq, 1e-6f, q, D, rows2 * nq);
+            ref->rmsnorm(ref, k, wk, 1e-6f, k, D, rows2 * nk);
+            if (rot) {
+                ref->rope(ref, q, nq, D, n_rot, cs, rows2, false);
+                ref->rope(ref, k, nk, D, n_rot, cs, rows2, false);
+            }
+            cu->qk_norm_rope(cu, dq, wq, nq, dk, wk, nk, D, 1e-6f, rot ? dcs : NULL, n_rot, rows2);
+            char what[64];
+            snprintf(what, sizeof what, "qk_norm_rope q D=%lld rope=%d", (long long)D, rot);
+            check(what, q, dq, (size_t)(rows2 * nq * D) * 4);
+            snprintf(what, sizeof what, "qk_norm_rope k D=%lld rope=%d", (long long)D, rot);
+            check(what, k, dk, (size_t)(rows2 * nk * D) * 4);
+            cu->free(cu, dq, 0), cu->free(cu, dk, 0), cu->free(cu, dcs, 0), free(q), free(k), free(cs);
+        }
+}
+
 static void test_store_heads_and_memory(void) {
     const int64_t S = 11, D = 24, H = 3, rows = 4;
     int64_t slots[4] = {3, 0, 10, 7};
@@ -403,6 +554,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "test_cuda_backend: %s\n", err.msg);
         return 1;
     }
+    if (argc == 2 && !strcmp(argv[1], "--bench-mmv")) {
+        bench_mmv();
+        return 0;
+    }
     test_matmul_embed();
     test_matmul_large();
     test_matmul_multi();
@@ -413,6 +568,7 @@ int main(int argc, char **argv) {
     test_kv_attention(256);
     test_kv_attention(80);
     test_elementwise();
+    test_fused();
     test_store_heads_and_memory();
     printf("test_cuda_backend: %d checks, %d mismatches\n", n_checks, n_fail);
     cu->destroy(cu);

@@ -49,7 +49,26 @@ typedef struct cuda_ctx {
     bool told;       /* footprint printed */
     void *pinned;    /* download staging */
     size_t pinned_cap;
+    /* The q8 buffer holds the Q8_K quantization (split layout) of q8_n
+     * values at device address q8_x, written by the op that produced them
+     * (rmsnorm, residual, gate, swiglu), for the matrix products that read
+     * them next. Every other op clears it (q8_clear), so it never outlives
+     * the values it describes. */
+    const float *q8_x;
+    int64_t q8_n;
 } cuda_ctx;
+
+static void q8_clear(mu_backend *b) {
+    cuda_ctx *c = (cuda_ctx *)b->ctx;
+    c->q8_x = NULL;
+    c->q8_n = 0;
+}
+
+/* The q8 buffer, sized for n values, to be filled with x's quantization. */
+static void *q8_produce(mu_backend *b, const float *x, int64_t n);
+static void cuda_add(mu_backend *b, float *x, const float *y, int64_t n);
+static void cuda_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
+                      int64_t rows, bool neox);
 
 static _Noreturn void die(const char *op, const char *msg) {
     fprintf(stderr, "muser: cuda backend: %s: %s\n", op, msg);
@@ -217,6 +236,7 @@ static void cuda_free(mu_backend *b, void *p, size_t bytes) {
 
 static void cuda_copy(mu_backend *b, void *dst, const void *src, size_t bytes) {
     char err[MUCU_ERR_LEN];
+    q8_clear(b);
     if (!bytes || dst == src) return;
     const uint8_t *d = dst, *s = src;
     if (d < s + bytes && s < d + bytes) { /* overlap: memmove through a scratch copy */
@@ -232,12 +252,14 @@ static void cuda_copy(mu_backend *b, void *dst, const void *src, size_t bytes) {
 static void cuda_copy2d(mu_backend *b, void *dst, size_t dst_stride, const void *src, size_t src_stride, size_t width,
                         int64_t rows) {
     (void)b;
+    q8_clear(b);
     char err[MUCU_ERR_LEN];
     if (rows > 0 && !mucu_memcpy2d(dst, dst_stride, src, src_stride, width, (size_t)rows, err)) die("copy2d", err);
 }
 
 static void cuda_upload(mu_backend *b, void *dst, const void *host_src, size_t bytes) {
     (void)b;
+    q8_clear(b);
     char err[MUCU_ERR_LEN];
     if (!mucu_memcpy(dst, host_src, bytes, "upload", err)) die("upload", err);
 }
@@ -264,8 +286,19 @@ static void cuda_download(mu_backend *b, void *host_dst, const void *src, size_t
 
 static void cuda_zero(mu_backend *b, void *dst, size_t bytes) {
     (void)b;
+    q8_clear(b);
     char err[MUCU_ERR_LEN];
     if (!mucu_memset0(dst, bytes, err)) die("zero", err);
+}
+
+static void *q8_produce(mu_backend *b, const float *x, int64_t n) {
+    cuda_ctx *c = ctx_of(b);
+    q8_clear(b);
+    if (n <= 0 || n % 256) return NULL;
+    void *q8 = buf_reserve(&c->q8, mucu_q8k_bytes(n, 1) + 1, "q8");
+    c->q8_x = x;
+    c->q8_n = n;
+    return q8;
 }
 
 /* ------------------------------------------------------------------- ops */
@@ -292,6 +325,7 @@ static void tell_footprint(mu_backend *b) {
 }
 
 static void cuda_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float *x) {
+    q8_clear(b);
     if (rows <= 0) return;
     mucu_weight d = dev_weight(b, w, "embed", false);
     tell_footprint(b);
@@ -299,11 +333,34 @@ static void cuda_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens,
     CHECK("embed", mucu_embed(&d, t, rows, x, err));
 }
 
+/* After a product wrote y (n floats): the tag no longer holds if y overlaps its values. */
+static void q8_written(mu_backend *b, const float *y, int64_t n) {
+    cuda_ctx *c = ctx_of(b);
+    if (c->q8_x && y < c->q8_x + c->q8_n && c->q8_x < y + n) q8_clear(b);
+}
+
+/* Is the q8 buffer x's quantization, for rows of n_in? */
+static bool q8_holds(mu_backend *b, const float *x, int64_t n_in, int64_t rows) {
+    const cuda_ctx *c = ctx_of(b);
+    return c->q8_x && c->q8_x == x && c->q8_n == n_in * rows;
+}
+
 static void cuda_matmul(mu_backend *b, const mu_weight *w, const float *x, float *y, int64_t rows) {
     if (rows <= 0) return;
     mucu_weight d = dev_weight(b, w, "matmul", true);
+    if (mucu_matmul_fast(&d) && q8_holds(b, x, w->n_in, rows)) {
+        CHECK("matmul", mucu_matmul(&d, x, y, rows, ctx_of(b)->q8.p, 1, err));
+        q8_written(b, y, rows * w->n_out);
+        return;
+    }
+    q8_clear(b);
     void *q8 = buf_reserve(&ctx_of(b)->q8, mucu_q8k_bytes(w->n_in, rows) + 1, "matmul");
     CHECK("matmul", mucu_matmul(&d, x, y, rows, q8, 0, err));
+    if (mucu_matmul_fast(&d)) { /* the buffer now holds x's split quantization */
+        ctx_of(b)->q8_x = x;
+        ctx_of(b)->q8_n = w->n_in * rows;
+        q8_written(b, y, rows * w->n_out);
+    }
 }
 
 /* Weights that read the same rows: the activations are quantized once when
@@ -325,8 +382,13 @@ static void cuda_matmul_multi(mu_backend *b, int n, const mu_weight *const *w, c
         for (int i = 0; i < n; i++) cuda_matmul(b, w[i], x, y[i], rows);
         return;
     }
+    const bool have = q8_holds(b, x, w[0]->n_in, rows);
+    if (!have) q8_clear(b);
     void *q8 = buf_reserve(&ctx_of(b)->q8, mucu_q8k_bytes(w[0]->n_in, rows) + 1, "matmul");
-    for (int i = 0; i < n; i++) CHECK("matmul", mucu_matmul(&d[i], x, y[i], rows, q8, i > 0, err));
+    for (int i = 0; i < n; i++) CHECK("matmul", mucu_matmul(&d[i], x, y[i], rows, q8, have || i > 0, err));
+    ctx_of(b)->q8_x = x;
+    ctx_of(b)->q8_n = w[0]->n_in * rows;
+    for (int i = 0; i < n; i++) q8_written(b, y[i], rows * w[i]->n_out);
 }
 
 static void cuda_rmsnorm(mu_backend *b, const float *x, const float *w, float eps, float *y, int64_t n,
@@ -334,11 +396,47 @@ static void cuda_rmsnorm(mu_backend *b, const float *x, const float *w, float ep
     if (rows <= 0) return;
     const float *dw = NULL;
     if (w) dw = dev_bytes(b, w, (size_t)n * sizeof *w, "rmsnorm weight");
-    CHECK("rmsnorm", mucu_rmsnorm(x, dw, eps, y, n, rows, err));
+    /* the row kernel quantizes rows of whole blocks (mucu_rmsnorm) */
+    void *q8 = n % 256 == 0 && mucu_residual_ok(n) ? q8_produce(b, y, n * rows) : (q8_clear(b), NULL);
+    CHECK("rmsnorm", mucu_rmsnorm(x, dw, eps, y, n, rows, q8, err));
+}
+
+static void cuda_residual(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
+                          float eps_h, int64_t n, int64_t rows) {
+    if (rows <= 0) return;
+    if (!mucu_residual_ok(n)) { /* the ops one by one */
+        cuda_rmsnorm(b, o, w_o, eps_o, o, n, rows);
+        cuda_add(b, x, o, rows * n);
+        if (h) cuda_rmsnorm(b, x, w_h, eps_h, h, n, rows);
+        return;
+    }
+    const float *dwo = dev_bytes(b, w_o, (size_t)n * sizeof *w_o, "residual: post-norm weight");
+    const float *dwh = h ? dev_bytes(b, w_h, (size_t)n * sizeof *w_h, "residual: norm weight") : NULL;
+    void *q8 = h && n % 256 == 0 ? q8_produce(b, h, n * rows) : (q8_clear(b), NULL);
+    CHECK("residual", mucu_residual(x, o, dwo, eps_o, h, dwh, eps_h, n, rows, q8, err));
+}
+
+static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk,
+                              int64_t nk, int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows) {
+    q8_clear(b);
+    if (rows <= 0) return;
+    if (!mucu_qk_norm_rope_ok(head_dim)) {
+        cuda_rmsnorm(b, q, wq, eps, q, head_dim, rows * nq);
+        cuda_rmsnorm(b, k, wk, eps, k, head_dim, rows * nk);
+        if (cs) {
+            cuda_rope(b, q, nq, head_dim, n_rot, cs, rows, false);
+            cuda_rope(b, k, nk, head_dim, n_rot, cs, rows, false);
+        }
+        return;
+    }
+    const float *dq = dev_bytes(b, wq, (size_t)head_dim * sizeof *wq, "qk_norm_rope: q norm weight");
+    const float *dk = dev_bytes(b, wk, (size_t)head_dim * sizeof *wk, "qk_norm_rope: k norm weight");
+    CHECK("qk_norm_rope", mucu_qk_norm_rope(q, dq, nq, k, dk, nk, head_dim, eps, cs, n_rot, rows, err));
 }
 
 static void cuda_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
                             float *cs) {
+    q8_clear(b);
     if (rows <= 0 || n_pairs <= 0) return;
     const double *f = upload_arg(b, inv_freq, (size_t)n_pairs * sizeof *inv_freq, "rope_table");
     const int64_t *p = upload_arg(b, pos, (size_t)rows * sizeof *pos, "rope_table");
@@ -347,18 +445,21 @@ static void cuda_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pai
 
 static void cuda_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
                       int64_t rows, bool neox) {
+    q8_clear(b);
     (void)b;
     CHECK("rope", mucu_rope(x, n_heads, head_dim, n_rot, cs, rows, neox, err));
 }
 
 static void cuda_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k,
                           const float *v, int64_t rows) {
+    q8_clear(b);
     if (rows <= 0) return;
     const int64_t *p = upload_arg(b, physical, (size_t)rows * sizeof *physical, "kv_store");
     CHECK("kv_store", mucu_kv_store(l->k, l->v, l->cap, l->n_head, l->head_dim, p, k, v, rows, err));
 }
 
 static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
+    q8_clear(b);
     if (ab->rows <= 0) return;
     mucu_attn_row one, *desc = ab->rows == 1 ? &one : mu_xmalloc((size_t)ab->rows * sizeof *desc);
     int64_t nbmax = 0;
@@ -379,31 +480,35 @@ static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *
 }
 
 static void cuda_sigmoid_gate(mu_backend *b, float *x, const float *g, int64_t n) {
-    (void)b;
-    CHECK("sigmoid_gate", mucu_sigmoid_gate(x, g, n, err));
+    void *q8 = q8_produce(b, x, n);
+    CHECK("sigmoid_gate", mucu_sigmoid_gate(x, g, n, q8, err));
 }
 
 static void cuda_swiglu(mu_backend *b, float *gate, const float *up, int64_t n) {
-    (void)b;
-    CHECK("swiglu", mucu_swiglu(gate, up, n, err));
+    void *q8 = q8_produce(b, gate, n);
+    CHECK("swiglu", mucu_swiglu(gate, up, n, q8, err));
 }
 
 static void cuda_add(mu_backend *b, float *x, const float *y, int64_t n) {
+    q8_clear(b);
     (void)b;
     CHECK("add", mucu_add(x, y, n, err));
 }
 
 static void cuda_logit_tail(mu_backend *b, float *logits, float scale, float cap, int64_t n) {
+    q8_clear(b);
     (void)b;
     CHECK("logit_tail", mucu_logit_tail(logits, scale, cap, n, err));
 }
 
 static void cuda_softmax(mu_backend *b, float *x, float scale, int64_t n, int64_t rows) {
+    q8_clear(b);
     (void)b;
     CHECK("softmax", mucu_softmax(x, scale, n, rows, err));
 }
 
 static void cuda_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, int32_t *out) {
+    q8_clear(b);
     if (rows <= 0) return;
     int32_t *d = buf_reserve(&ctx_of(b)->out, (size_t)rows * sizeof *out, "argmax");
     CHECK("argmax", mucu_argmax(x, n, rows, d, err));
@@ -412,6 +517,7 @@ static void cuda_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, 
 
 static void cuda_store_heads(mu_backend *b, float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                              const float *src, int64_t rows, bool transposed) {
+    q8_clear(b);
     if (rows <= 0) return;
     const int64_t *s = upload_arg(b, slots, (size_t)rows * sizeof *slots, "store_heads");
     CHECK("store_heads", mucu_store_heads(dst, s, S, D, n_head, src, rows, transposed, err));
@@ -478,6 +584,8 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->softmax = cuda_softmax;
     b->argmax = cuda_argmax;
     b->store_heads = cuda_store_heads;
+    b->residual = cuda_residual;
+    b->qk_norm_rope = cuda_qk_norm_rope;
     b->wants_repack = cuda_wants_repack;
     b->repack = cuda_repack; /* mu_repack_weights asks wants_repack only when both are set */
     return b;

@@ -26,27 +26,64 @@ static bool cu_ok(cudaError_t e, const char *call, const char *what, char *err) 
  * next synchronizing call, which names itself; MUSER_CUDA_SYNC=1 makes every
  * launch wait for its kernel so a fault names the kernel that caused it). */
 static int sync_each = -1; /* MUSER_CUDA_SYNC=1: synchronize after every kernel (debugging) */
-static int prof_on = 0;    /* MUSER_CUDA_PROF=1: also time each launch (host + kernel), report at exit */
+/* MUSER_CUDA_PROF=1: GPU time per kernel name, reported at exit. An event is
+ * recorded after every launch without waiting, so the host runs ahead as it
+ * does normally; a kernel's time is the interval from the previous event
+ * (the previous kernel's end, or the last synchronizing call) to its own,
+ * i.e. its run time plus any gap before it. Synchronizing calls (copies to
+ * the host) start a new interval after them: the GPU's idle time while
+ * the host samples is not booked, the host's time to issue the next kernel
+ * is (to that kernel). */
+static int prof_on = 0;
+enum { PROF_NAMES = 64, PROF_EVENTS = 4096 };
 static struct prof_entry {
     const char *name;
     long n;
-    double s;
-} prof_tab[48];
-static double prof_last;
+    double ms;
+} prof_tab[PROF_NAMES];
+static cudaEvent_t prof_ev[PROF_EVENTS], prof_origin;
+static const char *prof_evname[PROF_EVENTS];
+static int prof_n, prof_ready;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+static void prof_add(const char *name, double ms) {
+    int i = 0;
+    while (i < PROF_NAMES - 1 && prof_tab[i].name && strcmp(prof_tab[i].name, name)) i++;
+    prof_tab[i].name = name;
+    prof_tab[i].n++;
+    prof_tab[i].ms += ms;
+}
+
+/* Wait for the recorded events and book their intervals. */
+static void prof_flush(void) {
+    if (!prof_ready || !prof_n) return;
+    cudaEventSynchronize(prof_ev[prof_n - 1]);
+    cudaEvent_t prev = prof_origin;
+    for (int i = 0; i < prof_n; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, prev, prof_ev[i]);
+        prof_add(prof_evname[i], ms);
+        prev = prof_ev[i];
+    }
+    cudaEventRecord(prof_origin, 0);
+    prof_n = 0;
+}
+
+/* A synchronizing call happened: book what is pending, restart from now. */
+static void prof_mark(void) {
+    if (!prof_ready) return;
+    prof_flush();
+    cudaEventRecord(prof_origin, 0);
 }
 
 static void prof_report(void) {
+    prof_flush();
     double total = 0;
-    for (int i = 0; i < 48 && prof_tab[i].name; i++) total += prof_tab[i].s;
-    fprintf(stderr, "muser: cuda profile (time from the previous kernel's end to this one's, host work included):\n");
-    for (int i = 0; i < 48 && prof_tab[i].name; i++)
-        fprintf(stderr, "  %-22s %9ld calls %10.3f ms %5.1f%%\n", prof_tab[i].name, prof_tab[i].n, 1e3 * prof_tab[i].s,
-                total > 0 ? 100.0 * prof_tab[i].s / total : 0.0);
+    for (int i = 0; i < PROF_NAMES && prof_tab[i].name; i++) total += prof_tab[i].ms;
+    fprintf(stderr, "muser: cuda profile (GPU time per kernel, gaps before it included):\n");
+    for (int i = 0; i < PROF_NAMES && prof_tab[i].name; i++)
+        fprintf(stderr, "  %-26s %9ld calls %10.3f ms %8.2f us/call %5.1f%%\n", prof_tab[i].name, prof_tab[i].n,
+                prof_tab[i].ms, 1e3 * prof_tab[i].ms / (double)prof_tab[i].n,
+                total > 0 ? 100.0 * prof_tab[i].ms / total : 0.0);
 }
 
 static bool launched(const char *kernel, char *err) {
@@ -57,23 +94,20 @@ static bool launched(const char *kernel, char *err) {
         e = getenv("MUSER_CUDA_PROF");
         prof_on = e && *e && strcmp(e, "0") ? 1 : 0;
         if (prof_on) {
-            sync_each = 1;
-            prof_last = now_s();
+            for (int i = 0; i < PROF_EVENTS; i++) cudaEventCreate(&prof_ev[i]);
+            cudaEventCreate(&prof_origin);
+            cudaEventRecord(prof_origin, 0);
+            prof_ready = 1;
             atexit(prof_report);
         }
     }
-    if (!sync_each) return true;
-    if (!cu_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after kernel", kernel, err)) return false;
-    if (prof_on) {
-        const double t = now_s();
-        int i = 0;
-        while (i < 47 && prof_tab[i].name && strcmp(prof_tab[i].name, kernel)) i++;
-        prof_tab[i].name = kernel;
-        prof_tab[i].n++;
-        prof_tab[i].s += t - prof_last;
-        prof_last = t;
+    if (prof_ready) {
+        if (prof_n == PROF_EVENTS) prof_flush();
+        prof_evname[prof_n] = kernel;
+        cudaEventRecord(prof_ev[prof_n++], 0);
     }
-    return true;
+    if (!sync_each) return true;
+    return cu_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after kernel", kernel, err);
 }
 
 static unsigned grid_for(int64_t n, unsigned block) { return (unsigned)((n + block - 1) / block); }
@@ -115,7 +149,9 @@ extern "C" bool mucu_malloc(void **p, size_t bytes, char *err) {
 extern "C" bool mucu_free(void *p, char *err) { return !p || cu_ok(cudaFree(p), "cudaFree", "backend free", err); }
 
 extern "C" bool mucu_memcpy(void *dst, const void *src, size_t bytes, const char *what, char *err) {
-    return !bytes || cu_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy", what, err);
+    const bool ok = !bytes || cu_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy", what, err);
+    prof_mark();
+    return ok;
 }
 
 extern "C" bool mucu_memcpy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
@@ -148,7 +184,9 @@ extern "C" bool mucu_upload_async(void *dst, const void *pinned_src, size_t byte
 }
 
 extern "C" bool mucu_sync(const char *what, char *err) {
-    return cu_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize", what, err);
+    const bool ok = cu_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize", what, err);
+    prof_mark();
+    return ok;
 }
 
 extern "C" bool mucu_mem_info(size_t *free_b, size_t *total_b, char *name, size_t name_len, char *err) {
@@ -893,17 +931,12 @@ static q8split q8split_at(void *base, int64_t n_in, int64_t rows) {
     return s;
 }
 
-/* One warp per 256-value block: ggml's Q8_K rule (q8k.c) exactly. */
-__global__ static void k_quantize_q8split(const float *x, q8split o, int64_t n_blocks) {
-    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    const int lane = threadIdx.x & 31;
-    if (b >= n_blocks) return;
-    const float *src = x + b * 256 + lane * 8;
-    float v[8];
+/* One 256-value block by one warp (lane l holds values 8l..8l+7 in v):
+ * ggml's Q8_K rule (q8k.c) exactly, into block b of the split layout. */
+__device__ static inline void quantize_block_warp(const float v[8], q8split o, int64_t b, int lane) {
     float amax = 0.0f, mx = 0.0f;
     int idx = 0x7FFFFFFF;
     for (int i = 0; i < 8; i++) {
-        v[i] = src[i];
         float a = fabsf(v[i]);
         if (a > amax) { /* first (lowest index) element of largest magnitude */
             amax = a;
@@ -941,6 +974,36 @@ __global__ static void k_quantize_q8split(const float *x, q8split o, int64_t n_b
     s += __shfl_xor_sync(FULL_MASK, s, 1);
     if ((lane & 1) == 0) o.bs[b * 16 + lane / 2] = (int16_t)s;
     if (lane == 0) o.d[b] = 1.0f / iscale;
+}
+
+/* One warp per 256-value block. */
+__global__ static void k_quantize_q8split(const float *x, q8split o, int64_t n_blocks) {
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (b >= n_blocks) return;
+    const float *src = x + b * 256 + lane * 8;
+    float v[8];
+    for (int i = 0; i < 8; i++) v[i] = src[i];
+    quantize_block_warp(v, o, b, lane);
+}
+
+/* The gate and SwiGLU elementwise ops fused with the Q8_K quantization of
+ * their result (the next op is the matrix product that reads it): a warp
+ * per 256-value block computes the block exactly as k_sigmoid_gate /
+ * k_swiglu do, stores it, and quantizes those same values. */
+template <bool SWIGLU>
+__global__ static void k_gate_q8(float *x, const float *g, q8split o, int64_t n_blocks) {
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (b >= n_blocks) return;
+    float *xp = x + b * 256 + lane * 8;
+    const float *gp = g + b * 256 + lane * 8;
+    float v[8];
+    for (int i = 0; i < 8; i++) {
+        v[i] = SWIGLU ? d_siluf(xp[i]) * gp[i] : xp[i] * d_sigmoidf(gp[i]);
+        xp[i] = v[i];
+    }
+    quantize_block_warp(v, o, b, lane);
 }
 
 __device__ static inline uint32_t byte_of3(uint32_t w0, uint32_t w1, uint32_t w2, int k) {
@@ -1128,6 +1191,191 @@ __global__ static void __launch_bounds__(32 * WPC) k_mmv_kq(const uint8_t *W, in
                 for (int r = 0; r < R; r++) {
                     const float fj = __shfl_sync(FULL_MASK, f[r], 8 * j);
                     if (b0 + 4 * u + j < nb) total[r] = total[r] + fj;
+                }
+            }
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (r < nr) y[r * n_out + o] = has_scale ? total[r] * scale : total[r];
+    }
+}
+
+/* Weight-streaming matrix-vector product, v2 (the default): 4 lanes per
+ * 256-block, so a warp takes 8 blocks of one output per step and U steps'
+ * weights are loaded before any is used. Lane t holds 32 code bytes of
+ * its block (two 16-byte pieces, each a contiguous 64-byte stretch across
+ * the 4 lanes): Q4_K/Q5_K pieces [16t, 16t+16) and [64+16t, 64+16t+16) of
+ * qs; Q6_K ql pieces of the two 128-value halves. Each piece gives 16
+ * values of one sub-block from its low nibbles and 16 of another from its
+ * high nibbles, so a lane's integer sums need 4 sub-block scales. The
+ * integer sums are exact in any order (docs/numerics.md): each lane's
+ * share, then a fold over its 4 lanes; f_b by the formula; then every lane
+ * adds the step's 8 f_b to the row totals in block order. Per 16 bytes of
+ * weights this is about half the instructions of k_mmv_kq (8 lanes per
+ * block), which was issue-bound well below the device's bandwidth. */
+struct wq2 {
+    uint4 a, b;   /* code pieces (Q6_K: ql) */
+    uint4 h;      /* Q5_K: the 16 qh bytes of the lane's l range; Q6_K: qh of piece a */
+    uint4 h2;     /* Q6_K: qh of piece b */
+    uint4 hdr;    /* Q4_K/Q5_K: d|dmin|12 scale bytes; Q6_K: the 16 int8 scales */
+    uint32_t d6;  /* Q6_K: f16 d */
+};
+
+template <int TYPE>
+__device__ static inline void load_wq2(const uint8_t *W, const uint8_t *q6sc, const uint16_t *q6d, int64_t item, int t,
+                                       wq2 &s) {
+    if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+        const bool q5 = TYPE == T_Q5_K;
+        const uint8_t *blk = W + item * (q5 ? 176 : 144);
+        const uint8_t *qs = blk + (q5 ? 48 : 16);
+        s.hdr = __ldg((const uint4 *)blk);
+        s.a = __ldg((const uint4 *)(qs + 16 * t));
+        s.b = __ldg((const uint4 *)(qs + 64 + 16 * t));
+        if (q5) s.h = __ldg((const uint4 *)(blk + 16 + 16 * (t & 1)));
+    } else {
+        const uint8_t *blk = W + item * 192;
+        s.a = __ldg((const uint4 *)(blk + 16 * t));
+        s.b = __ldg((const uint4 *)(blk + 64 + 16 * t));
+        s.h = __ldg((const uint4 *)(blk + 128 + 16 * (t & 1)));
+        s.h2 = __ldg((const uint4 *)(blk + 160 + 16 * (t & 1)));
+        s.hdr = __ldg((const uint4 *)(q6sc + item * 16));
+        s.d6 = __ldg(q6d + item);
+    }
+}
+
+__device__ static inline int32_t dp4a_u4(uint4 w, uint4 x, int32_t acc) {
+    acc = __dp4a((int)w.x, (int)x.x, acc);
+    acc = __dp4a((int)w.y, (int)x.y, acc);
+    acc = __dp4a((int)w.z, (int)x.z, acc);
+    return __dp4a((int)w.w, (int)x.w, acc);
+}
+
+__device__ static inline uint4 nib_lo(uint4 q) {
+    return make_uint4(q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu);
+}
+__device__ static inline uint4 nib_hi(uint4 q) {
+    return make_uint4((q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
+                      (q.w >> 4) & 0x0F0F0F0Fu);
+}
+/* v | (bit `sh` of each byte of h) << 4 */
+__device__ static inline uint4 or_bit5(uint4 v, uint4 h, int sh) {
+    return make_uint4(v.x | (((h.x >> sh) & 0x01010101u) << 4), v.y | (((h.y >> sh) & 0x01010101u) << 4),
+                      v.z | (((h.z >> sh) & 0x01010101u) << 4), v.w | (((h.w >> sh) & 0x01010101u) << 4));
+}
+/* Q6_K: (v | (2 bits at `sh` of each byte of h) << 4) - 32, per byte */
+__device__ static inline uint4 q6_vals(uint4 v, uint4 h, int sh) {
+    return make_uint4(__vsub4(v.x | (((h.x >> sh) & 0x03030303u) << 4), 0x20202020u),
+                      __vsub4(v.y | (((h.y >> sh) & 0x03030303u) << 4), 0x20202020u),
+                      __vsub4(v.z | (((h.z >> sh) & 0x03030303u) << 4), 0x20202020u),
+                      __vsub4(v.w | (((h.w >> sh) & 0x03030303u) << 4), 0x20202020u));
+}
+
+/* This lane's f_b share for rows r < nr: integer sums folded over the 4
+ * lanes of the block, then the formula (every lane of the group holds it). */
+template <int TYPE, int R>
+__device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const q8split &xq, int nr, float *f) {
+    const int64_t n_in = (int64_t)nb * 256;
+    if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+        /* piece a: qs bytes [16t, 16t+16) = pair ja = t>>1 (sub-blocks 2ja, 2ja+1), l = 16(t&1)..;
+         * piece b: the same l in pair ja + 2. Low nibbles: values 64j + l, high: 64j + 32 + l. */
+        uint4 alo = nib_lo(s.a), ahi = nib_hi(s.a), blo = nib_lo(s.b), bhi = nib_hi(s.b);
+        const int ja = t >> 1;
+        if (TYPE == T_Q5_K) {
+            alo = or_bit5(alo, s.h, 2 * ja), ahi = or_bit5(ahi, s.h, 2 * ja + 1);
+            blo = or_bit5(blo, s.h, 2 * ja + 4), bhi = or_bit5(bhi, s.h, 2 * ja + 5);
+        }
+        /* the 8 scales and mins, unpacked four to a word (scale_min_k4's rule) */
+        const uint32_t u0 = s.hdr.y, u1 = s.hdr.z, u2 = s.hdr.w;
+        const uint32_t sc03 = u0 & 0x3F3F3F3Fu, m03 = u1 & 0x3F3F3F3Fu;
+        const uint32_t sc47 = (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4);
+        const uint32_t m47 = ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4);
+        const int sh = 16 * ja;
+        const int32_t sa_l = (sc03 >> sh) & 0xFF, sa_h = (sc03 >> (sh + 8)) & 0xFF;
+        const int32_t sb_l = (sc47 >> sh) & 0xFF, sb_h = (sc47 >> (sh + 8)) & 0xFF;
+        const int32_t ma_l = (m03 >> sh) & 0xFF, ma_h = (m03 >> (sh + 8)) & 0xFF;
+        const int32_t mb_l = (m47 >> sh) & 0xFF, mb_h = (m47 >> (sh + 8)) & 0xFF;
+        const float d = h2f((uint16_t)(s.hdr.x & 0xFFFF)), dmin = h2f((uint16_t)(s.hdr.x >> 16));
+        const int offa = 64 * ja + 16 * (t & 1); /* values of piece a's low nibbles */
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            f[r] = 0.0f;
+            if (r < nr) {
+                const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
+                const uint4 xal = __ldg((const uint4 *)(xr + offa)), xah = __ldg((const uint4 *)(xr + offa + 32));
+                const uint4 xbl = __ldg((const uint4 *)(xr + offa + 128)), xbh = __ldg((const uint4 *)(xr + offa + 160));
+                const int16_t *bs = xq.bs + ((int64_t)r * nb + b) * 16 + offa / 16;
+                int32_t sumi = sa_l * dp4a_u4(alo, xal, 0) + sa_h * dp4a_u4(ahi, xah, 0) +
+                               sb_l * dp4a_u4(blo, xbl, 0) + sb_h * dp4a_u4(bhi, xbh, 0);
+                int32_t summ = ma_l * (int32_t)__ldg(bs) + ma_h * (int32_t)__ldg(bs + 2) + mb_l * (int32_t)__ldg(bs + 8) +
+                               mb_h * (int32_t)__ldg(bs + 10);
+                sumi += __shfl_xor_sync(FULL_MASK, sumi, 1);
+                summ += __shfl_xor_sync(FULL_MASK, summ, 1);
+                sumi += __shfl_xor_sync(FULL_MASK, sumi, 2);
+                summ += __shfl_xor_sync(FULL_MASK, summ, 2);
+                const float xd = __ldg(xq.d + (int64_t)r * nb + b);
+                f[r] = (d * xd) * (float)sumi - (dmin * xd) * (float)summ;
+            }
+        }
+    } else { /* Q6_K split layout */
+        /* piece a: ql bytes [16t, 16t+16) of half 0, piece b: of half 1; l0 = 16t: low nibbles give
+         * values 128h + l0 (sub-block 8h + t), high nibbles 128h + 64 + l0 (sub-block 8h + 4 + t);
+         * their 2 high bits sit in qh[32h + (l0 & 31) ...] at bits 2(t>>1) and 4 + 2(t>>1). */
+        const int sl = 2 * (t >> 1), shh = 4 + 2 * (t >> 1);
+        const uint4 alo = q6_vals(nib_lo(s.a), s.h, sl), ahi = q6_vals(nib_hi(s.a), s.h, shh);
+        const uint4 blo = q6_vals(nib_lo(s.b), s.h2, sl), bhi = q6_vals(nib_hi(s.b), s.h2, shh);
+        const int bsh = 8 * t; /* scale k + 4i is byte t of word i */
+        const int32_t s0 = (int8_t)(s.hdr.x >> bsh), s1 = (int8_t)(s.hdr.y >> bsh);
+        const int32_t s2 = (int8_t)(s.hdr.z >> bsh), s3 = (int8_t)(s.hdr.w >> bsh);
+        const float d = h2f((uint16_t)s.d6);
+        const int l0 = 16 * t;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            f[r] = 0.0f;
+            if (r < nr) {
+                const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
+                const uint4 xal = __ldg((const uint4 *)(xr + l0)), xah = __ldg((const uint4 *)(xr + 64 + l0));
+                const uint4 xbl = __ldg((const uint4 *)(xr + 128 + l0)), xbh = __ldg((const uint4 *)(xr + 192 + l0));
+                int32_t sumi = s0 * dp4a_u4(alo, xal, 0) + s1 * dp4a_u4(ahi, xah, 0) + s2 * dp4a_u4(blo, xbl, 0) +
+                               s3 * dp4a_u4(bhi, xbh, 0);
+                sumi += __shfl_xor_sync(FULL_MASK, sumi, 1);
+                sumi += __shfl_xor_sync(FULL_MASK, sumi, 2);
+                f[r] = (d * __ldg(xq.d + (int64_t)r * nb + b)) * (float)sumi;
+            }
+        }
+    }
+}
+
+template <int TYPE, int R, int U>
+__global__ static void __launch_bounds__(128) k_mmv2(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
+                                                    float *y, int has_scale, float scale) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t o = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (o >= n_out) return;
+    float total[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) total[r] = 0.0f;
+    const uint8_t *q6sc = W + (size_t)n_out * nb * 192;
+    const uint16_t *q6d = (const uint16_t *)(q6sc + (size_t)n_out * nb * 16);
+    for (int b0 = 0; b0 < nb; b0 += 8 * U) {
+        wq2 sh[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int bu = b0 + 8 * u + g;
+            load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int bu = b0 + 8 * u + g;
+            float f[R];
+            block_f2<TYPE, R>(sh[u], bu < nb ? bu : nb - 1, nb, t, xq, nr, f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float fj = __shfl_sync(FULL_MASK, f[r], 4 * j);
+                    if (b0 + 8 * u + j < nb) total[r] = total[r] + fj;
                 }
             }
         }
@@ -1497,11 +1745,40 @@ __global__ static void k_rmsnorm_warp(const float *x, const float *w, float eps,
         for (int64_t i = lane; i < n; i += 32) yr[i] = xr[i] * inv;
 }
 
+/* The 32-lane sum of squares of a row held in shared memory, by warp 0;
+ * every thread gets inv = 1/sqrt(mean + eps). */
+__device__ static inline float cta_inv_rms(const float *xs, int64_t n, float eps, float *inv_s) {
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        float p = 0.0f;
+#pragma unroll 8
+        for (int64_t i = lane; i < n; i += 32) p = fmaf(xs[i], xs[i], p);
+        const float mean = warp_fold_lane0(p) / (float)n;
+        if (lane == 0) *inv_s = 1.0f / sqrtf(mean + eps);
+    }
+    __syncthreads();
+    return *inv_s;
+}
+
+/* The row's values (in shared memory) quantized to Q8_K blocks, a warp
+ * per block; row r's blocks are r * n/256 .. in the split layout. */
+__device__ static inline void cta_quantize_row(const float *vs, int64_t n, int64_t r, q8split o) {
+    const int lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    const int64_t nb = n / 256;
+    for (int64_t b = threadIdx.x / 32; b < nb; b += nw) {
+        float v[8];
+        for (int i = 0; i < 8; i++) v[i] = vs[b * 256 + lane * 8 + i];
+        quantize_block_warp(v, o, r * nb + b, lane);
+    }
+}
+
 /* RMSNorm of long rows: a CTA per row stages it in shared memory (all
  * loads in flight at once), warp 0 takes the 32-lane sumsq, all threads
- * write. */
+ * write; with QUANT, the output row is also quantized to Q8_K (for the
+ * matrix product that reads it next). */
+template <bool QUANT>
 __global__ static void __launch_bounds__(1024) k_rmsnorm_cta(const float *x, const float *w, float eps, float *y,
-                                                           int64_t n, int64_t rows) {
+                                                           int64_t n, int64_t rows, q8split o) {
     extern __shared__ float xs[];
     __shared__ float inv_s;
     const int64_t r = blockIdx.x;
@@ -1509,20 +1786,93 @@ __global__ static void __launch_bounds__(1024) k_rmsnorm_cta(const float *x, con
     float *yr = y + r * n;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xs[i] = xr[i];
     __syncthreads();
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        float p = 0.0f;
-#pragma unroll 8
-        for (int64_t i = lane; i < n; i += 32) p = fmaf(xs[i], xs[i], p);
-        const float mean = warp_fold_lane0(p) / (float)n;
-        if (lane == 0) inv_s = 1.0f / sqrtf(mean + eps);
+    const float inv = cta_inv_rms(xs, n, eps, &inv_s);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = w ? (xs[i] * inv) * w[i] : xs[i] * inv;
+        yr[i] = v;
+        if (QUANT) xs[i] = v;
     }
+    if (QUANT) {
+        __syncthreads();
+        cta_quantize_row(xs, n, r, o);
+    }
+}
+
+/* The sandwich residual step, a CTA per row: x += rmsnorm(o, eps_o) * w_o,
+ * then (h != NULL) h = rmsnorm(x, eps_h) * w_h, quantized to Q8_K with
+ * QUANT. The same operations in the same order as rmsnorm, add, rmsnorm. */
+template <bool QUANT>
+__global__ static void __launch_bounds__(1024) k_residual(float *x, const float *o, const float *w_o, float eps_o,
+                                                        float *h, const float *w_h, float eps_h, int64_t n,
+                                                        q8split q8) {
+    extern __shared__ float xs[];
+    __shared__ float inv_s[2];
+    const int64_t r = blockIdx.x;
+    float *xr = x + r * n;
+    const float *orow = o + r * n;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xs[i] = orow[i];
     __syncthreads();
-    const float inv = inv_s;
-    if (w)
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xs[i] * inv) * w[i];
-    else
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xs[i] * inv;
+    const float inv_o = cta_inv_rms(xs, n, eps_o, &inv_s[0]);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i] + (xs[i] * inv_o) * w_o[i];
+        xr[i] = v;
+        xs[i] = v;
+    }
+    if (!h) return;
+    __syncthreads();
+    const float inv_h = cta_inv_rms(xs, n, eps_h, &inv_s[1]);
+    float *hr = h + r * n;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = (xs[i] * inv_h) * w_h[i];
+        hr[i] = v;
+        if (QUANT) xs[i] = v;
+    }
+    if (QUANT) {
+        __syncthreads();
+        cta_quantize_row(xs, n, r, q8);
+    }
+}
+
+/* Per-head q and k RMSNorm, then (cs != NULL) the interleaved rotation of
+ * the first n_rot dims: a warp per (row, head), q heads first. Lane l holds
+ * dims l + 32k (the 32-lane sumsq order); a pair's partner is the next
+ * lane. The same operations as rmsnorm then rope. */
+template <int K>
+__global__ static void k_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
+                                      float eps, const float *cs, int64_t n_rot, int64_t rows) {
+    const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    const int64_t per_row = nq + nk;
+    if (wid >= rows * per_row) return;
+    const int64_t r = wid / per_row, hh = wid % per_row;
+    const bool is_q = hh < nq;
+    float *v = is_q ? q + (r * nq + hh) * (32 * K) : k + (r * nk + (hh - nq)) * (32 * K);
+    const float *w = is_q ? wq : wk;
+    float x[K];
+    float p = 0.0f;
+#pragma unroll
+    for (int j = 0; j < K; j++) {
+        x[j] = v[lane + 32 * j];
+        p = fmaf(x[j], x[j], p);
+    }
+    const float mean = warp_fold_lane0(p) / (float)(32 * K);
+    const float inv = 1.0f / sqrtf(mean + eps);
+#pragma unroll
+    for (int j = 0; j < K; j++) x[j] = (x[j] * inv) * w[lane + 32 * j];
+    if (cs) {
+        const float *csr = cs + r * n_rot;
+#pragma unroll
+        for (int j = 0; j < K; j++) {
+            const int e = lane + 32 * j;
+            const float other = __shfl_xor_sync(FULL_MASK, x[j], 1);
+            if (e < n_rot) {
+                const float c = csr[2 * (e / 2)], sn = csr[2 * (e / 2) + 1];
+                x[j] = (e & 1) ? other * sn + x[j] * c : x[j] * c - other * sn;
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < K; j++) v[lane + 32 * j] = x[j];
 }
 
 /* Attention, split over 256-key blocks: a warp per (row, head, block)
@@ -1674,19 +2024,56 @@ extern "C" size_t mucu_q8k_bytes(int64_t n_in, int64_t rows) {
     return (blocks > split ? blocks : split) + 256;
 }
 
-static int mmv_variant = -1; /* MUSER_CUDA_MMV: 0 (default) 8-lane groups per block (k_mmv_kq); 1: the same,
-                                 rows <= 2 staged in shared memory; 2: lane per block (k_mmv_lpb). All exact;
-                                 0 was the fastest on the H200 (docs/cuda.md). */
+static int mmv_variant = -1; /* MUSER_CUDA_MMV: 3 (default) 4 lanes per block (k_mmv2); 0: 8-lane groups per
+                                 block (k_mmv_kq); 1: the same, rows <= 2 staged in shared memory; 2: lane per
+                                 block (k_mmv_lpb). All exact (docs/cuda.md). */
+
+extern "C" void mucu_set_mmv_variant(int v) { mmv_variant = v; }
+
+/* The profile's name for a weight-streaming launch: the kernel and the
+ * weight's type and shape (interned: the profile keys on the string). */
+static const char *mmv_name(const mucu_weight *w) {
+    static struct { uint32_t type; int64_t n_in, n_out; char name[48]; } tab[64];
+    static int n;
+    if (!prof_on) return "k_mmv2";
+    for (int i = 0; i < n; i++)
+        if (tab[i].type == w->type && tab[i].n_in == w->n_in && tab[i].n_out == w->n_out) return tab[i].name;
+    if (n == 64) return "k_mmv2 (other)";
+    tab[n].type = w->type, tab[n].n_in = w->n_in, tab[n].n_out = w->n_out;
+    snprintf(tab[n].name, sizeof tab[n].name, "k_mmv2 t%u %lldx%lld", (unsigned)w->type, (long long)w->n_in,
+             (long long)w->n_out);
+    return tab[n++].name;
+}
 
 static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, float *y, char *err) {
     if (mmv_variant < 0) {
         const char *e = getenv("MUSER_CUDA_MMV");
-        mmv_variant = e && *e ? atoi(e) : 0;
+        mmv_variant = e && *e ? atoi(e) : 3;
     }
     const int nb = (int)(w->n_in / 256);
     q8split x = xq;
     x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
     float *yr = y + r0 * w->n_out;
+    if (mmv_variant == 3) {
+        const unsigned grid = grid_for(w->n_out, 4);
+#define MMV2(T, R) k_mmv2<T, R, (R <= 4 ? 2 : 1)><<<grid, 128>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
+#define MMV2_R(T)                                                                                                   \
+    do {                                                                                                            \
+        if (nr <= 1) MMV2(T, 1);                                                                                    \
+        else if (nr <= 2) MMV2(T, 2);                                                                               \
+        else if (nr <= 4) MMV2(T, 4);                                                                               \
+        else if (nr <= 8) MMV2(T, 8);                                                                               \
+        else MMV2(T, 16);                                                                                           \
+    } while (0)
+        switch (w->type) {
+        case T_Q4_K: MMV2_R(T_Q4_K); break;
+        case T_Q5_K: MMV2_R(T_Q5_K); break;
+        default: MMV2_R(T_Q6_K); break;
+        }
+#undef MMV2_R
+#undef MMV2
+        return launched(mmv_name(w), err);
+    }
     if (mmv_variant == 2) {
         const int R = nr <= 1 ? 1 : nr <= 2 ? 2 : nr <= 4 ? 4 : nr <= 8 ? 8 : 16;
         int rpc = (int)((128 + nb - 1) / nb); /* about one block per thread */
@@ -1799,14 +2186,53 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
     LAUNCH(k_matmul, rows * w->n_out, *w, x, xq, y, rows); /* W4A4, GGUF-layout Q6_K */
 }
 
-extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, char *err) {
+static bool cta_row_ok(int64_t n) { return n >= 1024 && n <= 12288; }
+static unsigned cta_threads(int64_t rows) { return rows <= 8 ? 1024 : 256; }
+
+extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, void *q8,
+                             char *err) {
     if (rows <= 0) return true;
-    if (n >= 1024 && n <= 12288) {
-        k_rmsnorm_cta<<<(unsigned)rows, rows <= 8 ? 1024 : 256, (size_t)n * sizeof(float)>>>(x, w, eps, y, n, rows);
+    if (cta_row_ok(n)) {
+        const size_t sm = (size_t)n * sizeof(float);
+        if (q8 && n % 256 == 0) {
+            k_rmsnorm_cta<true><<<(unsigned)rows, cta_threads(rows), sm>>>(x, w, eps, y, n, rows, q8split_at(q8, n, rows));
+            return launched("k_rmsnorm_cta+q8", err);
+        }
+        k_rmsnorm_cta<false><<<(unsigned)rows, cta_threads(rows), sm>>>(x, w, eps, y, n, rows, q8split{});
         return launched("k_rmsnorm_cta", err);
     }
     k_rmsnorm_warp<<<grid_for(rows, 4), 128>>>(x, w, eps, y, n, rows);
     return launched("k_rmsnorm_warp", err);
+}
+
+extern "C" bool mucu_residual_ok(int64_t n) { return cta_row_ok(n); }
+
+extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h,
+                              float eps_h, int64_t n, int64_t rows, void *q8, char *err) {
+    if (rows <= 0) return true;
+    const size_t sm = (size_t)n * sizeof(float);
+    if (h && q8 && n % 256 == 0) {
+        k_residual<true><<<(unsigned)rows, cta_threads(rows), sm>>>(x, o, w_o, eps_o, h, w_h, eps_h, n,
+                                                                     q8split_at(q8, n, rows));
+        return launched("k_residual+q8", err);
+    }
+    k_residual<false><<<(unsigned)rows, cta_threads(rows), sm>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, q8split{});
+    return launched("k_residual", err);
+}
+
+extern "C" bool mucu_qk_norm_rope_ok(int64_t head_dim) {
+    return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+extern "C" bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
+                                  int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows, char *err) {
+    const int64_t warps = rows * (nq + nk);
+    if (warps <= 0) return true;
+    const unsigned grid = grid_for(warps, 4);
+    if (head_dim == 64) k_qk_norm_rope<2><<<grid, 128>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
+    else if (head_dim == 128) k_qk_norm_rope<4><<<grid, 128>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
+    else k_qk_norm_rope<8><<<grid, 128>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
+    return launched("k_qk_norm_rope", err);
 }
 
 extern "C" bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs,
@@ -1855,8 +2281,21 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
     return launched("k_attn_merge", err);
 }
 
-extern "C" bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, char *err) { LAUNCH(k_sigmoid_gate, n, x, g, n); }
-extern "C" bool mucu_swiglu(float *gate, const float *up, int64_t n, char *err) { LAUNCH(k_swiglu, n, gate, up, n); }
+/* With q8 (n a multiple of 256): also the Q8_K quantization of the result. */
+extern "C" bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, void *q8, char *err) {
+    if (q8 && n > 0 && n % 256 == 0) {
+        k_gate_q8<false><<<grid_for(n / 256, 4), 128>>>(x, g, q8split_at(q8, n, 1), n / 256);
+        return launched("k_gate_q8", err);
+    }
+    LAUNCH(k_sigmoid_gate, n, x, g, n);
+}
+extern "C" bool mucu_swiglu(float *gate, const float *up, int64_t n, void *q8, char *err) {
+    if (q8 && n > 0 && n % 256 == 0) {
+        k_gate_q8<true><<<grid_for(n / 256, 4), 128>>>(gate, up, q8split_at(q8, n, 1), n / 256);
+        return launched("k_swiglu_q8", err);
+    }
+    LAUNCH(k_swiglu, n, gate, up, n);
+}
 extern "C" bool mucu_add(float *x, const float *y, int64_t n, char *err) { LAUNCH(k_add, n, x, y, n); }
 extern "C" bool mucu_logit_tail(float *l, float scale, float cap, int64_t n, char *err) {
     LAUNCH(k_logit_tail, n, l, scale, cap, n);
@@ -1870,4 +2309,25 @@ extern "C" bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *ou
 extern "C" bool mucu_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                                  const float *src, int64_t rows, bool transposed, char *err) {
     LAUNCH(k_store_heads, rows * n_head * D, dst, slots, S, D, n_head, src, rows, transposed);
+}
+
+/* ---------------------------------------------------------------- timing */
+
+static cudaEvent_t timer_ev[2];
+
+extern "C" bool mucu_timer_begin(char *err) {
+    if (!timer_ev[0] && (!cu_ok(cudaEventCreate(&timer_ev[0]), "cudaEventCreate", "timer", err) ||
+                         !cu_ok(cudaEventCreate(&timer_ev[1]), "cudaEventCreate", "timer", err)))
+        return false;
+    return cu_ok(cudaEventRecord(timer_ev[0], 0), "cudaEventRecord", "timer", err);
+}
+
+extern "C" bool mucu_timer_end(double *ms, char *err) {
+    float f = 0;
+    if (!cu_ok(cudaEventRecord(timer_ev[1], 0), "cudaEventRecord", "timer", err) ||
+        !cu_ok(cudaEventSynchronize(timer_ev[1]), "cudaEventSynchronize", "timer", err) ||
+        !cu_ok(cudaEventElapsedTime(&f, timer_ev[0], timer_ev[1]), "cudaEventElapsedTime", "timer", err))
+        return false;
+    *ms = f;
+    return true;
 }

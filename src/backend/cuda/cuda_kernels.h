@@ -69,7 +69,29 @@ size_t mucu_q8k_bytes(int64_t n_in, int64_t rows);
 bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, int prequantized, char *err);
 /* Does w take the weight-streaming kernel (Q4_K, Q5_K, split Q6_K)? */
 bool mucu_matmul_fast(const mucu_weight *w);
-bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, char *err);
+/* The weight-streaming kernel for Q4_K/Q5_K/Q6_K calls of <= 16 rows: 3
+ * k_mmv2 (default), 0 k_mmv_kq, 1 k_mmv_kq with shared-memory activations,
+ * 2 k_mmv_lpb (tests and benchmarks compare them; MUSER_CUDA_MMV sets it). */
+void mucu_set_mmv_variant(int v);
+/* GPU time of what the stream runs between begin and end (cudaEvents). */
+bool mucu_timer_begin(char *err);
+bool mucu_timer_end(double *ms, char *err);
+/* q8 (may be NULL): scratch of mucu_q8k_bytes(n, rows); when given and n is
+ * a multiple of 256 the output rows are also quantized into it (the split
+ * Q8_K layout mucu_matmul reads with prequantized set). The same holds for
+ * mucu_residual's h, mucu_sigmoid_gate's x and mucu_swiglu's gate. */
+bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, void *q8, char *err);
+/* x += rmsnorm(o, eps_o) * w_o; then, if h: h = rmsnorm(x, eps_h) * w_h
+ * (rows of n; mucu_residual_ok(n) says whether the kernel takes n). */
+bool mucu_residual_ok(int64_t n);
+bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h, float eps_h,
+                   int64_t n, int64_t rows, void *q8, char *err);
+/* Per-head RMSNorm of q (nq heads) and k (nk heads) with the weights wq, wk
+ * (head_dim values), then, if cs, the interleaved rotation of the first
+ * n_rot dims with cs [rows][n_rot/2] (cos, sin). */
+bool mucu_qk_norm_rope_ok(int64_t head_dim);
+bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk, int64_t head_dim,
+                       float eps, const float *cs, int64_t n_rot, int64_t rows, char *err);
 bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs, char *err);
 bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows, bool neox,
                char *err);
@@ -80,8 +102,8 @@ bool mucu_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t n_head, int6
 size_t mucu_attn_part_bytes(int64_t rows, int64_t n_head, int64_t head_dim, int64_t nbmax);
 bool mucu_attention(const mucu_attn_row *rows_desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                     float scale, const float *q, float *out, float *part, int64_t nbmax, char *err);
-bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, char *err);
-bool mucu_swiglu(float *gate, const float *up, int64_t n, char *err);
+bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, void *q8, char *err);
+bool mucu_swiglu(float *gate, const float *up, int64_t n, void *q8, char *err);
 bool mucu_add(float *x, const float *y, int64_t n, char *err);
 bool mucu_logit_tail(float *l, float scale, float cap, int64_t n, char *err);
 bool mucu_softmax(float *x, float scale, int64_t n, int64_t rows, char *err);
