@@ -3,7 +3,8 @@
 # unpack the build dependencies the machine lacks (DEBS=dir of .deb files),
 # then run.sh (build + every exactness check), then the device read
 # bandwidth and `muser bench` of the full synthetic q4_k_xl model.
-#   STAGES  subset of "check bench prof nsys" (default "check bench"; prof:
+#   STAGES  subset of "check bench mmvbench prof nsys" (default "check bench";
+#           mmvbench: test_cuda_backend --bench-mmv; prof:
 #           a per-kernel profile of a short run, MUSER_CUDA_PROF=1; nsys:
 #           Nsight Systems kernel and API summaries, where nsys is installed)
 #   BENCH   "quick" (short runs) or "full" (default)
@@ -46,6 +47,10 @@ case " $STAGES " in *" bench "*)
     [ -s $F ] || "$M" synth --preset full --type q4_k_xl -o $F --no-progress >/dev/null || exit 1
     ls -l $F
     BW=$("$BUILD/test_cuda_backend" --membw 16 | tee /dev/stderr | awk '{print $4}')
+    case " $STAGES " in *" mmvbench "*)
+        echo "== weight-streaming kernels on the full model's shapes"
+        "$BUILD/test_cuda_backend" --bench-mmv ;;
+    esac
     case " $STAGES " in *" prof "*)
         for pm in $F "$SRC/models/glimmer-tiny-q4_k_xl.gguf"; do
             echo "== profile: $pm, 16 prompt tokens, 64 decoded"
