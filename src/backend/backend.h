@@ -122,6 +122,13 @@ struct mu_backend {
     void (*qk_norm_rope)(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                          int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows);
 
+    /* Optional: the engine brackets a forward of few rows (decode,
+     * verification) with these, key naming the batch's shape, so that a
+     * backend can replay its launches as one graph (cuda_backend.c). ok is
+     * false when the forward failed. */
+    void (*forward_begin)(mu_backend *b, uint64_t key);
+    void (*forward_end)(mu_backend *b, bool ok);
+
     /* ---- load time ---- */
     /* Optional (NULL: none), called once per weight at load before any op
      * reads it: wants_repack says whether this backend has a faster layout

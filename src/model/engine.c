@@ -401,7 +401,23 @@ static bool run_batch(muser_engine *e, seq_run *runs, int n_runs, int64_t rows, 
     }
     mu_batch b = {.n = rows, .token = e->b_token, .seq = e->b_seq, .pos = e->b_pos,
                   .logits = any_logits ? e->b_logits : NULL, .cap_row = n_cap_rows ? e->b_cap : NULL};
-    if (!mu_forward(m, e->be, e->kvs, &e->scratch, e->inv_freq, &b, e->logits, n_cap_rows ? &e->capture : NULL, err)) {
+    /* Few rows (decode, verification): a backend may replay this shape's
+     * launches (forward_begin). The key: rows, and per row its sequence,
+     * its position's 256-key block, logits and capture row. */
+    const bool bracket = e->be->forward_begin && rows <= 16;
+    if (bracket) {
+        uint64_t key = 0xCBF29CE484222325ull ^ (uint64_t)rows;
+        for (int64_t r = 0; r < rows; r++) {
+            const uint64_t v[4] = {(uint64_t)e->b_seq[r], (uint64_t)(e->b_pos[r] >> 8), (uint64_t)e->b_logits[r],
+                                   (uint64_t)(n_cap_rows ? e->b_cap[r] : -1)};
+            for (int i = 0; i < 4; i++) key = (key ^ v[i]) * 0x100000001B3ull;
+        }
+        e->be->forward_begin(e->be, key);
+    }
+    const bool fwd_ok =
+        mu_forward(m, e->be, e->kvs, &e->scratch, e->inv_freq, &b, e->logits, n_cap_rows ? &e->capture : NULL, err);
+    if (bracket) e->be->forward_end(e->be, fwd_ok);
+    if (!fwd_ok) {
         for (int i = 0; i < n_runs; i++) poison(runs[i].s, err->msg);
         return false;
     }

@@ -69,12 +69,17 @@ case " $STAGES " in *" bench "*)
         fi ;;
     esac
     B="$M bench -m $F --backend cuda --membw-gbs $BW --no-paired-membw"
-    echo "== glimmer-tiny"
-    "$M" bench -m "$SRC/models/glimmer-tiny-q4_k_xl.gguf" --backend cuda --no-membw -p 128 -n 256 -r 3 -q
+    TINY="$M bench -m $SRC/models/glimmer-tiny-q4_k_xl.gguf --backend cuda --no-membw"
     if [ "$BENCH" = quick ]; then
-        $B -p 512 -n 32 -r 2 --warmup 1 -q
-        for v in 1 0; do echo "MUSER_CUDA_MMV=$v:"; MUSER_CUDA_MMV=$v $B -p 512 -n 32 -r 2 --warmup 1 -q | tail -2; done
+        for g in 1 0; do
+            echo "== MUSER_CUDA_GRAPH=$g"
+            MUSER_CUDA_GRAPH=$g $TINY -p 128 -n 256 -r 3 -q | tail -2
+            MUSER_CUDA_GRAPH=$g $B -p 512 -n 64 -r 2 --warmup 1 -q | tail -2
+        done
+        $B -p 0 -n 32 -r 2 --parallel 1,4,8 -q | tail -3
     else
+        echo "== glimmer-tiny"
+        $TINY -p 128 -n 256 -r 3 -q
         $B -p 512 -n 128 -r 5 -q
         $B -p 2048 -n 0 -r 3 -q
         $B -p 0 -n 64 -r 3 --parallel 1,4,8 -q

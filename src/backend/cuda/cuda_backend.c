@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdarg.h>
 
 #ifndef MUSER_HAVE_CUDA
 
@@ -56,7 +57,36 @@ typedef struct cuda_ctx {
      * the values it describes. */
     const float *q8_x;
     int64_t q8_n;
+    /* Decode graphs (docs/cuda.md "Graphs"): see forward_begin below. */
+    int gmode;                 /* G_DIRECT, G_CAPTURE, G_REPLAY */
+    int graphs;                /* -1 not decided; 0 off; 1 on */
+    bool seg_open;             /* CAPTURE: a segment's capture is open */
+    struct gentry *cur;        /* CAPTURE/REPLAY: the key's entry */
+    int replay_i;              /* REPLAY: ops matched so far */
+    struct gentry *cache;      /* [G_CACHE] */
+    uint64_t tick;
+    void *fwd_done;            /* event after the last forward's work */
+    void **deferred;           /* device buffers freed after fwd_done */
+    int n_deferred, cap_deferred;
+    long n_replayed, n_captured, n_bailed;
+    bool skip;                 /* REPLAY: the current op matched; it launches nothing */
+    int bail_at;               /* MUSER_CUDA_GRAPH_BAIL_AT=N: replays fail at op N (tests); -1 none */
 } cuda_ctx;
+
+enum { G_DIRECT, G_CAPTURE, G_REPLAY, G_CACHE = 8 };
+
+/* A forward shape the engine has run: seen once directly, then captured
+ * op by op (one graph segment per op, with the op's signature), then
+ * replayed as one chained graph while every op's signature matches. */
+typedef struct gentry {
+    uint64_t key;
+    int state;                 /* 0 empty, 1 seen directly, 2 captured */
+    uint64_t used;
+    uint64_t *sig;
+    void **seg;                /* segment graphs, [n] */
+    int n, cap;
+    void *exec;                /* the chain of all segments */
+} gentry;
 
 static void q8_clear(mu_backend *b) {
     cuda_ctx *c = (cuda_ctx *)b->ctx;
@@ -77,12 +107,20 @@ static _Noreturn void die(const char *op, const char *msg) {
 
 static cuda_ctx *ctx_of(mu_backend *b) { return (cuda_ctx *)b->ctx; }
 
-static void *buf_reserve(dev_buf *d, size_t bytes, const char *op) {
+static void capture_pause(cuda_ctx *c);
+static void defer_free(cuda_ctx *c, void *p);
+
+static void *buf_reserve_c(cuda_ctx *c, dev_buf *d, size_t bytes, const char *op) {
     char err[MUCU_ERR_LEN];
     if (bytes <= d->cap && d->p) return d->p;
     size_t cap = d->cap ? d->cap : 4096;
     while (cap < bytes) cap *= 2;
-    if (d->p && !mucu_free(d->p, err)) die(op, err); /* cudaFree waits for the kernels using it */
+    capture_pause(c); /* allocation is not stream work: never inside a capture */
+    if (c->gmode != G_DIRECT) {
+        defer_free(c, d->p); /* graph segments of this forward may still read it */
+    } else if (d->p && !mucu_free(d->p, err)) { /* cudaFree waits for the kernels using it */
+        die(op, err);
+    }
     d->p = NULL;
     d->cap = 0;
     if (!mucu_malloc(&d->p, cap, err)) die(op, err);
@@ -90,14 +128,231 @@ static void *buf_reserve(dev_buf *d, size_t bytes, const char *op) {
     return d->p;
 }
 
+/* ------------------------------------------------------------- graphs
+ *
+ * A decode step is hundreds of small launches; replaying them as one CUDA
+ * graph removes the host's per-launch work and most of the gaps between
+ * kernels. The engine brackets a forward of at most 16 rows with
+ * forward_begin(key) / forward_end, where the key names the batch's shape
+ * (rows, sequences, positions' 256-key blocks, logits and capture rows).
+ * The first forward of a key runs directly; the second is captured, one
+ * graph segment per op, each op remembering a signature of everything
+ * that enters its launches (device pointers, sizes, scalars, the argument
+ * ring's offset, the Q8_K buffer's state); later forwards replay the chain
+ * of segments as one graph. While replaying, ops do all their host work
+ * (the argument ring is written at the same offsets) but launch nothing;
+ * an op whose signature differs, or an op that must synchronize, ends the
+ * replay: the segments of the ops before it are launched one by one and
+ * the forward goes on directly (the entry is dropped). So a replay runs
+ * exactly the launches a direct run would, or does not happen. */
+
+static void defer_free(cuda_ctx *c, void *p) {
+    if (!p) return;
+    if (c->n_deferred == c->cap_deferred) {
+        c->cap_deferred = c->cap_deferred ? 2 * c->cap_deferred : 16;
+        c->deferred = mu_xrealloc(c->deferred, (size_t)c->cap_deferred * sizeof *c->deferred);
+    }
+    c->deferred[c->n_deferred++] = p;
+}
+
+/* CAPTURE: close the open segment (its op's launches are recorded). */
+static void capture_pause(cuda_ctx *c) {
+    if (c->gmode != G_CAPTURE || !c->seg_open) return;
+    char err[MUCU_ERR_LEN];
+    void *g = NULL;
+    if (!mucu_capture_end(&g, err)) die("graph capture", err);
+    c->seg_open = false;
+    gentry *e = c->cur;
+    e->seg[e->n - 1] = g;
+}
+
+static void entry_clear(gentry *e) {
+    for (int i = 0; i < e->n; i++) mucu_graph_free(e->seg[i]);
+    mucu_exec_free(e->exec);
+    free(e->sig);
+    free(e->seg);
+    memset(e, 0, sizeof *e);
+}
+
+/* Leave CAPTURE or REPLAY: run the launches recorded for this forward so
+ * far (the segments of the ops already done), drop the entry, go on
+ * directly. */
+static void graph_bail(cuda_ctx *c) {
+    char err[MUCU_ERR_LEN];
+    if (c->gmode == G_DIRECT) return;
+    capture_pause(c);
+    gentry *e = c->cur;
+    const int done = c->gmode == G_REPLAY ? c->replay_i : e->n;
+    for (int i = 0; i < done; i++) {
+        void *x = NULL;
+        if (!e->seg[i]) continue;
+        if (!mucu_graph_instantiate(e->seg[i], &x, err) || !mucu_graph_launch(x, err)) die("graph bail", err);
+        mucu_exec_free(x); /* destroying an executable graph in flight is allowed: it completes */
+    }
+    entry_clear(e);
+    c->gmode = G_DIRECT;
+    c->cur = NULL;
+    c->skip = false;
+    c->n_bailed++;
+}
+
+static uint64_t mix64(uint64_t h, uint64_t v) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0xFF51AFD7ED558CCDull;
+}
+
+/* Before an op's launches: may it launch (false: replaying, it must not)?
+ * sig: the op's own arguments (sig_of); the backend's state is added. */
+static bool go(mu_backend *b, uint64_t sig) {
+    cuda_ctx *c = ctx_of(b);
+    c->skip = false;
+    if (c->gmode == G_DIRECT) return true;
+    sig = mix64(sig, (uint64_t)c->ring_pos);
+    sig = mix64(sig, (uint64_t)(uintptr_t)c->ring_d);
+    sig = mix64(sig, (uint64_t)(uintptr_t)c->q8_x);
+    sig = mix64(sig, (uint64_t)c->q8_n);
+    sig = mix64(sig, (uint64_t)(uintptr_t)c->q8.p);
+    sig = mix64(sig, (uint64_t)(uintptr_t)c->part.p);
+    sig = mix64(sig, (uint64_t)(uintptr_t)c->tmp.p);
+    gentry *e = c->cur;
+    if (c->gmode == G_REPLAY) {
+        if (c->replay_i == c->bail_at) sig ^= 1; /* MUSER_CUDA_GRAPH_BAIL_AT: tests of the way out */
+        if (c->replay_i < e->n && e->sig[c->replay_i] == sig) {
+            c->replay_i++;
+            c->skip = true;
+            return false;
+        }
+        graph_bail(c);
+        return true;
+    }
+    char err[MUCU_ERR_LEN]; /* CAPTURE: this op's segment */
+    capture_pause(c);
+    if (e->n == e->cap) {
+        e->cap = e->cap ? 2 * e->cap : 1024;
+        e->sig = mu_xrealloc(e->sig, (size_t)e->cap * sizeof *e->sig);
+        e->seg = mu_xrealloc(e->seg, (size_t)e->cap * sizeof *e->seg);
+    }
+    e->sig[e->n] = sig;
+    e->seg[e->n++] = NULL;
+    if (!mucu_capture_begin(err)) die("graph capture", err);
+    c->seg_open = true;
+    return true;
+}
+
+/* An op that must wait for the device or move host memory synchronously:
+ * not inside a graph forward. */
+static void graph_sync_point(mu_backend *b) { graph_bail(ctx_of(b)); }
+
+/* sig_of(op, n, a0, ...): the op's name and n argument words. */
+static uint64_t sig_of(const char *op, int n, ...) {
+    uint64_t h = mix64(0x243F6A8885A308D3ull, (uint64_t)(uintptr_t)op);
+    va_list ap;
+    va_start(ap, n);
+    for (int i = 0; i < n; i++) h = mix64(h, va_arg(ap, uint64_t));
+    va_end(ap);
+    return h;
+}
+#define P(x) ((uint64_t)(uintptr_t)(x))
+#define I(x) ((uint64_t)(int64_t)(x))
+static uint64_t F(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static void cuda_forward_begin(mu_backend *b, uint64_t key) {
+    cuda_ctx *c = ctx_of(b);
+    char err[MUCU_ERR_LEN];
+    if (c->graphs < 0) {
+        const char *e = getenv("MUSER_CUDA_GRAPH"), *p = getenv("MUSER_CUDA_PROF"), *y = getenv("MUSER_CUDA_SYNC");
+        const bool prof = (p && *p && strcmp(p, "0")) || (y && *y && strcmp(y, "0"));
+        c->graphs = (e && !strcmp(e, "0")) || prof ? 0 : 1;
+        const char *ba = getenv("MUSER_CUDA_GRAPH_BAIL_AT");
+        c->bail_at = ba && *ba ? atoi(ba) : -1;
+        c->cache = mu_xcalloc(G_CACHE, sizeof *c->cache);
+    }
+    if (c->gmode != G_DIRECT) die("forward_begin", "a forward is already open");
+    if (!c->graphs) return;
+    gentry *e = NULL, *lru = &c->cache[0];
+    for (int i = 0; i < G_CACHE; i++) {
+        if (c->cache[i].state && c->cache[i].key == key) e = &c->cache[i];
+        if (c->cache[i].used < lru->used) lru = &c->cache[i];
+    }
+    c->tick++;
+    if (!e) { /* first sight: run directly, remember the key */
+        entry_clear(lru);
+        lru->key = key, lru->state = 1, lru->used = c->tick;
+        return;
+    }
+    e->used = c->tick;
+    /* all work enqueued so far is done (a decode step has already waited for
+     * its logits): the argument ring restarts at 0, deferred buffers go */
+    if (!mucu_mark(&c->fwd_done, err) || !mucu_mark_wait(c->fwd_done, err)) die("forward_begin", err);
+    for (int i = 0; i < c->n_deferred; i++)
+        if (!mucu_free(c->deferred[i], err)) die("forward_begin", err);
+    c->n_deferred = 0;
+    c->ring_pos = 0;
+    c->cur = e;
+    if (e->state == 1) {
+        e->state = 2;
+        c->gmode = G_CAPTURE;
+        c->n_captured++;
+    } else {
+        c->gmode = G_REPLAY;
+        c->replay_i = 0;
+    }
+}
+
+static void cuda_forward_end(mu_backend *b, bool ok) {
+    cuda_ctx *c = ctx_of(b);
+    char err[MUCU_ERR_LEN];
+    if (c->gmode == G_CAPTURE) {
+        capture_pause(c);
+        gentry *e = c->cur;
+        if (ok) {
+            void **segs = mu_xmalloc((size_t)(e->n + 1) * sizeof *segs);
+            int k = 0;
+            for (int i = 0; i < e->n; i++)
+                if (e->seg[i]) segs[k++] = e->seg[i];
+            if (!mucu_graph_chain(segs, k, &e->exec, err)) die("graph", err);
+            free(segs);
+            if (!mucu_graph_launch(e->exec, err)) die("graph", err);
+            c->gmode = G_DIRECT;
+            c->cur = NULL;
+        } else {
+            graph_bail(c); /* a failed forward: what was recorded still runs, as directly */
+        }
+    } else if (c->gmode == G_REPLAY) {
+        gentry *e = c->cur;
+        if (ok && c->replay_i == e->n) {
+            if (!mucu_graph_launch(e->exec, err)) die("graph", err);
+            c->n_replayed++;
+            c->gmode = G_DIRECT;
+            c->cur = NULL;
+        } else {
+            graph_bail(c);
+        }
+    }
+    c->skip = false;
+}
+
 /* A host array for this call, in device memory: copied into the pinned
  * ring and uploaded in stream order, so the host never waits. The ring is
  * reused from its start only after a synchronize (every 8 MiB or so of
- * arguments), so no upload or kernel still reads what is overwritten. */
+ * arguments), so no upload or kernel still reads what is overwritten. In a
+ * graph forward the ring starts at 0 and never wraps (a forward that would
+ * wrap it leaves the graph first); replaying, the bytes are written but
+ * not uploaded (the graph's copy nodes upload them). */
 static void *upload_arg(mu_backend *b, const void *host, size_t bytes, const char *op) {
     cuda_ctx *c = ctx_of(b);
     char err[MUCU_ERR_LEN];
     const size_t n = (bytes + 255) & ~(size_t)255;
+    if (c->gmode != G_DIRECT && (n > c->ring_cap || c->ring_pos + n > c->ring_cap)) {
+        /* capturing: leave the graph (the current op then runs directly); a replay
+         * follows its capture's offsets, which fitted */
+        if (c->skip) die(op, "argument ring overflow while replaying a graph");
+        graph_bail(c);
+    }
     if (n > c->ring_cap || c->ring_pos + n > c->ring_cap) {
         if (c->ring_cap && !mucu_sync("argument ring wrap", err)) die(op, err);
         c->ring_pos = 0;
@@ -113,7 +368,7 @@ static void *upload_arg(mu_backend *b, const void *host, size_t bytes, const cha
     }
     uint8_t *h = c->ring_h + c->ring_pos, *d = c->ring_d + c->ring_pos;
     memcpy(h, host, bytes);
-    if (!mucu_upload_async(d, h, bytes, op, err)) die(op, err);
+    if (!c->skip && !mucu_upload_async(d, h, bytes, op, err)) die(op, err);
     c->ring_pos += n;
     return d;
 }
@@ -158,6 +413,7 @@ static const void *dev_bytes_kind(mu_backend *b, const void *host, size_t bytes,
     const dev_copy *hit = copies_get(c, host, kind, bytes);
     if (hit) return hit->dev;
     if (mucu_is_device(host)) return host;
+    graph_sync_point(b); /* a first use uploads synchronously: not inside a graph forward */
     char err[MUCU_ERR_LEN];
     void *d = NULL;
     if (!mucu_malloc(&d, bytes, err)) die(what, err);
@@ -218,7 +474,7 @@ static mucu_weight dev_weight(mu_backend *b, const mu_weight *w, const char *op,
 /* ---------------------------------------------------------------- memory */
 
 static void *cuda_alloc(mu_backend *b, size_t bytes) {
-    (void)b;
+    graph_sync_point(b);
     char err[MUCU_ERR_LEN];
     void *p = NULL;
     if (!mucu_malloc(&p, bytes, err)) {
@@ -229,7 +485,8 @@ static void *cuda_alloc(mu_backend *b, size_t bytes) {
 }
 
 static void cuda_free(mu_backend *b, void *p, size_t bytes) {
-    (void)b, (void)bytes;
+    (void)bytes;
+    graph_sync_point(b);
     char err[MUCU_ERR_LEN];
     if (!mucu_free(p, err)) die("free", err);
 }
@@ -240,13 +497,13 @@ static void cuda_copy(mu_backend *b, void *dst, const void *src, size_t bytes) {
     if (!bytes || dst == src) return;
     const uint8_t *d = dst, *s = src;
     if (d < s + bytes && s < d + bytes) { /* overlap: memmove through a scratch copy */
-        void *t = buf_reserve(&ctx_of(b)->tmp, bytes, "copy");
-        if (!mucu_memcpy(t, src, bytes, "copy (overlap, first half)", err) ||
-            !mucu_memcpy(dst, t, bytes, "copy (overlap, second half)", err))
-            die("copy", err);
+        void *t = buf_reserve_c(ctx_of(b), &ctx_of(b)->tmp, bytes, "copy");
+        if (!go(b, sig_of("copy overlap", 3, P(dst), P(src), I(bytes)))) return;
+        if (!mucu_copy_async(t, src, bytes, err) || !mucu_copy_async(dst, t, bytes, err)) die("copy", err);
         return;
     }
-    if (!mucu_memcpy(dst, src, bytes, "copy", err)) die("copy", err);
+    if (!go(b, sig_of("copy", 3, P(dst), P(src), I(bytes)))) return;
+    if (!mucu_copy_async(dst, src, bytes, err)) die("copy", err);
 }
 
 static void cuda_copy2d(mu_backend *b, void *dst, size_t dst_stride, const void *src, size_t src_stride, size_t width,
@@ -254,11 +511,13 @@ static void cuda_copy2d(mu_backend *b, void *dst, size_t dst_stride, const void 
     (void)b;
     q8_clear(b);
     char err[MUCU_ERR_LEN];
-    if (rows > 0 && !mucu_memcpy2d(dst, dst_stride, src, src_stride, width, (size_t)rows, err)) die("copy2d", err);
+    if (rows <= 0 || !go(b, sig_of("copy2d", 6, P(dst), I(dst_stride), P(src), I(src_stride), I(width), I(rows))))
+        return;
+    if (!mucu_copy2d_async(dst, dst_stride, src, src_stride, width, (size_t)rows, err)) die("copy2d", err);
 }
 
 static void cuda_upload(mu_backend *b, void *dst, const void *host_src, size_t bytes) {
-    (void)b;
+    graph_sync_point(b);
     q8_clear(b);
     char err[MUCU_ERR_LEN];
     if (!mucu_memcpy(dst, host_src, bytes, "upload", err)) die("upload", err);
@@ -268,6 +527,7 @@ static void cuda_upload(mu_backend *b, void *dst, const void *host_src, size_t b
 static void cuda_download(mu_backend *b, void *host_dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(b);
     char err[MUCU_ERR_LEN];
+    graph_sync_point(b);
     if (bytes > ((size_t)16 << 20)) {
         if (!mucu_memcpy(host_dst, src, bytes, "download", err)) die("download", err);
         return;
@@ -288,14 +548,15 @@ static void cuda_zero(mu_backend *b, void *dst, size_t bytes) {
     (void)b;
     q8_clear(b);
     char err[MUCU_ERR_LEN];
-    if (!mucu_memset0(dst, bytes, err)) die("zero", err);
+    if (!bytes || !go(b, sig_of("zero", 2, P(dst), I(bytes)))) return;
+    if (!mucu_zero_async(dst, bytes, err)) die("zero", err);
 }
 
 static void *q8_produce(mu_backend *b, const float *x, int64_t n) {
     cuda_ctx *c = ctx_of(b);
     q8_clear(b);
     if (n <= 0 || n % 256) return NULL;
-    void *q8 = buf_reserve(&c->q8, mucu_q8k_bytes(n, 1) + 1, "q8");
+    void *q8 = buf_reserve_c(c, &c->q8, mucu_q8k_bytes(n, 1) + 1, "q8");
     c->q8_x = x;
     c->q8_n = n;
     return q8;
@@ -329,8 +590,9 @@ static void cuda_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens,
     if (rows <= 0) return;
     mucu_weight d = dev_weight(b, w, "embed", false);
     tell_footprint(b);
+    const bool launch = go(b, sig_of("embed", 3, P(d.data), I(rows), P(x)));
     const int32_t *t = upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed");
-    CHECK("embed", mucu_embed(&d, t, rows, x, err));
+    if (launch) CHECK("embed", mucu_embed(&d, t, rows, x, err));
 }
 
 /* After a product wrote y (n floats): the tag no longer holds if y overlaps its values. */
@@ -349,13 +611,15 @@ static void cuda_matmul(mu_backend *b, const mu_weight *w, const float *x, float
     if (rows <= 0) return;
     mucu_weight d = dev_weight(b, w, "matmul", true);
     if (mucu_matmul_fast(&d) && q8_holds(b, x, w->n_in, rows)) {
-        CHECK("matmul", mucu_matmul(&d, x, y, rows, ctx_of(b)->q8.p, 1, err));
+        if (go(b, sig_of("matmul q8", 5, P(d.data), P(x), P(y), I(rows), I(w->n_in))))
+            CHECK("matmul", mucu_matmul(&d, x, y, rows, ctx_of(b)->q8.p, 1, err));
         q8_written(b, y, rows * w->n_out);
         return;
     }
     q8_clear(b);
-    void *q8 = buf_reserve(&ctx_of(b)->q8, mucu_q8k_bytes(w->n_in, rows) + 1, "matmul");
-    CHECK("matmul", mucu_matmul(&d, x, y, rows, q8, 0, err));
+    void *q8 = buf_reserve_c(ctx_of(b), &ctx_of(b)->q8, mucu_q8k_bytes(w->n_in, rows) + 1, "matmul");
+    if (go(b, sig_of("matmul", 5, P(d.data), P(x), P(y), I(rows), I(w->n_in))))
+        CHECK("matmul", mucu_matmul(&d, x, y, rows, q8, 0, err));
     if (mucu_matmul_fast(&d)) { /* the buffer now holds x's split quantization */
         ctx_of(b)->q8_x = x;
         ctx_of(b)->q8_n = w->n_in * rows;
@@ -384,8 +648,11 @@ static void cuda_matmul_multi(mu_backend *b, int n, const mu_weight *const *w, c
     }
     const bool have = q8_holds(b, x, w[0]->n_in, rows);
     if (!have) q8_clear(b);
-    void *q8 = buf_reserve(&ctx_of(b)->q8, mucu_q8k_bytes(w[0]->n_in, rows) + 1, "matmul");
-    for (int i = 0; i < n; i++) CHECK("matmul", mucu_matmul(&d[i], x, y[i], rows, q8, have || i > 0, err));
+    void *q8 = buf_reserve_c(ctx_of(b), &ctx_of(b)->q8, mucu_q8k_bytes(w[0]->n_in, rows) + 1, "matmul");
+    uint64_t sig = sig_of("matmul_multi", 4, P(x), I(rows), I(n), I(have));
+    for (int i = 0; i < n; i++) sig = mix64(mix64(sig, P(d[i].data)), P(y[i]));
+    if (go(b, sig))
+        for (int i = 0; i < n; i++) CHECK("matmul", mucu_matmul(&d[i], x, y[i], rows, q8, have || i > 0, err));
     ctx_of(b)->q8_x = x;
     ctx_of(b)->q8_n = w[0]->n_in * rows;
     for (int i = 0; i < n; i++) q8_written(b, y[i], rows * w[i]->n_out);
@@ -398,7 +665,8 @@ static void cuda_rmsnorm(mu_backend *b, const float *x, const float *w, float ep
     if (w) dw = dev_bytes(b, w, (size_t)n * sizeof *w, "rmsnorm weight");
     /* the row kernel quantizes rows of whole blocks (mucu_rmsnorm) */
     void *q8 = n % 256 == 0 && mucu_residual_ok(n) ? q8_produce(b, y, n * rows) : (q8_clear(b), NULL);
-    CHECK("rmsnorm", mucu_rmsnorm(x, dw, eps, y, n, rows, q8, err));
+    if (go(b, sig_of("rmsnorm", 6, P(x), P(dw), F(eps), P(y), I(n), I(rows))))
+        CHECK("rmsnorm", mucu_rmsnorm(x, dw, eps, y, n, rows, q8, err));
 }
 
 static void cuda_residual(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
@@ -413,7 +681,8 @@ static void cuda_residual(mu_backend *b, float *x, float *o, const float *w_o, f
     const float *dwo = dev_bytes(b, w_o, (size_t)n * sizeof *w_o, "residual: post-norm weight");
     const float *dwh = h ? dev_bytes(b, w_h, (size_t)n * sizeof *w_h, "residual: norm weight") : NULL;
     void *q8 = h && n % 256 == 0 ? q8_produce(b, h, n * rows) : (q8_clear(b), NULL);
-    CHECK("residual", mucu_residual(x, o, dwo, eps_o, h, dwh, eps_h, n, rows, q8, err));
+    if (go(b, sig_of("residual", 9, P(x), P(o), P(dwo), F(eps_o), P(h), P(dwh), F(eps_h), I(n), I(rows))))
+        CHECK("residual", mucu_residual(x, o, dwo, eps_o, h, dwh, eps_h, n, rows, q8, err));
 }
 
 static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk,
@@ -431,31 +700,37 @@ static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t 
     }
     const float *dq = dev_bytes(b, wq, (size_t)head_dim * sizeof *wq, "qk_norm_rope: q norm weight");
     const float *dk = dev_bytes(b, wk, (size_t)head_dim * sizeof *wk, "qk_norm_rope: k norm weight");
-    CHECK("qk_norm_rope", mucu_qk_norm_rope(q, dq, nq, k, dk, nk, head_dim, eps, cs, n_rot, rows, err));
+    if (go(b, sig_of("qk_norm_rope", 11, P(q), P(dq), I(nq), P(k), P(dk), I(nk), I(head_dim), F(eps), P(cs), I(n_rot),
+                     I(rows))))
+        CHECK("qk_norm_rope", mucu_qk_norm_rope(q, dq, nq, k, dk, nk, head_dim, eps, cs, n_rot, rows, err));
 }
 
 static void cuda_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
                             float *cs) {
     q8_clear(b);
     if (rows <= 0 || n_pairs <= 0) return;
+    const bool launch = go(b, sig_of("rope_table", 3, I(n_pairs), I(rows), P(cs)));
     const double *f = upload_arg(b, inv_freq, (size_t)n_pairs * sizeof *inv_freq, "rope_table");
     const int64_t *p = upload_arg(b, pos, (size_t)rows * sizeof *pos, "rope_table");
-    CHECK("rope_table", mucu_rope_table(f, n_pairs, p, rows, cs, err));
+    if (launch) CHECK("rope_table", mucu_rope_table(f, n_pairs, p, rows, cs, err));
 }
 
 static void cuda_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
                       int64_t rows, bool neox) {
     q8_clear(b);
     (void)b;
-    CHECK("rope", mucu_rope(x, n_heads, head_dim, n_rot, cs, rows, neox, err));
+    if (go(b, sig_of("rope", 7, P(x), I(n_heads), I(head_dim), I(n_rot), P(cs), I(rows), I(neox))))
+        CHECK("rope", mucu_rope(x, n_heads, head_dim, n_rot, cs, rows, neox, err));
 }
 
 static void cuda_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k,
                           const float *v, int64_t rows) {
     q8_clear(b);
     if (rows <= 0) return;
+    const bool launch = go(b, sig_of("kv_store", 8, P(l->k), P(l->v), I(l->cap), I(l->n_head), I(l->head_dim), P(k), P(v),
+                                     I(rows)));
     const int64_t *p = upload_arg(b, physical, (size_t)rows * sizeof *physical, "kv_store");
-    CHECK("kv_store", mucu_kv_store(l->k, l->v, l->cap, l->n_head, l->head_dim, p, k, v, rows, err));
+    if (launch) CHECK("kv_store", mucu_kv_store(l->k, l->v, l->cap, l->n_head, l->head_dim, p, k, v, rows, err));
 }
 
 static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
@@ -471,46 +746,51 @@ static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *
         const int64_t nb = ab->pos[r] >= first ? (ab->pos[r] - first) / 256 + 1 : 0;
         if (nb > nbmax) nbmax = nb;
     }
+    float *part = buf_reserve_c(ctx_of(b), &ctx_of(b)->part,
+                                mucu_attn_part_bytes(ab->rows, ab->n_head, ab->head_dim, nbmax) + 16, "attention");
+    const bool launch = go(b, sig_of("attention", 8, I(ab->rows), I(ab->n_head), I(ab->n_head_kv), I(ab->head_dim),
+                                     F(ab->scale), P(q), P(out), I(nbmax)));
     const mucu_attn_row *d = upload_arg(b, desc, (size_t)ab->rows * sizeof *desc, "attention");
     if (desc != &one) free(desc);
-    float *part = buf_reserve(&ctx_of(b)->part, mucu_attn_part_bytes(ab->rows, ab->n_head, ab->head_dim, nbmax) + 16,
-                              "attention");
-    CHECK("attention", mucu_attention(d, ab->rows, ab->n_head, ab->n_head_kv, ab->head_dim, ab->scale, q, out, part,
-                                      nbmax, err));
+    if (launch)
+        CHECK("attention", mucu_attention(d, ab->rows, ab->n_head, ab->n_head_kv, ab->head_dim, ab->scale, q, out, part,
+                                          nbmax, err));
 }
 
 static void cuda_sigmoid_gate(mu_backend *b, float *x, const float *g, int64_t n) {
     void *q8 = q8_produce(b, x, n);
-    CHECK("sigmoid_gate", mucu_sigmoid_gate(x, g, n, q8, err));
+    if (go(b, sig_of("sigmoid_gate", 3, P(x), P(g), I(n)))) CHECK("sigmoid_gate", mucu_sigmoid_gate(x, g, n, q8, err));
 }
 
 static void cuda_swiglu(mu_backend *b, float *gate, const float *up, int64_t n) {
     void *q8 = q8_produce(b, gate, n);
-    CHECK("swiglu", mucu_swiglu(gate, up, n, q8, err));
+    if (go(b, sig_of("swiglu", 3, P(gate), P(up), I(n)))) CHECK("swiglu", mucu_swiglu(gate, up, n, q8, err));
 }
 
 static void cuda_add(mu_backend *b, float *x, const float *y, int64_t n) {
     q8_clear(b);
     (void)b;
-    CHECK("add", mucu_add(x, y, n, err));
+    if (go(b, sig_of("add", 3, P(x), P(y), I(n)))) CHECK("add", mucu_add(x, y, n, err));
 }
 
 static void cuda_logit_tail(mu_backend *b, float *logits, float scale, float cap, int64_t n) {
     q8_clear(b);
     (void)b;
-    CHECK("logit_tail", mucu_logit_tail(logits, scale, cap, n, err));
+    if (go(b, sig_of("logit_tail", 4, P(logits), F(scale), F(cap), I(n))))
+        CHECK("logit_tail", mucu_logit_tail(logits, scale, cap, n, err));
 }
 
 static void cuda_softmax(mu_backend *b, float *x, float scale, int64_t n, int64_t rows) {
     q8_clear(b);
     (void)b;
-    CHECK("softmax", mucu_softmax(x, scale, n, rows, err));
+    if (go(b, sig_of("softmax", 4, P(x), F(scale), I(n), I(rows)))) CHECK("softmax", mucu_softmax(x, scale, n, rows, err));
 }
 
 static void cuda_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, int32_t *out) {
     q8_clear(b);
     if (rows <= 0) return;
-    int32_t *d = buf_reserve(&ctx_of(b)->out, (size_t)rows * sizeof *out, "argmax");
+    graph_sync_point(b); /* the result goes to the host */
+    int32_t *d = buf_reserve_c(ctx_of(b), &ctx_of(b)->out, (size_t)rows * sizeof *out, "argmax");
     CHECK("argmax", mucu_argmax(x, n, rows, d, err));
     CHECK("argmax", mucu_memcpy(out, d, (size_t)rows * sizeof *out, "argmax result", err));
 }
@@ -519,8 +799,9 @@ static void cuda_store_heads(mu_backend *b, float *dst, const int64_t *slots, in
                              const float *src, int64_t rows, bool transposed) {
     q8_clear(b);
     if (rows <= 0) return;
+    const bool launch = go(b, sig_of("store_heads", 7, P(dst), I(S), I(D), I(n_head), P(src), I(rows), I(transposed)));
     const int64_t *s = upload_arg(b, slots, (size_t)rows * sizeof *slots, "store_heads");
-    CHECK("store_heads", mucu_store_heads(dst, s, S, D, n_head, src, rows, transposed, err));
+    if (launch) CHECK("store_heads", mucu_store_heads(dst, s, S, D, n_head, src, rows, transposed, err));
 }
 
 /* Load time: upload each weight once (the host bytes stay as they are). */
@@ -544,6 +825,14 @@ static void cuda_destroy(mu_backend *b) {
     (void)mucu_free(c->part.p, err);
     (void)mucu_free(c->q8.p, err);
     (void)mucu_free(c->tmp.p, err);
+    if (c->cache)
+        for (int i = 0; i < G_CACHE; i++) entry_clear(&c->cache[i]);
+    free(c->cache);
+    for (int i = 0; i < c->n_deferred; i++) (void)mucu_free(c->deferred[i], err);
+    free(c->deferred);
+    if (getenv("MUSER_CUDA_GRAPH_STATS"))
+        fprintf(stderr, "muser: cuda graphs: %ld captured, %ld replayed, %ld left (replay mismatch or sync)\n",
+                c->n_captured, c->n_replayed, c->n_bailed);
     free(c->copies);
     free(c);
     free(b);
@@ -586,6 +875,8 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->store_heads = cuda_store_heads;
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;
+    b->forward_begin = cuda_forward_begin;
+    b->forward_end = cuda_forward_end;
     b->wants_repack = cuda_wants_repack;
     b->repack = cuda_repack; /* mu_repack_weights asks wants_repack only when both are set */
     return b;

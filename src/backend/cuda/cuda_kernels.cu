@@ -14,6 +14,12 @@
 #include <string.h>
 #include <time.h>
 
+/* Every kernel and copy of a forward goes to one stream, g_s (blocking: it
+ * orders with the legacy stream that synchronous copies use), so a forward
+ * can be captured into a CUDA graph (cuda_backend.c). Created with the
+ * first device query. */
+static cudaStream_t g_s;
+
 /* ---------------------------------------------------------------- errors */
 
 static bool cu_ok(cudaError_t e, const char *call, const char *what, char *err) {
@@ -64,7 +70,7 @@ static void prof_flush(void) {
         prof_add(prof_evname[i], ms);
         prev = prof_ev[i];
     }
-    cudaEventRecord(prof_origin, 0);
+    cudaEventRecord(prof_origin, g_s);
     prof_n = 0;
 }
 
@@ -72,7 +78,7 @@ static void prof_flush(void) {
 static void prof_mark(void) {
     if (!prof_ready) return;
     prof_flush();
-    cudaEventRecord(prof_origin, 0);
+    cudaEventRecord(prof_origin, g_s);
 }
 
 static void prof_report(void) {
@@ -96,7 +102,7 @@ static bool launched(const char *kernel, char *err) {
         if (prof_on) {
             for (int i = 0; i < PROF_EVENTS; i++) cudaEventCreate(&prof_ev[i]);
             cudaEventCreate(&prof_origin);
-            cudaEventRecord(prof_origin, 0);
+            cudaEventRecord(prof_origin, g_s);
             prof_ready = 1;
             atexit(prof_report);
         }
@@ -104,7 +110,7 @@ static bool launched(const char *kernel, char *err) {
     if (prof_ready) {
         if (prof_n == PROF_EVENTS) prof_flush();
         prof_evname[prof_n] = kernel;
-        cudaEventRecord(prof_ev[prof_n++], 0);
+        cudaEventRecord(prof_ev[prof_n++], g_s);
     }
     if (!sync_each) return true;
     return cu_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after kernel", kernel, err);
@@ -115,7 +121,7 @@ static unsigned grid_for(int64_t n, unsigned block) { return (unsigned)((n + blo
 #define LAUNCH(kernel, n, ...)                                                                                       \
     do {                                                                                                            \
         if ((n) <= 0) return true;                                                                                  \
-        kernel<<<grid_for((n), 128), 128>>>(__VA_ARGS__);                                                           \
+        kernel<<<grid_for((n), 128), 128, 0, g_s>>>(__VA_ARGS__);                                                           \
         return launched(#kernel, err);                                                                              \
     } while (0)
 
@@ -134,7 +140,7 @@ extern "C" bool mucu_device_count(int *n, char *err) {
         snprintf(err, MUCU_ERR_LEN, "no CUDA device: cudaGetDeviceCount returned 0 devices");
         return false;
     }
-    return true;
+    return g_s || cu_ok(cudaStreamCreate(&g_s), "cudaStreamCreate", "the backend's stream", err);
 }
 
 extern "C" bool mucu_malloc(void **p, size_t bytes, char *err) {
@@ -161,6 +167,93 @@ extern "C" bool mucu_memcpy2d(void *dst, size_t dpitch, const void *src, size_t 
                  err);
 }
 
+/* Device to device, in the backend's stream (no host wait; capturable). */
+extern "C" bool mucu_copy_async(void *dst, const void *src, size_t bytes, char *err) {
+    return !bytes || cu_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_s), "cudaMemcpyAsync",
+                           "device copy", err);
+}
+
+extern "C" bool mucu_copy2d_async(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
+                                  char *err) {
+    if (!rows || !width) return true;
+    return cu_ok(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, g_s),
+                 "cudaMemcpy2DAsync", "copy2d", err);
+}
+
+extern "C" bool mucu_zero_async(void *dst, size_t bytes, char *err) {
+    return !bytes || cu_ok(cudaMemsetAsync(dst, 0, bytes, g_s), "cudaMemsetAsync", "zero", err);
+}
+
+/* ------------------------------------------------------------- graphs */
+
+extern "C" bool mucu_capture_begin(char *err) {
+    return cu_ok(cudaStreamBeginCapture(g_s, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture", "graph", err);
+}
+
+extern "C" bool mucu_capture_end(void **graph, char *err) {
+    cudaGraph_t g = NULL;
+    *graph = NULL;
+    if (!cu_ok(cudaStreamEndCapture(g_s, &g), "cudaStreamEndCapture", "graph", err)) return false;
+    *graph = g;
+    return true;
+}
+
+/* One executable graph running the given graphs one after another. */
+extern "C" bool mucu_graph_chain(void *const *graphs, int n, void **exec, char *err) {
+    cudaGraph_t g = NULL;
+    *exec = NULL;
+    if (!cu_ok(cudaGraphCreate(&g, 0), "cudaGraphCreate", "graph chain", err)) return false;
+    cudaGraphNode_t prev = NULL;
+    for (int i = 0; i < n; i++) {
+        cudaGraphNode_t node;
+        if (!cu_ok(cudaGraphAddChildGraphNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, (cudaGraph_t)graphs[i]),
+                   "cudaGraphAddChildGraphNode", "graph chain", err)) {
+            cudaGraphDestroy(g);
+            return false;
+        }
+        prev = node;
+    }
+    cudaGraphExec_t e = NULL;
+    const bool ok = cu_ok(cudaGraphInstantiate(&e, g, 0), "cudaGraphInstantiate", "graph chain", err);
+    cudaGraphDestroy(g);
+    *exec = ok ? e : NULL;
+    return ok;
+}
+
+extern "C" bool mucu_graph_instantiate(void *graph, void **exec, char *err) {
+    cudaGraphExec_t e = NULL;
+    *exec = NULL;
+    if (!cu_ok(cudaGraphInstantiate(&e, (cudaGraph_t)graph, 0), "cudaGraphInstantiate", "graph", err)) return false;
+    *exec = e;
+    return true;
+}
+
+extern "C" bool mucu_graph_launch(void *exec, char *err) {
+    return cu_ok(cudaGraphLaunch((cudaGraphExec_t)exec, g_s), "cudaGraphLaunch", "graph", err);
+}
+
+extern "C" void mucu_graph_free(void *graph) {
+    if (graph) cudaGraphDestroy((cudaGraph_t)graph);
+}
+
+extern "C" void mucu_exec_free(void *exec) {
+    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
+/* An event after the work enqueued so far, and waiting for it. */
+extern "C" bool mucu_mark(void **ev, char *err) {
+    if (!*ev) {
+        cudaEvent_t e;
+        if (!cu_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate", "mark", err)) return false;
+        *ev = e;
+    }
+    return cu_ok(cudaEventRecord((cudaEvent_t)*ev, g_s), "cudaEventRecord", "mark", err);
+}
+
+extern "C" bool mucu_mark_wait(void *ev, char *err) {
+    return !ev || cu_ok(cudaEventSynchronize((cudaEvent_t)ev), "cudaEventSynchronize", "mark", err);
+}
+
 extern "C" bool mucu_memset0(void *dst, size_t bytes, char *err) {
     return !bytes || cu_ok(cudaMemset(dst, 0, bytes), "cudaMemset", "zero", err);
 }
@@ -179,7 +272,7 @@ extern "C" bool mucu_host_free(void *p, char *err) {
 }
 
 extern "C" bool mucu_upload_async(void *dst, const void *pinned_src, size_t bytes, const char *what, char *err) {
-    return !bytes || cu_ok(cudaMemcpyAsync(dst, pinned_src, bytes, cudaMemcpyHostToDevice, 0), "cudaMemcpyAsync", what,
+    return !bytes || cu_ok(cudaMemcpyAsync(dst, pinned_src, bytes, cudaMemcpyHostToDevice, g_s), "cudaMemcpyAsync", what,
                            err);
 }
 
@@ -222,9 +315,9 @@ extern "C" bool mucu_read_bandwidth(size_t bytes, int reps, double *gbs, char *e
     const size_t n = bytes / 16;
     float best_ms = 1e30f;
     for (int i = 0; i < reps + 1; i++) {
-        cudaEventRecord(e0);
-        k_read_sum<<<132 * 16, 512>>>((const uint4 *)buf, n, (unsigned *)out);
-        cudaEventRecord(e1);
+        cudaEventRecord(e0, g_s);
+        k_read_sum<<<132 * 16, 512, 0, g_s>>>((const uint4 *)buf, n, (unsigned *)out);
+        cudaEventRecord(e1, g_s);
         if (!cu_ok(cudaEventSynchronize(e1), "cudaEventSynchronize", "k_read_sum", err)) return false;
         float ms = 0;
         cudaEventElapsedTime(&ms, e0, e1);
@@ -1810,22 +1903,49 @@ __global__ static void __launch_bounds__(1024) k_residual(float *x, const float 
     const int64_t r = blockIdx.x;
     float *xr = x + r * n;
     const float *orow = o + r * n;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xs[i] = orow[i];
+    /* every global load first (one memory latency, not four): this thread's
+     * elements i = tid + k * blockDim (at most 12 for n <= 12288) */
+    enum { KMAX = 12 };
+    float xv[KMAX], wo[KMAX], wh[KMAX];
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+        if (i < n) {
+            xs[i] = orow[i];
+            xv[k] = xr[i];
+            wo[k] = w_o[i];
+            wh[k] = h ? w_h[i] : 0.0f;
+        }
+    }
     __syncthreads();
     const float inv_o = cta_inv_rms(xs, n, eps_o, &inv_s[0]);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = xr[i] + (xs[i] * inv_o) * w_o[i];
-        xr[i] = v;
-        xs[i] = v;
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+        if (i < n) {
+            const float v = xv[k] + (xs[i] * inv_o) * wo[k];
+            xr[i] = v;
+            xv[k] = v;
+        }
     }
     if (!h) return;
+    __syncthreads(); /* every thread has read xs (o) */
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+        if (i < n) xs[i] = xv[k];
+    }
     __syncthreads();
     const float inv_h = cta_inv_rms(xs, n, eps_h, &inv_s[1]);
     float *hr = h + r * n;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = (xs[i] * inv_h) * w_h[i];
-        hr[i] = v;
-        if (QUANT) xs[i] = v;
+#pragma unroll
+    for (int k = 0; k < KMAX; k++) {
+        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+        if (i < n) {
+            const float v = (xv[k] * inv_h) * wh[k];
+            hr[i] = v;
+            if (QUANT) xs[i] = v; /* own elements only: cta_inv_rms's reads ended at its barrier */
+        }
     }
     if (QUANT) {
         __syncthreads();
@@ -2024,7 +2144,8 @@ extern "C" size_t mucu_q8k_bytes(int64_t n_in, int64_t rows) {
     return (blocks > split ? blocks : split) + 256;
 }
 
-static int mmv_variant = -1; /* MUSER_CUDA_MMV: 3 (default) 4 lanes per block (k_mmv2); 0: 8-lane groups per
+static int mmv_variant = -1; /* MUSER_CUDA_MMV: 3 (default) 4 lanes per block (k_mmv2; 4 and 5: other
+                                 numbers of steps in flight); 0: 8-lane groups per
                                  block (k_mmv_kq); 1: the same, rows <= 2 staged in shared memory; 2: lane per
                                  block (k_mmv_lpb). All exact (docs/cuda.md). */
 
@@ -2054,9 +2175,17 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     q8split x = xq;
     x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
     float *yr = y + r0 * w->n_out;
-    if (mmv_variant == 3) {
+    if (mmv_variant >= 3) {
+        /* steps in flight: 3 (default) 4 for 1-2 rows, 1 for more; 4: 2 up to 4 rows; 5: 1 */
+        const int v = mmv_variant;
         const unsigned grid = grid_for(w->n_out, 4);
-#define MMV2(T, R) k_mmv2<T, R, (R <= 4 ? 2 : 1)><<<grid, 128>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
+#define MMV2U(T, R, U) k_mmv2<T, R, U><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
+#define MMV2(T, R)                                                                                                  \
+    do {                                                                                                            \
+        if (v == 3 && R <= 2) MMV2U(T, R, 4);                                                                       \
+        else if (v == 4 && R <= 4) MMV2U(T, R, 2);                                                                  \
+        else MMV2U(T, R, 1);                                                                                        \
+    } while (0)
 #define MMV2_R(T)                                                                                                   \
     do {                                                                                                            \
         if (nr <= 1) MMV2(T, 1);                                                                                    \
@@ -2072,6 +2201,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
         }
 #undef MMV2_R
 #undef MMV2
+#undef MMV2U
         return launched(mmv_name(w), err);
     }
     if (mmv_variant == 2) {
@@ -2082,7 +2212,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
         if ((size_t)R * rpc * nb * 4 <= 48 * 1024) {
             const unsigned grid = (unsigned)((w->n_out + rpc - 1) / rpc);
             const size_t sm = (size_t)R * rpc * nb * 4;
-#define LPB(T, RR) k_mmv_lpb<T, RR><<<grid, 128, sm>>>(w->data, w->n_out, nb, x, nr, rpc, yr, w->has_scale, w->scale)
+#define LPB(T, RR) k_mmv_lpb<T, RR><<<grid, 128, sm, g_s>>>(w->data, w->n_out, nb, x, nr, rpc, yr, w->has_scale, w->scale)
 #define LPB_R(T)                                                                                                    \
     do {                                                                                                            \
         if (R == 1) LPB(T, 1);                                                                                      \
@@ -2104,7 +2234,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     const size_t smem = (size_t)nr * (size_t)w->n_in;
     if (mmv_variant == 1 && nr <= 2 && smem <= 48 * 1024) {
         const unsigned grid = grid_for(w->n_out, 8);
-#define MMVS(T, R) k_mmv_kq<T, R, 4, 8, true><<<grid, 256, smem>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
+#define MMVS(T, R) k_mmv_kq<T, R, 4, 8, true><<<grid, 256, smem, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
         switch (w->type) {
         case T_Q4_K: if (nr == 1) MMVS(T_Q4_K, 1); else MMVS(T_Q4_K, 2); break;
         case T_Q5_K: if (nr == 1) MMVS(T_Q5_K, 1); else MMVS(T_Q5_K, 2); break;
@@ -2114,7 +2244,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
         return launched("k_mmv_kq(smem)", err);
     }
     const unsigned grid = grid_for(w->n_out, 4);
-#define MMV(T, R) k_mmv_kq<T, R, (R <= 2 ? 4 : (R <= 4 ? 2 : 1)), 4, false><<<grid, 128>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
+#define MMV(T, R) k_mmv_kq<T, R, (R <= 2 ? 4 : (R <= 4 ? 2 : 1)), 4, false><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
 #define MMV_R(T)                                                                                                    \
     do {                                                                                                            \
         if (nr <= 1) MMV(T, 1);                                                                                     \
@@ -2151,7 +2281,7 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
     if (kq) { /* the fast path: split Q8_K activations, weight-streaming kernel */
         q8split xq = q8split_at(q8, w->n_in, rows);
         if (nb > 0 && !prequantized) {
-            k_quantize_q8split<<<grid_for(nb, 4), 128>>>(x, xq, nb);
+            k_quantize_q8split<<<grid_for(nb, 4), 128, 0, g_s>>>(x, xq, nb);
             if (!launched("k_quantize_q8split", err)) return false;
         }
         if (gemm_min_rows < 0) {
@@ -2161,9 +2291,9 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
         if (gemm_min_rows > 0 && rows >= gemm_min_rows) {
             const dim3 grid((unsigned)((rows + GT_M - 1) / GT_M), (unsigned)((w->n_out + GT_N - 1) / GT_N));
             const int nbk = (int)(w->n_in / 256);
-            if (w->type == T_Q4_K) k_gemm_kq<T_Q4_K><<<grid, 128>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);
-            else if (w->type == T_Q5_K) k_gemm_kq<T_Q5_K><<<grid, 128>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);
-            else k_gemm_kq<T_Q6_K><<<grid, 128>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);
+            if (w->type == T_Q4_K) k_gemm_kq<T_Q4_K><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);
+            else if (w->type == T_Q5_K) k_gemm_kq<T_Q5_K><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);
+            else k_gemm_kq<T_Q6_K><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);
             return launched("k_gemm_kq", err);
         }
         for (int64_t r0 = 0; r0 < rows; r0 += 16)
@@ -2171,16 +2301,16 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
         return true;
     }
     if (is_float) {
-        k_matmul_fwarp<<<grid_for(rows * w->n_out, 4), 128>>>(*w, x, y, rows);
+        k_matmul_fwarp<<<grid_for(rows * w->n_out, 4), 128, 0, g_s>>>(*w, x, y, rows);
         return launched("k_matmul_fwarp", err);
     }
     q8k_block *xq = uses_q8 ? (q8k_block *)q8 : NULL;
     if (uses_q8 && nb > 0) {
-        k_quantize_q8k<<<grid_for(nb, 128), 128>>>(x, xq, nb, native);
+        k_quantize_q8k<<<grid_for(nb, 128), 128, 0, g_s>>>(x, xq, nb, native);
         if (!launched("k_quantize_q8k", err)) return false;
     }
     if (uses_q8 && w->type != T_Q6_K) {
-        k_matmul_warp<<<grid_for(rows * w->n_out, 4), 128>>>(*w, xq, y, rows);
+        k_matmul_warp<<<grid_for(rows * w->n_out, 4), 128, 0, g_s>>>(*w, xq, y, rows);
         return launched("k_matmul_warp", err);
     }
     LAUNCH(k_matmul, rows * w->n_out, *w, x, xq, y, rows); /* W4A4, GGUF-layout Q6_K */
@@ -2195,13 +2325,13 @@ extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y
     if (cta_row_ok(n)) {
         const size_t sm = (size_t)n * sizeof(float);
         if (q8 && n % 256 == 0) {
-            k_rmsnorm_cta<true><<<(unsigned)rows, cta_threads(rows), sm>>>(x, w, eps, y, n, rows, q8split_at(q8, n, rows));
+            k_rmsnorm_cta<true><<<(unsigned)rows, cta_threads(rows), sm, g_s>>>(x, w, eps, y, n, rows, q8split_at(q8, n, rows));
             return launched("k_rmsnorm_cta+q8", err);
         }
-        k_rmsnorm_cta<false><<<(unsigned)rows, cta_threads(rows), sm>>>(x, w, eps, y, n, rows, q8split{});
+        k_rmsnorm_cta<false><<<(unsigned)rows, cta_threads(rows), sm, g_s>>>(x, w, eps, y, n, rows, q8split{});
         return launched("k_rmsnorm_cta", err);
     }
-    k_rmsnorm_warp<<<grid_for(rows, 4), 128>>>(x, w, eps, y, n, rows);
+    k_rmsnorm_warp<<<grid_for(rows, 4), 128, 0, g_s>>>(x, w, eps, y, n, rows);
     return launched("k_rmsnorm_warp", err);
 }
 
@@ -2211,12 +2341,12 @@ extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float 
                               float eps_h, int64_t n, int64_t rows, void *q8, char *err) {
     if (rows <= 0) return true;
     const size_t sm = (size_t)n * sizeof(float);
+    /* 1024 threads: a thread holds at most 12 elements of a row in registers (n <= 12288) */
     if (h && q8 && n % 256 == 0) {
-        k_residual<true><<<(unsigned)rows, cta_threads(rows), sm>>>(x, o, w_o, eps_o, h, w_h, eps_h, n,
-                                                                     q8split_at(q8, n, rows));
+        k_residual<true><<<(unsigned)rows, 1024, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, q8split_at(q8, n, rows));
         return launched("k_residual+q8", err);
     }
-    k_residual<false><<<(unsigned)rows, cta_threads(rows), sm>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, q8split{});
+    k_residual<false><<<(unsigned)rows, 1024, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, q8split{});
     return launched("k_residual", err);
 }
 
@@ -2229,9 +2359,9 @@ extern "C" bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *
     const int64_t warps = rows * (nq + nk);
     if (warps <= 0) return true;
     const unsigned grid = grid_for(warps, 4);
-    if (head_dim == 64) k_qk_norm_rope<2><<<grid, 128>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
-    else if (head_dim == 128) k_qk_norm_rope<4><<<grid, 128>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
-    else k_qk_norm_rope<8><<<grid, 128>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
+    if (head_dim == 64) k_qk_norm_rope<2><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
+    else if (head_dim == 128) k_qk_norm_rope<4><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
+    else k_qk_norm_rope<8><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
     return launched("k_qk_norm_rope", err);
 }
 
@@ -2266,32 +2396,32 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
     if (nbmax > 0) {
         const unsigned g1 = (unsigned)(rh * nbmax);
         float *fin = nbmax == 1 ? out : NULL;
-        if (D <= 128) k_attn_blocks<1><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
-        else if (D <= 256) k_attn_blocks<2><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
-        else k_attn_blocks<4><<<g1, 128>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+        if (D <= 128) k_attn_blocks<1><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+        else if (D <= 256) k_attn_blocks<2><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+        else k_attn_blocks<4><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
         if (!launched("k_attn_blocks", err)) return false;
         if (fin) return true;
     }
     const unsigned g2 = grid_for(rh, 4);
-    if (D <= 32) k_attn_merge<1><<<g2, 128>>>(desc, rows, n_head, D, part, nbmax, out);
-    else if (D <= 64) k_attn_merge<2><<<g2, 128>>>(desc, rows, n_head, D, part, nbmax, out);
-    else if (D <= 128) k_attn_merge<4><<<g2, 128>>>(desc, rows, n_head, D, part, nbmax, out);
-    else if (D <= 256) k_attn_merge<8><<<g2, 128>>>(desc, rows, n_head, D, part, nbmax, out);
-    else k_attn_merge<16><<<g2, 128>>>(desc, rows, n_head, D, part, nbmax, out);
+    if (D <= 32) k_attn_merge<1><<<g2, 128, 0, g_s>>>(desc, rows, n_head, D, part, nbmax, out);
+    else if (D <= 64) k_attn_merge<2><<<g2, 128, 0, g_s>>>(desc, rows, n_head, D, part, nbmax, out);
+    else if (D <= 128) k_attn_merge<4><<<g2, 128, 0, g_s>>>(desc, rows, n_head, D, part, nbmax, out);
+    else if (D <= 256) k_attn_merge<8><<<g2, 128, 0, g_s>>>(desc, rows, n_head, D, part, nbmax, out);
+    else k_attn_merge<16><<<g2, 128, 0, g_s>>>(desc, rows, n_head, D, part, nbmax, out);
     return launched("k_attn_merge", err);
 }
 
 /* With q8 (n a multiple of 256): also the Q8_K quantization of the result. */
 extern "C" bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, void *q8, char *err) {
     if (q8 && n > 0 && n % 256 == 0) {
-        k_gate_q8<false><<<grid_for(n / 256, 4), 128>>>(x, g, q8split_at(q8, n, 1), n / 256);
+        k_gate_q8<false><<<grid_for(n / 256, 4), 128, 0, g_s>>>(x, g, q8split_at(q8, n, 1), n / 256);
         return launched("k_gate_q8", err);
     }
     LAUNCH(k_sigmoid_gate, n, x, g, n);
 }
 extern "C" bool mucu_swiglu(float *gate, const float *up, int64_t n, void *q8, char *err) {
     if (q8 && n > 0 && n % 256 == 0) {
-        k_gate_q8<true><<<grid_for(n / 256, 4), 128>>>(gate, up, q8split_at(q8, n, 1), n / 256);
+        k_gate_q8<true><<<grid_for(n / 256, 4), 128, 0, g_s>>>(gate, up, q8split_at(q8, n, 1), n / 256);
         return launched("k_swiglu_q8", err);
     }
     LAUNCH(k_swiglu, n, gate, up, n);
@@ -2319,12 +2449,12 @@ extern "C" bool mucu_timer_begin(char *err) {
     if (!timer_ev[0] && (!cu_ok(cudaEventCreate(&timer_ev[0]), "cudaEventCreate", "timer", err) ||
                          !cu_ok(cudaEventCreate(&timer_ev[1]), "cudaEventCreate", "timer", err)))
         return false;
-    return cu_ok(cudaEventRecord(timer_ev[0], 0), "cudaEventRecord", "timer", err);
+    return cu_ok(cudaEventRecord(timer_ev[0], g_s), "cudaEventRecord", "timer", err);
 }
 
 extern "C" bool mucu_timer_end(double *ms, char *err) {
     float f = 0;
-    if (!cu_ok(cudaEventRecord(timer_ev[1], 0), "cudaEventRecord", "timer", err) ||
+    if (!cu_ok(cudaEventRecord(timer_ev[1], g_s), "cudaEventRecord", "timer", err) ||
         !cu_ok(cudaEventSynchronize(timer_ev[1]), "cudaEventSynchronize", "timer", err) ||
         !cu_ok(cudaEventElapsedTime(&f, timer_ev[0], timer_ev[1]), "cudaEventElapsedTime", "timer", err))
         return false;

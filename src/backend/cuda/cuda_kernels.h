@@ -46,6 +46,25 @@ bool mucu_free(void *p, char *err);
 bool mucu_memcpy(void *dst, const void *src, size_t bytes, const char *what, char *err);
 bool mucu_memcpy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows, char *err);
 bool mucu_memset0(void *dst, size_t bytes, char *err);
+/* In the backend's stream: device to device copies and zero fill (no host
+ * wait; a forward's copies, capturable into a graph). */
+bool mucu_copy_async(void *dst, const void *src, size_t bytes, char *err);
+bool mucu_copy2d_async(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows, char *err);
+bool mucu_zero_async(void *dst, size_t bytes, char *err);
+/* CUDA graphs (cuda_backend.c's decode graphs): capture what the stream is
+ * given between begin and end into a graph; chain graphs into one
+ * executable; launch it into the stream. Handles are opaque. */
+bool mucu_capture_begin(char *err);
+bool mucu_capture_end(void **graph, char *err);
+bool mucu_graph_chain(void *const *graphs, int n, void **exec, char *err);
+bool mucu_graph_instantiate(void *graph, void **exec, char *err);
+bool mucu_graph_launch(void *exec, char *err);
+void mucu_graph_free(void *graph);
+void mucu_exec_free(void *exec);
+/* Record an event after the stream's work so far (created on first use);
+ * wait for it on the host. */
+bool mucu_mark(void **ev, char *err);
+bool mucu_mark_wait(void *ev, char *err);
 bool mucu_host_alloc(void **p, size_t bytes, char *err); /* pinned */
 bool mucu_host_free(void *p, char *err);
 /* Stream-ordered upload from pinned memory (no host wait). */
