@@ -224,7 +224,7 @@ static void bench_mmv(void) {
         {"ffn_gate/up", MU_TYPE_Q4_K, 6656, 19968}, {"ffn_down", MU_TYPE_Q4_K, 19968, 6656},
         {"ffn_down", MU_TYPE_Q6_K, 19968, 6656},  {"output/8", MU_TYPE_Q5_K, 6656, 25256},
     };
-    static const int variants[] = {3, 0}, rowss[] = {1, 2, 4, 8, 16};
+    static const int variants[] = {3, 4, 0}, rowss[] = {1, 2, 4, 8};
     char msg[MUCU_ERR_LEN];
     printf("%-12s %-5s %6s %6s %4s %4s %10s %9s\n", "weight", "type", "n_in", "n_out", "mmv", "rows", "us/call", "GB/s");
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -262,6 +262,36 @@ static void bench_mmv(void) {
                 printf("%-12s %-5s %6lld %6lld %4d %4d %10.2f %9.1f\n", shapes[si].what, mu_type_name(shapes[si].type),
                        (long long)n_in, (long long)n_out, variants[vi], rows, t[4], (double)bytes / (t[4] * 1e3));
             }
+        if (shapes[si].type == MU_TYPE_Q4_K) { /* the access pattern alone, and a plain read */
+            void **dw = mu_xcalloc((size_t)copies, sizeof *dw);
+            for (int c = 0; c < copies; c++) dw[c] = dev(w[c].data, bytes);
+            void *out = cu->alloc(cu, 64);
+            for (int u = 0; u <= 4; u++) {
+                if (u == 3) continue;
+                double t[9];
+                for (int k = 0; k < 9; k++) {
+                    if (!mucu_timer_begin(msg)) abort();
+                    for (int i = 0; i < 10; i++) {
+                        mucu_weight mw = {.type = MU_TYPE_Q4_K, .data = dw[(k * 10 + i) % copies], .n_in = n_in,
+                                          .n_out = n_out, .row_bytes = rb};
+                        if (!(u ? mucu_bench_loads(&mw, u, dy, msg) : mucu_bench_read(mw.data, bytes, out, msg))) {
+                            fprintf(stderr, "bench: %s\n", msg);
+                            exit(1);
+                        }
+                    }
+                    if (!mucu_timer_end(&t[k], msg)) abort();
+                    t[k] = t[k] * 1e3 / 10.0;
+                }
+                qsort(t, 9, sizeof *t, cmp_d);
+                printf("%-12s %-5s %6lld %6lld %4s %4d %10.2f %9.1f  (%s)\n", shapes[si].what, "Q4_K", (long long)n_in,
+                       (long long)n_out, "-", 1, t[4], (double)bytes / (t[4] * 1e3),
+                       u ? (u == 1 ? "loads only, U=1" : u == 2 ? "loads only, U=2" : "loads only, U=4")
+                         : "plain read");
+            }
+            for (int c = 0; c < copies; c++) cu->free(cu, dw[c], 0);
+            cu->free(cu, out, 0);
+            free(dw);
+        }
         cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x);
         /* the host bytes stay alive: the backend keeps their device copies by address until it is destroyed */
     }

@@ -849,6 +849,8 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     mu_backend *b = mu_xcalloc(1, sizeof *b);
     b->name = "cuda";
     b->ctx = mu_xcalloc(1, sizeof(cuda_ctx));
+    ((cuda_ctx *)b->ctx)->graphs = -1; /* decided at the first forward (environment) */
+    ((cuda_ctx *)b->ctx)->bail_at = -1;
     b->n_threads = 1;
     b->destroy = cuda_destroy;
     b->alloc = cuda_alloc;

@@ -1480,6 +1480,43 @@ __global__ static void __launch_bounds__(128) k_mmv2(const uint8_t *W, int64_t n
     }
 }
 
+/* Benchmarks only (test_cuda_backend --bench-mmv): k_mmv2's Q4_K weight
+ * loads with no arithmetic, to see what its access pattern alone reaches. */
+template <int U>
+__global__ static void __launch_bounds__(128) k_mmv2_loads(const uint8_t *W, int64_t n_out, int nb, float *y) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t o = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (o >= n_out) return;
+    uint32_t acc = 0;
+    for (int b0 = 0; b0 < nb; b0 += 8 * U) {
+        wq2 sh[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int bu = b0 + 8 * u + g;
+            load_wq2<T_Q4_K>(W, NULL, NULL, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            acc ^= sh[u].a.x ^ sh[u].a.w ^ sh[u].b.y ^ sh[u].b.z ^ sh[u].hdr.x ^ sh[u].hdr.w;
+    }
+    if (acc == 0x12345678u) y[o] = 1.0f;
+}
+
+extern "C" bool mucu_bench_loads(const mucu_weight *w, int u, float *y, char *err) {
+    const unsigned grid = grid_for(w->n_out, 4);
+    const int nb = (int)(w->n_in / 256);
+    if (u >= 4) k_mmv2_loads<4><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, y);
+    else if (u >= 2) k_mmv2_loads<2><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, y);
+    else k_mmv2_loads<1><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, y);
+    return launched("k_mmv2_loads", err);
+}
+
+/* Benchmarks only: a plain coalesced read of `bytes` at p. */
+extern "C" bool mucu_bench_read(const void *p, size_t bytes, void *out, char *err) {
+    k_read_sum<<<132 * 16, 512, 0, g_s>>>((const uint4 *)p, bytes / 16, (unsigned *)out);
+    return launched("k_read_sum", err);
+}
+
 /* The lane-per-block variant (default): a thread computes whole blocks'
  * integer sums (no shuffles), f_b by the formula into shared memory; the
  * CTA takes RPC consecutive output rows (their blocks are contiguous), so
@@ -2176,14 +2213,15 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
     float *yr = y + r0 * w->n_out;
     if (mmv_variant >= 3) {
-        /* steps in flight: 3 (default) 4 for 1-2 rows, 1 for more; 4: 2 up to 4 rows; 5: 1 */
+        /* steps in flight (H200, test_cuda_backend --bench-mmv): 3 (default) 2 for 1-2 rows, 1 for more
+         * (4 steps at 1 row and 2 at 4 rows measured slower); 4: 4 for 1-2 rows; 5: 1 */
         const int v = mmv_variant;
         const unsigned grid = grid_for(w->n_out, 4);
 #define MMV2U(T, R, U) k_mmv2<T, R, U><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
 #define MMV2(T, R)                                                                                                  \
     do {                                                                                                            \
-        if (v == 3 && R <= 2) MMV2U(T, R, 4);                                                                       \
-        else if (v == 4 && R <= 4) MMV2U(T, R, 2);                                                                  \
+        if (v == 3 && R <= 2) MMV2U(T, R, 2);                                                                       \
+        else if (v == 4 && R <= 2) MMV2U(T, R, 4);                                                                  \
         else MMV2U(T, R, 1);                                                                                        \
     } while (0)
 #define MMV2_R(T)                                                                                                   \
@@ -2316,7 +2354,9 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
     LAUNCH(k_matmul, rows * w->n_out, *w, x, xq, y, rows); /* W4A4, GGUF-layout Q6_K */
 }
 
-static bool cta_row_ok(int64_t n) { return n >= 1024 && n <= 12288; }
+/* The row kernels keep a row in shared memory: n * 4 bytes plus their few
+ * static bytes within the default 48 KiB. */
+static bool cta_row_ok(int64_t n) { return n >= 1024 && n <= 12032; }
 static unsigned cta_threads(int64_t rows) { return rows <= 8 ? 1024 : 256; }
 
 extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, void *q8,

@@ -92,6 +92,10 @@ bool mucu_matmul_fast(const mucu_weight *w);
  * k_mmv2 (default), 0 k_mmv_kq, 1 k_mmv_kq with shared-memory activations,
  * 2 k_mmv_lpb (tests and benchmarks compare them; MUSER_CUDA_MMV sets it). */
 void mucu_set_mmv_variant(int v);
+/* Benchmarks only (inexact on purpose): k_mmv2's Q4_K weight loads with no
+ * arithmetic (u steps in flight); a plain read of bytes at p. */
+bool mucu_bench_loads(const mucu_weight *w, int u, float *y, char *err);
+bool mucu_bench_read(const void *p, size_t bytes, void *out, char *err);
 /* GPU time of what the stream runs between begin and end (cudaEvents). */
 bool mucu_timer_begin(char *err);
 bool mucu_timer_end(double *ms, char *err);
