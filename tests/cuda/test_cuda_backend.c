@@ -182,7 +182,8 @@ static void test_matmul_large(void) {
     };
     const int64_t shapes[][2] = {{5120, 37}, {6656, 130}, {1280, 1}};
     const int64_t rowss[] = {1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 100};
-    for (int variant = 0; variant <= 3; variant++) { /* every weight-streaming kernel, the default (3) last */
+    for (int vi = 0; vi < 6; vi++) { /* every weight-streaming kernel, the default (3) last */
+    const int variant = (int[]){0, 1, 2, 4, 5, 3}[vi];
     mucu_set_mmv_variant(variant);
     for (size_t t = 0; t < sizeof big / sizeof *big; t++)
         for (int s = 0; s < 3; s++) {
@@ -295,6 +296,60 @@ static void bench_mmv(void) {
         cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x);
         /* the host bytes stay alive: the backend keeps their device copies by address until it is destroyed */
     }
+    /* the layer's weight sets in one matmul_multi (one launch up to 16 rows) */
+    static const struct { const char *what; int n; uint32_t type[4]; int64_t n_in, n_out[4]; } sets[] = {
+        {"q+k+v+gate", 4, {MU_TYPE_Q4_K, MU_TYPE_Q4_K, MU_TYPE_Q6_K, MU_TYPE_Q4_K}, 6656, {4096, 256, 256, 4096}},
+        {"ffn gate+up", 2, {MU_TYPE_Q4_K, MU_TYPE_Q4_K}, 6656, {19968, 19968}},
+    };
+    for (size_t si = 0; si < sizeof sets / sizeof *sets; si++) {
+        enum { COPIES = 4 };
+        mu_weight w[COPIES][4];
+        size_t bytes = 0;
+        for (int c = 0; c < COPIES; c++)
+            for (int i = 0; i < sets[si].n; i++) {
+                uint64_t rb = 0;
+                if (!mu_type_row_bytes(sets[si].type[i], (uint64_t)sets[si].n_in, &rb)) abort();
+                const size_t nbytes = (size_t)rb * (size_t)sets[si].n_out[i];
+                uint8_t *p = mu_xmalloc(nbytes);
+                for (size_t k = 0; k < nbytes; k += 4) {
+                    uint32_t v = next_u32() & 0x3BFF3BFFu;
+                    memcpy(p + k, &v, nbytes - k < 4 ? nbytes - k : 4);
+                }
+                w[c][i] = (mu_weight){.name = sets[si].what, .type = sets[si].type[i], .scale = 1.0f,
+                                      .n_in = sets[si].n_in, .n_out = sets[si].n_out[i], .row_bytes = rb, .data = p};
+                if (c == 0) bytes += nbytes;
+            }
+        float *x = rnd_vec((size_t)(16 * sets[si].n_in), 2.0f), *dx = dev(x, (size_t)(16 * sets[si].n_in) * 4);
+        float *dy[4];
+        for (int i = 0; i < 4; i++) dy[i] = cu->alloc(cu, (size_t)(16 * 19968) * 4);
+        for (int ri = 0; ri < 4; ri++) {
+            const int rows = rowss[ri];
+            for (int setv = 0; setv < 2; setv++) { /* one launch (default), one per weight (MMV 6: same kernel) */
+                mucu_set_mmv_variant(setv ? 6 : 3);
+                for (int c = 0; c < COPIES; c++) {
+                    const mu_weight *wp[4] = {&w[c][0], &w[c][1], &w[c][2], &w[c][3]};
+                    cu->matmul_multi(cu, sets[si].n, wp, dx, dy, rows);
+                }
+                double t[9];
+                for (int k = 0; k < 9; k++) {
+                    if (!mucu_timer_begin(msg)) abort();
+                    for (int i = 0; i < 8; i++) {
+                        const int c = (k * 8 + i) % COPIES;
+                        const mu_weight *wp[4] = {&w[c][0], &w[c][1], &w[c][2], &w[c][3]};
+                        cu->matmul_multi(cu, sets[si].n, wp, dx, dy, rows);
+                    }
+                    if (!mucu_timer_end(&t[k], msg)) abort();
+                    t[k] = t[k] * 1e3 / 8.0;
+                }
+                qsort(t, 9, sizeof *t, cmp_d);
+                printf("%-12s %-5s %6lld %6s %4s %4d %10.2f %9.1f  (%s)\n", sets[si].what, "set",
+                       (long long)sets[si].n_in, "-", setv ? "6" : "3", rows, t[4], (double)bytes / (t[4] * 1e3),
+                       setv ? "a launch per weight" : "one launch");
+            }
+        }
+        cu->free(cu, dx, 0), free(x);
+        for (int i = 0; i < 4; i++) cu->free(cu, dy[i], 0);
+    }
     mucu_set_mmv_variant(3);
 }
 
@@ -306,14 +361,15 @@ static void test_matmul_multi(void) {
         {{"Q4_K", MU_TYPE_Q4_K, false, false}, {"Q8_0", MU_TYPE_Q8_0, false, false}, {"F16", MU_TYPE_F16, false, false}},
         {{"Q6_K", MU_TYPE_Q6_K, false, false}, {"Q4_K+scale", MU_TYPE_Q4_K, true, false}, {"Q4_K", MU_TYPE_Q4_K, false, false}},
     };
-    const int64_t n_in = 1536, n_outs[3] = {29, 64, 8}, rows = 5;
-    for (int set = 0; set < 3; set++) {
+    const int64_t n_in = 1536, n_outs[3] = {29, 64, 8};
+    for (int set = 0; set < 9; set++) {
+        const int64_t rows = (int64_t[]){1, 5, 16}[set / 3]; /* one launch for the set up to 16 rows */
         mu_weight w[3];
         const mu_weight *wp[3];
         float *y[3], *dy[3];
         float *x = rnd_vec((size_t)(rows * n_in), 2.0f), *dx = dev(x, (size_t)(rows * n_in) * 4);
         for (int i = 0; i < 3; i++) {
-            w[i] = make_weight(&specs[set][i], n_in, n_outs[i]);
+            w[i] = make_weight(&specs[set % 3][i], n_in, n_outs[i]);
             wp[i] = &w[i];
             y[i] = mu_xmalloc((size_t)(rows * n_outs[i]) * 4);
             dy[i] = cu->alloc(cu, (size_t)(rows * n_outs[i]) * 4);
@@ -322,7 +378,8 @@ static void test_matmul_multi(void) {
         cu->matmul_multi(cu, 3, wp, dx, dy, rows);
         for (int i = 0; i < 3; i++) {
             char what[96];
-            snprintf(what, sizeof what, "matmul_multi set %d weight %d (%s)", set, i, specs[set][i].label);
+            snprintf(what, sizeof what, "matmul_multi set %d rows %lld weight %d (%s)", set % 3, (long long)rows, i,
+                     specs[set % 3][i].label);
             check(what, y[i], dy[i], (size_t)(rows * n_outs[i]) * 4);
             cu->free(cu, dy[i], 0), free(y[i]);
         }

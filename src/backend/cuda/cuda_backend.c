@@ -651,8 +651,9 @@ static void cuda_matmul_multi(mu_backend *b, int n, const mu_weight *const *w, c
     void *q8 = buf_reserve_c(ctx_of(b), &ctx_of(b)->q8, mucu_q8k_bytes(w[0]->n_in, rows) + 1, "matmul");
     uint64_t sig = sig_of("matmul_multi", 4, P(x), I(rows), I(n), I(have));
     for (int i = 0; i < n; i++) sig = mix64(mix64(sig, P(d[i].data)), P(y[i]));
-    if (go(b, sig))
-        for (int i = 0; i < n; i++) CHECK("matmul", mucu_matmul(&d[i], x, y[i], rows, q8, have || i > 0, err));
+    const mucu_weight *dp[8];
+    for (int i = 0; i < n; i++) dp[i] = &d[i];
+    if (go(b, sig)) CHECK("matmul", mucu_matmul_set(dp, n, x, y, rows, q8, have, err));
     ctx_of(b)->q8_x = x;
     ctx_of(b)->q8_n = w[0]->n_in * rows;
     for (int i = 0; i < n; i++) q8_written(b, y[i], rows * w[i]->n_out);

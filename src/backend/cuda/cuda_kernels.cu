@@ -1440,12 +1440,11 @@ __device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const
     }
 }
 
+/* One output o of one weight, by one warp. */
 template <int TYPE, int R, int U>
-__global__ static void __launch_bounds__(128) k_mmv2(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
-                                                    float *y, int has_scale, float scale) {
+__device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, const q8split &xq, int nr, int64_t o,
+                                       float *y, int has_scale, float scale) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int64_t o = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    if (o >= n_out) return;
     float total[R];
 #pragma unroll
     for (int r = 0; r < R; r++) total[r] = 0.0f;
@@ -1478,6 +1477,41 @@ __global__ static void __launch_bounds__(128) k_mmv2(const uint8_t *W, int64_t n
         for (int r = 0; r < R; r++)
             if (r < nr) y[r * n_out + o] = has_scale ? total[r] * scale : total[r];
     }
+}
+
+template <int TYPE, int R, int U>
+__global__ static void __launch_bounds__(128) k_mmv2(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
+                                                    float *y, int has_scale, float scale) {
+    const int64_t o = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (o >= n_out) return;
+    mmv2_out<TYPE, R, U>(W, n_out, nb, xq, nr, o, y, has_scale, scale);
+}
+
+/* Several weights reading the same activations (q/k/v/gate, ffn gate/up)
+ * in one launch: the warps are numbered across the weights, each warp one
+ * output of one weight (of any of the three types), so the small k/v
+ * products no longer pay a launch and a memory ramp of their own. */
+enum { MMV_SET_MAX = 4 };
+struct mmv_set {
+    const uint8_t *W[MMV_SET_MAX];
+    float *y[MMV_SET_MAX];
+    int64_t n_out[MMV_SET_MAX];
+    int64_t first[MMV_SET_MAX + 1]; /* first warp of each weight */
+    int type[MMV_SET_MAX], has_scale[MMV_SET_MAX];
+    float scale[MMV_SET_MAX];
+    int n;
+};
+
+template <int R, int U>
+__global__ static void __launch_bounds__(128) k_mmv2_set(mmv_set set, int nb, q8split xq, int nr) {
+    const int64_t wg = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    int i = 0;
+    while (i + 1 < set.n && wg >= set.first[i + 1]) i++;
+    const int64_t o = wg - set.first[i];
+    if (o >= set.n_out[i]) return;
+    if (set.type[i] == T_Q4_K) mmv2_out<T_Q4_K, R, U>(set.W[i], set.n_out[i], nb, xq, nr, o, set.y[i], set.has_scale[i], set.scale[i]);
+    else if (set.type[i] == T_Q5_K) mmv2_out<T_Q5_K, R, U>(set.W[i], set.n_out[i], nb, xq, nr, o, set.y[i], set.has_scale[i], set.scale[i]);
+    else mmv2_out<T_Q6_K, R, U>(set.W[i], set.n_out[i], nb, xq, nr, o, set.y[i], set.has_scale[i], set.scale[i]);
 }
 
 /* Benchmarks only (test_cuda_backend --bench-mmv): k_mmv2's Q4_K weight
@@ -2214,13 +2248,14 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     float *yr = y + r0 * w->n_out;
     if (mmv_variant >= 3) {
         /* steps in flight (H200, test_cuda_backend --bench-mmv): 3 (default) 2 for 1-2 rows, 1 for more
-         * (4 steps at 1 row and 2 at 4 rows measured slower); 4: 4 for 1-2 rows; 5: 1 */
+         * (4 steps at 1 row and 2 at 4 rows measured slower); 4: 4 for 1-2 rows; 5: 1; 6: as 3, but
+         * mucu_matmul_set launches per weight */
         const int v = mmv_variant;
         const unsigned grid = grid_for(w->n_out, 4);
 #define MMV2U(T, R, U) k_mmv2<T, R, U><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
 #define MMV2(T, R)                                                                                                  \
     do {                                                                                                            \
-        if (v == 3 && R <= 2) MMV2U(T, R, 2);                                                                       \
+        if ((v == 3 || v == 6) && R <= 2) MMV2U(T, R, 2);                                                           \
         else if (v == 4 && R <= 2) MMV2U(T, R, 4);                                                                  \
         else MMV2U(T, R, 1);                                                                                        \
     } while (0)
@@ -2303,6 +2338,49 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
 
 static int gemm_min_rows = -1; /* MUSER_CUDA_GEMM=N: the tensor-core kernel for calls of >= N rows (default 16;
                                   0: off, the weight-streaming kernel for every row count) */
+
+/* n fast-path weights with the same n_in reading x's quantization (already
+ * in q8 when prequantized): rows <= 16 with the default kernel in one
+ * k_mmv2_set launch, else one product per weight. */
+extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float *x, float *const *y, int64_t rows,
+                                void *q8, int prequantized, char *err) {
+    if (rows <= 0) return true;
+    if (mmv_variant < 0) {
+        const char *e = getenv("MUSER_CUDA_MMV");
+        mmv_variant = e && *e ? atoi(e) : 3;
+    }
+    if (gemm_min_rows < 0) {
+        const char *e = getenv("MUSER_CUDA_GEMM");
+        gemm_min_rows = e && *e ? atoi(e) : 16;
+    }
+    const bool one = n <= MMV_SET_MAX && mmv_variant == 3 && rows <= 16 && !(gemm_min_rows > 0 && rows >= gemm_min_rows);
+    if (!one) {
+        for (int i = 0; i < n; i++)
+            if (!mucu_matmul(w[i], x, y[i], rows, q8, prequantized || i > 0, err)) return false;
+        return true;
+    }
+    const int64_t n_in = w[0]->n_in, nb = rows * (n_in / 256);
+    q8split xq = q8split_at(q8, n_in, rows);
+    if (nb > 0 && !prequantized) {
+        k_quantize_q8split<<<grid_for(nb, 4), 128, 0, g_s>>>(x, xq, nb);
+        if (!launched("k_quantize_q8split", err)) return false;
+    }
+    mmv_set set = {};
+    set.n = n;
+    for (int i = 0; i < n; i++) {
+        set.W[i] = w[i]->data, set.y[i] = y[i], set.n_out[i] = w[i]->n_out, set.type[i] = (int)w[i]->type;
+        set.has_scale[i] = w[i]->has_scale, set.scale[i] = w[i]->scale;
+        set.first[i + 1] = set.first[i] + w[i]->n_out;
+    }
+    const unsigned grid = grid_for(set.first[n], 4);
+    const int nr = (int)rows, kb = (int)(n_in / 256);
+    if (nr <= 1) k_mmv2_set<1, 2><<<grid, 128, 0, g_s>>>(set, kb, xq, nr);
+    else if (nr <= 2) k_mmv2_set<2, 2><<<grid, 128, 0, g_s>>>(set, kb, xq, nr);
+    else if (nr <= 4) k_mmv2_set<4, 1><<<grid, 128, 0, g_s>>>(set, kb, xq, nr);
+    else if (nr <= 8) k_mmv2_set<8, 1><<<grid, 128, 0, g_s>>>(set, kb, xq, nr);
+    else k_mmv2_set<16, 1><<<grid, 128, 0, g_s>>>(set, kb, xq, nr);
+    return launched("k_mmv2_set", err);
+}
 
 extern "C" bool mucu_matmul_fast(const mucu_weight *w) {
     return w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split);

@@ -86,6 +86,10 @@ size_t mucu_q8k_bytes(int64_t n_in, int64_t rows);
 /* prequantized (fast-path weights only): q8 already holds x's Q8_K
  * activations from a previous mucu_matmul with the same x, rows and n_in. */
 bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, int prequantized, char *err);
+/* n weights that all take the fast kernels, with the same n_in, reading the
+ * same x (one quantization; rows <= 16: one launch for all of them). */
+bool mucu_matmul_set(const mucu_weight *const *w, int n, const float *x, float *const *y, int64_t rows, void *q8,
+                     int prequantized, char *err);
 /* Does w take the weight-streaming kernel (Q4_K, Q5_K, split Q6_K)? */
 bool mucu_matmul_fast(const mucu_weight *w);
 /* The weight-streaming kernel for Q4_K/Q5_K/Q6_K calls of <= 16 rows: 3
