@@ -77,6 +77,17 @@ case " $STAGES " in *" bench "*)
             MUSER_CUDA_GRAPH=$g $B -p 512 -n 64 -r 2 --warmup 1 -q | tail -2
         done
         $B -p 0 -n 32 -r 2 --parallel 1,4,8 -q | tail -3
+        echo "== footprint: the full model with 4 slots of 131,072 tokens (muser serve)"
+        "$M" serve -m $F --backend cuda -np 4 -c 131072 --port 18089 >/tmp/serve.out 2>&1 &
+        SP=$!
+        for i in $(seq 1 60); do curl -sf localhost:18089/health >/dev/null 2>&1 && break; sleep 1; done
+        curl -s localhost:18089/v1/completions -H 'Content-Type: application/json' \
+            -d '{"prompt":"And it came to pass","max_tokens":4}' | head -c 300; echo
+        nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+        kill $SP; wait $SP 2>/dev/null
+        grep -i "cuda\|slot\|kv" /tmp/serve.out | head -5
+        echo "== speculative, glimmer-tiny pair"
+        $TINY -p 0 -n 256 -r 3 --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" | tail -4
     else
         echo "== glimmer-tiny"
         $TINY -p 128 -n 256 -r 3 -q

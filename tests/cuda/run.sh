@@ -74,6 +74,21 @@ for env in MUSER_CUDA_GRAPH=1 MUSER_CUDA_GRAPH=0 MUSER_CUDA_GRAPH_BAIL_AT=0 MUSE
         say "FAIL q4_k_xl with $env: $(tail -2 "$T/err")"; fail=1
     fi
 done
+# the DFlash assistant on the GPU: speculative greedy output and every
+# drawn row's logits equal to plain decoding, and to the cpu backend's
+TM="$SRC/models/glimmer-tiny-q4_k_xl.gguf" D="$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf"
+P="And it came to pass, when the king"
+ok=1
+"$M" run -m "$TM" --backend cuda -p "$P" -n 96 --temp 0 --dump-logits "$T/plain.bin" >"$T/plain.txt" 2>"$T/err" || ok=0
+for be in cuda cpu; do
+    "$M" run -m "$TM" --draft "$D" --spec-always --backend $be -p "$P" -n 96 --temp 0 --json \
+        --dump-logits "$T/spec_$be.bin" >"$T/spec_$be.json" 2>>"$T/err" || ok=0
+done
+if [ $ok = 1 ] && cmp -s "$T/plain.bin" "$T/spec_cuda.bin" && cmp -s "$T/spec_cpu.bin" "$T/spec_cuda.bin"; then
+    say "PASS DFlash on cuda: logits of 96 drawn tokens identical to plain cuda and to speculative cpu ($(grep -o '"\(drafted\|accepted\|rounds\)":[0-9]*' "$T/spec_cuda.json" | tr '\n' ' '))"
+else
+    say "FAIL DFlash on cuda: $(tail -3 "$T/err")"; fail=1
+fi
 rm -rf "$T"
 
 if [ -z "${SKIP_ENGINE:-}" ]; then
