@@ -7,6 +7,7 @@
  * fused multiply-add is an explicit fmaf/fma. One thread per output (row
  * dot, norm row, attention head): speed is not the goal of v0 (docs/cuda.md). */
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_prefill.h"
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -2287,6 +2288,10 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
         if (gemm_min_rows < 0) {
             const char *e = getenv("MUSER_CUDA_GEMM");
             gemm_min_rows = e && *e ? atoi(e) : 16;
+        }
+        if (gemm_min_rows > 0 && rows >= gemm_min_rows && mucu_gemm_kernel_get() == 1) {
+            mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y); /* cuda_prefill.cu */
+            return launched("k_gemm_kq2", err);
         }
         if (gemm_min_rows > 0 && rows >= gemm_min_rows) {
             const dim3 grid((unsigned)((rows + GT_M - 1) / GT_M), (unsigned)((w->n_out + GT_N - 1) / GT_N));

@@ -1,0 +1,420 @@
+/* Prefill kernels of the cuda backend (docs/cuda.md, "Prefill"). Same
+ * exactness rules as cuda_kernels.cu (docs/numerics.md): integer block
+ * sums in any order (exact), f_b by the written float formula, each
+ * (row, output) total adds f_b strictly in block order. Compiled with
+ * -fmad=false (CMakeLists.txt), so no product is contracted into an fma. */
+#include "backend/cuda/cuda_prefill.h"
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ggml type ids (quant.h's enum mu_type), as cuda_kernels.cu names them. */
+enum { P_Q4_K = 12, P_Q5_K = 13, P_Q6_K = 14 };
+
+__device__ static inline float p_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/* ------------------------------------------------------------ cp.async */
+
+/* 16 bytes global -> shared, bypassing L1; valid false: 16 zero bytes (the
+ * source is not read). */
+__device__ static inline void cp16(void *sdst, const void *gsrc, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gsrc), "r"(n) : "memory");
+}
+/* 4 bytes global -> shared, of which the first n are read (the rest zero). */
+__device__ static inline void cp4(void *sdst, const void *gsrc, int n) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gsrc), "r"(n) : "memory");
+}
+__device__ static inline void cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ static inline void cp_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* ---------------------------------------------------------------- mma */
+
+/* d = a . b over 32 int8 values (16 rows x 8 columns), exact int32. */
+__device__ static inline void mma_k32(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                      uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+/* d = a . b over 16 int8 values. */
+__device__ static inline void mma_k16(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+/* =====================================================================
+ * k_gemm_kq2: y = x . W^T for Q4_K / Q5_K / split Q6_K weights and split
+ * Q8_K activations, int8 tensor cores (mma.sync).
+ *
+ * A CTA of WM x 2 warps takes BM = 32*WM rows x BN = 128 outputs; warp
+ * (wm, wn) takes rows 32wm..+31 (two m16 tiles) and outputs 64wn..+63
+ * (eight n8 tiles). The 256-blocks go through a STAGES-deep cp.async ring
+ * in shared memory, each stage holding one block of every row (Q8_K codes,
+ * d, bsums) and of every output (the weight block's raw bytes). Per block:
+ *  1. the weight blocks' scales (and Q4_K/Q5_K mins, d, dmin) are decoded
+ *     once into small tables;
+ *  2. per 32-value segment j, each thread builds its B fragments straight
+ *     from the raw code bytes (nibble masks, Q5_K/Q6_K high bits) in
+ *     registers: the k order inside a segment is the block's own value
+ *     order, the same for A and B, so the mma's sum is over the right
+ *     pairs. Q4_K/Q5_K: one m16n8k32 per sub-block of 32 (one scale);
+ *     Q6_K: two m16n8k16 per segment (a scale per 16). Each mma result
+ *     times its scale is added to sumi in int32: exact in any order;
+ *  3. f_b by the formula of docs/numerics.md, and total = total + f_b, so
+ *     the totals see the blocks in order.
+ * Rows past `rows` and outputs past n_out are zero-filled in shared memory
+ * and never stored.
+ * ==================================================================== */
+
+#define G2_BN 128
+#define G2_STAGES 3
+#define G2_XLD 272 /* activation row stride: 256 + 16, rows 4 banks apart (conflict-free 32-bit loads) */
+
+template <int TYPE> struct g2_fmt {
+    /* raw bytes of one weight block in global memory (Q6_K: the ql|qh part
+     * of the split layout), its shared-memory row stride (a multiple of 16
+     * whose word stride is 4 mod 8 or odd multiples of 4 mod 32, so the 8
+     * outputs of an n tile fall in distinct banks), and the offset of the
+     * 4-bit codes inside the block. */
+    static constexpr int BYTES = TYPE == P_Q4_K ? 144 : (TYPE == P_Q5_K ? 176 : 192);
+    static constexpr int LD = TYPE == P_Q4_K ? 144 : (TYPE == P_Q5_K ? 176 : 208);
+    static constexpr int QOFF = TYPE == P_Q5_K ? 48 : 16;
+};
+
+template <int TYPE, int WM> struct g2_smem {
+    static constexpr int BM = 32 * WM;
+    static constexpr int X = 0;                                /* int8 [BM][G2_XLD] */
+    static constexpr int XD = X + BM * G2_XLD;                  /* f32 [BM] */
+    static constexpr int XB = XD + BM * 4;                      /* int16 [BM][16] */
+    static constexpr int W = XB + BM * 32;                      /* raw [G2_BN][LD] */
+    static constexpr int W6S = W + G2_BN * g2_fmt<TYPE>::LD;    /* Q6_K int8 scales [G2_BN][16] */
+    static constexpr int W6D = W6S + G2_BN * 16;                /* Q6_K f16 d (an aligned pair) [G2_BN] */
+    static constexpr int STAGE = W6D + G2_BN * 4;
+    static constexpr int TSC = G2_STAGES * STAGE;               /* int32 [16][G2_BN]: scales (Q4/5: 8 + 8 mins) */
+    static constexpr int TD = TSC + 16 * G2_BN * 4;             /* f32 [G2_BN] d */
+    static constexpr int TDM = TD + G2_BN * 4;                  /* f32 [G2_BN] dmin */
+    static constexpr int TOTAL = TDM + G2_BN * 4;
+};
+
+template <int TYPE, int WM>
+__global__ static void __launch_bounds__(64 * WM, 1)
+    k_gemm_kq2(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
+               const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
+               int has_scale, float scale) {
+    typedef g2_fmt<TYPE> F;
+    typedef g2_smem<TYPE, WM> S;
+    constexpr int BM = S::BM, BN = G2_BN, NT = 64 * WM;
+    constexpr bool Q6 = TYPE == P_Q6_K;
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wm = warp % WM, wn = warp / WM;
+    const int xr0 = 32 * wm, wo0 = 64 * wn; /* the warp's first row and output in the tile */
+    const int64_t row0 = (int64_t)blockIdx.x * BM, out0 = (int64_t)blockIdx.y * BN;
+    const int64_t n_in = (int64_t)nb * 256;
+    const int64_t q6_sc = n_out * (int64_t)nb * 192, q6_d = n_out * (int64_t)nb * 208; /* split layout offsets */
+    int32_t *tsc = (int32_t *)(sm + S::TSC);
+    float *td = (float *)(sm + S::TD), *tdm = (float *)(sm + S::TDM);
+
+    /* issue the copies of block b into stage buffer s */
+    auto load_stage = [&](int s, int b) {
+        uint8_t *st = sm + s * S::STAGE;
+        for (int i = tid; i < BM * 16; i += NT) {
+            const int r = i >> 4, c = i & 15;
+            const int64_t gr = row0 + r;
+            const bool v = gr < rows;
+            cp16(st + S::X + r * G2_XLD + 16 * c, v ? qs + gr * n_in + (int64_t)b * 256 + 16 * c : qs, v);
+        }
+        if (tid < BM) {
+            const int64_t gr = row0 + tid;
+            const bool v = gr < rows;
+            cp4(st + S::XD + 4 * tid, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
+            if (!Q6) {
+                const int16_t *src = v ? bsp + (gr * nb + b) * 16 : bsp;
+                cp16(st + S::XB + 32 * tid, src, v);
+                cp16(st + S::XB + 32 * tid + 16, v ? src + 8 : bsp, v);
+            }
+        }
+        constexpr int CH = F::BYTES / 16;
+        for (int i = tid; i < BN * CH; i += NT) {
+            const int o = i / CH, c = i % CH;
+            const int64_t go = out0 + o;
+            const bool v = go < n_out;
+            cp16(st + S::W + o * F::LD + 16 * c, v ? Wt + (go * nb + b) * F::BYTES + 16 * c : Wt, v);
+        }
+        if (Q6 && tid < BN) {
+            const int64_t go = out0 + tid, item = go * nb + b;
+            const bool v = go < n_out;
+            cp16(st + S::W6S + 16 * tid, v ? Wt + q6_sc + item * 16 : Wt, v);
+            /* d is f16 at q6_d + 2*item: copy the 4-aligned pair holding it
+             * (only its first half when it is the array's last, even item) */
+            const int64_t pair = item & ~(int64_t)1;
+            const int n = !v ? 0 : ((item | 1) < n_out * (int64_t)nb ? 4 : 2);
+            cp4(st + S::W6D + 4 * tid, v ? Wt + q6_d + 2 * pair : Wt, n);
+        }
+    };
+
+    float total[2][8][4];
+    int32_t sumi[2][8][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) total[m][n][e] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < G2_STAGES - 1; s++) {
+        if (s < nb) load_stage(s, s);
+        cp_commit();
+    }
+    for (int b = 0; b < nb; b++) {
+        const int s = b % G2_STAGES;
+        const uint8_t *st = sm + s * S::STAGE;
+        cp_wait<G2_STAGES - 2>(); /* this thread's copies of block b have landed */
+        __syncthreads();          /* everyone's have; and block b-1's tables and buffer are free */
+        /* 1. decode the weight blocks' scales */
+        if (!Q6) {
+            for (int i = tid; i < BN * 8; i += NT) {
+                const int o = i % BN, j = i / BN;
+                const uint8_t *q = st + S::W + o * F::LD + 4;
+                int32_t sc, mn;
+                if (j < 4) {
+                    sc = q[j] & 0x3F;
+                    mn = q[j + 4] & 0x3F;
+                } else {
+                    sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+                    mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+                }
+                tsc[j * BN + o] = sc;
+                tsc[(8 + j) * BN + o] = mn;
+            }
+            if (tid < BN) {
+                const uint16_t *h = (const uint16_t *)(st + S::W + tid * F::LD);
+                td[tid] = p_h2f(h[0]);
+                tdm[tid] = p_h2f(h[1]);
+            }
+        } else {
+            for (int i = tid; i < BN * 16; i += NT) {
+                const int o = i % BN, j = i / BN;
+                tsc[j * BN + o] = (int8_t)st[S::W6S + 16 * o + j];
+            }
+            if (tid < BN) {
+                const int64_t item = (out0 + tid) * nb + b;
+                const uint16_t *h = (const uint16_t *)(st + S::W6D + 4 * tid);
+                td[tid] = p_h2f(h[item & 1]);
+            }
+        }
+        __syncthreads();
+        /* the copies of block b + STAGES - 1 overlap this block's math */
+        {
+            const int nx = b + G2_STAGES - 1;
+            if (nx < nb) load_stage(nx % G2_STAGES, nx);
+            cp_commit();
+        }
+        /* 2. integer sums */
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sumi[m][n][e] = 0;
+        const int8_t *xa = (const int8_t *)(st + S::X) + (xr0 + g) * G2_XLD + 4 * t;
+        const uint8_t *wb = st + S::W + (wo0 + g) * F::LD + 4 * t;
+#pragma unroll 2
+        for (int j = 0; j < 8; j++) { /* 32-value segment j */
+            uint32_t a[2][4];
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                const int8_t *p = xa + 16 * m * G2_XLD + 32 * j;
+                a[m][0] = *(const uint32_t *)p;
+                a[m][1] = *(const uint32_t *)(p + 8 * G2_XLD);
+                a[m][2] = *(const uint32_t *)(p + 16);
+                a[m][3] = *(const uint32_t *)(p + 8 * G2_XLD + 16);
+            }
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                const uint8_t *wr = wb + 8 * n * F::LD;
+                const int oc = wo0 + 8 * n + 2 * t; /* this thread's C columns oc, oc + 1 */
+                if (!Q6) {
+                    /* sub-block j: values 32j + l = nibble (j & 1) of code byte 32(j >> 1) + l */
+                    const int sh = 4 * (j & 1);
+                    const uint32_t q0 = *(const uint32_t *)(wr + F::QOFF + 32 * (j >> 1));
+                    const uint32_t q1 = *(const uint32_t *)(wr + F::QOFF + 32 * (j >> 1) + 16);
+                    uint32_t b0 = (q0 >> sh) & 0x0F0F0F0Fu, b1 = (q1 >> sh) & 0x0F0F0F0Fu;
+                    if (TYPE == P_Q5_K) { /* bit j of qh[l] is the fifth bit of value 32j + l */
+                        const uint32_t h0 = *(const uint32_t *)(wr + 16), h1 = *(const uint32_t *)(wr + 32);
+                        b0 |= ((h0 >> j) & 0x01010101u) << 4;
+                        b1 |= ((h1 >> j) & 0x01010101u) << 4;
+                    }
+                    const int2 sc = *(const int2 *)(tsc + j * BN + oc);
+#pragma unroll
+                    for (int m = 0; m < 2; m++) {
+                        int32_t c[4];
+                        mma_k32(c, a[m][0], a[m][1], a[m][2], a[m][3], b0, b1);
+                        sumi[m][n][0] += sc.x * c[0];
+                        sumi[m][n][1] += sc.y * c[1];
+                        sumi[m][n][2] += sc.x * c[2];
+                        sumi[m][n][3] += sc.y * c[3];
+                    }
+                } else {
+                    /* segment j = 4h + part: value 128h + 32part + l is the
+                     * nibble (part >> 1) of ql[64h + 32(part & 1) + l] with
+                     * bits 2part, 2part+1 of qh[32h + l] above it, minus 32 */
+                    const int h = j >> 2, part = j & 3, nsh = 4 * (part >> 1), hsh = 2 * part;
+                    const uint8_t *ql = wr + 64 * h + 32 * (part & 1), *qh = wr + 128 + 32 * h;
+                    const uint32_t q0 = *(const uint32_t *)ql, q1 = *(const uint32_t *)(ql + 16);
+                    const uint32_t h0 = *(const uint32_t *)qh, h1 = *(const uint32_t *)(qh + 16);
+                    const uint32_t b0 =
+                        __vsub4(((q0 >> nsh) & 0x0F0F0F0Fu) | (((h0 >> hsh) & 0x03030303u) << 4), 0x20202020u);
+                    const uint32_t b1 =
+                        __vsub4(((q1 >> nsh) & 0x0F0F0F0Fu) | (((h1 >> hsh) & 0x03030303u) << 4), 0x20202020u);
+                    const int2 s0 = *(const int2 *)(tsc + (2 * j) * BN + oc);
+                    const int2 s1 = *(const int2 *)(tsc + (2 * j + 1) * BN + oc);
+#pragma unroll
+                    for (int m = 0; m < 2; m++) {
+                        int32_t c[4], d[4];
+                        mma_k16(c, a[m][0], a[m][1], b0);
+                        mma_k16(d, a[m][2], a[m][3], b1);
+                        sumi[m][n][0] += s0.x * c[0] + s1.x * d[0];
+                        sumi[m][n][1] += s0.y * c[1] + s1.y * d[1];
+                        sumi[m][n][2] += s0.x * c[2] + s1.x * d[2];
+                        sumi[m][n][3] += s0.y * c[3] + s1.y * d[3];
+                    }
+                }
+            }
+        }
+        /* 3. f_b and the ordered totals. Thread element e of tile (m, n) is
+         * row xr0 + 16m + g + 8(e >> 1), output wo0 + 8n + 2t + (e & 1). */
+        float xd[2][2];
+        int32_t bsum[2][2][8];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int rl = xr0 + 16 * m + g + 8 * h;
+                xd[m][h] = ((const float *)(st + S::XD))[rl];
+                if (!Q6) {
+                    const int16_t *bs = (const int16_t *)(st + S::XB) + 16 * rl;
+#pragma unroll
+                    for (int jj = 0; jj < 8; jj++) bsum[m][h][jj] = (int32_t)bs[2 * jj] + (int32_t)bs[2 * jj + 1];
+                }
+            }
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e1 = 0; e1 < 2; e1++) {
+                const int ol = wo0 + 8 * n + 2 * t + e1;
+                const float d = td[ol];
+                if (Q6) {
+#pragma unroll
+                    for (int m = 0; m < 2; m++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const float f = (d * xd[m][h]) * (float)sumi[m][n][2 * h + e1];
+                            total[m][n][2 * h + e1] = total[m][n][2 * h + e1] + f;
+                        }
+                } else {
+                    const float dmin = tdm[ol];
+                    int32_t mins[8];
+#pragma unroll
+                    for (int jj = 0; jj < 8; jj++) mins[jj] = tsc[(8 + jj) * BN + ol];
+#pragma unroll
+                    for (int m = 0; m < 2; m++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            int32_t summ = 0;
+#pragma unroll
+                            for (int jj = 0; jj < 8; jj++) summ += mins[jj] * bsum[m][h][jj];
+                            const float f = (d * xd[m][h]) * (float)sumi[m][n][2 * h + e1] -
+                                            (dmin * xd[m][h]) * (float)summ;
+                            total[m][n][2 * h + e1] = total[m][n][2 * h + e1] + f;
+                        }
+                }
+            }
+    }
+    cp_wait<0>(); /* no copy may still target shared memory at exit */
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t r = row0 + xr0 + 16 * m + g + 8 * (e >> 1), o = out0 + wo0 + 8 * n + 2 * t + (e & 1);
+                if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? total[m][n][e] * scale : total[m][n][e];
+            }
+}
+
+template <int TYPE, int WM>
+static void launch_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
+                            float *y) {
+    typedef g2_smem<TYPE, WM> S;
+    static bool attr_set = false; /* once per instance: more than 48 KiB of dynamic shared memory */
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(k_gemm_kq2<TYPE, WM>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL) !=
+            cudaSuccess)
+            return; /* the error stays for the caller's cudaGetLastError */
+        attr_set = true;
+    }
+    const dim3 grid((unsigned)((rows + S::BM - 1) / S::BM), (unsigned)((w->n_out + G2_BN - 1) / G2_BN));
+    k_gemm_kq2<TYPE, WM><<<grid, 64 * WM, S::TOTAL>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
+                                                      w->has_scale, w->scale);
+}
+
+template <int TYPE>
+static void launch_gemm_kq2_t(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
+                              float *y) {
+    /* 128-row tiles, or 64 when they would leave most of the device idle
+     * (the 256-output k/v projections) */
+    const int64_t tiles128 = ((rows + 127) / 128) * ((w->n_out + G2_BN - 1) / G2_BN);
+    if (tiles128 >= 132 || rows <= 64) launch_gemm_kq2<TYPE, 4>(w, qs, d, bs, rows, y);
+    else launch_gemm_kq2<TYPE, 2>(w, qs, d, bs, rows, y);
+}
+
+extern "C" void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
+                              float *y) {
+    if (w->type == P_Q4_K) launch_gemm_kq2_t<P_Q4_K>(w, qs, d, bs, rows, y);
+    else if (w->type == P_Q5_K) launch_gemm_kq2_t<P_Q5_K>(w, qs, d, bs, rows, y);
+    else launch_gemm_kq2_t<P_Q6_K>(w, qs, d, bs, rows, y);
+}
+
+extern "C" {
+int mucu_gemm_kernel = -1;
+}
+
+extern "C" int mucu_gemm_kernel_get(void) {
+    if (mucu_gemm_kernel < 0) {
+        const char *e = getenv("MUSER_CUDA_GEMM_KERNEL");
+        mucu_gemm_kernel = e && *e ? atoi(e) : 1;
+    }
+    return mucu_gemm_kernel;
+}
+
+/* ---------------------------------------------------------------- timer */
+
+static cudaEvent_t ev_start, ev_stop;
+
+static bool p_ok(cudaError_t e, const char *call, char *err) {
+    if (e == cudaSuccess) return true;
+    snprintf(err, MUCU_ERR_LEN, "%s: %s (%s)", call, cudaGetErrorName(e), cudaGetErrorString(e));
+    return false;
+}
+
+extern "C" bool mucu_timer_start(char *err) {
+    if (!ev_start && (!p_ok(cudaEventCreate(&ev_start), "cudaEventCreate", err) ||
+                      !p_ok(cudaEventCreate(&ev_stop), "cudaEventCreate", err)))
+        return false;
+    return p_ok(cudaEventRecord(ev_start, 0), "cudaEventRecord", err);
+}
+
+extern "C" bool mucu_timer_stop(float *ms, char *err) {
+    return p_ok(cudaEventRecord(ev_stop, 0), "cudaEventRecord", err) &&
+           p_ok(cudaEventSynchronize(ev_stop), "cudaEventSynchronize", err) &&
+           p_ok(cudaEventElapsedTime(ms, ev_start, ev_stop), "cudaEventElapsedTime", err);
+}

@@ -1,0 +1,34 @@
+/* Prefill kernels of the cuda backend (cuda_prefill.cu), as plain C: the
+ * many-row int8 tensor-core product for Q4_K, Q5_K and split Q6_K weights
+ * (k_gemm_kq2), its selection, and a cudaEvent timer for
+ * tests/cuda/test_cuda_backend.c's benchmark mode. Pointers are device
+ * memory. Exactness as in cuda_kernels.h (docs/numerics.md). */
+#ifndef MUSER_CUDA_PREFILL_H
+#define MUSER_CUDA_PREFILL_H
+#include "backend/cuda/cuda_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which many-row kernel mucu_matmul uses: 0 the first one (k_gemm_kq in
+ * cuda_kernels.cu), 1 k_gemm_kq2 (the default). -1 until first read from
+ * MUSER_CUDA_GEMM_KERNEL; tests may set it directly. */
+extern int mucu_gemm_kernel;
+int mucu_gemm_kernel_get(void);
+
+/* y[rows][n_out] = x . w^T for Q4_K, Q5_K or split Q6_K w, from x's split
+ * Q8_K activations (codes qs [rows][n_in], d [rows][nb], bsums
+ * [rows][nb][16]). Only launches: the caller checks the launch
+ * (cudaGetLastError). */
+void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y);
+
+/* Device time between mucu_timer_start and mucu_timer_stop (cudaEvents on
+ * the default stream; stop synchronizes). */
+bool mucu_timer_start(char *err);
+bool mucu_timer_stop(float *ms, char *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
