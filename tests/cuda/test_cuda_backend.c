@@ -711,6 +711,56 @@ static int bench_gemm(int reps) {
     return bad ? 1 : 0;
 }
 
+/* --bench-attn: mucu_attention for one prefill chunk of `rows` rows at the
+ * end of a context of ctx keys (causal, first 0), 32 query heads over 2 KV
+ * heads, head_dim 128 (the full model's shape). */
+static int bench_attn(int reps) {
+    char msg[MUCU_ERR_LEN];
+    const int64_t H = 32, Hkv = 2, D = 128;
+    const int64_t ctxs[] = {2048, 8192}, rowss[] = {512, 2048};
+    printf("attention benchmark: median of %d (after 2 warm-up), device time per call (cudaEvents)\n", reps);
+    for (int ci = 0; ci < 2; ci++)
+        for (int ri = 0; ri < 2; ri++) {
+            const int64_t ctx = ctxs[ci], rows = rowss[ri], cap = ctx;
+            const size_t plane = (size_t)(Hkv * cap * D);
+            uint16_t *hk = mu_xmalloc(plane * 2);
+            for (size_t i = 0; i < plane; i++) hk[i] = mu_f32_to_f16(rnd(1.0f));
+            uint16_t *dk = dev_raw(hk, plane * 2), *dv = dev_raw(hk, plane * 2);
+            mucu_attn_row *hd = mu_xmalloc((size_t)rows * sizeof *hd);
+            double keys = 0;
+            for (int64_t r = 0; r < rows; r++) {
+                hd[r] = (mucu_attn_row){.k = dk, .v = dv, .cap = cap, .first = 0, .pos = ctx - rows + r};
+                keys += (double)(ctx - rows + r + 1);
+            }
+            mucu_attn_row *dd = dev_raw(hd, (size_t)rows * sizeof *hd);
+            float *hq = rnd_vec((size_t)(rows * H * D), 1.0f);
+            float *dq = dev_raw(hq, (size_t)(rows * H * D) * 4), *dout = dev_raw(NULL, (size_t)(rows * H * D) * 4);
+            const int64_t nbmax = (ctx + 255) / 256;
+            float *part = dev_raw(NULL, mucu_attn_part_bytes(rows, H, D, nbmax) + 16);
+            float t[64];
+            if (reps > 64) reps = 64;
+            for (int i = -2; i < reps; i++) {
+                float ms = 0;
+                if (!mucu_timer_start(msg) ||
+                    !mucu_attention(dd, rows, H, Hkv, D, 0.08838834764831845f, dq, dout, part, nbmax, msg) ||
+                    !mucu_timer_stop(&ms, msg)) {
+                    fprintf(stderr, "bench: %s\n", msg);
+                    return 1;
+                }
+                if (i >= 0) t[i] = ms;
+            }
+            qsort(t, (size_t)reps, sizeof *t, cmp_float);
+            const double flops = 4.0 * keys * (double)H * (double)D; /* q.k and e.v, one fma = 2 flops */
+            printf("attn ctx %5lld rows %4lld (32/2 heads, D 128): %8.3f ms, %6.2f TFLOP/s (fp32 fma), %.3f ms per "
+                   "1k rows\n",
+                   (long long)ctx, (long long)rows, t[reps / 2], flops / t[reps / 2] * 1e-9,
+                   t[reps / 2] / (double)rows * 1000.0);
+            mucu_free(dk, msg), mucu_free(dv, msg), mucu_free(dd, msg), mucu_free(dq, msg), mucu_free(dout, msg);
+            mucu_free(part, msg), free(hk), free(hd), free(hq);
+        }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     mu_error err;
     if (argc == 3 && !strcmp(argv[1], "--membw")) { /* device read bandwidth over argv[2] GiB */
@@ -724,6 +774,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc >= 2 && !strcmp(argv[1], "--bench-gemm")) return bench_gemm(argc >= 3 ? atoi(argv[2]) : 9);
+    if (argc >= 2 && !strcmp(argv[1], "--bench-attn")) return bench_attn(argc >= 3 ? atoi(argv[2]) : 9);
     ref = mu_backend_ref_create(1);
     cu = mu_backend_cuda_create(1, &err);
     if (!cu) {
