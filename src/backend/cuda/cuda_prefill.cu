@@ -97,10 +97,12 @@ template <int TYPE, int WM> struct g2_smem {
     static constexpr int W6S = W + G2_BN * g2_fmt<TYPE>::LD;    /* Q6_K int8 scales [G2_BN][16] */
     static constexpr int W6D = W6S + G2_BN * 16;                /* Q6_K f16 d (an aligned pair) [G2_BN] */
     static constexpr int STAGE = W6D + G2_BN * 4;
-    static constexpr int TSC = G2_STAGES * STAGE;               /* int32 [16][G2_BN]: scales (Q4/5: 8 + 8 mins) */
+    static constexpr int TSC = G2_STAGES * STAGE;               /* int32 [16][G2_BN]: scales (Q4/5: the first 8) */
     static constexpr int TD = TSC + 16 * G2_BN * 4;             /* f32 [G2_BN] d */
     static constexpr int TDM = TD + G2_BN * 4;                  /* f32 [G2_BN] dmin */
-    static constexpr int TOTAL = TDM + G2_BN * 4;
+    static constexpr int TMIN = TDM + G2_BN * 4;                /* Q4/5 int8 mins [G2_BN][8] */
+    static constexpr int TXB = TMIN + G2_BN * 8;                /* Q4/5 int8 bsum parts [BM][16]: lo_0..7, hi_0..7 */
+    static constexpr int TOTAL = TXB + BM * 16;
 };
 
 template <int TYPE, int WM>
@@ -121,6 +123,7 @@ __global__ static void __launch_bounds__(64 * WM, 1)
     const int64_t q6_sc = n_out * (int64_t)nb * 192, q6_d = n_out * (int64_t)nb * 208; /* split layout offsets */
     int32_t *tsc = (int32_t *)(sm + S::TSC);
     float *td = (float *)(sm + S::TD), *tdm = (float *)(sm + S::TDM);
+    int8_t *tmin = (int8_t *)(sm + S::TMIN), *txb = (int8_t *)(sm + S::TXB);
 
     /* issue the copies of block b into stage buffer s */
     auto load_stage = [&](int s, int b) {
@@ -193,12 +196,25 @@ __global__ static void __launch_bounds__(64 * WM, 1)
                     mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
                 }
                 tsc[j * BN + o] = sc;
-                tsc[(8 + j) * BN + o] = mn;
+                tmin[8 * o + j] = (int8_t)mn; /* 0..63 */
             }
             if (tid < BN) {
                 const uint16_t *h = (const uint16_t *)(st + S::W + tid * F::LD);
                 td[tid] = p_h2f(h[0]);
                 tdm[tid] = p_h2f(h[1]);
+            }
+            /* the rows' sub-block sums bsum_j = bs[2j] + bs[2j+1] (|bsum_j| <= 32*128) as
+             * lo_j = bsum_j & 127 and hi_j = bsum_j >> 7 (floor), both int8:
+             * bsum_j = 128*hi_j + lo_j, so summ = sum_j m_j*lo_j + 128*sum_j m_j*hi_j
+             * comes exactly from two k16 mma (step 3) */
+            if (tid < BM) {
+                const int16_t *bs = (const int16_t *)(st + S::XB) + 16 * tid;
+#pragma unroll
+                for (int jj = 0; jj < 8; jj++) {
+                    const int32_t v = (int32_t)bs[2 * jj] + (int32_t)bs[2 * jj + 1];
+                    txb[16 * tid + jj] = (int8_t)(v & 127);
+                    txb[16 * tid + 8 + jj] = (int8_t)(v >> 7);
+                }
             }
         } else {
             for (int i = tid; i < BN * 16; i += NT) {
@@ -292,52 +308,51 @@ __global__ static void __launch_bounds__(64 * WM, 1)
         }
         /* 3. f_b and the ordered totals. Thread element e of tile (m, n) is
          * row xr0 + 16m + g + 8(e >> 1), output wo0 + 8n + 2t + (e & 1). */
+        /* summ (Q4_K/Q5_K), per n tile, in the same fragment layout as sumi:
+         * A row r = [lo_0..7 | hi_0..7], B column o = [m_0..7 | 0] and [0 | m_0..7] */
+        uint32_t xa0[2], xa1[2];
+        if (!Q6)
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                xa0[m] = *(const uint32_t *)(txb + 16 * (xr0 + 16 * m + g) + 4 * t);
+                xa1[m] = *(const uint32_t *)(txb + 16 * (xr0 + 16 * m + g + 8) + 4 * t);
+            }
         float xd[2][2];
-        int32_t bsum[2][2][8];
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int rl = xr0 + 16 * m + g + 8 * h;
-                xd[m][h] = ((const float *)(st + S::XD))[rl];
-                if (!Q6) {
-                    const int16_t *bs = (const int16_t *)(st + S::XB) + 16 * rl;
+            for (int h = 0; h < 2; h++) xd[m][h] = ((const float *)(st + S::XD))[xr0 + 16 * m + g + 8 * h];
 #pragma unroll
-                    for (int jj = 0; jj < 8; jj++) bsum[m][h][jj] = (int32_t)bs[2 * jj] + (int32_t)bs[2 * jj + 1];
+        for (int n = 0; n < 8; n++) {
+            int32_t summ[2][4];
+            if (!Q6) {
+                const uint32_t mw = *(const uint32_t *)(tmin + 8 * (wo0 + 8 * n + g) + 4 * (t & 1));
+                const uint32_t bl = t < 2 ? mw : 0u, bh = t < 2 ? 0u : mw;
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    int32_t cl[4], ch[4];
+                    mma_k16(cl, xa0[m], xa1[m], bl);
+                    mma_k16(ch, xa0[m], xa1[m], bh);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) summ[m][e] = cl[e] + 128 * ch[e];
                 }
             }
-#pragma unroll
-        for (int n = 0; n < 8; n++)
 #pragma unroll
             for (int e1 = 0; e1 < 2; e1++) {
                 const int ol = wo0 + 8 * n + 2 * t + e1;
-                const float d = td[ol];
-                if (Q6) {
+                const float d = td[ol], dmin = Q6 ? 0.0f : tdm[ol];
 #pragma unroll
-                    for (int m = 0; m < 2; m++)
+                for (int m = 0; m < 2; m++)
 #pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const float f = (d * xd[m][h]) * (float)sumi[m][n][2 * h + e1];
-                            total[m][n][2 * h + e1] = total[m][n][2 * h + e1] + f;
-                        }
-                } else {
-                    const float dmin = tdm[ol];
-                    int32_t mins[8];
-#pragma unroll
-                    for (int jj = 0; jj < 8; jj++) mins[jj] = tsc[(8 + jj) * BN + ol];
-#pragma unroll
-                    for (int m = 0; m < 2; m++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            int32_t summ = 0;
-#pragma unroll
-                            for (int jj = 0; jj < 8; jj++) summ += mins[jj] * bsum[m][h][jj];
-                            const float f = (d * xd[m][h]) * (float)sumi[m][n][2 * h + e1] -
-                                            (dmin * xd[m][h]) * (float)summ;
-                            total[m][n][2 * h + e1] = total[m][n][2 * h + e1] + f;
-                        }
-                }
+                    for (int h = 0; h < 2; h++) {
+                        const int e = 2 * h + e1;
+                        float f;
+                        if (Q6) f = (d * xd[m][h]) * (float)sumi[m][n][e];
+                        else f = (d * xd[m][h]) * (float)sumi[m][n][e] - (dmin * xd[m][h]) * (float)summ[m][e];
+                        total[m][n][e] = total[m][n][e] + f;
+                    }
             }
+        }
     }
     cp_wait<0>(); /* no copy may still target shared memory at exit */
 #pragma unroll
