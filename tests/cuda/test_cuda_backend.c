@@ -427,6 +427,74 @@ static void test_kv_attention(int64_t D) {
     cu->free(cu, dl.k, 0), cu->free(cu, dl.v, 0);
 }
 
+/* A layer's K/V ring (cap rows holding logical base .. base+n-1) on both
+ * backends, filled by kv_store in chunks of 50 rows. */
+static void kv_fill(mu_kv_layer *hl, mu_kv_layer *dl, int64_t Hkv, int64_t D, int64_t cap, int64_t base, int64_t n) {
+    *hl = (mu_kv_layer){.swa = true, .cap = cap, .n_head = Hkv, .head_dim = D, .row_elems = Hkv * D,
+                        .origin_logical = base, .origin_physical = base % cap, .len = n};
+    *dl = *hl;
+    const size_t plane = (size_t)(Hkv * cap * D) * 2;
+    hl->k = calloc(1, plane), hl->v = calloc(1, plane);
+    dl->k = cu->alloc(cu, plane), dl->v = cu->alloc(cu, plane);
+    for (int64_t p0 = base; p0 < base + n; p0 += 50) {
+        int64_t phys[50];
+        const int64_t m = base + n - p0 < 50 ? base + n - p0 : 50;
+        for (int i = 0; i < m; i++) phys[i] = (p0 + i) % cap;
+        float *k = rnd_vec((size_t)(m * Hkv * D), 3.0f), *v = rnd_vec((size_t)(m * Hkv * D), 3.0f);
+        float *dk = dev(k, (size_t)(m * Hkv * D) * 4), *dv = dev(v, (size_t)(m * Hkv * D) * 4);
+        ref->kv_store(ref, hl, phys, k, v, m);
+        cu->kv_store(cu, dl, phys, dk, dv, m);
+        cu->free(cu, dk, 0), cu->free(cu, dv, 0), free(k), free(v);
+    }
+}
+
+/* The many-row attention kernels, both (k_attn_prefill, the default, and
+ * k_attn_blocks, MUSER_CUDA_ATTN=0), against ref: prefill chunks of one
+ * sequence (rows sharing keys: 70 rows over 5 blocks; 37 rows inside the
+ * first block, the one-block shortcut), sliding windows (each row its own
+ * first key), and a batch alternating between two sequences, at the full
+ * model's heads (32 over 2, D 128) and at 8 over 2, D 64. */
+static void test_attn_prefill(void) {
+    const int saved = mucu_attn_kernel_get();
+    const int64_t cfg[2][3] = {{32, 2, 128}, {8, 2, 64}};
+    for (int ci = 0; ci < 2; ci++) {
+        const int64_t H = cfg[ci][0], Hkv = cfg[ci][1], D = cfg[ci][2], Q = H * D;
+        mu_kv_layer h1, d1, h2, d2;
+        kv_fill(&h1, &d1, Hkv, D, 1100, 0, 1100);
+        kv_fill(&h2, &d2, Hkv, D, 600, 250, 600); /* a ring whose origin has moved */
+        for (int cs = 0; cs < 4; cs++) {
+            const int64_t rows = cs == 1 ? 37 : 70, window = cs == 2 ? 300 : 0;
+            int64_t *pos = mu_xmalloc((size_t)rows * sizeof *pos);
+            const mu_kv_layer **hk = mu_xmalloc((size_t)rows * sizeof *hk), **dk = mu_xmalloc((size_t)rows * sizeof *dk);
+            for (int64_t r = 0; r < rows; r++) {
+                const bool second = cs == 3 && (r & 1);
+                hk[r] = second ? &h2 : &h1, dk[r] = second ? &d2 : &d1;
+                pos[r] = cs == 1 ? 3 + r : (second ? 250 + 530 + r : 1030 + r);
+            }
+            float *q = rnd_vec((size_t)(rows * Q), 2.0f), *o = mu_xmalloc((size_t)(rows * Q) * 4);
+            float *dq = dev(q, (size_t)(rows * Q) * 4), *dout = cu->alloc(cu, (size_t)(rows * Q) * 4);
+            mu_attn_batch a = {.rows = rows, .kv = hk, .pos = pos, .window = window, .n_head = H, .n_head_kv = Hkv,
+                               .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
+            ref->attention(ref, &a, q, o);
+            a.kv = dk;
+            for (int k = 1; k >= 0; k--) {
+                mucu_attn_kernel = k;
+                cu->zero(cu, dout, (size_t)(rows * Q) * 4);
+                cu->attention(cu, &a, dq, dout);
+                char what[128];
+                snprintf(what, sizeof what, "attention (%s) H=%lld/%lld D=%lld case %d rows=%lld window=%lld",
+                         k ? "k_attn_prefill" : "k_attn_blocks", (long long)H, (long long)Hkv, (long long)D, cs,
+                         (long long)rows, (long long)window);
+                check(what, o, dout, (size_t)(rows * Q) * 4);
+            }
+            cu->free(cu, dq, 0), cu->free(cu, dout, 0), free(q), free(o), free(pos), free(hk), free(dk);
+        }
+        free(h1.k), free(h1.v), free(h2.k), free(h2.v);
+        cu->free(cu, d1.k, 0), cu->free(cu, d1.v, 0), cu->free(cu, d2.k, 0), cu->free(cu, d2.v, 0);
+    }
+    mucu_attn_kernel = saved;
+}
+
 static void test_elementwise(void) {
     const int64_t n = 5000;
     for (int op = 0; op < 5; op++) {
@@ -711,13 +779,17 @@ static int bench_gemm(int reps) {
     return bad ? 1 : 0;
 }
 
-/* --bench-attn: mucu_attention for one prefill chunk of `rows` rows at the
- * end of a context of ctx keys (causal, first 0), 32 query heads over 2 KV
- * heads, head_dim 128 (the full model's shape). */
+/* --bench-attn: mucu_attention, k_attn_blocks (old) against
+ * k_attn_prefill (new), for one prefill chunk of `rows` rows at the end of
+ * a context of ctx keys (causal, first 0), 32 query heads over 2 KV heads,
+ * head_dim 128 (the full model's shape); outputs compared bit for bit. */
 static int bench_attn(int reps) {
     char msg[MUCU_ERR_LEN];
     const int64_t H = 32, Hkv = 2, D = 128;
     const int64_t ctxs[] = {2048, 8192}, rowss[] = {512, 2048};
+    const int saved = mucu_attn_kernel_get();
+    int bad = 0;
+    if (reps > 64) reps = 64;
     printf("attention benchmark: median of %d (after 2 warm-up), device time per call (cudaEvents)\n", reps);
     for (int ci = 0; ci < 2; ci++)
         for (int ri = 0; ri < 2; ri++) {
@@ -725,7 +797,9 @@ static int bench_attn(int reps) {
             const size_t plane = (size_t)(Hkv * cap * D);
             uint16_t *hk = mu_xmalloc(plane * 2);
             for (size_t i = 0; i < plane; i++) hk[i] = mu_f32_to_f16(rnd(1.0f));
-            uint16_t *dk = dev_raw(hk, plane * 2), *dv = dev_raw(hk, plane * 2);
+            uint16_t *dk = dev_raw(hk, plane * 2);
+            for (size_t i = 0; i < plane; i++) hk[i] = mu_f32_to_f16(rnd(1.0f));
+            uint16_t *dv = dev_raw(hk, plane * 2);
             mucu_attn_row *hd = mu_xmalloc((size_t)rows * sizeof *hd);
             double keys = 0;
             for (int64_t r = 0; r < rows; r++) {
@@ -734,31 +808,46 @@ static int bench_attn(int reps) {
             }
             mucu_attn_row *dd = dev_raw(hd, (size_t)rows * sizeof *hd);
             float *hq = rnd_vec((size_t)(rows * H * D), 1.0f);
-            float *dq = dev_raw(hq, (size_t)(rows * H * D) * 4), *dout = dev_raw(NULL, (size_t)(rows * H * D) * 4);
+            const size_t ob = (size_t)(rows * H * D) * 4;
+            float *dq = dev_raw(hq, ob), *dout[2] = {dev_raw(NULL, ob), dev_raw(NULL, ob)};
             const int64_t nbmax = (ctx + 255) / 256;
             float *part = dev_raw(NULL, mucu_attn_part_bytes(rows, H, D, nbmax) + 16);
-            float t[64];
-            if (reps > 64) reps = 64;
-            for (int i = -2; i < reps; i++) {
-                float ms = 0;
-                if (!mucu_timer_start(msg) ||
-                    !mucu_attention(dd, rows, H, Hkv, D, 0.08838834764831845f, dq, dout, part, nbmax, msg) ||
-                    !mucu_timer_stop(&ms, msg)) {
-                    fprintf(stderr, "bench: %s\n", msg);
-                    return 1;
+            double med[2];
+            for (int k = 0; k < 2; k++) {
+                float t[64];
+                mucu_attn_kernel = k;
+                for (int i = -2; i < reps; i++) {
+                    float ms = 0;
+                    if (!mucu_timer_start(msg) ||
+                        !mucu_attention(dd, rows, H, Hkv, D, 0.08838834764831845f, dq, dout[k], part, nbmax, msg) ||
+                        !mucu_timer_stop(&ms, msg)) {
+                        fprintf(stderr, "bench: %s\n", msg);
+                        return 1;
+                    }
+                    if (i >= 0) t[i] = ms;
                 }
-                if (i >= 0) t[i] = ms;
+                qsort(t, (size_t)reps, sizeof *t, cmp_float);
+                med[k] = t[reps / 2];
             }
-            qsort(t, (size_t)reps, sizeof *t, cmp_float);
+            uint8_t *o0 = mu_xmalloc(ob), *o1 = mu_xmalloc(ob);
+            if (!mucu_memcpy(o0, dout[0], ob, "bench download", msg) || !mucu_memcpy(o1, dout[1], ob, "bench download", msg)) {
+                fprintf(stderr, "bench: %s\n", msg);
+                return 1;
+            }
+            const bool same = !memcmp(o0, o1, ob);
+            bad += !same;
             const double flops = 4.0 * keys * (double)H * (double)D; /* q.k and e.v, one fma = 2 flops */
-            printf("attn ctx %5lld rows %4lld (32/2 heads, D 128): %8.3f ms, %6.2f TFLOP/s (fp32 fma), %.3f ms per "
-                   "1k rows\n",
-                   (long long)ctx, (long long)rows, t[reps / 2], flops / t[reps / 2] * 1e-9,
-                   t[reps / 2] / (double)rows * 1000.0);
-            mucu_free(dk, msg), mucu_free(dv, msg), mucu_free(dd, msg), mucu_free(dq, msg), mucu_free(dout, msg);
-            mucu_free(part, msg), free(hk), free(hd), free(hq);
+            printf("attn ctx %5lld rows %4lld (32/2 heads, D 128): old %8.3f ms %6.2f TFLOP/s | new %8.3f ms %6.2f "
+                   "TFLOP/s | %.2fx %s\n",
+                   (long long)ctx, (long long)rows, med[0], flops / med[0] * 1e-9, med[1], flops / med[1] * 1e-9,
+                   med[0] / med[1], same ? "identical" : "OUTPUTS DIFFER");
+            mucu_free(dk, msg), mucu_free(dv, msg), mucu_free(dd, msg), mucu_free(dq, msg);
+            mucu_free(dout[0], msg), mucu_free(dout[1], msg), mucu_free(part, msg);
+            free(hk), free(hd), free(hq), free(o0), free(o1);
         }
-    return 0;
+    mucu_attn_kernel = saved;
+    printf("attention benchmark: %s\n", bad ? "OUTPUTS DIFFER between the kernels" : "old and new outputs identical");
+    return bad ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
@@ -795,6 +884,7 @@ int main(int argc, char **argv) {
     test_kv_attention(128);
     test_kv_attention(256);
     test_kv_attention(80);
+    test_attn_prefill();
     test_elementwise();
     test_fused();
     test_store_heads_and_memory();

@@ -2375,10 +2375,15 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
     if (nbmax > 0) {
         const unsigned g1 = (unsigned)(rh * nbmax);
         float *fin = nbmax == 1 ? out : NULL;
-        if (D <= 128) k_attn_blocks<1><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
-        else if (D <= 256) k_attn_blocks<2><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
-        else k_attn_blocks<4><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
-        if (!launched("k_attn_blocks", err)) return false;
+        if (mucu_attn_prefill_takes(rows, n_head, n_head_kv, D)) { /* cuda_prefill.cu */
+            mucu_attn_prefill(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+            if (!launched("k_attn_prefill", err)) return false;
+        } else {
+            if (D <= 128) k_attn_blocks<1><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+            else if (D <= 256) k_attn_blocks<2><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+            else k_attn_blocks<4><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+            if (!launched("k_attn_blocks", err)) return false;
+        }
         if (fin) return true;
     }
     const unsigned g2 = grid_for(rh, 4);

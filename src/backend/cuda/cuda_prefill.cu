@@ -4,8 +4,10 @@
  * (row, output) total adds f_b strictly in block order. Compiled with
  * -fmad=false (CMakeLists.txt), so no product is contracted into an fma. */
 #include "backend/cuda/cuda_prefill.h"
+#include "backend/cuda/cuda_common.cuh"
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -432,4 +434,253 @@ extern "C" bool mucu_timer_stop(float *ms, char *err) {
     return p_ok(cudaEventRecord(ev_stop, 0), "cudaEventRecord", err) &&
            p_ok(cudaEventSynchronize(ev_stop), "cudaEventSynchronize", err) &&
            p_ok(cudaEventElapsedTime(ms, ev_start, ev_stop), "cudaEventElapsedTime", err);
+}
+
+/* =====================================================================
+ * k_attn_prefill: attention for many query rows of the same sequences
+ * (prefill chunks), exact to the reference (docs/numerics.md,
+ * "Attention"). A CTA takes one 256-key block j of up to 64 (row, head)
+ * pairs: RPC = 64 / G consecutive rows x the G query heads of one KV head.
+ * Rows that share their planes and `first` (one sequence, full attention)
+ * share the block's keys, which are staged in shared memory once (K, then
+ * V over it); otherwise the CTA takes its rows one at a time. Per block:
+ *  - s_p: a warp computes 4 pairs x 8 keys at once, lane l owning the
+ *    chain p[l] of the 32-lane dot (fmaf over d = l, l+32, ... in order);
+ *    the 32 chains of each of the 32 dots are then folded across lanes by
+ *    a transposing butterfly whose additions are exactly the reference's
+ *    p[l] = p[l] + p[l+h] (h = 16..1), leaving dot L in lane L;
+ *  - m_b by the reference's scan in key order, e_p = mu_expf(s_p - m_b),
+ *    l_b summed in key order (a thread per pair);
+ *  - acc_b[d] = fmaf(e_p, v_p[d], acc_b[d]) over the keys in order, a
+ *    thread per (4 pairs or fewer, 8 dims).
+ * The block's (m_b, l_b, acc_b) go to the same partials as k_attn_blocks
+ * (cuda_kernels.cu), merged by k_attn_merge; with one block per row the
+ * output is acc_b / l_b directly.
+ * ==================================================================== */
+
+#define PA_PMAX 64
+#define PA_SLD 260 /* score row stride: pairs 4 apart fall 16 banks apart */
+#define PA_NT 256
+
+template <int DC> struct pa_smem {
+    static constexpr int D = 32 * DC;
+    static constexpr int KV = 0;                     /* f16 [256][D] */
+    static constexpr int S = KV + 256 * D * 2;       /* f32 [PA_PMAX][PA_SLD] */
+    static constexpr int TOTAL = S + PA_PMAX * PA_SLD * 4;
+};
+
+/* One step of the transposing fold (k_attn_prefill): v[0 .. 2H-1] are
+ * this lane's partials of 2H dots; it keeps dots H.. (bit H set) or ..H-1
+ * and adds the xor-H partner's partial of the same dot. */
+template <int H> __device__ static inline void fold_step(float *v, int lane) {
+    const bool up = (lane & H) != 0;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        const float send = up ? v[i] : v[i + H], keep = up ? v[i + H] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, H);
+    }
+}
+
+template <int DC>
+__global__ static void __launch_bounds__(PA_NT, 1)
+    k_attn_prefill(const mucu_attn_row *__restrict__ desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
+                   float scale, const float *__restrict__ q, float *__restrict__ part, int64_t nbmax,
+                   float *__restrict__ final_out) {
+    typedef pa_smem<DC> SM;
+    constexpr int D = SM::D;
+    constexpr int DG = D / 8, PG = PA_NT / DG, PPT = PA_PMAX / PG; /* PV: dim groups, pair groups, pairs/thread */
+    extern __shared__ __align__(16) uint8_t sm[];
+    uint16_t *kv = (uint16_t *)(sm + SM::KV);
+    float *S = (float *)(sm + SM::S);
+    __shared__ mucu_attn_row rd[PA_PMAX];
+    __shared__ float m_s[PA_PMAX], l_s[PA_PMAX];
+    __shared__ int nk_s[PA_PMAX];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int G = (int)(n_head / n_head_kv), RPC = PA_PMAX / G;
+    const int64_t j = blockIdx.x, kh = blockIdx.y, r0 = (int64_t)blockIdx.z * RPC;
+    const int nr = (int)(rows - r0 < RPC ? rows - r0 : RPC);
+    if (tid < nr) rd[tid] = desc[r0 + tid];
+    __syncthreads();
+    bool uniform = true;
+    for (int i = 1; i < nr; i++)
+        uniform = uniform && rd[i].k == rd[0].k && rd[i].v == rd[0].v && rd[i].cap == rd[0].cap &&
+                  rd[i].first == rd[0].first;
+    const int run_len = uniform ? nr : 1;
+    for (int rs = 0; rs < nr; rs += run_len) {
+        const mucu_attn_row a = rd[rs];
+        const int64_t start = a.first + 256 * j;
+        const int P = run_len * G;
+        int nkmax = 0;
+        for (int i = 0; i < run_len; i++) {
+            const int64_t pos = rd[rs + i].pos;
+            const int nk = start > pos ? 0 : (int)(pos - start + 1 < 256 ? pos - start + 1 : 256);
+            nkmax = nk > nkmax ? nk : nkmax;
+        }
+        if (nkmax == 0) continue; /* the same for every thread */
+        for (int pi = tid; pi < P; pi += PA_NT) {
+            const int64_t pos = rd[rs + pi / G].pos;
+            nk_s[pi] = start > pos ? 0 : (int)(pos - start + 1 < 256 ? pos - start + 1 : 256);
+        }
+        /* stage K: keys start .. start + nkmax - 1 by logical position */
+        const uint16_t *kbase = a.k + kh * a.cap * D, *vbase = a.v + kh * a.cap * D;
+        const int64_t phys0 = start % a.cap;
+        for (int i = tid; i < nkmax * DG; i += PA_NT) {
+            const int p = i / DG, c = i % DG;
+            int64_t phys = phys0 + p;
+            if (phys >= a.cap) phys -= a.cap;
+            *(uint4 *)(kv + p * D + 8 * c) = __ldg((const uint4 *)(kbase + phys * D) + c);
+        }
+        __syncthreads();
+        /* scores */
+        const int quads = (P + 3) / 4, octs = (nkmax + 7) / 8;
+        for (int pq = warp; pq < quads; pq += PA_NT / 32) {
+            float qv[4][DC];
+#pragma unroll
+            for (int pi = 0; pi < 4; pi++) {
+                const int pair = 4 * pq + pi;
+                const int64_t rh = (r0 + rs + pair / G) * n_head + kh * G + pair % G;
+#pragma unroll
+                for (int c = 0; c < DC; c++) qv[pi][c] = pair < P ? q[rh * D + 32 * c + lane] : 0.0f;
+            }
+            for (int ko = 0; ko < octs; ko++) {
+                float v[32];
+#pragma unroll
+                for (int i = 0; i < 32; i++) v[i] = 0.0f;
+#pragma unroll
+                for (int c = 0; c < DC; c++) {
+                    float kf[8];
+#pragma unroll
+                    for (int k = 0; k < 8; k++) kf[k] = p_h2f(kv[(8 * ko + k) * D + 32 * c + lane]);
+#pragma unroll
+                    for (int pi = 0; pi < 4; pi++)
+#pragma unroll
+                        for (int k = 0; k < 8; k++) v[8 * pi + k] = fmaf(qv[pi][c], kf[k], v[8 * pi + k]);
+                }
+                /* the fold: at step h a lane keeps the half of its dots
+                 * selected by its bit h, adding the partner's chain-h partial */
+                fold_step<16>(v, lane);
+                fold_step<8>(v, lane);
+                fold_step<4>(v, lane);
+                fold_step<2>(v, lane);
+                fold_step<1>(v, lane);
+                const int pair = 4 * pq + (lane >> 3), key = 8 * ko + (lane & 7);
+                if (pair < P) S[pair * PA_SLD + key] = v[0] * scale;
+            }
+        }
+        __syncthreads();
+        /* m_b (scan in key order); V over K */
+        for (int pi = tid; pi < P; pi += PA_NT) {
+            float m = -INFINITY;
+            const float *sp = S + pi * PA_SLD;
+            for (int p = 0; p < nk_s[pi]; p++) {
+                const float sv = sp[p];
+                if (sv > m) m = sv;
+            }
+            m_s[pi] = m;
+        }
+        for (int i = tid; i < nkmax * DG; i += PA_NT) {
+            const int p = i / DG, c = i % DG;
+            int64_t phys = phys0 + p;
+            if (phys >= a.cap) phys -= a.cap;
+            *(uint4 *)(kv + p * D + 8 * c) = __ldg((const uint4 *)(vbase + phys * D) + c);
+        }
+        __syncthreads();
+        for (int i = tid; i < P * 256; i += PA_NT) {
+            const int pi = i >> 8, p = i & 255;
+            if (p < nk_s[pi]) S[pi * PA_SLD + p] = d_expf(S[pi * PA_SLD + p] - m_s[pi]);
+        }
+        __syncthreads();
+        for (int pi = tid; pi < P; pi += PA_NT) {
+            float l = 0.0f;
+            const float *sp = S + pi * PA_SLD;
+            for (int p = 0; p < nk_s[pi]; p++) l = l + sp[p];
+            l_s[pi] = l;
+        }
+        /* acc_b: this thread's pairs pg*PPT + i and dims 8dg .. 8dg+7 */
+        {
+            const int dg = tid % DG, pg = tid / DG;
+            float acc[PPT][8];
+            int nk[PPT], kmax = 0;
+#pragma unroll
+            for (int i = 0; i < PPT; i++) {
+                const int pair = pg * PPT + i;
+                nk[i] = pair < P ? nk_s[pair] : 0;
+                kmax = nk[i] > kmax ? nk[i] : kmax;
+#pragma unroll
+                for (int d = 0; d < 8; d++) acc[i][d] = 0.0f;
+            }
+            for (int p = 0; p < kmax; p++) {
+                const uint4 raw = *(const uint4 *)(kv + p * D + 8 * dg);
+                const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+                float vf[8];
+#pragma unroll
+                for (int d = 0; d < 8; d++) vf[d] = p_h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
+#pragma unroll
+                for (int i = 0; i < PPT; i++)
+                    if (p < nk[i]) {
+                        const float e = S[(pg * PPT + i) * PA_SLD + p];
+#pragma unroll
+                        for (int d = 0; d < 8; d++) acc[i][d] = fmaf(e, vf[d], acc[i][d]);
+                    }
+            }
+            __syncthreads(); /* l_s is complete */
+#pragma unroll
+            for (int i = 0; i < PPT; i++) {
+                const int pair = pg * PPT + i;
+                if (nk[i] == 0) continue;
+                const int64_t rh = (r0 + rs + pair / G) * n_head + kh * G + pair % G;
+                if (final_out) {
+#pragma unroll
+                    for (int d = 0; d < 8; d++) final_out[rh * D + 8 * dg + d] = acc[i][d] / l_s[pair];
+                } else {
+                    float *pb = part + (rh * nbmax + j) * (D + 2);
+                    if (dg == 0) pb[0] = m_s[pair], pb[1] = l_s[pair];
+#pragma unroll
+                    for (int d = 0; d < 8; d++) pb[2 + 8 * dg + d] = acc[i][d];
+                }
+            }
+        }
+        __syncthreads(); /* before the next run reuses shared memory */
+    }
+}
+
+extern "C" {
+int mucu_attn_kernel = -1;
+}
+
+extern "C" int mucu_attn_kernel_get(void) {
+    if (mucu_attn_kernel < 0) {
+        const char *e = getenv("MUSER_CUDA_ATTN");
+        mucu_attn_kernel = e && *e ? atoi(e) : 1;
+    }
+    return mucu_attn_kernel;
+}
+
+extern "C" bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
+    return mucu_attn_kernel_get() == 1 && rows >= 4 && n_head_kv > 0 && n_head % n_head_kv == 0 &&
+           n_head / n_head_kv <= PA_PMAX && (head_dim == 32 || head_dim == 64 || head_dim == 128);
+}
+
+template <int DC>
+static void launch_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
+                                float scale, const float *q, float *part, int64_t nbmax, float *final_out) {
+    static bool attr_set = false;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(k_attn_prefill<DC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 pa_smem<DC>::TOTAL) != cudaSuccess)
+            return;
+        attr_set = true;
+    }
+    const int64_t rpc = PA_PMAX / (n_head / n_head_kv);
+    const dim3 grid((unsigned)nbmax, (unsigned)n_head_kv, (unsigned)((rows + rpc - 1) / rpc));
+    k_attn_prefill<DC><<<grid, PA_NT, pa_smem<DC>::TOTAL>>>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax,
+                                                            final_out);
+}
+
+extern "C" void mucu_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
+                                  int64_t head_dim, float scale, const float *q, float *part, int64_t nbmax,
+                                  float *final_out) {
+    if (head_dim == 32) launch_attn_prefill<1>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out);
+    else if (head_dim == 64) launch_attn_prefill<2>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out);
+    else launch_attn_prefill<4>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out);
 }

@@ -1,6 +1,7 @@
 /* Prefill kernels of the cuda backend (cuda_prefill.cu), as plain C: the
  * many-row int8 tensor-core product for Q4_K, Q5_K and split Q6_K weights
- * (k_gemm_kq2), its selection, and a cudaEvent timer for
+ * (k_gemm_kq2), the many-row attention (k_attn_prefill), their selection,
+ * and a cudaEvent timer for
  * tests/cuda/test_cuda_backend.c's benchmark mode. Pointers are device
  * memory. Exactness as in cuda_kernels.h (docs/numerics.md). */
 #ifndef MUSER_CUDA_PREFILL_H
@@ -22,6 +23,20 @@ int mucu_gemm_kernel_get(void);
  * [rows][nb][16]). Only launches: the caller checks the launch
  * (cudaGetLastError). */
 void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y);
+
+/* Which attention kernel mucu_attention uses for calls of >= 4 rows: 0
+ * the per-(row, head, block) k_attn_blocks (cuda_kernels.cu), 1
+ * k_attn_prefill (the default; head_dim 32, 64 or 128 and at most 64 query
+ * heads per KV head, else k_attn_blocks). -1 until first read from
+ * MUSER_CUDA_ATTN; tests may set it directly. */
+extern int mucu_attn_kernel;
+int mucu_attn_kernel_get(void);
+bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim);
+/* The per-block pass of mucu_attention (its part / nbmax / final_out
+ * contract, cuda_kernels.cu): writes the partials of every (row, head,
+ * block), or the output when final_out (nbmax 1). Only launches. */
+void mucu_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                       float scale, const float *q, float *part, int64_t nbmax, float *final_out);
 
 /* Device time between mucu_timer_start and mucu_timer_stop (cudaEvents on
  * the default stream; stop synchronizes). */
