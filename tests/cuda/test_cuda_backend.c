@@ -303,8 +303,8 @@ static void test_matmul_multi(void) {
     }
 }
 
-/* The many-row tensor-core kernels, both (k_gemm_kq2, the default, and
- * the first one, MUSER_CUDA_GEMM_KERNEL=0): row counts around the 64- and
+/* The many-row tensor-core kernels, both (k_gemm_kq2, the default, with
+ * each of its tile heights, and the first one, MUSER_CUDA_GEMM_KERNEL=0): row counts around the 64- and
  * 128-row tiles, n_out around the 128-output tile (300: two full tiles and
  * a partial one; 130, 37, 1), several blocks; row 3 has an all-zero block
  * and row 5 a block whose largest magnitude repeats. */
@@ -328,14 +328,16 @@ static void test_gemm_tiles(void) {
                     x[3 * n_in + 256 + i] = 0.0f, x[5 * n_in + 512 + i] = (i % 5) ? 0.75f : -0.75f;
                 float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
                 ref->matmul(ref, &w, x, y, rows);
-                for (int k = 1; k >= 0; k--) {
+                static const char *const kname[4] = {"k_gemm_kq", "k_gemm_kq2", "k_gemm_kq2 128-row tiles",
+                                                     "k_gemm_kq2 64-row tiles"};
+                for (int k = 3; k >= 0; k--) {
+                    if (k == 1) continue; /* the automatic choice is one of 2 and 3 */
                     mucu_gemm_kernel = k;
                     cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
                     cu->matmul(cu, &w, dx, dy, rows);
                     char what[128];
-                    snprintf(what, sizeof what, "gemm (%s) %s n_in=%lld n_out=%lld rows=%lld",
-                             k ? "k_gemm_kq2" : "k_gemm_kq", w.name, (long long)n_in, (long long)n_out,
-                             (long long)rows);
+                    snprintf(what, sizeof what, "gemm (%s) %s n_in=%lld n_out=%lld rows=%lld", kname[k], w.name,
+                             (long long)n_in, (long long)n_out, (long long)rows);
                     check(what, y, dy, (size_t)(rows * n_out) * 4);
                 }
                 cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);

@@ -387,10 +387,12 @@ static void launch_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float 
 template <int TYPE>
 static void launch_gemm_kq2_t(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
                               float *y) {
-    /* 128-row tiles, or 64 when they would leave most of the device idle
-     * (the 256-output k/v projections) */
+    /* 128-row tiles, or 64 when there are at most 64 rows or 128-row tiles
+     * would leave most of the H200's 132 SMs idle (the 256-output k/v
+     * projections) */
     const int64_t tiles128 = ((rows + 127) / 128) * ((w->n_out + G2_BN - 1) / G2_BN);
-    if (tiles128 >= 132 || rows <= 64) launch_gemm_kq2<TYPE, 4>(w, qs, d, bs, rows, y);
+    const int k = mucu_gemm_kernel_get(); /* 2, 3: 128- or 64-row tiles forced (tests) */
+    if (k == 2 || (k != 3 && rows > 64 && tiles128 >= 132)) launch_gemm_kq2<TYPE, 4>(w, qs, d, bs, rows, y);
     else launch_gemm_kq2<TYPE, 2>(w, qs, d, bs, rows, y);
 }
 

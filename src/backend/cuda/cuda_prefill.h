@@ -13,7 +13,8 @@ extern "C" {
 #endif
 
 /* Which many-row kernel mucu_matmul uses: 0 the first one (k_gemm_kq in
- * cuda_kernels.cu), 1 k_gemm_kq2 (the default). -1 until first read from
+ * cuda_kernels.cu), 1 k_gemm_kq2 (the default; 2 and 3: k_gemm_kq2 with
+ * its 128- or 64-row tiles forced, for tests). -1 until first read from
  * MUSER_CUDA_GEMM_KERNEL; tests may set it directly. */
 extern int mucu_gemm_kernel;
 int mucu_gemm_kernel_get(void);
