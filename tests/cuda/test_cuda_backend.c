@@ -479,7 +479,7 @@ static void test_attn_prefill(void) {
                                .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
             ref->attention(ref, &a, q, o);
             a.kv = dk;
-            for (int k = 1; k >= 0; k--) {
+            for (int k = 2; k >= 0; k -= 2) { /* 2: k_attn_prefill at any row count */
                 mucu_attn_kernel = k;
                 cu->zero(cu, dout, (size_t)(rows * Q) * 4);
                 cu->attention(cu, &a, dq, dout);
@@ -708,8 +708,9 @@ static double time_matmul(const mucu_weight *w, const float *dx, float *dy, int6
 }
 
 /* --bench-gemm: k_gemm_kq (old) against k_gemm_kq2 (new) on the full
- * model's shapes (hidden 6656, q 4096, k/v 256, ffn 19968), 512 and 2048
- * rows; the two kernels' outputs are also compared bit for bit. */
+ * model's shapes (hidden 6656, q 4096, k/v 256, ffn 19968), 32 (batched
+ * decode; k_gemm_kq2 with 64-row tiles forced), 512 and 2048 rows; the
+ * two kernels' outputs are also compared bit for bit. */
 static int bench_gemm(int reps) {
     char msg[MUCU_ERR_LEN];
     static const struct {
@@ -722,14 +723,15 @@ static int bench_gemm(int reps) {
         const char *name;
         uint32_t type;
     } types[] = {{"Q4_K", MU_TYPE_Q4_K}, {"Q5_K", MU_TYPE_Q5_K}, {"Q6_K", MU_TYPE_Q6_K}};
-    const int64_t rowss[] = {512, 2048};
+    const int64_t rowss[] = {32, 512, 2048};
     const int saved = mucu_gemm_kernel_get();
     int bad = 0;
     printf("gemm benchmark: median of %d (after 2 warm-up), device time per call (cudaEvents), activations "
            "prequantized\n",
            reps);
-    for (int ri = 0; ri < 2; ri++) {
+    for (int ri = 0; ri < 3; ri++) {
         const int64_t rows = rowss[ri];
+        const int knew = rows <= 64 ? 3 : 1; /* the default takes k_gemm_kq2 above 64 rows: force it below */
         double layer[2] = {0, 0};
         for (size_t ti = 0; ti < 3; ti++)
             for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -740,14 +742,14 @@ static int bench_gemm(int reps) {
                 float *dx = dev_raw(x, (size_t)(rows * n_in) * 4);
                 float *dy[2] = {dev_raw(NULL, (size_t)(rows * n_out) * 4), dev_raw(NULL, (size_t)(rows * n_out) * 4)};
                 void *q8 = dev_raw(NULL, mucu_q8k_bytes(n_in, rows) + 1);
-                mucu_gemm_kernel = 1;
+                mucu_gemm_kernel = knew;
                 if (!mucu_matmul(&w, dx, dy[1], rows, q8, 0, msg)) { /* quantizes x into q8 */
                     fprintf(stderr, "bench: %s\n", msg);
                     return 1;
                 }
                 double ms[2];
                 for (int k = 0; k < 2; k++) {
-                    mucu_gemm_kernel = k;
+                    mucu_gemm_kernel = k ? knew : 0;
                     ms[k] = time_matmul(&w, dx, dy[k], rows, q8, reps);
                 }
                 const size_t yb = (size_t)(rows * n_out) * 4;
@@ -817,7 +819,7 @@ static int bench_attn(int reps) {
             double med[2];
             for (int k = 0; k < 2; k++) {
                 float t[64];
-                mucu_attn_kernel = k;
+                mucu_attn_kernel = k ? 2 : 0;
                 for (int i = -2; i < reps; i++) {
                     float ms = 0;
                     if (!mucu_timer_start(msg) ||

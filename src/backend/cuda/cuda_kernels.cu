@@ -2263,7 +2263,7 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
             const char *e = getenv("MUSER_CUDA_GEMM");
             gemm_min_rows = e && *e ? atoi(e) : 16;
         }
-        if (gemm_min_rows > 0 && rows >= gemm_min_rows && mucu_gemm_kernel_get() >= 1) {
+        if (gemm_min_rows > 0 && rows >= gemm_min_rows && mucu_gemm_kq2_takes(rows)) {
             mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y); /* cuda_prefill.cu */
             return launched("k_gemm_kq2", err);
         }

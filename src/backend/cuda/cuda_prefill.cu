@@ -396,13 +396,6 @@ static void launch_gemm_kq2_t(const mucu_weight *w, const int8_t *qs, const floa
     else launch_gemm_kq2<TYPE, 2>(w, qs, d, bs, rows, y);
 }
 
-extern "C" void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
-                              float *y) {
-    if (w->type == P_Q4_K) launch_gemm_kq2_t<P_Q4_K>(w, qs, d, bs, rows, y);
-    else if (w->type == P_Q5_K) launch_gemm_kq2_t<P_Q5_K>(w, qs, d, bs, rows, y);
-    else launch_gemm_kq2_t<P_Q6_K>(w, qs, d, bs, rows, y);
-}
-
 extern "C" {
 int mucu_gemm_kernel = -1;
 }
@@ -413,6 +406,18 @@ extern "C" int mucu_gemm_kernel_get(void) {
         mucu_gemm_kernel = e && *e ? atoi(e) : 1;
     }
     return mucu_gemm_kernel;
+}
+
+extern "C" bool mucu_gemm_kq2_takes(int64_t rows) {
+    const int k = mucu_gemm_kernel_get();
+    return k >= 2 || (k == 1 && rows > 64);
+}
+
+extern "C" void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
+                              float *y) {
+    if (w->type == P_Q4_K) launch_gemm_kq2_t<P_Q4_K>(w, qs, d, bs, rows, y);
+    else if (w->type == P_Q5_K) launch_gemm_kq2_t<P_Q5_K>(w, qs, d, bs, rows, y);
+    else launch_gemm_kq2_t<P_Q6_K>(w, qs, d, bs, rows, y);
 }
 
 /* ---------------------------------------------------------------- timer */
@@ -659,7 +664,8 @@ extern "C" int mucu_attn_kernel_get(void) {
 }
 
 extern "C" bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
-    return mucu_attn_kernel_get() == 1 && rows >= 4 && n_head_kv > 0 && n_head % n_head_kv == 0 &&
+    const int k = mucu_attn_kernel_get();
+    return (k == 2 || (k == 1 && rows >= 64)) && n_head_kv > 0 && n_head % n_head_kv == 0 &&
            n_head / n_head_kv <= PA_PMAX && (head_dim == 32 || head_dim == 64 || head_dim == 128);
 }
 

@@ -13,11 +13,15 @@ extern "C" {
 #endif
 
 /* Which many-row kernel mucu_matmul uses: 0 the first one (k_gemm_kq in
- * cuda_kernels.cu), 1 k_gemm_kq2 (the default; 2 and 3: k_gemm_kq2 with
- * its 128- or 64-row tiles forced, for tests). -1 until first read from
- * MUSER_CUDA_GEMM_KERNEL; tests may set it directly. */
+ * cuda_kernels.cu), 1 (the default) k_gemm_kq2 for calls of more than 64
+ * rows and k_gemm_kq below (batched decode keeps its 64x64 tiles until
+ * k_gemm_kq2's 64-row tiles are measured there), 2 and 3 k_gemm_kq2 at any
+ * row count with its 128- or 64-row tiles forced (tests, benchmarks). -1
+ * until first read from MUSER_CUDA_GEMM_KERNEL; tests may set it directly. */
 extern int mucu_gemm_kernel;
 int mucu_gemm_kernel_get(void);
+/* Does a call of `rows` (>= MUSER_CUDA_GEMM) take k_gemm_kq2? */
+bool mucu_gemm_kq2_takes(int64_t rows);
 
 /* y[rows][n_out] = x . w^T for Q4_K, Q5_K or split Q6_K w, from x's split
  * Q8_K activations (codes qs [rows][n_in], d [rows][nb], bsums
@@ -25,10 +29,12 @@ int mucu_gemm_kernel_get(void);
  * (cudaGetLastError). */
 void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y);
 
-/* Which attention kernel mucu_attention uses for calls of >= 4 rows: 0
- * the per-(row, head, block) k_attn_blocks (cuda_kernels.cu), 1
- * k_attn_prefill (the default; head_dim 32, 64 or 128 and at most 64 query
- * heads per KV head, else k_attn_blocks). -1 until first read from
+/* Which attention kernel mucu_attention uses: 0 the per-(row, head, block)
+ * k_attn_blocks (cuda_kernels.cu); 1 (the default) k_attn_prefill for
+ * calls of >= 64 rows (prefill chunks; decode batches, whose rows are of
+ * different sequences, keep k_attn_blocks' finer grid); 2 k_attn_prefill
+ * at any row count (tests). k_attn_prefill only takes head_dim 32, 64 or
+ * 128 and at most 64 query heads per KV head. -1 until first read from
  * MUSER_CUDA_ATTN; tests may set it directly. */
 extern int mucu_attn_kernel;
 int mucu_attn_kernel_get(void);
