@@ -387,12 +387,13 @@ static void launch_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float 
 template <int TYPE>
 static void launch_gemm_kq2_t(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
                               float *y) {
-    /* 128-row tiles, or 64 when there are at most 64 rows or 128-row tiles
-     * would leave most of the H200's 132 SMs idle (the 256-output k/v
-     * projections) */
+    /* 128-row tiles (one CTA of 8 warps per SM: 200+ KiB of shared
+     * memory), or 64 when there are at most 64 rows or 128-row tiles would
+     * leave a good part of the H200's 132 SMs idle (the 256-output k/v
+     * projections: 8 tiles at 512 rows, 32 at 2048) */
     const int64_t tiles128 = ((rows + 127) / 128) * ((w->n_out + G2_BN - 1) / G2_BN);
     const int k = mucu_gemm_kernel_get(); /* 2, 3: 128- or 64-row tiles forced (tests) */
-    if (k == 2 || (k != 3 && rows > 64 && tiles128 >= 132)) launch_gemm_kq2<TYPE, 4>(w, qs, d, bs, rows, y);
+    if (k == 2 || (k != 3 && rows > 64 && tiles128 >= 100)) launch_gemm_kq2<TYPE, 4>(w, qs, d, bs, rows, y);
     else launch_gemm_kq2<TYPE, 2>(w, qs, d, bs, rows, y);
 }
 
