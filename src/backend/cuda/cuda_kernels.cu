@@ -2264,7 +2264,7 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
             gemm_min_rows = e && *e ? atoi(e) : 16;
         }
         if (gemm_min_rows > 0 && rows >= gemm_min_rows && mucu_gemm_kq2_takes(rows)) {
-            mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y); /* cuda_prefill.cu */
+            mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y, g_s); /* cuda_prefill.cu */
             return launched("k_gemm_kq2", err);
         }
         if (gemm_min_rows > 0 && rows >= gemm_min_rows) {
@@ -2376,7 +2376,7 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
         const unsigned g1 = (unsigned)(rh * nbmax);
         float *fin = nbmax == 1 ? out : NULL;
         if (mucu_attn_prefill_takes(rows, n_head, n_head_kv, D)) { /* cuda_prefill.cu */
-            mucu_attn_prefill(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+            mucu_attn_prefill(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin, g_s);
             if (!launched("k_attn_prefill", err)) return false;
         } else {
             if (D <= 128) k_attn_blocks<1><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);

@@ -370,7 +370,7 @@ __global__ static void __launch_bounds__(64 * WM, 1)
 
 template <int TYPE, int WM>
 static void launch_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
-                            float *y) {
+                            float *y, cudaStream_t st) {
     typedef g2_smem<TYPE, WM> S;
     static bool attr_set = false; /* once per instance: more than 48 KiB of dynamic shared memory */
     if (!attr_set) {
@@ -380,21 +380,21 @@ static void launch_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float 
         attr_set = true;
     }
     const dim3 grid((unsigned)((rows + S::BM - 1) / S::BM), (unsigned)((w->n_out + G2_BN - 1) / G2_BN));
-    k_gemm_kq2<TYPE, WM><<<grid, 64 * WM, S::TOTAL>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
+    k_gemm_kq2<TYPE, WM><<<grid, 64 * WM, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
                                                       w->has_scale, w->scale);
 }
 
 template <int TYPE>
 static void launch_gemm_kq2_t(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
-                              float *y) {
+                              float *y, cudaStream_t st) {
     /* 128-row tiles (one CTA of 8 warps per SM: 200+ KiB of shared
      * memory), or 64 when there are at most 64 rows or 128-row tiles would
      * leave a good part of the H200's 132 SMs idle (the 256-output k/v
      * projections: 8 tiles at 512 rows, 32 at 2048) */
     const int64_t tiles128 = ((rows + 127) / 128) * ((w->n_out + G2_BN - 1) / G2_BN);
     const int k = mucu_gemm_kernel_get(); /* 2, 3: 128- or 64-row tiles forced (tests) */
-    if (k == 2 || (k != 3 && rows > 64 && tiles128 >= 100)) launch_gemm_kq2<TYPE, 4>(w, qs, d, bs, rows, y);
-    else launch_gemm_kq2<TYPE, 2>(w, qs, d, bs, rows, y);
+    if (k == 2 || (k != 3 && rows > 64 && tiles128 >= 100)) launch_gemm_kq2<TYPE, 4>(w, qs, d, bs, rows, y, st);
+    else launch_gemm_kq2<TYPE, 2>(w, qs, d, bs, rows, y, st);
 }
 
 extern "C" {
@@ -415,10 +415,11 @@ extern "C" bool mucu_gemm_kq2_takes(int64_t rows) {
 }
 
 extern "C" void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
-                              float *y) {
-    if (w->type == P_Q4_K) launch_gemm_kq2_t<P_Q4_K>(w, qs, d, bs, rows, y);
-    else if (w->type == P_Q5_K) launch_gemm_kq2_t<P_Q5_K>(w, qs, d, bs, rows, y);
-    else launch_gemm_kq2_t<P_Q6_K>(w, qs, d, bs, rows, y);
+                              float *y, void *stream) {
+    const cudaStream_t st = (cudaStream_t)stream;
+    if (w->type == P_Q4_K) launch_gemm_kq2_t<P_Q4_K>(w, qs, d, bs, rows, y, st);
+    else if (w->type == P_Q5_K) launch_gemm_kq2_t<P_Q5_K>(w, qs, d, bs, rows, y, st);
+    else launch_gemm_kq2_t<P_Q6_K>(w, qs, d, bs, rows, y, st);
 }
 
 /* ---------------------------------------------------------------- timer */
@@ -672,7 +673,8 @@ extern "C" bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_
 
 template <int DC>
 static void launch_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
-                                float scale, const float *q, float *part, int64_t nbmax, float *final_out) {
+                                float scale, const float *q, float *part, int64_t nbmax, float *final_out,
+                                cudaStream_t st) {
     static bool attr_set = false;
     if (!attr_set) {
         if (cudaFuncSetAttribute(k_attn_prefill<DC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -682,14 +684,15 @@ static void launch_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t
     }
     const int64_t rpc = PA_PMAX / (n_head / n_head_kv);
     const dim3 grid((unsigned)nbmax, (unsigned)n_head_kv, (unsigned)((rows + rpc - 1) / rpc));
-    k_attn_prefill<DC><<<grid, PA_NT, pa_smem<DC>::TOTAL>>>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax,
+    k_attn_prefill<DC><<<grid, PA_NT, pa_smem<DC>::TOTAL, st>>>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax,
                                                             final_out);
 }
 
 extern "C" void mucu_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                                   int64_t head_dim, float scale, const float *q, float *part, int64_t nbmax,
-                                  float *final_out) {
-    if (head_dim == 32) launch_attn_prefill<1>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out);
-    else if (head_dim == 64) launch_attn_prefill<2>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out);
-    else launch_attn_prefill<4>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out);
+                                  float *final_out, void *stream) {
+    const cudaStream_t st = (cudaStream_t)stream;
+    if (head_dim == 32) launch_attn_prefill<1>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
+    else if (head_dim == 64) launch_attn_prefill<2>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
+    else launch_attn_prefill<4>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
 }

@@ -25,9 +25,11 @@ bool mucu_gemm_kq2_takes(int64_t rows);
 
 /* y[rows][n_out] = x . w^T for Q4_K, Q5_K or split Q6_K w, from x's split
  * Q8_K activations (codes qs [rows][n_in], d [rows][nb], bsums
- * [rows][nb][16]). Only launches: the caller checks the launch
+ * [rows][nb][16]). Only launches, on `stream` (a cudaStream_t: the
+ * backend's, cuda_kernels.cu); the caller checks the launch
  * (cudaGetLastError). */
-void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y);
+void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
+                   void *stream);
 
 /* Which attention kernel mucu_attention uses: 0 the per-(row, head, block)
  * k_attn_blocks (cuda_kernels.cu); 1 (the default) k_attn_prefill for
@@ -41,9 +43,10 @@ int mucu_attn_kernel_get(void);
 bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim);
 /* The per-block pass of mucu_attention (its part / nbmax / final_out
  * contract, cuda_kernels.cu): writes the partials of every (row, head,
- * block), or the output when final_out (nbmax 1). Only launches. */
+ * block), or the output when final_out (nbmax 1). Only launches, on
+ * `stream` (a cudaStream_t). */
 void mucu_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
-                       float scale, const float *q, float *part, int64_t nbmax, float *final_out);
+                       float scale, const float *q, float *part, int64_t nbmax, float *final_out, void *stream);
 
 /* Device time between mucu_timer_start and mucu_timer_stop (cudaEvents on
  * the default stream; stop synchronizes). */
