@@ -866,14 +866,15 @@ int main(int argc, char **argv) {
         printf("device read bandwidth: %.1f GB/s (best of 5 read-only passes over %s GiB)\n", gbs, argv[2]);
         return 0;
     }
-    if (argc >= 2 && !strcmp(argv[1], "--bench-gemm")) return bench_gemm(argc >= 3 ? atoi(argv[2]) : 9);
-    if (argc >= 2 && !strcmp(argv[1], "--bench-attn")) return bench_attn(argc >= 3 ? atoi(argv[2]) : 9);
     ref = mu_backend_ref_create(1);
     cu = mu_backend_cuda_create(1, &err);
     if (!cu) {
         fprintf(stderr, "test_cuda_backend: %s\n", err.msg);
         return 1;
     }
+    /* the benchmarks after the backend exists: its stream is the kernels' (cuda_kernels.cu) */
+    if (argc >= 2 && !strcmp(argv[1], "--bench-gemm")) return bench_gemm(argc >= 3 ? atoi(argv[2]) : 9);
+    if (argc >= 2 && !strcmp(argv[1], "--bench-attn")) return bench_attn(argc >= 3 ? atoi(argv[2]) : 9);
     if (argc == 2 && !strcmp(argv[1], "--bench-mmv")) {
         bench_mmv();
         return 0;
