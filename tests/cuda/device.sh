@@ -3,8 +3,9 @@
 # unpack the build dependencies the machine lacks (DEBS=dir of .deb files),
 # then run.sh (build + every exactness check), then the device read
 # bandwidth and `muser bench` of the full synthetic q4_k_xl model.
-#   STAGES  subset of "check bench mmvbench prof nsys" (default "check bench";
-#           mmvbench: test_cuda_backend --bench-mmv; prof:
+#   STAGES  subset of "check bench mmvbench kbench prof nsys" (default "check
+#           bench"; mmvbench: test_cuda_backend --bench-mmv; kbench:
+#           --bench-gemm and --bench-attn (prefill kernels); prof:
 #           a per-kernel profile of a short run, MUSER_CUDA_PROF=1; nsys:
 #           Nsight Systems kernel and API summaries, where nsys is installed)
 #   BENCH   "quick" (short runs) or "full" (default)
@@ -50,6 +51,11 @@ case " $STAGES " in *" bench "*)
     case " $STAGES " in *" mmvbench "*)
         echo "== weight-streaming kernels on the full model's shapes"
         "$BUILD/test_cuda_backend" --bench-mmv ;;
+    esac
+    case " $STAGES " in *" kbench "*)
+        echo "== prefill kernels, old against new, on the full model's shapes"
+        "$BUILD/test_cuda_backend" --bench-gemm || rc=1
+        "$BUILD/test_cuda_backend" --bench-attn || rc=1 ;;
     esac
     case " $STAGES " in *" prof "*)
         for pm in $F "$SRC/models/glimmer-tiny-q4_k_xl.gguf"; do

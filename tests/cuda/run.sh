@@ -8,7 +8,10 @@
 #     weight type, for prefill chunks 512, 7 and 1
 #  5. tests/test_engine.c with MUSER_TEST_CUDA=1: 8 sequences under random
 #     batch schedules on cuda against solo cpu runs, every weight type
-# SKIP_SANITIZER=1 skips step 3, SKIP_ENGINE=1 step 5.
+# SKIP_SANITIZER=1 skips step 3, SKIP_ENGINE=1 step 5; KBENCH=1 adds the
+# prefill kernel benchmarks after step 2 (test_cuda_backend --bench-gemm,
+# --bench-attn: old against new kernels, outputs compared bit for bit; not
+# when MUSER_CUDA_GEMM is set, which would change what they time).
 # Prints one summary line per step; exits non-zero on any failure.
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -26,6 +29,12 @@ nvidia-smi -L 2>/dev/null | head -2
 
 say "== op test"
 if "$BUILD/test_cuda_backend"; then say "PASS op test"; else say "FAIL op test"; fail=1; fi
+
+if [ -n "${KBENCH:-}" ] && [ -z "${MUSER_CUDA_GEMM:-}" ]; then
+    say "== kernel benchmarks (old against new prefill kernels, full-model shapes)"
+    "$BUILD/test_cuda_backend" --bench-gemm || { say "FAIL gemm benchmark"; fail=1; }
+    "$BUILD/test_cuda_backend" --bench-attn || { say "FAIL attention benchmark"; fail=1; }
+fi
 
 say "== op test under compute-sanitizer"
 if [ -n "${SKIP_SANITIZER:-}" ]; then

@@ -7,6 +7,8 @@
  * fused multiply-add is an explicit fmaf/fma. One thread per output (row
  * dot, norm row, attention head): speed is not the goal of v0 (docs/cuda.md). */
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_prefill.h"
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -340,8 +342,6 @@ extern "C" bool mucu_is_device(const void *p) {
 
 /* ------------------------------------------- bits, halves (util/common.c) */
 
-__device__ static inline uint32_t f32_bits(float f) { return __float_as_uint(f); }
-__device__ static inline float bits_f32(uint32_t u) { return __uint_as_float(u); }
 __device__ static inline double bits_f64(uint64_t u) { return __longlong_as_double((long long)u); }
 __device__ static inline uint64_t f64_bits(double d) { return (uint64_t)__double_as_longlong(d); }
 
@@ -389,31 +389,6 @@ __device__ static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0
 __device__ static inline float rd_f16(const uint8_t *p) { return f16_to_f32(rd16(p)); }
 
 /* ------------------------------------------------ engine math (mumath.c) */
-
-__device__ static inline float pow2f(int32_t e) { return bits_f32((uint32_t)(e + 127) << 23); }
-
-__device__ static float scale_pow2f(float p, int32_t n) {
-    if (n > 127) return (p * pow2f(n - 1)) * 2.0f;
-    if (n < -126) return (p * pow2f(n + 100)) * pow2f(-100);
-    return p * pow2f(n);
-}
-
-__device__ static float d_expf(float x) {
-    if (x != x) return x + x;
-    if (x > 0x1.62e42ep+6f) return bits_f32(0x7F800000u);
-    if (x < -0x1.9fe368p+6f) return 0.0f;
-    float n_f = (x * 0x1.715476p+0f + 0x1.8p23f) - 0x1.8p23f;
-    int32_t n = (int32_t)n_f;
-    float r = fmaf(-n_f, 0x1.62e430p-1f, x);
-    r = fmaf(-n_f, -0x1.05c610p-29f, r);
-    float q = fmaf(0x1.6da798p-10f, r, 0x1.123db2p-7f);
-    q = fmaf(q, r, 0x1.555470p-5f);
-    q = fmaf(q, r, 0x1.55547cp-3f);
-    q = fmaf(q, r, 0.5f);
-    q = fmaf(q, r, 1.0f);
-    float p = fmaf(r, q, 1.0f);
-    return scale_pow2f(p, n);
-}
 
 __device__ static float d_tanhf(float x) {
     if (x != x) return x + x;
@@ -2404,6 +2379,10 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
             const char *e = getenv("MUSER_CUDA_GEMM");
             gemm_min_rows = e && *e ? atoi(e) : 16;
         }
+        if (gemm_min_rows > 0 && rows >= gemm_min_rows && mucu_gemm_kq2_takes(rows)) {
+            mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y, g_s); /* cuda_prefill.cu */
+            return launched("k_gemm_kq2", err);
+        }
         if (gemm_min_rows > 0 && rows >= gemm_min_rows) {
             const dim3 grid((unsigned)((rows + GT_M - 1) / GT_M), (unsigned)((w->n_out + GT_N - 1) / GT_N));
             const int nbk = (int)(w->n_in / 256);
@@ -2514,10 +2493,15 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
     if (nbmax > 0) {
         const unsigned g1 = (unsigned)(rh * nbmax);
         float *fin = nbmax == 1 ? out : NULL;
-        if (D <= 128) k_attn_blocks<1><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
-        else if (D <= 256) k_attn_blocks<2><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
-        else k_attn_blocks<4><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
-        if (!launched("k_attn_blocks", err)) return false;
+        if (mucu_attn_prefill_takes(rows, n_head, n_head_kv, D)) { /* cuda_prefill.cu */
+            mucu_attn_prefill(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin, g_s);
+            if (!launched("k_attn_prefill", err)) return false;
+        } else {
+            if (D <= 128) k_attn_blocks<1><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+            else if (D <= 256) k_attn_blocks<2><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+            else k_attn_blocks<4><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
+            if (!launched("k_attn_blocks", err)) return false;
+        }
         if (fin) return true;
     }
     const unsigned g2 = grid_for(rh, 4);

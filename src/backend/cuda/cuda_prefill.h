@@ -1,0 +1,59 @@
+/* Prefill kernels of the cuda backend (cuda_prefill.cu), as plain C: the
+ * many-row int8 tensor-core product for Q4_K, Q5_K and split Q6_K weights
+ * (k_gemm_kq2), the many-row attention (k_attn_prefill), their selection,
+ * and a cudaEvent timer for
+ * tests/cuda/test_cuda_backend.c's benchmark mode. Pointers are device
+ * memory. Exactness as in cuda_kernels.h (docs/numerics.md). */
+#ifndef MUSER_CUDA_PREFILL_H
+#define MUSER_CUDA_PREFILL_H
+#include "backend/cuda/cuda_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which many-row kernel mucu_matmul uses: 0 the first one (k_gemm_kq in
+ * cuda_kernels.cu), 1 (the default) k_gemm_kq2 for calls of more than 64
+ * rows and k_gemm_kq below (batched decode keeps its 64x64 tiles until
+ * k_gemm_kq2's 64-row tiles are measured there), 2 and 3 k_gemm_kq2 at any
+ * row count with its 128- or 64-row tiles forced (tests, benchmarks). -1
+ * until first read from MUSER_CUDA_GEMM_KERNEL; tests may set it directly. */
+extern int mucu_gemm_kernel;
+int mucu_gemm_kernel_get(void);
+/* Does a call of `rows` (>= MUSER_CUDA_GEMM) take k_gemm_kq2? */
+bool mucu_gemm_kq2_takes(int64_t rows);
+
+/* y[rows][n_out] = x . w^T for Q4_K, Q5_K or split Q6_K w, from x's split
+ * Q8_K activations (codes qs [rows][n_in], d [rows][nb], bsums
+ * [rows][nb][16]). Only launches, on `stream` (a cudaStream_t: the
+ * backend's, cuda_kernels.cu); the caller checks the launch
+ * (cudaGetLastError). */
+void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
+                   void *stream);
+
+/* Which attention kernel mucu_attention uses: 0 the per-(row, head, block)
+ * k_attn_blocks (cuda_kernels.cu); 1 (the default) k_attn_prefill for
+ * calls of >= 64 rows (prefill chunks; decode batches, whose rows are of
+ * different sequences, keep k_attn_blocks' finer grid); 2 k_attn_prefill
+ * at any row count (tests). k_attn_prefill only takes head_dim 32, 64 or
+ * 128 and at most 64 query heads per KV head. -1 until first read from
+ * MUSER_CUDA_ATTN; tests may set it directly. */
+extern int mucu_attn_kernel;
+int mucu_attn_kernel_get(void);
+bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim);
+/* The per-block pass of mucu_attention (its part / nbmax / final_out
+ * contract, cuda_kernels.cu): writes the partials of every (row, head,
+ * block), or the output when final_out (nbmax 1). Only launches, on
+ * `stream` (a cudaStream_t). */
+void mucu_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                       float scale, const float *q, float *part, int64_t nbmax, float *final_out, void *stream);
+
+/* Device time between mucu_timer_start and mucu_timer_stop (cudaEvents on
+ * the default stream; stop synchronizes). */
+bool mucu_timer_start(char *err);
+bool mucu_timer_stop(float *ms, char *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
