@@ -97,9 +97,14 @@ case " $STAGES " in *" bench "*)
     else
         echo "== glimmer-tiny"
         $TINY -p 128 -n 256 -r 3 -q
+        echo "== full model"
         $B -p 512 -n 128 -r 5 -q
         $B -p 2048 -n 0 -r 3 -q
+        MUSER_CUDA_GEMM_KERNEL=0 MUSER_CUDA_ATTN=0 $B -p 2048 -n 0 -r 2 -q | tail -1 | sed 's/$/   (previous prefill kernels)/'
         $B -p 0 -n 64 -r 3 --parallel 1,4,8 -q
+        $B -p 0 -n 32 -r 2 -d 16384 -q | tail -1
+        echo "== speculative, glimmer-tiny pair"
+        $TINY -p 0 -n 256 -r 3 --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" | tail -2
         if [ -n "${GEMM_OK:-}" ]; then
             echo "== MUSER_CUDA_GEMM=0 (no tensor-core kernel):"
             MUSER_CUDA_GEMM=0 $B -p 512 -n 0 -r 5 -q | tail -1
