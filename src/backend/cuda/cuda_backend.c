@@ -416,7 +416,9 @@ static const void *dev_bytes_kind(mu_backend *b, const void *host, size_t bytes,
     graph_sync_point(b); /* a first use uploads synchronously: not inside a graph forward */
     char err[MUCU_ERR_LEN];
     void *d = NULL;
-    if (!mucu_malloc(&d, bytes, err)) die(what, err);
+    /* 16 zero bytes past the end: the tensor-core kernel reads the split
+     * Q6_K d array in aligned 4-byte pairs (cuda_prefill.cu) */
+    if (!mucu_malloc(&d, bytes + 16, err)) die(what, err);
     if (kind == 1 && q6k_blocks > 0) {
         uint8_t *t = mu_xmalloc(bytes);
         mucu_q6k_split(host, t, q6k_blocks);
