@@ -261,8 +261,9 @@ static void print_paired(const mu_bench_result *r) {
 static void print_table(const bench_cli *c, const mu_bench_result *r) {
     printf("model:   %s (%s), %.2f GB file, %.2f GB of weights read per token\n", r->model_name, r->lane,
            (double)r->info.file_bytes / 1e9, (double)r->info.weight_bytes_per_token / 1e9);
-    printf("backend: %s%s%s%s, %d threads", r->backend, strcmp(r->isa, "-") ? " (" : "", strcmp(r->isa, "-") ? r->isa : "",
-           strcmp(r->isa, "-") ? ")" : "", r->n_threads);
+    printf("backend: %s%s%s%s", r->backend, strcmp(r->isa, "-") ? " (" : "", strcmp(r->isa, "-") ? r->isa : "",
+           strcmp(r->isa, "-") ? ")" : "");
+    if (strcmp(r->backend, "cuda")) printf(", %d threads", r->n_threads); /* host threads mean nothing on the GPU */
     if (c->o.membw_gbs > 0) printf("; memory read bandwidth %.2f GB/s", c->o.membw_gbs);
     printf("\n%8s  %-10s %10s %10s %10s %8s %8s %8s\n", "depth", "test", "tok/s", "min", "max", "cv", "GB/s", "%bw");
     for (int i = 0; i < r->n_depths; i++) {
