@@ -739,11 +739,6 @@ static void test_store_heads_and_memory(void) {
 
 /* ------------------------------------------------------- benchmarks */
 
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 static void *dev_raw(const void *host, size_t bytes) {
     char msg[MUCU_ERR_LEN];
     void *d = NULL;
@@ -780,17 +775,17 @@ static mucu_weight bench_weight(uint32_t type, int64_t n_in, int64_t n_out) {
 /* Median device time (ms) of one mucu_matmul on prequantized activations. */
 static double time_matmul(const mucu_weight *w, const float *dx, float *dy, int64_t rows, void *q8, int reps) {
     char msg[MUCU_ERR_LEN];
-    float t[64];
+    double t[64];
     if (reps > 64) reps = 64;
     for (int i = -2; i < reps; i++) {
-        float ms = 0;
-        if (!mucu_timer_start(msg) || !mucu_matmul(w, dx, dy, rows, q8, 1, msg) || !mucu_timer_stop(&ms, msg)) {
+        double ms = 0;
+        if (!mucu_timer_begin(msg) || !mucu_matmul(w, dx, dy, rows, q8, 1, msg) || !mucu_timer_end(&ms, msg)) {
             fprintf(stderr, "bench: %s\n", msg);
             exit(1);
         }
         if (i >= 0) t[i] = ms;
     }
-    qsort(t, (size_t)reps, sizeof *t, cmp_float);
+    qsort(t, (size_t)reps, sizeof *t, cmp_d);
     return t[reps / 2];
 }
 
@@ -905,19 +900,19 @@ static int bench_attn(int reps) {
             float *part = dev_raw(NULL, mucu_attn_part_bytes(rows, H, D, nbmax) + 16);
             double med[2];
             for (int k = 0; k < 2; k++) {
-                float t[64];
+                double t[64];
                 mucu_attn_kernel = k ? 2 : 0;
                 for (int i = -2; i < reps; i++) {
-                    float ms = 0;
-                    if (!mucu_timer_start(msg) ||
+                    double ms = 0;
+                    if (!mucu_timer_begin(msg) ||
                         !mucu_attention(dd, rows, H, Hkv, D, 0.08838834764831845f, dq, dout[k], part, nbmax, msg) ||
-                        !mucu_timer_stop(&ms, msg)) {
+                        !mucu_timer_end(&ms, msg)) {
                         fprintf(stderr, "bench: %s\n", msg);
                         return 1;
                     }
                     if (i >= 0) t[i] = ms;
                 }
-                qsort(t, (size_t)reps, sizeof *t, cmp_float);
+                qsort(t, (size_t)reps, sizeof *t, cmp_d);
                 med[k] = t[reps / 2];
             }
             uint8_t *o0 = mu_xmalloc(ob), *o1 = mu_xmalloc(ob);

@@ -424,26 +424,6 @@ extern "C" void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const floa
 
 /* ---------------------------------------------------------------- timer */
 
-static cudaEvent_t ev_start, ev_stop;
-
-static bool p_ok(cudaError_t e, const char *call, char *err) {
-    if (e == cudaSuccess) return true;
-    snprintf(err, MUCU_ERR_LEN, "%s: %s (%s)", call, cudaGetErrorName(e), cudaGetErrorString(e));
-    return false;
-}
-
-extern "C" bool mucu_timer_start(char *err) {
-    if (!ev_start && (!p_ok(cudaEventCreate(&ev_start), "cudaEventCreate", err) ||
-                      !p_ok(cudaEventCreate(&ev_stop), "cudaEventCreate", err)))
-        return false;
-    return p_ok(cudaEventRecord(ev_start, 0), "cudaEventRecord", err);
-}
-
-extern "C" bool mucu_timer_stop(float *ms, char *err) {
-    return p_ok(cudaEventRecord(ev_stop, 0), "cudaEventRecord", err) &&
-           p_ok(cudaEventSynchronize(ev_stop), "cudaEventSynchronize", err) &&
-           p_ok(cudaEventElapsedTime(ms, ev_start, ev_stop), "cudaEventElapsedTime", err);
-}
 
 /* =====================================================================
  * k_attn_prefill: attention for many query rows of the same sequences

@@ -48,10 +48,6 @@ bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, in
 void mucu_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                        float scale, const float *q, float *part, int64_t nbmax, float *final_out, void *stream);
 
-/* Device time between mucu_timer_start and mucu_timer_stop (cudaEvents on
- * the default stream; stop synchronizes). */
-bool mucu_timer_start(char *err);
-bool mucu_timer_stop(float *ms, char *err);
 
 #ifdef __cplusplus
 }
