@@ -488,6 +488,14 @@ bool muser_kvstore_restore(muser_kvstore *st, const char *id, muser_session *s, 
  * restored prefix's length. */
 int64_t muser_kvstore_prefill(muser_kvstore *st, muser_session *s, const int32_t *tokens, int64_t n, int64_t *reused,
                               muser_error *err);
+/* Packs this handle writes from now on: 0 raw (the default), 1..19 every
+ * KV chunk compressed on its own with zstd at that level (docs/kvpack.md).
+ * Reading needs no setting: a pack says how it was written. */
+bool muser_kvstore_set_compression(muser_kvstore *st, int zstd_level, muser_error *err);
+/* A size quota (0: none): after each pack this handle writes, packs are
+ * evicted least recently used first (muser_kvstore_gc) until the store
+ * holds at most max_bytes; the pack just written is kept. */
+void muser_kvstore_set_quota(muser_kvstore *st, uint64_t max_bytes);
 /* Bytes of the pack read by the last restore of this store. */
 uint64_t muser_kvstore_bytes_read(const muser_kvstore *st);
 /* A restore polls *flag (NULL: none) between sections and, once it is
@@ -496,16 +504,21 @@ void muser_kvstore_set_cancel(muser_kvstore *st, const volatile int *flag);
 
 /* A pack as a named file DIR/name (llama.cpp's slot files): the same
  * format and checks; saving replaces an existing file of that name
- * atomically (rename), one writer at a time. name is a plain file name.
- * *bytes (may be NULL) gets the bytes written or read. */
+ * atomically (rename), one writer at a time. name is a plain file name;
+ * zstd_level as muser_kvstore_set_compression. *bytes (may be NULL) gets
+ * the bytes written or read. */
 bool muser_kvpack_save_file(muser_session *s, const muser_sampler *smp, const char *dir, const char *name,
-                            const char *key_file, uint64_t *bytes, muser_error *err);
+                            const char *key_file, int zstd_level, uint64_t *bytes, muser_error *err);
 bool muser_kvpack_restore_file(muser_session *s, muser_sampler *smp, const char *dir, const char *name,
                                const char *key_file, uint64_t *bytes, muser_error *err);
 
 typedef struct muser_kvpack_info {
     uint64_t file_bytes, n_tokens;
     bool has_sampler;
+    bool zstd;                  /* KV chunks are zstd frames */
+    bool has_dflash;            /* carries a DFlash assistant's context */
+    char assistant_sha256[65];  /* that assistant file's SHA-256 ("" without) */
+    uint64_t kv_stored_bytes, kv_raw_bytes; /* KV payloads as stored, and decompressed */
     char model_sha256[65], tokenizer_sha256[65], chat_template_sha256[65];
     char lane[17];
     int64_t n_layer, n_head_kv, head_dim, n_vocab, sliding_window;

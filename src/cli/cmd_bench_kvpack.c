@@ -6,7 +6,8 @@
  *          (an exact hit: the stored logits row, nothing prefilled);
  *   delta  a fresh session restores the pack of the prompt's first half
  *          (rounded down to a multiple of 256) and prefills the rest;
- * and the pack bytes each reads. Time to first token = until the logits
+ * and the pack bytes each reads, and the time the whole prompt's save took
+ * (copy out, compress with --compress, write, fsync, publish). Time to first token = until the logits
  * row the first token is drawn from is in host memory (the draw itself is
  * the same in all three). The packs are read through the page cache, as
  * a store on a local disk is on its second use. */
@@ -26,11 +27,11 @@ static double now(void) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: muser bench kvpack -m MODEL [-d 2048,16384,65536] [--store DIR] [-r N] [-t N] [--chunk N]\n"
-            "                          [--no-delta]\n\n"
+            "                          [--no-delta] [--compress none|zstd|zstd:LEVEL]\n\n"
             "  time to first token at each depth: cold prefill, warm (the whole prompt's pack restored)\n"
             "  and delta (the first half's pack restored, the rest prefilled), with the pack bytes read;\n"
             "  -r: warm restores per depth (median; default 3); --store: where the packs go (default a\n"
-            "  new directory under /tmp, removed at the end).\n");
+            "  new directory under /tmp, removed at the end); --compress: the packs' KV chunks as zstd frames.\n");
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -50,6 +51,7 @@ int cmd_bench_kvpack(int argc, char **argv) {
     int32_t *depths = NULL;
     int64_t n_depths = 0, reps = 3, threads = 0, chunk = 0;
     bool delta = true;
+    int zstd_level = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         bool ok = true;
@@ -57,6 +59,8 @@ int cmd_bench_kvpack(int argc, char **argv) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) ok = cli_value("bench kvpack", argc, argv, &i, &model);
         else if (!strcmp(a, "--store")) ok = cli_value("bench kvpack", argc, argv, &i, &store);
         else if (!strcmp(a, "--no-delta")) delta = false;
+        else if (!strcmp(a, "--compress"))
+            ok = cli_value("bench kvpack", argc, argv, &i, &v) && cli_parse_compress("bench kvpack", v, &zstd_level);
         else if (!strcmp(a, "-d") || !strcmp(a, "--depth")) {
             free(depths);
             ok = cli_value("bench kvpack", argc, argv, &i, &v) && cli_parse_ids("bench kvpack", v, &depths, &n_depths);
@@ -89,12 +93,13 @@ int cmd_bench_kvpack(int argc, char **argv) {
     muser_model *m = muser_model_load(model, &mp, &err);
     muser_kvstore *st = m ? muser_kvstore_open(m, store, NULL, &err) : NULL;
     int rc = 1;
-    if (!st) { cli_error("bench kvpack", err.msg); goto out; }
+    if (!st || !muser_kvstore_set_compression(st, zstd_level, &err)) { cli_error("bench kvpack", err.msg); goto out; }
     muser_model_info info;
     muser_model_get_info(m, &info);
-    printf("model %s (%s), backend %s, store %s\n", info.name, info.lane, info.backend, store);
-    printf("%8s %12s %12s %9s %12s %14s %14s %9s\n", "depth", "cold s", "warm s", "cold/warm", "delta s",
-           "delta bytes", "full bytes", "delta %");
+    printf("model %s (%s), backend %s, store %s, packs %s (level %d)\n", info.name, info.lane, info.backend, store,
+           zstd_level ? "zstd" : "raw", zstd_level);
+    printf("%8s %12s %12s %9s %12s %14s %14s %9s %9s\n", "depth", "cold s", "warm s", "cold/warm", "delta s",
+           "delta bytes", "full bytes", "delta %", "save s");
     for (int64_t di = 0; di < n_depths; di++) {
         const int64_t D = depths[di];
         if (D < 256) { fprintf(stderr, "muser bench kvpack: depth %lld is below 256\n", (long long)D); goto out; }
@@ -120,7 +125,9 @@ int cmd_bench_kvpack(int argc, char **argv) {
         t0 = now();
         ok = ok && muser_session_feed(s, t + half, D - half, &err);
         cold += now() - t0;
+        t0 = now();
         ok = ok && muser_kvstore_save(st, s, NULL, id_full, &existed, &err);
+        const double save_s = now() - t0;
         if (!ok) { cli_error("bench kvpack", err.msg); free(t); muser_session_free(s); goto out; }
         /* warm: exact hits */
         double *w = malloc((size_t)reps * sizeof *w);
@@ -146,11 +153,12 @@ int cmd_bench_kvpack(int argc, char **argv) {
         if (!ok) { cli_error("bench kvpack", err.msg); free(t); muser_session_free(s); goto out; }
         const uint64_t full = file_bytes(store, id_full);
         if (delta)
-            printf("%8lld %12.3f %12.4f %9.1f %12.3f %14llu %14llu %8.1f%%\n", (long long)D, cold, warm, cold / warm, dt,
-                   (unsigned long long)dbytes, (unsigned long long)full, 100.0 * (double)dbytes / (double)full);
+            printf("%8lld %12.3f %12.4f %9.1f %12.3f %14llu %14llu %8.1f%% %9.3f\n", (long long)D, cold, warm,
+                   cold / warm, dt, (unsigned long long)dbytes, (unsigned long long)full,
+                   100.0 * (double)dbytes / (double)full, save_s);
         else
-            printf("%8lld %12.3f %12.4f %9.1f %12s %14s %14llu %9s\n", (long long)D, cold, warm, cold / warm, "-", "-",
-                   (unsigned long long)full, "-");
+            printf("%8lld %12.3f %12.4f %9.1f %12s %14s %14llu %9s %9.3f\n", (long long)D, cold, warm, cold / warm, "-",
+                   "-", (unsigned long long)full, "-", save_s);
         fflush(stdout);
         muser_session_free(s);
         free(t);

@@ -14,5 +14,10 @@ bool mu_session_set_capture(muser_session *s, const int *boundaries, int n, mu_e
 /* Rows of the most recent feed / feed_all: [*n_rows][n * n_embd] floats, valid
  * until the next feed; NULL (and *n_rows = 0) when capture is off. */
 const float *mu_session_captured(const muser_session *s, int64_t *n_rows);
+/* The muser_spec bound to the session (set by muser_spec_create, cleared
+ * by muser_spec_free), NULL without one: a durable pack of the session
+ * carries its assistant's context (src/kvpack/, docs/kvpack.md). */
+void mu_session_set_spec(muser_session *s, muser_spec *sp);
+muser_spec *mu_session_spec(const muser_session *s);
 
 #endif

@@ -663,7 +663,7 @@ bool srv_sched_slot_save(srv_sched *s, int32_t i, const char *dir, const char *n
     *n = sl->n_toks;
     bool ok = sl->n_toks > 0 && muser_session_pos(sl->sess) == sl->n_toks;
     if (!ok) mu_err_set(ERR_CAST(err), "slot %d holds no finished prompt to save", i);
-    ok = ok && muser_kvpack_save_file(sl->sess, NULL, dir, name, NULL, bytes, err);
+    ok = ok && muser_kvpack_save_file(sl->sess, NULL, dir, name, NULL, s->p.zstd_level, bytes, err);
     pthread_mutex_unlock(&s->mu);
     return ok;
 }
@@ -672,9 +672,8 @@ bool srv_sched_slot_restore(srv_sched *s, int32_t i, const char *dir, const char
                             uint64_t *bytes, muser_error *err) {
     slot *sl = idle_slot(s, i, err);
     if (!sl) return false;
-    bool ok = !sl->sp;
-    if (!ok) mu_err_set(ERR_CAST(err), "slot restore: the server runs a DFlash assistant, whose context is not in a pack");
-    ok = ok && muser_kvpack_restore_file(sl->sess, NULL, dir, name, NULL, bytes, err);
+    /* with an assistant the pack must carry its context (the slot's muser_spec is bound to the session) */
+    bool ok = muser_kvpack_restore_file(sl->sess, NULL, dir, name, NULL, bytes, err);
     if (ok) { /* the slot's record of its tokens is the pack's */
         int64_t k;
         const int32_t *t = mu_session_hist(sl->sess, &k);
