@@ -475,6 +475,25 @@ void muser_kvstore_close(muser_kvstore *st);
  * last logits row and the tokens of every position (rows it was fed). */
 bool muser_kvstore_save(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65], bool *existed,
                         muser_error *err);
+/* muser_kvstore_save in two halves, for a caller that must not wait for
+ * the write (a server's scheduler): capture copies the session's pack out
+ * under the engine's lock (a copy of its rows; no file is touched) and
+ * names it (id); NULL when the store has that pack already (*existed) or
+ * on error (err; *existed false). publish compresses, writes and publishes
+ * it, from any thread, through a handle of the same store directory (its
+ * own handle per thread), then applies that handle's quota; it frees img
+ * either way. */
+typedef struct muser_kvpack_image muser_kvpack_image;
+muser_kvpack_image *muser_kvstore_capture(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65],
+                                          bool *existed, muser_error *err);
+bool muser_kvstore_publish(muser_kvstore *st, muser_kvpack_image *img, bool *existed, muser_error *err);
+void muser_kvpack_image_free(muser_kvpack_image *img);
+/* The bytes of KV rows an image holds in memory (for a caller's bound). */
+uint64_t muser_kvpack_image_bytes(const muser_kvpack_image *img);
+/* The session's identity-keyed lookup: as muser_kvstore_lookup, for the
+ * packs session s would write (with its assistant's context when a
+ * muser_spec is bound to it; those packs have names of their own). */
+int64_t muser_kvstore_lookup_for(muser_kvstore *st, muser_session *s, const int32_t *tokens, int64_t n, char id[65]);
 /* Longest prefix of tokens[0..n) with a pack: n (an exact hit), or the
  * largest multiple of 256 below n, or 0; id gets its name. */
 int64_t muser_kvstore_lookup(muser_kvstore *st, const int32_t *tokens, int64_t n, char id[65]);

@@ -233,50 +233,96 @@ static bool finish_and_publish(muser_kvstore *st, kvp_image *img, const unsigned
     return true;
 }
 
-bool muser_kvstore_save(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65], bool *existed,
-                        muser_error *err) {
+struct muser_kvpack_image {
+    kvp_image img;
+    unsigned char *ident;
+    size_t ident_len;
+    char id[65];
+};
+
+void muser_kvpack_image_free(muser_kvpack_image *im) {
+    if (!im) return;
+    kvp_image_free(&im->img);
+    free(im->ident);
+    free(im);
+}
+
+uint64_t muser_kvpack_image_bytes(const muser_kvpack_image *im) {
+    uint64_t b = 0;
+    for (int64_t i = 0; i < im->img.n_chunks; i++) b += im->img.chunks[i].bytes;
+    return b + im->img.dflash_len;
+}
+
+muser_kvpack_image *muser_kvstore_capture(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65],
+                                          bool *existed, muser_error *err) {
     mu_error *e = ERR(err);
     if (existed) *existed = false;
     if (muser_session_model(s) != st->m) {
         mu_err_set(e, "kvstore save: the session belongs to another model than the store");
-        return false;
+        return NULL;
     }
-    if (!ensure_key(st, true, e)) return false;
-    unsigned char *ident;
-    size_t ident_len;
-    if (!kvp_session_identity(s, st->dir, &ident, &ident_len, e)) return false;
+    if (!ensure_key(st, true, e)) return NULL;
+    muser_kvpack_image *im = mu_xcalloc(1, sizeof *im);
+    if (!kvp_session_identity(s, st->dir, &im->ident, &im->ident_len, e)) {
+        free(im);
+        return NULL;
+    }
     mu_session_lock(s);
     int64_t n;
     const int32_t *tokens = mu_session_hist(s, &n);
     if (n <= 0 || n != muser_session_pos(s)) {
         mu_session_unlock(s);
-        free(ident);
         mu_err_set(e, "kvstore save: the session holds %lld positions, the tokens of %lld are known",
                    (long long)muser_session_pos(s), (long long)n);
-        return false;
+        muser_kvpack_image_free(im);
+        return NULL;
     }
     unsigned char(*chain)[32] = mu_xmalloc((size_t)((n + KVP_CHUNK - 1) / KVP_CHUNK) * 32);
-    int64_t blocks = prefix_chain(st, ident, ident_len, tokens, n, chain);
-    kvp_hex(chain[blocks - 1], 32, id);
+    int64_t blocks = prefix_chain(st, im->ident, im->ident_len, tokens, n, chain);
+    kvp_hex(chain[blocks - 1], 32, im->id);
     free(chain);
-    char final[4200], lockp[4200], tmp[4300];
-    pack_path(st, id, final, sizeof final);
-    snprintf(lockp, sizeof lockp, "%s/%s.lock", st->dir, id);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%d", st->dir, id, (int)getpid());
+    memcpy(id, im->id, 65);
+    char final[4200];
+    pack_path(st, im->id, final, sizeof final);
     if (access(final, F_OK) == 0) { /* immutable and determined by identity and tokens: nothing to copy */
         mu_session_unlock(s);
-        free(ident);
         if (existed) *existed = true;
-        return true;
+        muser_kvpack_image_free(im);
+        return NULL;
     }
     /* the rows are copied out under the lock; compressing and writing go on without it */
-    kvp_image img;
-    bool ok = kvp_capture(s, smp, &img, e);
+    bool ok = kvp_capture(s, smp, &im->img, e);
     mu_session_unlock(s);
-    if (ok) ok = finish_and_publish(st, &img, ident, ident_len, final, lockp, tmp, false, existed, NULL, id, e);
-    kvp_image_free(&img);
-    free(ident);
+    if (!ok) {
+        muser_kvpack_image_free(im);
+        return NULL;
+    }
+    return im;
+}
+
+bool muser_kvstore_publish(muser_kvstore *st, muser_kvpack_image *im, bool *existed, muser_error *err) {
+    mu_error *e = ERR(err);
+    if (existed) *existed = false;
+    bool ok = ensure_key(st, true, e);
+    if (ok) {
+        char final[4200], lockp[4200], tmp[4300];
+        pack_path(st, im->id, final, sizeof final);
+        snprintf(lockp, sizeof lockp, "%s/%s.lock", st->dir, im->id);
+        snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%d", st->dir, im->id, (int)getpid());
+        ok = finish_and_publish(st, &im->img, im->ident, im->ident_len, final, lockp, tmp, false, existed, NULL,
+                                im->id, e);
+    }
+    muser_kvpack_image_free(im);
     return ok;
+}
+
+bool muser_kvstore_save(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65], bool *existed,
+                        muser_error *err) {
+    bool had = false;
+    muser_kvpack_image *im = muser_kvstore_capture(st, s, smp, id, &had, err);
+    if (existed) *existed = had;
+    if (!im) return had;
+    return muser_kvstore_publish(st, im, existed, err);
 }
 
 /* ------------------------------------------------------------------ lookup */
@@ -304,6 +350,15 @@ static int64_t lookup(muser_kvstore *st, const unsigned char *ident, size_t iden
 
 int64_t muser_kvstore_lookup(muser_kvstore *st, const int32_t *tokens, int64_t n, char id[65]) {
     return lookup(st, st->ident, st->ident_len, tokens, n, id);
+}
+
+int64_t muser_kvstore_lookup_for(muser_kvstore *st, muser_session *s, const int32_t *tokens, int64_t n, char id[65]) {
+    unsigned char *ident;
+    size_t ident_len;
+    if (!kvp_session_identity(s, st->dir, &ident, &ident_len, NULL)) return 0;
+    const int64_t k = lookup(st, ident, ident_len, tokens, n, id);
+    free(ident);
+    return k;
 }
 
 /* ------------------------------------------------------------------ restore */

@@ -41,6 +41,10 @@ typedef struct srv_sched_params {
     int verify_len;             /* its proposals per round: 3, 7 or 15; 0 = 7 */
     bool spec_always;           /* speculate every step (default: the adaptive gate decides) */
     int zstd_level;             /* kvpack files the server writes: 0 raw, 1..19 zstd (docs/kvpack.md) */
+    const char *prompt_cache;   /* a kvpack store shared with other processes (docs/kvpack.md), or NULL:
+                                 * a new prompt restores its longest stored prefix, prefilled prompts
+                                 * publish their packs (by a writer thread) */
+    uint64_t prompt_cache_quota; /* its size quota (LRU eviction after each pack written); 0 = none */
 } srv_sched_params;
 
 srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *p, muser_error *err);
@@ -130,6 +134,9 @@ typedef struct srv_stats {
     uint64_t steps_total;
     srv_hist ttft, itl, e2e;    /* time to first token, inter-token latency, request latency (s) */
     uint64_t spec_drafted, spec_accepted; /* speculative proposals (0 without an assistant) */
+    /* --prompt-cache: prompts that restored a stored prefix, the tokens restored, packs
+     * written, packs not written (the writer's queue full), restores or writes refused */
+    uint64_t store_hits, store_tokens, store_written, store_dropped, store_errors;
 } srv_stats;
 void srv_sched_stats(srv_sched *s, srv_stats *st);
 
