@@ -772,6 +772,13 @@ bool mu_session_set_capture(muser_session *s, const int *boundaries, int n, mu_e
 }
 
 void mu_session_set_spec(muser_session *s, muser_spec *sp) { s->spec = sp; }
+
+void mu_session_set_logits(muser_session *s, const float *row) {
+    lock(s->e);
+    memcpy(s->logits, row, (size_t)s->e->model->m->cfg.n_vocab * sizeof *row);
+    s->has_logits = true;
+    unlock(s->e);
+}
 muser_spec *mu_session_spec(const muser_session *s) { return s->spec; }
 
 const float *mu_session_captured(const muser_session *s, int64_t *n_rows) {

@@ -383,6 +383,7 @@ static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *sm
     int64_t keep = n ? n : 1;
     if (!muser_session_rollback(sp->s, P + keep, err) || !take_captured(sp, vl + 1, keep, ERR(err))) return -1;
     muser_session_commit(sp->s);
+    mu_session_set_logits(sp->s, sp->logits + (keep - 1) * V); /* the row of the last kept token */
     double t3 = mu_now();
     int64_t accepted = n ? n - 1 : 0;
     sp->st.rounds++;
