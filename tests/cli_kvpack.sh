@@ -47,6 +47,9 @@ assert a['timings']['reused_tokens'] == 0 and b['timings']['reused_tokens'] == 3
 assert b['timings']['prefill_tokens'] == 0"
 check "$M" run -m "$T/tiny.gguf" --tokens "$TOK" -n 4 --temp 0 --prompt-cache "$T/pc" >/dev/null 2>"$T/c3.err"
 check grep -q "prompt cache: reused 300 of 300 prompt tokens" "$T/c3.err"
+# a quota on the prompt cache: each run evicts least recently used packs, keeping its own
+check "$M" run -m "$T/tiny.gguf" --tokens "$TOK,7" -n 1 --temp 0 --prompt-cache "$T/pc" --prompt-cache-max-size 1 >/dev/null 2>&1
+check test "$(ls "$T/pc"/*.kvpack | wc -l)" -eq 1
 
 # the DFlash assistant's context in packs: a --draft run (every step
 # speculative, no timing gate) restored from the prompt cache - an exact hit,

@@ -27,6 +27,7 @@ typedef struct run_opts {
     int32_t *tokens;
     int64_t n_tokens, n_predict, threads, ctx, chunk, verify_len;
     int zstd_level;                 /* --compress: the prompt cache's packs */
+    uint64_t cache_quota;           /* --prompt-cache-max-size: LRU eviction after each pack (0: none) */
     run_sampling sampling;
     bool chat, json, verbose, no_draft, spec_always, mlock;
     muser_backend_kind backend;
@@ -58,7 +59,9 @@ static void run_usage(FILE *f) {
             "                         prompt, prefill only the rest, store packs for later runs; key file\n"
             "                         $MUSER_KVPACK_KEY or DIR/kvpack.key (made on first use); with an assistant\n"
             "                         its context is in the packs too\n"
-            "  --compress MODE        packs the prompt cache writes: none (default), zstd or zstd:LEVEL\n\n"
+            "  --compress MODE        packs the prompt cache writes: none (default), zstd or zstd:LEVEL\n"
+            "  --prompt-cache-max-size BYTES  evict least recently used packs down to this size after each\n"
+            "                         pack written (default: no quota)\n\n"
             "speculative decoding (output identical to plain decoding, only faster or not):\n"
             "  --draft FILE           DFlash assistant GGUF for the model (default without -m: $MUSER_DRAFT,\n"
             "                         else the shipped models/glimmer-tiny-dflash-q4_k_xl.gguf)\n"
@@ -88,6 +91,8 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--prompt-cache")) ok = cli_value("run", argc, argv, &i, &o->prompt_cache);
         else if (!strcmp(a, "--compress"))
             ok = cli_value("run", argc, argv, &i, &v) && cli_parse_compress("run", v, &o->zstd_level);
+        else if (!strcmp(a, "--prompt-cache-max-size"))
+            ok = cli_value("run", argc, argv, &i, &v) && cli_parse_u64("run", a, v, &o->cache_quota);
         else if (!strcmp(a, "--draft")) ok = cli_value("run", argc, argv, &i, &o->draft);
         else if (!strcmp(a, "--no-draft")) o->no_draft = true;
         else if (!strcmp(a, "--spec-always")) o->spec_always = true;
@@ -496,6 +501,7 @@ static bool set_up(run_state *r, run_opts *o, muser_error *err) {
         if (!(r->cache = muser_kvstore_open(r->m, o->prompt_cache, NULL, err)) ||
             !muser_kvstore_set_compression(r->cache, o->zstd_level, err))
             return false;
+        muser_kvstore_set_quota(r->cache, o->cache_quota);
         mu_gen_set_prompt_cache(r->gen, r->cache);
     }
     if (o->draft && !start_spec(r, err)) return false;
