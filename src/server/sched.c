@@ -17,7 +17,8 @@
 #include <time.h>
 
 #define ERR_CAST(e) ((mu_error *)(e))
-#define SRV_PC_QUEUE 8 /* packs waiting for the prompt cache's writer */
+#define SRV_PC_QUEUE 8 /* packs waiting for the prompt cache's writer ... */
+#define SRV_PC_QUEUE_BYTES ((uint64_t)1 << 30) /* ... and their host memory (one pack alone may exceed it) */
 
 const double srv_hist_bounds[SRV_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                   0.25,  0.5,    1,     2.5,  5,     10,  60};
@@ -93,6 +94,7 @@ struct srv_sched {
     pthread_cond_t pc_cond;
     muser_kvpack_image *pc_q[SRV_PC_QUEUE];
     int pc_len;
+    uint64_t pc_bytes;          /* held by the queued packs */
     bool pc_stop, writer_started;
 };
 
@@ -321,6 +323,13 @@ static void pc_capture(srv_sched *s, slot *sl) {
         }
         return;
     }
+    const uint64_t bytes = muser_kvpack_image_bytes(im);
+    if (s->pc_len && s->pc_bytes + bytes > SRV_PC_QUEUE_BYTES) {
+        muser_kvpack_image_free(im);
+        s->st.store_dropped++;
+        return;
+    }
+    s->pc_bytes += bytes;
     s->pc_q[s->pc_len++] = im;
     pthread_cond_signal(&s->pc_cond);
 }
@@ -334,12 +343,14 @@ static void *writer_main(void *arg) {
         if (!s->pc_len) break;
         muser_kvpack_image *im = s->pc_q[0];
         memmove(s->pc_q, s->pc_q + 1, (size_t)--s->pc_len * sizeof *s->pc_q);
+        const uint64_t bytes = muser_kvpack_image_bytes(im);
         pthread_mutex_unlock(&s->mu);
         muser_error err = {{0}};
         bool existed = false;
         const bool ok = muser_kvstore_publish(s->pc_w, im, &existed, &err);
         if (!ok) fprintf(stderr, "muser serve: prompt cache: %s\n", err.msg);
         pthread_mutex_lock(&s->mu);
+        s->pc_bytes -= bytes;
         if (!ok) s->st.store_errors++;
         else if (!existed) s->st.store_written++;
     }
