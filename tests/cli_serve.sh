@@ -114,7 +114,7 @@ stop    # the writer thread publishes what it has queued before the server exits
 check test "$(ls "$T/pcs"/*.kvpack | wc -l)" -eq 2   # the prompt's 256-token block and the whole prompt
 check "$M" kvpack ls --store "$T/pcs" >"$T/pc-ls.txt"
 check grep -q "zstd: kv" "$T/pc-ls.txt"
-start "$T/pc-b.log" --prompt-cache "$T/pcs"
+start "$T/pc-b.log" --prompt-cache "$T/pcs" --slot-save-path "$T/slots"
 req "${J[@]}" -d @"$T/pc1.json" "$B/completion"
 is 200 "d['timings']['prompt_n']==0 and d['timings']['cache_n']==d['tokens_evaluated'] and d['tokens_cached']==d['tokens_evaluated']"
 check "$PY" -c "import json; a=json.load(open('$T/pc-a.json')); b=json.load(open('$T/body')); assert a['content']==b['content'] and len(a['content'])>0, (a['content'], b['content'])"
@@ -128,6 +128,7 @@ check "$PY" -c "import json; a=json.load(open('$T/pc-delta.json')); b=json.load(
 check grep -q '^muser_prompt_cache_store_hits_total{model_name="glimmer-tiny-q4_k_xl.gguf"} 2$' "$T/pc-metrics"
 check grep -q '^muser_prompt_cache_store_tokens_total{.*} [1-9]' "$T/pc-metrics"
 check grep -q '^muser_prompt_cache_store_errors_total{.*} 0$' "$T/pc-metrics"
+req "${J[@]}" -d '{"filename":"plain.bin"}' -X POST "$B/slots/0?action=save"; is 200 "d['n_saved']>256"
 stop
 # with a DFlash assistant the packs carry its context: the restored slot speculates on
 DR=(--draft "$MUSER_SOURCE_DIR/models/glimmer-tiny-dflash-q4_k_xl.gguf" --spec-always --prompt-cache "$T/pcd")
@@ -137,10 +138,18 @@ cp "$T/body" "$T/pcd-a.json"
 stop
 check "$M" kvpack ls --store "$T/pcd" >"$T/pcd-ls.txt"
 check grep -q "DFlash context" "$T/pcd-ls.txt"
-start "$T/pcd-b.log" "${DR[@]}"
+start "$T/pcd-b.log" "${DR[@]}" --slot-save-path "$T/slots"
 req "${J[@]}" -d @"$T/pc1.json" "$B/completion"; is 200 "d['timings']['prompt_n']==0"
+cp "$T/body" "$T/pcd-b.json"
 check "$PY" -c "import json; a=json.load(open('$T/pcd-a.json')); b=json.load(open('$T/body')); assert a['content']==b['content'] and a['content']==json.load(open('$T/pc-a.json'))['content']"
 "${CURL[@]}" "$B/metrics" >"$T/pcd-metrics"
 check grep -q '^muser_spec_drafted_tokens_total{.*} [1-9]' "$T/pcd-metrics"
+# slot files under an assistant: a slot that speculated saves (its last verify row is its logits
+# row) and restores; a file without the assistant's context is refused naming the field
+req "${J[@]}" -d '{"filename":"spec.bin"}' -X POST "$B/slots/0?action=save"; is 200 "d['n_saved']>256"
+req "${J[@]}" -d '{"filename":"plain.bin"}' -X POST "$B/slots/0?action=restore"
+is 400 "d['error']['param']=='filename' and 'assistant_sha256' in d['error']['message']"
+req -X POST "$B/slots/0?action=erase"; is 200 "d['id_slot']==0"
+req "${J[@]}" -d '{"filename":"spec.bin"}' -X POST "$B/slots/0?action=restore"; is 200 "d['n_restored']>256"
 stop
 exit $fail
