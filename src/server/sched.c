@@ -68,6 +68,7 @@ typedef struct slot {
     muser_session *sess;
     muser_spec *sp;             /* with an assistant: its context follows every row of sess */
     srv_job *job;               /* NULL: idle */
+    bool pinned;                /* idle, but a slot save or restore is using it (no job is admitted) */
     int32_t *toks;              /* tokens in the session's KV */
     int64_t n_toks, cap_toks;
 } slot;
@@ -228,14 +229,14 @@ static void admit(srv_sched *s, srv_job *j, int32_t i) {
 /* A free slot for j: its own when it asked for one, else the free slot
  * sharing the longest prefix with its prompt (the emptiest on ties). */
 static int32_t pick_slot(const srv_sched *s, const srv_job *j) {
-    if (j->want_slot >= 0) return s->slots[j->want_slot].job ? -1 : j->want_slot;
+    if (j->want_slot >= 0) return s->slots[j->want_slot].job || s->slots[j->want_slot].pinned ? -1 : j->want_slot;
     int64_t n_prompt;
     const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
     int32_t best = -1;
     int64_t best_common = -1, best_len = 0;
     for (int32_t i = 0; i < s->p.n_slots; i++) {
         const slot *sl = &s->slots[i];
-        if (sl->job) continue;
+        if (sl->job || sl->pinned) continue;
         const int64_t c = j->cache_prompt ? common_prefix(sl, prompt, n_prompt) : 0;
         if (c > best_common || (c == best_common && sl->n_toks < best_len)) {
             best = i;
@@ -631,6 +632,10 @@ void srv_sched_free(srv_sched *s, bool finish) {
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
+    pthread_mutex_lock(&s->mu); /* a slot save or restore still running uses its session */
+    for (int32_t i = 0; i < s->p.n_slots; i++)
+        while (s->slots[i].pinned) pthread_cond_wait(&s->wake, &s->mu);
+    pthread_mutex_unlock(&s->mu);
     if (s->writer_started) { /* it publishes what is queued, then ends */
         pthread_mutex_lock(&s->mu);
         s->pc_stop = true;
@@ -810,39 +815,54 @@ int32_t srv_sched_slots(srv_sched *s, srv_slot_info *out, int32_t cap) {
     return n;
 }
 
-/* An idle slot i, with s->mu held on success. */
-static slot *idle_slot(srv_sched *s, int32_t i, muser_error *err) {
+/* An idle slot i, pinned for a save or restore: the scheduler admits no
+ * job into it, so s->mu need not be held while the file is written or
+ * read and checked (the steps of the other slots go on meanwhile; the
+ * save holds the engine's lock only to copy the rows out). Unpin after. */
+static slot *pin_slot(srv_sched *s, int32_t i, muser_error *err) {
     if (i < 0 || i >= s->p.n_slots) {
         mu_err_set(ERR_CAST(err), "slot %d: the server has slots 0 to %d", i, s->p.n_slots - 1);
         return NULL;
     }
     pthread_mutex_lock(&s->mu);
-    if (s->slots[i].job) {
+    slot *sl = &s->slots[i];
+    if (sl->job || sl->pinned) {
+        const bool pinned = sl->pinned;
         pthread_mutex_unlock(&s->mu);
-        mu_err_set(ERR_CAST(err), "slot %d is running a request", i);
+        mu_err_set(ERR_CAST(err), "slot %d is running a request%s", i, pinned ? " (a slot save or restore)" : "");
         return NULL;
     }
-    return &s->slots[i];
+    sl->pinned = true;
+    pthread_mutex_unlock(&s->mu);
+    return sl;
+}
+
+static void unpin_slot(srv_sched *s, slot *sl) {
+    pthread_mutex_lock(&s->mu);
+    sl->pinned = false;
+    pthread_cond_broadcast(&s->wake); /* a job may wait for this slot, or srv_sched_free for the save */
+    pthread_mutex_unlock(&s->mu);
 }
 
 bool srv_sched_slot_save(srv_sched *s, int32_t i, const char *dir, const char *name, int64_t *n, uint64_t *bytes,
                          muser_error *err) {
-    slot *sl = idle_slot(s, i, err);
+    slot *sl = pin_slot(s, i, err);
     if (!sl) return false;
     *n = sl->n_toks;
     bool ok = sl->n_toks > 0 && muser_session_pos(sl->sess) == sl->n_toks;
     if (!ok) mu_err_set(ERR_CAST(err), "slot %d holds no finished prompt to save", i);
     ok = ok && muser_kvpack_save_file(sl->sess, NULL, dir, name, NULL, s->p.zstd_level, bytes, err);
-    pthread_mutex_unlock(&s->mu);
+    unpin_slot(s, sl);
     return ok;
 }
 
 bool srv_sched_slot_restore(srv_sched *s, int32_t i, const char *dir, const char *name, int64_t *n,
                             uint64_t *bytes, muser_error *err) {
-    slot *sl = idle_slot(s, i, err);
+    slot *sl = pin_slot(s, i, err);
     if (!sl) return false;
     /* with an assistant the pack must carry its context (the slot's muser_spec is bound to the session) */
     bool ok = muser_kvpack_restore_file(sl->sess, NULL, dir, name, NULL, bytes, err);
+    pthread_mutex_lock(&s->mu);
     if (ok) { /* the slot's record of its tokens is the pack's */
         int64_t k;
         const int32_t *t = mu_session_hist(sl->sess, &k);
@@ -855,6 +875,7 @@ bool srv_sched_slot_restore(srv_sched *s, int32_t i, const char *dir, const char
         *n = k;
     }
     pthread_mutex_unlock(&s->mu);
+    unpin_slot(s, sl);
     return ok;
 }
 
@@ -864,7 +885,7 @@ bool srv_sched_slot_erase(srv_sched *s, int32_t i, muser_error *err) {
         return false;
     }
     pthread_mutex_lock(&s->mu);
-    const bool busy = s->slots[i].job != NULL;
+    const bool busy = s->slots[i].job != NULL || s->slots[i].pinned;
     if (!busy) slot_reset(&s->slots[i]);
     pthread_mutex_unlock(&s->mu);
     if (busy) mu_err_set(ERR_CAST(err), "slot %d is running a request", i);

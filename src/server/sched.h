@@ -151,7 +151,9 @@ typedef struct srv_slot_info {
 /* Fills up to cap slots, returns n_slots. */
 int32_t srv_sched_slots(srv_sched *s, srv_slot_info *out, int32_t cap);
 /* A slot's KV as a kvpack file DIR/name (docs/kvpack.md; llama.cpp's
- * slot save/restore): refused while the slot runs a job. With an
+ * slot save/restore): refused while the slot runs a job. The slot is
+ * pinned meanwhile (no job is admitted into it), so the other slots keep
+ * stepping while the file is written or read. With an
  * assistant the file carries its context too, and a restore needs one made
  * with the same assistant. A refused restore leaves the slot as it was. *n gets the tokens, *bytes the file's size. */
 bool srv_sched_slot_save(srv_sched *s, int32_t slot, const char *dir, const char *name, int64_t *n, uint64_t *bytes,
