@@ -475,6 +475,25 @@ void muser_kvstore_close(muser_kvstore *st);
  * last logits row and the tokens of every position (rows it was fed). */
 bool muser_kvstore_save(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65], bool *existed,
                         muser_error *err);
+/* muser_kvstore_save in two halves, for a caller that must not wait for
+ * the write (a server's scheduler): capture copies the session's pack out
+ * under the engine's lock (a copy of its rows; no file is touched) and
+ * names it (id); NULL when the store has that pack already (*existed) or
+ * on error (err; *existed false). publish compresses, writes and publishes
+ * it, from any thread, through a handle of the same store directory (its
+ * own handle per thread), then applies that handle's quota; it frees img
+ * either way. */
+typedef struct muser_kvpack_image muser_kvpack_image;
+muser_kvpack_image *muser_kvstore_capture(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65],
+                                          bool *existed, muser_error *err);
+bool muser_kvstore_publish(muser_kvstore *st, muser_kvpack_image *img, bool *existed, muser_error *err);
+void muser_kvpack_image_free(muser_kvpack_image *img);
+/* The bytes of KV rows an image holds in memory (for a caller's bound). */
+uint64_t muser_kvpack_image_bytes(const muser_kvpack_image *img);
+/* The session's identity-keyed lookup: as muser_kvstore_lookup, for the
+ * packs session s would write (with its assistant's context when a
+ * muser_spec is bound to it; those packs have names of their own). */
+int64_t muser_kvstore_lookup_for(muser_kvstore *st, muser_session *s, const int32_t *tokens, int64_t n, char id[65]);
 /* Longest prefix of tokens[0..n) with a pack: n (an exact hit), or the
  * largest multiple of 256 below n, or 0; id gets its name. */
 int64_t muser_kvstore_lookup(muser_kvstore *st, const int32_t *tokens, int64_t n, char id[65]);
@@ -488,6 +507,14 @@ bool muser_kvstore_restore(muser_kvstore *st, const char *id, muser_session *s, 
  * restored prefix's length. */
 int64_t muser_kvstore_prefill(muser_kvstore *st, muser_session *s, const int32_t *tokens, int64_t n, int64_t *reused,
                               muser_error *err);
+/* Packs this handle writes from now on: 0 raw (the default), 1..19 every
+ * KV chunk compressed on its own with zstd at that level (docs/kvpack.md).
+ * Reading needs no setting: a pack says how it was written. */
+bool muser_kvstore_set_compression(muser_kvstore *st, int zstd_level, muser_error *err);
+/* A size quota (0: none): after each pack this handle writes, packs are
+ * evicted least recently used first (muser_kvstore_gc) until the store
+ * holds at most max_bytes; the pack just written is kept. */
+void muser_kvstore_set_quota(muser_kvstore *st, uint64_t max_bytes);
 /* Bytes of the pack read by the last restore of this store. */
 uint64_t muser_kvstore_bytes_read(const muser_kvstore *st);
 /* A restore polls *flag (NULL: none) between sections and, once it is
@@ -496,16 +523,21 @@ void muser_kvstore_set_cancel(muser_kvstore *st, const volatile int *flag);
 
 /* A pack as a named file DIR/name (llama.cpp's slot files): the same
  * format and checks; saving replaces an existing file of that name
- * atomically (rename), one writer at a time. name is a plain file name.
- * *bytes (may be NULL) gets the bytes written or read. */
+ * atomically (rename), one writer at a time. name is a plain file name;
+ * zstd_level as muser_kvstore_set_compression. *bytes (may be NULL) gets
+ * the bytes written or read. */
 bool muser_kvpack_save_file(muser_session *s, const muser_sampler *smp, const char *dir, const char *name,
-                            const char *key_file, uint64_t *bytes, muser_error *err);
+                            const char *key_file, int zstd_level, uint64_t *bytes, muser_error *err);
 bool muser_kvpack_restore_file(muser_session *s, muser_sampler *smp, const char *dir, const char *name,
                                const char *key_file, uint64_t *bytes, muser_error *err);
 
 typedef struct muser_kvpack_info {
     uint64_t file_bytes, n_tokens;
     bool has_sampler;
+    bool zstd;                  /* KV chunks are zstd frames */
+    bool has_dflash;            /* carries a DFlash assistant's context */
+    char assistant_sha256[65];  /* that assistant file's SHA-256 ("" without) */
+    uint64_t kv_stored_bytes, kv_raw_bytes; /* KV payloads as stored, and decompressed */
     char model_sha256[65], tokenizer_sha256[65], chat_template_sha256[65];
     char lane[17];
     int64_t n_layer, n_head_kv, head_dim, n_vocab, sliding_window;

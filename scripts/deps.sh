@@ -2,8 +2,9 @@
 # Install the Debian packages the build and tests need, if any are missing.
 set -e
 # clang and libclang-rt-dev (its libFuzzer runtime, only a Recommends of clang)
-# build the fuzz targets; libmicrohttpd-dev is the HTTP server of `muser serve`.
-PKGS="cmake make gcc libssl-dev pkg-config python3 libpcre2-dev libjansson-dev python3-jinja2 libmicrohttpd-dev clang libclang-rt-dev"
+# build the fuzz targets; libmicrohttpd-dev is the HTTP server of `muser serve`;
+# libzstd-dev compresses kvpack chunks (docs/kvpack.md).
+PKGS="cmake make gcc libssl-dev pkg-config python3 libpcre2-dev libjansson-dev python3-jinja2 libmicrohttpd-dev libzstd-dev clang libclang-rt-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -2,7 +2,8 @@
 # Quick end-to-end checks of `muser serve` with curl and the shipped model:
 # the routes answer in their shapes, client mistakes get 4xx with an
 # OpenAI error object naming the field, the API key and the loopback rule
-# hold, a client that hangs up frees its slot, SIGTERM exits 0. The full
+# hold, a client that hangs up frees its slot, SIGTERM exits 0; the
+# --prompt-cache store serves a second server process. The full
 # suite (openai client, malformed corpus, browser) lives in tests/server/.
 set -u
 source "$(dirname "$0")/lib_cli.sh" serve
@@ -87,4 +88,68 @@ req "${A[@]}" "$B/slots"; is 200 "not any(s['is_processing'] for s in d)"
 kill -TERM $pid
 wait $pid
 check [ $? -eq 0 ]
+
+# --prompt-cache: a second server process on the same store answers a repeated
+# prompt with the same tokens without prefilling it (an exact hit: the stored
+# logits row), and a prompt sharing its first 256-token block prefills only
+# the rest, with the tokens of a full prefill (cache_prompt false)
+start() { # start LOG ARGS...: a server on a free port; B is its URL
+    local log="$1"; shift
+    "$M" serve --port 0 -np 1 -c 1024 -t 2 "$@" >"$log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do grep -q listening "$log" && break; sleep 0.1; done
+    B="http://127.0.0.1:$(grep -o ':[0-9][0-9]*/' "$log" | tr -d ':/')"
+}
+stop() { kill -TERM $pid; wait $pid; check [ $? -eq 0 ]; }
+"$PY" -c "
+import json
+base = 'In the beginning God created the heaven and the earth. And the earth was without form, and void. ' * 14
+for i, tail in enumerate(['And God said, Let there be light', 'And the evening and the morning were']):
+    json.dump({'prompt': base + tail, 'n_predict': 12, 'temperature': 0}, open('$T/pc%d.json' % (i + 1), 'w'))
+d = json.load(open('$T/pc2.json')); d['cache_prompt'] = False; json.dump(d, open('$T/pc2full.json', 'w'))"
+start "$T/pc-a.log" --prompt-cache "$T/pcs" --compress zstd
+req "${J[@]}" -d @"$T/pc1.json" "$B/completion"; is 200 "d['timings']['cache_n']==0 and d['tokens_evaluated']>256"
+cp "$T/body" "$T/pc-a.json"
+stop    # the writer thread publishes what it has queued before the server exits
+check test "$(ls "$T/pcs"/*.kvpack | wc -l)" -eq 2   # the prompt's 256-token block and the whole prompt
+check "$M" kvpack ls --store "$T/pcs" >"$T/pc-ls.txt"
+check grep -q "zstd: kv" "$T/pc-ls.txt"
+start "$T/pc-b.log" --prompt-cache "$T/pcs" --slot-save-path "$T/slots"
+req "${J[@]}" -d @"$T/pc1.json" "$B/completion"
+is 200 "d['timings']['prompt_n']==0 and d['timings']['cache_n']==d['tokens_evaluated'] and d['tokens_cached']==d['tokens_evaluated']"
+check "$PY" -c "import json; a=json.load(open('$T/pc-a.json')); b=json.load(open('$T/body')); assert a['content']==b['content'] and len(a['content'])>0, (a['content'], b['content'])"
+req -X POST "$B/slots/0?action=erase"; is 200 "d['id_slot']==0"   # the slot's own prefix would serve it
+req "${J[@]}" -d @"$T/pc2.json" "$B/completion"
+is 200 "d['timings']['cache_n']==256 and d['timings']['prompt_n']==d['tokens_evaluated']-256"
+cp "$T/body" "$T/pc-delta.json"
+req "${J[@]}" -d @"$T/pc2full.json" "$B/completion"; is 200 "d['timings']['cache_n']==0"
+check "$PY" -c "import json; a=json.load(open('$T/pc-delta.json')); b=json.load(open('$T/body')); assert a['content']==b['content'], (a['content'], b['content'])"
+"${CURL[@]}" "$B/metrics" >"$T/pc-metrics"
+check grep -q '^muser_prompt_cache_store_hits_total{model_name="glimmer-tiny-q4_k_xl.gguf"} 2$' "$T/pc-metrics"
+check grep -q '^muser_prompt_cache_store_tokens_total{.*} [1-9]' "$T/pc-metrics"
+check grep -q '^muser_prompt_cache_store_errors_total{.*} 0$' "$T/pc-metrics"
+req "${J[@]}" -d '{"filename":"plain.bin"}' -X POST "$B/slots/0?action=save"; is 200 "d['n_saved']>256"
+stop
+# with a DFlash assistant the packs carry its context: the restored slot speculates on
+DR=(--draft "$MUSER_SOURCE_DIR/models/glimmer-tiny-dflash-q4_k_xl.gguf" --spec-always --prompt-cache "$T/pcd")
+start "$T/pcd-a.log" "${DR[@]}"
+req "${J[@]}" -d @"$T/pc1.json" "$B/completion"; is 200 "d['timings']['cache_n']==0"
+cp "$T/body" "$T/pcd-a.json"
+stop
+check "$M" kvpack ls --store "$T/pcd" >"$T/pcd-ls.txt"
+check grep -q "DFlash context" "$T/pcd-ls.txt"
+start "$T/pcd-b.log" "${DR[@]}" --slot-save-path "$T/slots"
+req "${J[@]}" -d @"$T/pc1.json" "$B/completion"; is 200 "d['timings']['prompt_n']==0"
+cp "$T/body" "$T/pcd-b.json"
+check "$PY" -c "import json; a=json.load(open('$T/pcd-a.json')); b=json.load(open('$T/body')); assert a['content']==b['content'] and a['content']==json.load(open('$T/pc-a.json'))['content']"
+"${CURL[@]}" "$B/metrics" >"$T/pcd-metrics"
+check grep -q '^muser_spec_drafted_tokens_total{.*} [1-9]' "$T/pcd-metrics"
+# slot files under an assistant: a slot that speculated saves (its last verify row is its logits
+# row) and restores; a file without the assistant's context is refused naming the field
+req "${J[@]}" -d '{"filename":"spec.bin"}' -X POST "$B/slots/0?action=save"; is 200 "d['n_saved']>256"
+req "${J[@]}" -d '{"filename":"plain.bin"}' -X POST "$B/slots/0?action=restore"
+is 400 "d['error']['param']=='filename' and 'assistant_sha256' in d['error']['message']"
+req -X POST "$B/slots/0?action=erase"; is 200 "d['id_slot']==0"
+req "${J[@]}" -d '{"filename":"spec.bin"}' -X POST "$B/slots/0?action=restore"; is 200 "d['n_restored']>256"
+stop
 exit $fail

@@ -16,11 +16,24 @@
  *    was; a concurrent writer of the same pack fails closed;
  *  - crash safety: a writer killed (SIGKILL) at 100 random points of a save
  *    never leaves a pack a reader can open that does not verify;
- *  - gc: least recently used packs go first. */
+ *  - zstd chunks: round trips bit-exact; a flipped compressed byte is
+ *    refused by the digest; frames re-hashed and re-sealed with the right
+ *    key that declare another size than the section's count (one byte
+ *    more, a 64 MiB bomb, none at all), carry bytes after the frame, or
+ *    exceed zstd's bound are refused naming the field;
+ *  - DFlash: a speculating session saved after rounds restores into another
+ *    session's assistant with bit-identical draft logits, then the same
+ *    greedy rounds, proposals and acceptances; a plain session restores
+ *    its KV; refused, naming the field: a pack without the assistant's
+ *    context, another assistant's hash, a count that does not fit, a
+ *    flipped payload byte;
+ *  - gc: least recently used packs go first; a store's quota evicts after
+ *    each save, keeping the pack just written. */
 #include "testutil.h"
 #include "model_fixture.h"
 #include "muser.h"
 #include "kvpack/kvpack.h"
+#include "spec/speculate.h"
 #include <dirent.h>
 #include <fcntl.h>
 #include <openssl/core_names.h>
@@ -31,6 +44,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #define WINDOW 32
 #define CONT 64
@@ -419,6 +433,344 @@ static void test_refusals(muser_model *m, muser_model *foreign, const char *dir,
     muser_kvstore_close(st);
 }
 
+/* ---------------------------------------------------------------- zstd */
+
+static int32_t mu_sample_argmax_test(const float *l, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return (int32_t)best;
+}
+
+static uint64_t le64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static void set64(unsigned char *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+
+/* The pack orig with section k's payload replaced, every digest, the
+ * header's file_bytes and the seal recomputed with the store's key: what
+ * only a holder of the key could make, so only the codec's own checks can
+ * refuse it. */
+static unsigned char *rebuild(const unsigned char *orig, size_t n, int k, const void *payload, size_t plen,
+                              const unsigned char key[32], size_t *out_n) {
+    size_t at[256];
+    int ns = sections(orig, n, at, 256);
+    const uint64_t old = le64(orig + at[k] + 24);
+    const size_t m = n - old + plen;
+    unsigned char *p = malloc(m), *q;
+    memcpy(p, orig, at[k] + KVP_SECTION_BYTES);
+    memcpy(p + at[k] + KVP_SECTION_BYTES, payload, plen);
+    const size_t tail = at[k] + KVP_SECTION_BYTES + old;
+    memcpy(p + at[k] + KVP_SECTION_BYTES + plen, orig + tail, n - tail);
+    q = p + at[k];
+    set64(q + 24, plen);
+    unsigned char *buf = malloc(KVP_SECTION_HASHED + plen);
+    memcpy(buf, q, KVP_SECTION_HASHED);
+    memcpy(buf + KVP_SECTION_HASHED, payload, plen);
+    sha(buf, KVP_SECTION_HASHED + plen, q + KVP_SECTION_HASHED);
+    free(buf);
+    set64(p + 24, m);
+    sha(p, KVP_HEADER_HASHED, p + KVP_HEADER_HASHED);
+    hmac_key(key, p, m - KVP_SEAL_BYTES + 8, p + m - KVP_SEAL_BYTES + 8);
+    (void)ns;
+    *out_n = m;
+    return p;
+}
+
+static void test_zstd(muser_model *m, const char *dir, const float *ref) {
+    muser_error err;
+    muser_kvstore *st = muser_kvstore_open(m, dir, NULL, &err);
+    CHECK_MSG(st, "%s", err.msg);
+    if (!st) return;
+    CHECK(!muser_kvstore_set_compression(st, 20, &err) && strstr(err.msg, "zstd level 20"));
+    CHECK_MSG(muser_kvstore_set_compression(st, 3, &err), "%s", err.msg);
+    /* round trip, bit-exact: before and past the ring's wrap, past a chunk boundary */
+    const int64_t depths[3] = {7, WINDOW + 9, 300};
+    char id[65], path[4200];
+    for (int di = 0; di < 3; di++) {
+        const int64_t d = depths[di];
+        muser_session *a = session(m, 700, 32);
+        feed_range(a, 0, d, 50);
+        CHECK_MSG(muser_kvstore_save(st, a, NULL, id, NULL, &err), "%s", err.msg);
+        muser_session_free(a);
+        snprintf(path, sizeof path, "%s/%s.kvpack", dir, id);
+        muser_kvpack_info info;
+        CHECK_MSG(muser_kvpack_verify(path, NULL, m, &info, &err), "%s", err.msg);
+        CHECK_MSG(info.zstd && info.kv_raw_bytes > 0 && info.kv_stored_bytes != info.kv_raw_bytes,
+                  "depth %lld: the pack is not compressed (zstd %d, %llu of %llu bytes)", (long long)d, info.zstd,
+                  (unsigned long long)info.kv_stored_bytes, (unsigned long long)info.kv_raw_bytes);
+        muser_session *b = session(m, 1024, 16);
+        CHECK_MSG(muser_kvstore_restore(st, id, b, NULL, &err), "depth %lld: %s", (long long)d, err.msg);
+        CHECK_EQ_INT(muser_session_pos(b), d);
+        CHECK_MSG(muser_session_logits(b) && same_row(muser_session_logits(b), ref + (d - 1) * V),
+                  "zstd depth %lld: restored logits row differs", (long long)d);
+        for (int i = 0; i < 16; i++) {
+            int32_t t = tok(d + i);
+            CHECK_MSG(muser_session_feed(b, &t, 1, &err), "%s", err.msg);
+            CHECK_MSG(same_row(muser_session_logits(b), ref + (d + i) * V), "zstd depth %lld: row %d differs",
+                      (long long)d, i);
+        }
+        muser_session_free(b);
+    }
+    /* the last pack (300 tokens): damage and crafted frames */
+    size_t n;
+    unsigned char *orig = (unsigned char *)slurp(path, &n);
+    CHECK(orig != NULL);
+    if (!orig) return;
+    size_t at[64];
+    const int ns = sections(orig, n, at, 64);
+    char copy[4200];
+    snprintf(copy, sizeof copy, "%s/copy.kvpack", dir);
+    /* a flipped byte of a compressed payload: the digest refuses it before anything is decompressed */
+    int kv_secs = 0, first_kv = -1;
+    for (int k = 0; k < ns; k++) {
+        if (orig[at[k]] != KVP_SEC_KV) continue;
+        if (first_kv < 0) first_kv = k;
+        kv_secs++;
+        CHECK_EQ_INT(orig[at[k] + 32], KVP_CODEC_ZSTD);
+        const size_t len = (size_t)le64(orig + at[k] + 24), offs[3] = {0, len / 2, len - 1};
+        for (int j = 0; j < 3; j++) {
+            const size_t i = at[k] + KVP_SECTION_BYTES + offs[j];
+            orig[i] ^= 0x5a;
+            put_file(copy, orig, n);
+            orig[i] ^= 0x5a;
+            expect_refusal(copy, m, "SHA-256 mismatch", "compressed byte flip", i);
+        }
+    }
+    CHECK_MSG(kv_secs >= 4 && first_kv > 0, "%d kv sections", kv_secs);
+    unsigned char key[32];
+    {
+        char kp[4200];
+        snprintf(kp, sizeof kp, "%s/kvpack.key", dir);
+        size_t kn;
+        char *kb = slurp(kp, &kn);
+        CHECK(kb && kn == 32);
+        if (kb) memcpy(key, kb, 32);
+        free(kb);
+    }
+    /* the first kv section's raw size, from its count */
+    muser_model_info mi;
+    muser_model_get_info(m, &mi);
+    const size_t rows = (size_t)le64(orig + at[first_kv] + 16);
+    const size_t raw = 2 * (size_t)mi.n_head_kv * rows * (size_t)mi.head_dim * 2;
+    ZSTD_CCtx *cc = ZSTD_createCCtx();
+    const size_t big = (size_t)64 << 20; /* a bomb: 64 MiB of zeros in a few KiB */
+    unsigned char *src = calloc(1, big), *frame = malloc(ZSTD_compressBound(big));
+    size_t fl, pn;
+    unsigned char *p;
+    struct { size_t content; bool size_flag; size_t extra; const char *want, *what; } cases[] = {
+        {raw + 1, true, 0, "count (", "a frame one byte larger than count says"},
+        {big, true, 0, "content size is 67108864 bytes; count", "a decompression bomb"},
+        {raw, false, 0, "declares no content size", "a frame without its content size"},
+        {raw, true, 3, "its zstd frame ends after", "bytes after the frame"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        ZSTD_CCtx_reset(cc, ZSTD_reset_session_and_parameters);
+        ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, cases[c].size_flag);
+        fl = ZSTD_compress2(cc, frame, ZSTD_compressBound(big), src, cases[c].content);
+        CHECK(!ZSTD_isError(fl));
+        memset(frame + fl, 0, cases[c].extra);
+        p = rebuild(orig, n, first_kv, frame, fl + cases[c].extra, key, &pn);
+        put_file(copy, p, pn);
+        expect_refusal(copy, m, cases[c].want, cases[c].what, 0);
+        muser_session *live = session(m, 512, 64);
+        CHECK(!muser_kvstore_restore(st, copy, live, NULL, &err) && muser_session_pos(live) == 0);
+        muser_session_free(live);
+        free(p);
+    }
+    /* the rebuild itself is sound: the original frame rebuilt verifies */
+    p = rebuild(orig, n, first_kv, orig + at[first_kv] + KVP_SECTION_BYTES, (size_t)le64(orig + at[first_kv] + 24),
+                key, &pn);
+    put_file(copy, p, pn);
+    CHECK_MSG(muser_kvpack_verify(copy, NULL, m, NULL, &err), "rebuilt original: %s", err.msg);
+    free(p);
+    /* a payload_bytes beyond zstd's bound for the chunk is a damaged header, refused before any allocation */
+    {
+        unsigned char *junk = calloc(1, ZSTD_compressBound(raw) + 1);
+        p = rebuild(orig, n, first_kv, junk, ZSTD_compressBound(raw) + 1, key, &pn);
+        put_file(copy, p, pn);
+        expect_refusal(copy, m, "payload_bytes", "payload_bytes over the bound", 0);
+        free(p);
+        free(junk);
+    }
+    ZSTD_freeCCtx(cc);
+    free(src);
+    free(frame);
+    free(orig);
+    unlink(copy);
+    muser_kvstore_close(st);
+}
+
+/* ---------------------------------------------------------------- DFlash */
+
+/* Every section digest, the header's and the seal recomputed for a pack
+ * edited in place (same length): only the codec's own checks can refuse it. */
+static void reseal(unsigned char *p, size_t n, const unsigned char key[32]) {
+    size_t at[512];
+    const int ns = sections(p, n, at, 512);
+    for (int k = 0; k < ns; k++) {
+        const size_t len = (size_t)le64(p + at[k] + 24);
+        unsigned char *buf = malloc(KVP_SECTION_HASHED + len);
+        memcpy(buf, p + at[k], KVP_SECTION_HASHED);
+        memcpy(buf + KVP_SECTION_HASHED, p + at[k] + KVP_SECTION_BYTES, len);
+        sha(buf, KVP_SECTION_HASHED + len, p + at[k] + KVP_SECTION_HASHED);
+        free(buf);
+    }
+    sha(p, KVP_HEADER_HASHED, p + KVP_HEADER_HASHED);
+    hmac_key(key, p, n - KVP_SEAL_BYTES + 8, p + n - KVP_SEAL_BYTES + 8);
+}
+
+static muser_spec *spec_on(muser_session *s, const muser_draft *d) {
+    muser_error err;
+    muser_spec_params p = {.verify_len = 7, .no_gate = true}; /* no timing gate: every step a round */
+    muser_spec *sp = muser_spec_create(s, d, &p, &err);
+    CHECK_MSG(sp, "%s", err.msg);
+    return sp;
+}
+
+/* A speculating session saved after rounds (its assistant's ring filled and
+ * rows buffered) restores into another session's assistant exactly: the
+ * same draft logits, then the same greedy tokens and round statistics. */
+static void test_dflash(const char *dir) {
+    const char *src = getenv("MUSER_SOURCE_DIR");
+    char mp_[512], dp_[512];
+    snprintf(mp_, sizeof mp_, "%s/models/glimmer-tiny-q4_k_xl.gguf", src ? src : ".");
+    snprintf(dp_, sizeof dp_, "%s/models/glimmer-tiny-dflash-q4_k_xl.gguf", src ? src : ".");
+    muser_error err;
+    muser_model_params mp = {.backend = MUSER_BACKEND_CPU, .n_threads = 2};
+    muser_model *m = muser_model_load(mp_, &mp, &err);
+    CHECK_MSG(m, "%s", err.msg);
+    if (!m) return;
+    muser_draft *d = muser_draft_load(dp_, m, &err);
+    CHECK_MSG(d, "%s", err.msg);
+    muser_kvstore *st = d ? muser_kvstore_open(m, dir, NULL, &err) : NULL;
+    CHECK_MSG(st, "%s", err.msg);
+    if (!st) { muser_draft_free(d); muser_model_free(m); return; }
+    muser_model_info mi;
+    muser_model_get_info(m, &mi);
+    const int64_t Vt = mi.n_vocab;
+    /* a prompt past the assistant's sink and window, then greedy rounds */
+    int32_t prompt[420];
+    for (int i = 0; i < 420; i++) prompt[i] = (int32_t)((i * 37 + 11) % 60 + 300 + (i % 7 == 0 ? 5 : 0));
+    muser_session_params spar = {.n_ctx = 1024, .prefill_chunk = 64};
+    muser_session *a = muser_session_create(m, &spar, &err);
+    muser_spec *spa = spec_on(a, d);
+    CHECK_MSG(muser_spec_feed(spa, prompt, 420, &err), "%s", err.msg);
+    int32_t pend = mu_sample_argmax_test(muser_session_logits(a), Vt), out[16];
+    for (int r = 0; r < 12; r++) {
+        int n = muser_spec_next(spa, pend, NULL, 16, out, NULL, &err);
+        CHECK_MSG(n > 0, "%s", err.msg);
+        if (n <= 0) break;
+        pend = out[n - 1];
+    }
+    char id[65];
+    CHECK_MSG(muser_kvstore_save(st, a, NULL, id, NULL, &err), "%s", err.msg);
+    const int64_t saved = muser_session_pos(a);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s.kvpack", dir, id);
+    muser_kvpack_info info;
+    CHECK_MSG(muser_kvpack_verify(path, NULL, m, &info, &err), "%s", err.msg);
+    CHECK(info.has_dflash && strlen(info.assistant_sha256) == 64);
+    /* restore into another speculating session (other prefill chunk) */
+    muser_session_params spar2 = {.n_ctx = 900, .prefill_chunk = 7};
+    muser_session *b = muser_session_create(m, &spar2, &err);
+    muser_spec *spb = spec_on(b, d);
+    CHECK_MSG(muser_kvstore_restore(st, id, b, NULL, &err), "%s", err.msg);
+    CHECK_EQ_INT(muser_session_pos(b), saved);
+    int32_t pa[7], pb[7];
+    float *la = malloc((size_t)(7 * Vt) * sizeof(float)), *lb = malloc((size_t)(7 * Vt) * sizeof(float));
+    mu_spec_draft_now(spa, pend, 7, pa, la);
+    mu_spec_draft_now(spb, pend, 7, pb, lb);
+    CHECK_MSG(!memcmp(pa, pb, sizeof pa) && !memcmp(la, lb, (size_t)(7 * Vt) * sizeof(float)),
+              "the restored assistant drafts differently");
+    muser_spec_reset_stats(spa);
+    muser_spec_reset_stats(spb);
+    int32_t qa = pend, qb = pend;
+    for (int r = 0; r < 12; r++) {
+        int32_t oa[16], ob[16];
+        int na = muser_spec_next(spa, qa, NULL, 16, oa, NULL, &err);
+        int nb = muser_spec_next(spb, qb, NULL, 16, ob, NULL, &err);
+        CHECK_MSG(na > 0 && na == nb && !memcmp(oa, ob, (size_t)na * sizeof *oa), "round %d differs after restore", r);
+        if (na <= 0 || na != nb) break;
+        qa = oa[na - 1];
+        qb = ob[nb - 1];
+    }
+    muser_spec_stats sa, sb;
+    muser_spec_get_stats(spa, &sa);
+    muser_spec_get_stats(spb, &sb);
+    CHECK_MSG(sa.rounds == sb.rounds && sa.drafted == sb.drafted && sa.accepted == sb.accepted && sa.accepted > 0,
+              "rounds %lld/%lld, accepted %lld/%lld", (long long)sa.rounds, (long long)sb.rounds,
+              (long long)sa.accepted, (long long)sb.accepted);
+    /* a plain session restores the target's KV of the pack and ignores the assistant's context */
+    muser_session *c = muser_session_create(m, &spar, &err);
+    CHECK_MSG(muser_kvstore_restore(st, path, c, NULL, &err), "%s", err.msg);
+    CHECK_EQ_INT(muser_session_pos(c), saved);
+    /* a pack without the assistant's context is refused by a speculating session */
+    char pid[65];
+    CHECK_MSG(muser_kvstore_save(st, c, NULL, pid, NULL, &err), "%s", err.msg);
+    CHECK(strcmp(pid, id)); /* another name: the identity differs */
+    muser_session *e2 = muser_session_create(m, &spar, &err);
+    muser_spec *spe = spec_on(e2, d);
+    CHECK(!muser_kvstore_restore(st, pid, e2, NULL, &err) && strstr(err.msg, "assistant_sha256") &&
+          strstr(err.msg, "no DFlash"));
+    CHECK_EQ_INT(muser_session_pos(e2), 0);
+    /* re-sealed with the right key: another assistant's hash, a count that does not fit */
+    size_t n;
+    unsigned char *orig = (unsigned char *)slurp(path, &n), key[32];
+    {
+        char kp[4200];
+        snprintf(kp, sizeof kp, "%s/kvpack.key", dir);
+        size_t kn;
+        char *kb = slurp(kp, &kn);
+        CHECK(kb && kn == 32);
+        if (kb) memcpy(key, kb, 32);
+        free(kb);
+    }
+    size_t at[512];
+    const int ns = sections(orig, n, at, 512);
+    int dk = -1;
+    for (int k = 0; k < ns; k++)
+        if (orig[at[k]] == KVP_SEC_DFLASH) dk = k;
+    CHECK(dk > 0);
+    char copy[4200];
+    snprintf(copy, sizeof copy, "%s/copy.kvpack", dir);
+    unsigned char *p = malloc(n);
+    memcpy(p, orig, n);
+    p[at[0] + KVP_SECTION_BYTES + KVP_IDENT_FIXED + (size_t)mi.n_layer] ^= 1; /* assistant_sha256 */
+    reseal(p, n, key);
+    put_file(copy, p, n);
+    CHECK(!muser_kvstore_restore(st, copy, e2, NULL, &err) && strstr(err.msg, "identity mismatch: assistant_sha256"));
+    CHECK_MSG(muser_kvpack_verify(copy, NULL, m, NULL, &err), "verify -m compares the model's fields only: %s", err.msg);
+    memcpy(p, orig, n);
+    set64(p + at[dk] + 16, le64(p + at[dk] + 16) - 1); /* count */
+    reseal(p, n, key);
+    put_file(copy, p, n);
+    expect_refusal(copy, m, "count", "dflash count", at[dk] + 16);
+    CHECK(!muser_kvstore_restore(st, copy, e2, NULL, &err) && strstr(err.msg, "(dflash)"));
+    CHECK_EQ_INT(muser_session_pos(e2), 0);
+    memcpy(p, orig, n);
+    p[at[dk] + KVP_SECTION_BYTES + 100] ^= 4; /* the payload, digest not recomputed */
+    put_file(copy, p, n);
+    expect_refusal(copy, m, "section", "dflash payload flip", at[dk] + KVP_SECTION_BYTES + 100);
+    unlink(copy);
+    free(p);
+    free(orig);
+    free(la);
+    free(lb);
+    muser_spec_free(spe);
+    muser_session_free(e2);
+    muser_session_free(c);
+    muser_spec_free(spb);
+    muser_session_free(b);
+    muser_spec_free(spa);
+    muser_session_free(a);
+    muser_kvstore_close(st);
+    muser_draft_free(d);
+    muser_model_free(m);
+}
+
 /* ---------------------------------------------------------------- kill -9 */
 
 static int verify_all(muser_model *m, const char *dir, int *temps) {
@@ -517,6 +869,31 @@ static void test_gc(muser_model *m, const char *dir) {
     CHECK_EQ_INT(g.packs, 3);
     CHECK_EQ_INT(g.removed, 2);
     CHECK(access(p, F_OK) == 0);
+    /* a quota on the store: each save evicts least recently used packs, never the one it wrote */
+    {
+        const uint64_t quota = (uint64_t)sb.st_size * 3 / 2; /* room for one pack of about this size, not two */
+        muser_kvstore_set_quota(st, quota);
+        char qid[65];
+        muser_session *q = session(m, 512, 64);
+        feed_range(q, 0, 20, 64);
+        int32_t t = tok(999);
+        CHECK_MSG(muser_session_feed(q, &t, 1, &err), "%s", err.msg);
+        CHECK_MSG(muser_kvstore_save(st, q, NULL, qid, NULL, &err), "%s", err.msg);
+        muser_session_free(q);
+        snprintf(p, sizeof p, "%s/%s.kvpack", dir, qid);
+        CHECK_MSG(access(p, F_OK) == 0, "the quota evicted the pack just written");
+        CHECK(muser_kvstore_gc(dir, UINT64_MAX, &g, &err));
+        CHECK_MSG(g.packs == 1 && g.bytes_after <= quota, "after a save under the quota: %lld packs, "
+                  "%llu bytes", (long long)g.packs, (unsigned long long)g.bytes_after);
+        /* a pack larger than the quota on its own is kept (it is the one just written) */
+        muser_kvstore_set_quota(st, 1);
+        q = session(m, 512, 64);
+        feed_range(q, 0, 30, 64);
+        CHECK_MSG(muser_kvstore_save(st, q, NULL, qid, NULL, &err), "%s", err.msg);
+        muser_session_free(q);
+        CHECK(muser_kvstore_gc(dir, UINT64_MAX, &g, &err) && g.packs == 1);
+        muser_kvstore_set_quota(st, 0);
+    }
     /* a key file of the wrong mode is refused when the store opens */
     snprintf(p, sizeof p, "%s/kvpack.key", dir);
     chmod(p, 0640);
@@ -544,6 +921,10 @@ int main(void) {
     test_prompt_cache(m, dir);
     snprintf(dir, sizeof dir, "%s/refuse", fx_tmpdir());
     test_refusals(m, foreign, dir, ref);
+    snprintf(dir, sizeof dir, "%s/zstd", fx_tmpdir());
+    test_zstd(m, dir, ref);
+    snprintf(dir, sizeof dir, "%s/dflash", fx_tmpdir());
+    test_dflash(dir);
     snprintf(dir, sizeof dir, "%s/kill", fx_tmpdir());
     test_kill(m, dir);
     snprintf(dir, sizeof dir, "%s/gc", fx_tmpdir());

@@ -39,6 +39,9 @@ void cli_error(const char *cmd, const char *msg);
 bool cli_parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
 bool cli_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
 bool cli_parse_f32(const char *cmd, const char *flag, const char *s, float *out);
+/* --compress: "none" (0), "zstd" (level 3) or "zstd:N" (N in 1..19), the
+ * zstd level of the kvpack chunks written (docs/kvpack.md). */
+bool cli_parse_compress(const char *cmd, const char *s, int *level);
 /* Fetch the value after a flag (argv[*i+1]); false with a message if absent. */
 bool cli_value(const char *cmd, int argc, char **argv, int *i, const char **out);
 /* Parse "1,2,3" into a malloc'd array. */

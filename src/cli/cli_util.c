@@ -142,3 +142,22 @@ bool cli_parse_verify_len(const char *cmd, const char *v, int64_t *out) {
     fprintf(stderr, "muser %s: --verify-len must be 3, 7 or 15, got %s\n", cmd, v);
     return false;
 }
+
+bool cli_parse_compress(const char *cmd, const char *s, int *level) {
+    if (!strcmp(s, "none")) {
+        *level = 0;
+        return true;
+    }
+    if (!strcmp(s, "zstd")) {
+        *level = 3; /* zstd's own default level */
+        return true;
+    }
+    char *end = NULL;
+    long v = !strncmp(s, "zstd:", 5) && s[5] ? strtol(s + 5, &end, 10) : 0;
+    if (!end || *end || v < 1 || v > 19) {
+        fprintf(stderr, "muser %s: --compress expects none, zstd or zstd:LEVEL with LEVEL 1 to 19, got '%s'\n", cmd, s);
+        return false;
+    }
+    *level = (int)v;
+    return true;
+}

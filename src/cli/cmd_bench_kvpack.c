@@ -6,10 +6,15 @@
  *          (an exact hit: the stored logits row, nothing prefilled);
  *   delta  a fresh session restores the pack of the prompt's first half
  *          (rounded down to a multiple of 256) and prefills the rest;
- * and the pack bytes each reads. Time to first token = until the logits
- * row the first token is drawn from is in host memory (the draw itself is
- * the same in all three). The packs are read through the page cache, as
- * a store on a local disk is on its second use. */
+ * and the pack bytes each reads, and the time the whole prompt's save took
+ * (copy out, compress with --compress, write, fsync, publish). With
+ * --levels L1,L2,... each depth also gets a table of pack size, save and
+ * restore time (medians of -r) of the whole prompt's pack at each
+ * compression level, as a named file in the store (the same codec).
+ * Time to first token = until the logits row the first token is drawn
+ * from is in host memory (the draw itself is the same in all three). The
+ * packs are read through the page cache, as a store on a local disk is on
+ * its second use. */
 #include "cli.h"
 #include "muser.h"
 #include <stdlib.h>
@@ -26,11 +31,12 @@ static double now(void) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: muser bench kvpack -m MODEL [-d 2048,16384,65536] [--store DIR] [-r N] [-t N] [--chunk N]\n"
-            "                          [--no-delta]\n\n"
+            "                          [--no-delta] [--compress none|zstd|zstd:LEVEL] [--levels none,zstd:1,...]\n\n"
             "  time to first token at each depth: cold prefill, warm (the whole prompt's pack restored)\n"
             "  and delta (the first half's pack restored, the rest prefilled), with the pack bytes read;\n"
             "  -r: warm restores per depth (median; default 3); --store: where the packs go (default a\n"
-            "  new directory under /tmp, removed at the end).\n");
+            "  new directory under /tmp, removed at the end); --compress: the packs' KV chunks as zstd frames;\n"
+            "  --levels: per depth, pack bytes and save / restore seconds (medians of -r) at each level.\n");
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -50,6 +56,7 @@ int cmd_bench_kvpack(int argc, char **argv) {
     int32_t *depths = NULL;
     int64_t n_depths = 0, reps = 3, threads = 0, chunk = 0;
     bool delta = true;
+    int zstd_level = 0, levels[16], n_levels = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         bool ok = true;
@@ -57,6 +64,18 @@ int cmd_bench_kvpack(int argc, char **argv) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) ok = cli_value("bench kvpack", argc, argv, &i, &model);
         else if (!strcmp(a, "--store")) ok = cli_value("bench kvpack", argc, argv, &i, &store);
         else if (!strcmp(a, "--no-delta")) delta = false;
+        else if (!strcmp(a, "--compress"))
+            ok = cli_value("bench kvpack", argc, argv, &i, &v) && cli_parse_compress("bench kvpack", v, &zstd_level);
+        else if (!strcmp(a, "--levels")) {
+            ok = cli_value("bench kvpack", argc, argv, &i, &v);
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", ok ? v : "");
+            n_levels = 0;
+            for (char *tok = strtok(buf, ","); ok && tok; tok = strtok(NULL, ",")) {
+                if (n_levels == 16) { fprintf(stderr, "muser bench kvpack: at most 16 --levels\n"); ok = false; break; }
+                ok = cli_parse_compress("bench kvpack", tok, &levels[n_levels++]);
+            }
+        }
         else if (!strcmp(a, "-d") || !strcmp(a, "--depth")) {
             free(depths);
             ok = cli_value("bench kvpack", argc, argv, &i, &v) && cli_parse_ids("bench kvpack", v, &depths, &n_depths);
@@ -89,12 +108,13 @@ int cmd_bench_kvpack(int argc, char **argv) {
     muser_model *m = muser_model_load(model, &mp, &err);
     muser_kvstore *st = m ? muser_kvstore_open(m, store, NULL, &err) : NULL;
     int rc = 1;
-    if (!st) { cli_error("bench kvpack", err.msg); goto out; }
+    if (!st || !muser_kvstore_set_compression(st, zstd_level, &err)) { cli_error("bench kvpack", err.msg); goto out; }
     muser_model_info info;
     muser_model_get_info(m, &info);
-    printf("model %s (%s), backend %s, store %s\n", info.name, info.lane, info.backend, store);
-    printf("%8s %12s %12s %9s %12s %14s %14s %9s\n", "depth", "cold s", "warm s", "cold/warm", "delta s",
-           "delta bytes", "full bytes", "delta %");
+    printf("model %s (%s), backend %s, store %s, packs %s (level %d)\n", info.name, info.lane, info.backend, store,
+           zstd_level ? "zstd" : "raw", zstd_level);
+    printf("%8s %12s %12s %9s %12s %14s %14s %9s %9s\n", "depth", "cold s", "warm s", "cold/warm", "delta s",
+           "delta bytes", "full bytes", "delta %", "save s");
     for (int64_t di = 0; di < n_depths; di++) {
         const int64_t D = depths[di];
         if (D < 256) { fprintf(stderr, "muser bench kvpack: depth %lld is below 256\n", (long long)D); goto out; }
@@ -120,7 +140,9 @@ int cmd_bench_kvpack(int argc, char **argv) {
         t0 = now();
         ok = ok && muser_session_feed(s, t + half, D - half, &err);
         cold += now() - t0;
+        t0 = now();
         ok = ok && muser_kvstore_save(st, s, NULL, id_full, &existed, &err);
+        const double save_s = now() - t0;
         if (!ok) { cli_error("bench kvpack", err.msg); free(t); muser_session_free(s); goto out; }
         /* warm: exact hits */
         double *w = malloc((size_t)reps * sizeof *w);
@@ -146,12 +168,50 @@ int cmd_bench_kvpack(int argc, char **argv) {
         if (!ok) { cli_error("bench kvpack", err.msg); free(t); muser_session_free(s); goto out; }
         const uint64_t full = file_bytes(store, id_full);
         if (delta)
-            printf("%8lld %12.3f %12.4f %9.1f %12.3f %14llu %14llu %8.1f%%\n", (long long)D, cold, warm, cold / warm, dt,
-                   (unsigned long long)dbytes, (unsigned long long)full, 100.0 * (double)dbytes / (double)full);
+            printf("%8lld %12.3f %12.4f %9.1f %12.3f %14llu %14llu %8.1f%% %9.3f\n", (long long)D, cold, warm,
+                   cold / warm, dt, (unsigned long long)dbytes, (unsigned long long)full,
+                   100.0 * (double)dbytes / (double)full, save_s);
         else
-            printf("%8lld %12.3f %12.4f %9.1f %12s %14s %14llu %9s\n", (long long)D, cold, warm, cold / warm, "-", "-",
-                   (unsigned long long)full, "-");
+            printf("%8lld %12.3f %12.4f %9.1f %12s %14s %14llu %9s %9.3f\n", (long long)D, cold, warm, cold / warm, "-",
+                   "-", (unsigned long long)full, "-", save_s);
         fflush(stdout);
+        if (n_levels) { /* the whole prompt's pack again, at each level, as a named file */
+            ok = muser_kvstore_restore(st, id_full, s, NULL, &err);
+            printf("  %-9s %14s %8s %10s %10s\n", "level", "pack bytes", "ratio", "save s", "restore s");
+            double raw_bytes = 0;
+            for (int li = 0; ok && li < n_levels; li++) {
+                double *sv = malloc((size_t)reps * sizeof *sv), *rs = malloc((size_t)reps * sizeof *rs);
+                uint64_t bytes = 0, rbytes = 0;
+                muser_session *r2 = muser_session_create(m, &sp, &err);
+                ok = r2 != NULL;
+                for (int64_t k = 0; ok && k < reps; k++) {
+                    t0 = now();
+                    ok = muser_kvpack_save_file(s, NULL, store, "bench-levels.kvpack", NULL, levels[li], &bytes, &err);
+                    sv[k] = now() - t0;
+                    muser_session_reset(r2);
+                    t0 = now();
+                    ok = ok && muser_kvpack_restore_file(r2, NULL, store, "bench-levels.kvpack", NULL, &rbytes, &err) &&
+                         muser_session_logits(r2);
+                    rs[k] = now() - t0;
+                }
+                if (ok) {
+                    qsort(sv, (size_t)reps, sizeof *sv, cmp_d);
+                    qsort(rs, (size_t)reps, sizeof *rs, cmp_d);
+                    if (li == 0 || !raw_bytes) raw_bytes = levels[li] ? 0 : (double)bytes;
+                    char name[16];
+                    snprintf(name, sizeof name, levels[li] ? "zstd:%d" : "none", levels[li]);
+                    char ratio[16] = "-";
+                    if (raw_bytes) snprintf(ratio, sizeof ratio, "%.3fx", raw_bytes / (double)bytes);
+                    printf("  %-9s %14llu %8s %10.3f %10.3f\n", name, (unsigned long long)bytes, ratio, sv[reps / 2],
+                           rs[reps / 2]);
+                    fflush(stdout);
+                }
+                free(sv);
+                free(rs);
+                muser_session_free(r2);
+            }
+            if (!ok) { cli_error("bench kvpack", err.msg); free(t); muser_session_free(s); goto out; }
+        }
         muser_session_free(s);
         free(t);
     }

@@ -19,6 +19,7 @@ typedef struct kv_opts {
     int64_t n_tokens, ctx, chunk, threads, n_predict;
     uint64_t max_bytes;
     bool have_max;
+    int zstd_level;
     float temp;
     uint64_t seed;
     const char *args[64];
@@ -29,12 +30,15 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: muser kvpack <save|restore|ls|verify|gc> [options]\n\n"
             "  muser kvpack save    -m MODEL --store DIR (-p TEXT | -f FILE | --tokens IDS) [-c N] [--chunk N]\n"
+            "                       [--compress none|zstd|zstd:LEVEL] [--max-size BYTES[K|M|G]]\n"
             "  muser kvpack restore -m MODEL --store DIR NAME|PATH [-n N] [--temp T] [--seed S] [-c N]\n"
             "  muser kvpack ls      --store DIR [-m MODEL]\n"
             "  muser kvpack verify  [-m MODEL] PATH...\n"
             "  muser kvpack gc      --store DIR --max-size BYTES[K|M|G]\n\n"
             "  --key FILE   HMAC key file (mode 0600; default $MUSER_KVPACK_KEY, else kvpack.key in the\n"
             "               store or the pack's directory; save makes one when there is none)\n"
+            "  --compress   zstd: each KV chunk a zstd frame (level 3, or 1..19); none (default): raw\n"
+            "  --max-size   with save: evict least recently used packs down to this size afterwards\n"
             "  -t N         threads; -c N context (default: the model's, at most 4096, or what the pack needs)\n"
             "restore continues greedily (--temp 0, the default) or sampled with --temp and --seed.\n"
             "verify and ls exit non-zero when a pack is refused, printing which field or section failed.\n");
@@ -63,6 +67,8 @@ static int parse(int argc, char **argv, kv_opts *o) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) ok = cli_value("kvpack", argc, argv, &i, &o->model);
         else if (!strcmp(a, "--store")) ok = cli_value("kvpack", argc, argv, &i, &o->store);
         else if (!strcmp(a, "--key")) ok = cli_value("kvpack", argc, argv, &i, &o->key);
+        else if (!strcmp(a, "--compress"))
+            ok = cli_value("kvpack", argc, argv, &i, &v) && cli_parse_compress("kvpack", v, &o->zstd_level);
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) ok = cli_value("kvpack", argc, argv, &i, &o->prompt);
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) ok = cli_value("kvpack", argc, argv, &i, &o->prompt_file);
         else if (!strcmp(a, "--tokens"))
@@ -135,10 +141,11 @@ static int do_save(kv_opts *o) {
     if (n <= 0) { fprintf(stderr, "muser kvpack save: the prompt has no tokens\n"); goto out; }
     muser_session_params sp = {.n_ctx = default_ctx(m, o, n), .prefill_chunk = o->chunk};
     if (!(s = muser_session_create(m, &sp, &err)) || !(st = muser_kvstore_open(m, o->store, o->key, &err)) ||
-        !muser_session_feed(s, ids, n, &err)) {
+        !muser_kvstore_set_compression(st, o->zstd_level, &err) || !muser_session_feed(s, ids, n, &err)) {
         cli_error("kvpack save", err.msg);
         goto out;
     }
+    if (o->have_max) muser_kvstore_set_quota(st, o->max_bytes);
     char id[65];
     bool existed = false;
     if (!muser_kvstore_save(st, s, NULL, id, &existed, &err)) { cli_error("kvpack save", err.msg); goto out; }
@@ -230,10 +237,16 @@ out:
 
 static void print_info(const char *name, const muser_kvpack_info *in) {
     printf("%s  %8llu tokens  %12llu bytes  %s  model %.16s  tokenizer %.16s  %lld layers x %lld kv heads x %lld, "
-           "window %lld%s\n",
+           "window %lld%s",
            name, (unsigned long long)in->n_tokens, (unsigned long long)in->file_bytes, in->lane, in->model_sha256,
            in->tokenizer_sha256, (long long)in->n_layer, (long long)in->n_head_kv, (long long)in->head_dim,
            (long long)in->sliding_window, in->has_sampler ? ", sampler state" : "");
+    if (in->has_dflash) printf(", DFlash context (assistant %.16s)", in->assistant_sha256);
+    if (in->zstd)
+        printf(", zstd: kv %llu of %llu bytes (%.2fx)", (unsigned long long)in->kv_stored_bytes,
+               (unsigned long long)in->kv_raw_bytes,
+               in->kv_stored_bytes ? (double)in->kv_raw_bytes / (double)in->kv_stored_bytes : 0.0);
+    printf("\n");
 }
 
 static int do_verify(kv_opts *o) {

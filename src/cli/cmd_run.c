@@ -26,6 +26,8 @@ typedef struct run_opts {
     int n_stops;
     int32_t *tokens;
     int64_t n_tokens, n_predict, threads, ctx, chunk, verify_len;
+    int zstd_level;                 /* --compress: the prompt cache's packs */
+    uint64_t cache_quota;           /* --prompt-cache-max-size: LRU eviction after each pack (0: none) */
     run_sampling sampling;
     bool chat, json, verbose, no_draft, spec_always, mlock;
     muser_backend_kind backend;
@@ -55,7 +57,11 @@ static void run_usage(FILE *f) {
             "  --dump-logits FILE     write every step's f32 logits (prompt's last row, then each decode step)\n"
             "  --prompt-cache DIR     kvpack store (docs/kvpack.md): restore the longest stored prefix of the\n"
             "                         prompt, prefill only the rest, store packs for later runs; key file\n"
-            "                         $MUSER_KVPACK_KEY or DIR/kvpack.key (made on first use); no speculation\n\n"
+            "                         $MUSER_KVPACK_KEY or DIR/kvpack.key (made on first use); with an assistant\n"
+            "                         its context is in the packs too\n"
+            "  --compress MODE        packs the prompt cache writes: none (default), zstd or zstd:LEVEL\n"
+            "  --prompt-cache-max-size BYTES  evict least recently used packs down to this size after each\n"
+            "                         pack written (default: no quota)\n\n"
             "speculative decoding (output identical to plain decoding, only faster or not):\n"
             "  --draft FILE           DFlash assistant GGUF for the model (default without -m: $MUSER_DRAFT,\n"
             "                         else the shipped models/glimmer-tiny-dflash-q4_k_xl.gguf)\n"
@@ -83,6 +89,10 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--system")) ok = cli_value("run", argc, argv, &i, &o->system);
         else if (!strcmp(a, "--dump-logits")) ok = cli_value("run", argc, argv, &i, &o->dump);
         else if (!strcmp(a, "--prompt-cache")) ok = cli_value("run", argc, argv, &i, &o->prompt_cache);
+        else if (!strcmp(a, "--compress"))
+            ok = cli_value("run", argc, argv, &i, &v) && cli_parse_compress("run", v, &o->zstd_level);
+        else if (!strcmp(a, "--prompt-cache-max-size"))
+            ok = cli_value("run", argc, argv, &i, &v) && cli_parse_u64("run", a, v, &o->cache_quota);
         else if (!strcmp(a, "--draft")) ok = cli_value("run", argc, argv, &i, &o->draft);
         else if (!strcmp(a, "--no-draft")) o->no_draft = true;
         else if (!strcmp(a, "--spec-always")) o->spec_always = true;
@@ -121,12 +131,8 @@ static int parse(int argc, char **argv, run_opts *o) {
         if (!ok) return 2;
     }
     if (o->draft && o->no_draft) { fprintf(stderr, "muser run: --draft and --no-draft exclude each other\n"); return 2; }
-    if (o->prompt_cache && o->draft) {
-        fprintf(stderr, "muser run: --prompt-cache does not combine with --draft (a pack has no assistant context)\n");
-        return 2;
-    }
-    /* the default pair, without the assistant under a prompt cache */
-    if (!o->draft && !o->no_draft && !o->model && !o->prompt_cache) o->draft = cli_default_draft();
+    /* the default pair (a prompt cache then stores the assistant's context in its packs too) */
+    if (!o->draft && !o->no_draft && !o->model) o->draft = cli_default_draft();
     if (!cli_model_or_default("run", &o->model)) return 2;
     int sources = (o->prompt != NULL) + (o->prompt_file != NULL) + (o->tokens != NULL);
     if (sources > 1 || (o->chat && sources)) {
@@ -492,7 +498,10 @@ static bool set_up(run_state *r, run_opts *o, muser_error *err) {
     if (!(r->gen = mu_gen_new(r->m, &o->sampling.p, err))) return false;
     if (o->verbose) print_sampler(mu_gen_sampler(r->gen));
     if (o->prompt_cache) {
-        if (!(r->cache = muser_kvstore_open(r->m, o->prompt_cache, NULL, err))) return false;
+        if (!(r->cache = muser_kvstore_open(r->m, o->prompt_cache, NULL, err)) ||
+            !muser_kvstore_set_compression(r->cache, o->zstd_level, err))
+            return false;
+        muser_kvstore_set_quota(r->cache, o->cache_quota);
         mu_gen_set_prompt_cache(r->gen, r->cache);
     }
     if (o->draft && !start_spec(r, err)) return false;

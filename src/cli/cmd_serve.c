@@ -42,7 +42,13 @@ static void serve_usage(FILE *f) {
             "  --backend NAME          ref | cpu | cuda | auto (default auto)\n"
             "  -t, --threads N         threads (default: all cores)\n"
             "  --slot-save-path DIR    where POST /slots/{id}?action=save|restore keep slot files: kvpack\n"
-            "                          packs (docs/kvpack.md; key $MUSER_KVPACK_KEY or DIR/kvpack.key)\n\n"
+            "                          packs (docs/kvpack.md; key $MUSER_KVPACK_KEY or DIR/kvpack.key)\n"
+            "  --prompt-cache DIR      kvpack store of prompt prefixes shared across restarts and processes:\n"
+            "                          a new prompt restores its longest stored prefix (its whole self, or a\n"
+            "                          multiple of 256 tokens) instead of prefilling it; prefilled prompts\n"
+            "                          publish their packs (docs/kvpack.md)\n"
+            "  --prompt-cache-max-size BYTES  evict least recently used packs down to this size (default: none)\n"
+            "  --compress MODE         kvpack files the server writes: none (default), zstd or zstd:LEVEL\n\n"
             "Routes: GET / (chat page), /health, /v1/models, /props, /slots, /metrics;\n"
             "POST /v1/completions, /v1/chat/completions, /completion, /tokenize, /detokenize,\n"
             "/apply-template, /slots/{id}?action=erase|save|restore. SIGTERM / SIGINT stop gracefully.\n");
@@ -63,6 +69,7 @@ int cmd_serve(int argc, char **argv) {
     char *key_buf = NULL;
     int64_t verify_len = 7;
     bool spec_always = false;
+    int zstd_level = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         int64_t x = 0;
@@ -99,6 +106,11 @@ int cmd_serve(int argc, char **argv) {
             ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_verify_len("serve", v, &verify_len);
         else if (!strcmp(a, "--spec-always")) spec_always = true;
         else if (!strcmp(a, "--slot-save-path")) ok = cli_value("serve", argc, argv, &i, &p.slot_save_path);
+        else if (!strcmp(a, "--prompt-cache")) ok = cli_value("serve", argc, argv, &i, &p.prompt_cache);
+        else if (!strcmp(a, "--prompt-cache-max-size"))
+            ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_u64("serve", a, v, &p.prompt_cache_quota);
+        else if (!strcmp(a, "--compress"))
+            ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_compress("serve", v, &zstd_level);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_i64("serve", a, v, 1, 1024, &x);
             p.n_threads = (int)x;
@@ -183,7 +195,8 @@ int cmd_serve(int argc, char **argv) {
     srv_sched_params sp = {.n_slots = srv.p.n_parallel, .n_ctx = srv.p.n_ctx, .n_batch = srv.p.n_batch,
                            .prefill_budget = srv.p.prefill_budget,
                            .max_queue = srv.p.max_queue, .draft = draft, .verify_len = (int)verify_len,
-                           .spec_always = spec_always};
+                           .spec_always = spec_always, .zstd_level = zstd_level,
+                           .prompt_cache = srv.p.prompt_cache, .prompt_cache_quota = srv.p.prompt_cache_quota};
     srv.sched = srv_sched_create(srv.model, &sp, &err);
     if (!srv.sched) {
         cli_error("serve", err.msg);

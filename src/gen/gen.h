@@ -140,8 +140,8 @@ int mu_gen_max_draw(const mu_gen *g);
 /* Prompt cache (a kvpack store, include/muser.h): mu_gen_drive then makes
  * the session hold the prompt with muser_kvstore_prefill - the longest
  * stored prefix restored, only the rest fed, packs stored for later
- * prompts. NULL turns it off. Not with speculation (the assistant's context
- * is not in a pack): mu_gen_drive refuses the pair. */
+ * prompts. NULL turns it off. With speculation the packs carry the
+ * assistant's context too (the muser_spec is bound to the session). */
 void mu_gen_set_prompt_cache(mu_gen *g, muser_kvstore *st);
 muser_kvstore *mu_gen_prompt_cache(const mu_gen *g);
 /* The tokens restored for this request's prompt (mu_gen_drive). */

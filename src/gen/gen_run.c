@@ -69,7 +69,6 @@ bool mu_gen_drive(mu_gen *g, muser_session *s, muser_spec *sp, mu_gen_seq *seq, 
     const int32_t *prompt = mu_gen_prompt(g, &n_prompt);
     int64_t fed;
     muser_kvstore *cache = mu_gen_prompt_cache(g);
-    if (cache && sp) return failed(g, "the prompt cache does not combine with speculation", err);
     if (cache) { /* the store restores the longest prefix it has and feeds the rest */
         int64_t reused = 0;
         fed = muser_kvstore_prefill(cache, s, prompt, n_prompt, &reused, &e);

@@ -5,6 +5,8 @@
  * so a restore never holds more than one 256-row chunk on the host. */
 #include "kvpack/kvpack.h"
 #include "kv/kv.h"
+#include "model/capture.h"
+#include "spec/speculate.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -19,6 +21,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 /* Packs are little-endian and KV rows go to disk as they lie in memory. */
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -231,7 +234,8 @@ bool kvp_parse_identity(const unsigned char *p, size_t n, kvp_ident *o, mu_error
     o->n_vocab = get_u64(p + 176);
     o->window = get_u64(p + 184);
     o->n_embd = get_u64(p + 192);
-    if (o->n_layer == 0 || o->n_layer > 4096 || n != KVP_IDENT_FIXED + o->n_layer) {
+    o->has_assistant = o->n_layer <= 4096 && n == KVP_IDENT_FIXED + o->n_layer + KVP_IDENT_ASSISTANT;
+    if (o->n_layer == 0 || o->n_layer > 4096 || (n != KVP_IDENT_FIXED + o->n_layer && !o->has_assistant)) {
         mu_err_set(err, "identity: n_layer %" PRIu64 " does not match its %zu bytes", o->n_layer, n);
         return false;
     }
@@ -256,7 +260,66 @@ bool kvp_parse_identity(const unsigned char *p, size_t n, kvp_ident *o, mu_error
             return false;
         }
     }
+    if (o->has_assistant) {
+        const unsigned char *a = p + KVP_IDENT_FIXED + o->n_layer;
+        memcpy(o->assistant_sha, a, 32);
+        o->a_layer = get_u64(a + 32);
+        o->a_head_kv = get_u64(a + 40);
+        o->a_head_dim = get_u64(a + 48);
+        o->a_sink = get_u64(a + 56);
+        o->a_window = get_u64(a + 64);
+        o->a_feat_floats = get_u64(a + 72);
+        o->a_feat_rows = get_u64(a + 80);
+        /* bounds that keep every size computed from them far from overflow */
+        if (!o->a_layer || o->a_layer > 256 || !o->a_head_kv || o->a_head_kv > 4096 || !o->a_head_dim ||
+            o->a_head_dim > 4096 || o->a_sink != MU_DFLASH_SINK || !o->a_window || o->a_window > (1u << 24) ||
+            !o->a_feat_floats || o->a_feat_floats > (1u << 24) || !o->a_feat_rows || o->a_feat_rows > (1u << 24)) {
+            mu_err_set(err, "identity: assistant geometry out of range (assistant_n_layer %" PRIu64 ", assistant_n_head_kv %"
+                       PRIu64 ", assistant_head_dim %" PRIu64 ", assistant_sink %" PRIu64 ", assistant_window %" PRIu64
+                       ", assistant_feature_floats %" PRIu64 ", assistant_feature_rows %" PRIu64 ")", o->a_layer,
+                       o->a_head_kv, o->a_head_dim, o->a_sink, o->a_window, o->a_feat_floats, o->a_feat_rows);
+            return false;
+        }
+    }
     return true;
+}
+
+bool kvp_session_identity(muser_session *s, const char *cache_dir, unsigned char **out, size_t *len, mu_error *err) {
+    const unsigned char *model;
+    size_t mlen;
+    if (!kvp_model_identity(muser_session_model(s), cache_dir, &model, &mlen, err)) return false;
+    const muser_spec *sp = mu_session_spec(s);
+    *len = mlen + (sp ? KVP_IDENT_ASSISTANT : 0);
+    unsigned char *p = mu_xcalloc(1, *len);
+    memcpy(p, model, mlen);
+    if (sp) {
+        mu_spec_geom g;
+        mu_spec_geometry(sp, &g);
+        char hex[65];
+        if (!model_file_sha(g.path, cache_dir, hex, err)) {
+            free(p);
+            return false;
+        }
+        unsigned char *a = p + mlen;
+        unhex(hex, a, 32);
+        put_u64(a + 32, (uint64_t)g.n_layer);
+        put_u64(a + 40, (uint64_t)g.n_head_kv);
+        put_u64(a + 48, (uint64_t)g.head_dim);
+        put_u64(a + 56, (uint64_t)g.sink);
+        put_u64(a + 64, (uint64_t)g.window);
+        put_u64(a + 72, (uint64_t)g.feat_floats);
+        put_u64(a + 80, (uint64_t)g.feat_rows);
+    }
+    *out = p;
+    return true;
+}
+
+uint64_t kvp_dflash_bytes(const kvp_ident *id, int64_t n, int64_t rows) {
+    if (!id->has_assistant || rows < 0 || rows > n || (uint64_t)(n - rows) > id->a_feat_rows) return 0;
+    const int64_t sink = (int64_t)id->a_sink, window = (int64_t)id->a_window, tail = rows - sink;
+    const int64_t held = rows <= sink ? rows : sink + (tail < window ? tail : window);
+    return id->a_layer * 2 * id->a_head_kv * id->a_head_dim * (uint64_t)held * 4 +
+           (uint64_t)(n - rows) * id->a_feat_floats * 4;
 }
 
 static void hexs(const unsigned char *d, char *out) { kvp_hex(d, 32, out); }
@@ -297,6 +360,33 @@ static bool same_identity(const kvp_ident *a /* pack */, const kvp_ident *b /* m
         if (a->swa[i] != b->swa[i]) {
             mu_err_set(err, "identity mismatch: swa_layers[%" PRIu64 "]: the pack has %u, the model %u", i, a->swa[i],
                        b->swa[i]);
+            return false;
+        }
+    /* the assistant: only when the restoring session has one (a plain
+     * session restores the target's KV of any pack and ignores the rest) */
+    if (!b->has_assistant) return true;
+    if (!a->has_assistant) {
+        hexs(b->assistant_sha, y);
+        mu_err_set(err, "identity mismatch: assistant_sha256: the pack has no DFlash assistant context, the session's "
+                   "assistant is %s", y);
+        return false;
+    }
+    if (memcmp(a->assistant_sha, b->assistant_sha, 32)) {
+        hexs(a->assistant_sha, x);
+        hexs(b->assistant_sha, y);
+        mu_err_set(err, "identity mismatch: assistant_sha256: the pack has %s, the session's assistant %s", x, y);
+        return false;
+    }
+    struct { const char *name; uint64_t p, q; } g[] = {
+        {"assistant_n_layer", a->a_layer, b->a_layer},       {"assistant_n_head_kv", a->a_head_kv, b->a_head_kv},
+        {"assistant_head_dim", a->a_head_dim, b->a_head_dim}, {"assistant_sink", a->a_sink, b->a_sink},
+        {"assistant_window", a->a_window, b->a_window},      {"assistant_feature_floats", a->a_feat_floats, b->a_feat_floats},
+        {"assistant_feature_rows", a->a_feat_rows, b->a_feat_rows},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof *g; i++)
+        if (g[i].p != g[i].q) {
+            mu_err_set(err, "identity mismatch: %s: the pack has %" PRIu64 ", the session's assistant %" PRIu64,
+                       g[i].name, g[i].p, g[i].q);
             return false;
         }
     return true;
@@ -426,7 +516,7 @@ static void w_put(writer *w, const void *p, size_t n) {
 
 /* One section: header, its digest (over header and payload, so the
  * payload is in host memory first: at most one 256-row chunk), payload. */
-static void write_section(writer *w, uint32_t type, uint32_t layer, uint64_t first, uint64_t count,
+static void write_section(writer *w, uint32_t type, uint32_t layer, uint64_t first, uint64_t count, uint32_t codec,
                           const void *payload, uint64_t bytes) {
     unsigned char h[KVP_SECTION_HASHED] = {0}, d[32];
     put_u32(h, type);
@@ -434,14 +524,15 @@ static void write_section(writer *w, uint32_t type, uint32_t layer, uint64_t fir
     put_u64(h + 8, first);
     put_u64(h + 16, count);
     put_u64(h + 24, bytes);
+    put_u32(h + 32, codec);
     sha256(h, sizeof h, payload, (size_t)bytes, d);
     w_put(w, h, sizeof h);
     w_put(w, d, sizeof d);
     w_put(w, payload, (size_t)bytes);
 }
 
-bool kvp_write(int fd, muser_session *s, const muser_sampler *smp, const unsigned char *ident, size_t ident_len,
-               const unsigned char key[KVP_KEY_BYTES], uint64_t *bytes_out, mu_error *err) {
+bool kvp_capture(muser_session *s, const muser_sampler *smp, kvp_image *img, mu_error *err) {
+    memset(img, 0, sizeof *img);
     const mu_kv_cache *kv = mu_session_kv(s);
     int64_t n;
     const int32_t *tokens = mu_session_hist(s, &n);
@@ -464,34 +555,117 @@ bool kvp_write(int fd, muser_session *s, const muser_sampler *smp, const unsigne
         return false;
     }
     const int64_t V = cfg->n_vocab, H = cfg->n_head_kv, D = cfg->head_dim, W = cfg->sliding_window;
-    size_t slen = 0;
-    unsigned char *sstate = NULL;
     if (smp) {
-        slen = muser_sampler_state_size(smp);
-        sstate = mu_xmalloc(slen ? slen : 1);
-        if (!muser_sampler_state_save(smp, sstate, slen, (muser_error *)err)) {
-            free(sstate);
+        img->sampler_len = muser_sampler_state_size(smp);
+        img->sampler = mu_xmalloc(img->sampler_len ? img->sampler_len : 1);
+        img->has_sampler = true;
+        if (!muser_sampler_state_save(smp, img->sampler, img->sampler_len, (muser_error *)err)) {
+            kvp_image_free(img);
             return false;
         }
     }
-    /* layout: sizes first, so the header can carry the file's length */
-    uint64_t total = KVP_HEADER_BYTES, sections = 0;
-    total += KVP_SECTION_BYTES + ident_len;
-    total += KVP_SECTION_BYTES + 4 * (uint64_t)n;
-    sections += 2;
+    img->n = n;
+    img->n_ctx = kv->n_ctx;
+    img->n_vocab = V;
+    img->tokens = mu_xmalloc((size_t)n * sizeof *tokens);
+    memcpy(img->tokens, tokens, (size_t)n * sizeof *tokens);
+    img->logits = mu_xmalloc((size_t)V * sizeof *logits);
+    memcpy(img->logits, logits, (size_t)V * sizeof *logits);
+    int64_t cap = 0;
+    for (int l = 0; l < kv->n_layers; l++) cap += n_chunks(layer_first(kv->layers[l].swa, W, n), n);
+    img->chunks = mu_xcalloc((size_t)(cap ? cap : 1), sizeof *img->chunks);
     for (int l = 0; l < kv->n_layers; l++) {
         const int64_t first = layer_first(kv->layers[l].swa, W, n);
         for (int64_t c = first; c < n; c = (c / KVP_CHUNK + 1) * KVP_CHUNK) {
             int64_t end = (c / KVP_CHUNK + 1) * KVP_CHUNK;
             if (end > n) end = n;
-            total += KVP_SECTION_BYTES + kv_bytes((uint64_t)H, (uint64_t)D, end - c);
-            sections++;
+            const int64_t rows = end - c;
+            kvp_chunk *ch = &img->chunks[img->n_chunks++];
+            ch->layer = (uint32_t)l;
+            ch->first = c;
+            ch->rows = rows;
+            ch->bytes = kv_bytes((uint64_t)H, (uint64_t)D, rows);
+            ch->data = mu_xmalloc((size_t)ch->bytes);
+            uint16_t *k = (uint16_t *)ch->data;
+            if (!mu_kv_read(kv, l, c, rows, k, k + H * rows * D, err)) {
+                kvp_image_free(img);
+                return false;
+            }
         }
     }
+    const muser_spec *sp = mu_session_spec(s);
+    if (sp && !mu_spec_export(sp, &img->dflash_rows, &img->dflash, &img->dflash_len, err)) {
+        mu_err_prefix(err, "kvpack save: the DFlash assistant's context");
+        kvp_image_free(img);
+        return false;
+    }
+    return true;
+}
+
+void kvp_image_free(kvp_image *img) {
+    for (int64_t i = 0; i < img->n_chunks; i++) free(img->chunks[i].data);
+    free(img->chunks);
+    free(img->tokens);
+    free(img->logits);
+    free(img->sampler);
+    free(img->dflash);
+    memset(img, 0, sizeof *img);
+}
+
+/* Each chunk on its own (a reader decompresses one chunk at a time, into a
+ * buffer of the size the section's count gives: docs/kvpack.md). */
+bool kvp_compress(kvp_image *img, int level, mu_error *err) {
+    if (level < 1 || level > KVP_ZSTD_MAX_LEVEL) {
+        mu_err_set(err, "kvpack: zstd level %d: must be 1 to %d", level, KVP_ZSTD_MAX_LEVEL);
+        return false;
+    }
+    ZSTD_CCtx *cc = ZSTD_createCCtx();
+    if (!cc || ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, level)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, 1))) {
+        ZSTD_freeCCtx(cc);
+        mu_err_set(err, "kvpack: cannot set up a zstd compressor");
+        return false;
+    }
+    for (int64_t i = 0; i < img->n_chunks; i++) {
+        kvp_chunk *ch = &img->chunks[i];
+        const size_t bound = ZSTD_compressBound((size_t)ch->bytes);
+        unsigned char *out = mu_xmalloc(bound);
+        const size_t r = ZSTD_compress2(cc, out, bound, ch->data, (size_t)ch->bytes);
+        if (ZSTD_isError(r)) {
+            mu_err_set(err, "kvpack: zstd compression of kv layer %u rows %lld..%lld failed: %s", ch->layer,
+                       (long long)ch->first, (long long)(ch->first + ch->rows - 1), ZSTD_getErrorName(r));
+            free(out);
+            ZSTD_freeCCtx(cc);
+            return false;
+        }
+        free(ch->data);
+        ch->data = mu_xrealloc(out, r);
+        ch->bytes = r;
+        ch->codec = KVP_CODEC_ZSTD;
+    }
+    ZSTD_freeCCtx(cc);
+    img->compressed = true;
+    return true;
+}
+
+bool kvp_write_image(int fd, const kvp_image *img, const unsigned char *ident, size_t ident_len,
+                     const unsigned char key[KVP_KEY_BYTES], uint64_t *bytes_out, mu_error *err) {
+    const int64_t n = img->n, V = img->n_vocab;
+    /* layout: sizes first, so the header can carry the file's length */
+    uint64_t total = KVP_HEADER_BYTES, sections = 0;
+    total += KVP_SECTION_BYTES + ident_len;
+    total += KVP_SECTION_BYTES + 4 * (uint64_t)n;
+    sections += 2;
+    for (int64_t i = 0; i < img->n_chunks; i++) total += KVP_SECTION_BYTES + img->chunks[i].bytes;
+    sections += (uint64_t)img->n_chunks;
     total += KVP_SECTION_BYTES + 4 * (uint64_t)V;
     sections++;
-    if (smp) {
-        total += KVP_SECTION_BYTES + slen;
+    if (img->dflash) {
+        total += KVP_SECTION_BYTES + img->dflash_len;
+        sections++;
+    }
+    if (img->has_sampler) {
+        total += KVP_SECTION_BYTES + img->sampler_len;
         sections++;
     }
     total += KVP_SEAL_BYTES;
@@ -504,60 +678,51 @@ bool kvp_write(int fd, muser_session *s, const muser_sampler *smp, const unsigne
     memcpy(hdr, KVP_MAGIC, 8);
     put_u32(hdr + 8, KVP_VERSION);
     put_u32(hdr + 12, KVP_HEADER_BYTES);
-    put_u32(hdr + 16, 0); /* flags: no compression */
+    put_u32(hdr + 16, (img->compressed ? KVP_FLAG_ZSTD : 0) | (img->dflash ? KVP_FLAG_DFLASH : 0));
     put_u32(hdr + 20, (uint32_t)sections);
     put_u64(hdr + 24, total);
     put_u64(hdr + 32, (uint64_t)n);
-    put_u64(hdr + 40, (uint64_t)kv->n_ctx); /* the saver's context: informational */
+    put_u64(hdr + 40, (uint64_t)img->n_ctx); /* the saver's context: informational */
     sha256(hdr, KVP_HEADER_HASHED, NULL, 0, hdr + KVP_HEADER_HASHED);
     w_put(&w, hdr, sizeof hdr);
 
-    write_section(&w, KVP_SEC_IDENTITY, 0, 0, ident_len, ident, ident_len);
+    write_section(&w, KVP_SEC_IDENTITY, 0, 0, ident_len, KVP_CODEC_RAW, ident, ident_len);
     unsigned char *tb = mu_xmalloc((size_t)n * 4);
-    for (int64_t i = 0; i < n; i++) put_u32(tb + 4 * i, (uint32_t)tokens[i]);
-    write_section(&w, KVP_SEC_TOKENS, 0, 0, (uint64_t)n, tb, 4 * (uint64_t)n);
+    for (int64_t i = 0; i < n; i++) put_u32(tb + 4 * i, (uint32_t)img->tokens[i]);
+    write_section(&w, KVP_SEC_TOKENS, 0, 0, (uint64_t)n, KVP_CODEC_RAW, tb, 4 * (uint64_t)n);
     free(tb);
-    const size_t chunk_bytes = (size_t)kv_bytes((uint64_t)H, (uint64_t)D, KVP_CHUNK);
-    uint16_t *kvbuf = mu_xmalloc(chunk_bytes);
+    for (int64_t i = 0; i < img->n_chunks && !w.failed; i++) {
+        const kvp_chunk *ch = &img->chunks[i];
+        write_section(&w, KVP_SEC_KV, ch->layer, (uint64_t)ch->first, (uint64_t)ch->rows, ch->codec, ch->data,
+                      ch->bytes);
+    }
+    unsigned char *lb = mu_xmalloc((size_t)V * 4);
+    for (int64_t i = 0; i < V; i++) {
+        uint32_t b;
+        memcpy(&b, &img->logits[i], 4);
+        put_u32(lb + 4 * i, b);
+    }
+    write_section(&w, KVP_SEC_LOGITS, 0, 0, (uint64_t)V, KVP_CODEC_RAW, lb, 4 * (uint64_t)V);
+    free(lb);
+    if (img->dflash)
+        write_section(&w, KVP_SEC_DFLASH, 0, 0, (uint64_t)img->dflash_rows, KVP_CODEC_RAW, img->dflash, img->dflash_len);
+    if (img->has_sampler)
+        write_section(&w, KVP_SEC_SAMPLER, 0, 0, img->sampler_len, KVP_CODEC_RAW, img->sampler, img->sampler_len);
+    unsigned char seal[KVP_SEAL_BYTES];
+    memcpy(seal, KVP_SEAL_MAGIC, 8);
+    mac_update(w.mac, seal, 8);
+    mac_final(w.mac, seal + 8);
+    w.unsealed = true; /* the tag is not part of what it authenticates */
+    w_put(&w, seal, sizeof seal);
+    w_flush(&w);
     bool ok = true;
-    for (int l = 0; ok && l < kv->n_layers && !w.failed; l++) {
-        const int64_t first = layer_first(kv->layers[l].swa, W, n);
-        for (int64_t c = first; ok && c < n; c = (c / KVP_CHUNK + 1) * KVP_CHUNK) {
-            int64_t end = (c / KVP_CHUNK + 1) * KVP_CHUNK;
-            if (end > n) end = n;
-            const int64_t rows = end - c;
-            ok = mu_kv_read(kv, l, c, rows, kvbuf, kvbuf + H * rows * D, err);
-            if (ok) write_section(&w, KVP_SEC_KV, (uint32_t)l, (uint64_t)c, (uint64_t)rows, kvbuf,
-                                  kv_bytes((uint64_t)H, (uint64_t)D, rows));
-        }
+    if (w.failed) {
+        mu_err_set(err, "kvpack save: %s", w.why);
+        ok = false;
+    } else if (w.written != total) {
+        mu_err_set(err, "kvpack save: wrote %" PRIu64 " bytes, the layout says %" PRIu64, w.written, total);
+        ok = false;
     }
-    free(kvbuf);
-    if (ok) {
-        unsigned char *lb = mu_xmalloc((size_t)V * 4);
-        for (int64_t i = 0; i < V; i++) {
-            uint32_t b;
-            memcpy(&b, &logits[i], 4);
-            put_u32(lb + 4 * i, b);
-        }
-        write_section(&w, KVP_SEC_LOGITS, 0, 0, (uint64_t)V, lb, 4 * (uint64_t)V);
-        free(lb);
-        if (smp) write_section(&w, KVP_SEC_SAMPLER, 0, 0, slen, sstate, slen);
-        unsigned char seal[KVP_SEAL_BYTES];
-        memcpy(seal, KVP_SEAL_MAGIC, 8);
-        mac_update(w.mac, seal, 8);
-        mac_final(w.mac, seal + 8);
-        w.unsealed = true; /* the tag is not part of what it authenticates */
-        w_put(&w, seal, sizeof seal);
-        w_flush(&w);
-        if (w.failed) {
-            mu_err_set(err, "kvpack save: %s", w.why);
-            ok = false;
-        } else if (w.written != total) {
-            mu_err_set(err, "kvpack save: wrote %" PRIu64 " bytes, the layout says %" PRIu64, w.written, total);
-            ok = false;
-        }
-    }
-    free(sstate);
     free(w.buf);
     EVP_MAC_CTX_free(w.mac);
     if (ok && bytes_out) *bytes_out = total;
@@ -594,6 +759,7 @@ static const char *sec_name(uint32_t t) {
     case KVP_SEC_KV: return "kv";
     case KVP_SEC_LOGITS: return "logits";
     case KVP_SEC_SAMPLER: return "sampler";
+    case KVP_SEC_DFLASH: return "dflash";
     }
     return "unknown";
 }
@@ -604,9 +770,24 @@ typedef struct sec {
     unsigned char *payload;
 } sec;
 
-/* The next section, whose header must be exactly `want` (bytes == 0 with
- * type SAMPLER: any length the file still has room for). */
-static bool read_section(reader *r, uint32_t index, const sec *want, sec *got, mu_error *err) {
+/* What the next section's header must say: everything exact except the
+ * payload's length, which lies in [min_bytes, max_bytes] (equal for raw
+ * sections of a known size), and count, which any_count leaves free. */
+typedef struct sec_want {
+    uint32_t type, layer;
+    uint64_t first, count, min_bytes, max_bytes;
+    uint32_t codec;
+    bool any_count;
+} sec_want;
+
+static void sec_label(const sec *s, char *out, size_t cap) {
+    if (s->type == KVP_SEC_KV)
+        snprintf(out, cap, "kv layer %u rows %" PRIu64 "..%" PRIu64, s->layer, s->first, s->first + s->count - 1);
+    else
+        snprintf(out, cap, "%s", sec_name(s->type));
+}
+
+static bool read_section(reader *r, uint32_t index, const sec_want *want, sec *got, mu_error *err) {
     unsigned char h[KVP_SECTION_BYTES];
     char what[96];
     snprintf(what, sizeof what, "section %u (%s)", index, sec_name(want->type));
@@ -620,13 +801,14 @@ static bool read_section(reader *r, uint32_t index, const sec *want, sec *got, m
     const uint64_t at = r->off - sizeof h;
     /* fields are checked before the digest so that a damaged length never sizes an allocation */
     if (got->type != want->type || got->layer != want->layer || got->first != want->first ||
-        (want->bytes && (got->count != want->count || got->bytes != want->bytes)) || codec != 0 || reserved != 0 ||
-        got->bytes > r->size - r->off) {
+        (!want->any_count && got->count != want->count) || got->bytes < want->min_bytes ||
+        got->bytes > want->max_bytes || codec != want->codec || reserved != 0 || got->bytes > r->size - r->off) {
         mu_err_set(err, "%s: section %u at offset %" PRIu64 ": header damaged or out of order: expected %s layer %u "
-                   "first %" PRIu64 " count %" PRIu64 " bytes %" PRIu64 " codec 0, found %s layer %u first %" PRIu64
-                   " count %" PRIu64 " bytes %" PRIu64 " codec %u reserved %u",
-                   r->path, index, at, sec_name(want->type), want->layer, want->first, want->count, want->bytes,
-                   sec_name(got->type), got->layer, got->first, got->count, got->bytes, codec, reserved);
+                   "first %" PRIu64 " count %" PRIu64 " payload_bytes %" PRIu64 "..%" PRIu64 " codec %u, found %s "
+                   "layer %u first %" PRIu64 " count %" PRIu64 " payload_bytes %" PRIu64 " codec %u reserved %u",
+                   r->path, index, at, sec_name(want->type), want->layer, want->first, want->count, want->min_bytes,
+                   want->max_bytes, want->codec, sec_name(got->type), got->layer, got->first, got->count, got->bytes,
+                   codec, reserved);
         return false;
     }
     got->payload = malloc(got->bytes ? (size_t)got->bytes : 1);
@@ -642,18 +824,58 @@ static bool read_section(reader *r, uint32_t index, const sec *want, sec *got, m
     unsigned char d[32];
     sha256(h, KVP_SECTION_HASHED, got->payload, (size_t)got->bytes, d);
     if (CRYPTO_memcmp(d, h + KVP_SECTION_HASHED, 32)) {
-        char extra[80] = "";
-        if (got->type == KVP_SEC_KV)
-            snprintf(extra, sizeof extra, " layer %u rows %" PRIu64 "..%" PRIu64, got->layer, got->first,
-                     got->first + got->count - 1);
-        mu_err_set(err, "%s: section %u (%s%s) at offset %" PRIu64 ": SHA-256 mismatch (the section is damaged)",
-                   r->path, index, sec_name(got->type), extra, at);
+        char label[96];
+        sec_label(got, label, sizeof label);
+        mu_err_set(err, "%s: section %u (%s) at offset %" PRIu64 ": SHA-256 mismatch (the section is damaged)",
+                   r->path, index, label, at);
         free(got->payload);
         got->payload = NULL;
         return false;
     }
     mac_update(r->mac, h, sizeof h);
     mac_update(r->mac, got->payload, (size_t)got->bytes);
+    return true;
+}
+
+/* A kv section's zstd frame, already digest-checked, into out: exactly
+ * `raw` bytes (what the section's count gives), never more. The frame must
+ * be one whole frame filling payload_bytes and declare that content size,
+ * so a frame that would expand further (a decompression bomb) is refused
+ * before anything is decompressed. */
+static bool unzstd(reader *r, ZSTD_DCtx *dc, uint32_t index, const sec *s, uint64_t raw, unsigned char *out,
+                   mu_error *err) {
+    char label[96];
+    sec_label(s, label, sizeof label);
+    const uint64_t at = r->off - s->bytes - KVP_SECTION_BYTES;
+    const size_t fsize = ZSTD_findFrameCompressedSize(s->payload, (size_t)s->bytes);
+    if (ZSTD_isError(fsize)) {
+        mu_err_set(err, "%s: section %u (%s) at offset %" PRIu64 ": payload is not a zstd frame: %s", r->path, index,
+                   label, at, ZSTD_getErrorName(fsize));
+        return false;
+    }
+    if (fsize != s->bytes) {
+        mu_err_set(err, "%s: section %u (%s) at offset %" PRIu64 ": payload_bytes %" PRIu64 ", but its zstd frame "
+                   "ends after %zu bytes", r->path, index, label, at, s->bytes, fsize);
+        return false;
+    }
+    const unsigned long long csize = ZSTD_getFrameContentSize(s->payload, (size_t)s->bytes);
+    if (csize == ZSTD_CONTENTSIZE_UNKNOWN || csize == ZSTD_CONTENTSIZE_ERROR) {
+        mu_err_set(err, "%s: section %u (%s) at offset %" PRIu64 ": the zstd frame declares no content size; count "
+                   "(%" PRIu64 " rows) says %" PRIu64 " bytes", r->path, index, label, at, s->count, raw);
+        return false;
+    }
+    if (csize != raw) {
+        mu_err_set(err, "%s: section %u (%s) at offset %" PRIu64 ": the zstd frame's content size is %llu bytes; "
+                   "count (%" PRIu64 " rows) says %" PRIu64, r->path, index, label, at, csize, s->count, raw);
+        return false;
+    }
+    const size_t got = ZSTD_decompressDCtx(dc, out, (size_t)raw, s->payload, (size_t)s->bytes);
+    if (ZSTD_isError(got) || got != raw) {
+        mu_err_set(err, "%s: section %u (%s) at offset %" PRIu64 ": zstd decompression %s (count says %" PRIu64
+                   " bytes)", r->path, index, label, at, ZSTD_isError(got) ? ZSTD_getErrorName(got) : "came up short",
+                   raw);
+        return false;
+    }
     return true;
 }
 
@@ -679,6 +901,8 @@ bool kvp_read(const char *path, const unsigned char key[KVP_KEY_BYTES], const un
     bool ok = false;
     sec s = {0};
     kvp_ident model_ident;
+    ZSTD_DCtx *dctx = NULL;
+    unsigned char *unbuf = NULL; /* one decompressed chunk */
     unsigned char hdr[KVP_HEADER_BYTES], d[32];
     if (!r_get(&r, hdr, sizeof hdr, "the header", err)) goto done;
     if (memcmp(hdr, KVP_MAGIC, 8)) { mu_err_set(err, "%s: header: magic is not " KVP_MAGIC " (not a kvpack)", path); goto done; }
@@ -697,9 +921,10 @@ bool kvp_read(const char *path, const unsigned char key[KVP_KEY_BYTES], const un
         mu_err_set(err, "%s: header: header_bytes %u, expected %u", path, get_u32(hdr + 12), KVP_HEADER_BYTES);
         goto done;
     }
-    if (get_u32(hdr + 16) != 0) {
-        mu_err_set(err, "%s: header: flags 0x%x; this build knows none (compression is not implemented)", path,
-                   get_u32(hdr + 16));
+    info->flags = get_u32(hdr + 16);
+    if (info->flags & ~(uint32_t)(KVP_FLAG_ZSTD | KVP_FLAG_DFLASH)) {
+        mu_err_set(err, "%s: header: flags 0x%x; this build knows bits 0 (zstd) and 1 (DFlash context) only", path,
+                   info->flags);
         goto done;
     }
     for (unsigned i = 48; i < KVP_HEADER_HASHED; i++)
@@ -729,22 +954,30 @@ bool kvp_read(const char *path, const unsigned char key[KVP_KEY_BYTES], const un
         }
     }
     const uint64_t ibytes = get_u64(ih + 24);
-    if (ibytes < KVP_IDENT_FIXED + 1 || ibytes > KVP_IDENT_FIXED + 4096) {
+    if (ibytes < KVP_IDENT_FIXED + 1 || ibytes > KVP_IDENT_FIXED + 4096 + KVP_IDENT_ASSISTANT) {
         mu_err_set(err, "%s: section 0 (identity): %" PRIu64 " bytes, out of range", path, ibytes);
         goto done;
     }
-    if (!read_section(&r, index++, &(sec){KVP_SEC_IDENTITY, 0, 0, ibytes, ibytes, NULL}, &s, err)) goto done;
+    if (!read_section(&r, index++, &(sec_want){KVP_SEC_IDENTITY, 0, 0, ibytes, ibytes, ibytes, 0, false}, &s, err))
+        goto done;
     if (!kvp_parse_identity(s.payload, (size_t)s.bytes, &info->ident, err)) { mu_err_prefix(err, "%s", path); goto done; }
     if (want_ident) {
         if (!kvp_parse_identity(want_ident, want_len, &model_ident, err)) goto done;
         if (!same_identity(&info->ident, &model_ident, err)) { mu_err_prefix(err, "%s", path); goto done; }
     }
+    if (sink && sink->identity && !sink->identity(sink->ctx, s.payload, (size_t)s.bytes, err)) goto done;
     free(s.payload);
     s.payload = NULL;
     const kvp_ident *id = &info->ident;
     const int64_t n = (int64_t)info->n_tokens;
+    info->has_dflash = info->flags & KVP_FLAG_DFLASH;
+    if (info->has_dflash != id->has_assistant) {
+        mu_err_set(err, "%s: header: flags bit 1 (DFlash context) is %d but the identity %s an assistant", path,
+                   (int)info->has_dflash, id->has_assistant ? "names" : "names no");
+        goto done;
+    }
     /* the sections this identity and length call for */
-    uint64_t expect = 2 + 1;
+    uint64_t expect = 2 + 1 + (info->has_dflash ? 1 : 0);
     for (uint64_t l = 0; l < id->n_layer; l++) expect += (uint64_t)n_chunks(layer_first(id->swa[l], (int64_t)id->window, n), n);
     if (info->n_sections != expect && info->n_sections != expect + 1) {
         mu_err_set(err, "%s: header: n_sections %u; this identity and %" PRId64 " tokens need %" PRIu64 " (or %" PRIu64
@@ -752,7 +985,9 @@ bool kvp_read(const char *path, const unsigned char key[KVP_KEY_BYTES], const un
         goto done;
     }
     info->has_sampler = info->n_sections == expect + 1;
-    if (!read_section(&r, index++, &(sec){KVP_SEC_TOKENS, 0, 0, (uint64_t)n, 4 * (uint64_t)n, NULL}, &s, err)) goto done;
+    if (!read_section(&r, index++, &(sec_want){KVP_SEC_TOKENS, 0, 0, (uint64_t)n, 4 * (uint64_t)n, 4 * (uint64_t)n, 0, false},
+                      &s, err))
+        goto done;
     {
         int32_t *t = mu_xmalloc((size_t)n * sizeof *t);
         for (int64_t i = 0; i < n; i++) {
@@ -772,20 +1007,35 @@ bool kvp_read(const char *path, const unsigned char key[KVP_KEY_BYTES], const un
     free(s.payload);
     s.payload = NULL;
     const uint64_t H = id->n_head_kv, D = id->head_dim;
+    const bool zstd = info->flags & KVP_FLAG_ZSTD;
+    if (zstd && !(dctx = ZSTD_createDCtx())) { mu_err_set(err, "%s: cannot set up a zstd decompressor", path); goto done; }
     for (uint64_t l = 0; l < id->n_layer; l++) {
         for (int64_t c = layer_first(id->swa[l], (int64_t)id->window, n); c < n; c = (c / KVP_CHUNK + 1) * KVP_CHUNK) {
             if (cancel && *cancel) { mu_err_set(err, "%s: restore cancelled", path); goto done; }
             int64_t end = (c / KVP_CHUNK + 1) * KVP_CHUNK;
             if (end > n) end = n;
-            sec want = {KVP_SEC_KV, (uint32_t)l, (uint64_t)c, (uint64_t)(end - c), kv_bytes(H, D, end - c), NULL};
+            const uint64_t raw = kv_bytes(H, D, end - c);
+            /* a frame is never larger than zstd's bound for its content */
+            sec_want want = {KVP_SEC_KV, (uint32_t)l, (uint64_t)c, (uint64_t)(end - c), zstd ? 1 : raw,
+                             zstd ? ZSTD_compressBound((size_t)raw) : raw, zstd ? KVP_CODEC_ZSTD : KVP_CODEC_RAW, false};
             if (!read_section(&r, index++, &want, &s, err)) goto done;
-            const uint16_t *k = (const uint16_t *)s.payload, *v = k + H * (uint64_t)(end - c) * D;
+            info->stored_kv_bytes += s.bytes;
+            info->raw_kv_bytes += raw;
+            const unsigned char *rows = s.payload;
+            if (zstd) {
+                if (!unbuf) unbuf = mu_xmalloc((size_t)kv_bytes(H, D, KVP_CHUNK));
+                if (!unzstd(&r, dctx, index - 1, &s, raw, unbuf, err)) goto done;
+                rows = unbuf;
+            }
+            const uint16_t *k = (const uint16_t *)rows, *v = k + H * (uint64_t)(end - c) * D;
             if (sink && sink->kv && !sink->kv(sink->ctx, (int)l, c, end - c, k, v, err)) goto done;
             free(s.payload);
             s.payload = NULL;
         }
     }
-    if (!read_section(&r, index++, &(sec){KVP_SEC_LOGITS, 0, 0, id->n_vocab, 4 * id->n_vocab, NULL}, &s, err)) goto done;
+    if (!read_section(&r, index++,
+                      &(sec_want){KVP_SEC_LOGITS, 0, 0, id->n_vocab, 4 * id->n_vocab, 4 * id->n_vocab, 0, false}, &s, err))
+        goto done;
     {
         float *row = mu_xmalloc((size_t)id->n_vocab * sizeof *row);
         for (uint64_t i = 0; i < id->n_vocab; i++) {
@@ -803,10 +1053,30 @@ bool kvp_read(const char *path, const unsigned char key[KVP_KEY_BYTES], const un
     }
     free(s.payload);
     s.payload = NULL;
+    if (info->has_dflash) {
+        /* count = the assistant's committed rows; the payload's length follows from it, checked
+         * after the digest; the allocation is bounded by the largest any count could need */
+        const uint64_t held_max = (uint64_t)n < id->a_sink + id->a_window ? (uint64_t)n : id->a_sink + id->a_window;
+        const uint64_t room = id->a_layer * 2 * id->a_head_kv * id->a_head_dim * held_max * 4 +
+                              ((uint64_t)n < id->a_feat_rows ? (uint64_t)n : id->a_feat_rows) * id->a_feat_floats * 4;
+        if (!read_section(&r, index++, &(sec_want){KVP_SEC_DFLASH, 0, 0, 0, 0, room, 0, true}, &s, err)) goto done;
+        const uint64_t want = s.count <= (uint64_t)n ? kvp_dflash_bytes(id, n, (int64_t)s.count) : 0;
+        if (!want || want != s.bytes) {
+            mu_err_set(err, "%s: section %u (dflash): count %" PRIu64 " (assistant context rows) and payload_bytes %"
+                       PRIu64 " do not fit %" PRId64 " tokens (at most %" PRIu64 " buffered rows; %" PRIu64
+                       " bytes for this count)", path, index - 1, s.count, s.bytes, n, id->a_feat_rows, want);
+            goto done;
+        }
+        if (sink && sink->dflash &&
+            !sink->dflash(sink->ctx, (int64_t)s.count, n - (int64_t)s.count, s.payload, (size_t)s.bytes, err))
+            goto done;
+        free(s.payload);
+        s.payload = NULL;
+    }
     if (info->has_sampler) {
         uint64_t room = r.size - r.off;
         if (room < KVP_SECTION_BYTES + KVP_SEAL_BYTES) { mu_err_set(err, "%s: truncated before the sampler section", path); goto done; }
-        if (!read_section(&r, index++, &(sec){KVP_SEC_SAMPLER, 0, 0, 0, 0, NULL}, &s, err)) goto done;
+        if (!read_section(&r, index++, &(sec_want){KVP_SEC_SAMPLER, 0, 0, 0, 0, room, 0, true}, &s, err)) goto done;
         if (sink && sink->sampler && !sink->sampler(sink->ctx, s.payload, (size_t)s.bytes, err)) goto done;
         free(s.payload);
         s.payload = NULL;
@@ -827,6 +1097,8 @@ bool kvp_read(const char *path, const unsigned char key[KVP_KEY_BYTES], const un
     ok = true;
 done:
     free(s.payload);
+    free(unbuf);
+    ZSTD_freeDCtx(dctx);
     EVP_MAC_CTX_free(r.mac);
     fclose(r.f);
     return ok;

@@ -4,6 +4,8 @@
  * garbage collection. */
 #include "kvpack/kvpack.h"
 #include "kv/kv.h"
+#include "model/capture.h"
+#include "spec/speculate.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -29,6 +31,8 @@ struct muser_kvstore {
     size_t ident_len;
     uint64_t bytes_read;
     const volatile int *cancel; /* polled between sections of a restore */
+    int zstd_level;             /* 0: packs are written raw */
+    uint64_t quota;             /* 0: none; else LRU eviction after each save */
 };
 
 static bool ensure_key(muser_kvstore *st, bool create, mu_error *err) {
@@ -75,6 +79,17 @@ void muser_kvstore_close(muser_kvstore *st) {
 }
 
 uint64_t muser_kvstore_bytes_read(const muser_kvstore *st) { return st->bytes_read; }
+
+bool muser_kvstore_set_compression(muser_kvstore *st, int zstd_level, muser_error *err) {
+    if (zstd_level < 0 || zstd_level > KVP_ZSTD_MAX_LEVEL) {
+        mu_err_set(ERR(err), "kvstore: zstd level %d: must be 0 (off) or 1 to %d", zstd_level, KVP_ZSTD_MAX_LEVEL);
+        return false;
+    }
+    st->zstd_level = zstd_level;
+    return true;
+}
+
+void muser_kvstore_set_quota(muser_kvstore *st, uint64_t max_bytes) { st->quota = max_bytes; }
 void muser_kvstore_set_cancel(muser_kvstore *st, const volatile int *flag) { st->cancel = flag; }
 
 /* ------------------------------------------------------------------ prefix chain */
@@ -99,9 +114,10 @@ static void hmac32(const unsigned char key[KVP_KEY_BYTES], const void *a, size_t
  * tokens: h_0 = HMAC(key, domain || identity), h_{i+1} = HMAC(key, h_i ||
  * u32 count || tokens of block i, u32 LE). Keyed, so a pack's name does
  * not give its prompt away. Returns the number of blocks. */
-static int64_t prefix_chain(const muser_kvstore *st, const int32_t *tokens, int64_t n, unsigned char (*chain)[32]) {
+static int64_t prefix_chain(const muser_kvstore *st, const unsigned char *ident, size_t ident_len, const int32_t *tokens,
+                            int64_t n, unsigned char (*chain)[32]) {
     unsigned char h[32], buf[4 * KVP_CHUNK];
-    hmac32(st->key, PREFIX_DOMAIN, sizeof PREFIX_DOMAIN, st->ident, st->ident_len, NULL, 0, h);
+    hmac32(st->key, PREFIX_DOMAIN, sizeof PREFIX_DOMAIN, ident, ident_len, NULL, 0, h);
     int64_t blocks = 0;
     for (int64_t b = 0; b < n; b += KVP_CHUNK) {
         const int64_t cnt = n - b < KVP_CHUNK ? n - b : KVP_CHUNK;
@@ -131,6 +147,9 @@ static bool valid_id(const char *id) {
 
 /* ------------------------------------------------------------------ save */
 
+static bool store_gc(const char *dir, uint64_t max_bytes, const char *keep_id, muser_kvstore_gc_stats *out,
+                     mu_error *err);
+
 static bool fsync_dir(const char *dir, mu_error *err) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     bool ok = fd >= 0 && fsync(fd) == 0;
@@ -139,13 +158,13 @@ static bool fsync_dir(const char *dir, mu_error *err) {
     return ok;
 }
 
-/* Publish the session's pack at final: lock, temporary file in the same
+/* Publish the pack image at final: lock, temporary file in the same
  * directory, fsync, then link (replace false: an existing pack is never
  * replaced) or rename (replace true: a named slot file is replaced whole),
- * fsync of the directory. The session is locked by the caller. */
-static bool publish(muser_kvstore *st, muser_session *s, const muser_sampler *smp, const char *final,
-                    const char *lockp, const char *tmp, bool replace, bool *existed, uint64_t *bytes_out,
-                    mu_error *e) {
+ * fsync of the directory. Needs no session lock (the image is a copy). */
+static bool publish(muser_kvstore *st, const kvp_image *img, const unsigned char *ident, size_t ident_len,
+                    const char *final, const char *lockp, const char *tmp, bool replace, bool *existed,
+                    uint64_t *bytes_out, mu_error *e) {
     if (!replace && access(final, F_OK) == 0) {
         if (existed) *existed = true;
         return true;
@@ -174,7 +193,7 @@ static bool publish(muser_kvstore *st, muser_session *s, const muser_sampler *sm
         goto out;
     }
     uint64_t bytes = 0;
-    if (!kvp_write(fd, s, smp, st->ident, st->ident_len, st->key, &bytes, e)) goto out;
+    if (!kvp_write_image(fd, img, ident, ident_len, st->key, &bytes, e)) goto out;
     if (kvp_test_kill_due(bytes)) raise(SIGKILL);
     if (fsync(fd) != 0) {
         mu_err_set(e, "kvstore save %s: fsync: %s", tmp, strerror(errno));
@@ -197,15 +216,57 @@ out:
     return ok;
 }
 
-bool muser_kvstore_save(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65], bool *existed,
-                        muser_error *err) {
+/* Compress (when the store says so), publish, then apply the quota,
+ * keeping the pack just written (keep_id). */
+static bool finish_and_publish(muser_kvstore *st, kvp_image *img, const unsigned char *ident, size_t ident_len,
+                               const char *final, const char *lockp, const char *tmp, bool replace, bool *existed,
+                               uint64_t *bytes, const char *keep_id, mu_error *e) {
+    if (st->zstd_level && !kvp_compress(img, st->zstd_level, e)) return false;
+    if (!publish(st, img, ident, ident_len, final, lockp, tmp, replace, existed, bytes, e)) return false;
+    if (st->quota && !(existed && *existed)) {
+        muser_kvstore_gc_stats g;
+        if (!store_gc(st->dir, st->quota, keep_id, &g, e)) {
+            mu_err_prefix(e, "kvstore save: the pack was stored, but evicting down to the quota failed");
+            return false;
+        }
+    }
+    return true;
+}
+
+struct muser_kvpack_image {
+    kvp_image img;
+    unsigned char *ident;
+    size_t ident_len;
+    char id[65];
+};
+
+void muser_kvpack_image_free(muser_kvpack_image *im) {
+    if (!im) return;
+    kvp_image_free(&im->img);
+    free(im->ident);
+    free(im);
+}
+
+uint64_t muser_kvpack_image_bytes(const muser_kvpack_image *im) {
+    uint64_t b = 0;
+    for (int64_t i = 0; i < im->img.n_chunks; i++) b += im->img.chunks[i].bytes;
+    return b + im->img.dflash_len;
+}
+
+muser_kvpack_image *muser_kvstore_capture(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65],
+                                          bool *existed, muser_error *err) {
     mu_error *e = ERR(err);
     if (existed) *existed = false;
     if (muser_session_model(s) != st->m) {
         mu_err_set(e, "kvstore save: the session belongs to another model than the store");
-        return false;
+        return NULL;
     }
-    if (!ensure_key(st, true, e)) return false;
+    if (!ensure_key(st, true, e)) return NULL;
+    muser_kvpack_image *im = mu_xcalloc(1, sizeof *im);
+    if (!kvp_session_identity(s, st->dir, &im->ident, &im->ident_len, e)) {
+        free(im);
+        return NULL;
+    }
     mu_session_lock(s);
     int64_t n;
     const int32_t *tokens = mu_session_hist(s, &n);
@@ -213,27 +274,64 @@ bool muser_kvstore_save(muser_kvstore *st, muser_session *s, const muser_sampler
         mu_session_unlock(s);
         mu_err_set(e, "kvstore save: the session holds %lld positions, the tokens of %lld are known",
                    (long long)muser_session_pos(s), (long long)n);
-        return false;
+        muser_kvpack_image_free(im);
+        return NULL;
     }
     unsigned char(*chain)[32] = mu_xmalloc((size_t)((n + KVP_CHUNK - 1) / KVP_CHUNK) * 32);
-    int64_t blocks = prefix_chain(st, tokens, n, chain);
-    kvp_hex(chain[blocks - 1], 32, id);
+    int64_t blocks = prefix_chain(st, im->ident, im->ident_len, tokens, n, chain);
+    kvp_hex(chain[blocks - 1], 32, im->id);
     free(chain);
-    char final[4200], lockp[4200], tmp[4300];
-    pack_path(st, id, final, sizeof final);
-    snprintf(lockp, sizeof lockp, "%s/%s.lock", st->dir, id);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%d", st->dir, id, (int)getpid());
-    bool ok = publish(st, s, smp, final, lockp, tmp, false, existed, NULL, e);
+    memcpy(id, im->id, 65);
+    char final[4200];
+    pack_path(st, im->id, final, sizeof final);
+    if (access(final, F_OK) == 0) { /* immutable and determined by identity and tokens: nothing to copy */
+        mu_session_unlock(s);
+        if (existed) *existed = true;
+        muser_kvpack_image_free(im);
+        return NULL;
+    }
+    /* the rows are copied out under the lock; compressing and writing go on without it */
+    bool ok = kvp_capture(s, smp, &im->img, e);
     mu_session_unlock(s);
+    if (!ok) {
+        muser_kvpack_image_free(im);
+        return NULL;
+    }
+    return im;
+}
+
+bool muser_kvstore_publish(muser_kvstore *st, muser_kvpack_image *im, bool *existed, muser_error *err) {
+    mu_error *e = ERR(err);
+    if (existed) *existed = false;
+    bool ok = ensure_key(st, true, e);
+    if (ok) {
+        char final[4200], lockp[4200], tmp[4300];
+        pack_path(st, im->id, final, sizeof final);
+        snprintf(lockp, sizeof lockp, "%s/%s.lock", st->dir, im->id);
+        snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%d", st->dir, im->id, (int)getpid());
+        ok = finish_and_publish(st, &im->img, im->ident, im->ident_len, final, lockp, tmp, false, existed, NULL,
+                                im->id, e);
+    }
+    muser_kvpack_image_free(im);
     return ok;
+}
+
+bool muser_kvstore_save(muser_kvstore *st, muser_session *s, const muser_sampler *smp, char id[65], bool *existed,
+                        muser_error *err) {
+    bool had = false;
+    muser_kvpack_image *im = muser_kvstore_capture(st, s, smp, id, &had, err);
+    if (existed) *existed = had;
+    if (!im) return had;
+    return muser_kvstore_publish(st, im, existed, err);
 }
 
 /* ------------------------------------------------------------------ lookup */
 
-int64_t muser_kvstore_lookup(muser_kvstore *st, const int32_t *tokens, int64_t n, char id[65]) {
+static int64_t lookup(muser_kvstore *st, const unsigned char *ident, size_t ident_len, const int32_t *tokens, int64_t n,
+                      char id[65]) {
     if (n <= 0 || !st->have_key) return 0;
     unsigned char(*chain)[32] = mu_xmalloc((size_t)((n + KVP_CHUNK - 1) / KVP_CHUNK) * 32);
-    const int64_t blocks = prefix_chain(st, tokens, n, chain);
+    const int64_t blocks = prefix_chain(st, ident, ident_len, tokens, n, chain);
     char path[4200], hex[65];
     int64_t found = 0;
     kvp_hex(chain[blocks - 1], 32, hex);
@@ -250,6 +348,19 @@ int64_t muser_kvstore_lookup(muser_kvstore *st, const int32_t *tokens, int64_t n
     return found;
 }
 
+int64_t muser_kvstore_lookup(muser_kvstore *st, const int32_t *tokens, int64_t n, char id[65]) {
+    return lookup(st, st->ident, st->ident_len, tokens, n, id);
+}
+
+int64_t muser_kvstore_lookup_for(muser_kvstore *st, muser_session *s, const int32_t *tokens, int64_t n, char id[65]) {
+    unsigned char *ident;
+    size_t ident_len;
+    if (!kvp_session_identity(s, st->dir, &ident, &ident_len, NULL)) return 0;
+    const int64_t k = lookup(st, ident, ident_len, tokens, n, id);
+    free(ident);
+    return k;
+}
+
 /* ------------------------------------------------------------------ restore */
 
 typedef struct restore_ctx {
@@ -261,7 +372,34 @@ typedef struct restore_ctx {
     muser_sampler *smp;
     void *sampler_state;
     size_t sampler_len;
+    unsigned char *ident;         /* the pack's identity block: its name chains from it */
+    size_t ident_len;
+    muser_spec *sp;               /* the session's assistant, or NULL (then a DFlash section is not needed) */
+    unsigned char *dflash;        /* its checked state */
+    int64_t dflash_rows, dflash_feats;
 } restore_ctx;
+
+static bool rs_identity(void *ctx, const unsigned char *p, size_t n, mu_error *err) {
+    (void)err;
+    restore_ctx *r = ctx;
+    r->ident = mu_xmalloc(n);
+    memcpy(r->ident, p, n);
+    r->ident_len = n;
+    return true;
+}
+
+/* The identity check made sure the assistant is the session's (same file
+ * and geometry), so the payload fits its state exactly. */
+static bool rs_dflash(void *ctx, int64_t rows, int64_t n_feats, const unsigned char *p, size_t n, mu_error *err) {
+    (void)err;
+    restore_ctx *r = ctx;
+    if (!r->sp) return true;
+    r->dflash = mu_xmalloc(n ? n : 1);
+    memcpy(r->dflash, p, n);
+    r->dflash_rows = rows;
+    r->dflash_feats = n_feats;
+    return true;
+}
 
 static bool rs_tokens(void *ctx, const int32_t *t, int64_t n, mu_error *err) {
     restore_ctx *r = ctx;
@@ -304,18 +442,29 @@ static bool rs_sampler(void *ctx, const void *p, size_t n, mu_error *err) {
 static bool restore_path(muser_kvstore *st, const char *path, const char *id, muser_session *s, muser_sampler *smp,
                          mu_error *err) {
     if (!ensure_key(st, false, err)) return false;
-    restore_ctx r = {.s = s, .smp = smp};
+    unsigned char *want;
+    size_t want_len;
+    if (!kvp_session_identity(s, st->dir, &want, &want_len, err)) return false;
+    restore_ctx r = {.s = s, .smp = smp, .sp = mu_session_spec(s)};
     /* the detached generation: new backend memory of the session's own geometry */
     mu_session_lock(s);
     bool ok = mu_session_new_kv(s, &r.staged, err);
     mu_session_unlock(s);
-    if (!ok) return false;
-    kvp_sink sink = {&r, rs_tokens, rs_kv, rs_logits, rs_sampler};
+    if (!ok) {
+        free(want);
+        return false;
+    }
+    kvp_sink sink = {&r, rs_identity, rs_tokens, rs_kv, rs_logits, rs_sampler, rs_dflash};
     kvp_info info;
-    ok = kvp_read(path, st->key, st->ident, st->ident_len, &sink, st->cancel, &info, err);
+    ok = kvp_read(path, st->key, want, want_len, &sink, st->cancel, &info, err);
+    free(want);
+    if (ok && r.sp && !r.dflash) { /* the identity check already demands it; never swap in half a state */
+        mu_err_set(err, "%s: the pack has no DFlash context for the session's assistant", path);
+        ok = false;
+    }
     if (ok && id) { /* the name is the chain of the tokens: a renamed pack is refused */
         unsigned char(*chain)[32] = mu_xmalloc((size_t)((r.n + KVP_CHUNK - 1) / KVP_CHUNK) * 32);
-        int64_t blocks = prefix_chain(st, r.tokens, r.n, chain);
+        int64_t blocks = prefix_chain(st, r.ident, r.ident_len, r.tokens, r.n, chain);
         char hex[65];
         kvp_hex(chain[blocks - 1], 32, hex);
         free(chain);
@@ -335,6 +484,7 @@ static bool restore_path(muser_kvstore *st, const char *path, const char *id, mu
             ok = false;
         } else {
             mu_session_install(s, &r.staged, r.tokens, r.n, r.logits);
+            if (r.sp) mu_spec_import(r.sp, r.dflash_rows, r.dflash_feats, r.dflash);
         }
         mu_session_unlock(s);
     }
@@ -348,6 +498,8 @@ static bool restore_path(muser_kvstore *st, const char *path, const char *id, mu
     free(r.tokens);
     free(r.logits);
     free(r.sampler_state);
+    free(r.ident);
+    free(r.dflash);
     return ok;
 }
 
@@ -367,6 +519,10 @@ bool muser_kvstore_restore(muser_kvstore *st, const char *id, muser_session *s, 
 
 /* ------------------------------------------------------------------ prompt cache */
 
+static bool feed(muser_session *s, muser_spec *sp, const int32_t *t, int64_t n, muser_error *err) {
+    return sp ? muser_spec_feed(sp, t, n, err) : muser_session_feed(s, t, n, err);
+}
+
 int64_t muser_kvstore_prefill(muser_kvstore *st, muser_session *s, const int32_t *tokens, int64_t n, int64_t *reused,
                               muser_error *err) {
     if (reused) *reused = 0;
@@ -380,22 +536,30 @@ int64_t muser_kvstore_prefill(muser_kvstore *st, muser_session *s, const int32_t
         return -1;
     }
     if (!ensure_key(st, true, ERR(err))) return -1;
+    /* with an assistant bound to s its context is restored, fed and stored along (docs/kvpack.md) */
+    muser_spec *sp = mu_session_spec(s);
+    unsigned char *ident;
+    size_t ident_len;
+    if (!kvp_session_identity(s, st->dir, &ident, &ident_len, ERR(err))) return -1;
     char id[65];
-    int64_t k = muser_kvstore_lookup(st, tokens, n, id);
+    int64_t k = lookup(st, ident, ident_len, tokens, n, id);
+    free(ident);
     if (k > 0) {
         if (!muser_kvstore_restore(st, id, s, NULL, err)) return -1;
         if (reused) *reused = k;
         if (k == n) return 0; /* the stored logits row is the prompt's */
+    } else if (sp) {
+        muser_spec_reset(sp);
     } else {
         muser_session_reset(s);
     }
     const int64_t b = n / KVP_CHUNK * KVP_CHUNK;
     bool existed;
     if (b > k && b < n) { /* a block-aligned pack for longer prompts sharing this prefix */
-        if (!muser_session_feed(s, tokens + k, b - k, err)) return -1;
+        if (!feed(s, sp, tokens + k, b - k, err)) return -1;
         if (!muser_kvstore_save(st, s, NULL, id, &existed, err)) return -1;
-        if (!muser_session_feed(s, tokens + b, n - b, err)) return -1;
-    } else if (!muser_session_feed(s, tokens + k, n - k, err)) {
+        if (!feed(s, sp, tokens + b, n - b, err)) return -1;
+    } else if (!feed(s, sp, tokens + k, n - k, err)) {
         return -1;
     }
     if (!muser_kvstore_save(st, s, NULL, id, &existed, err)) return -1;
@@ -415,7 +579,7 @@ static bool plain_name(const char *name, mu_error *err) {
 }
 
 bool muser_kvpack_save_file(muser_session *s, const muser_sampler *smp, const char *dir, const char *name,
-                            const char *key_file, uint64_t *bytes, muser_error *err) {
+                            const char *key_file, int zstd_level, uint64_t *bytes, muser_error *err) {
     mu_error *e = ERR(err);
     if (!plain_name(name, e)) return false;
     muser_kvstore *st = muser_kvstore_open(muser_session_model(s), dir, key_file, err);
@@ -427,8 +591,18 @@ bool muser_kvpack_save_file(muser_session *s, const muser_sampler *smp, const ch
         snprintf(lockp, sizeof lockp, "%s/.lock-%s", dir, name);
         snprintf(tmp, sizeof tmp, "%s/.tmpf-%s-%d", dir, name, (int)getpid());
         mu_session_lock(s);
-        ok = publish(st, s, smp, final, lockp, tmp, true, NULL, bytes, e);
+        kvp_image img;
+        ok = kvp_capture(s, smp, &img, e);
         mu_session_unlock(s);
+        unsigned char *ident = NULL;
+        size_t ident_len = 0;
+        if (ok) {
+            ok = muser_kvstore_set_compression(st, zstd_level, err) &&
+                 kvp_session_identity(s, dir, &ident, &ident_len, e) &&
+                 finish_and_publish(st, &img, ident, ident_len, final, lockp, tmp, true, NULL, bytes, NULL, e);
+            kvp_image_free(&img);
+        }
+        free(ident);
     }
     muser_kvstore_close(st);
     return ok;
@@ -471,6 +645,11 @@ bool muser_kvpack_verify(const char *path, const char *key_file, muser_model *m,
         out->file_bytes = info.file_bytes;
         out->n_tokens = info.n_tokens;
         out->has_sampler = info.has_sampler;
+        out->zstd = info.flags & KVP_FLAG_ZSTD;
+        out->has_dflash = info.has_dflash;
+        if (info.has_dflash) kvp_hex(info.ident.assistant_sha, 32, out->assistant_sha256);
+        out->kv_stored_bytes = info.stored_kv_bytes;
+        out->kv_raw_bytes = info.raw_kv_bytes;
         kvp_hex(info.ident.model_sha, 32, out->model_sha256);
         kvp_hex(info.ident.tokenizer_sha, 32, out->tokenizer_sha256);
         kvp_hex(info.ident.template_sha, 32, out->chat_template_sha256);
@@ -501,10 +680,16 @@ static int by_atime(const void *a, const void *b) {
 }
 
 bool muser_kvstore_gc(const char *dir, uint64_t max_bytes, muser_kvstore_gc_stats *out, muser_error *err) {
+    return store_gc(dir, max_bytes, NULL, out, ERR(err));
+}
+
+/* gc; keep_id (may be NULL) names a pack that is never evicted (a save's own). */
+static bool store_gc(const char *dir, uint64_t max_bytes, const char *keep_id, muser_kvstore_gc_stats *out,
+                     mu_error *err) {
     muser_kvstore_gc_stats g = {0};
     DIR *d = opendir(dir);
     if (!d) {
-        mu_err_set(ERR(err), "kvstore gc %s: %s", dir, strerror(errno));
+        mu_err_set(err, "kvstore gc %s: %s", dir, strerror(errno));
         return false;
     }
     gc_entry *ent = NULL;
@@ -544,6 +729,7 @@ bool muser_kvstore_gc(const char *dir, uint64_t max_bytes, muser_kvstore_gc_stat
     g.packs = (int64_t)n;
     g.bytes_after = g.bytes_before;
     for (size_t i = 0; i < n && g.bytes_after > max_bytes; i++) {
+        if (keep_id && !strncmp(ent[i].name, keep_id, 64)) continue;
         snprintf(path, sizeof path, "%s/%s", dir, ent[i].name);
         if (unlink(path) == 0) {
             g.bytes_after -= ent[i].bytes;
@@ -551,7 +737,7 @@ bool muser_kvstore_gc(const char *dir, uint64_t max_bytes, muser_kvstore_gc_stat
         }
     }
     free(ent);
-    bool ok = fsync_dir(dir, ERR(err));
+    bool ok = fsync_dir(dir, err);
     if (out) *out = g;
     return ok;
 }

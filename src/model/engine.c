@@ -67,6 +67,8 @@ struct muser_session {
     float *q_all_out;
     uint64_t q_order;
     bool q_prompt;              /* submitted as a prompt: chunked and budgeted at any length */
+    muser_spec *spec;           /* the speculation state bound to it (src/spec), whose assistant
+                                 * context a durable pack carries too (docs/kvpack.md) */
 };
 
 struct muser_snapshot {
@@ -784,6 +786,16 @@ bool mu_session_set_capture(muser_session *s, const int *boundaries, int n, mu_e
     unlock(e);
     return true;
 }
+
+void mu_session_set_spec(muser_session *s, muser_spec *sp) { s->spec = sp; }
+
+void mu_session_set_logits(muser_session *s, const float *row) {
+    lock(s->e);
+    memcpy(s->logits, row, (size_t)s->e->model->m->cfg.n_vocab * sizeof *row);
+    s->has_logits = true;
+    unlock(s->e);
+}
+muser_spec *mu_session_spec(const muser_session *s) { return s->spec; }
 
 const float *mu_session_captured(const muser_session *s, int64_t *n_rows) {
     *n_rows = s->capture_on ? s->captured_rows : 0;

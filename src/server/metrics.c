@@ -93,6 +93,16 @@ void srv_metrics(srv_server *srv, const srv_request *rq) {
     counter(&p, "muser_spec_accepted_tokens_total", "Proposed tokens the target accepted.", (double)st.spec_accepted);
     gauge(&p, "muser_spec_acceptance_ratio", "Accepted over proposed speculative tokens (0 without proposals).",
           spec_rate);
+    counter(&p, "muser_prompt_cache_store_hits_total",
+            "Prompts that restored a prefix from the --prompt-cache store instead of prefilling it.", (double)st.store_hits);
+    counter(&p, "muser_prompt_cache_store_tokens_total", "Prompt tokens restored from the --prompt-cache store.",
+            (double)st.store_tokens);
+    counter(&p, "muser_prompt_cache_store_packs_written_total", "Packs the server published to its --prompt-cache store.",
+            (double)st.store_written);
+    counter(&p, "muser_prompt_cache_store_packs_dropped_total",
+            "Packs not written because the writer's queue was full.", (double)st.store_dropped);
+    counter(&p, "muser_prompt_cache_store_errors_total", "Store packs refused on restore, or that failed to be written.",
+            (double)st.store_errors);
     gauge(&p, "muser_uptime_seconds", "Seconds since the server started.", mu_now() - srv->t_start);
 
     /* vLLM's names, for routers that balance replicas by them */

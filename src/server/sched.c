@@ -10,12 +10,15 @@
 #include "model/api_internal.h"
 #include "util/common.h"
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define ERR_CAST(e) ((mu_error *)(e))
+#define SRV_PC_QUEUE 8 /* packs waiting for the prompt cache's writer ... */
+#define SRV_PC_QUEUE_BYTES ((uint64_t)1 << 30) /* ... and their host memory (one pack alone may exceed it) */
 
 const double srv_hist_bounds[SRV_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                   0.25,  0.5,    1,     2.5,  5,     10,  60};
@@ -47,7 +50,8 @@ struct srv_job {
     int32_t slot;
     int64_t cached;             /* prompt tokens reused from the slot */
     int64_t fed;                /* prompt tokens in the slot's KV */
-    bool prompt_queued;         /* the rest of the prompt is submitted */
+    bool prompt_queued;         /* the current piece of the prompt is submitted */
+    bool store_checked;         /* the prompt cache store was looked up for this job */
     bool token_queued;          /* `next` is submitted */
     int32_t next;               /* the token to feed next */
     uint32_t seed;
@@ -64,6 +68,7 @@ typedef struct slot {
     muser_session *sess;
     muser_spec *sp;             /* with an assistant: its context follows every row of sess */
     srv_job *job;               /* NULL: idle */
+    bool pinned;                /* idle, but a slot save or restore is using it (no job is admitted) */
     int32_t *toks;              /* tokens in the session's KV */
     int64_t n_toks, cap_toks;
 } slot;
@@ -82,6 +87,16 @@ struct srv_sched {
     pthread_t thread;
     bool stopping, finish;
     srv_stats st;
+    /* --prompt-cache: the scheduler thread's store handle (lookups, restores, captures) and
+     * the writer thread's, which publishes captured packs off the scheduler thread so a
+     * write never delays a step; a bounded queue between them (a full one drops packs) */
+    muser_kvstore *pc, *pc_w;
+    pthread_t writer;
+    pthread_cond_t pc_cond;
+    muser_kvpack_image *pc_q[SRV_PC_QUEUE];
+    int pc_len;
+    uint64_t pc_bytes;          /* held by the queued packs */
+    bool pc_stop, writer_started;
 };
 
 /* ------------------------------------------------------------------ events */
@@ -214,14 +229,14 @@ static void admit(srv_sched *s, srv_job *j, int32_t i) {
 /* A free slot for j: its own when it asked for one, else the free slot
  * sharing the longest prefix with its prompt (the emptiest on ties). */
 static int32_t pick_slot(const srv_sched *s, const srv_job *j) {
-    if (j->want_slot >= 0) return s->slots[j->want_slot].job ? -1 : j->want_slot;
+    if (j->want_slot >= 0) return s->slots[j->want_slot].job || s->slots[j->want_slot].pinned ? -1 : j->want_slot;
     int64_t n_prompt;
     const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
     int32_t best = -1;
     int64_t best_common = -1, best_len = 0;
     for (int32_t i = 0; i < s->p.n_slots; i++) {
         const slot *sl = &s->slots[i];
-        if (sl->job) continue;
+        if (sl->job || sl->pinned) continue;
         const int64_t c = j->cache_prompt ? common_prefix(sl, prompt, n_prompt) : 0;
         if (c > best_common || (c == best_common && sl->n_toks < best_len)) {
             best = i;
@@ -288,6 +303,100 @@ static void speculate(srv_sched *s, slot *sl, srv_job *j) {
     if (st != MU_GEN_RUNNING) finish_job(s, j);
 }
 
+/* ------------------------------------------------------------------ prompt cache store */
+
+/* The slot's session holds a prefilled piece of a prompt with its logits
+ * row: copy its pack out (under the engine's lock, a copy of the rows) for
+ * the writer thread. With s->mu held, on the scheduler thread. */
+static void pc_capture(srv_sched *s, slot *sl) {
+    if (s->pc_len == SRV_PC_QUEUE) { /* the cache is best effort: never wait for the disk */
+        s->st.store_dropped++;
+        return;
+    }
+    char id[65];
+    bool existed = false;
+    muser_error err = {{0}};
+    muser_kvpack_image *im = muser_kvstore_capture(s->pc, sl->sess, NULL, id, &existed, &err);
+    if (!im) {
+        if (!existed) {
+            s->st.store_errors++;
+            fprintf(stderr, "muser serve: prompt cache: %s\n", err.msg);
+        }
+        return;
+    }
+    const uint64_t bytes = muser_kvpack_image_bytes(im);
+    if (s->pc_len && s->pc_bytes + bytes > SRV_PC_QUEUE_BYTES) {
+        muser_kvpack_image_free(im);
+        s->st.store_dropped++;
+        return;
+    }
+    s->pc_bytes += bytes;
+    s->pc_q[s->pc_len++] = im;
+    pthread_cond_signal(&s->pc_cond);
+}
+
+/* Publishes captured packs until the scheduler is gone and the queue is empty. */
+static void *writer_main(void *arg) {
+    srv_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->pc_len && !s->pc_stop) pthread_cond_wait(&s->pc_cond, &s->mu);
+        if (!s->pc_len) break;
+        muser_kvpack_image *im = s->pc_q[0];
+        memmove(s->pc_q, s->pc_q + 1, (size_t)--s->pc_len * sizeof *s->pc_q);
+        const uint64_t bytes = muser_kvpack_image_bytes(im);
+        pthread_mutex_unlock(&s->mu);
+        muser_error err = {{0}};
+        bool existed = false;
+        const bool ok = muser_kvstore_publish(s->pc_w, im, &existed, &err);
+        if (!ok) fprintf(stderr, "muser serve: prompt cache: %s\n", err.msg);
+        pthread_mutex_lock(&s->mu);
+        s->pc_bytes -= bytes;
+        if (!ok) s->st.store_errors++;
+        else if (!existed) s->st.store_written++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* A job about to prefill in slot sl: restore the longest stored prefix of
+ * its prompt when that is longer than what the slot holds already. s->mu
+ * is released meanwhile (the job holds the slot; only this thread uses
+ * s->pc). A refused pack leaves the slot as it was (counted, logged). An
+ * exact hit has the prompt's logits row: the job draws from it at once.
+ * False when the job ended. */
+static bool store_restore(srv_sched *s, slot *sl, srv_job *j) {
+    int64_t n_prompt;
+    const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
+    char id[65];
+    muser_error err = {{0}};
+    const int64_t have = j->fed;
+    pthread_mutex_unlock(&s->mu);
+    const int64_t k = muser_kvstore_lookup_for(s->pc, sl->sess, prompt, n_prompt, id);
+    const bool ok = k > have && muser_kvstore_restore(s->pc, id, sl->sess, NULL, &err);
+    pthread_mutex_lock(&s->mu);
+    if (k > have && !ok) {
+        s->st.store_errors++;
+        fprintf(stderr, "muser serve: prompt cache: %s\n", err.msg);
+    }
+    if (!ok) return true;
+    sl->n_toks = 0;
+    slot_push_tokens(sl, prompt, k);
+    s->st.cached_tokens_total += (uint64_t)(k - j->cached);
+    s->st.store_hits++;
+    s->st.store_tokens += (uint64_t)k;
+    j->cached = j->fed = k;
+    if (k < n_prompt) return true;
+    mu_gen_prefilled(j->g, 0);
+    j->prompt_queued = true; /* nothing left to feed */
+    const mu_gen_stop st = j->cancel ? MU_GEN_STOP_CANCELLED
+                                     : mu_gen_take_row(j->g, muser_session_logits(sl->sess), &j->next);
+    if (j->cancel) mu_gen_finish(j->g, MU_GEN_STOP_CANCELLED, NULL);
+    if (st == MU_GEN_RUNNING) return true;
+    finish_job(s, j);
+    return false;
+}
+
 /* Queue each running slot's next input (or, for a job alone with an
  * assistant, speculate: *progress); end cancelled jobs and jobs with no
  * room left. Returns the slots with queued input. */
@@ -314,8 +423,17 @@ static int32_t queue_inputs(srv_sched *s, bool *progress) {
         int64_t n_prompt;
         const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
         bool ok = true;
+        if (!j->store_checked && s->pc && j->cache_prompt) {
+            j->store_checked = true;
+            if (!store_restore(s, sl, j)) continue;
+        }
         if (!j->prompt_queued) {
-            ok = muser_session_submit_prompt(sl->sess, prompt + j->fed, n_prompt - j->fed, NULL, &err);
+            /* with a store, the prompt stops first at its last multiple of 256 (the packs a
+             * longer prompt sharing this prefix can find: docs/kvpack.md, "Prompt cache") */
+            int64_t end = n_prompt;
+            const int64_t b = n_prompt / 256 * 256;
+            if (s->pc && j->cache_prompt && b > j->fed && b < n_prompt) end = b;
+            ok = muser_session_submit_prompt(sl->sess, prompt + j->fed, end - j->fed, NULL, &err);
             j->prompt_queued = ok;
         } else if (!j->token_queued) {
             if (muser_session_pos(sl->sess) >= muser_session_n_ctx(sl->sess)) {
@@ -355,18 +473,18 @@ static void take_rows(srv_sched *s) {
         }
         const float *row = muser_session_logits(sl->sess);
         if (!row) continue; /* not this slot's step */
-        int64_t n_rows;
+        int64_t n_rows, n_prompt = 0;
+        bool prompt_rows = false;
         if (j->token_queued) {
             slot_push_tokens(sl, &j->next, 1);
             j->token_queued = false;
             n_rows = 1;
-        } else if (j->fed < muser_session_pos(sl->sess)) { /* the prompt's rows */
-            int64_t n_prompt;
+        } else if (j->fed < muser_session_pos(sl->sess)) { /* a piece of the prompt, or its rest */
             const int32_t *prompt = mu_gen_prompt(j->g, &n_prompt);
-            n_rows = n_prompt - j->fed;
+            n_rows = muser_session_pos(sl->sess) - j->fed;
             slot_push_tokens(sl, prompt + j->fed, n_rows);
-            mu_gen_prefilled(j->g, n_rows);
-            j->fed = n_prompt;
+            j->fed += n_rows;
+            prompt_rows = true;
         } else {
             continue;
         }
@@ -376,6 +494,14 @@ static void take_rows(srv_sched *s) {
             slot_reset(sl);
             finish_job(s, j);
             continue;
+        }
+        if (prompt_rows) {
+            if (s->pc && j->cache_prompt) pc_capture(s, sl); /* after the assistant took the rows */
+            if (j->fed < n_prompt) { /* a block-aligned piece: queue_inputs submits the rest */
+                j->prompt_queued = false;
+                continue;
+            }
+            mu_gen_prefilled(j->g, n_prompt - j->cached);
         }
         const mu_gen_stop st = j->cancel ? MU_GEN_STOP_CANCELLED : mu_gen_take_row(j->g, row, &j->next);
         if (j->cancel) mu_gen_finish(j->g, MU_GEN_STOP_CANCELLED, NULL);
@@ -454,8 +580,42 @@ srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *params, muse
     s->st.n_ctx = p.n_ctx;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->wake, NULL);
+    pthread_cond_init(&s->pc_cond, NULL);
+    if (p.prompt_cache) {
+        if (!(s->pc = muser_kvstore_open(m, p.prompt_cache, NULL, err)) ||
+            !(s->pc_w = muser_kvstore_open(m, p.prompt_cache, NULL, err)) ||
+            !muser_kvstore_set_compression(s->pc_w, p.zstd_level, err)) {
+            muser_kvstore_close(s->pc);
+            for (int32_t i = 0; i < p.n_slots; i++) muser_spec_free(s->slots[i].sp);
+            muser_engine_free(e);
+            free(s->slots);
+            free(s);
+            return NULL;
+        }
+        muser_kvstore_set_quota(s->pc_w, p.prompt_cache_quota);
+        if (pthread_create(&s->writer, NULL, writer_main, s) != 0) {
+            mu_err_set(ERR_CAST(err), "prompt cache: cannot start its writer thread: %s", strerror(errno));
+            muser_kvstore_close(s->pc);
+            muser_kvstore_close(s->pc_w);
+            for (int32_t i = 0; i < p.n_slots; i++) muser_spec_free(s->slots[i].sp);
+            muser_engine_free(e);
+            free(s->slots);
+            free(s);
+            return NULL;
+        }
+        s->writer_started = true;
+    }
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         mu_err_set(ERR_CAST(err), "scheduler: cannot start its thread: %s", strerror(errno));
+        if (s->writer_started) {
+            pthread_mutex_lock(&s->mu);
+            s->pc_stop = true;
+            pthread_cond_signal(&s->pc_cond);
+            pthread_mutex_unlock(&s->mu);
+            pthread_join(s->writer, NULL);
+        }
+        muser_kvstore_close(s->pc);
+        muser_kvstore_close(s->pc_w);
         muser_engine_free(e);
         free(s->slots);
         free(s);
@@ -472,6 +632,20 @@ void srv_sched_free(srv_sched *s, bool finish) {
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
+    pthread_mutex_lock(&s->mu); /* a slot save or restore still running uses its session */
+    for (int32_t i = 0; i < s->p.n_slots; i++)
+        while (s->slots[i].pinned) pthread_cond_wait(&s->wake, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    if (s->writer_started) { /* it publishes what is queued, then ends */
+        pthread_mutex_lock(&s->mu);
+        s->pc_stop = true;
+        pthread_cond_signal(&s->pc_cond);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->writer, NULL);
+    }
+    muser_kvstore_close(s->pc);
+    muser_kvstore_close(s->pc_w);
+    pthread_cond_destroy(&s->pc_cond);
     for (int32_t i = 0; i < s->p.n_slots; i++) {
         muser_spec_free(s->slots[i].sp);
         free(s->slots[i].toks);
@@ -641,40 +815,54 @@ int32_t srv_sched_slots(srv_sched *s, srv_slot_info *out, int32_t cap) {
     return n;
 }
 
-/* An idle slot i, with s->mu held on success. */
-static slot *idle_slot(srv_sched *s, int32_t i, muser_error *err) {
+/* An idle slot i, pinned for a save or restore: the scheduler admits no
+ * job into it, so s->mu need not be held while the file is written or
+ * read and checked (the steps of the other slots go on meanwhile; the
+ * save holds the engine's lock only to copy the rows out). Unpin after. */
+static slot *pin_slot(srv_sched *s, int32_t i, muser_error *err) {
     if (i < 0 || i >= s->p.n_slots) {
         mu_err_set(ERR_CAST(err), "slot %d: the server has slots 0 to %d", i, s->p.n_slots - 1);
         return NULL;
     }
     pthread_mutex_lock(&s->mu);
-    if (s->slots[i].job) {
+    slot *sl = &s->slots[i];
+    if (sl->job || sl->pinned) {
+        const bool pinned = sl->pinned;
         pthread_mutex_unlock(&s->mu);
-        mu_err_set(ERR_CAST(err), "slot %d is running a request", i);
+        mu_err_set(ERR_CAST(err), "slot %d is running a request%s", i, pinned ? " (a slot save or restore)" : "");
         return NULL;
     }
-    return &s->slots[i];
+    sl->pinned = true;
+    pthread_mutex_unlock(&s->mu);
+    return sl;
+}
+
+static void unpin_slot(srv_sched *s, slot *sl) {
+    pthread_mutex_lock(&s->mu);
+    sl->pinned = false;
+    pthread_cond_broadcast(&s->wake); /* a job may wait for this slot, or srv_sched_free for the save */
+    pthread_mutex_unlock(&s->mu);
 }
 
 bool srv_sched_slot_save(srv_sched *s, int32_t i, const char *dir, const char *name, int64_t *n, uint64_t *bytes,
                          muser_error *err) {
-    slot *sl = idle_slot(s, i, err);
+    slot *sl = pin_slot(s, i, err);
     if (!sl) return false;
     *n = sl->n_toks;
     bool ok = sl->n_toks > 0 && muser_session_pos(sl->sess) == sl->n_toks;
     if (!ok) mu_err_set(ERR_CAST(err), "slot %d holds no finished prompt to save", i);
-    ok = ok && muser_kvpack_save_file(sl->sess, NULL, dir, name, NULL, bytes, err);
-    pthread_mutex_unlock(&s->mu);
+    ok = ok && muser_kvpack_save_file(sl->sess, NULL, dir, name, NULL, s->p.zstd_level, bytes, err);
+    unpin_slot(s, sl);
     return ok;
 }
 
 bool srv_sched_slot_restore(srv_sched *s, int32_t i, const char *dir, const char *name, int64_t *n,
                             uint64_t *bytes, muser_error *err) {
-    slot *sl = idle_slot(s, i, err);
+    slot *sl = pin_slot(s, i, err);
     if (!sl) return false;
-    bool ok = !sl->sp;
-    if (!ok) mu_err_set(ERR_CAST(err), "slot restore: the server runs a DFlash assistant, whose context is not in a pack");
-    ok = ok && muser_kvpack_restore_file(sl->sess, NULL, dir, name, NULL, bytes, err);
+    /* with an assistant the pack must carry its context (the slot's muser_spec is bound to the session) */
+    bool ok = muser_kvpack_restore_file(sl->sess, NULL, dir, name, NULL, bytes, err);
+    pthread_mutex_lock(&s->mu);
     if (ok) { /* the slot's record of its tokens is the pack's */
         int64_t k;
         const int32_t *t = mu_session_hist(sl->sess, &k);
@@ -687,6 +875,7 @@ bool srv_sched_slot_restore(srv_sched *s, int32_t i, const char *dir, const char
         *n = k;
     }
     pthread_mutex_unlock(&s->mu);
+    unpin_slot(s, sl);
     return ok;
 }
 
@@ -696,7 +885,7 @@ bool srv_sched_slot_erase(srv_sched *s, int32_t i, muser_error *err) {
         return false;
     }
     pthread_mutex_lock(&s->mu);
-    const bool busy = s->slots[i].job != NULL;
+    const bool busy = s->slots[i].job != NULL || s->slots[i].pinned;
     if (!busy) slot_reset(&s->slots[i]);
     pthread_mutex_unlock(&s->mu);
     if (busy) mu_err_set(ERR_CAST(err), "slot %d is running a request", i);

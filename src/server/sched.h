@@ -40,6 +40,11 @@ typedef struct srv_sched_params {
     const muser_draft *draft;   /* DFlash assistant (may be NULL): a job running alone speculates */
     int verify_len;             /* its proposals per round: 3, 7 or 15; 0 = 7 */
     bool spec_always;           /* speculate every step (default: the adaptive gate decides) */
+    int zstd_level;             /* kvpack files the server writes: 0 raw, 1..19 zstd (docs/kvpack.md) */
+    const char *prompt_cache;   /* a kvpack store shared with other processes (docs/kvpack.md), or NULL:
+                                 * a new prompt restores its longest stored prefix, prefilled prompts
+                                 * publish their packs (by a writer thread) */
+    uint64_t prompt_cache_quota; /* its size quota (LRU eviction after each pack written); 0 = none */
 } srv_sched_params;
 
 srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *p, muser_error *err);
@@ -129,6 +134,9 @@ typedef struct srv_stats {
     uint64_t steps_total;
     srv_hist ttft, itl, e2e;    /* time to first token, inter-token latency, request latency (s) */
     uint64_t spec_drafted, spec_accepted; /* speculative proposals (0 without an assistant) */
+    /* --prompt-cache: prompts that restored a stored prefix, the tokens restored, packs
+     * written, packs not written (the writer's queue full), restores or writes refused */
+    uint64_t store_hits, store_tokens, store_written, store_dropped, store_errors;
 } srv_stats;
 void srv_sched_stats(srv_sched *s, srv_stats *st);
 
@@ -143,9 +151,11 @@ typedef struct srv_slot_info {
 /* Fills up to cap slots, returns n_slots. */
 int32_t srv_sched_slots(srv_sched *s, srv_slot_info *out, int32_t cap);
 /* A slot's KV as a kvpack file DIR/name (docs/kvpack.md; llama.cpp's
- * slot save/restore): refused while the slot runs a job; restore also with
- * an assistant (its context is not in a pack). A refused restore leaves
- * the slot as it was. *n gets the tokens, *bytes the file's size. */
+ * slot save/restore): refused while the slot runs a job. The slot is
+ * pinned meanwhile (no job is admitted into it), so the other slots keep
+ * stepping while the file is written or read. With an
+ * assistant the file carries its context too, and a restore needs one made
+ * with the same assistant. A refused restore leaves the slot as it was. *n gets the tokens, *bytes the file's size. */
 bool srv_sched_slot_save(srv_sched *s, int32_t slot, const char *dir, const char *name, int64_t *n, uint64_t *bytes,
                          muser_error *err);
 bool srv_sched_slot_restore(srv_sched *s, int32_t slot, const char *dir, const char *name, int64_t *n,

@@ -35,6 +35,8 @@ typedef struct srv_params {
     muser_backend_kind backend;
     int n_threads;
     const char *slot_save_path; /* --slot-save-path: kvpack files of POST /slots/{id}?action=save|restore */
+    const char *prompt_cache;   /* --prompt-cache: a kvpack store of prompt prefixes (docs/kvpack.md) */
+    uint64_t prompt_cache_quota; /* --prompt-cache-max-size, 0 = none */
 } srv_params;
 
 typedef struct srv_server {

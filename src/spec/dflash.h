@@ -89,4 +89,13 @@ void mu_dflash_skip_context(mu_dflash_state *st, int64_t n);
  * non-NULL their logits [n_prop][n_vocab]. 1 <= n_prop < block_size. */
 void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *proposals, float *logits);
 
+/* The state as bytes (docs/kvpack.md, "DFlash context"): the held context
+ * slots of every layer. bytes: their size for a state of `rows` committed
+ * rows; export writes them (host memory), import makes st hold exactly
+ * that state. */
+int64_t mu_dflash_state_held(const mu_dflash_state *st);
+uint64_t mu_dflash_state_bytes(const mu_dflash *d, int64_t rows);
+void mu_dflash_state_export(const mu_dflash_state *st, float *out);
+void mu_dflash_state_import(mu_dflash_state *st, int64_t rows, const float *in);
+
 #endif

@@ -245,3 +245,44 @@ void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *p
     be->argmax(be, st->logits, V, n_prop, proposals);
     if (logits) be->download(be, logits, st->logits, (size_t)n_prop * (size_t)V * sizeof(float));
 }
+
+/* ---------------- durable state (docs/kvpack.md, "DFlash context") ----------------
+ * The context cache's held slots [0, rows_held) of every layer, as they
+ * lie in backend memory: per layer K [n_head_kv][held][head_dim], then V
+ * [n_head_kv][head_dim][held] (the transposed planes, each cut to held).
+ * The slot of a position depends only on rows, sink and window, so an
+ * import into a state of the same assistant is the same cache, bit for
+ * bit. */
+int64_t mu_dflash_state_held(const mu_dflash_state *st) { return rows_held(st); }
+
+uint64_t mu_dflash_state_bytes(const mu_dflash *d, int64_t rows) {
+    const mu_dflash_config *c = &d->cfg;
+    const int64_t sink = MU_DFLASH_SINK, tail = rows - sink;
+    const int64_t held = rows <= sink ? rows : sink + (tail < c->sliding_window ? tail : c->sliding_window);
+    return (uint64_t)c->n_layer * 2 * (uint64_t)(c->n_head_kv * c->head_dim) * (uint64_t)held * sizeof(float);
+}
+
+void mu_dflash_state_export(const mu_dflash_state *st, float *out) {
+    const mu_dflash_config *c = &st->d->cfg;
+    const int64_t D = c->head_dim, Hkv = c->n_head_kv, S = st->slots, held = rows_held(st);
+    for (int il = 0; il < c->n_layer; il++) {
+        for (int64_t h = 0; h < Hkv; h++, out += held * D)
+            st->be->download(st->be, out, st->ck[il] + h * S * D, (size_t)(held * D) * sizeof(float));
+        for (int64_t h = 0; h < Hkv; h++)
+            for (int64_t d = 0; d < D; d++, out += held)
+                st->be->download(st->be, out, st->cv[il] + (h * D + d) * S, (size_t)held * sizeof(float));
+    }
+}
+
+void mu_dflash_state_import(mu_dflash_state *st, int64_t rows, const float *in) {
+    const mu_dflash_config *c = &st->d->cfg;
+    st->rows = rows;
+    const int64_t D = c->head_dim, Hkv = c->n_head_kv, S = st->slots, held = rows_held(st);
+    for (int il = 0; il < c->n_layer; il++) {
+        for (int64_t h = 0; h < Hkv; h++, in += held * D)
+            st->be->upload(st->be, st->ck[il] + h * S * D, in, (size_t)(held * D) * sizeof(float));
+        for (int64_t h = 0; h < Hkv; h++)
+            for (int64_t d = 0; d < D; d++, in += held)
+                st->be->upload(st->be, st->cv[il] + (h * D + d) * S, in, (size_t)held * sizeof(float));
+    }
+}

@@ -276,11 +276,13 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     gate_init(&sp->gate, p->no_gate);
     muser_spec_reset(sp);
     if (!p->no_gate) gate_calibrate(sp);
+    mu_session_set_spec(s, sp);
     return sp;
 }
 
 void muser_spec_free(muser_spec *sp) {
     if (!sp) return;
+    if (mu_session_spec(sp->s) == sp) mu_session_set_spec(sp->s, NULL);
     mu_session_set_capture(sp->s, NULL, 0, NULL);
     mu_dflash_state_free(sp->ds);
     free(sp->logits);
@@ -381,6 +383,7 @@ static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *sm
     int64_t keep = n ? n : 1;
     if (!muser_session_rollback(sp->s, P + keep, err) || !take_captured(sp, vl + 1, keep, ERR(err))) return -1;
     muser_session_commit(sp->s);
+    mu_session_set_logits(sp->s, sp->logits + (keep - 1) * V); /* the row of the last kept token */
     double t3 = mu_now();
     int64_t accepted = n ? n - 1 : 0;
     sp->st.rounds++;
@@ -417,4 +420,36 @@ bool mu_spec_take_fed(muser_spec *sp, int64_t n, mu_error *err) { return take_ca
 void mu_spec_draft_now(muser_spec *sp, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
     flush_feats(sp);
     mu_dflash_draft(sp->ds, anchor, n_prop, proposals, logits);
+}
+
+/* ---------------------------------------------------------------- durable state */
+
+void mu_spec_geometry(const muser_spec *sp, mu_spec_geom *g) {
+    const mu_dflash_config *c = &sp->draft->d->cfg;
+    *g = (mu_spec_geom){.path = sp->draft->d->gguf->path, .n_layer = c->n_layer, .n_head_kv = c->n_head_kv,
+                        .head_dim = c->head_dim, .sink = MU_DFLASH_SINK, .window = c->sliding_window,
+                        .feat_floats = sp->feat_len, .feat_rows = sp->cap_feats};
+}
+
+/* The assistant's context and the buffered rows behind it, as bytes:
+ * every held cache slot (mu_dflash_state_export), then the n_feats rows
+ * not yet projected. Needs the assistant in step with the session. */
+bool mu_spec_export(const muser_spec *sp, int64_t *rows, unsigned char **out, uint64_t *len, mu_error *err) {
+    if (!in_step(sp, err)) return false;
+    const uint64_t ctx = mu_dflash_state_bytes(sp->draft->d, mu_dflash_state_rows(sp->ds));
+    const uint64_t feats = (uint64_t)(sp->n_feats * sp->feat_len) * sizeof(float);
+    unsigned char *p = mu_xmalloc((size_t)(ctx + feats) ? (size_t)(ctx + feats) : 1);
+    mu_dflash_state_export(sp->ds, (float *)p);
+    if (feats) sp->be->download(sp->be, p + ctx, sp->feats, (size_t)feats);
+    *rows = mu_dflash_state_rows(sp->ds);
+    *out = p;
+    *len = ctx + feats;
+    return true;
+}
+
+void mu_spec_import(muser_spec *sp, int64_t rows, int64_t n_feats, const unsigned char *data) {
+    const uint64_t ctx = mu_dflash_state_bytes(sp->draft->d, rows);
+    mu_dflash_state_import(sp->ds, rows, (const float *)data);
+    sp->n_feats = n_feats;
+    if (n_feats) sp->be->upload(sp->be, sp->feats, data + ctx, (size_t)(n_feats * sp->feat_len) * sizeof(float));
 }
