@@ -1,25 +1,24 @@
-/* AVX-512 VNNI kernel for Q4_K weights in the X16 layout (cpu_repack.h),
- * 1-8 activation rows: decode and short verify batches. Lane r of every
- * vector is weight row 16g + r; a 512-bit load of the group block gives one
- * dword of 16 rows and `vpdpbusd` against a broadcast activation dword
- * advances 16 row sums at once, so there are no horizontal sums and the
- * weights are one stream.
+/* AVX-512 VNNI kernel for Q4_K, Q5_K and Q6_K weights in the X16 layout
+ * (cpu_repack.h), any number of activation rows in tiles of up to 4. Lane r
+ * of every vector is weight row 16g + r; a 512-bit load of the group block
+ * gives one dword of 16 rows and `vpdpbusd` against a broadcast activation
+ * dword advances 16 row sums at once, so there are no horizontal sums and
+ * the weights are one stream.
  *
- * Exactness: each sub-block sum is an int32 computed exactly, scaled and
- * summed in int32 (exact: |sumi| < 2^31 by the format's ranges), then
- *   f_b = (d*xd)*(float)sumi - (dmin*xd)*(float)summ
- * lane-wise, the reference's formula, added to the row total in block
- * order. The high nibbles are used in place (byte & 0xF0 = 16 * code):
- * their scaled sums are exact multiples of 16, shifted down once per block.
- * Activation codes come in the order cpu_avx512_quant.c's quantizer writes
- * for Q4_K (32-value chunks in sub-block order 0 2 1 3 4 6 5 7).
+ * Exactness: every integer sum of a block is exact in int32 (|sumi| < 2^31
+ * by the format's ranges), so its order and decomposition are free
+ * (docs/numerics.md); then, lane-wise, the reference's formula
+ *   Q4_K, Q5_K: f_b = (d*xd)*(float)sumi - (dmin*xd)*(float)summ
+ *   Q6_K:       f_b = (d*xd)*(float)sumi
+ * added to the row total in block order. Activation codes come in the order
+ * cpu_avx512_quant.c's quantizer writes: for Q4_K and Q5_K 32-value chunks
+ * in sub-block order 0 2 1 3 4 6 5 7, for Q6_K natural order.
  *
- * Q6_K: the 6-bit codes are rebuilt per dword from the low-nibble and
- * high-bit planes (four code dwords per qh dword), summed per 16-value
- * sub-block, offset by -32 * bsum and scaled in int32 (exact), then
- * f_b = (d*xd)*(float)sumi, the reference's formula. Activation codes are in
- * natural order for Q6_K. Q5_K is Q4_K plus the qh plane: each code dword
- * takes its fifth bit from the qh dword of the same values. */
+ * What the 4-row tile is bound by on Zen 5 (docs/benchmarks.md): vpdpbusd,
+ * vpmulld, vpdpwssd and vmulps share two pipes, vector loads (broadcasts
+ * included) two ports; other vector ops have two more pipes. Hence the
+ * broadcasts as memory operands, the shuffles below and the int16 pair
+ * products for the mins and the Q6_K offset. */
 #include "backend/cpu/cpu_simd_common.h"
 
 #if defined(__x86_64__)
@@ -235,7 +234,7 @@ static inline __attribute__((always_inline)) void q45k_tile(const uint8_t *grp, 
 static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, int64_t nb, const mu_block_q8k *x,
                                                             int64_t nbx, int T, float *y, int64_t ys,
                                                             bool has_scale, float scale) {
-    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m33 = _mm512_set1_epi8(0x33), mcc = _mm512_set1_epi8((char)0xCC);
     __m512 total[X16_TILE];
     for (int t = 0; t < T; t++) total[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, grp += Q6K_GROUP_BLOCK) {
@@ -252,13 +251,13 @@ static inline __attribute__((always_inline)) void q6k_tile(const uint8_t *grp, i
                     for (int t = 0; t < T; t++) acc[t][0] = zero_reg(), acc[t][1] = zero_reg();
 #pragma GCC unroll 4
                     for (int i = 4 * ih; i < 4 * ih + 4; i++) {
-                        __m512i h = load_dw(grp, 32 + 8 * n + i), q = load_dw(grp, 16 * n + 8 * p + i);
-                        in_register(&h); /* one load each */
-                        in_register(&q);
-                        /* 0xE4: C ? A : B, low nibble from ql, bits 4-5 from qh */
-                        const __m512i lo = _mm512_ternarylogic_epi32(q, _mm512_and_si512(_mm512_slli_epi32(h, 4 - 2 * p), m30), m0f, 0xE4);
-                        const __m512i hb = p ? _mm512_srli_epi32(h, 2) : h;
-                        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 4), _mm512_and_si512(hb, m30), m0f, 0xE4);
+                        __m512i q = load_dw(grp, 16 * n + 8 * p + i);
+                        in_register(&q); /* one load for both codes */
+                        /* qh bits 0-1 and 4-5 (A) or 2-3 and 6-7 (B): shifted to bits 4-5,
+                         * the bits above them are zero (0xE4: C ? A : B, low nibble from ql) */
+                        const __m512i hm = _mm512_and_si512(load_dw(grp, 32 + 8 * n + i), p ? mcc : m33);
+                        const __m512i lo = _mm512_ternarylogic_epi32(q, _mm512_slli_epi32(hm, 4 - 2 * p), m0f, 0xE4);
+                        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi32(q, 4), p ? _mm512_srli_epi32(hm, 2) : hm, m0f, 0xE4);
                         for (int t = 0; t < T; t++) {
                             const int8_t *xq = x[t * nbx + b].qs + 128 * n + 4 * i;
                             acc[t][0] = dpbusd_b(acc[t][0], lo, xq + 32 * p);
