@@ -194,6 +194,11 @@ static void test_matmul(void) {
     check_matmul(MU_TYPE_Q5_K, 1024, 24, 1, many_rows, 3);
     check_matmul(MU_TYPE_Q6_K, 1024, 40, 2, many_rows, 3);
     check_matmul(MU_TYPE_NVFP4_E2M1, 1024, 20, 0, many_rows, 2);
+    /* the X16 kernel's Q4_K / Q5_K min pairs: rows in chunks (70 rows x 33 blocks
+     * past its stack buffer), and on the heap (513 blocks: not even 4 rows fit) */
+    static const int64_t chunk_rows[] = {70}, heap_rows[] = {5};
+    check_matmul(MU_TYPE_Q4_K, 8448, 32, 0, chunk_rows, 1);
+    check_matmul(MU_TYPE_Q5_K, 131328, 16, 0, heap_rows, 1);
     static const uint32_t ftypes[] = {MU_TYPE_F32, MU_TYPE_F16, MU_TYPE_BF16};
     static const int64_t ragged[] = {1, 15, 16, 31, 33, 100, 256};
     for (size_t t = 0; t < 3; t++)

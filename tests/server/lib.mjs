@@ -150,12 +150,18 @@ export function rawSocket(method, p, headers, body, { base = URL_BASE, chunked =
 
 /* POST a streaming request and collect its server-sent events: every
  * `data:` payload in order (parsed JSON, or the string '[DONE]'). onEvent
- * (ev, i) may return false to abort the request (the client goes away). */
-export async function sse(p, body, { base = URL_BASE, onEvent = null, headers = {}, abortMs = 0 } = {}) {
+ * (ev, i) may return false to abort the request (the client goes away);
+ * so do abortMs and an abort of signal. */
+export async function sse(p, body, { base = URL_BASE, onEvent = null, headers = {}, abortMs = 0, signal = null } = {}) {
     const ac = new AbortController();
     const out = { status: 0, headers: null, events: [], raw: '', aborted: false, error: null };
     let timer = null;
     if (abortMs) timer = setTimeout(() => { out.aborted = true; ac.abort(); }, abortMs);
+    if (signal) {
+        const hangUp = () => { out.aborted = true; ac.abort(); };
+        if (signal.aborted) hangUp();
+        else signal.addEventListener('abort', hangUp, { once: true });
+    }
     let r;
     try {
         r = await fetch(base + p, {

@@ -105,31 +105,41 @@ test('the page\'s stop button cancels its request', async () => {
     assert.ok(stop, 'no #stop on the page');
     const input = await find('input');
     const send = await find('send');
-    // glimmer-tiny's chat replies are too short to stop by hand: the four
-    // slots are kept busy with long generations, so the page's request
-    // waits in the queue while the stop button is pressed
-    let stopBg = false;
-    const bg = [0, 1, 2, 3].map((i) => sse('/completion',
-        { prompt: `${i} And it came to pass`, n_predict: 1000, ignore_eos: true, temperature: 0, stream: true },
-        { onEvent: () => !stopBg }));
+    // glimmer-tiny's chat replies are too short to stop by hand: the page's
+    // request is stopped while it waits for a slot. The four slots run long
+    // generations and AHEAD more wait before the page's request; the queue is
+    // first come first served, so the page's request cannot get a slot before
+    // AHEAD / 4 whole generations have run in every slot, however fast the
+    // model decodes (a 1000-token stream can end within a second). That the
+    // queue ahead had not drained when stop was pressed is checked, not hoped.
+    const AHEAD = 16;
+    const bgAbort = new AbortController();
+    const m00 = await get('/metrics');
+    const submitted0 = metric(m00.text, 'muser_requests_total');
+    const cancelled0 = metric(m00.text, 'muser_requests_cancelled_total');
+    const bg = [];
+    for (let i = 0; i < 4 + AHEAD; i++) {
+        bg.push(sse('/completion',
+            { prompt: `${i} And it came to pass`, n_predict: 1000, ignore_eos: true, temperature: 0, stream: true },
+            { signal: bgAbort.signal }));
+    }
     const t0 = Date.now();
     for (;;) {
         const m = await get('/metrics');
-        if (metric(m.text, 'vllm:num_requests_running') === 4) break;
-        assert.ok(Date.now() - t0 < 10000, 'the four long generations never ran');
+        if (metric(m.text, 'muser_requests_total') === submitted0 + 4 + AHEAD
+            && metric(m.text, 'vllm:num_requests_running') === 4) break;
+        assert.ok(Date.now() - t0 < 10000, 'the long generations were never all submitted');
         await sleep(5);
     }
-    const m0 = await get('/metrics');
-    const cancelled0 = metric(m0.text, 'muser_requests_cancelled_total');
     const chatReq = page.waitForRequest((r) => r.url().endsWith('/v1/chat/completions'), { timeout: 30000 });
     await page.fill(input, 'Who was Samuel?');
     await page.click(send);
     await chatReq;
     await page.waitForFunction((sel) => !document.querySelector(sel).disabled, stop, { timeout: 5000 });
-    for (;;) {
+    for (;;) { // the page's request reached the scheduler, behind the others
         const m = await get('/metrics');
-        if (metric(m.text, 'vllm:num_requests_waiting') === 1) break;
-        assert.ok(Date.now() - t0 < 10000, 'the page\'s request never queued');
+        if (metric(m.text, 'muser_requests_total') === submitted0 + 4 + AHEAD + 1) break;
+        assert.ok(Date.now() - t0 < 10000, 'the page\'s request never reached the server');
         await sleep(5);
     }
     await page.click(stop, { timeout: 5000 });
@@ -137,20 +147,24 @@ test('the page\'s stop button cancels its request', async () => {
     let m1;
     for (;;) {
         m1 = await get('/metrics');
-        if (metric(m1.text, 'vllm:num_requests_waiting') === 0) break;
-        assert.ok(Date.now() - t1 < 1000, 'the stopped request still waits for a slot 1 s after stop');
+        if (metric(m1.text, 'muser_requests_cancelled_total') !== cancelled0) break;
+        assert.ok(Date.now() - t1 < 1000, 'the stopped request was not cancelled 1 s after stop');
         await sleep(10);
     }
+    // generations that still wait were ahead of the page's request all along
+    assert.ok(metric(m1.text, 'vllm:num_requests_waiting') >= 1,
+        `the ${AHEAD} generations queued ahead of the page's request drained before stop took effect`);
     assert.equal(metric(m1.text, 'vllm:num_requests_running'), 4, 'the long generations ended before the check');
-    assert.equal(metric(m1.text, 'muser_requests_cancelled_total'), cancelled0 + 1, 'the stopped request was not cancelled');
+    assert.equal(metric(m1.text, 'muser_requests_cancelled_total'), cancelled0 + 1, 'only the stopped request was cancelled');
     await page.waitForFunction((sel) => document.querySelector(sel).disabled, stop, { timeout: 5000 });
     await page.screenshot({ path: path.join(TMP, 'chat-page-stopped.png'), fullPage: true });
-    stopBg = true;
+    bgAbort.abort();
     const ws = await Promise.all(bg);
-    assert.ok(ws.every((w) => w.aborted && w.error === null));
+    assert.ok(ws.every((w) => w.aborted && w.error === null), JSON.stringify(ws.map((w) => [w.aborted, String(w.error)])));
     for (;;) {
         const sl = await get('/slots');
-        if (!sl.json.some(slotBusy)) break;
+        const m = await get('/metrics');
+        if (!sl.json.some(slotBusy) && metric(m.text, 'vllm:num_requests_waiting') === 0) break;
         assert.ok(Date.now() - t1 < 5000, 'slots still busy');
         await sleep(10);
     }
