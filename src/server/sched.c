@@ -541,6 +541,17 @@ static void *sched_main(void *arg) {
 
 /* ------------------------------------------------------------------ public */
 
+/* The prompt-cache writer publishes what is queued, then ends. */
+static void writer_stop(srv_sched *s) {
+    if (!s->writer_started) return;
+    pthread_mutex_lock(&s->mu);
+    s->pc_stop = true;
+    pthread_cond_signal(&s->pc_cond);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->writer, NULL);
+    s->writer_started = false;
+}
+
 srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *params, muser_error *err) {
     srv_sched_params p = params ? *params : (srv_sched_params){0};
     if (p.n_slots <= 0) p.n_slots = 4;
@@ -607,13 +618,7 @@ srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *params, muse
     }
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         mu_err_set(ERR_CAST(err), "scheduler: cannot start its thread: %s", strerror(errno));
-        if (s->writer_started) {
-            pthread_mutex_lock(&s->mu);
-            s->pc_stop = true;
-            pthread_cond_signal(&s->pc_cond);
-            pthread_mutex_unlock(&s->mu);
-            pthread_join(s->writer, NULL);
-        }
+        writer_stop(s);
         muser_kvstore_close(s->pc);
         muser_kvstore_close(s->pc_w);
         muser_engine_free(e);
@@ -636,13 +641,7 @@ void srv_sched_free(srv_sched *s, bool finish) {
     for (int32_t i = 0; i < s->p.n_slots; i++)
         while (s->slots[i].pinned) pthread_cond_wait(&s->wake, &s->mu);
     pthread_mutex_unlock(&s->mu);
-    if (s->writer_started) { /* it publishes what is queued, then ends */
-        pthread_mutex_lock(&s->mu);
-        s->pc_stop = true;
-        pthread_cond_signal(&s->pc_cond);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->writer, NULL);
-    }
+    writer_stop(s);
     muser_kvstore_close(s->pc);
     muser_kvstore_close(s->pc_w);
     pthread_cond_destroy(&s->pc_cond);
