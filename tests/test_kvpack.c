@@ -196,6 +196,18 @@ static void put_file(const char *path, const void *p, size_t n) {
     if (f) fclose(f);
 }
 
+/* The store's 32-byte seal key (DIR/kvpack.key), for tests that re-seal a pack. */
+static void store_key(const char *dir, unsigned char key[32]) {
+    char kp[4200];
+    snprintf(kp, sizeof kp, "%s/kvpack.key", dir);
+    size_t kn;
+    char *kb = slurp(kp, &kn);
+    CHECK(kb && kn == 32);
+    memset(key, 0, 32);
+    if (kb && kn == 32) memcpy(key, kb, 32);
+    free(kb);
+}
+
 static void hmac_key(const unsigned char *key, const unsigned char *p, size_t n, unsigned char out[32]) {
     EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
     EVP_MAC_CTX *c = EVP_MAC_CTX_new(mac);
@@ -388,13 +400,7 @@ static void test_refusals(muser_model *m, muser_model *foreign, const char *dir,
             free(buf);
         }
         unsigned char key[32];
-        char kp[4200];
-        snprintf(kp, sizeof kp, "%s/kvpack.key", dir);
-        size_t kn;
-        char *kb = slurp(kp, &kn);
-        CHECK(kb && kn == 32);
-        if (kb) memcpy(key, kb, 32);
-        free(kb);
+        store_key(dir, key);
         unsigned char *seal = p + n - KVP_SEAL_BYTES;
         hmac_key(key, p, n - KVP_SEAL_BYTES + 8, seal + 8);
         put_file(copy, p, n);
@@ -541,15 +547,7 @@ static void test_zstd(muser_model *m, const char *dir, const float *ref) {
     }
     CHECK_MSG(kv_secs >= 4 && first_kv > 0, "%d kv sections", kv_secs);
     unsigned char key[32];
-    {
-        char kp[4200];
-        snprintf(kp, sizeof kp, "%s/kvpack.key", dir);
-        size_t kn;
-        char *kb = slurp(kp, &kn);
-        CHECK(kb && kn == 32);
-        if (kb) memcpy(key, kb, 32);
-        free(kb);
-    }
+    store_key(dir, key);
     /* the first kv section's raw size, from its count */
     muser_model_info mi;
     muser_model_get_info(m, &mi);

@@ -552,6 +552,19 @@ static void writer_stop(srv_sched *s) {
     s->writer_started = false;
 }
 
+/* srv_sched's creation failed after the slots exist: undo it all (the
+ * writer, when it started, finishes first). */
+static srv_sched *create_failed(srv_sched *s, muser_engine *e) {
+    writer_stop(s);
+    muser_kvstore_close(s->pc);
+    muser_kvstore_close(s->pc_w);
+    for (int32_t i = 0; i < s->p.n_slots; i++) muser_spec_free(s->slots[i].sp);
+    muser_engine_free(e);
+    free(s->slots);
+    free(s);
+    return NULL;
+}
+
 srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *params, muser_error *err) {
     srv_sched_params p = params ? *params : (srv_sched_params){0};
     if (p.n_slots <= 0) p.n_slots = 4;
@@ -595,36 +608,18 @@ srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *params, muse
     if (p.prompt_cache) {
         if (!(s->pc = muser_kvstore_open(m, p.prompt_cache, NULL, err)) ||
             !(s->pc_w = muser_kvstore_open(m, p.prompt_cache, NULL, err)) ||
-            !muser_kvstore_set_compression(s->pc_w, p.zstd_level, err)) {
-            muser_kvstore_close(s->pc);
-            for (int32_t i = 0; i < p.n_slots; i++) muser_spec_free(s->slots[i].sp);
-            muser_engine_free(e);
-            free(s->slots);
-            free(s);
-            return NULL;
-        }
+            !muser_kvstore_set_compression(s->pc_w, p.zstd_level, err))
+            return create_failed(s, e);
         muser_kvstore_set_quota(s->pc_w, p.prompt_cache_quota);
         if (pthread_create(&s->writer, NULL, writer_main, s) != 0) {
             mu_err_set(ERR_CAST(err), "prompt cache: cannot start its writer thread: %s", strerror(errno));
-            muser_kvstore_close(s->pc);
-            muser_kvstore_close(s->pc_w);
-            for (int32_t i = 0; i < p.n_slots; i++) muser_spec_free(s->slots[i].sp);
-            muser_engine_free(e);
-            free(s->slots);
-            free(s);
-            return NULL;
+            return create_failed(s, e);
         }
         s->writer_started = true;
     }
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
         mu_err_set(ERR_CAST(err), "scheduler: cannot start its thread: %s", strerror(errno));
-        writer_stop(s);
-        muser_kvstore_close(s->pc);
-        muser_kvstore_close(s->pc_w);
-        muser_engine_free(e);
-        free(s->slots);
-        free(s);
-        return NULL;
+        return create_failed(s, e);
     }
     return s;
 }
