@@ -3,12 +3,14 @@
 # unpack the build dependencies the machine lacks (DEBS=dir of .deb files),
 # then run.sh (build + every exactness check), then the device read
 # bandwidth and `muser bench` of the full synthetic q4_k_xl model.
-#   STAGES  subset of "check bench mmvbench kbench prof nsys" (default "check
+#   STAGES  subset of "check bench mmvbench kbench prof nsys pdl" (default "check
 #           bench"; mmvbench: test_cuda_backend --bench-mmv; kbench:
 #           --bench-gemm and --bench-attn (prefill kernels); prof:
 #           a per-kernel profile of a short run, MUSER_CUDA_PROF=1; nsys:
-#           Nsight Systems kernel and API summaries, where nsys is installed)
-#   BENCH   "quick" (short runs) or "full" (default)
+#           Nsight Systems kernel and API summaries, where nsys is installed;
+#           pdl: glimmer-tiny and full-model decode under each of PDL_ENVS,
+#           space-separated settings, a setting's variables joined by commas)
+#   BENCH   "quick" (short runs), "full" (default) or "none" (only the stages)
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 export BUILD=${BUILD:-/tmp/muser-build-cuda}
@@ -67,7 +69,8 @@ case " $STAGES " in *" bench "*)
     case " $STAGES " in *" nsys "*)
         NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
         if [ -n "$NSYS" ]; then
-            "$NSYS" profile -o /tmp/muser-prof -f true -t cuda "$M" run -m $F --backend cuda --tokens 1,2,3,4 -n 24 \
+            "$NSYS" profile -o /tmp/muser-prof -f true -t cuda --cuda-graph-trace=node "$M" run -m $F --backend cuda \
+                --tokens 1,2,3,4 -n 64 \
                 --temp 0 >/dev/null 2>&1
             "$NSYS" stats -q --report cuda_gpu_kern_sum,cuda_api_sum /tmp/muser-prof.nsys-rep 2>&1 | cut -c1-160 | head -70
         else
@@ -76,7 +79,17 @@ case " $STAGES " in *" bench "*)
     esac
     B="$M bench -m $F --backend cuda --membw-gbs $BW --no-paired-membw"
     TINY="$M bench -m $SRC/models/glimmer-tiny-q4_k_xl.gguf --backend cuda --no-membw"
-    if [ "$BENCH" = quick ]; then
+    case " $STAGES " in *" pdl "*)
+        echo "== decode: graph and kernel variants (PDL_ENVS)"
+        for v in ${PDL_ENVS:-MUSER_CUDA_PDL=0 MUSER_CUDA_PDL=1 MUSER_CUDA_MMV=7}; do
+            echo "-- ${v//,/ }"
+            env ${v//,/ } $TINY -p 0 -n 256 -r 3 -q | tail -1
+            env ${v//,/ } $B -p 0 -n 128 -r 3 -q | tail -1
+        done ;;
+    esac
+    if [ "$BENCH" = none ]; then
+        :
+    elif [ "$BENCH" = quick ]; then
         for g in 1 0; do
             echo "== MUSER_CUDA_GRAPH=$g"
             MUSER_CUDA_GRAPH=$g $TINY -p 128 -n 256 -r 3 -q | tail -2

@@ -183,13 +183,18 @@ static void test_matmul_large(void) {
         {"Q8_0", MU_TYPE_Q8_0, false, false}, {"F16", MU_TYPE_F16, false, false},
         {"NVFP4_ggml", MU_TYPE_NVFP4, false, false}, {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false},
     };
-    const int64_t shapes[][2] = {{5120, 37}, {6656, 130}, {1280, 1}};
+    const int64_t shapes[][2] = {{5120, 37}, {6656, 130}, {1280, 1}, {19968, 9}};
     const int64_t rowss[] = {1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 100};
-    for (int vi = 0; vi < 6; vi++) { /* every weight-streaming kernel, the default (3) last */
-    const int variant = (int[]){0, 1, 2, 4, 5, 3}[vi];
+    /* every weight-streaming kernel: variant, and for k_mmv3 (7) warps per output and steps (0: by shape) */
+    static const int kernels[][3] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {4, 0, 0}, {5, 0, 0}, {7, 1, 1}, {7, 1, 2},
+                                     {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}, {8, 0, 0}, {3, 0, 0}};
+    for (size_t vi = 0; vi < sizeof kernels / sizeof *kernels; vi++) {
+    const int variant = kernels[vi][0];
     mucu_set_mmv_variant(variant);
+    mucu_set_mmv3(kernels[vi][1], kernels[vi][2]);
     for (size_t t = 0; t < sizeof big / sizeof *big; t++)
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < 4; s++) {
+            if (s == 3 && ((variant != 7 && variant != 3) || t > 3)) continue; /* 78 blocks: k_mmv3, 4 warps */
             const int64_t n_in = shapes[s][0], n_out = shapes[s][1];
             mu_weight w = make_weight(&big[t], n_in, n_out);
             for (size_t r = 0; r < sizeof rowss / sizeof *rowss; r++) {
@@ -203,8 +208,8 @@ static void test_matmul_large(void) {
                 ref->matmul(ref, &w, x, y, rows);
                 cu->matmul(cu, &w, dx, dy, rows);
                 char what[128];
-                snprintf(what, sizeof what, "matmul %s n_in=%lld n_out=%lld rows=%lld mmv=%d", w.name, (long long)n_in,
-                         (long long)n_out, (long long)rows, variant);
+                snprintf(what, sizeof what, "matmul %s n_in=%lld n_out=%lld rows=%lld mmv=%d wpr=%d u=%d", w.name,
+                         (long long)n_in, (long long)n_out, (long long)rows, variant, kernels[vi][1], kernels[vi][2]);
                 check(what, y, dy, (size_t)(rows * n_out) * 4);
                 cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
             }
@@ -228,9 +233,11 @@ static void bench_mmv(void) {
         {"ffn_gate/up", MU_TYPE_Q4_K, 6656, 19968}, {"ffn_down", MU_TYPE_Q4_K, 19968, 6656},
         {"ffn_down", MU_TYPE_Q6_K, 19968, 6656},  {"output/8", MU_TYPE_Q5_K, 6656, 25256},
     };
-    static const int variants[] = {3, 4, 0}, rowss[] = {1, 2, 4, 8};
+    /* variant, k_mmv3's warps per output and steps (0: by shape) */
+    static const int variants[][3] = {{3, 0, 0}, {7, 1, 2}, {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}};
+    static const int rowss[] = {1, 2, 4, 8};
     char msg[MUCU_ERR_LEN];
-    printf("%-12s %-5s %6s %6s %4s %4s %10s %9s\n", "weight", "type", "n_in", "n_out", "mmv", "rows", "us/call", "GB/s");
+    printf("%-12s %-5s %6s %6s %6s %4s %10s %9s\n", "weight", "type", "n_in", "n_out", "mmv", "rows", "us/call", "GB/s");
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         uint64_t rb = 0;
         if (!mu_type_row_bytes(shapes[si].type, (uint64_t)shapes[si].n_in, &rb)) abort();
@@ -252,7 +259,8 @@ static void bench_mmv(void) {
         float *dy = cu->alloc(cu, (size_t)(16 * n_out) * 4);
         for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
             for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++) {
-                mucu_set_mmv_variant(variants[vi]);
+                mucu_set_mmv_variant(variants[vi][0]);
+                mucu_set_mmv3(variants[vi][1], variants[vi][2]);
                 const int rows = rowss[ri];
                 for (int c = 0; c < copies; c++) cu->matmul(cu, &w[c], dx, dy, rows); /* upload + warm-up */
                 double t[9];
@@ -263,8 +271,11 @@ static void bench_mmv(void) {
                     t[k] = t[k] * 1e3 / 10.0;
                 }
                 qsort(t, 9, sizeof *t, cmp_d);
-                printf("%-12s %-5s %6lld %6lld %4d %4d %10.2f %9.1f\n", shapes[si].what, mu_type_name(shapes[si].type),
-                       (long long)n_in, (long long)n_out, variants[vi], rows, t[4], (double)bytes / (t[4] * 1e3));
+                char vn[16];
+                snprintf(vn, sizeof vn, variants[vi][0] == 7 ? "7/%d/%d" : "%d", variants[vi][variants[vi][0] == 7 ? 1 : 0],
+                         variants[vi][2]);
+                printf("%-12s %-5s %6lld %6lld %6s %4d %10.2f %9.1f\n", shapes[si].what, mu_type_name(shapes[si].type),
+                       (long long)n_in, (long long)n_out, vn, rows, t[4], (double)bytes / (t[4] * 1e3));
             }
         if (shapes[si].type == MU_TYPE_Q4_K) { /* the access pattern alone, and a plain read */
             void **dw = mu_xcalloc((size_t)copies, sizeof *dw);
@@ -287,7 +298,7 @@ static void bench_mmv(void) {
                     t[k] = t[k] * 1e3 / 10.0;
                 }
                 qsort(t, 9, sizeof *t, cmp_d);
-                printf("%-12s %-5s %6lld %6lld %4s %4d %10.2f %9.1f  (%s)\n", shapes[si].what, "Q4_K", (long long)n_in,
+                printf("%-12s %-5s %6lld %6lld %6s %4d %10.2f %9.1f  (%s)\n", shapes[si].what, "Q4_K", (long long)n_in,
                        (long long)n_out, "-", 1, t[4], (double)bytes / (t[4] * 1e3),
                        u ? (u == 1 ? "loads only, U=1" : u == 2 ? "loads only, U=2" : "loads only, U=4")
                          : "plain read");
@@ -327,8 +338,10 @@ static void bench_mmv(void) {
         for (int i = 0; i < 4; i++) dy[i] = cu->alloc(cu, (size_t)(16 * 19968) * 4);
         for (int ri = 0; ri < 4; ri++) {
             const int rows = rowss[ri];
-            for (int setv = 0; setv < 2; setv++) { /* one launch (default), one per weight (MMV 6: same kernel) */
-                mucu_set_mmv_variant(setv ? 6 : 3);
+            for (int setv = 0; setv < 5; setv++) { /* one launch (default), one per weight (MMV 6: same kernel),
+                                                      k_mmv3_set with 1, 2, 4 warps per output */
+                mucu_set_mmv_variant(setv == 0 ? 3 : setv == 1 ? 6 : 7);
+                mucu_set_mmv3(setv >= 2 ? 1 << (setv - 2) : 0, 0);
                 for (int c = 0; c < COPIES; c++) {
                     const mu_weight *wp[4] = {&w[c][0], &w[c][1], &w[c][2], &w[c][3]};
                     cu->matmul_multi(cu, sets[si].n, wp, dx, dy, rows);
@@ -345,15 +358,17 @@ static void bench_mmv(void) {
                     t[k] = t[k] * 1e3 / 8.0;
                 }
                 qsort(t, 9, sizeof *t, cmp_d);
-                printf("%-12s %-5s %6lld %6s %4s %4d %10.2f %9.1f  (%s)\n", sets[si].what, "set",
-                       (long long)sets[si].n_in, "-", setv ? "6" : "3", rows, t[4], (double)bytes / (t[4] * 1e3),
-                       setv ? "a launch per weight" : "one launch");
+                static const char *const sv[] = {"3", "6", "7/1", "7/2", "7/4"};
+                printf("%-12s %-5s %6lld %6s %6s %4d %10.2f %9.1f  (%s)\n", sets[si].what, "set",
+                       (long long)sets[si].n_in, "-", sv[setv], rows, t[4], (double)bytes / (t[4] * 1e3),
+                       setv == 1 ? "a launch per weight" : "one launch");
             }
         }
         cu->free(cu, dx, 0), free(x);
         for (int i = 0; i < 4; i++) cu->free(cu, dy[i], 0);
     }
     mucu_set_mmv_variant(3);
+    mucu_set_mmv3(0, 0);
 }
 
 /* matmul_multi: weights of the fast kernel sharing one quantization of x,
@@ -963,7 +978,11 @@ int main(int argc, char **argv) {
     }
     test_matmul_embed();
     test_matmul_large();
-    test_matmul_multi();
+    for (int k = 0; k < 4; k++) { /* k_mmv3_set: 1, 2, 4 warps per output; then the default */
+        mucu_set_mmv_variant(k < 3 ? 7 : 3);
+        mucu_set_mmv3(k < 3 ? 1 << k : 0, 0);
+        test_matmul_multi();
+    }
     test_gemm_tiles();
     test_rmsnorm();
     test_rope();

@@ -833,9 +833,14 @@ static void cuda_destroy(mu_backend *b) {
     free(c->cache);
     for (int i = 0; i < c->n_deferred; i++) (void)mucu_free(c->deferred[i], err);
     free(c->deferred);
-    if (getenv("MUSER_CUDA_GRAPH_STATS"))
-        fprintf(stderr, "muser: cuda graphs: %ld captured, %ld replayed, %ld left (replay mismatch or sync)\n",
-                c->n_captured, c->n_replayed, c->n_bailed);
+    if (getenv("MUSER_CUDA_GRAPH_STATS")) {
+        long flat = 0, prog = 0;
+        mucu_graph_chain_stats(&flat, &prog);
+        fprintf(stderr,
+                "muser: cuda graphs: %ld captured, %ld replayed, %ld left (replay mismatch or sync); %ld flat, "
+                "%ld programmatic kernel edges\n",
+                c->n_captured, c->n_replayed, c->n_bailed, flat, prog);
+    }
     free(c->copies);
     free(c);
     free(b);

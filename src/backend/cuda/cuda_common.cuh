@@ -10,6 +10,22 @@
 __device__ static inline uint32_t f32_bits(float f) { return __float_as_uint(f); }
 __device__ static inline float bits_f32(uint32_t u) { return __uint_as_float(u); }
 
+/* Programmatic dependent launch (docs/cuda.md "Graphs"). In a replayed
+ * decode graph every kernel that follows a kernel may be started as soon as
+ * all blocks of its predecessor have started, so its blocks are resident
+ * and its weight loads in flight while the predecessor drains. Every kernel
+ * of this backend therefore calls grid_dep_wait() before it reads anything
+ * an earlier kernel wrote or writes anything an earlier kernel reads (only
+ * weights, which no kernel writes, may be touched before it); the call
+ * returns once every earlier grid has completed and its writes are
+ * visible. Without a programmatic dependency it returns at once.
+ * tests/cuda/pdl_check.sh checks that every kernel calls it. */
+__device__ static inline void grid_dep_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* ------------------------------------------------ engine math (mumath.c) */
 
 __device__ static inline float pow2f(int32_t e) { return bits_f32((uint32_t)(e + 127) << 23); }

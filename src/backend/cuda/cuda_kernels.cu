@@ -22,6 +22,10 @@
  * first device query. */
 static cudaStream_t g_s;
 
+/* MUSER_CUDA_PREFETCH=1: before grid_dep_wait, a k_mmv2 warp also asks L2
+ * for the rest of its output's weight row (set with the stream). */
+__constant__ int c_prefetch;
+
 /* ---------------------------------------------------------------- errors */
 
 static bool cu_ok(cudaError_t e, const char *call, const char *what, char *err) {
@@ -142,7 +146,11 @@ extern "C" bool mucu_device_count(int *n, char *err) {
         snprintf(err, MUCU_ERR_LEN, "no CUDA device: cudaGetDeviceCount returned 0 devices");
         return false;
     }
-    return g_s || cu_ok(cudaStreamCreate(&g_s), "cudaStreamCreate", "the backend's stream", err);
+    if (g_s) return true;
+    const char *pf = getenv("MUSER_CUDA_PREFETCH");
+    const int prefetch = pf && *pf ? atoi(pf) : 0;
+    return cu_ok(cudaStreamCreate(&g_s), "cudaStreamCreate", "the backend's stream", err) &&
+           cu_ok(cudaMemcpyToSymbol(c_prefetch, &prefetch, sizeof prefetch), "cudaMemcpyToSymbol", "c_prefetch", err);
 }
 
 extern "C" bool mucu_malloc(void **p, size_t bytes, char *err) {
@@ -200,20 +208,124 @@ extern "C" bool mucu_capture_end(void **graph, char *err) {
     return true;
 }
 
+/* MUSER_CUDA_PDL: 1 (default) the chained graph is flat and every kernel
+ * after a kernel depends on it programmatically (it starts once all of
+ * its predecessor's blocks have started, grid_dep_wait in
+ * cuda_common.cuh); 2 flat with full dependencies only; 0 the segments as
+ * child graphs, one after another. */
+static int g_pdl = -1;
+static long g_flat, g_prog;
+
+extern "C" void mucu_graph_chain_stats(long *flat, long *programmatic) {
+    *flat = g_flat, *programmatic = g_prog;
+}
+
+/* The segments' nodes copied into g in order, each depending on the one
+ * before. A segment captured from one stream is a chain; anything else
+ * (or a node type not copied here) is an error, and the caller falls back
+ * to child graphs. */
+static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, int *n_prog, char *err) {
+    cudaGraphNode_t prev = NULL;
+    bool prev_kernel = false;
+    *n_prog = 0;
+    for (int i = 0; i < n; i++) {
+        cudaGraph_t s = (cudaGraph_t)graphs[i];
+        size_t nr = 0;
+        if (!cu_ok(cudaGraphGetRootNodes(s, NULL, &nr), "cudaGraphGetRootNodes", "graph flatten", err)) return false;
+        if (nr == 0) continue;
+        cudaGraphNode_t node = NULL;
+        if (nr != 1) {
+            snprintf(err, MUCU_ERR_LEN, "graph flatten: segment %d has %zu root nodes, not a chain", i, nr);
+            return false;
+        }
+        if (!cu_ok(cudaGraphGetRootNodes(s, &node, &nr), "cudaGraphGetRootNodes", "graph flatten", err)) return false;
+        while (node) {
+            cudaGraphNodeType ty;
+            cudaGraphNode_t nn = NULL;
+            cudaError_t e = cudaGraphNodeGetType(node, &ty);
+            const bool kernel = ty == cudaGraphNodeTypeKernel;
+            if (e == cudaSuccess && kernel) {
+                cudaKernelNodeParams p;
+                e = cudaGraphKernelNodeGetParams(node, &p);
+                if (e == cudaSuccess) e = cudaGraphAddKernelNode(&nn, g, NULL, 0, &p);
+            } else if (e == cudaSuccess && ty == cudaGraphNodeTypeMemcpy) {
+                cudaMemcpy3DParms p;
+                e = cudaGraphMemcpyNodeGetParams(node, &p);
+                if (e == cudaSuccess) e = cudaGraphAddMemcpyNode(&nn, g, NULL, 0, &p);
+            } else if (e == cudaSuccess && ty == cudaGraphNodeTypeMemset) {
+                cudaMemsetParams p;
+                e = cudaGraphMemsetNodeGetParams(node, &p);
+                if (e == cudaSuccess) e = cudaGraphAddMemsetNode(&nn, g, NULL, 0, &p);
+            } else if (e == cudaSuccess && ty == cudaGraphNodeTypeEmpty) {
+                e = cudaGraphAddEmptyNode(&nn, g, NULL, 0);
+            } else if (e == cudaSuccess) {
+                snprintf(err, MUCU_ERR_LEN, "graph flatten: segment %d holds a node of type %d", i, (int)ty);
+                return false;
+            }
+            if (!cu_ok(e, "copying a node", "graph flatten", err)) return false;
+            if (prev) {
+                cudaGraphEdgeData ed;
+                memset(&ed, 0, sizeof ed);
+                if (pdl && prev_kernel && kernel) {
+                    ed.from_port = cudaGraphKernelNodePortLaunchCompletion;
+                    ed.type = cudaGraphDependencyTypeProgrammatic;
+                    (*n_prog)++;
+                }
+                if (!cu_ok(cudaGraphAddDependencies(g, &prev, &nn, &ed, 1), "cudaGraphAddDependencies", "graph flatten",
+                           err))
+                    return false;
+            }
+            prev = nn, prev_kernel = kernel;
+            size_t nd = 0;
+            if (!cu_ok(cudaGraphNodeGetDependentNodes(node, NULL, NULL, &nd), "cudaGraphNodeGetDependentNodes",
+                       "graph flatten", err))
+                return false;
+            if (nd > 1) {
+                snprintf(err, MUCU_ERR_LEN, "graph flatten: segment %d branches (%zu dependents)", i, nd);
+                return false;
+            }
+            if (nd == 0) break;
+            if (!cu_ok(cudaGraphNodeGetDependentNodes(node, &node, NULL, &nd), "cudaGraphNodeGetDependentNodes",
+                       "graph flatten", err))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* One executable graph running the given graphs one after another. */
 extern "C" bool mucu_graph_chain(void *const *graphs, int n, void **exec, char *err) {
     cudaGraph_t g = NULL;
     *exec = NULL;
-    if (!cu_ok(cudaGraphCreate(&g, 0), "cudaGraphCreate", "graph chain", err)) return false;
-    cudaGraphNode_t prev = NULL;
-    for (int i = 0; i < n; i++) {
-        cudaGraphNode_t node;
-        if (!cu_ok(cudaGraphAddChildGraphNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, (cudaGraph_t)graphs[i]),
-                   "cudaGraphAddChildGraphNode", "graph chain", err)) {
+    if (g_pdl < 0) {
+        const char *e = getenv("MUSER_CUDA_PDL");
+        g_pdl = e && *e ? atoi(e) : 1;
+    }
+    bool flat = false;
+    if (g_pdl) {
+        static int warned;
+        int n_prog = 0;
+        char why[MUCU_ERR_LEN];
+        if (!cu_ok(cudaGraphCreate(&g, 0), "cudaGraphCreate", "graph chain", err)) return false;
+        flat = chain_flat(g, graphs, n, g_pdl == 1, &n_prog, why);
+        if (flat) g_flat++, g_prog += n_prog;
+        if (!flat) {
             cudaGraphDestroy(g);
-            return false;
+            if (!warned++) fprintf(stderr, "muser: cuda graphs: not flattened (%s); chaining segments\n", why);
         }
-        prev = node;
+    }
+    if (!flat) {
+        if (!cu_ok(cudaGraphCreate(&g, 0), "cudaGraphCreate", "graph chain", err)) return false;
+        cudaGraphNode_t prev = NULL;
+        for (int i = 0; i < n; i++) {
+            cudaGraphNode_t node;
+            if (!cu_ok(cudaGraphAddChildGraphNode(&node, g, prev ? &prev : NULL, prev ? 1 : 0, (cudaGraph_t)graphs[i]),
+                       "cudaGraphAddChildGraphNode", "graph chain", err)) {
+                cudaGraphDestroy(g);
+                return false;
+            }
+            prev = node;
+        }
     }
     cudaGraphExec_t e = NULL;
     const bool ok = cu_ok(cudaGraphInstantiate(&e, g, 0), "cudaGraphInstantiate", "graph chain", err);
@@ -296,6 +408,7 @@ extern "C" bool mucu_mem_info(size_t *free_b, size_t *total_b, char *name, size_
 /* Device read bandwidth: a read-only reduction over `bytes` of device
  * memory (bench.c compares decode against it). */
 __global__ static void k_read_sum(const uint4 *p, size_t n, unsigned *out) {
+    grid_dep_wait();
     unsigned acc = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint4 v = p[i];
@@ -650,6 +763,7 @@ __device__ static float dequant_elem(const mucu_weight &w, const uint8_t *row, c
 }
 
 __global__ static void k_embed(mucu_weight w, const int32_t *tokens, int64_t rows, float *x) {
+    grid_dep_wait();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * w.n_in) return;
     int64_t r = t / w.n_in, i = t % w.n_in, tok = tokens[r];
@@ -671,6 +785,7 @@ struct q8k_block {
 static_assert(sizeof(q8k_block) == 292, "Q8_K block must match the ggml layout");
 
 __global__ static void k_quantize_q8k(const float *x, q8k_block *y, int64_t n_blocks, bool via_f16) {
+    grid_dep_wait();
     int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= n_blocks) return;
     const float *src = x + b * 256;
@@ -812,6 +927,7 @@ __device__ static float dot_w4a4(const uint8_t *payload, const uint8_t *scales, 
 
 /* mu_weight_dot_row (quant/weight_row.c), one thread per (row, output). */
 __global__ static void k_matmul(mucu_weight w, const float *x, const q8k_block *xq, float *y, int64_t rows) {
+    grid_dep_wait();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * w.n_out) return;
     const int64_t r = t / w.n_out, o = t % w.n_out, nb = w.n_in / 256;
@@ -864,6 +980,7 @@ __global__ static void k_matmul(mucu_weight w, const float *x, const q8k_block *
 
 __global__ static void k_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
                                     float *cs) {
+    grid_dep_wait();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * n_pairs) return;
     int64_t r = t / n_pairs, i = t % n_pairs;
@@ -874,6 +991,7 @@ __global__ static void k_rope_table(const double *inv_freq, int64_t n_pairs, con
 
 __global__ static void k_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
                               int64_t rows, bool neox) {
+    grid_dep_wait();
     const int64_t half = n_rot / 2;
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * n_heads * half) return;
@@ -894,6 +1012,7 @@ __global__ static void k_rope(float *x, int64_t n_heads, int64_t head_dim, int64
 
 __global__ static void k_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t H, int64_t D,
                                   const int64_t *physical, const float *k, const float *v, int64_t rows) {
+    grid_dep_wait();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * H * D) return;
     int64_t i = t % D, h = (t / D) % H, r = t / (D * H);
@@ -905,21 +1024,25 @@ __global__ static void k_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64
 /* ------------------------------------------------------------ elementwise */
 
 __global__ static void k_sigmoid_gate(float *x, const float *g, int64_t n) {
+    grid_dep_wait();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = x[i] * d_sigmoidf(g[i]);
 }
 
 __global__ static void k_swiglu(float *gate, const float *up, int64_t n) {
+    grid_dep_wait();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) gate[i] = d_siluf(gate[i]) * up[i];
 }
 
 __global__ static void k_add(float *x, const float *y, int64_t n) {
+    grid_dep_wait();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = x[i] + y[i];
 }
 
 __global__ static void k_logit_tail(float *l, float scale, float cap, int64_t n) {
+    grid_dep_wait();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = l[i] * scale;
@@ -927,6 +1050,7 @@ __global__ static void k_logit_tail(float *l, float scale, float cap, int64_t n)
 }
 
 __global__ static void k_softmax(float *x, float scale, int64_t n, int64_t rows) {
+    grid_dep_wait();
     int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
     float *s = x + r * n, mx = -INFINITY, sum = 0;
@@ -942,6 +1066,7 @@ __global__ static void k_softmax(float *x, float scale, int64_t n, int64_t rows)
 }
 
 __global__ static void k_argmax(const float *x, int64_t n, int64_t rows, int32_t *out) {
+    grid_dep_wait();
     int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
     const float *l = x + r * n;
@@ -953,6 +1078,7 @@ __global__ static void k_argmax(const float *x, int64_t n, int64_t rows, int32_t
 
 __global__ static void k_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                                      const float *src, int64_t rows, bool transposed) {
+    grid_dep_wait();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * n_head * D) return;
     int64_t d = t % D, h = (t / D) % n_head, r = t / (D * n_head);
@@ -1046,6 +1172,7 @@ __device__ static inline void quantize_block_warp(const float v[8], q8split o, i
 
 /* One warp per 256-value block. */
 __global__ static void k_quantize_q8split(const float *x, q8split o, int64_t n_blocks) {
+    grid_dep_wait();
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;
@@ -1061,6 +1188,7 @@ __global__ static void k_quantize_q8split(const float *x, q8split o, int64_t n_b
  * k_swiglu do, stores it, and quantizes those same values. */
 template <bool SWIGLU>
 __global__ static void k_gate_q8(float *x, const float *g, q8split o, int64_t n_blocks) {
+    grid_dep_wait();
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;
@@ -1222,6 +1350,7 @@ __device__ static inline void block_f(const wshare &s, int b, int nb, int t, con
 template <int TYPE, int R, int U, int WPC, bool SMEM>
 __global__ static void __launch_bounds__(32 * WPC) k_mmv_kq(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
                                                            float *y, int has_scale, float scale) {
+    grid_dep_wait();
     extern __shared__ uint4 xsm[];
     const int lane = threadIdx.x & 31, g = lane >> 3, t = lane & 7;
     const int64_t o = (int64_t)blockIdx.x * WPC + (threadIdx.x >> 5);
@@ -1415,7 +1544,9 @@ __device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const
     }
 }
 
-/* One output o of one weight, by one warp. */
+/* One output o of one weight, by one warp. The first step's weights are
+ * loaded before grid_dep_wait (they are never written), so in a replayed
+ * graph they are in flight while the previous kernels finish. */
 template <int TYPE, int R, int U>
 __device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, const q8split &xq, int nr, int64_t o,
                                        float *y, int has_scale, float scale) {
@@ -1425,13 +1556,20 @@ __device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, 
     for (int r = 0; r < R; r++) total[r] = 0.0f;
     const uint8_t *q6sc = W + (size_t)n_out * nb * 192;
     const uint16_t *q6d = (const uint16_t *)(q6sc + (size_t)n_out * nb * 16);
-    for (int b0 = 0; b0 < nb; b0 += 8 * U) {
-        wq2 sh[U];
+    wq2 sh[U];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int bu = b0 + 8 * u + g;
-            load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
-        }
+    for (int u = 0; u < U; u++) {
+        const int bu = 8 * u + g;
+        load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
+    }
+    if (c_prefetch) {
+        const int bsz = TYPE == T_Q4_K ? 144 : TYPE == T_Q5_K ? 176 : 192;
+        const uint8_t *row = W + (size_t)o * nb * bsz;
+        for (int off = 8 * U * bsz + 128 * lane; off < nb * bsz; off += 128 * 32)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
+    }
+    grid_dep_wait();
+    for (int b0 = 0; b0 < nb; b0 += 8 * U) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int bu = b0 + 8 * u + g;
@@ -1446,6 +1584,13 @@ __device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, 
                 }
             }
         }
+        if (b0 + 8 * U < nb) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int bu = b0 + 8 * U + 8 * u + g;
+                load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
+            }
+        }
     }
     if (lane == 0) {
 #pragma unroll
@@ -1458,7 +1603,7 @@ template <int TYPE, int R, int U>
 __global__ static void __launch_bounds__(128) k_mmv2(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
                                                     float *y, int has_scale, float scale) {
     const int64_t o = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    if (o >= n_out) return;
+    if (o >= n_out) return; /* touches nothing: no grid_dep_wait needed */
     mmv2_out<TYPE, R, U>(W, n_out, nb, xq, nr, o, y, has_scale, scale);
 }
 
@@ -1483,16 +1628,114 @@ __global__ static void __launch_bounds__(128) k_mmv2_set(mmv_set set, int nb, q8
     int i = 0;
     while (i + 1 < set.n && wg >= set.first[i + 1]) i++;
     const int64_t o = wg - set.first[i];
-    if (o >= set.n_out[i]) return;
+    if (o >= set.n_out[i]) return; /* touches nothing: no grid_dep_wait needed */
     if (set.type[i] == T_Q4_K) mmv2_out<T_Q4_K, R, U>(set.W[i], set.n_out[i], nb, xq, nr, o, set.y[i], set.has_scale[i], set.scale[i]);
     else if (set.type[i] == T_Q5_K) mmv2_out<T_Q5_K, R, U>(set.W[i], set.n_out[i], nb, xq, nr, o, set.y[i], set.has_scale[i], set.scale[i]);
     else mmv2_out<T_Q6_K, R, U>(set.W[i], set.n_out[i], nb, xq, nr, o, set.y[i], set.has_scale[i], set.scale[i]);
+}
+
+/* v3: WPR warps per output (1, 2 or 4), so a row of many blocks (ffn_down:
+ * 78) is read by several warps at once and a CTA of 4 warps holds 4/WPR
+ * outputs; the grid has WPR times more warps for the same matrix, which
+ * evens out the last wave. Warp wi of an output takes the 8-block steps
+ * wi, wi + WPR, ... (U of them in flight); lane group g's f_b goes to
+ * shared memory, and after the CTA's barrier one thread per (output, row)
+ * adds that output's f_b in block order, from 0.0f as k_mmv2 does: the
+ * same bits (docs/numerics.md). */
+template <int TYPE, int R, int U, int WPR>
+__device__ static inline void mmv3_part(const uint8_t *W, int64_t n_out, int nb, const q8split &xq, int nr, int64_t o,
+                                        int wi, float *fs) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint8_t *q6sc = W + (size_t)n_out * nb * 192;
+    const uint16_t *q6d = (const uint16_t *)(q6sc + (size_t)n_out * nb * 16);
+    const int nsteps = (nb + 7) / 8;
+    wq2 sh[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int bu = 8 * (wi + WPR * u) + g;
+        load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
+    }
+    grid_dep_wait();
+    for (int k = 0; wi + WPR * U * k < nsteps; k++) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int st = wi + WPR * (U * k + u), bu = 8 * st + g;
+            if (st < nsteps) { /* the same for the whole warp: block_f2's shuffles see every lane */
+                float f[R];
+                block_f2<TYPE, R>(sh[u], bu < nb ? bu : nb - 1, nb, t, xq, nr, f);
+                if (t == 0 && bu < nb) {
+#pragma unroll
+                    for (int r = 0; r < R; r++) fs[r * nb + bu] = f[r];
+                }
+            }
+        }
+        if (wi + WPR * U * (k + 1) < nsteps) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int bu = 8 * (wi + WPR * (U * (k + 1) + u)) + g;
+                load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
+            }
+        }
+    }
+}
+
+/* after the barrier: thread (output l, row r) sums its f_b in block order */
+template <int R, int WPR>
+__device__ static inline void mmv3_sum(const float *fsm, int nb, int nr, int64_t o0, int64_t o_end, const int64_t *first,
+                                       float *const *ys, const int64_t *n_outs, const int *has_scales,
+                                       const float *scales, int nw) {
+    const int tid = threadIdx.x;
+    if (tid >= (4 / WPR) * R) return;
+    const int l = tid / R, r = tid % R;
+    const int64_t o = o0 + l; /* global output number (across the set's weights) */
+    if (o >= o_end || r >= nr) return;
+    int i = 0;
+    while (i + 1 < nw && o >= first[i + 1]) i++;
+    const float *p = fsm + (l * R + r) * nb;
+    float total = 0.0f;
+    for (int b = 0; b < nb; b++) total = total + p[b];
+    ys[i][r * n_outs[i] + (o - first[i])] = has_scales[i] ? total * scales[i] : total;
+}
+
+template <int TYPE, int R, int U, int WPR>
+__global__ static void __launch_bounds__(128) k_mmv3(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
+                                                    float *y, int has_scale, float scale) {
+    extern __shared__ float fsm[]; /* [4 / WPR][R][nb] */
+    const int warp = threadIdx.x >> 5, l = warp / WPR;
+    const int64_t o0 = (int64_t)blockIdx.x * (4 / WPR), o = o0 + l;
+    if (o < n_out) mmv3_part<TYPE, R, U, WPR>(W, n_out, nb, xq, nr, o, warp % WPR, fsm + l * R * nb);
+    else grid_dep_wait();
+    __syncthreads();
+    const int64_t first[1] = {0};
+    float *const ys[1] = {y};
+    const int64_t n_outs[1] = {n_out};
+    const int hs[1] = {has_scale};
+    const float sc[1] = {scale};
+    mmv3_sum<R, WPR>(fsm, nb, nr, o0, n_out, first, ys, n_outs, hs, sc, 1);
+}
+
+template <int R, int U, int WPR>
+__global__ static void __launch_bounds__(128) k_mmv3_set(mmv_set set, int nb, q8split xq, int nr) {
+    extern __shared__ float fsm[]; /* [4 / WPR][R][nb] */
+    const int warp = threadIdx.x >> 5, l = warp / WPR, wi = warp % WPR;
+    const int64_t o0 = (int64_t)blockIdx.x * (4 / WPR), wg = o0 + l;
+    int i = 0;
+    while (i + 1 < set.n && wg >= set.first[i + 1]) i++;
+    const int64_t o = wg - set.first[i];
+    float *fs = fsm + l * R * nb;
+    if (o >= set.n_out[i]) grid_dep_wait();
+    else if (set.type[i] == T_Q4_K) mmv3_part<T_Q4_K, R, U, WPR>(set.W[i], set.n_out[i], nb, xq, nr, o, wi, fs);
+    else if (set.type[i] == T_Q5_K) mmv3_part<T_Q5_K, R, U, WPR>(set.W[i], set.n_out[i], nb, xq, nr, o, wi, fs);
+    else mmv3_part<T_Q6_K, R, U, WPR>(set.W[i], set.n_out[i], nb, xq, nr, o, wi, fs);
+    __syncthreads();
+    mmv3_sum<R, WPR>(fsm, nb, nr, o0, set.first[set.n], set.first, set.y, set.n_out, set.has_scale, set.scale, set.n);
 }
 
 /* Benchmarks only (test_cuda_backend --bench-mmv): k_mmv2's Q4_K weight
  * loads with no arithmetic, to see what its access pattern alone reaches. */
 template <int U>
 __global__ static void __launch_bounds__(128) k_mmv2_loads(const uint8_t *W, int64_t n_out, int nb, float *y) {
+    grid_dep_wait();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int64_t o = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (o >= n_out) return;
@@ -1616,6 +1859,7 @@ __device__ static inline void whole_block_f(const uint8_t *W, int64_t n_out, int
 template <int TYPE, int R>
 __global__ static void __launch_bounds__(128) k_mmv_lpb(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
                                                        int rpc, float *y, int has_scale, float scale) {
+    grid_dep_wait();
     extern __shared__ float fsm[]; /* [R][rpc * nb] */
     const int64_t o0 = (int64_t)blockIdx.x * rpc;
     const int items = rpc * nb;
@@ -1660,6 +1904,7 @@ __device__ static inline void mma_s8_16816(int32_t c[4], uint32_t a0, uint32_t a
 template <int TYPE>
 __global__ static void __launch_bounds__(128) k_gemm_kq(const uint8_t *W, int64_t n_out, int nb, q8split xq, int64_t rows,
                                                        float *y, int has_scale, float scale) {
+    grid_dep_wait();
     __shared__ __align__(16) int8_t xs[GT_M * GT_LD];
     __shared__ __align__(16) int8_t ws[GT_N * GT_LD];
     __shared__ int32_t wsc[GT_N][16]; /* sub-block scales per 16 values (Q4_K/Q5_K: sc_j twice) */
@@ -1811,6 +2056,7 @@ __global__ static void __launch_bounds__(128) k_gemm_kq(const uint8_t *W, int64_
  * per (row, output); lane l computes f_b for blocks b = l mod 32 with the
  * scalar block dots above, then the row total adds them in block order. */
 __global__ static void k_matmul_warp(mucu_weight w, const q8k_block *xq, float *y, int64_t rows) {
+    grid_dep_wait();
     const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (wid >= rows * w.n_out) return;
@@ -1846,6 +2092,7 @@ __global__ static void k_matmul_warp(mucu_weight w, const q8k_block *xq, float *
 /* Float weights (F32, F16, BF16, activations as a matrix): a warp per
  * (row, output), the 32-lane order. */
 __global__ static void k_matmul_fwarp(mucu_weight w, const float *x, float *y, int64_t rows) {
+    grid_dep_wait();
     const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (wid >= rows * w.n_out) return;
@@ -1869,6 +2116,7 @@ __global__ static void k_matmul_fwarp(mucu_weight w, const float *x, float *y, i
 
 /* RMSNorm: a warp per row, the 32-lane sumsq order. */
 __global__ static void k_rmsnorm_warp(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows) {
+    grid_dep_wait();
     const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (r >= rows) return;
@@ -1918,6 +2166,7 @@ __device__ static inline void cta_quantize_row(const float *vs, int64_t n, int64
 template <bool QUANT>
 __global__ static void __launch_bounds__(1024) k_rmsnorm_cta(const float *x, const float *w, float eps, float *y,
                                                            int64_t n, int64_t rows, q8split o) {
+    grid_dep_wait();
     extern __shared__ float xs[];
     __shared__ float inv_s;
     const int64_t r = blockIdx.x;
@@ -1944,6 +2193,7 @@ template <bool QUANT>
 __global__ static void __launch_bounds__(1024) k_residual(float *x, const float *o, const float *w_o, float eps_o,
                                                         float *h, const float *w_h, float eps_h, int64_t n,
                                                         q8split q8) {
+    grid_dep_wait();
     extern __shared__ float xs[];
     __shared__ float inv_s[2];
     const int64_t r = blockIdx.x;
@@ -2006,6 +2256,7 @@ __global__ static void __launch_bounds__(1024) k_residual(float *x, const float 
 template <int K>
 __global__ static void k_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                                       float eps, const float *cs, int64_t n_rot, int64_t rows) {
+    grid_dep_wait();
     const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     const int64_t per_row = nq + nk;
@@ -2054,6 +2305,7 @@ template <int DPT>
 __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row *desc, int64_t rows, int64_t n_head,
                                                            int64_t n_head_kv, int64_t D, float scale, const float *q,
                                                            float *part, int64_t nbmax, float *final_out) {
+    grid_dep_wait();
     __shared__ float es[256];
     __shared__ float qsh[128 * DPT];
     const int tid = threadIdx.x;
@@ -2145,6 +2397,7 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
 template <int DPL>
 __global__ static void __launch_bounds__(128) k_attn_merge(const mucu_attn_row *desc, int64_t rows, int64_t n_head,
                                                           int64_t D, const float *part, int64_t nbmax, float *out) {
+    grid_dep_wait();
     const int lane = threadIdx.x & 31;
     const int64_t rh = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (rh >= rows * n_head) return;
@@ -2190,10 +2443,45 @@ extern "C" size_t mucu_q8k_bytes(int64_t n_in, int64_t rows) {
     return (blocks > split ? blocks : split) + 256;
 }
 
-static int mmv_variant = -1; /* MUSER_CUDA_MMV: 3 (default) 4 lanes per block (k_mmv2; 4 and 5: other
+/* The default kernel choice (variant 3), from test_cuda_backend --bench-mmv
+ * on the H200 (docs/benchmarks.md, "CUDA"): k_mmv3 with 4 warps per output
+ * for rows of 8 or more steps (ffn_down, 78 blocks: 29.5 against 36.4 us
+ * at 1 row, Q4_K; Q6_K at every row count, Q4_K up to 4 rows), with 2 for
+ * rows of 2-3 steps (attn_output, 16 blocks: 9.4 against 10.6 us); sets:
+ * k_mmv3_set with 1 warp per output at 3-4 rows, 2 from 5 rows on. The
+ * rest stays on k_mmv2. Returns k_mmv3's warps per output, 0 for k_mmv2. */
+static int mmv3_pick(int nb, int nr, int type, bool set, int *u) {
+    const int steps = (nb + 7) / 8;
+    *u = 1;
+    if (set) return nr > 4 ? 2 : nr > 2 ? 1 : 0;
+    if (steps >= 8) return nr <= 4 || type == T_Q6_K ? 4 : 0;
+    return steps >= 2 && steps <= 3 ? 2 : 0;
+}
+
+/* Variant 7 (k_mmv3 everywhere): mucu_set_mmv3 (tests, benchmarks) or
+ * MUSER_CUDA_WPR / MUSER_CUDA_MMV_U force the warps per output and steps
+ * in flight; else mmv3_pick's, with 1 warp and 2 steps where it picks k_mmv2. */
+static int mmv3_wpr = -1, mmv3_u = -1;
+
+extern "C" void mucu_set_mmv3(int wpr, int u) { mmv3_wpr = wpr, mmv3_u = u; }
+
+static void mmv3_shape(int nb, int nr, int type, bool set, int *wpr, int *u) {
+    if (mmv3_wpr < 0) {
+        const char *e = getenv("MUSER_CUDA_WPR"), *f = getenv("MUSER_CUDA_MMV_U");
+        mmv3_wpr = e && *e ? atoi(e) : 0;
+        mmv3_u = f && *f ? atoi(f) : 0;
+    }
+    int pu, pw = mmv3_pick(nb, nr, type, set, &pu);
+    if (!pw) pw = 1, pu = nr <= 2 ? 2 : 1;
+    *wpr = mmv3_wpr == 1 || mmv3_wpr == 2 || mmv3_wpr == 4 ? mmv3_wpr : pw;
+    *u = nr > 2 ? 1 : mmv3_u == 1 || mmv3_u == 2 ? mmv3_u : pu;
+}
+
+static int mmv_variant = -1; /* MUSER_CUDA_MMV: 3 (default) k_mmv2 and k_mmv3 by shape (mmv3_pick; 4 and 5: other
                                  numbers of steps in flight); 0: 8-lane groups per
                                  block (k_mmv_kq); 1: the same, rows <= 2 staged in shared memory; 2: lane per
-                                 block (k_mmv_lpb). All exact (docs/cuda.md). */
+                                 block (k_mmv_lpb); 7: several warps per output (k_mmv3) everywhere; 8: k_mmv2
+                                 everywhere (3 before k_mmv3). All exact (docs/cuda.md). */
 
 extern "C" void mucu_set_mmv_variant(int v) { mmv_variant = v; }
 
@@ -2221,6 +2509,40 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     q8split x = xq;
     x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
     float *yr = y + r0 * w->n_out;
+    int wpr = 0, u = 1;
+    if (mmv_variant == 7) mmv3_shape(nb, nr, (int)w->type, false, &wpr, &u);
+    else if (mmv_variant == 3) wpr = mmv3_pick(nb, nr, (int)w->type, false, &u);
+    if (wpr) {
+        const unsigned grid = grid_for(w->n_out, 4 / wpr);
+        const int R = nr <= 1 ? 1 : nr <= 2 ? 2 : nr <= 4 ? 4 : nr <= 8 ? 8 : 16;
+        const size_t sm = (size_t)(4 / wpr) * R * nb * 4;
+        if (sm <= 48 * 1024) {
+#define MMV3U(T, RR, UU, WW) k_mmv3<T, RR, UU, WW><<<grid, 128, sm, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
+#define MMV3W(T, RR, UU)                                                                                            \
+    do {                                                                                                            \
+        if (wpr == 4) MMV3U(T, RR, UU, 4);                                                                          \
+        else if (wpr == 2) MMV3U(T, RR, UU, 2);                                                                     \
+        else MMV3U(T, RR, UU, 1);                                                                                   \
+    } while (0)
+#define MMV3(T)                                                                                                     \
+    do {                                                                                                            \
+        if (R == 1) { if (u == 2) MMV3W(T, 1, 2); else MMV3W(T, 1, 1); }                                            \
+        else if (R == 2) { if (u == 2) MMV3W(T, 2, 2); else MMV3W(T, 2, 1); }                                       \
+        else if (R == 4) MMV3W(T, 4, 1);                                                                            \
+        else if (R == 8) MMV3W(T, 8, 1);                                                                            \
+        else MMV3W(T, 16, 1);                                                                                       \
+    } while (0)
+            switch (w->type) {
+            case T_Q4_K: MMV3(T_Q4_K); break;
+            case T_Q5_K: MMV3(T_Q5_K); break;
+            default: MMV3(T_Q6_K); break;
+            }
+#undef MMV3
+#undef MMV3W
+#undef MMV3U
+            return launched(mmv_name(w), err);
+        }
+    }
     if (mmv_variant >= 3) {
         /* steps in flight (H200, test_cuda_backend --bench-mmv): 3 (default) 2 for 1-2 rows, 1 for more
          * (4 steps at 1 row and 2 at 4 rows measured slower); 4: 4 for 1-2 rows; 5: 1; 6: as 3, but
@@ -2230,7 +2552,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
 #define MMV2U(T, R, U) k_mmv2<T, R, U><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
 #define MMV2(T, R)                                                                                                  \
     do {                                                                                                            \
-        if ((v == 3 || v == 6) && R <= 2) MMV2U(T, R, 2);                                                           \
+        if ((v == 3 || v == 6 || v == 8) && R <= 2) MMV2U(T, R, 2);                                                           \
         else if (v == 4 && R <= 2) MMV2U(T, R, 4);                                                                  \
         else MMV2U(T, R, 1);                                                                                        \
     } while (0)
@@ -2328,7 +2650,8 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
         const char *e = getenv("MUSER_CUDA_GEMM");
         gemm_min_rows = e && *e ? atoi(e) : 16;
     }
-    const bool one = n <= MMV_SET_MAX && mmv_variant == 3 && rows <= 16 && !(gemm_min_rows > 0 && rows >= gemm_min_rows);
+    const bool one = n <= MMV_SET_MAX && (mmv_variant == 3 || mmv_variant == 7 || mmv_variant == 8) && rows <= 16 &&
+                     !(gemm_min_rows > 0 && rows >= gemm_min_rows);
     if (!one) {
         for (int i = 0; i < n; i++)
             if (!mucu_matmul(w[i], x, y[i], rows, q8, prequantized || i > 0, err)) return false;
@@ -2347,8 +2670,33 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
         set.has_scale[i] = w[i]->has_scale, set.scale[i] = w[i]->scale;
         set.first[i + 1] = set.first[i] + w[i]->n_out;
     }
-    const unsigned grid = grid_for(set.first[n], 4);
     const int nr = (int)rows, kb = (int)(n_in / 256);
+    int wpr = 0, u = 1;
+    if (mmv_variant == 7) mmv3_shape(kb, nr, 0, true, &wpr, &u);
+    else if (mmv_variant == 3) wpr = mmv3_pick(kb, nr, 0, true, &u);
+    if (wpr) {
+        const int R = nr <= 1 ? 1 : nr <= 2 ? 2 : nr <= 4 ? 4 : nr <= 8 ? 8 : 16;
+        const size_t sm = (size_t)(4 / wpr) * R * kb * 4;
+        const unsigned g3 = grid_for(set.first[n], 4 / wpr);
+        if (sm <= 48 * 1024) {
+#define S3(RR, UU, WW) k_mmv3_set<RR, UU, WW><<<g3, 128, sm, g_s>>>(set, kb, xq, nr)
+#define S3W(RR, UU)                                                                                                 \
+    do {                                                                                                            \
+        if (wpr == 4) S3(RR, UU, 4);                                                                                \
+        else if (wpr == 2) S3(RR, UU, 2);                                                                           \
+        else S3(RR, UU, 1);                                                                                         \
+    } while (0)
+            if (R == 1) { if (u == 2) S3W(1, 2); else S3W(1, 1); }
+            else if (R == 2) { if (u == 2) S3W(2, 2); else S3W(2, 1); }
+            else if (R == 4) S3W(4, 1);
+            else if (R == 8) S3W(8, 1);
+            else S3W(16, 1);
+#undef S3W
+#undef S3
+            return launched("k_mmv3_set", err);
+        }
+    }
+    const unsigned grid = grid_for(set.first[n], 4);
     if (nr <= 1) k_mmv2_set<1, 2><<<grid, 128, 0, g_s>>>(set, kb, xq, nr);
     else if (nr <= 2) k_mmv2_set<2, 2><<<grid, 128, 0, g_s>>>(set, kb, xq, nr);
     else if (nr <= 4) k_mmv2_set<4, 1><<<grid, 128, 0, g_s>>>(set, kb, xq, nr);

@@ -57,6 +57,9 @@ bool mucu_zero_async(void *dst, size_t bytes, char *err);
 bool mucu_capture_begin(char *err);
 bool mucu_capture_end(void **graph, char *err);
 bool mucu_graph_chain(void *const *graphs, int n, void **exec, char *err);
+/* Chained graphs so far that were flattened, and their kernel-to-kernel
+ * programmatic dependencies (MUSER_CUDA_PDL, cuda_kernels.cu). */
+void mucu_graph_chain_stats(long *flat, long *programmatic);
 bool mucu_graph_instantiate(void *graph, void **exec, char *err);
 bool mucu_graph_launch(void *exec, char *err);
 void mucu_graph_free(void *graph);
@@ -96,6 +99,8 @@ bool mucu_matmul_fast(const mucu_weight *w);
  * k_mmv2 (default), 0 k_mmv_kq, 1 k_mmv_kq with shared-memory activations,
  * 2 k_mmv_lpb (tests and benchmarks compare them; MUSER_CUDA_MMV sets it). */
 void mucu_set_mmv_variant(int v);
+/* k_mmv3 (variant 7): warps per output (1, 2, 4) and steps in flight (1, 2); 0: by shape */
+void mucu_set_mmv3(int wpr, int u);
 /* Benchmarks only (inexact on purpose): k_mmv2's Q4_K weight loads with no
  * arithmetic (u steps in flight); a plain read of bytes at p. */
 bool mucu_bench_loads(const mucu_weight *w, int u, float *y, char *err);

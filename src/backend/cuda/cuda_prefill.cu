@@ -112,6 +112,7 @@ __global__ static void __launch_bounds__(64 * WM, 1)
     k_gemm_kq2(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
                const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
                int has_scale, float scale) {
+    grid_dep_wait();
     typedef g2_fmt<TYPE> F;
     typedef g2_smem<TYPE, WM> S;
     constexpr int BM = S::BM, BN = G2_BN, NT = 64 * WM;
@@ -475,6 +476,7 @@ __global__ static void __launch_bounds__(PA_NT, 1)
     k_attn_prefill(const mucu_attn_row *__restrict__ desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                    float scale, const float *__restrict__ q, float *__restrict__ part, int64_t nbmax,
                    float *__restrict__ final_out) {
+    grid_dep_wait();
     typedef pa_smem<DC> SM;
     constexpr int D = SM::D;
     constexpr int DG = D / 8, PG = PA_NT / DG, PPT = PA_PMAX / PG; /* PV: dim groups, pair groups, pairs/thread */
