@@ -9,7 +9,9 @@
 #           a per-kernel profile of a short run, MUSER_CUDA_PROF=1; nsys:
 #           Nsight Systems kernel and API summaries, where nsys is installed;
 #           pdl: glimmer-tiny and full-model decode under each of PDL_ENVS,
-#           space-separated settings, a setting's variables joined by commas)
+#           space-separated settings, a setting's variables joined by commas;
+#           ncu: each kernel's duration alone (Nsight Compute); kvpack:
+#           `muser bench kvpack` on the synthetic small model)
 #   BENCH   "quick" (short runs), "full" (default) or "none" (only the stages)
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -49,7 +51,10 @@ case " $STAGES " in *" bench "*)
     F=/dev/shm/full.gguf
     [ -s $F ] || "$M" synth --preset full --type q4_k_xl -o $F --no-progress >/dev/null || exit 1
     ls -l $F
-    BW=$("$BUILD/test_cuda_backend" --membw 16 | tee /dev/stderr | awk '{print $4}')
+    # (not `tee /dev/stderr`: with stderr redirected to a file, tee reopens and truncates it)
+    "$BUILD/test_cuda_backend" --membw 16 >/tmp/muser-membw.txt
+    cat /tmp/muser-membw.txt
+    BW=$(awk '{print $4}' /tmp/muser-membw.txt)
     case " $STAGES " in *" mmvbench "*)
         echo "== weight-streaming kernels on the full model's shapes"
         "$BUILD/test_cuda_backend" --bench-mmv ;;
@@ -65,6 +70,23 @@ case " $STAGES " in *" bench "*)
             MUSER_CUDA_PROF=1 "$M" run -m $pm --backend cuda --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 -n 64 \
                 --temp 0 --ignore-eos >/dev/null
         done ;;
+    esac
+    case " $STAGES " in *" ncu "*)
+        echo "== Nsight Compute: each kernel's duration, run alone, full model, 4 prompt tokens + 3 decoded"
+        NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+        if [ -n "$NCU" ]; then
+            "$NCU" --metrics gpu__time_duration.sum --print-summary per-kernel "$M" run -m $F --backend cuda \
+                --tokens 1,2,3,4 -n 3 --temp 0 >/tmp/ncu.txt 2>&1
+            grep -E "^  [^ ]|gpu__time_duration|Invocations" /tmp/ncu.txt | cut -c1-150 | head -120
+        else
+            echo "no ncu here"
+        fi ;;
+    esac
+    case " $STAGES " in *" kvpack "*)
+        echo "== kvpack: time to first token cold against warm, synthetic small model, this backend (auto)"
+        S=/dev/shm/small.gguf
+        [ -s $S ] || "$M" synth --preset small --type q4_k_xl -o $S --no-progress >/dev/null || exit 1
+        "$M" bench kvpack -m $S -d 2048,16384,65536 -r 3 ;;
     esac
     case " $STAGES " in *" nsys "*)
         NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)

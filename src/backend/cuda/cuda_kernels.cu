@@ -2448,12 +2448,13 @@ extern "C" size_t mucu_q8k_bytes(int64_t n_in, int64_t rows) {
  * for rows of 8 or more steps (ffn_down, 78 blocks: 29.5 against 36.4 us
  * at 1 row, Q4_K; Q6_K at every row count, Q4_K up to 4 rows), with 2 for
  * rows of 2-3 steps (attn_output, 16 blocks: 9.4 against 10.6 us); sets:
- * k_mmv3_set with 1 warp per output at 3-4 rows, 2 from 5 rows on. The
+ * k_mmv3_set for rows of 4 or more steps (the full model's 26), with 1
+ * warp per output at 3-4 rows, 2 from 5 rows on. The
  * rest stays on k_mmv2. Returns k_mmv3's warps per output, 0 for k_mmv2. */
 static int mmv3_pick(int nb, int nr, int type, bool set, int *u) {
     const int steps = (nb + 7) / 8;
     *u = 1;
-    if (set) return nr > 4 ? 2 : nr > 2 ? 1 : 0;
+    if (set) return steps < 4 ? 0 : nr > 4 ? 2 : nr > 2 ? 1 : 0; /* measured on 26-block rows only */
     if (steps >= 8) return nr <= 4 || type == T_Q6_K ? 4 : 0;
     return steps >= 2 && steps <= 3 ? 2 : 0;
 }
