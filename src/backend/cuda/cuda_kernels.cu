@@ -2478,6 +2478,14 @@ static void mmv3_shape(int nb, int nr, int type, bool set, int *wpr, int *u) {
     *u = nr > 2 ? 1 : mmv3_u == 1 || mmv3_u == 2 ? mmv3_u : pu;
 }
 
+/* M(T) for the weight-streaming kernels' three types (Q6_K: the split layout). */
+#define KQ_SWITCH(type, M)                                                                                          \
+    do {                                                                                                            \
+        if ((type) == T_Q4_K) M(T_Q4_K);                                                                            \
+        else if ((type) == T_Q5_K) M(T_Q5_K);                                                                       \
+        else M(T_Q6_K);                                                                                             \
+    } while (0)
+
 static int mmv_variant = -1; /* MUSER_CUDA_MMV: 3 (default) k_mmv2 and k_mmv3 by shape (mmv3_pick; 4 and 5: other
                                  numbers of steps in flight); 0: 8-lane groups per
                                  block (k_mmv_kq); 1: the same, rows <= 2 staged in shared memory; 2: lane per
@@ -2533,11 +2541,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
         else if (R == 8) MMV3W(T, 8, 1);                                                                            \
         else MMV3W(T, 16, 1);                                                                                       \
     } while (0)
-            switch (w->type) {
-            case T_Q4_K: MMV3(T_Q4_K); break;
-            case T_Q5_K: MMV3(T_Q5_K); break;
-            default: MMV3(T_Q6_K); break;
-            }
+            KQ_SWITCH(w->type, MMV3);
 #undef MMV3
 #undef MMV3W
 #undef MMV3U
@@ -2553,7 +2557,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
 #define MMV2U(T, R, U) k_mmv2<T, R, U><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
 #define MMV2(T, R)                                                                                                  \
     do {                                                                                                            \
-        if ((v == 3 || v == 6 || v == 8) && R <= 2) MMV2U(T, R, 2);                                                           \
+        if ((v == 3 || v == 6 || v == 8) && R <= 2) MMV2U(T, R, 2);                                                 \
         else if (v == 4 && R <= 2) MMV2U(T, R, 4);                                                                  \
         else MMV2U(T, R, 1);                                                                                        \
     } while (0)
@@ -2565,11 +2569,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
         else if (nr <= 8) MMV2(T, 8);                                                                               \
         else MMV2(T, 16);                                                                                           \
     } while (0)
-        switch (w->type) {
-        case T_Q4_K: MMV2_R(T_Q4_K); break;
-        case T_Q5_K: MMV2_R(T_Q5_K); break;
-        default: MMV2_R(T_Q6_K); break;
-        }
+        KQ_SWITCH(w->type, MMV2_R);
 #undef MMV2_R
 #undef MMV2
 #undef MMV2U
@@ -2592,11 +2592,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
         else if (R == 8) LPB(T, 8);                                                                                 \
         else LPB(T, 16);                                                                                            \
     } while (0)
-            switch (w->type) {
-            case T_Q4_K: LPB_R(T_Q4_K); break;
-            case T_Q5_K: LPB_R(T_Q5_K); break;
-            default: LPB_R(T_Q6_K); break;
-            }
+            KQ_SWITCH(w->type, LPB_R);
 #undef LPB_R
 #undef LPB
             return launched("k_mmv_lpb", err);
@@ -2624,11 +2620,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
         else if (nr <= 8) MMV(T, 8);                                                                                \
         else MMV(T, 16);                                                                                            \
     } while (0)
-    switch (w->type) {
-    case T_Q4_K: MMV_R(T_Q4_K); break;
-    case T_Q5_K: MMV_R(T_Q5_K); break;
-    default: MMV_R(T_Q6_K); break;
-    }
+    KQ_SWITCH(w->type, MMV_R);
 #undef MMV_R
 #undef MMV
     return launched("k_mmv_kq", err);
