@@ -395,6 +395,52 @@ static void test_attention_case(bool swa, int64_t window, int64_t n_ctx, int64_t
     mu_kv_free(&kv);
 }
 
+/* A batch of rows from several sequences (one cache each) at mixed
+ * positions: one, two and three 256-key blocks, and more rows than one
+ * dispatch of the cpu driver takes (cpu_attention.c), against the ref. */
+static void test_attention_batch(bool swa, int64_t window, int64_t H, int64_t Hkv, int64_t D, int64_t rows) {
+    enum { SEQS = 3 };
+    const int64_t n_ctx = 700, n_pos = 650;
+    mu_kv_cache kv[SEQS];
+    mu_error err;
+    bool is_swa[1] = {swa};
+    float *k = malloc((size_t)(Hkv * D) * sizeof(float)), *v = malloc((size_t)(Hkv * D) * sizeof(float));
+    for (int s = 0; s < SEQS; s++) {
+        if (!mu_kv_init(&kv[s], NULL, 1, is_swa, window, 0, n_ctx, Hkv, D, &err)) {
+            CHECK_MSG(false, "%s", err.msg);
+            return;
+        }
+        for (int64_t p = 0; p < n_pos; p++) {
+            for (int64_t i = 0; i < Hkv * D; i++) {
+                k[i] = tu_rng_normal(&rng) * (p % 89 == 3 ? 5.0f : 1.0f);
+                v[i] = tu_rng_normal(&rng);
+            }
+            CHECK(mu_kv_append(&kv[s], 0, p, k, v, &err));
+        }
+    }
+    const mu_kv_layer **layers = malloc((size_t)rows * sizeof *layers);
+    int64_t *pos = malloc((size_t)rows * sizeof *pos);
+    for (int64_t r = 0; r < rows; r++) {
+        layers[r] = &kv[(r * 7 + r / 5) % SEQS].layers[0];
+        /* the oldest held position up to the last (a ring keeps the window) */
+        const int64_t lo = swa ? n_pos - window : 0;
+        pos[r] = r % 4 == 0 ? n_pos - 1 : lo + (int64_t)(tu_rng_next(&rng) % (uint64_t)(n_pos - lo));
+    }
+    mu_attn_batch a = {.rows = rows, .kv = layers, .pos = pos, .window = window, .n_head = H, .n_head_kv = Hkv,
+                       .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
+    float *q = rand_vec(rows * H * D, 1.5f);
+    float *want = malloc((size_t)(rows * H * D) * sizeof(float)), *got = malloc((size_t)(rows * H * D) * sizeof(float));
+    ref->attention(ref, &a, q, want);
+    for (int c = 0; c < n_cpus; c++) {
+        memset(got, 0, (size_t)(rows * H * D) * sizeof(float));
+        cpus[c]->attention(cpus[c], &a, q, got);
+        EXPECT_SAME(got, want, rows * H * D, "attention batch of %lld rows, window %lld, H %lld/%lld D %lld on %s",
+                    (long long)rows, (long long)window, (long long)H, (long long)Hkv, (long long)D, label(cpus[c]));
+    }
+    for (int s = 0; s < SEQS; s++) mu_kv_free(&kv[s]);
+    free(q); free(want); free(got); free(layers); free(pos); free(k); free(v);
+}
+
 static void test_attention(void) {
     test_attention_case(false, 0, 700, 4, 2, 64, 600);   /* full plane, 3 blocks */
     test_attention_case(true, 300, 1000, 6, 2, 128, 650); /* ring of 300 wraps twice */
@@ -402,6 +448,9 @@ static void test_attention(void) {
     test_attention_case(false, 0, 300, 16, 1, 128, 280);  /* 16 query heads per KV head */
     test_attention_case(true, 200, 400, 24, 2, 128, 300); /* 12 per KV head (the small preset) */
     test_attention_case(false, 0, 300, 20, 1, 64, 270);   /* more than 16 per KV head */
+    for (int64_t rows = 1; rows <= 9; rows++) test_attention_batch(false, 0, 24, 2, 128, rows); /* decode steps */
+    test_attention_batch(true, 300, 24, 2, 128, 5);
+    test_attention_batch(false, 0, 4, 2, 64, 300); /* more rows than one dispatch takes */
 }
 
 int main(void) {

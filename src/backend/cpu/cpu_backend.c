@@ -359,12 +359,8 @@ static void cpu_logit_tail(mu_backend *b, float *l, float scale, float cap, int6
 
 static void cpu_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
     cpu_ctx *c = ctx_of(b);
-    const int64_t Q = ab->n_head * ab->head_dim;
     pthread_mutex_lock(&c->lock);
-    for (int64_t r = 0; r < ab->rows; r++) {
-        mu_attn_args a = mu_attn_row(ab, r);
-        cpu_attention_run(c->pool, c->k, &c->attn, &a, q + r * Q, out + r * Q);
-    }
+    cpu_attention_run(c->pool, c->k, &c->attn, ab, q, out);
     pthread_mutex_unlock(&c->lock);
 }
 
