@@ -357,6 +357,42 @@ static void test_elementwise(void) {
     }
 }
 
+/* ---------------------------------------------------------------- kv store */
+
+/* f16 rounding of the stored K/V rows against the ref: ties, the
+ * overflow edge, subnormals, zeros, infinities and NaNs among normal
+ * values, head_dim 40 (a vector tail) and 128, rows in scattered slots. */
+static void test_kv_store(void) {
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0x7FBFFFFFu,
+        0x477FEFFFu, 0x477FF000u, 0xC77FF000u, 0x47800000u, 0x38800000u, 0x387FFFFFu, 0x33000000u, 0x33000001u,
+        0x32FFFFFFu, 0x00000001u, 0x3F801000u, 0x3F803000u, 0x3F800FFFu, 0x3F801001u, 0x35800000u, 0xB5C00000u};
+    const int64_t dims[] = {40, 128};
+    for (int di = 0; di < 2; di++) {
+        const int64_t D = dims[di], H = 3, cap = 11, rows = 5;
+        const int64_t phys[5] = {7, 0, 10, 3, 4};
+        float *k = rand_vec(rows * H * D, 4.0f), *v = rand_vec(rows * H * D, 0.001f);
+        for (int64_t i = 0; i < rows * H * D; i += 3) {
+            uint32_t bits = special[(i / 3) % (sizeof special / sizeof *special)];
+            memcpy(i % 2 ? &k[i] : &v[i], &bits, 4);
+        }
+        const size_t bytes = (size_t)(H * cap * D) * sizeof(uint16_t);
+        uint16_t *want_k = calloc(1, bytes), *want_v = calloc(1, bytes), *got_k = malloc(bytes), *got_v = malloc(bytes);
+        mu_kv_layer l = {.cap = cap, .n_head = H, .head_dim = D, .row_elems = H * D, .k = want_k, .v = want_v};
+        ref->kv_store(ref, &l, phys, k, v, rows);
+        for (int c = 0; c < n_cpus; c++) {
+            memset(got_k, 0, bytes);
+            memset(got_v, 0, bytes);
+            l.k = got_k;
+            l.v = got_v;
+            cpus[c]->kv_store(cpus[c], &l, phys, k, v, rows);
+            CHECK_MSG(!memcmp(got_k, want_k, bytes) && !memcmp(got_v, want_v, bytes), "kv_store D %lld on %s",
+                      (long long)D, label(cpus[c]));
+        }
+        free(k); free(v); free(want_k); free(want_v); free(got_k); free(got_v);
+    }
+}
+
 /* ---------------------------------------------------------------- attention */
 
 static void check_attention_at(const mu_kv_cache *kv, int64_t pos, int64_t window, int64_t H, int64_t Hkv, int64_t D) {
@@ -477,6 +513,7 @@ int main(void) {
     test_rmsnorm();
     test_rope();
     test_elementwise();
+    test_kv_store();
     test_attention();
     for (int c = 0; c < n_cpus; c++) cpus[c]->destroy(cpus[c]);
     ref->destroy(ref);

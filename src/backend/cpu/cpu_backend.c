@@ -364,6 +364,22 @@ static void cpu_attention(mu_backend *b, const mu_attn_batch *ab, const float *q
     pthread_mutex_unlock(&c->lock);
 }
 
+/* ---------- KV store ---------- */
+
+/* K and V rows rounded to f16 (the host op's formula, a vector at a time);
+ * a decode step stores a few rows, so on the calling thread. */
+static void cpu_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k, const float *v,
+                         int64_t rows) {
+    cpu_ctx *c = ctx_of(b);
+    const int64_t D = l->head_dim, H = l->n_head;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t at = (h * l->cap + physical[r]) * D, from = (r * H + h) * D;
+            c->k->f16_row(l->k + at, k + from, D);
+            c->k->f16_row(l->v + at, v + from, D);
+        }
+}
+
 /* ---------- load-time repack ---------- */
 
 /* An on/off override from the environment: 1 or 0, -1 when unset (or
@@ -484,6 +500,7 @@ mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
     b->rmsnorm = cpu_rmsnorm;
     b->rope = cpu_rope;
     b->attention = cpu_attention;
+    b->kv_store = cpu_kv_store;
     b->sigmoid_gate = cpu_sigmoid_gate;
     b->swiglu = cpu_swiglu;
     b->add = cpu_add;

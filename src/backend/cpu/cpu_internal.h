@@ -65,6 +65,9 @@ typedef struct cpu_kernels {
     void (*scale_add2)(float *out, const float *in, float ca, float cb, int64_t n);
     /* out[i] = out[i] / l */
     void (*div_scalar)(float *out, float l, int64_t n);
+    /* dst[i] = f16 of src[i], rounded to nearest even (mu_f32_to_f16: the
+     * KV store) */
+    void (*f16_row)(uint16_t *dst, const float *src, int64_t n);
 } cpu_kernels;
 
 extern const cpu_kernels mu_cpu_kernels_scalar;
