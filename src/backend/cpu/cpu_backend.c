@@ -298,6 +298,50 @@ static void cpu_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim,
     pthread_mutex_unlock(&c->lock);
 }
 
+/* ---------- the sandwich residual, fused ---------- */
+
+typedef struct residual_job {
+    const cpu_kernels *k;
+    float *x, *o, *h;
+    const float *w_o, *w_h;
+    float eps_o, eps_h;
+    int64_t n, rows, chunk;
+} residual_job;
+
+/* Per row, the ops the forward would run one by one over all rows (the
+ * same kernels, so the same bits): o = rmsnorm(o) * w_o; x += o;
+ * h = rmsnorm(x) * w_h. */
+static void residual_task(void *arg, int64_t t, int thread) {
+    (void)thread;
+    const residual_job *j = arg;
+    const int64_t r1 = (t + 1) * j->chunk < j->rows ? (t + 1) * j->chunk : j->rows;
+    for (int64_t r = t * j->chunk; r < r1; r++) {
+        float *x = j->x + r * j->n, *o = j->o + r * j->n;
+        j->k->rmsnorm_row(o, j->w_o, j->eps_o, o, j->n);
+        j->k->add(x, o, j->n);
+        if (j->h) j->k->rmsnorm_row(x, j->w_h, j->eps_h, j->h + r * j->n, j->n);
+    }
+}
+
+/* Rows split over the pool from two rows on: a decode step of a few
+ * sequences has a few rows of n_embd each. */
+static void cpu_residual(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
+                         float eps_h, int64_t n, int64_t rows) {
+    cpu_ctx *c = ctx_of(b);
+    pthread_mutex_lock(&c->lock);
+    residual_job j = {.k = c->k, .x = x, .o = o, .h = h, .w_o = w_o, .w_h = w_h, .eps_o = eps_o, .eps_h = eps_h,
+                      .n = n, .rows = rows};
+    const int nt = cpu_pool_threads(c->pool);
+    if (rows == 1 || nt == 1) {
+        j.chunk = rows;
+        residual_task(&j, 0, 0);
+    } else {
+        j.chunk = ceil_div(rows, 4 * (int64_t)nt);
+        cpu_pool_run(c->pool, residual_task, &j, ceil_div(rows, j.chunk));
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* ---------- elementwise ---------- */
 
 typedef enum { EW_GATE, EW_SWIGLU, EW_ADD, EW_TAIL } ew_kind;
@@ -498,6 +542,7 @@ mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
     b->matmul = cpu_matmul;
     b->matmul_multi = cpu_matmul_multi;
     b->rmsnorm = cpu_rmsnorm;
+    b->residual = cpu_residual;
     b->rope = cpu_rope;
     b->attention = cpu_attention;
     b->kv_store = cpu_kv_store;
