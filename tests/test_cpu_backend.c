@@ -179,6 +179,52 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int mode, c
     free_weight(&tw);
 }
 
+/* matmul_multi over weights of one type whose activations the cpu
+ * backend may or may not share: packed whole (X16: blocks only) and with
+ * GGUF tail rows (side tables), in both orders, against the ref's single
+ * matmuls. */
+static void test_matmul_multi(void) {
+    const int64_t n_in = 512, outs[3] = {48, 37, 48};
+    test_weight tw[3];
+    for (int i = 0; i < 3; i++)
+        if (!make_weight(MU_TYPE_Q4_K, n_in, outs[i], 0, &tw[i])) return;
+    const int64_t max_rows = 9;
+    float *x = make_acts(max_rows, n_in);
+    float *want[3], *got[3];
+    for (int i = 0; i < 3; i++) {
+        want[i] = malloc((size_t)(max_rows * outs[i]) * sizeof(float));
+        got[i] = malloc((size_t)(max_rows * outs[i]) * sizeof(float));
+    }
+    for (int c = 0; c < n_cpus; c++) {
+        mu_weight pw[3];
+        uint8_t *packed[3] = {0};
+        for (int i = 0; i < 3; i++) {
+            pw[i] = tw[i].w;
+            if (!cpus[c]->wants_repack || !cpus[c]->wants_repack(cpus[c], &tw[i].w)) continue;
+            const uint64_t bytes = tw[i].w.row_bytes * (uint64_t)outs[i];
+            packed[i] = malloc(bytes);
+            memcpy(packed[i], tw[i].data, bytes);
+            pw[i].data = packed[i];
+            cpus[c]->repack(cpus[c], &pw[i], packed[i]);
+        }
+        for (int64_t rows = 1; rows <= max_rows; rows++) {
+            for (int i = 0; i < 3; i++) ref->matmul(ref, &tw[i].w, x, want[i], rows);
+            for (int i = 0; i < 3; i++) memset(got[i], 0xFF, (size_t)(rows * outs[i]) * sizeof(float));
+            cpus[c]->matmul_multi(cpus[c], 3, (const mu_weight *[]){&pw[0], &pw[1], &pw[2]}, x, got, rows);
+            for (int i = 0; i < 3; i++)
+                EXPECT_SAME(got[i], want[i], rows * outs[i], "matmul_multi weight %d (n_out %lld) rows %lld on %s", i,
+                            (long long)outs[i], (long long)rows, label(cpus[c]));
+        }
+        for (int i = 0; i < 3; i++) free(packed[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        free(want[i]);
+        free(got[i]);
+        free_weight(&tw[i]);
+    }
+    free(x);
+}
+
 static void test_matmul(void) {
     static const uint32_t qtypes[] = {MU_TYPE_Q4_K, MU_TYPE_Q5_K, MU_TYPE_Q6_K, MU_TYPE_Q8_0,
                                       MU_TYPE_Q4_0, MU_TYPE_NVFP4, MU_TYPE_NVFP4_E2M1};
@@ -542,6 +588,7 @@ int main(void) {
     }
     CHECK(n_cpus >= 4);
     test_matmul();
+    test_matmul_multi();
     test_pack_roundtrip();
     test_w4a4();
     test_rmsnorm();

@@ -422,6 +422,7 @@ const cpu_kernels mu_cpu_kernels_avx512 = {
     .q_supported = mu_cpu_avx512_q_supported,
     .act_bytes = mu_cpu_avx512_act_bytes,
     .quantize_rows = mu_cpu_avx512_quantize_rows,
+    .blocks_only = mu_cpu_avx512_blocks_only,
     .qmatmul = mu_cpu_avx512_qmatmul,
     .fmatmul = avx512_fmatmul,
     .rmsnorm_row = avx512_rmsnorm_row,

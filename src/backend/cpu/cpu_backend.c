@@ -92,6 +92,9 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 #define ELEMWISE_CHUNK 8192
 /* Matmuls below this many multiply-adds run as one task (dispatch would cost more). */
 #define PARALLEL_MIN_MACS 65536
+/* Activation values from which a quantization whose tasks may take any
+ * rows is split over the pool (two rows of 3072). */
+#define QUANT_SPLIT_MIN 6144
 
 /* ---------- matmul ---------- */
 
@@ -167,9 +170,12 @@ static void multi_task(void *arg, int64_t t, int thread) {
     else fmatmul_task(j, t - m->first[i], thread);
 }
 
+/* (A kernel that writes the blocks only for one weight and side tables
+ * for another quantizes them apart.) */
 static bool same_activations(const matmul_job *a, const matmul_job *b) {
     return a->k == b->k && a->w->type == b->w->type && a->w->n_in == b->w->n_in &&
-           a->w->input_scale_inv == b->w->input_scale_inv;
+           a->w->input_scale_inv == b->w->input_scale_inv &&
+           (!a->k->blocks_only || a->k->blocks_only(a->w, a->rows) == a->k->blocks_only(b->w, b->rows));
 }
 
 static void check_layout(const cpu_ctx *c, const mu_weight *w) {
@@ -183,6 +189,12 @@ static void check_layout(const cpu_ctx *c, const mu_weight *w) {
 
 static void quantize_activations(cpu_ctx *c, matmul_job *j) {
     const int nt = cpu_pool_threads(c->pool);
+    if (j->k->blocks_only && j->k->blocks_only(j->w, j->rows) && j->rows > 1 && j->rows * j->w->n_in >= QUANT_SPLIT_MIN) {
+        /* any rows per task: a decode step's few rows on every thread */
+        j->row_chunk = ceil_div(j->rows, 2 * (int64_t)nt);
+        cpu_pool_run(c->pool, quantize_task, j, ceil_div(j->rows, j->row_chunk));
+        return;
+    }
     /* quantize tasks cover whole 16-row groups (the AVX-512 kernel
      * transposes each group's codes) */
     j->row_chunk = j->rows * j->w->n_in < PARALLEL_MIN_ELEMS ? j->rows : ceil_div(ceil_div(j->rows, 2 * (int64_t)nt), 16) * 16;
