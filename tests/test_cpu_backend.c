@@ -157,15 +157,19 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int mode, c
         int64_t rows = row_counts[i];
         ref->matmul(ref, &tw.w, x, want, rows);
         for (int c = 0; c < n_cpus; c++) {
+            /* packed first: the activation buffer then holds the previous
+             * call's side tables, not this one's (the packed path must
+             * write whatever it reads) */
+            if (packed[c]) {
+                memset(got, 0xFF, (size_t)(rows * n_out) * sizeof(float));
+                cpus[c]->matmul(cpus[c], &pw[c], x, got, rows);
+                EXPECT_SAME(got, want, rows * n_out, "packed (layout %d) matmul %s mode %d n_in %lld n_out %lld rows %lld on %s",
+                            (int)pw[c].layout, mu_type_name(type), mode, (long long)n_in, (long long)n_out, (long long)rows, label(cpus[c]));
+            }
             memset(got, 0xFF, (size_t)(rows * n_out) * sizeof(float));
             cpus[c]->matmul(cpus[c], &tw.w, x, got, rows);
             EXPECT_SAME(got, want, rows * n_out, "matmul %s mode %d n_in %lld n_out %lld rows %lld on %s",
                         mu_type_name(type), mode, (long long)n_in, (long long)n_out, (long long)rows, label(cpus[c]));
-            if (!packed[c]) continue;
-            memset(got, 0xFF, (size_t)(rows * n_out) * sizeof(float));
-            cpus[c]->matmul(cpus[c], &pw[c], x, got, rows);
-            EXPECT_SAME(got, want, rows * n_out, "packed (layout %d) matmul %s mode %d n_in %lld n_out %lld rows %lld on %s",
-                        (int)pw[c].layout, mu_type_name(type), mode, (long long)n_in, (long long)n_out, (long long)rows, label(cpus[c]));
         }
     }
     for (int c = 0; c < n_cpus; c++) free(packed[c]);
@@ -173,6 +177,52 @@ static void check_matmul(uint32_t type, int64_t n_in, int64_t n_out, int mode, c
     free(want);
     free(got);
     free_weight(&tw);
+}
+
+/* matmul_multi over weights of one type whose activations the cpu
+ * backend may or may not share: packed whole (X16: blocks only) and with
+ * GGUF tail rows (side tables), in both orders, against the ref's single
+ * matmuls. */
+static void test_matmul_multi(void) {
+    const int64_t n_in = 512, outs[3] = {48, 37, 48};
+    test_weight tw[3];
+    for (int i = 0; i < 3; i++)
+        if (!make_weight(MU_TYPE_Q4_K, n_in, outs[i], 0, &tw[i])) return;
+    const int64_t max_rows = 9;
+    float *x = make_acts(max_rows, n_in);
+    float *want[3], *got[3];
+    for (int i = 0; i < 3; i++) {
+        want[i] = malloc((size_t)(max_rows * outs[i]) * sizeof(float));
+        got[i] = malloc((size_t)(max_rows * outs[i]) * sizeof(float));
+    }
+    for (int c = 0; c < n_cpus; c++) {
+        mu_weight pw[3];
+        uint8_t *packed[3] = {0};
+        for (int i = 0; i < 3; i++) {
+            pw[i] = tw[i].w;
+            if (!cpus[c]->wants_repack || !cpus[c]->wants_repack(cpus[c], &tw[i].w)) continue;
+            const uint64_t bytes = tw[i].w.row_bytes * (uint64_t)outs[i];
+            packed[i] = malloc(bytes);
+            memcpy(packed[i], tw[i].data, bytes);
+            pw[i].data = packed[i];
+            cpus[c]->repack(cpus[c], &pw[i], packed[i]);
+        }
+        for (int64_t rows = 1; rows <= max_rows; rows++) {
+            for (int i = 0; i < 3; i++) ref->matmul(ref, &tw[i].w, x, want[i], rows);
+            for (int i = 0; i < 3; i++) memset(got[i], 0xFF, (size_t)(rows * outs[i]) * sizeof(float));
+            cpus[c]->matmul_multi(cpus[c], 3, (const mu_weight *[]){&pw[0], &pw[1], &pw[2]}, x, got, rows);
+            for (int i = 0; i < 3; i++)
+                EXPECT_SAME(got[i], want[i], rows * outs[i], "matmul_multi weight %d (n_out %lld) rows %lld on %s", i,
+                            (long long)outs[i], (long long)rows, label(cpus[c]));
+        }
+        for (int i = 0; i < 3; i++) free(packed[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        free(want[i]);
+        free(got[i]);
+        free_weight(&tw[i]);
+    }
+    free(x);
 }
 
 static void test_matmul(void) {
@@ -185,6 +235,7 @@ static void test_matmul(void) {
             check_matmul(qtypes[t], 512, 37, mode, all_rows, 17);
             check_matmul(qtypes[t], 256, 1, mode, few_rows, 4);
             check_matmul(qtypes[t], 768, 16, mode, few_rows, 4);
+            check_matmul(qtypes[t], 512, 48, mode, all_rows, 17); /* packed whole: no GGUF rows left */
         }
     check_matmul(MU_TYPE_Q4_K, 1024, 130, 0, few_rows, 4); /* several tasks per thread */
     check_matmul(MU_TYPE_Q5_K, 8448, 9, 0, few_rows, 4);   /* 33 blocks: past the X8 decode's broadcast buffer */
@@ -283,6 +334,40 @@ static void test_rmsnorm(void) {
             }
 }
 
+/* The fused residual step against the ref's ops one by one (x += rmsnorm(o,
+ * 1e-8) * w_o; h = rmsnorm(x) * w_h, or no h after the last layer). */
+static void test_residual(void) {
+    static const int64_t ns[] = {33, 3072};
+    static const int64_t rows_list[] = {1, 2, 3, 4, 9, 40};
+    for (size_t i = 0; i < 2; i++)
+        for (size_t j = 0; j < 6; j++)
+            for (int with_h = 0; with_h < 2; with_h++) {
+                const int64_t n = ns[i], rows = rows_list[j], N = n * rows;
+                const size_t bytes = (size_t)N * sizeof(float);
+                float *x = rand_vec(N, 2.0f), *o = rand_vec(N, 0.01f), *w_o = rand_vec(n, 1.0f), *w_h = rand_vec(n, 1.0f);
+                float *want_x = malloc(bytes), *want_o = malloc(bytes), *want_h = malloc(bytes);
+                float *got_x = malloc(bytes), *got_o = malloc(bytes), *got_h = malloc(bytes);
+                memcpy(want_x, x, bytes);
+                memcpy(want_o, o, bytes);
+                ref->rmsnorm(ref, want_o, w_o, 1e-8f, want_o, n, rows);
+                ref->add(ref, want_x, want_o, N);
+                if (with_h) ref->rmsnorm(ref, want_x, w_h, 1e-5f, want_h, n, rows);
+                for (int c = 0; c < n_cpus; c++) {
+                    memcpy(got_x, x, bytes);
+                    memcpy(got_o, o, bytes);
+                    cpus[c]->residual(cpus[c], got_x, got_o, w_o, 1e-8f, with_h ? got_h : NULL, with_h ? w_h : NULL, 1e-5f,
+                                      n, rows);
+                    EXPECT_SAME(got_x, want_x, N, "residual x n %lld rows %lld on %s", (long long)n, (long long)rows,
+                                label(cpus[c]));
+                    if (with_h)
+                        EXPECT_SAME(got_h, want_h, N, "residual h n %lld rows %lld on %s", (long long)n, (long long)rows,
+                                    label(cpus[c]));
+                }
+                free(x); free(o); free(w_o); free(w_h);
+                free(want_x); free(want_o); free(want_h); free(got_x); free(got_o); free(got_h);
+            }
+}
+
 static void test_rope(void) {
     static const int64_t dims[][2] = {{8, 8}, {64, 64}, {40, 16}, {128, 34}, {64, 2}};
     for (size_t i = 0; i < 5; i++)
@@ -352,6 +437,42 @@ static void test_elementwise(void) {
     }
 }
 
+/* ---------------------------------------------------------------- kv store */
+
+/* f16 rounding of the stored K/V rows against the ref: ties, the
+ * overflow edge, subnormals, zeros, infinities and NaNs among normal
+ * values, head_dim 40 (a vector tail) and 128, rows in scattered slots. */
+static void test_kv_store(void) {
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0x7FBFFFFFu,
+        0x477FEFFFu, 0x477FF000u, 0xC77FF000u, 0x47800000u, 0x38800000u, 0x387FFFFFu, 0x33000000u, 0x33000001u,
+        0x32FFFFFFu, 0x00000001u, 0x3F801000u, 0x3F803000u, 0x3F800FFFu, 0x3F801001u, 0x35800000u, 0xB5C00000u};
+    const int64_t dims[] = {40, 128};
+    for (int di = 0; di < 2; di++) {
+        const int64_t D = dims[di], H = 3, cap = 11, rows = 5;
+        const int64_t phys[5] = {7, 0, 10, 3, 4};
+        float *k = rand_vec(rows * H * D, 4.0f), *v = rand_vec(rows * H * D, 0.001f);
+        for (int64_t i = 0; i < rows * H * D; i += 3) {
+            uint32_t bits = special[(i / 3) % (sizeof special / sizeof *special)];
+            memcpy(i % 2 ? &k[i] : &v[i], &bits, 4);
+        }
+        const size_t bytes = (size_t)(H * cap * D) * sizeof(uint16_t);
+        uint16_t *want_k = calloc(1, bytes), *want_v = calloc(1, bytes), *got_k = malloc(bytes), *got_v = malloc(bytes);
+        mu_kv_layer l = {.cap = cap, .n_head = H, .head_dim = D, .row_elems = H * D, .k = want_k, .v = want_v};
+        ref->kv_store(ref, &l, phys, k, v, rows);
+        for (int c = 0; c < n_cpus; c++) {
+            memset(got_k, 0, bytes);
+            memset(got_v, 0, bytes);
+            l.k = got_k;
+            l.v = got_v;
+            cpus[c]->kv_store(cpus[c], &l, phys, k, v, rows);
+            CHECK_MSG(!memcmp(got_k, want_k, bytes) && !memcmp(got_v, want_v, bytes), "kv_store D %lld on %s",
+                      (long long)D, label(cpus[c]));
+        }
+        free(k); free(v); free(want_k); free(want_v); free(got_k); free(got_v);
+    }
+}
+
 /* ---------------------------------------------------------------- attention */
 
 static void check_attention_at(const mu_kv_cache *kv, int64_t pos, int64_t window, int64_t H, int64_t Hkv, int64_t D) {
@@ -395,6 +516,52 @@ static void test_attention_case(bool swa, int64_t window, int64_t n_ctx, int64_t
     mu_kv_free(&kv);
 }
 
+/* A batch of rows from several sequences (one cache each) at mixed
+ * positions: one, two and three 256-key blocks, and more rows than one
+ * dispatch of the cpu driver takes (cpu_attention.c), against the ref. */
+static void test_attention_batch(bool swa, int64_t window, int64_t H, int64_t Hkv, int64_t D, int64_t rows) {
+    enum { SEQS = 3 };
+    const int64_t n_ctx = 700, n_pos = 650;
+    mu_kv_cache kv[SEQS];
+    mu_error err;
+    bool is_swa[1] = {swa};
+    float *k = malloc((size_t)(Hkv * D) * sizeof(float)), *v = malloc((size_t)(Hkv * D) * sizeof(float));
+    for (int s = 0; s < SEQS; s++) {
+        if (!mu_kv_init(&kv[s], NULL, 1, is_swa, window, 0, n_ctx, Hkv, D, &err)) {
+            CHECK_MSG(false, "%s", err.msg);
+            return;
+        }
+        for (int64_t p = 0; p < n_pos; p++) {
+            for (int64_t i = 0; i < Hkv * D; i++) {
+                k[i] = tu_rng_normal(&rng) * (p % 89 == 3 ? 5.0f : 1.0f);
+                v[i] = tu_rng_normal(&rng);
+            }
+            CHECK(mu_kv_append(&kv[s], 0, p, k, v, &err));
+        }
+    }
+    const mu_kv_layer **layers = malloc((size_t)rows * sizeof *layers);
+    int64_t *pos = malloc((size_t)rows * sizeof *pos);
+    for (int64_t r = 0; r < rows; r++) {
+        layers[r] = &kv[(r * 7 + r / 5) % SEQS].layers[0];
+        /* the oldest held position up to the last (a ring keeps the window) */
+        const int64_t lo = swa ? n_pos - window : 0;
+        pos[r] = r % 4 == 0 ? n_pos - 1 : lo + (int64_t)(tu_rng_next(&rng) % (uint64_t)(n_pos - lo));
+    }
+    mu_attn_batch a = {.rows = rows, .kv = layers, .pos = pos, .window = window, .n_head = H, .n_head_kv = Hkv,
+                       .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
+    float *q = rand_vec(rows * H * D, 1.5f);
+    float *want = malloc((size_t)(rows * H * D) * sizeof(float)), *got = malloc((size_t)(rows * H * D) * sizeof(float));
+    ref->attention(ref, &a, q, want);
+    for (int c = 0; c < n_cpus; c++) {
+        memset(got, 0, (size_t)(rows * H * D) * sizeof(float));
+        cpus[c]->attention(cpus[c], &a, q, got);
+        EXPECT_SAME(got, want, rows * H * D, "attention batch of %lld rows, window %lld, H %lld/%lld D %lld on %s",
+                    (long long)rows, (long long)window, (long long)H, (long long)Hkv, (long long)D, label(cpus[c]));
+    }
+    for (int s = 0; s < SEQS; s++) mu_kv_free(&kv[s]);
+    free(q); free(want); free(got); free(layers); free(pos); free(k); free(v);
+}
+
 static void test_attention(void) {
     test_attention_case(false, 0, 700, 4, 2, 64, 600);   /* full plane, 3 blocks */
     test_attention_case(true, 300, 1000, 6, 2, 128, 650); /* ring of 300 wraps twice */
@@ -402,6 +569,9 @@ static void test_attention(void) {
     test_attention_case(false, 0, 300, 16, 1, 128, 280);  /* 16 query heads per KV head */
     test_attention_case(true, 200, 400, 24, 2, 128, 300); /* 12 per KV head (the small preset) */
     test_attention_case(false, 0, 300, 20, 1, 64, 270);   /* more than 16 per KV head */
+    for (int64_t rows = 1; rows <= 9; rows++) test_attention_batch(false, 0, 24, 2, 128, rows); /* decode steps */
+    test_attention_batch(true, 300, 24, 2, 128, 5);
+    test_attention_batch(false, 0, 4, 2, 64, 300); /* more rows than one dispatch takes */
 }
 
 int main(void) {
@@ -418,11 +588,14 @@ int main(void) {
     }
     CHECK(n_cpus >= 4);
     test_matmul();
+    test_matmul_multi();
     test_pack_roundtrip();
     test_w4a4();
     test_rmsnorm();
+    test_residual();
     test_rope();
     test_elementwise();
+    test_kv_store();
     test_attention();
     for (int c = 0; c < n_cpus; c++) cpus[c]->destroy(cpus[c]);
     ref->destroy(ref);

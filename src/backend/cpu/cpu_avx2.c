@@ -628,6 +628,14 @@ static void avx2_div_scalar(float *out, float l, int64_t n) {
     for (; i < n; i++) out[i] = out[i] / l;
 }
 
+/* F16C with imm 0 rounds to nearest even, NaNs quieted with their payload's
+ * top bits: mu_f32_to_f16 bit for bit (docs/numerics.md). */
+static void avx2_f16_row(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), 0));
+    for (; i < n; i++) dst[i] = mu_f32_to_f16(src[i]);
+}
+
 const cpu_kernels mu_cpu_kernels_avx2 = {
     .isa = MU_CPU_ISA_AVX2,
     .pack_layout = MU_LAYOUT_X8,
@@ -645,6 +653,7 @@ const cpu_kernels mu_cpu_kernels_avx2 = {
     .attn_block = avx2_attn_block,
     .scale_add2 = avx2_scale_add2,
     .div_scalar = avx2_div_scalar,
+    .f16_row = avx2_f16_row,
 };
 
 #pragma GCC pop_options

@@ -407,12 +407,22 @@ static void avx512_div_scalar(float *out, float l, int64_t n) {
     }
 }
 
+/* vcvtps2ph with imm 0 rounds to nearest even, NaNs quieted with their
+ * payload's top bits: mu_f32_to_f16 bit for bit (docs/numerics.md). */
+static void avx512_f16_row(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail_mask(n - i);
+        _mm256_mask_storeu_epi16(dst + i, k, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, src + i), 0));
+    }
+}
+
 const cpu_kernels mu_cpu_kernels_avx512 = {
     .isa = MU_CPU_ISA_AVX512,
     .pack_layout = MU_LAYOUT_X16,
     .q_supported = mu_cpu_avx512_q_supported,
     .act_bytes = mu_cpu_avx512_act_bytes,
     .quantize_rows = mu_cpu_avx512_quantize_rows,
+    .blocks_only = mu_cpu_avx512_blocks_only,
     .qmatmul = mu_cpu_avx512_qmatmul,
     .fmatmul = avx512_fmatmul,
     .rmsnorm_row = avx512_rmsnorm_row,
@@ -424,6 +434,7 @@ const cpu_kernels mu_cpu_kernels_avx512 = {
     .attn_block = avx512_attn_block,
     .scale_add2 = avx512_scale_add2,
     .div_scalar = avx512_div_scalar,
+    .f16_row = avx512_f16_row,
 };
 
 #pragma GCC pop_options

@@ -49,6 +49,7 @@ static inline void transpose16_epi32(__m512i *r) {
 bool mu_cpu_avx512_q_supported(const mu_weight *w);
 size_t mu_cpu_avx512_act_bytes(const mu_weight *w, int64_t rows);
 void mu_cpu_avx512_quantize_rows(const mu_weight *w, const float *x, int64_t r0, int64_t r1, int64_t rows, void *act);
+bool mu_cpu_avx512_blocks_only(const mu_weight *w, int64_t rows);
 void mu_cpu_avx512_qmatmul(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y);
 /* X16 weights (cpu_avx512_x16.c): any number of rows over whole groups [o0, o1). */
 void mu_cpu_avx512_x16_matmul(const mu_weight *w, int64_t o0, int64_t o1, const mu_block_q8k *xq, int64_t rows, float *y);

@@ -184,7 +184,14 @@ static void fill_xt(const act_side *sd, const mu_block_q8k *xq, int64_t nb, int6
             }
 }
 
-/* r0 is a multiple of 16 and r1 one too or rows (cpu_backend.c splits so). */
+/* The single-row kernels and the X16 kernel read the blocks only (a
+ * weight packed whole has no GGUF rows left for the GEMMs). */
+bool mu_cpu_avx512_blocks_only(const mu_weight *w, int64_t rows) {
+    return rows == 1 || (w->layout == MU_LAYOUT_X16 && mu_cpu_pack_rows(w, 16) == w->n_out);
+}
+
+/* r0 is a multiple of 16 and r1 one too or rows (cpu_backend.c splits so),
+ * unless mu_cpu_avx512_blocks_only. */
 void mu_cpu_avx512_quantize_rows(const mu_weight *w, const float *x, int64_t r0, int64_t r1, int64_t rows, void *act) {
     bool via_f16 = false;
     mu_weight_uses_q8k(w, &via_f16);
@@ -192,16 +199,17 @@ void mu_cpu_avx512_quantize_rows(const mu_weight *w, const float *x, int64_t r0,
     const int64_t nb = w->n_in / MU_QK_K;
     mu_block_q8k *xq = act;
     const act_side sd = side_of(w, act, rows);
+    const bool blocks_only = mu_cpu_avx512_blocks_only(w, rows);
     for (int64_t r = r0; r < r1; r++)
         for (int64_t b = 0; b < nb; b++) {
             mu_block_q8k *blk = xq + r * nb + b;
             quantize_block(x + r * w->n_in + b * MU_QK_K, blk, via_f16, layout);
-            if (rows == 1) continue; /* the single-row kernels read the blocks only */
+            if (blocks_only) continue;
             fill_side(&sd, blk, b, r);
             if (r == rows - 1)
                 for (int64_t pad = rows; pad < sd.rpad; pad++) fill_side(&sd, blk, b, pad);
         }
-    if (sd.xt && rows >= 2) fill_xt(&sd, xq, nb, r0, r1, rows); /* the GEMMs read it */
+    if (sd.xt && !blocks_only) fill_xt(&sd, xq, nb, r0, r1, rows); /* the GEMMs read it */
 }
 
 /* ======================================================== quantized tiles */

@@ -92,6 +92,9 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 #define ELEMWISE_CHUNK 8192
 /* Matmuls below this many multiply-adds run as one task (dispatch would cost more). */
 #define PARALLEL_MIN_MACS 65536
+/* Activation values from which a quantization whose tasks may take any
+ * rows is split over the pool (two rows of 3072). */
+#define QUANT_SPLIT_MIN 6144
 
 /* ---------- matmul ---------- */
 
@@ -167,9 +170,12 @@ static void multi_task(void *arg, int64_t t, int thread) {
     else fmatmul_task(j, t - m->first[i], thread);
 }
 
+/* (A kernel that writes the blocks only for one weight and side tables
+ * for another quantizes them apart.) */
 static bool same_activations(const matmul_job *a, const matmul_job *b) {
     return a->k == b->k && a->w->type == b->w->type && a->w->n_in == b->w->n_in &&
-           a->w->input_scale_inv == b->w->input_scale_inv;
+           a->w->input_scale_inv == b->w->input_scale_inv &&
+           (!a->k->blocks_only || a->k->blocks_only(a->w, a->rows) == a->k->blocks_only(b->w, b->rows));
 }
 
 static void check_layout(const cpu_ctx *c, const mu_weight *w) {
@@ -183,6 +189,12 @@ static void check_layout(const cpu_ctx *c, const mu_weight *w) {
 
 static void quantize_activations(cpu_ctx *c, matmul_job *j) {
     const int nt = cpu_pool_threads(c->pool);
+    if (j->k->blocks_only && j->k->blocks_only(j->w, j->rows) && j->rows > 1 && j->rows * j->w->n_in >= QUANT_SPLIT_MIN) {
+        /* any rows per task: a decode step's few rows on every thread */
+        j->row_chunk = ceil_div(j->rows, 2 * (int64_t)nt);
+        cpu_pool_run(c->pool, quantize_task, j, ceil_div(j->rows, j->row_chunk));
+        return;
+    }
     /* quantize tasks cover whole 16-row groups (the AVX-512 kernel
      * transposes each group's codes) */
     j->row_chunk = j->rows * j->w->n_in < PARALLEL_MIN_ELEMS ? j->rows : ceil_div(ceil_div(j->rows, 2 * (int64_t)nt), 16) * 16;
@@ -298,6 +310,50 @@ static void cpu_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim,
     pthread_mutex_unlock(&c->lock);
 }
 
+/* ---------- the sandwich residual, fused ---------- */
+
+typedef struct residual_job {
+    const cpu_kernels *k;
+    float *x, *o, *h;
+    const float *w_o, *w_h;
+    float eps_o, eps_h;
+    int64_t n, rows, chunk;
+} residual_job;
+
+/* Per row, the ops the forward would run one by one over all rows (the
+ * same kernels, so the same bits): o = rmsnorm(o) * w_o; x += o;
+ * h = rmsnorm(x) * w_h. */
+static void residual_task(void *arg, int64_t t, int thread) {
+    (void)thread;
+    const residual_job *j = arg;
+    const int64_t r1 = (t + 1) * j->chunk < j->rows ? (t + 1) * j->chunk : j->rows;
+    for (int64_t r = t * j->chunk; r < r1; r++) {
+        float *x = j->x + r * j->n, *o = j->o + r * j->n;
+        j->k->rmsnorm_row(o, j->w_o, j->eps_o, o, j->n);
+        j->k->add(x, o, j->n);
+        if (j->h) j->k->rmsnorm_row(x, j->w_h, j->eps_h, j->h + r * j->n, j->n);
+    }
+}
+
+/* Rows split over the pool from two rows on: a decode step of a few
+ * sequences has a few rows of n_embd each. */
+static void cpu_residual(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
+                         float eps_h, int64_t n, int64_t rows) {
+    cpu_ctx *c = ctx_of(b);
+    pthread_mutex_lock(&c->lock);
+    residual_job j = {.k = c->k, .x = x, .o = o, .h = h, .w_o = w_o, .w_h = w_h, .eps_o = eps_o, .eps_h = eps_h,
+                      .n = n, .rows = rows};
+    const int nt = cpu_pool_threads(c->pool);
+    if (rows == 1 || nt == 1) {
+        j.chunk = rows;
+        residual_task(&j, 0, 0);
+    } else {
+        j.chunk = ceil_div(rows, 4 * (int64_t)nt);
+        cpu_pool_run(c->pool, residual_task, &j, ceil_div(rows, j.chunk));
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
 /* ---------- elementwise ---------- */
 
 typedef enum { EW_GATE, EW_SWIGLU, EW_ADD, EW_TAIL } ew_kind;
@@ -359,13 +415,25 @@ static void cpu_logit_tail(mu_backend *b, float *l, float scale, float cap, int6
 
 static void cpu_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
     cpu_ctx *c = ctx_of(b);
-    const int64_t Q = ab->n_head * ab->head_dim;
     pthread_mutex_lock(&c->lock);
-    for (int64_t r = 0; r < ab->rows; r++) {
-        mu_attn_args a = mu_attn_row(ab, r);
-        cpu_attention_run(c->pool, c->k, &c->attn, &a, q + r * Q, out + r * Q);
-    }
+    cpu_attention_run(c->pool, c->k, &c->attn, ab, q, out);
     pthread_mutex_unlock(&c->lock);
+}
+
+/* ---------- KV store ---------- */
+
+/* K and V rows rounded to f16 (the host op's formula, a vector at a time);
+ * a decode step stores a few rows, so on the calling thread. */
+static void cpu_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k, const float *v,
+                         int64_t rows) {
+    cpu_ctx *c = ctx_of(b);
+    const int64_t D = l->head_dim, H = l->n_head;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t at = (h * l->cap + physical[r]) * D, from = (r * H + h) * D;
+            c->k->f16_row(l->k + at, k + from, D);
+            c->k->f16_row(l->v + at, v + from, D);
+        }
 }
 
 /* ---------- load-time repack ---------- */
@@ -486,8 +554,10 @@ mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
     b->matmul = cpu_matmul;
     b->matmul_multi = cpu_matmul_multi;
     b->rmsnorm = cpu_rmsnorm;
+    b->residual = cpu_residual;
     b->rope = cpu_rope;
     b->attention = cpu_attention;
+    b->kv_store = cpu_kv_store;
     b->sigmoid_gate = cpu_sigmoid_gate;
     b->swiglu = cpu_swiglu;
     b->add = cpu_add;

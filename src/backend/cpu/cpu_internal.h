@@ -46,6 +46,9 @@ typedef struct cpu_kernels {
      * this kernel reads for w's type, plus the side tables of those rows.
      * r0 is a multiple of 16, r1 too or equal to rows. */
     void (*quantize_rows)(const mu_weight *w, const float *x, int64_t r0, int64_t r1, int64_t rows, void *act);
+    /* Does quantize_rows write w's blocks only for `rows` rows (no side
+     * tables across rows)? Then r0 and r1 may be any rows. NULL: never. */
+    bool (*blocks_only)(const mu_weight *w, int64_t rows);
     /* y[r * n_out + o] for o in [o0, o1), r < rows. */
     void (*qmatmul)(const mu_weight *w, int64_t o0, int64_t o1, const void *act, int64_t rows, float *y);
     /* Same for F32/F16/BF16 weights against f32 rows x[rows][n_in]. */
@@ -65,6 +68,9 @@ typedef struct cpu_kernels {
     void (*scale_add2)(float *out, const float *in, float ca, float cb, int64_t n);
     /* out[i] = out[i] / l */
     void (*div_scalar)(float *out, float l, int64_t n);
+    /* dst[i] = f16 of src[i], rounded to nearest even (mu_f32_to_f16: the
+     * KV store) */
+    void (*f16_row)(uint16_t *dst, const float *src, int64_t n);
 } cpu_kernels;
 
 extern const cpu_kernels mu_cpu_kernels_scalar;

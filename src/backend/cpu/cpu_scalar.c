@@ -106,6 +106,10 @@ static void scalar_div_scalar(float *out, float l, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = out[i] / l;
 }
 
+static void scalar_f16_row(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = mu_f32_to_f16(src[i]);
+}
+
 const cpu_kernels mu_cpu_kernels_scalar = {
     .isa = MU_CPU_ISA_SCALAR,
     .q_supported = scalar_q_supported,
@@ -122,4 +126,5 @@ const cpu_kernels mu_cpu_kernels_scalar = {
     .attn_block = scalar_attn_block,
     .scale_add2 = scalar_scale_add2,
     .div_scalar = scalar_div_scalar,
+    .f16_row = scalar_f16_row,
 };
