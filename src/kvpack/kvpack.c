@@ -72,28 +72,30 @@ static void sha256(const void *a, size_t na, const void *b, size_t nb, unsigned 
     EVP_MD_CTX_free(c);
 }
 
-/* HMAC-SHA256 through OpenSSL 3's EVP_MAC (the HMAC_CTX calls are deprecated). */
-typedef EVP_MAC_CTX mac_ctx;
-static mac_ctx *mac_new(const unsigned char key[KVP_KEY_BYTES]) {
+/* HMAC-SHA256 through OpenSSL 3's EVP_MAC (the HMAC_CTX calls are
+ * deprecated), its message starting with a domain string (the seal's, the
+ * prefix chain's in store.c); a failure of the library aborts. */
+typedef kvp_mac_ctx mac_ctx;
+mac_ctx *kvp_mac_new(const unsigned char key[KVP_KEY_BYTES], const void *domain, size_t domain_len) {
     EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
     EVP_MAC_CTX *c = mac ? EVP_MAC_CTX_new(mac) : NULL;
     EVP_MAC_free(mac);
     OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
                            OSSL_PARAM_construct_end()};
-    if (!c || !EVP_MAC_init(c, key, KVP_KEY_BYTES, params) ||
-        !EVP_MAC_update(c, (const unsigned char *)KVP_SEAL_DOMAIN, sizeof KVP_SEAL_DOMAIN)) { /* with its NUL */
+    if (!c || !EVP_MAC_init(c, key, KVP_KEY_BYTES, params) || !EVP_MAC_update(c, domain, domain_len)) {
         fprintf(stderr, "muser: OpenSSL HMAC-SHA256 is unavailable\n");
         abort();
     }
     return c;
 }
-static void mac_update(mac_ctx *c, const void *p, size_t n) {
+void kvp_mac_update(mac_ctx *c, const void *p, size_t n) {
     if (n && !EVP_MAC_update(c, p, n)) abort();
 }
-static void mac_final(mac_ctx *c, unsigned char out[32]) {
+void kvp_mac_final(mac_ctx *c, unsigned char out[32]) {
     size_t len = 0;
     if (!EVP_MAC_final(c, out, &len, 32) || len != 32) abort();
 }
+void kvp_mac_free(mac_ctx *c) { EVP_MAC_CTX_free(c); }
 
 /* ------------------------------------------------------------------ test hook */
 
@@ -503,7 +505,7 @@ static void w_flush(writer *w) {
 
 static void w_put(writer *w, const void *p, size_t n) {
     const unsigned char *b = p;
-    if (!w->unsealed) mac_update(w->mac, b, n);
+    if (!w->unsealed) kvp_mac_update(w->mac, b, n);
     while (n && !w->failed) {
         size_t k = w->cap - w->len < n ? w->cap - w->len : n;
         memcpy(w->buf + w->len, b, k);
@@ -672,7 +674,7 @@ bool kvp_write_image(int fd, const kvp_image *img, const unsigned char *ident, s
 
     writer w = {.fd = fd, .cap = (size_t)1 << 20};
     w.buf = mu_xmalloc(w.cap);
-    w.mac = mac_new(key);
+    w.mac = kvp_mac_new(key, KVP_SEAL_DOMAIN, sizeof KVP_SEAL_DOMAIN) /* with its NUL */;
 
     unsigned char hdr[KVP_HEADER_BYTES] = {0};
     memcpy(hdr, KVP_MAGIC, 8);
@@ -710,8 +712,8 @@ bool kvp_write_image(int fd, const kvp_image *img, const unsigned char *ident, s
         write_section(&w, KVP_SEC_SAMPLER, 0, 0, img->sampler_len, KVP_CODEC_RAW, img->sampler, img->sampler_len);
     unsigned char seal[KVP_SEAL_BYTES];
     memcpy(seal, KVP_SEAL_MAGIC, 8);
-    mac_update(w.mac, seal, 8);
-    mac_final(w.mac, seal + 8);
+    kvp_mac_update(w.mac, seal, 8);
+    kvp_mac_final(w.mac, seal + 8);
     w.unsealed = true; /* the tag is not part of what it authenticates */
     w_put(&w, seal, sizeof seal);
     w_flush(&w);
@@ -724,7 +726,7 @@ bool kvp_write_image(int fd, const kvp_image *img, const unsigned char *ident, s
         ok = false;
     }
     free(w.buf);
-    EVP_MAC_CTX_free(w.mac);
+    kvp_mac_free(w.mac);
     if (ok && bytes_out) *bytes_out = total;
     return ok;
 }
@@ -832,8 +834,8 @@ static bool read_section(reader *r, uint32_t index, const sec_want *want, sec *g
         got->payload = NULL;
         return false;
     }
-    mac_update(r->mac, h, sizeof h);
-    mac_update(r->mac, got->payload, (size_t)got->bytes);
+    kvp_mac_update(r->mac, h, sizeof h);
+    kvp_mac_update(r->mac, got->payload, (size_t)got->bytes);
     return true;
 }
 
@@ -897,7 +899,7 @@ bool kvp_read(const char *path, const unsigned char key[KVP_KEY_BYTES], const un
         return false;
     }
     r.size = (uint64_t)st.st_size;
-    r.mac = mac_new(key);
+    r.mac = kvp_mac_new(key, KVP_SEAL_DOMAIN, sizeof KVP_SEAL_DOMAIN) /* with its NUL */;
     bool ok = false;
     sec s = {0};
     kvp_ident model_ident;
@@ -941,7 +943,7 @@ bool kvp_read(const char *path, const unsigned char key[KVP_KEY_BYTES], const un
         mu_err_set(err, "%s: header: n_tokens %" PRIu64 " out of range [1, 2^24]", path, info->n_tokens);
         goto done;
     }
-    mac_update(r.mac, hdr, sizeof hdr);
+    kvp_mac_update(r.mac, hdr, sizeof hdr);
     uint32_t index = 0;
     /* identity: its length is only bounded until the block is parsed */
     unsigned char ih[KVP_SECTION_BYTES];
@@ -1084,8 +1086,8 @@ bool kvp_read(const char *path, const unsigned char key[KVP_KEY_BYTES], const un
     unsigned char seal[KVP_SEAL_BYTES], mac[32];
     if (!r_get(&r, seal, sizeof seal, "the seal", err)) goto done;
     if (memcmp(seal, KVP_SEAL_MAGIC, 8)) { mu_err_set(err, "%s: seal: magic is not " KVP_SEAL_MAGIC, path); goto done; }
-    mac_update(r.mac, seal, 8);
-    mac_final(r.mac, mac);
+    kvp_mac_update(r.mac, seal, 8);
+    kvp_mac_final(r.mac, mac);
     if (CRYPTO_memcmp(mac, seal + 8, 32)) {
         mu_err_set(err, "%s: seal: HMAC-SHA256 mismatch (a different key, or the pack was altered)", path);
         goto done;
@@ -1099,7 +1101,7 @@ done:
     free(s.payload);
     free(unbuf);
     ZSTD_freeDCtx(dctx);
-    EVP_MAC_CTX_free(r.mac);
+    kvp_mac_free(r.mac);
     fclose(r.f);
     return ok;
 }

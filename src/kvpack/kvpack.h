@@ -54,6 +54,13 @@ bool kvp_session_identity(muser_session *s, const char *cache_dir, unsigned char
  * assistant rows under identity id (0 when rows is out of range). */
 uint64_t kvp_dflash_bytes(const kvp_ident *id, int64_t n, int64_t rows);
 
+/* HMAC-SHA256 (OpenSSL), keyed, its message starting with domain. */
+typedef struct evp_mac_ctx_st kvp_mac_ctx;
+kvp_mac_ctx *kvp_mac_new(const unsigned char key[KVP_KEY_BYTES], const void *domain, size_t domain_len);
+void kvp_mac_update(kvp_mac_ctx *c, const void *p, size_t n);
+void kvp_mac_final(kvp_mac_ctx *c, unsigned char out[32]);
+void kvp_mac_free(kvp_mac_ctx *c);
+
 /* The HMAC key: exactly 32 bytes in a regular file of mode 0600 owned by
  * this user. create: make one (O_EXCL, 0600) when the file is missing. */
 bool kvp_load_key(const char *path, bool create, unsigned char key[KVP_KEY_BYTES], mu_error *err);

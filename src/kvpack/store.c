@@ -96,18 +96,11 @@ void muser_kvstore_set_cancel(muser_kvstore *st, const volatile int *flag) { st-
 
 static void hmac32(const unsigned char key[KVP_KEY_BYTES], const void *a, size_t na, const void *b, size_t nb,
                    const void *c, size_t nc, unsigned char out[32]) {
-    EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
-    EVP_MAC_CTX *x = mac ? EVP_MAC_CTX_new(mac) : NULL;
-    EVP_MAC_free(mac);
-    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
-                           OSSL_PARAM_construct_end()};
-    size_t len = 0;
-    if (!x || !EVP_MAC_init(x, key, KVP_KEY_BYTES, params) || !EVP_MAC_update(x, a, na) ||
-        (nb && !EVP_MAC_update(x, b, nb)) || (nc && !EVP_MAC_update(x, c, nc)) || !EVP_MAC_final(x, out, &len, 32)) {
-        fprintf(stderr, "muser: OpenSSL HMAC-SHA256 failed\n");
-        abort();
-    }
-    EVP_MAC_CTX_free(x);
+    kvp_mac_ctx *x = kvp_mac_new(key, a, na);
+    kvp_mac_update(x, b, nb);
+    kvp_mac_update(x, c, nc);
+    kvp_mac_final(x, out);
+    kvp_mac_free(x);
 }
 
 /* chain[i] = the name of the pack of the first min(256 (i + 1), n)
