@@ -22,10 +22,6 @@
  * first device query. */
 static cudaStream_t g_s;
 
-/* MUSER_CUDA_PREFETCH=1: before grid_dep_wait, a k_mmv2 warp also asks L2
- * for the rest of its output's weight row (set with the stream). */
-__constant__ int c_prefetch;
-
 /* ---------------------------------------------------------------- errors */
 
 static bool cu_ok(cudaError_t e, const char *call, const char *what, char *err) {
@@ -146,11 +142,7 @@ extern "C" bool mucu_device_count(int *n, char *err) {
         snprintf(err, MUCU_ERR_LEN, "no CUDA device: cudaGetDeviceCount returned 0 devices");
         return false;
     }
-    if (g_s) return true;
-    const char *pf = getenv("MUSER_CUDA_PREFETCH");
-    const int prefetch = pf && *pf ? atoi(pf) : 0;
-    return cu_ok(cudaStreamCreate(&g_s), "cudaStreamCreate", "the backend's stream", err) &&
-           cu_ok(cudaMemcpyToSymbol(c_prefetch, &prefetch, sizeof prefetch), "cudaMemcpyToSymbol", "c_prefetch", err);
+    return g_s || cu_ok(cudaStreamCreate(&g_s), "cudaStreamCreate", "the backend's stream", err);
 }
 
 extern "C" bool mucu_malloc(void **p, size_t bytes, char *err) {
@@ -308,8 +300,9 @@ extern "C" bool mucu_graph_chain(void *const *graphs, int n, void **exec, char *
         char why[MUCU_ERR_LEN];
         if (!cu_ok(cudaGraphCreate(&g, 0), "cudaGraphCreate", "graph chain", err)) return false;
         flat = chain_flat(g, graphs, n, g_pdl == 1, &n_prog, why);
-        if (flat) g_flat++, g_prog += n_prog;
-        if (!flat) {
+        if (flat) {
+            g_flat++, g_prog += n_prog;
+        } else {
             cudaGraphDestroy(g);
             if (!warned++) fprintf(stderr, "muser: cuda graphs: not flattened (%s); chaining segments\n", why);
         }
@@ -1557,17 +1550,14 @@ __device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, 
     const uint8_t *q6sc = W + (size_t)n_out * nb * 192;
     const uint16_t *q6d = (const uint16_t *)(q6sc + (size_t)n_out * nb * 16);
     wq2 sh[U];
+    auto load_step = [&](int b0) { /* the U steps of 8 blocks from block b0 (past the end: the last block) */
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int bu = 8 * u + g;
-        load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
-    }
-    if (c_prefetch) {
-        const int bsz = TYPE == T_Q4_K ? 144 : TYPE == T_Q5_K ? 176 : 192;
-        const uint8_t *row = W + (size_t)o * nb * bsz;
-        for (int off = 8 * U * bsz + 128 * lane; off < nb * bsz; off += 128 * 32)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
-    }
+        for (int u = 0; u < U; u++) {
+            const int bu = b0 + 8 * u + g;
+            load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
+        }
+    };
+    load_step(0);
     grid_dep_wait();
     for (int b0 = 0; b0 < nb; b0 += 8 * U) {
 #pragma unroll
@@ -1584,13 +1574,7 @@ __device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, 
                 }
             }
         }
-        if (b0 + 8 * U < nb) {
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int bu = b0 + 8 * U + 8 * u + g;
-                load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
-            }
-        }
+        if (b0 + 8 * U < nb) load_step(b0 + 8 * U);
     }
     if (lane == 0) {
 #pragma unroll
@@ -1650,11 +1634,14 @@ __device__ static inline void mmv3_part(const uint8_t *W, int64_t n_out, int nb,
     const uint16_t *q6d = (const uint16_t *)(q6sc + (size_t)n_out * nb * 16);
     const int nsteps = (nb + 7) / 8;
     wq2 sh[U];
+    auto load_round = [&](int k) { /* this warp's U steps of round k (past the end: the last block) */
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int bu = 8 * (wi + WPR * u) + g;
-        load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
-    }
+        for (int u = 0; u < U; u++) {
+            const int bu = 8 * (wi + WPR * (U * k + u)) + g;
+            load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
+        }
+    };
+    load_round(0);
     grid_dep_wait();
     for (int k = 0; wi + WPR * U * k < nsteps; k++) {
 #pragma unroll
@@ -1669,13 +1656,7 @@ __device__ static inline void mmv3_part(const uint8_t *W, int64_t n_out, int nb,
                 }
             }
         }
-        if (wi + WPR * U * (k + 1) < nsteps) {
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int bu = 8 * (wi + WPR * (U * (k + 1) + u)) + g;
-                load_wq2<TYPE>(W, q6sc, q6d, o * nb + (bu < nb ? bu : nb - 1), t, sh[u]);
-            }
-        }
+        if (wi + WPR * U * (k + 1) < nsteps) load_round(k + 1);
     }
 }
 
