@@ -459,16 +459,44 @@ static void test_kv_store(void) {
         const size_t bytes = (size_t)(H * cap * D) * sizeof(uint16_t);
         uint16_t *want_k = calloc(1, bytes), *want_v = calloc(1, bytes), *got_k = malloc(bytes), *got_v = malloc(bytes);
         mu_kv_layer l = {.cap = cap, .n_head = H, .head_dim = D, .row_elems = H * D, .k = want_k, .v = want_v};
-        ref->kv_store(ref, &l, phys, k, v, rows);
+        ref->kv_store(ref, &l, phys, k, v, rows, NULL);
         for (int c = 0; c < n_cpus; c++) {
             memset(got_k, 0, bytes);
             memset(got_v, 0, bytes);
             l.k = got_k;
             l.v = got_v;
-            cpus[c]->kv_store(cpus[c], &l, phys, k, v, rows);
+            cpus[c]->kv_store(cpus[c], &l, phys, k, v, rows, NULL);
             CHECK_MSG(!memcmp(got_k, want_k, bytes) && !memcmp(got_v, want_v, bytes), "kv_store D %lld on %s",
                       (long long)D, label(cpus[c]));
         }
+        /* journaled: the rows written now (want_k/v) are overwritten by new
+         * values; each row's old bytes go to a scattered journal slot */
+        const int64_t jcap = 9, slot[5] = {8, 2, 0, 5, 6};
+        const size_t jbytes = (size_t)(H * jcap * D) * sizeof(uint16_t);
+        uint16_t *old_k = malloc(bytes), *old_v = malloc(bytes), *jk = calloc(1, jbytes), *jv = calloc(1, jbytes);
+        uint16_t *gjk = malloc(jbytes), *gjv = malloc(jbytes);
+        memcpy(old_k, want_k, bytes), memcpy(old_v, want_v, bytes);
+        float *k2 = rand_vec(rows * H * D, 2.0f), *v2 = rand_vec(rows * H * D, 2.0f);
+        mu_kv_save save = {.k = jk, .v = jv, .cap = jcap, .slot = slot};
+        l.k = want_k, l.v = want_v;
+        ref->kv_store(ref, &l, phys, k2, v2, rows, &save);
+        int saved_ok = 1;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t h = 0; h < H; h++)
+                saved_ok &= !memcmp(jk + (h * jcap + slot[r]) * D, old_k + (h * cap + phys[r]) * D, (size_t)D * 2) &&
+                            !memcmp(jv + (h * jcap + slot[r]) * D, old_v + (h * cap + phys[r]) * D, (size_t)D * 2);
+        CHECK_MSG(saved_ok, "kv_store D %lld on ref: the journal holds the overwritten rows", (long long)D);
+        for (int c = 0; c < n_cpus; c++) {
+            memcpy(got_k, old_k, bytes), memcpy(got_v, old_v, bytes);
+            memset(gjk, 0, jbytes), memset(gjv, 0, jbytes);
+            l.k = got_k, l.v = got_v;
+            save.k = gjk, save.v = gjv;
+            cpus[c]->kv_store(cpus[c], &l, phys, k2, v2, rows, &save);
+            CHECK_MSG(!memcmp(got_k, want_k, bytes) && !memcmp(got_v, want_v, bytes) && !memcmp(gjk, jk, jbytes) &&
+                          !memcmp(gjv, jv, jbytes),
+                      "journaled kv_store D %lld on %s", (long long)D, label(cpus[c]));
+        }
+        free(k2); free(v2); free(old_k); free(old_v); free(jk); free(jv); free(gjk); free(gjv);
         free(k); free(v); free(want_k); free(want_v); free(got_k); free(got_v);
     }
 }

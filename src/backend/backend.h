@@ -86,9 +86,10 @@ struct mu_backend {
     void (*rope)(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
                  int64_t rows, bool neox);
     /* Store K and V rows (f32, rounded to f16 RNE) of layer l at the given
-     * physical rows (host [rows]) of its head-major planes. */
+     * physical rows (host [rows]) of its head-major planes; with save (a
+     * checkpoint's journal), each row's old bytes are saved first. */
     void (*kv_store)(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k, const float *v,
-                     int64_t rows);
+                     int64_t rows, const mu_kv_save *save);
     /* out[r][n_head*head_dim] for every query row of the batch. */
     void (*attention)(mu_backend *b, const mu_attn_batch *a, const float *q, float *out);
     /* x[i] *= sigmoid(g[i]) */
@@ -99,9 +100,11 @@ struct mu_backend {
     void (*add)(mu_backend *b, float *x, const float *y, int64_t n);
     /* logits = cap > 0 ? tanh((l * scale) / cap) * cap : l * scale */
     void (*logit_tail)(mu_backend *b, float *logits, float scale, float cap, int64_t n);
-    /* Per row of n: s = x * scale; m = max s; e = expf(s - m) summed in
-     * order into f32; x = e / sum. */
-    void (*softmax)(mu_backend *b, float *x, float scale, int64_t n, int64_t rows);
+    /* Per row of n, over its first n_valid entries: s = x * scale; m = max s;
+     * e = expf(s - m) summed in order into f32; x = e / sum; entries
+     * [n_valid, n) become 0. n_valid may change from call to call without
+     * changing the launch (backends that replay launches pass it as data). */
+    void (*softmax)(mu_backend *b, float *x, float scale, int64_t n, int64_t n_valid, int64_t rows);
     /* out[r] (host) = index of the largest x[r][i], the lowest on ties. */
     void (*argmax)(mu_backend *b, const float *x, int64_t n, int64_t rows, int32_t *out);
     /* Head rows into per-head slot planes: for row r, head h < n_head,
@@ -147,6 +150,8 @@ mu_backend *mu_backend_ref_create(int n_threads);
  * memory, embed, rope_table, kv_store, softmax, argmax, store_heads. They
  * are the reference for these ops. */
 void mu_backend_set_host_ops(mu_backend *b);
+/* kv_store's save step on host planes (ref and cpu). */
+void mu_host_kv_save(const mu_kv_layer *l, const int64_t *physical, int64_t rows, const mu_kv_save *save);
 /* The NeoX rotation (rope with neox true) on host rows: ref and cpu both
  * run this one (only the DFlash assistant uses it). */
 void mu_host_rope_neox(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows);

@@ -92,10 +92,22 @@ static void host_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pai
         }
 }
 
+/* The old bytes of the rows a journaled store overwrites (kv_store's save). */
+void mu_host_kv_save(const mu_kv_layer *l, const int64_t *physical, int64_t rows, const mu_kv_save *save) {
+    const int64_t D = l->head_dim, H = l->n_head;
+    for (int64_t r = 0; r < rows && save; r++)
+        for (int64_t h = 0; h < H; h++) {
+            const size_t from = (size_t)((h * l->cap + physical[r]) * D), to = (size_t)((h * save->cap + save->slot[r]) * D);
+            memcpy(save->k + to, l->k + from, (size_t)D * sizeof(uint16_t));
+            memcpy(save->v + to, l->v + from, (size_t)D * sizeof(uint16_t));
+        }
+}
+
 static void host_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k, const float *v,
-                          int64_t rows) {
+                          int64_t rows, const mu_kv_save *save) {
     (void)b;
     const int64_t D = l->head_dim, H = l->n_head;
+    mu_host_kv_save(l, physical, rows, save);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t h = 0; h < H; h++) {
             uint16_t *kd = l->k + (h * l->cap + physical[r]) * D, *vd = l->v + (h * l->cap + physical[r]) * D;
@@ -107,19 +119,20 @@ static void host_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *ph
         }
 }
 
-static void host_softmax(mu_backend *b, float *x, float scale, int64_t n, int64_t rows) {
+static void host_softmax(mu_backend *b, float *x, float scale, int64_t n, int64_t n_valid, int64_t rows) {
     (void)b;
     for (int64_t r = 0; r < rows; r++) {
         float *s = x + r * n, mx = -INFINITY, sum = 0;
-        for (int64_t j = 0; j < n; j++) {
+        for (int64_t j = 0; j < n_valid; j++) {
             s[j] = s[j] * scale;
             if (s[j] > mx) mx = s[j];
         }
-        for (int64_t j = 0; j < n; j++) {
+        for (int64_t j = 0; j < n_valid; j++) {
             s[j] = mu_expf(s[j] - mx);
             sum += s[j];
         }
-        for (int64_t j = 0; j < n; j++) s[j] = s[j] / sum;
+        for (int64_t j = 0; j < n_valid; j++) s[j] = s[j] / sum;
+        for (int64_t j = n_valid; j < n; j++) s[j] = 0.0f;
     }
 }
 

@@ -40,11 +40,12 @@ static uint16_t *head_at(const mu_kv_layer *l, uint16_t *plane, int64_t cap, int
     return plane + (head * cap + physical) * l->head_dim;
 }
 
-/* n physical rows from `from` (no wrap) of every head: plane -> plane. */
+/* n physical rows from `from` (no wrap) of every head: plane -> plane, one
+ * strided copy (a head's rows are one span; heads are cap rows apart). */
 static void copy_rows(mu_backend *be, const mu_kv_layer *l, uint16_t *dst, int64_t dcap, int64_t dphys,
                       uint16_t *src, int64_t scap, int64_t sphys, int64_t n) {
-    for (int64_t h = 0; h < l->n_head; h++)
-        be->copy(be, head_at(l, dst, dcap, dphys, h), head_at(l, src, scap, sphys, h), (size_t)n * head_bytes(l));
+    be->copy2d(be, head_at(l, dst, dcap, dphys, 0), (size_t)dcap * head_bytes(l), head_at(l, src, scap, sphys, 0),
+               (size_t)scap * head_bytes(l), (size_t)n * head_bytes(l), l->n_head);
 }
 
 /* Calls fn on the runs of physical rows holding logical [pos, pos + n) (a
@@ -256,7 +257,7 @@ bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float 
         mu_err_set(err, "kv store: layer %d: rollback journal full (%d entries)", layer, c->n_journal);
         return false;
     }
-    int64_t local[64], *phys = n <= 64 ? local : mu_xmalloc((size_t)n * sizeof *phys);
+    int64_t local[128], *phys = n <= 64 ? local : mu_xmalloc((size_t)(2 * n) * sizeof *phys), *slot = phys + n;
     for (int64_t i = 0; i < n; i++) {
         bool overwrite = l->len == l->cap; /* only a full SWA ring: pos < n_ctx = cap for full planes */
         int64_t write = overwrite ? l->origin_physical : (l->origin_physical + l->len) % l->cap;
@@ -269,8 +270,7 @@ bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float 
             e->prev_origin_logical = l->origin_logical;
             e->prev_origin_physical = l->origin_physical;
             e->prev_len = l->len;
-            copy_rows(c->be, l, c->jk, journal_cap(c), e->slot, l->k, l->cap, write, 1);
-            copy_rows(c->be, l, c->jv, journal_cap(c), e->slot, l->v, l->cap, write, 1);
+            slot[i] = e->slot; /* the backend saves the row's old bytes there as it stores */
         }
         if (overwrite) {
             l->origin_logical += 1;
@@ -280,7 +280,8 @@ bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float 
         }
         phys[i] = write;
     }
-    c->be->kv_store(c->be, l, phys, k, v, n);
+    const mu_kv_save save = {.k = c->jk, .v = c->jv, .cap = journal_cap(c), .slot = slot};
+    c->be->kv_store(c->be, l, phys, k, v, n, c->ckpt_active ? &save : NULL);
     if (phys != local) free(phys);
     return true;
 }
@@ -401,6 +402,13 @@ bool mu_kv_fork(mu_kv_cache *dst, const mu_kv_cache *src, int64_t n, mu_error *e
 
 /* ---------- checkpoint / rollback / commit ---------- */
 
+/* An empty journal whose entries own slots in order, so that a store's rows
+ * land in consecutive journal rows and a rollback restores them in runs. */
+static void journal_reset(mu_kv_cache *c) {
+    c->n_journal = 0;
+    for (int64_t i = 0; i < journal_cap(c); i++) c->journal[i].slot = i;
+}
+
 bool mu_kv_checkpoint(mu_kv_cache *c, mu_error *err) {
     if (!c || !c->layers) { mu_err_set(err, "kv checkpoint: cache is not initialized"); return false; }
     if (c->ckpt_active) {
@@ -418,14 +426,19 @@ bool mu_kv_checkpoint(mu_kv_cache *c, mu_error *err) {
     }
     c->ckpt_active = true;
     c->ckpt_pos = len;
-    c->n_journal = 0;
+    journal_reset(c);
     return true;
 }
 
-static void undo_entry(mu_kv_cache *c, const mu_kv_journal_entry *e) {
+/* Undo entries [i0, i1] (a run: one layer, consecutive physical rows and
+ * journal slots): their saved rows go back in one copy, and the layer's
+ * metadata becomes what it was before the run's first entry. */
+static void undo_run(mu_kv_cache *c, int i0, int i1) {
+    const mu_kv_journal_entry *e = &c->journal[i0];
     mu_kv_layer *l = &c->layers[e->layer];
-    copy_rows(c->be, l, l->k, l->cap, e->physical, c->jk, journal_cap(c), e->slot, 1);
-    copy_rows(c->be, l, l->v, l->cap, e->physical, c->jv, journal_cap(c), e->slot, 1);
+    const int64_t n = i1 - i0 + 1;
+    copy_rows(c->be, l, l->k, l->cap, e->physical, c->jk, journal_cap(c), e->slot, n);
+    copy_rows(c->be, l, l->v, l->cap, e->physical, c->jv, journal_cap(c), e->slot, n);
     l->origin_logical = e->prev_origin_logical;
     l->origin_physical = e->prev_origin_physical;
     l->len = e->prev_len;
@@ -450,9 +463,22 @@ bool mu_kv_rollback(mu_kv_cache *c, int64_t pos, mu_error *err) {
                    "length of layer %d, the shortest)", pos, c->ckpt_pos, shortest, shortest_layer);
         return false;
     }
-    /* undo newest first; entries of different layers are independent */
-    for (int i = c->n_journal - 1; i >= 0; i--)
-        if (c->journal[i].pos >= pos) undo_entry(c, &c->journal[i]);
+    /* undo newest first, a run of entries at a time (the rows of a run are
+     * distinct, so their order within it does not matter); entries of
+     * different layers are independent */
+    for (int i = c->n_journal - 1; i >= 0; i--) {
+        if (c->journal[i].pos < pos) continue;
+        int i0 = i;
+        while (i0 > 0) {
+            const mu_kv_journal_entry *a = &c->journal[i0 - 1], *b = &c->journal[i0];
+            if (a->pos < pos || a->layer != b->layer || a->pos + 1 != b->pos || a->physical + 1 != b->physical ||
+                a->slot + 1 != b->slot)
+                break;
+            i0--;
+        }
+        undo_run(c, i0, i);
+        i = i0;
+    }
     /* keep the older entries in order; swapping keeps each journal row owned once */
     int kept = 0;
     for (int i = 0; i < c->n_journal; i++)
@@ -465,7 +491,7 @@ void mu_kv_commit(mu_kv_cache *c) {
     if (!c) return;
     c->ckpt_active = false;
     c->ckpt_pos = 0;
-    c->n_journal = 0;
+    journal_reset(c);
 }
 
 /* ---------- snapshots ---------- */

@@ -35,6 +35,15 @@ typedef struct mu_kv_layer {
     int64_t len;              /* rows held */
 } mu_kv_layer;
 
+/* Where a journaled store saves the rows it overwrites, before writing
+ * them: the old bytes of physical row physical[r] (every head) go to row
+ * slot[r] of the head-major planes k and v of cap rows each. */
+typedef struct mu_kv_save {
+    uint16_t *k, *v;
+    int64_t cap;
+    const int64_t *slot;      /* host [rows] */
+} mu_kv_save;
+
 typedef struct mu_kv_journal_entry {
     int layer;
     int64_t pos;              /* logical position appended */

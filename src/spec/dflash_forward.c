@@ -70,6 +70,7 @@ mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target,
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) total += (sizes[i] + 15) & ~(size_t)15;
     st->mem_bytes = total * sizeof(float);
     float *p = st->mem = mu_backend_xalloc(be, st->mem_bytes, "the DFlash assistant's state");
+    be->zero(be, st->mem, st->mem_bytes); /* stale cache slots stay finite (attention below) */
     st->ck = mu_xcalloc(L, sizeof *st->ck);
     st->cv = mu_xcalloc(L, sizeof *st->cv);
     for (size_t il = 0; il < L; il++) {
@@ -138,12 +139,28 @@ static void rope_neox(const mu_dflash_state *st, float *x, int64_t n_heads, int6
     st->be->rope(st->be, x, n_heads, D, D, st->cs + cs_row0 * D, rows, true);
 }
 
+/* A backend that can replay a bracket's launches (backend.h forward_begin)
+ * gets one key per launch shape: what differs between two brackets of one
+ * key (positions, slots, tokens) travels as uploaded arguments. */
+static void bracket_begin(mu_dflash_state *st, uint64_t tag, int64_t a, int64_t b) {
+    if (!st->be->forward_begin) return;
+    const uint64_t v[3] = {tag, (uint64_t)a, (uint64_t)b};
+    uint64_t key = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < 3; i++) key = (key ^ v[i]) * 0x100000001B3ull;
+    st->be->forward_begin(st->be, key);
+}
+
+static void bracket_end(mu_dflash_state *st) {
+    if (st->be->forward_end) st->be->forward_end(st->be, true);
+}
+
 /* K (k-normed, rotated) and V of m consecutive context rows from p0. */
 static void project_context(mu_dflash_state *st, const float *features, int64_t p0, int64_t m) {
     const mu_dflash *d = st->d;
     const mu_dflash_config *c = &d->cfg;
     mu_backend *be = st->be;
     const int64_t E = c->n_embd, D = c->head_dim;
+    bracket_begin(st, 0xDF1A5C0, m, 0);
     be->matmul(be, &d->fc, features, st->cx, m);
     be->rmsnorm(be, st->cx, d->hidden_norm, c->rms_eps, st->cx, E, m);
     rope_table(st, p0, m);
@@ -155,6 +172,7 @@ static void project_context(mu_dflash_state *st, const float *features, int64_t 
         be->matmul(be, &lw->v, st->cx, st->vt, m);
         store_rows(st, il, st->kt, st->vt, m, p0, false);
     }
+    bracket_end(st);
 }
 
 /* Rows that no later anchor can attend to (past the sink, with at least
@@ -183,7 +201,14 @@ static void attention(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
     const mu_dflash_config *c = &st->d->cfg;
     mu_backend *be = st->be;
     const int64_t D = c->head_dim, H = c->n_head, group = H / c->n_head_kv, nq = nr * group;
-    const int64_t n_keys = rows_held(st) + c->block_size;
+    const int64_t n_valid = rows_held(st) + c->block_size;
+    /* A backend that replays launches gets one shape for every round: all
+     * slots as keys, the softmax giving the slots past n_valid probability
+     * 0. The valid keys keep their indices, and (each dot product's terms
+     * summed in index order per lane, from +0) a 0 * finite term adds
+     * nothing, so the result is the same bits as over n_valid keys; stale
+     * slots are finite (the state starts zeroed). */
+    const int64_t n_keys = be->forward_begin ? st->slots : n_valid;
     const float scale = 1.0f / sqrtf((float)D);
     const size_t head_rows = (size_t)(group * D) * sizeof(float), q_row = (size_t)(H * D) * sizeof(float);
     for (int64_t g = 0; g < c->n_head_kv; g++) {
@@ -192,7 +217,7 @@ static void attention(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
         be->copy2d(be, st->qh, head_rows, st->q + (r0 * H + g * group) * D, q_row, head_rows, nr);
         mu_weight kw = mu_f32_matrix(k, D, n_keys, D);
         be->matmul(be, &kw, st->qh, st->p, nq);
-        be->softmax(be, st->p, scale, n_keys, nq);
+        be->softmax(be, st->p, scale, n_keys, n_valid, nq);
         mu_weight vw = mu_f32_matrix(vt, n_keys, D, st->slots);
         be->matmul(be, &vw, st->p, st->oh, nq);
         be->copy2d(be, st->att + (r0 * H + g * group) * D, q_row, st->oh, head_rows, head_rows, nr);
@@ -233,6 +258,7 @@ void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *p
     mu_backend *be = st->be;
     const int64_t E = c->n_embd, B = c->block_size, V = t->cfg.n_vocab;
     for (int64_t r = 0; r < B; r++) st->ids[r] = r ? c->mask_token : anchor;
+    bracket_begin(st, 0xDF1A5D0, n_prop, 0); /* the context length is data (attention) */
     be->embed(be, &t->token_embd, st->ids, B, st->h);
     rope_table(st, st->rows, B);
     for (int il = 0; il < c->n_layer; il++) {
@@ -242,6 +268,7 @@ void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *p
     /* rows 1..n_prop: final norm and the target's head (no logit scale, no soft-cap) */
     be->rmsnorm(be, st->h + E, st->d->output_norm, c->rms_eps, st->a, E, n_prop);
     be->matmul(be, &t->output, st->a, st->logits, n_prop);
+    bracket_end(st); /* before the argmax: its result goes to the host */
     be->argmax(be, st->logits, V, n_prop, proposals);
     if (logits) be->download(be, logits, st->logits, (size_t)n_prop * (size_t)V * sizeof(float));
 }

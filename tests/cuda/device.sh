@@ -11,7 +11,8 @@
 #           pdl: glimmer-tiny and full-model decode under each of PDL_ENVS,
 #           space-separated settings, a setting's variables joined by commas;
 #           ncu: each kernel's duration alone (Nsight Compute); kvpack:
-#           `muser bench kvpack` on the synthetic small model)
+#           `muser bench kvpack` on the synthetic small model; spec: `muser
+#           speculate` statistics under each of SPEC_ENVS and a kernel profile)
 #   BENCH   "quick" (short runs), "full" (default) or "none" (only the stages)
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -101,6 +102,22 @@ case " $STAGES " in *" bench "*)
     esac
     B="$M bench -m $F --backend cuda --membw-gbs $BW --no-paired-membw"
     TINY="$M bench -m $SRC/models/glimmer-tiny-q4_k_xl.gguf --backend cuda --no-membw"
+    case " $STAGES " in *" spec "*)
+        echo "== speculate (glimmer-tiny pair): rounds, draft and verify seconds under each of SPEC_ENVS"
+        for v in ${SPEC_ENVS:-MUSER_CUDA_GRAPH=1 MUSER_CUDA_GRAPH=0}; do
+            for p in "And it came to pass, when the king" "The history of the"; do
+                echo "-- ${v//,/ } / $p"
+                env ${v//,/ } MUSER_CUDA_GRAPH_STATS=1 "$M" speculate -p "$p" -n 128 --json 2>&1 |
+                    grep -o '"verify_steps.*\|cuda graphs.*'
+            done
+        done
+        echo "-- muser bench, plain against speculative"
+        "$M" bench -m "$SRC/models/glimmer-tiny-q4_k_xl.gguf" --backend cuda --no-membw -p 0 -n 256 -r 3 \
+            --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" 2>&1 | tail -4
+        echo "-- per-kernel profile (MUSER_CUDA_PROF=1, graphs off)"
+        MUSER_CUDA_PROF=1 "$M" speculate -p "And it came to pass, when the king" -n 128 --json 2>&1 |
+            sed 's/"ids": \[[^]]*\], "text": "[^"]*", //' | head -70 ;;
+    esac
     case " $STAGES " in *" pdl "*)
         echo "== decode: graph and kernel variants (PDL_ENVS)"
         for v in ${PDL_ENVS:-MUSER_CUDA_PDL=0 MUSER_CUDA_PDL=1 MUSER_CUDA_MMV=7}; do

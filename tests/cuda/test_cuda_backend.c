@@ -497,18 +497,35 @@ static void test_kv_attention(int64_t D) {
     size_t plane = (size_t)(Hkv * cap * D) * 2;
     hl.k = calloc(1, plane), hl.v = calloc(1, plane);
     dl.k = cu->alloc(cu, plane), dl.v = cu->alloc(cu, plane);
-    /* store logical base..base+n-1 in chunks of 50 rows */
-    for (int64_t p0 = base; p0 < base + n; p0 += 50) {
-        int64_t phys[50];
-        for (int i = 0; i < 50; i++) phys[i] = (p0 + i) % cap;
+    /* store logical base..base+n-1 in chunks of 50 rows, then 50 of them
+     * again journaled (old bytes saved to scattered slots of a journal) */
+    const int64_t jcap = 64;
+    const size_t jplane = (size_t)(Hkv * jcap * D) * 2;
+    uint16_t *hjk = calloc(1, jplane), *hjv = calloc(1, jplane), *djk = cu->alloc(cu, jplane), *djv = cu->alloc(cu, jplane);
+    cu->zero(cu, djk, jplane), cu->zero(cu, djv, jplane);
+    for (int64_t p0 = base; p0 < base + n + 50; p0 += 50) {
+        int64_t phys[50], slot[50];
+        for (int i = 0; i < 50; i++) phys[i] = (p0 + i) % cap, slot[i] = (i * 7 + 3) % jcap;
+        const bool journal = p0 >= base + n;
+        const mu_kv_save hs = {.k = hjk, .v = hjv, .cap = jcap, .slot = slot}, ds = {.k = djk, .v = djv, .cap = jcap, .slot = slot};
         float *k = rnd_vec((size_t)(50 * Hkv * D), 3.0f), *v = rnd_vec((size_t)(50 * Hkv * D), 3.0f);
         float *dk = dev(k, (size_t)(50 * Hkv * D) * 4), *dv = dev(v, (size_t)(50 * Hkv * D) * 4);
-        ref->kv_store(ref, &hl, phys, k, v, 50);
-        cu->kv_store(cu, &dl, phys, dk, dv, 50);
+        ref->kv_store(ref, &hl, phys, k, v, 50, journal ? &hs : NULL);
+        cu->kv_store(cu, &dl, phys, dk, dv, 50, journal ? &ds : NULL);
         cu->free(cu, dk, 0), cu->free(cu, dv, 0), free(k), free(v);
     }
     check("kv_store K", hl.k, dl.k, plane);
     check("kv_store V", hl.v, dl.v, plane);
+    check("kv_store journal K", hjk, djk, jplane);
+    check("kv_store journal V", hjv, djv, jplane);
+    size_t nz = 0;
+    for (size_t i = 0; i < jplane / 2; i++) nz += hjk[i] != 0;
+    n_checks++;
+    if (nz < jplane / 4) {
+        n_fail++;
+        fprintf(stderr, "MISMATCH kv_store journal: the ref saved only %zu nonzero values\n", nz);
+    }
+    free(hjk), free(hjv), cu->free(cu, djk, 0), cu->free(cu, djv, 0);
     const int64_t rows = 5, Q = H * D;
     int64_t pos[5] = {base, base + 1, base + 255, base + 256, base + n - 1};
     const mu_kv_layer *hk[5], *dk[5];
@@ -546,8 +563,8 @@ static void kv_fill(mu_kv_layer *hl, mu_kv_layer *dl, int64_t Hkv, int64_t D, in
         for (int i = 0; i < m; i++) phys[i] = (p0 + i) % cap;
         float *k = rnd_vec((size_t)(m * Hkv * D), 3.0f), *v = rnd_vec((size_t)(m * Hkv * D), 3.0f);
         float *dk = dev(k, (size_t)(m * Hkv * D) * 4), *dv = dev(v, (size_t)(m * Hkv * D) * 4);
-        ref->kv_store(ref, hl, phys, k, v, m);
-        cu->kv_store(cu, dl, phys, dk, dv, m);
+        ref->kv_store(ref, hl, phys, k, v, m, NULL);
+        cu->kv_store(cu, dl, phys, dk, dv, m, NULL);
         cu->free(cu, dk, 0), cu->free(cu, dv, 0), free(k), free(v);
     }
 }
@@ -626,10 +643,39 @@ static void test_elementwise(void) {
     cu->argmax(cu, dx, m, rows, dam);
     n_checks++;
     if (memcmp(am, dam, sizeof am)) n_fail++, fprintf(stderr, "MISMATCH argmax\n");
-    ref->softmax(ref, x, 0.7f, m, rows);
-    cu->softmax(cu, dx, 0.7f, m, rows);
+    ref->softmax(ref, x, 0.7f, m, m, rows - 1);
+    cu->softmax(cu, dx, 0.7f, m, m, rows - 1);
+    ref->softmax(ref, x + (rows - 1) * m, 0.7f, m, 200, 1); /* the last row: 200 entries, zeros after */
+    cu->softmax(cu, dx + (rows - 1) * m, 0.7f, m, 200, 1);
     check("softmax", x, dx, (size_t)(m * rows) * 4);
     cu->free(cu, dx, 0), free(x);
+    /* a vocabulary-wide row: repeated maxima far apart, NaN at element 0 and
+     * elsewhere, all -inf, signed zeros as the maximum; softmax on rows
+     * without NaN */
+    const int64_t V = 8193, R = 6;
+    float *w = rnd_vec((size_t)(V * R), 8.0f);
+    w[100] = w[7000] = 60.0f;
+    w[V] = NAN, w[V + 9] = 90.0f;
+    for (int64_t i = 1; i < V; i += 97) w[2 * V + i] = NAN;
+    w[2 * V + V - 1] = 70.0f;
+    for (int64_t i = 0; i < V; i++) w[3 * V + i] = -INFINITY, w[4 * V + i] = -1.0f - (float)(i % 5);
+    w[4 * V + 50] = -0.0f, w[4 * V + 20] = 0.0f, w[4 * V + 4000] = -0.0f;
+    w[5 * V] = -INFINITY;
+    for (int64_t i = 1; i < V; i++) w[5 * V + i] = NAN;
+    float *dw = dev(w, (size_t)(V * R) * 4);
+    int32_t wm[6], dwm[6];
+    ref->argmax(ref, w, V, R, wm);
+    cu->argmax(cu, dw, V, R, dwm);
+    n_checks++;
+    if (memcmp(wm, dwm, sizeof wm) || wm[0] != 100 || wm[1] != 0 || wm[2] != V - 1 || wm[4] != 20)
+        n_fail++, fprintf(stderr, "MISMATCH argmax (vocabulary rows): ref %d %d %d %d %d %d, cuda %d %d %d %d %d %d\n", wm[0],
+                          wm[1], wm[2], wm[3], wm[4], wm[5], dwm[0], dwm[1], dwm[2], dwm[3], dwm[4], dwm[5]);
+    ref->softmax(ref, w + 4 * V, 0.3f, V, V, 1); /* the signed zeros as the maximum */
+    cu->softmax(cu, dw + 4 * V, 0.3f, V, V, 1);
+    ref->softmax(ref, w, 0.3f, 300, 300, 1);
+    cu->softmax(cu, dw, 0.3f, 300, 300, 1);
+    check("softmax (vocabulary rows)", w, dw, (size_t)(V * R) * 4);
+    cu->free(cu, dw, 0), free(w);
 }
 
 /* The fused ops against the ops they stand for, and the matrix product

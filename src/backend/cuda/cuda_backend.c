@@ -73,7 +73,7 @@ typedef struct cuda_ctx {
     int bail_at;               /* MUSER_CUDA_GRAPH_BAIL_AT=N: replays fail at op N (tests); -1 none */
 } cuda_ctx;
 
-enum { G_DIRECT, G_CAPTURE, G_REPLAY, G_CACHE = 8 };
+enum { G_DIRECT, G_CAPTURE, G_REPLAY, G_CACHE = 32 };
 
 /* A forward shape the engine has run: seen once directly, then captured
  * op by op (one graph segment per op, with the op's signature), then
@@ -726,14 +726,24 @@ static void cuda_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim
         CHECK("rope", mucu_rope(x, n_heads, head_dim, n_rot, cs, rows, neox, err));
 }
 
+/* With save (a checkpoint's journal), the journal slots travel in the same
+ * upload as the physical rows: [rows] physical, then [rows] slots. */
 static void cuda_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k,
-                          const float *v, int64_t rows) {
+                          const float *v, int64_t rows, const mu_kv_save *save) {
     q8_clear(b);
     if (rows <= 0) return;
-    const bool launch = go(b, sig_of("kv_store", 8, P(l->k), P(l->v), I(l->cap), I(l->n_head), I(l->head_dim), P(k), P(v),
-                                     I(rows)));
-    const int64_t *p = upload_arg(b, physical, (size_t)rows * sizeof *physical, "kv_store");
-    if (launch) CHECK("kv_store", mucu_kv_store(l->k, l->v, l->cap, l->n_head, l->head_dim, p, k, v, rows, err));
+    const bool launch =
+        go(b, sig_of("kv_store", 11, P(l->k), P(l->v), I(l->cap), I(l->n_head), I(l->head_dim), P(k), P(v), I(rows),
+                     P(save ? save->k : NULL), P(save ? save->v : NULL), I(save ? save->cap : 0)));
+    int64_t local[64], *idx = rows <= 32 ? local : mu_xmalloc((size_t)(2 * rows) * sizeof *idx);
+    memcpy(idx, physical, (size_t)rows * sizeof *idx);
+    if (save) memcpy(idx + rows, save->slot, (size_t)rows * sizeof *idx);
+    const int64_t *p = upload_arg(b, idx, (size_t)((save ? 2 : 1) * rows) * sizeof *idx, "kv_store");
+    if (idx != local) free(idx);
+    mucu_kv_save s = {0};
+    if (save) s = (mucu_kv_save){.k = save->k, .v = save->v, .cap = save->cap, .slot = p + rows};
+    if (launch)
+        CHECK("kv_store", mucu_kv_store(l->k, l->v, l->cap, l->n_head, l->head_dim, p, k, v, rows, save ? &s : NULL, err));
 }
 
 static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
@@ -783,10 +793,12 @@ static void cuda_logit_tail(mu_backend *b, float *logits, float scale, float cap
         CHECK("logit_tail", mucu_logit_tail(logits, scale, cap, n, err));
 }
 
-static void cuda_softmax(mu_backend *b, float *x, float scale, int64_t n, int64_t rows) {
+static void cuda_softmax(mu_backend *b, float *x, float scale, int64_t n, int64_t n_valid, int64_t rows) {
     q8_clear(b);
     (void)b;
-    if (go(b, sig_of("softmax", 4, P(x), F(scale), I(n), I(rows)))) CHECK("softmax", mucu_softmax(x, scale, n, rows, err));
+    const bool launch = go(b, sig_of("softmax", 4, P(x), F(scale), I(n), I(rows)));
+    const int64_t *nv = upload_arg(b, &n_valid, sizeof n_valid, "softmax"); /* data, not part of the launch */
+    if (launch) CHECK("softmax", mucu_softmax(x, scale, n, nv, rows, err));
 }
 
 static void cuda_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, int32_t *out) {

@@ -1003,13 +1003,21 @@ __global__ static void k_rope(float *x, int64_t n_heads, int64_t head_dim, int64
     }
 }
 
+/* With a journal (sv.k != NULL) each value's old bytes are saved first, by
+ * the thread that then overwrites them. */
 __global__ static void k_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t H, int64_t D,
-                                  const int64_t *physical, const float *k, const float *v, int64_t rows) {
+                                  const int64_t *physical, const float *k, const float *v, int64_t rows,
+                                  mucu_kv_save sv) {
     grid_dep_wait();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * H * D) return;
     int64_t i = t % D, h = (t / D) % H, r = t / (D * H);
     int64_t dst = (h * cap + physical[r]) * D + i;
+    if (sv.k) {
+        const int64_t j = (h * sv.cap + sv.slot[r]) * D + i;
+        sv.k[j] = kp[dst];
+        sv.v[j] = vp[dst];
+    }
     kp[dst] = f32_to_f16(k[t]);
     vp[dst] = f32_to_f16(v[t]);
 }
@@ -1042,31 +1050,68 @@ __global__ static void k_logit_tail(float *l, float scale, float cap, int64_t n)
     l[i] = cap > 0 ? d_tanhf(v / cap) * cap : v;
 }
 
-__global__ static void k_softmax(float *x, float scale, int64_t n, int64_t rows) {
+/* One block per row (host_ops.c's formula): the scaling, the maximum and
+ * the exponentials in parallel (a maximum is the same in any order; a zero
+ * maximum's sign does not change x - max), the sum by one thread in index
+ * order, as the host sums. n_valid (device memory, so a replayed launch
+ * reads this call's count): entries past it become 0. */
+__global__ static void k_softmax(float *x, float scale, int64_t n_all, const int64_t *n_valid) {
     grid_dep_wait();
-    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    float *s = x + r * n, mx = -INFINITY, sum = 0;
-    for (int64_t j = 0; j < n; j++) {
-        s[j] = s[j] * scale;
-        if (s[j] > mx) mx = s[j];
+    __shared__ float wmax[32], total;
+    const int64_t n = *n_valid;
+    float *s = x + (int64_t)blockIdx.x * n_all, mx = -INFINITY;
+    for (int64_t j = n + threadIdx.x; j < n_all; j += blockDim.x) s[j] = 0.0f;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const float v = s[j] * scale;
+        s[j] = v;
+        if (v > mx) mx = v;
     }
-    for (int64_t j = 0; j < n; j++) {
-        s[j] = d_expf(s[j] - mx);
-        sum += s[j];
+    for (int o = 16; o; o >>= 1) {
+        const float t = __shfl_xor_sync(0xffffffffu, mx, o);
+        if (t > mx) mx = t;
     }
-    for (int64_t j = 0; j < n; j++) s[j] = s[j] / sum;
+    if ((threadIdx.x & 31) == 0) wmax[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (unsigned w = 0; w < blockDim.x / 32; w++)
+        if (wmax[w] > mx) mx = wmax[w];
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s[j] = d_expf(s[j] - mx);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0;
+        for (int64_t j = 0; j < n; j++) sum += s[j];
+        total = sum;
+    }
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s[j] = s[j] / total;
 }
 
-__global__ static void k_argmax(const float *x, int64_t n, int64_t rows, int32_t *out) {
+/* One block per row. The host's loop (best moves only on a strictly larger
+ * value) gives the first index of the maximum over the non-NaN values, or 0
+ * when element 0 is NaN; each thread keeps its first maximum, and ties
+ * between threads go to the smaller index. */
+__global__ static void k_argmax(const float *x, int64_t n, int32_t *out) {
     grid_dep_wait();
-    int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    const float *l = x + r * n;
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (l[i] > l[best]) best = i;
-    out[r] = (int32_t)best;
+    __shared__ float wv[32];
+    __shared__ int64_t wi[32];
+    const float *l = x + (int64_t)blockIdx.x * n;
+    float bv = -INFINITY;
+    int64_t bi = -1;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const float v = l[j];
+        if (v == v && (bi < 0 || v > bv)) bv = v, bi = j;
+    }
+    for (int o = 16; o; o >>= 1) {
+        const float tv = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int64_t ti = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ti >= 0 && (bi < 0 || tv > bv || (tv == bv && ti < bi))) bv = tv, bi = ti;
+    }
+    if ((threadIdx.x & 31) == 0) wv[threadIdx.x >> 5] = bv, wi[threadIdx.x >> 5] = bi;
+    __syncthreads();
+    if (threadIdx.x) return; /* thread 0 holds warp 0's result */
+    for (unsigned w = 1; w < blockDim.x / 32; w++)
+        if (wi[w] >= 0 && (bi < 0 || wv[w] > bv || (wv[w] == bv && wi[w] < bi))) bv = wv[w], bi = wi[w];
+    out[blockIdx.x] = l[0] != l[0] || bi < 0 ? 0 : (int32_t)bi;
 }
 
 __global__ static void k_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
@@ -2795,8 +2840,10 @@ extern "C" bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n
 }
 
 extern "C" bool mucu_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t n_head, int64_t head_dim,
-                              const int64_t *physical, const float *k, const float *v, int64_t rows, char *err) {
-    LAUNCH(k_kv_store, rows * n_head * head_dim, kp, vp, cap, n_head, head_dim, physical, k, v, rows);
+                              const int64_t *physical, const float *k, const float *v, int64_t rows,
+                              const mucu_kv_save *save, char *err) {
+    const mucu_kv_save sv = save ? *save : mucu_kv_save{};
+    LAUNCH(k_kv_store, rows * n_head * head_dim, kp, vp, cap, n_head, head_dim, physical, k, v, rows, sv);
 }
 
 extern "C" size_t mucu_attn_part_bytes(int64_t rows, int64_t n_head, int64_t head_dim, int64_t nbmax) {
@@ -2854,11 +2901,15 @@ extern "C" bool mucu_add(float *x, const float *y, int64_t n, char *err) { LAUNC
 extern "C" bool mucu_logit_tail(float *l, float scale, float cap, int64_t n, char *err) {
     LAUNCH(k_logit_tail, n, l, scale, cap, n);
 }
-extern "C" bool mucu_softmax(float *x, float scale, int64_t n, int64_t rows, char *err) {
-    LAUNCH(k_softmax, rows, x, scale, n, rows);
+extern "C" bool mucu_softmax(float *x, float scale, int64_t n, const int64_t *n_valid, int64_t rows, char *err) {
+    if (rows <= 0) return true;
+    k_softmax<<<(unsigned)rows, 128, 0, g_s>>>(x, scale, n, n_valid);
+    return launched("k_softmax", err);
 }
 extern "C" bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *out, char *err) {
-    LAUNCH(k_argmax, rows, x, n, rows, out);
+    if (rows <= 0) return true;
+    k_argmax<<<(unsigned)rows, 256, 0, g_s>>>(x, n, out);
+    return launched("k_argmax", err);
 }
 extern "C" bool mucu_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                                  const float *src, int64_t rows, bool transposed, char *err) {

@@ -127,8 +127,14 @@ bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const fl
 bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs, char *err);
 bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows, bool neox,
                char *err);
+/* kv_store's journal (kv.h mu_kv_save), with the slots in device memory. */
+typedef struct mucu_kv_save {
+    uint16_t *k, *v;
+    int64_t cap;
+    const int64_t *slot;
+} mucu_kv_save;
 bool mucu_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t n_head, int64_t head_dim, const int64_t *physical,
-                   const float *k, const float *v, int64_t rows, char *err);
+                   const float *k, const float *v, int64_t rows, const mucu_kv_save *save, char *err);
 /* part: scratch of mucu_attn_part_bytes for the most 256-key blocks of
  * any row (nbmax). */
 size_t mucu_attn_part_bytes(int64_t rows, int64_t n_head, int64_t head_dim, int64_t nbmax);
@@ -138,7 +144,7 @@ bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, void *q8, char *err)
 bool mucu_swiglu(float *gate, const float *up, int64_t n, void *q8, char *err);
 bool mucu_add(float *x, const float *y, int64_t n, char *err);
 bool mucu_logit_tail(float *l, float scale, float cap, int64_t n, char *err);
-bool mucu_softmax(float *x, float scale, int64_t n, int64_t rows, char *err);
+bool mucu_softmax(float *x, float scale, int64_t n, const int64_t *n_valid, int64_t rows, char *err);
 bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *out, char *err);
 bool mucu_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head, const float *src,
                       int64_t rows, bool transposed, char *err);
