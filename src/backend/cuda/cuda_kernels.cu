@@ -2652,8 +2652,19 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     return launched("k_mmv_kq", err);
 }
 
-static int gemm_min_rows = -1; /* MUSER_CUDA_GEMM=N: the tensor-core kernel for calls of >= N rows (default 16;
-                                  0: off, the weight-streaming kernel for every row count) */
+/* MUSER_CUDA_GEMM=N: the tensor-core kernels for calls of >= N rows (0: off,
+ * the weight-streaming kernel for every row count). Default 17: a 16-row
+ * call (verification at --verify-len 15, the DFlash block, 16 streams) on
+ * the weight-streaming kernel ran 2.75x faster than on k_gemm_kq (full
+ * model, prefill in 16-row chunks, docs/benchmarks.md). */
+static int gemm_min_rows_v = -1;
+static int gemm_min_rows(void) {
+    if (gemm_min_rows_v < 0) {
+        const char *e = getenv("MUSER_CUDA_GEMM");
+        gemm_min_rows_v = e && *e ? atoi(e) : 17;
+    }
+    return gemm_min_rows_v;
+}
 
 /* n fast-path weights with the same n_in reading x's quantization (already
  * in q8 when prequantized): rows <= 16 with the default kernel in one
@@ -2665,12 +2676,9 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
         const char *e = getenv("MUSER_CUDA_MMV");
         mmv_variant = e && *e ? atoi(e) : 3;
     }
-    if (gemm_min_rows < 0) {
-        const char *e = getenv("MUSER_CUDA_GEMM");
-        gemm_min_rows = e && *e ? atoi(e) : 16;
-    }
+    const int gmin = gemm_min_rows();
     const bool one = n <= MMV_SET_MAX && (mmv_variant == 3 || mmv_variant == 7 || mmv_variant == 8) && rows <= 16 &&
-                     !(gemm_min_rows > 0 && rows >= gemm_min_rows);
+                     !(gmin > 0 && rows >= gmin);
     if (!one) {
         for (int i = 0; i < n; i++)
             if (!mucu_matmul(w[i], x, y[i], rows, q8, prequantized || i > 0, err)) return false;
@@ -2742,15 +2750,12 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
             k_quantize_q8split<<<grid_for(nb, 4), 128, 0, g_s>>>(x, xq, nb);
             if (!launched("k_quantize_q8split", err)) return false;
         }
-        if (gemm_min_rows < 0) {
-            const char *e = getenv("MUSER_CUDA_GEMM");
-            gemm_min_rows = e && *e ? atoi(e) : 16;
-        }
-        if (gemm_min_rows > 0 && rows >= gemm_min_rows && mucu_gemm_kq2_takes(rows)) {
+        const int gmin = gemm_min_rows();
+        if (gmin > 0 && rows >= gmin && mucu_gemm_kq2_takes(rows)) {
             mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y, g_s); /* cuda_prefill.cu */
             return launched("k_gemm_kq2", err);
         }
-        if (gemm_min_rows > 0 && rows >= gemm_min_rows) {
+        if (gmin > 0 && rows >= gmin) {
             const dim3 grid((unsigned)((rows + GT_M - 1) / GT_M), (unsigned)((w->n_out + GT_N - 1) / GT_N));
             const int nbk = (int)(w->n_in / 256);
             if (w->type == T_Q4_K) k_gemm_kq<T_Q4_K><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);

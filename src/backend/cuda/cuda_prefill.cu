@@ -412,7 +412,8 @@ extern "C" int mucu_gemm_kernel_get(void) {
 
 extern "C" bool mucu_gemm_kq2_takes(int64_t rows) {
     const int k = mucu_gemm_kernel_get();
-    return k >= 2 || (k == 1 && rows > 64);
+    (void)rows;
+    return k >= 1;
 }
 
 extern "C" void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,

@@ -13,10 +13,10 @@ extern "C" {
 #endif
 
 /* Which many-row kernel mucu_matmul uses: 0 the first one (k_gemm_kq in
- * cuda_kernels.cu), 1 (the default) k_gemm_kq2 for calls of more than 64
- * rows and k_gemm_kq below (batched decode keeps its 64x64 tiles until
- * k_gemm_kq2's 64-row tiles are measured there), 2 and 3 k_gemm_kq2 at any
- * row count with its 128- or 64-row tiles forced (tests, benchmarks). -1
+ * cuda_kernels.cu), 1 (the default) k_gemm_kq2 with its tiles picked by
+ * shape (a layer's products at 32 rows: 1.090 ms against k_gemm_kq's 1.906,
+ * docs/benchmarks.md), 2 and 3 k_gemm_kq2 with its 128- or 64-row tiles
+ * forced (tests, benchmarks). -1
  * until first read from MUSER_CUDA_GEMM_KERNEL; tests may set it directly. */
 extern int mucu_gemm_kernel;
 int mucu_gemm_kernel_get(void);
