@@ -86,5 +86,9 @@ expect_fail "$T/missing.gguf" "$M" bench -p 0 -n 8 -r 1 --no-membw -q --draft "$
 # muser speculate: exact greedy with statistics
 check "$M" speculate -p "$P" -n 32 --json >"$T/sp.json" 2>/dev/null
 check $PY -c "import json; r = json.load(open('$T/sp.json')); assert r['exact'] is True and r['verify_steps'] > 0, r"
+# on a named backend: the same tokens from ref (the reference numerics)
+check "$M" speculate --backend ref -p "$P" -n 32 --json >"$T/sp_ref.json" 2>/dev/null
+check $PY -c "import json; a, b = (json.load(open(f)) for f in ('$T/sp.json', '$T/sp_ref.json')); assert a['ids'] == b['ids'] and b['exact'] is True, b"
+expect_fail "unknown backend 'gpu'" "$M" speculate --backend gpu -p "$P" -n 4
 
 exit $fail

@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include "muser.h"
 
 int cmd_run(int argc, char **argv);
 int cmd_info(int argc, char **argv);
@@ -25,6 +26,8 @@ int cmd_kvpack(int argc, char **argv);
  * of this build; false with a message when there is none. */
 const char *cli_default_draft(void);
 bool cli_parse_verify_len(const char *cmd, const char *v, int64_t *out);
+/* --backend NAME: ref, cpu, cuda or auto. */
+bool cli_parse_backend(const char *cmd, const char *v, muser_backend_kind *out);
 bool cli_model_or_default(const char *cmd, const char **model);
 /* Whole file as a NUL-terminated malloc'd buffer; NULL with a message. */
 char *cli_read_file(const char *cmd, const char *path, size_t *len);

@@ -143,6 +143,12 @@ bool cli_parse_verify_len(const char *cmd, const char *v, int64_t *out) {
     return false;
 }
 
+bool cli_parse_backend(const char *cmd, const char *v, muser_backend_kind *out) {
+    if (muser_backend_from_name(v, out)) return true;
+    fprintf(stderr, "muser %s: unknown backend '%s' (ref, cpu, cuda, auto)\n", cmd, v);
+    return false;
+}
+
 bool cli_parse_compress(const char *cmd, const char *s, int *level) {
     if (!strcmp(s, "none")) {
         *level = 0;

@@ -151,11 +151,7 @@ static int parse(int argc, char **argv, bench_cli *c) {
         }
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) c->quiet = true;
         else if (!strcmp(a, "--backend")) {
-            ok = cli_value("bench", argc, argv, &i, &v);
-            if (ok && !muser_backend_from_name(v, &c->o.backend)) {
-                fprintf(stderr, "muser bench: unknown backend '%s' (ref, cpu, cuda, auto)\n", v);
-                ok = false;
-            }
+            ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_backend("bench", v, &c->o.backend);
         } else {
             fprintf(stderr, "muser bench: unknown option '%s' (see muser bench --help)\n", a);
             ok = false;

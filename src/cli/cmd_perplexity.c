@@ -53,12 +53,6 @@ static void ppl_usage(FILE *f) {
             "     carried to PPL to first order).\n");
 }
 
-static bool parse_backend(const char *v, muser_backend_kind *out) {
-    if (muser_backend_from_name(v, out)) return true;
-    fprintf(stderr, "muser perplexity: unknown backend '%s' (ref, cpu, cuda, auto)\n", v);
-    return false;
-}
-
 /* Returns -1 to go on, else the exit code. */
 static int parse(int argc, char **argv, ppl_opts *o) {
     *o = (ppl_opts){.batch = 512};
@@ -80,7 +74,7 @@ static int parse(int argc, char **argv, ppl_opts *o) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
             ok = cli_value("perplexity", argc, argv, &i, &v) && cli_parse_i64("perplexity", a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "--backend"))
-            ok = cli_value("perplexity", argc, argv, &i, &v) && parse_backend(v, &o->backend);
+            ok = cli_value("perplexity", argc, argv, &i, &v) && cli_parse_backend("perplexity", v, &o->backend);
         else {
             fprintf(stderr, "muser perplexity: unknown option '%s' (see muser perplexity --help)\n", a);
             ok = false;

@@ -118,13 +118,9 @@ static int parse(int argc, char **argv, run_opts *o) {
             ok = cli_value("run", argc, argv, &i, &v) && cli_parse_i64("run", a, v, 1, 1 << 24, &o->ctx);
         else if (!strcmp(a, "--chunk"))
             ok = cli_value("run", argc, argv, &i, &v) && cli_parse_i64("run", a, v, 1, 65536, &o->chunk);
-        else if (!strcmp(a, "--backend")) {
-            ok = cli_value("run", argc, argv, &i, &v);
-            if (ok && !muser_backend_from_name(v, &o->backend)) {
-                fprintf(stderr, "muser run: unknown backend '%s' (ref, cpu, cuda, auto)\n", v);
-                ok = false;
-            }
-        } else {
+        else if (!strcmp(a, "--backend"))
+            ok = cli_value("run", argc, argv, &i, &v) && cli_parse_backend("run", v, &o->backend);
+        else {
             fprintf(stderr, "muser run: unknown option '%s' (see muser run --help)\n", a);
             ok = false;
         }

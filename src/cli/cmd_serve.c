@@ -115,11 +115,7 @@ int cmd_serve(int argc, char **argv) {
             ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_i64("serve", a, v, 1, 1024, &x);
             p.n_threads = (int)x;
         } else if (!strcmp(a, "--backend")) {
-            ok = cli_value("serve", argc, argv, &i, &v);
-            if (ok && !muser_backend_from_name(v, &p.backend)) {
-                fprintf(stderr, "muser serve: unknown backend '%s' (ref, cpu, cuda, auto)\n", v);
-                ok = false;
-            }
+            ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_backend("serve", v, &p.backend);
         } else {
             fprintf(stderr, "muser serve: unknown option '%s' (see muser serve --help)\n", a);
             ok = false;

@@ -14,6 +14,7 @@ typedef struct spec_opts {
     const char *model, *draft, *prompt;
     int32_t *tokens;
     int64_t n_tokens, n_predict, verify_len, threads, ctx;
+    muser_backend_kind backend;
     bool json;
 } spec_opts;
 
@@ -31,6 +32,7 @@ static void spec_usage(FILE *f) {
             "  -n, --n-predict N      maximum tokens to generate (default 128)\n"
             "  --verify-len N         proposals verified per step: 3, 7 or 15 (default 7)\n"
             "  -t, --threads N        threads (default: all cores)\n"
+            "  --backend NAME         ref | cpu | cuda | auto (default auto)\n"
             "  -c, --ctx-size N       context length (default: model's, capped at 4096)\n"
             "  --json                 print one JSON object (ids, text, statistics)\n");
 }
@@ -55,6 +57,8 @@ static int parse(int argc, char **argv, spec_opts *o) {
             ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_i64("speculate", a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
             ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_i64("speculate", a, v, 1, 1 << 24, &o->ctx);
+        else if (!strcmp(a, "--backend"))
+            ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_backend("speculate", v, &o->backend);
         else {
             fprintf(stderr, "muser speculate: unknown option '%s' (see muser speculate --help)\n", a);
             ok = false;
@@ -120,7 +124,7 @@ int cmd_speculate(int argc, char **argv) {
     int rc = parse(argc, argv, &o);
     if (rc >= 0) { free(o.tokens); return rc; }
     muser_error err;
-    muser_model_params mp = {.n_threads = (int)o.threads};
+    muser_model_params mp = {.backend = o.backend, .n_threads = (int)o.threads};
     muser_model *m = muser_model_load(o.model, &mp, &err);
     /* the assistant runs through the public API; its file's geometry is printed from the loader's view */
     muser_draft *draft = m ? muser_draft_load(o.draft, m, &err) : NULL;
