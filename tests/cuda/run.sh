@@ -85,12 +85,20 @@ for env in MUSER_CUDA_GRAPH=1 MUSER_CUDA_GRAPH=0 MUSER_CUDA_PDL=0 MUSER_CUDA_PDL
         say "FAIL q4_k_xl with $env: $(tail -2 "$T/err")"; fail=1
     fi
 done
-# the DFlash assistant on the GPU: speculative greedy output and every
-# drawn row's logits equal to plain decoding, and to the cpu backend's
+# glimmer-tiny (512-wide rows: the row kernels' CTA path) plain decoding
+# against ref; then the DFlash assistant on the GPU: speculative greedy
+# output and every drawn row's logits equal to plain decoding, and to the
+# cpu backend's
 TM="$SRC/models/glimmer-tiny-q4_k_xl.gguf" D="$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf"
 P="And it came to pass, when the king"
 ok=1
 "$M" run -m "$TM" --backend cuda -p "$P" -n 96 --temp 0 --dump-logits "$T/plain.bin" >"$T/plain.txt" 2>"$T/err" || ok=0
+"$M" run -m "$TM" --backend ref -p "$P" -n 96 --temp 0 --dump-logits "$T/plain_ref.bin" >/dev/null 2>>"$T/err" || ok=0
+if [ $ok = 1 ] && cmp -s "$T/plain.bin" "$T/plain_ref.bin"; then
+    say "PASS glimmer-tiny on cuda: logits of 96 greedy tokens identical to ref"
+else
+    say "FAIL glimmer-tiny on cuda against ref: $(tail -3 "$T/err")"; fail=1
+fi
 for be in cuda cpu; do
     "$M" run -m "$TM" --draft "$D" --spec-always --backend $be -p "$P" -n 96 --temp 0 --json \
         --dump-logits "$T/spec_$be.bin" >"$T/spec_$be.json" 2>>"$T/err" || ok=0

@@ -451,8 +451,8 @@ static void test_gemm_tiles(void) {
 /* ------------------------------------------------------------ row ops */
 
 static void test_rmsnorm(void) {
-    const int64_t ns[] = {64, 256, 1000, 6656};
-    for (int i = 0; i < 4; i++)
+    const int64_t ns[] = {64, 256, 512, 1000, 6656};
+    for (int i = 0; i < 5; i++)
         for (int weighted = 0; weighted < 2; weighted++) {
             const int64_t n = ns[i], rows = 3;
             float *x = rnd_vec((size_t)(n * rows), 4.0f), *w = rnd_vec((size_t)n, 2.0f), *y = mu_xmalloc((size_t)(n * rows) * 4);
@@ -682,8 +682,8 @@ static void test_elementwise(void) {
  * that reads their Q8_K quantization right after them (prequantized). */
 static void test_fused(void) {
     static const wspec q4 = {"Q4_K", MU_TYPE_Q4_K, false, false}, q6 = {"Q6_K", MU_TYPE_Q6_K, false, false};
-    const int64_t ns[] = {6656, 1024, 12288, 1000, 768}, rows = 3;
-    for (int i = 0; i < 5; i++)
+    const int64_t ns[] = {6656, 1024, 12288, 1000, 768, 512}, rows = 3;
+    for (int i = 0; i < 6; i++)
         for (int with_h = 0; with_h < 2; with_h++) {
             const int64_t n = ns[i], N = n * rows;
             float *x = rnd_vec((size_t)N, 3.0f), *o = rnd_vec((size_t)N, 5.0f), *h = mu_xmalloc((size_t)N * 4);
