@@ -81,6 +81,18 @@ check cmp "$T/c1.bin" "$T/lk.bin"
 check "$M" bench -m "$T/tiny.gguf" -p 8 -n 4 -r 2 --pause 0.2 --mlock --no-membw -q --json "$T/bp.json" >/dev/null
 check python3 -c "import json; p=json.load(open('$T/bp.json'))['params']; assert p['pause_s'] == 0.2 and p['mlock'] is True, p"
 expect_fail "--pause must be in [0, 600] seconds" "$M" bench -m "$T/tiny.gguf" --pause 601
+# sequences decoding together, counts alternating per run and with their steps taking turns
+for il in "" --interleave; do
+    check "$M" bench -m "$T/tiny.gguf" -p 0 -n 4 -r 2 --parallel 1,3 $il --no-membw -q --json "$T/par.json" >/dev/null
+    check python3 -c "
+import json
+j = json.load(open('$T/par.json'))
+assert j['params']['interleave'] is ('$il' != ''), j['params']
+p = j['parallel']
+assert [x['sequences'] for x in p] == [1, 3] and all(x['tokens'] == 4 and x['tok_s']['median'] > 0 and len(x['samples']) == 2 for x in p), p
+assert p[0]['x_one_sequence'] == 1.0 and p[1]['x_one_sequence'] > 0, p"
+done
+expect_fail "--interleave needs --parallel" "$M" bench -m "$T/tiny.gguf" -p 0 -n 4 --parallel 4 --interleave
 # the depth target line: attention's added time against one read of the NoPE
 # planes (bytes from the geometry, at the --membw-gbs given)
 check "$M" bench -m "$T/tiny.gguf" -p 0 -n 4 -r 1 -d 0,96 --membw-gbs 8 -q >"$T/bd.txt"

@@ -241,20 +241,26 @@ static bool parallel_prefill(muser_session **s, int64_t n_seq, int64_t n_vocab, 
     return true;
 }
 
-/* One timed repetition: n_gen steps, each one forward of one row per sequence. */
+/* Step t of a repetition: one forward of one row per sequence. */
+static bool parallel_step(muser_engine *e, muser_session **s, int64_t n_seq, const int32_t *tokens, int64_t n_gen,
+                          int64_t t, mu_error *err) {
+    for (int64_t i = 0; i < n_seq; i++)
+        if (!muser_session_submit(s[i], &tokens[(t + i * 7) % n_gen], 1, NULL, (muser_error *)err)) return false;
+    muser_step_info info;
+    if (muser_engine_step(e, &info, (muser_error *)err) != n_seq) {
+        if (!err->msg[0]) mu_err_set(err, "bench: a parallel step completed %d of %lld sequences (%s)", info.completed,
+                                     (long long)n_seq, muser_session_error(s[0]));
+        return false;
+    }
+    return true;
+}
+
+/* One timed repetition: n_gen steps. */
 static bool parallel_rep(muser_engine *e, muser_session **s, int64_t n_seq, const int32_t *tokens, int64_t n_gen,
                          double *tok_s, mu_error *err) {
     double t0 = mu_now();
-    for (int64_t t = 0; t < n_gen; t++) {
-        for (int64_t i = 0; i < n_seq; i++)
-            if (!muser_session_submit(s[i], &tokens[(t + i * 7) % n_gen], 1, NULL, (muser_error *)err)) return false;
-        muser_step_info info;
-        if (muser_engine_step(e, &info, (muser_error *)err) != n_seq) {
-            if (!err->msg[0]) mu_err_set(err, "bench: a parallel step completed %d of %lld sequences (%s)",
-                                         info.completed, (long long)n_seq, muser_session_error(s[0]));
-            return false;
-        }
-    }
+    for (int64_t t = 0; t < n_gen; t++)
+        if (!parallel_step(e, s, n_seq, tokens, n_gen, t, err)) return false;
     double dt = mu_now() - t0;
     *tok_s = dt > 0 ? (double)(n_seq * n_gen) / dt : 0.0;
     return true;
@@ -283,6 +289,26 @@ static bool par_open(const mu_bench_opts *o, muser_model *mm, int64_t n_seq, int
     return true;
 }
 
+/* --interleave: one repetition of every count at once, their steps taking
+ * turns (step t of every count, then step t + 1), each count's time the sum
+ * of its own steps: a machine that slows down for seconds at a time (a
+ * throttled VM) then weighs on every count alike, not on whichever count
+ * happened to run then. tok_s[k] per count. */
+static bool parallel_rep_interleaved(par_engine *pe, int n, const int32_t *tokens, int64_t n_gen, double *tok_s,
+                                     mu_error *err) {
+    double *busy = mu_xcalloc((size_t)n, sizeof *busy);
+    bool ok = true;
+    for (int64_t t = 0; t < n_gen && ok; t++)
+        for (int k = 0; k < n && ok; k++) {
+            const double t0 = mu_now();
+            ok = parallel_step(pe[k].e, pe[k].s, pe[k].n_seq, tokens, n_gen, t, err);
+            busy[k] += mu_now() - t0;
+        }
+    for (int k = 0; k < n && ok; k++) tok_s[k] = busy[k] > 0 ? (double)(pe[k].n_seq * n_gen) / busy[k] : 0.0;
+    free(busy);
+    return ok;
+}
+
 static void par_close(par_engine *pe) {
     muser_engine_free(pe->e);
     free(pe->s);
@@ -298,13 +324,21 @@ static bool run_parallel(runner *r, muser_model *mm, mu_bench_result *res, mu_er
     par_engine *pe = mu_xcalloc((size_t)n, sizeof *pe);
     bool ok = true;
     for (int k = 0; k < n && ok; k++) ok = par_open(o, mm, res->parallel[k].n_seq, n_gen, &pe[k], err);
+    double *v_all = mu_xcalloc((size_t)n, sizeof *v_all);
     for (int i = 0; i < o->warmup + o->reps && ok; i++) {
         const int rep = i - o->warmup;
-        for (int k = 0; k < n && ok; k++) {
-            double v = 0;
-            ok = parallel_prefill(pe[k].s, pe[k].n_seq, mm->m->cfg.n_vocab, err);
+        if (o->interleave) {
+            for (int k = 0; k < n && ok; k++) ok = parallel_prefill(pe[k].s, pe[k].n_seq, mm->m->cfg.n_vocab, err);
             if (ok && rep >= 0) mu_bench_pause(o->pause_s);
-            ok = ok && parallel_rep(pe[k].e, pe[k].s, pe[k].n_seq, r->tokens, n_gen, &v, err);
+            ok = ok && parallel_rep_interleaved(pe, n, r->tokens, n_gen, v_all, err);
+        }
+        for (int k = 0; k < n && ok; k++) {
+            double v = v_all[k];
+            if (!o->interleave) {
+                ok = parallel_prefill(pe[k].s, pe[k].n_seq, mm->m->cfg.n_vocab, err);
+                if (ok && rep >= 0) mu_bench_pause(o->pause_s);
+                ok = ok && parallel_rep(pe[k].e, pe[k].s, pe[k].n_seq, r->tokens, n_gen, &v, err);
+            }
             if (!ok) break;
             if (rep < 0) {
                 progress(o, "parallel %lld: warm-up: %.2f tok/s", (long long)pe[k].n_seq, v);
@@ -324,6 +358,7 @@ static bool run_parallel(runner *r, muser_model *mm, mu_bench_result *res, mu_er
         }
     }
     for (int k = 0; k < n; k++) par_close(&pe[k]);
+    free(v_all);
     free(ratio);
     free(pe);
     return ok;
@@ -391,7 +426,9 @@ bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *res, mu_error *err) {
                 ok = false;
             }
         }
-        if (ok) progress(o, "parallel: sequences decoding together, counts alternating within each repetition");
+        if (ok)
+            progress(o, o->interleave ? "parallel: sequences decoding together, the counts' steps taking turns"
+                                      : "parallel: sequences decoding together, counts alternating within each repetition");
         ok = ok && run_parallel(&r, mm, res, err);
     }
     if (ok && o->draft_path) {

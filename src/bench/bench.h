@@ -31,6 +31,7 @@ typedef struct mu_bench_opts {
                                   before and after each timed decode repetition */
     const int64_t *parallel;  /* --parallel: sequence counts to decode together (NULL: none) */
     int n_parallel;
+    bool interleave;          /* --interleave: the counts' steps alternate one by one */
     const char *draft_path;   /* DFlash assistant: also time greedy generation plain vs speculative */
     const char *spec_prompt;  /* its prompt text (NULL: a Genesis verse) */
     int verify_len;           /* 3, 7, 15 (0 = 7) */

@@ -67,9 +67,10 @@ bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_benc
     json_str(f, r->isa);
     fprintf(f, ",\n  \"threads\": %d,\n", r->n_threads);
     fprintf(f, "  \"params\": {\"n_prompt\": %lld, \"n_gen\": %lld, \"reps\": %d, \"warmup\": %d, \"chunk\": %lld, "
-               "\"depth_fill\": \"%s\", \"pause_s\": %.3f, \"mlock\": %s},\n",
+               "\"depth_fill\": \"%s\", \"pause_s\": %.3f, \"mlock\": %s, \"interleave\": %s},\n",
             (long long)o->n_prompt, (long long)o->n_gen, o->reps, o->warmup, (long long)(o->chunk > 0 ? o->chunk : 512),
-            o->prefill_depth ? "prefill" : "synthetic", o->pause_s, o->use_mlock ? "true" : "false");
+            o->prefill_depth ? "prefill" : "synthetic", o->pause_s, o->use_mlock ? "true" : "false",
+            o->interleave ? "true" : "false");
     fprintf(f, "  \"membw_gbs\": %.3f,\n  \"results\": [\n", o->membw_gbs);
     for (int i = 0; i < r->n_depths; i++) {
         const mu_bench_depth *d = &r->depths[i];

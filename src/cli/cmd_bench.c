@@ -39,6 +39,9 @@ static void bench_usage(FILE *f) {
             "  --parallel N[,N...]    also decode -n tokens with N sequences of one engine together (one\n"
             "                         batched forward per step, after a 32-token prompt each); aggregate\n"
             "                         tokens/s, e.g. 1,2,4,8 (with -p 0 -n 0... only this test runs if -p 0)\n"
+            "  --interleave           with --parallel: the counts' steps take turns one by one within a\n"
+            "                         repetition (each count timed over its own steps), so that a machine\n"
+            "                         slowing down for a while weighs on every count alike\n"
             "  --membw-gbs X          use X GB/s as the read bandwidth instead of measuring it\n"
             "  --no-membw             skip the bandwidth measurements\n"
             "  --no-paired-membw      skip the bandwidth passes right before and after each decode\n"
@@ -132,6 +135,7 @@ static int parse(int argc, char **argv, bench_cli *c) {
         else if (!strcmp(a, "--no-membw")) c->no_membw = true;
         else if (!strcmp(a, "--no-paired-membw")) c->no_paired = true;
         else if (!strcmp(a, "--prefill-depth")) c->o.prefill_depth = true;
+        else if (!strcmp(a, "--interleave")) c->o.interleave = true;
         else if (!strcmp(a, "--mlock")) c->o.use_mlock = true;
         else if (!strcmp(a, "--draft")) ok = cli_value("bench", argc, argv, &i, &c->o.draft_path);
         else if (!strcmp(a, "--spec-prompt")) ok = cli_value("bench", argc, argv, &i, &c->o.spec_prompt);
@@ -163,6 +167,10 @@ static int parse(int argc, char **argv, bench_cli *c) {
     c->o.warmup = (int)c->warmup;
     if (c->grammar && c->membw_only) {
         fprintf(stderr, "muser bench: --grammar and --membw are separate benchmarks\n");
+        return 2;
+    }
+    if (c->o.interleave && c->o.n_parallel < 2) {
+        fprintf(stderr, "muser bench: --interleave needs --parallel with at least two sequence counts\n");
         return 2;
     }
     if (!c->membw_only && !c->grammar && !cli_model_or_default("bench", &c->o.model_path)) return 2;
