@@ -2,6 +2,7 @@
 #include "model/repack.h"
 #include "util/common.h"
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -26,15 +27,32 @@ void mu_repack_weights(gguf_file *f, mu_backend *be, mu_weight *const *ws, size_
     /* A resident copy is made writable as a whole: changing the protection
      * of part of a huge page would split it into 4 KiB mappings. */
     const bool whole = f->resident && set_protection(f->base, f->span, PROT_READ | PROT_WRITE);
+    /* A progress bar on a terminal once this takes a while (a device
+     * backend uploads each weight in wants_repack; cpu repacks) */
+    uint64_t total = 0, done = 0;
+    for (size_t i = 0; i < n; i++) total += (uint64_t)ws[i]->n_out * ws[i]->row_bytes;
+    const bool tty = isatty(STDERR_FILENO);
+    char label[64];
+    snprintf(label, sizeof label, "muser: weights for %s", be->name ? be->name : "the backend");
+    const double t0 = mu_now();
+    double drawn = -1;
     for (size_t i = 0; i < n; i++) {
         mu_weight *w = ws[i];
-        if (!be->wants_repack(be, w) || !inside(f, w)) continue;
         const uint64_t bytes = (uint64_t)w->n_out * w->row_bytes;
         /* A refused mprotect leaves the weight zero-copy, which is correct. */
-        if (!whole && !set_protection(w->data, bytes, PROT_READ | PROT_WRITE)) continue;
-        be->repack(be, w, (uint8_t *)(uintptr_t)w->data);
-        if (!whole) set_protection(w->data, bytes, PROT_READ);
+        if (be->wants_repack(be, w) && inside(f, w) &&
+            (whole || set_protection(w->data, bytes, PROT_READ | PROT_WRITE))) {
+            be->repack(be, w, (uint8_t *)(uintptr_t)w->data);
+            if (!whole) set_protection(w->data, bytes, PROT_READ);
+        }
+        done += bytes;
+        const double now = mu_now() - t0;
+        if (tty && now > 0.5 && now - drawn > 0.1) {
+            mu_progress_bar(label, done, total, now, false);
+            drawn = now;
+        }
     }
+    if (drawn >= 0) mu_progress_bar(label, total, total, mu_now() - t0, true);
     if (whole) set_protection(f->base, f->span, PROT_READ);
 }
 

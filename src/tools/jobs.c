@@ -51,19 +51,6 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-static void draw_bar(const char *label, uint64_t done, uint64_t total, double secs, bool last) {
-    const int width = 30;
-    double frac = total ? (double)done / (double)total : 1.0;
-    int fill = (int)(frac * width);
-    char bar[64];
-    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
-    bar[width] = '\0';
-    double mb = (double)done / 1e6, rate = secs > 0 ? mb / secs : 0;
-    fprintf(stderr, "\r%s [%s] %5.1f%% %.1f/%.1f MB %.1f MB/s%s", label, bar, 100.0 * frac, mb,
-            (double)total / 1e6, rate, last ? "\n" : "");
-    fflush(stderr);
-}
-
 static void wait_for_workers(pool *p, bool progress, const char *label, uint64_t total, double t0) {
     pthread_mutex_lock(&p->lock);
     while (p->running > 0) {
@@ -73,7 +60,7 @@ static void wait_for_workers(pool *p, bool progress, const char *label, uint64_t
         if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
         int rc = pthread_cond_timedwait(&p->cond, &p->lock, &until);
         if (rc == ETIMEDOUT && progress)
-            draw_bar(label, atomic_load(&p->bytes_done), total, mu_now() - t0, false);
+            mu_progress_bar(label, atomic_load(&p->bytes_done), total, mu_now() - t0, false);
     }
     pthread_mutex_unlock(&p->lock);
 }
@@ -112,7 +99,7 @@ bool mu_run_jobs(const mu_job *jobs, size_t n_jobs, int n_threads, mu_job_fn fn,
     free(tids);
     bool ok = !atomic_load(&p.failed);
     if (!ok && err) *err = p.err;
-    if (ok && progress) draw_bar(label, atomic_load(&p.bytes_done), total_bytes, mu_now() - t0, true);
+    if (ok && progress) mu_progress_bar(label, atomic_load(&p.bytes_done), total_bytes, mu_now() - t0, true);
     pthread_mutex_destroy(&p.lock);
     pthread_cond_destroy(&p.cond);
     return ok;

@@ -180,3 +180,16 @@ void mu_buf_free(mu_buf *b) {
     b->p = NULL;
     b->len = b->cap = 0;
 }
+
+void mu_progress_bar(const char *label, uint64_t done, uint64_t total, double secs, bool last) {
+    const int width = 30;
+    double frac = total ? (double)done / (double)total : 1.0;
+    int fill = (int)(frac * width);
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = '\0';
+    double mb = (double)done / 1e6, rate = secs > 0 ? mb / secs : 0;
+    fprintf(stderr, "\r%s [%s] %5.1f%% %.1f/%.1f MB %.1f MB/s%s", label, bar, 100.0 * frac, mb,
+            (double)total / 1e6, rate, last ? "\n" : "");
+    fflush(stderr);
+}
