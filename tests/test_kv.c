@@ -284,6 +284,57 @@ static void test_rollback_every_position(void) {
     printf("rollback: %d (prefix, rows, target) cases compared bitwise, %d failed\n", cases, failed);
 }
 
+/* A verification-style step: m rows of every layer in one store (the
+ * journal holds each layer's rows as a run, restored in one copy), rolled
+ * back to every t, against the same rows appended one at a time with
+ * copies taken at each length. Rings with slack 15 (cap 23): prefix 30
+ * wraps them, and a store may wrap in the middle. */
+static void test_rollback_multirow(void) {
+    const int64_t prefixes[] = {0, 5, 20, 30};
+    const int ms[] = {3, 8, 16};
+    static model ma, mb;
+    int cases = 0, failed = 0;
+    for (size_t pi = 0; pi < sizeof prefixes / sizeof *prefixes; pi++)
+        for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+            const int64_t prefix = prefixes[pi];
+            const int m = ms[mi];
+            for (int64_t t = prefix; t <= prefix + m; t++, cases++) {
+                mu_kv_cache a, b;
+                mu_error err = {{0}};
+                clone at[MU_KV_MAX_ROLLBACK + 1];
+                const int before = tu_failures;
+                CHECK(mu_kv_init(&a, NULL, 4, KINDS, WINDOW, 15, N_CTX, HEADS, HEAD_DIM, &err));
+                CHECK(mu_kv_init(&b, NULL, 4, KINDS, WINDOW, 15, N_CTX, HEADS, HEAD_DIM, &err));
+                for (int64_t p = 0; p < prefix; p++) append_token(&a, &ma, p, 0), append_token(&b, &mb, p, 0);
+                CHECK(mu_kv_checkpoint(&a, &err) && mu_kv_checkpoint(&b, &err));
+                at[0] = clone_take(&b);
+                for (int j = 1; j <= m; j++) {
+                    append_token(&b, &mb, prefix + j - 1, 1);
+                    at[j] = clone_take(&b);
+                }
+                float k[MU_KV_MAX_ROLLBACK * ROW], v[MU_KV_MAX_ROLLBACK * ROW];
+                for (int l = 0; l < 4; l++) {
+                    for (int j = 0; j < m; j++) {
+                        make_row(l, prefix + j, 1, 0, k + j * ROW);
+                        make_row(l, prefix + j, 1, 1, v + j * ROW);
+                    }
+                    CHECK_MSG(mu_kv_store(&a, l, prefix, m, k, v, &err), "store: %s", err.msg);
+                }
+                CHECK(clone_equal(&a, &at[m]));
+                CHECK_MSG(mu_kv_rollback(&a, t, &err) && clone_equal(&a, &at[t - prefix]),
+                          "prefix %lld, %d rows in one store, rollback to %lld: state differs", (long long)prefix, m,
+                          (long long)t);
+                /* and on to the checkpoint: the runs left after the first rollback */
+                CHECK(mu_kv_rollback(&a, prefix, &err) && clone_equal(&a, &at[0]));
+                for (int j = 0; j <= m; j++) clone_free(&at[j]);
+                mu_kv_free(&a);
+                mu_kv_free(&b);
+                failed += tu_failures != before;
+            }
+        }
+    printf("rollback after multi-row stores: %d cases compared bitwise, %d failed\n", cases, failed);
+}
+
 static void test_rollback_limits(void) {
     mu_kv_cache c;
     static model m;
@@ -448,6 +499,7 @@ int main(void) {
     test_append_rejects();
     test_rollback_every_position();
     test_rollback_limits();
+    test_rollback_multirow();
     test_snapshots();
     test_full_planes_only();
     test_context_below_window();
