@@ -206,7 +206,9 @@ static void attention(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
      * slots as keys, the softmax giving the slots past n_valid probability
      * 0. The valid keys keep their indices, and (each dot product's terms
      * summed in index order per lane, from +0) a 0 * finite term adds
-     * nothing, so the result is the same bits as over n_valid keys; stale
+     * nothing, except that it turns a lane sum of -0 (every valid product
+     * underflowed) into +0, a sign of zero the next nonzero addition
+     * absorbs (docs/cuda.md, "Speculative decoding on the GPU"); stale
      * slots are finite (the state starts zeroed). */
     const int64_t n_keys = be->forward_begin ? st->slots : n_valid;
     const float scale = 1.0f / sqrtf((float)D);
