@@ -124,6 +124,16 @@ struct mu_backend {
      * on both. */
     void (*qk_norm_rope)(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                          int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows);
+    /* The DFlash assistant's attention (src/spec/dflash_forward.c), for query
+     * rows r < rows and heads h < n_head, KV head g = h / (n_head / n_head_kv):
+     * s[j] = dot(k[g][j], q[r][h]) for keys j < n_keys (the float dot of
+     * docs/numerics.md), p = softmax(s, scale, n_keys, n_valid),
+     * out[r][h][d] = dot(v[g][d][0 .. n_keys), p). k is [n_head_kv][slots][D],
+     * v [n_head_kv][D][slots] (transposed); q and out [rows][n_head][D]. The
+     * same bits as its matmul / softmax / matmul per KV head. */
+    void (*dense_attention)(mu_backend *b, const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D,
+                            const float *k, const float *v, int64_t slots, int64_t n_keys, int64_t n_valid, float scale,
+                            float *out);
 
     /* Optional: the engine brackets a forward of few rows (decode,
      * verification) with these, key naming the batch's shape, so that a

@@ -211,6 +211,12 @@ static void attention(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
      * absorbs (docs/cuda.md, "Speculative decoding on the GPU"); stale
      * slots are finite (the state starts zeroed). */
     const int64_t n_keys = be->forward_begin ? st->slots : n_valid;
+    if (be->dense_attention) { /* the loop below as one op (one launch instead of ten per layer on cuda) */
+        const float scale = 1.0f / sqrtf((float)D);
+        be->dense_attention(be, st->q + r0 * H * D, nr, H, c->n_head_kv, D, st->ck[il], st->cv[il], st->slots, n_keys,
+                            n_valid, scale, st->att + r0 * H * D);
+        return;
+    }
     const float scale = 1.0f / sqrtf((float)D);
     const size_t head_rows = (size_t)(group * D) * sizeof(float), q_row = (size_t)(H * D) * sizeof(float);
     for (int64_t g = 0; g < c->n_head_kv; g++) {

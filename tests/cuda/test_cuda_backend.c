@@ -678,6 +678,41 @@ static void test_elementwise(void) {
     cu->free(cu, dw, 0), free(w);
 }
 
+/* dense_attention against the DFlash assistant's loop on ref (per KV head:
+ * the head group's query rows, Q K^T as an F32 matmul, softmax over the
+ * valid keys, P V with V transposed): all keys valid, and the slots past a
+ * valid count masked. */
+static void test_dense_attention(void) {
+    const int64_t rows = 16, H = 8, Hkv = 2, D = 64, slots = 336, group = H / Hkv, nq = rows * group;
+    const struct { int64_t n_keys, n_valid; } cases[] = {{336, 336}, {336, 201}, {100, 100}, {37, 20}};
+    float *q = rnd_vec((size_t)(rows * H * D), 2.0f), *k = rnd_vec((size_t)(Hkv * slots * D), 2.0f);
+    float *v = rnd_vec((size_t)(Hkv * D * slots), 3.0f);
+    float *dq = dev(q, (size_t)(rows * H * D) * 4), *dk = dev(k, (size_t)(Hkv * slots * D) * 4);
+    float *dv = dev(v, (size_t)(Hkv * D * slots) * 4), *dout = cu->alloc(cu, (size_t)(rows * H * D) * 4);
+    float *out = mu_xmalloc((size_t)(rows * H * D) * 4), *qh = mu_xmalloc((size_t)(nq * D) * 4);
+    float *p = mu_xmalloc((size_t)(nq * slots) * 4), *oh = mu_xmalloc((size_t)(nq * D) * 4);
+    for (int c = 0; c < 4; c++) {
+        const int64_t n_keys = cases[c].n_keys, n_valid = cases[c].n_valid;
+        const float scale = 0.125f;
+        const size_t head_rows = (size_t)(group * D) * 4, q_row = (size_t)(H * D) * 4;
+        for (int64_t g = 0; g < Hkv; g++) {
+            ref->copy2d(ref, qh, head_rows, q + g * group * D, q_row, head_rows, rows);
+            mu_weight kw = mu_f32_matrix(k + g * slots * D, D, n_keys, D);
+            ref->matmul(ref, &kw, qh, p, nq);
+            ref->softmax(ref, p, scale, n_keys, n_valid, nq);
+            mu_weight vw = mu_f32_matrix(v + g * D * slots, n_keys, D, slots);
+            ref->matmul(ref, &vw, p, oh, nq);
+            ref->copy2d(ref, out + g * group * D, q_row, oh, head_rows, head_rows, rows);
+        }
+        cu->dense_attention(cu, dq, rows, H, Hkv, D, dk, dv, slots, n_keys, n_valid, scale, dout);
+        char what[80];
+        snprintf(what, sizeof what, "dense_attention keys %lld valid %lld", (long long)n_keys, (long long)n_valid);
+        check(what, out, dout, (size_t)(rows * H * D) * 4);
+    }
+    cu->free(cu, dq, 0), cu->free(cu, dk, 0), cu->free(cu, dv, 0), cu->free(cu, dout, 0);
+    free(q), free(k), free(v), free(out), free(qh), free(p), free(oh);
+}
+
 /* The fused ops against the ops they stand for, and the matrix product
  * that reads their Q8_K quantization right after them (prequantized). */
 static void test_fused(void) {
@@ -1039,6 +1074,7 @@ int main(int argc, char **argv) {
     test_attn_prefill();
     test_elementwise();
     test_fused();
+    test_dense_attention();
     test_store_heads_and_memory();
     printf("test_cuda_backend: %d checks, %d mismatches\n", n_checks, n_fail);
     cu->destroy(cu);

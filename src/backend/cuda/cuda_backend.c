@@ -819,6 +819,19 @@ static void cuda_store_heads(mu_backend *b, float *dst, const int64_t *slots, in
     if (launch) CHECK("store_heads", mucu_store_heads(dst, s, S, D, n_head, src, rows, transposed, err));
 }
 
+static void cuda_dense_attention(mu_backend *b, const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv,
+                                 int64_t D, const float *k, const float *v, int64_t slots, int64_t n_keys,
+                                 int64_t n_valid, float scale, float *out) {
+    q8_clear(b);
+    if (rows <= 0) return;
+    const bool launch = go(b, sig_of("dense_attention", 11, P(q), I(rows), I(n_head), I(n_head_kv), I(D), P(k), P(v),
+                                     I(slots), I(n_keys), F(scale), P(out)));
+    const int64_t *nv = upload_arg(b, &n_valid, sizeof n_valid, "dense_attention"); /* data, not part of the launch */
+    if (launch)
+        CHECK("dense_attention",
+              mucu_dense_attention(q, rows, n_head, n_head_kv, D, k, v, slots, n_keys, nv, scale, out, err));
+}
+
 /* Load time: upload each weight once (the host bytes stay as they are). */
 static bool cuda_wants_repack(mu_backend *b, const mu_weight *w) {
     if (cuda_type_ok(w->type) && w->layout == MU_LAYOUT_ROWS) (void)dev_weight(b, w, "load", true);
@@ -897,6 +910,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->store_heads = cuda_store_heads;
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;
+    b->dense_attention = cuda_dense_attention;
     b->forward_begin = cuda_forward_begin;
     b->forward_end = cuda_forward_end;
     b->wants_repack = cuda_wants_repack;

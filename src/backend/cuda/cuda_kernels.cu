@@ -1055,11 +1055,9 @@ __global__ static void k_logit_tail(float *l, float scale, float cap, int64_t n)
  * maximum's sign does not change x - max), the sum by one thread in index
  * order, as the host sums. n_valid (device memory, so a replayed launch
  * reads this call's count): entries past it become 0. */
-__global__ static void k_softmax(float *x, float scale, int64_t n_all, const int64_t *n_valid) {
-    grid_dep_wait();
+__device__ static void block_softmax(float *s, float scale, int64_t n_all, int64_t n) {
     __shared__ float wmax[32], total;
-    const int64_t n = *n_valid;
-    float *s = x + (int64_t)blockIdx.x * n_all, mx = -INFINITY;
+    float mx = -INFINITY;
     for (int64_t j = n + threadIdx.x; j < n_all; j += blockDim.x) s[j] = 0.0f;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
         const float v = s[j] * scale;
@@ -1084,6 +1082,11 @@ __global__ static void k_softmax(float *x, float scale, int64_t n_all, const int
     }
     __syncthreads();
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s[j] = s[j] / total;
+}
+
+__global__ static void k_softmax(float *x, float scale, int64_t n_all, const int64_t *n_valid) {
+    grid_dep_wait();
+    block_softmax(x + (int64_t)blockIdx.x * n_all, scale, n_all, *n_valid);
 }
 
 /* One block per row. The host's loop (best moves only on a strictly larger
@@ -2140,6 +2143,38 @@ __global__ static void k_matmul_fwarp(mucu_weight w, const float *x, float *y, i
     if (lane == 0) y[wid] = w.has_scale ? p * w.scale : p;
 }
 
+/* The DFlash assistant's attention (backend.h dense_attention), a CTA per
+ * (query row, head): the scores as k_matmul_fwarp computes them (a warp per
+ * key, the 32-lane order), the softmax of k_softmax, then P V as
+ * k_matmul_fwarp (a warp per output dimension), the row and its
+ * probabilities in shared memory. */
+__global__ static void k_dense_attn(const float *q, int64_t H, int64_t Hkv, int64_t D, const float *k, const float *v,
+                                    int64_t slots, int64_t n_keys, const int64_t *n_valid, float scale, float *out) {
+    grid_dep_wait();
+    extern __shared__ float sm[];
+    float *qs = sm, *ps = sm + D;
+    const int64_t rh = blockIdx.x, h = rh % H, g = h / (H / Hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) qs[i] = q[rh * D + i];
+    __syncthreads();
+    const float *kg = k + g * slots * D, *vg = v + g * D * slots;
+    for (int64_t j = warp; j < n_keys; j += nw) {
+        float p = 0.0f;
+        for (int64_t i = lane; i < D; i += 32) p = fmaf(kg[j * D + i], qs[i], p);
+        p = warp_fold_lane0(p);
+        if (lane == 0) ps[j] = p;
+    }
+    __syncthreads();
+    block_softmax(ps, scale, n_keys, *n_valid);
+    __syncthreads();
+    for (int64_t d = warp; d < D; d += nw) {
+        float a = 0.0f;
+        for (int64_t j = lane; j < n_keys; j += 32) a = fmaf(vg[d * slots + j], ps[j], a);
+        a = warp_fold_lane0(a);
+        if (lane == 0) out[rh * D + d] = a;
+    }
+}
+
 /* RMSNorm: a warp per row, the 32-lane sumsq order. */
 __global__ static void k_rmsnorm_warp(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows) {
     grid_dep_wait();
@@ -2916,6 +2951,21 @@ extern "C" bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *ou
     k_argmax<<<(unsigned)rows, 256, 0, g_s>>>(x, n, out);
     return launched("k_argmax", err);
 }
+extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D,
+                                     const float *k, const float *v, int64_t slots, int64_t n_keys,
+                                     const int64_t *n_valid, float scale, float *out, char *err) {
+    if (rows <= 0 || n_head <= 0) return true;
+    const size_t sm = (size_t)(D + n_keys) * sizeof(float);
+    if (sm > 48 * 1024 || n_head_kv <= 0 || n_head % n_head_kv) {
+        snprintf(err, MUCU_ERR_LEN, "k_dense_attn: %lld keys of %lld dims, %lld/%lld heads: unsupported",
+                 (long long)n_keys, (long long)D, (long long)n_head, (long long)n_head_kv);
+        return false;
+    }
+    k_dense_attn<<<(unsigned)(rows * n_head), 128, sm, g_s>>>(q, n_head, n_head_kv, D, k, v, slots, n_keys, n_valid,
+                                                             scale, out);
+    return launched("k_dense_attn", err);
+}
+
 extern "C" bool mucu_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                                  const float *src, int64_t rows, bool transposed, char *err) {
     LAUNCH(k_store_heads, rows * n_head * D, dst, slots, S, D, n_head, src, rows, transposed);

@@ -148,6 +148,10 @@ bool mucu_softmax(float *x, float scale, int64_t n, const int64_t *n_valid, int6
 bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *out, char *err);
 bool mucu_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head, const float *src,
                       int64_t rows, bool transposed, char *err);
+/* backend.h dense_attention; n_valid in device memory. */
+bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D, const float *k,
+                          const float *v, int64_t slots, int64_t n_keys, const int64_t *n_valid, float scale, float *out,
+                          char *err);
 
 #ifdef __cplusplus
 }
