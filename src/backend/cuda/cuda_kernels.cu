@@ -2819,9 +2819,13 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
 }
 
 /* The row kernels keep a row in shared memory: n * 4 bytes plus their few
- * static bytes within the default 48 KiB. */
-static bool cta_row_ok(int64_t n) { return n >= 1024 && n <= 12032; }
-static unsigned cta_threads(int64_t rows) { return rows <= 8 ? 1024 : 256; }
+ * static bytes within the default 48 KiB. From 512 values (glimmer-tiny's
+ * rows: the fused residual and norm+quantization save launches there);
+ * shorter rows (per-head norms) stay a warp per row. No more threads than
+ * the row has values, rounded up to a warp. */
+static bool cta_row_ok(int64_t n) { return n >= 512 && n <= 12032; }
+static unsigned cta_cap(unsigned t, int64_t n) { return n < (int64_t)t ? (unsigned)((n + 31) / 32 * 32) : t; }
+static unsigned cta_threads(int64_t rows, int64_t n) { return cta_cap(rows <= 8 ? 1024 : 256, n); }
 
 extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, void *q8,
                              char *err) {
@@ -2829,10 +2833,10 @@ extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y
     if (cta_row_ok(n)) {
         const size_t sm = (size_t)n * sizeof(float);
         if (q8 && n % 256 == 0) {
-            k_rmsnorm_cta<true><<<(unsigned)rows, cta_threads(rows), sm, g_s>>>(x, w, eps, y, n, rows, q8split_at(q8, n, rows));
+            k_rmsnorm_cta<true><<<(unsigned)rows, cta_threads(rows, n), sm, g_s>>>(x, w, eps, y, n, rows, q8split_at(q8, n, rows));
             return launched("k_rmsnorm_cta+q8", err);
         }
-        k_rmsnorm_cta<false><<<(unsigned)rows, cta_threads(rows), sm, g_s>>>(x, w, eps, y, n, rows, q8split{});
+        k_rmsnorm_cta<false><<<(unsigned)rows, cta_threads(rows, n), sm, g_s>>>(x, w, eps, y, n, rows, q8split{});
         return launched("k_rmsnorm_cta", err);
     }
     k_rmsnorm_warp<<<grid_for(rows, 4), 128, 0, g_s>>>(x, w, eps, y, n, rows);
@@ -2845,12 +2849,13 @@ extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float 
                               float eps_h, int64_t n, int64_t rows, void *q8, char *err) {
     if (rows <= 0) return true;
     const size_t sm = (size_t)n * sizeof(float);
-    /* 1024 threads: a thread holds at most 12 elements of a row in registers (n <= 12288) */
+    /* up to 1024 threads: a thread holds at most 12 elements of a row in registers (n <= 12288) */
+    const unsigned t = cta_cap(1024, n);
     if (h && q8 && n % 256 == 0) {
-        k_residual<true><<<(unsigned)rows, 1024, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, q8split_at(q8, n, rows));
+        k_residual<true><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, q8split_at(q8, n, rows));
         return launched("k_residual+q8", err);
     }
-    k_residual<false><<<(unsigned)rows, 1024, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, q8split{});
+    k_residual<false><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, q8split{});
     return launched("k_residual", err);
 }
 
