@@ -1587,12 +1587,18 @@ __device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const
 
 /* One output o of one weight, by one warp. The first step's weights are
  * loaded before grid_dep_wait (they are never written), so in a replayed
- * graph they are in flight while the previous kernels finish. */
+ * graph they are in flight while the previous kernels finish. Each step's
+ * 8 f_b per row reach the row's total in block order: at 1 row by
+ * broadcast shuffles (every lane keeps the total); at R >= 2 rows the group
+ * leaders put them in shared memory and lane r adds row r's eight (8 loads
+ * and adds per lane instead of 8 R shuffles and adds in every lane). */
 template <int TYPE, int R, int U>
 __device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, const q8split &xq, int nr, int64_t o,
                                        float *y, int has_scale, float scale) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    float total[R];
+    __shared__ float fs[4][8][R > 1 ? R : 1]; /* [warp][group][row]: blockDim 128 */
+    float (*fw)[R > 1 ? R : 1] = fs[threadIdx.x >> 5];
+    float total[R], mine = 0.0f; /* mine: row `lane`'s total (R >= 2) */
 #pragma unroll
     for (int r = 0; r < R; r++) total[r] = 0.0f;
     const uint8_t *q6sc = W + (size_t)n_out * nb * 192;
@@ -1613,21 +1619,32 @@ __device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, 
             const int bu = b0 + 8 * u + g;
             float f[R];
             block_f2<TYPE, R>(sh[u], bu < nb ? bu : nb - 1, nb, t, xq, nr, f);
+            if (R == 1) {
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const float fj = __shfl_sync(FULL_MASK, f[r], 4 * j);
-                    if (b0 + 8 * u + j < nb) total[r] = total[r] + fj;
+                for (int j = 0; j < 8; j++) {
+                    const float fj = __shfl_sync(FULL_MASK, f[0], 4 * j);
+                    if (b0 + 8 * u + j < nb) total[0] = total[0] + fj;
                 }
+            } else {
+                if (t == 0) {
+#pragma unroll
+                    for (int r = 0; r < R; r++) fw[g][r] = f[r];
+                }
+                __syncwarp();
+                if (lane < R) {
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        if (b0 + 8 * u + j < nb) mine = mine + fw[j][lane];
+                }
+                __syncwarp(); /* read before the next step writes */
             }
         }
         if (b0 + 8 * U < nb) load_step(b0 + 8 * U);
     }
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (r < nr) y[r * n_out + o] = has_scale ? total[r] * scale : total[r];
+    if (R == 1) {
+        if (lane == 0) y[o] = has_scale ? total[0] * scale : total[0];
+    } else if (lane < nr && lane < R) {
+        y[lane * n_out + o] = has_scale ? mine * scale : mine;
     }
 }
 
