@@ -126,11 +126,13 @@ struct mu_backend {
                          int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows);
     /* The DFlash assistant's attention (src/spec/dflash_forward.c), for query
      * rows r < rows and heads h < n_head, KV head g = h / (n_head / n_head_kv):
-     * s[j] = dot(k[g][j], q[r][h]) for keys j < n_keys (the float dot of
-     * docs/numerics.md), p = softmax(s, scale, n_keys, n_valid),
-     * out[r][h][d] = dot(v[g][d][0 .. n_keys), p). k is [n_head_kv][slots][D],
-     * v [n_head_kv][D][slots] (transposed); q and out [rows][n_head][D]. The
-     * same bits as its matmul / softmax / matmul per KV head. */
+     * s[j] = dot(k[g][j], q[r][h]) for keys j < n_valid (the float dot of
+     * docs/numerics.md), p = softmax(s, scale), out[r][h][d] =
+     * dot(v[g][d][0 .. n_valid), p): the same bits as the matmul / softmax /
+     * matmul per KV head over the n_valid keys. k is [n_head_kv][slots][D],
+     * v [n_head_kv][D][slots] (transposed); q and out [rows][n_head][D];
+     * n_keys >= n_valid bounds the keys of any call with this launch shape
+     * (n_valid may change between calls without changing the launch). */
     void (*dense_attention)(mu_backend *b, const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D,
                             const float *k, const float *v, int64_t slots, int64_t n_keys, int64_t n_valid, float scale,
                             float *out);

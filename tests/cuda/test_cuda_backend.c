@@ -678,10 +678,10 @@ static void test_elementwise(void) {
     cu->free(cu, dw, 0), free(w);
 }
 
-/* dense_attention against the DFlash assistant's loop on ref (per KV head:
- * the head group's query rows, Q K^T as an F32 matmul, softmax over the
- * valid keys, P V with V transposed): all keys valid, and the slots past a
- * valid count masked. */
+/* dense_attention against the DFlash assistant's loop on ref over the
+ * valid keys (per KV head: the head group's query rows, Q K^T as an F32
+ * matmul, softmax, P V with V transposed), with the launch's key bound at
+ * or above the valid count. */
 static void test_dense_attention(void) {
     const int64_t rows = 16, H = 8, Hkv = 2, D = 64, slots = 336, group = H / Hkv, nq = rows * group;
     const struct { int64_t n_keys, n_valid; } cases[] = {{336, 336}, {336, 201}, {100, 100}, {37, 20}};
@@ -697,10 +697,10 @@ static void test_dense_attention(void) {
         const size_t head_rows = (size_t)(group * D) * 4, q_row = (size_t)(H * D) * 4;
         for (int64_t g = 0; g < Hkv; g++) {
             ref->copy2d(ref, qh, head_rows, q + g * group * D, q_row, head_rows, rows);
-            mu_weight kw = mu_f32_matrix(k + g * slots * D, D, n_keys, D);
+            mu_weight kw = mu_f32_matrix(k + g * slots * D, D, n_valid, D);
             ref->matmul(ref, &kw, qh, p, nq);
-            ref->softmax(ref, p, scale, n_keys, n_valid, nq);
-            mu_weight vw = mu_f32_matrix(v + g * D * slots, n_keys, D, slots);
+            ref->softmax(ref, p, scale, n_valid, n_valid, nq);
+            mu_weight vw = mu_f32_matrix(v + g * D * slots, n_valid, D, slots);
             ref->matmul(ref, &vw, p, oh, nq);
             ref->copy2d(ref, out + g * group * D, q_row, oh, head_rows, head_rows, rows);
         }

@@ -2164,9 +2164,12 @@ __global__ static void k_matmul_fwarp(mucu_weight w, const float *x, float *y, i
  * (query row, head): the scores as k_matmul_fwarp computes them (a warp per
  * key, the 32-lane order), the softmax of k_softmax, then P V as
  * k_matmul_fwarp (a warp per output dimension), the row and its
- * probabilities in shared memory. */
+ * probabilities in shared memory. Only the n_valid keys (device memory:
+ * the launch stays the same from round to round) enter the products: the
+ * same terms as over the valid keys alone, so not even a zero's sign can
+ * differ from the host's loop. */
 __global__ static void k_dense_attn(const float *q, int64_t H, int64_t Hkv, int64_t D, const float *k, const float *v,
-                                    int64_t slots, int64_t n_keys, const int64_t *n_valid, float scale, float *out) {
+                                    int64_t slots, const int64_t *n_valid, float scale, float *out) {
     grid_dep_wait();
     extern __shared__ float sm[];
     float *qs = sm, *ps = sm + D;
@@ -2175,18 +2178,19 @@ __global__ static void k_dense_attn(const float *q, int64_t H, int64_t Hkv, int6
     for (int64_t i = threadIdx.x; i < D; i += blockDim.x) qs[i] = q[rh * D + i];
     __syncthreads();
     const float *kg = k + g * slots * D, *vg = v + g * D * slots;
-    for (int64_t j = warp; j < n_keys; j += nw) {
+    const int64_t nv = *n_valid;
+    for (int64_t j = warp; j < nv; j += nw) {
         float p = 0.0f;
         for (int64_t i = lane; i < D; i += 32) p = fmaf(kg[j * D + i], qs[i], p);
         p = warp_fold_lane0(p);
         if (lane == 0) ps[j] = p;
     }
     __syncthreads();
-    block_softmax(ps, scale, n_keys, *n_valid);
+    block_softmax(ps, scale, nv, nv);
     __syncthreads();
     for (int64_t d = warp; d < D; d += nw) {
         float a = 0.0f;
-        for (int64_t j = lane; j < n_keys; j += 32) a = fmaf(vg[d * slots + j], ps[j], a);
+        for (int64_t j = lane; j < nv; j += 32) a = fmaf(vg[d * slots + j], ps[j], a);
         a = warp_fold_lane0(a);
         if (lane == 0) out[rh * D + d] = a;
     }
@@ -2983,8 +2987,8 @@ extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_hea
                  (long long)n_keys, (long long)D, (long long)n_head, (long long)n_head_kv);
         return false;
     }
-    k_dense_attn<<<(unsigned)(rows * n_head), 128, sm, g_s>>>(q, n_head, n_head_kv, D, k, v, slots, n_keys, n_valid,
-                                                             scale, out);
+    /* shared memory for n_keys >= n_valid scores */
+    k_dense_attn<<<(unsigned)(rows * n_head), 128, sm, g_s>>>(q, n_head, n_head_kv, D, k, v, slots, n_valid, scale, out);
     return launched("k_dense_attn", err);
 }
 
