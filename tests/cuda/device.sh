@@ -12,7 +12,8 @@
 #           space-separated settings, a setting's variables joined by commas;
 #           ncu: each kernel's duration alone (Nsight Compute); kvpack:
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
-#           speculate` statistics under each of SPEC_ENVS and a kernel profile)
+#           speculate` statistics under each of SPEC_ENVS and a kernel profile;
+#           ab: decode figures under each of AB_ENVS)
 #   BENCH   "quick" (short runs), "full" (default) or "none" (only the stages)
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -117,6 +118,17 @@ case " $STAGES " in *" bench "*)
         echo "-- per-kernel profile (MUSER_CUDA_PROF=1, graphs off)"
         MUSER_CUDA_PROF=1 "$M" speculate -p "And it came to pass, when the king" -n 128 --json 2>&1 |
             sed 's/"ids": \[[^]]*\], "text": "[^"]*", //' | head -70 ;;
+    esac
+    case " $STAGES " in *" ab "*)
+        echo "== decode under each of AB_ENVS (glimmer-tiny tg256, full tg64, 1/4/8 sequences, speculative pair)"
+        for v in ${AB_ENVS:-MUSER_CUDA_MMT=0 MUSER_CUDA_MMT=1}; do
+            echo "-- ${v//,/ }"
+            env ${v//,/ } $TINY -p 0 -n 256 -r 3 -q | tail -1
+            env ${v//,/ } $B -p 0 -n 64 -r 3 -q | tail -1
+            env ${v//,/ } $B -p 0 -n 32 -r 2 --parallel 1,4,8 -q | tail -3
+            env ${v//,/ } $B -p 512 -n 0 -r 2 --chunk 16 -q | tail -1
+            env ${v//,/ } $TINY -p 0 -n 256 -r 3 --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" | tail -2
+        done ;;
     esac
     case " $STAGES " in *" pdl "*)
         echo "== decode: graph and kernel variants (PDL_ENVS)"

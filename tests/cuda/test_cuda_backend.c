@@ -4,6 +4,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_mmt.h"
 #include "backend/cuda/cuda_prefill.h"
 #include "util/common.h"
 #include "util/mumath.h"
@@ -185,16 +186,20 @@ static void test_matmul_large(void) {
     };
     const int64_t shapes[][2] = {{5120, 37}, {6656, 130}, {1280, 1}, {19968, 9}};
     const int64_t rowss[] = {1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 100};
-    /* every weight-streaming kernel: variant, and for k_mmv3 (7) warps per output and steps (0: by shape) */
+    /* every weight-streaming kernel: variant, and for k_mmv3 (7) warps per output and steps (0: by shape);
+     * 9: k_mmt (the tensor-core kernel of cuda_mmt.cu) for every row count up to 16 */
     static const int kernels[][3] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {4, 0, 0}, {5, 0, 0}, {7, 1, 1}, {7, 1, 2},
-                                     {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}, {8, 0, 0}, {3, 0, 0}};
+                                     {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}, {8, 0, 0}, {9, 0, 0},
+                                     {3, 0, 0}};
+    const int mmt_saved = mucu_mmt_min_rows_get();
     for (size_t vi = 0; vi < sizeof kernels / sizeof *kernels; vi++) {
     const int variant = kernels[vi][0];
-    mucu_set_mmv_variant(variant);
+    mucu_set_mmv_variant(variant == 9 ? 3 : variant);
+    mucu_mmt_min_rows = variant == 9 ? 1 : variant == 3 ? mmt_saved : 0;
     mucu_set_mmv3(kernels[vi][1], kernels[vi][2]);
     for (size_t t = 0; t < sizeof big / sizeof *big; t++)
         for (int s = 0; s < 4; s++) {
-            if (s == 3 && ((variant != 7 && variant != 3) || t > 3)) continue; /* 78 blocks: k_mmv3, 4 warps */
+            if (s == 3 && ((variant != 7 && variant != 3 && variant != 9) || t > 3)) continue; /* 78 blocks */
             const int64_t n_in = shapes[s][0], n_out = shapes[s][1];
             mu_weight w = make_weight(&big[t], n_in, n_out);
             for (size_t r = 0; r < sizeof rowss / sizeof *rowss; r++) {
@@ -234,8 +239,8 @@ static void bench_mmv(void) {
         {"ffn_down", MU_TYPE_Q6_K, 19968, 6656},  {"output/8", MU_TYPE_Q5_K, 6656, 25256},
     };
     /* variant, k_mmv3's warps per output and steps (0: by shape) */
-    static const int variants[][3] = {{3, 0, 0}, {7, 1, 2}, {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}};
-    static const int rowss[] = {1, 2, 4, 8};
+    static const int variants[][3] = {{3, 0, 0}, {9, 0, 0}, {7, 1, 2}, {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}};
+    static const int rowss[] = {1, 2, 4, 8, 16};
     char msg[MUCU_ERR_LEN];
     printf("%-12s %-5s %6s %6s %6s %4s %10s %9s\n", "weight", "type", "n_in", "n_out", "mmv", "rows", "us/call", "GB/s");
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -259,7 +264,8 @@ static void bench_mmv(void) {
         float *dy = cu->alloc(cu, (size_t)(16 * n_out) * 4);
         for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
             for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++) {
-                mucu_set_mmv_variant(variants[vi][0]);
+                mucu_set_mmv_variant(variants[vi][0] == 9 ? 3 : variants[vi][0]);
+                mucu_mmt_min_rows = variants[vi][0] == 9 ? 1 : 0;
                 mucu_set_mmv3(variants[vi][1], variants[vi][2]);
                 const int rows = rowss[ri];
                 for (int c = 0; c < copies; c++) cu->matmul(cu, &w[c], dx, dy, rows); /* upload + warm-up */
@@ -336,12 +342,13 @@ static void bench_mmv(void) {
         float *x = rnd_vec((size_t)(16 * sets[si].n_in), 2.0f), *dx = dev(x, (size_t)(16 * sets[si].n_in) * 4);
         float *dy[4];
         for (int i = 0; i < 4; i++) dy[i] = cu->alloc(cu, (size_t)(16 * 19968) * 4);
-        for (int ri = 0; ri < 4; ri++) {
+        for (int ri = 0; ri < 5; ri++) {
             const int rows = rowss[ri];
-            for (int setv = 0; setv < 5; setv++) { /* one launch (default), one per weight (MMV 6: same kernel),
-                                                      k_mmv3_set with 1, 2, 4 warps per output */
-                mucu_set_mmv_variant(setv == 0 ? 3 : setv == 1 ? 6 : 7);
-                mucu_set_mmv3(setv >= 2 ? 1 << (setv - 2) : 0, 0);
+            for (int setv = 0; setv < 6; setv++) { /* one launch (k_mmv2_set), one per weight (MMV 6: same
+                                                      kernel), k_mmv3_set with 1, 2, 4 warps per output, k_mmt */
+                mucu_set_mmv_variant(setv == 0 || setv == 5 ? 3 : setv == 1 ? 6 : 7);
+                mucu_set_mmv3(setv >= 2 && setv < 5 ? 1 << (setv - 2) : 0, 0);
+                mucu_mmt_min_rows = setv == 5 ? 1 : 0;
                 for (int c = 0; c < COPIES; c++) {
                     const mu_weight *wp[4] = {&w[c][0], &w[c][1], &w[c][2], &w[c][3]};
                     cu->matmul_multi(cu, sets[si].n, wp, dx, dy, rows);
@@ -358,7 +365,7 @@ static void bench_mmv(void) {
                     t[k] = t[k] * 1e3 / 8.0;
                 }
                 qsort(t, 9, sizeof *t, cmp_d);
-                static const char *const sv[] = {"3", "6", "7/1", "7/2", "7/4"};
+                static const char *const sv[] = {"3", "6", "7/1", "7/2", "7/4", "mmt"};
                 printf("%-12s %-5s %6lld %6s %6s %4d %10.2f %9.1f  (%s)\n", sets[si].what, "set",
                        (long long)sets[si].n_in, "-", sv[setv], rows, t[4], (double)bytes / (t[4] * 1e3),
                        setv == 1 ? "a launch per weight" : "one launch");
@@ -369,6 +376,7 @@ static void bench_mmv(void) {
     }
     mucu_set_mmv_variant(3);
     mucu_set_mmv3(0, 0);
+    mucu_mmt_min_rows = -1;
 }
 
 /* matmul_multi: weights of the fast kernel sharing one quantization of x,
@@ -1059,9 +1067,11 @@ int main(int argc, char **argv) {
     }
     test_matmul_embed();
     test_matmul_large();
-    for (int k = 0; k < 4; k++) { /* k_mmv3_set: 1, 2, 4 warps per output; then the default */
+    const int mmt_saved = mucu_mmt_min_rows_get();
+    for (int k = 0; k < 5; k++) { /* k_mmv3_set: 1, 2, 4 warps per output; k_mmt; then the default */
         mucu_set_mmv_variant(k < 3 ? 7 : 3);
         mucu_set_mmv3(k < 3 ? 1 << k : 0, 0);
+        mucu_mmt_min_rows = k == 3 ? 1 : k == 4 ? mmt_saved : 0;
         test_matmul_multi();
     }
     test_gemm_tiles();

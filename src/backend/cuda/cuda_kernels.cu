@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_prefill.h"
+#include "backend/cuda/cuda_mmt.h"
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -2586,7 +2587,8 @@ static const char *mmv_name(const mucu_weight *w) {
         if (tab[i].type == w->type && tab[i].n_in == w->n_in && tab[i].n_out == w->n_out) return tab[i].name;
     if (n == 64) return "k_mmv2 (other)";
     tab[n].type = w->type, tab[n].n_in = w->n_in, tab[n].n_out = w->n_out;
-    snprintf(tab[n].name, sizeof tab[n].name, "k_mmv2 t%u %lldx%lld", (unsigned)w->type, (long long)w->n_in,
+    snprintf(tab[n].name, sizeof tab[n].name, "%s t%u %lldx%lld",
+             mucu_mmt_min_rows_get() > 0 ? "k_mmt" : "k_mmv2", (unsigned)w->type, (long long)w->n_in,
              (long long)w->n_out);
     return tab[n++].name;
 }
@@ -2600,6 +2602,13 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     q8split x = xq;
     x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
     float *yr = y + r0 * w->n_out;
+    const int mmt = mucu_mmt_min_rows_get();
+    if (mmt > 0 && nr >= mmt && mmv_variant >= 3) { /* cuda_mmt.cu */
+        const mucu_weight *one[1] = {w};
+        float *ys[1] = {yr};
+        mucu_mmt(one, 1, ys, x.qs, x.d, x.bs, nr, g_s);
+        return launched(prof_on ? mmv_name(w) : "k_mmt", err);
+    }
     int wpr = 0, u = 1;
     if (mmv_variant == 7) mmv3_shape(nb, nr, (int)w->type, false, &wpr, &u);
     else if (mmv_variant == 3) wpr = mmv3_pick(nb, nr, (int)w->type, false, &u);
@@ -2754,6 +2763,11 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
         set.first[i + 1] = set.first[i] + w[i]->n_out;
     }
     const int nr = (int)rows, kb = (int)(n_in / 256);
+    const int mmt = mucu_mmt_min_rows_get();
+    if (mmt > 0 && nr >= mmt) { /* cuda_mmt.cu */
+        mucu_mmt(w, n, y, xq.qs, xq.d, xq.bs, nr, g_s);
+        return launched("k_mmt_set", err);
+    }
     int wpr = 0, u = 1;
     if (mmv_variant == 7) mmv3_shape(kb, nr, 0, true, &wpr, &u);
     else if (mmv_variant == 3) wpr = mmv3_pick(kb, nr, 0, true, &u);

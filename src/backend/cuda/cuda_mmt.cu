@@ -1,0 +1,390 @@
+/* k_mmt: the weight-streaming product for calls of 1 to 16 rows on the
+ * int8 tensor cores (docs/cuda.md, "Few rows on the tensor cores"). Same
+ * exactness rules as the other products (docs/numerics.md): the integer
+ * sums of a block in any order (exact), f_b by the written formula, each
+ * (row, output) total adds f_b strictly in block order from 0.0f.
+ * Compiled with -fmad=false (CMakeLists.txt).
+ *
+ * Why: k_mmv2 does the integer sums with dp4a, once per activation row, so
+ * 4 and 8 rows cost 2.1x and 3.5x one row per weight (compute-bound).
+ * Here one mma.sync takes 16 outputs x 8 rows of a 32-value sub-block, so
+ * up to 8 rows cost one row's instructions and the call stays bound by
+ * the weight stream.
+ *
+ * Shape: a CTA of 4 warps takes 16 outputs of one weight (set launches
+ * number the CTAs across up to 4 weights sharing the activations). Warp w
+ * takes the 256-blocks w, w + 4, ...; the 16 outputs' raw blocks stream
+ * through a per-warp cp.async ring of MMT_STAGES stages in shared memory.
+ * Per block, the weights are the mma's A operand (rows = outputs g and
+ * g + 8 of the lane's group), the activations its B operand (columns =
+ * rows 0..7, and 8..15 in a second tile):
+ *  - Q4_K/Q5_K, m16n8k32 per 32-value sub-block: lane t of a group holds
+ *    code bytes 8t..8t+7 of the sub-block pair (values 8t..8t+7 of both),
+ *    i.e. mma k 4t+c is value 8t+c and k 16+4t+c is value 8t+4+c, for
+ *    weights and activations alike, so the sum pairs the right values;
+ *  - Q6_K, m16n8k16 per 16-value group (a scale each), k = value;
+ *  - each mma result times its sub-block scale is added in int32 (exact);
+ *    Q4_K/Q5_K's summ = sum_j m_j * (bs[2j] + bs[2j+1]) by dp2a;
+ *  - f_b by the formula (the same expression as k_mmv2 and k_gemm_kq2).
+ * After each round of 4 blocks (one per warp) the CTA meets at a barrier
+ * and one thread per (output, row) adds the round's 4 f_b to its total in
+ * block order (f_b double-buffered in shared memory). */
+#include "backend/cuda/cuda_mmt.h"
+#include "backend/cuda/cuda_common.cuh"
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+enum { M_Q4_K = 12, M_Q5_K = 13, M_Q6_K = 14 }; /* ggml type ids (quant.h) */
+
+#define MMT_NW 4     /* warps per CTA */
+#define MMT_STAGES 4 /* blocks in flight per warp */
+
+__device__ static inline float m_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+__device__ static inline void m_cp16(void *sdst, const void *gsrc, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gsrc), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ static inline void m_cp4(void *sdst, const void *gsrc, int n) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gsrc), "r"(n) : "memory");
+}
+__device__ static inline void m_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ static inline void m_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ static inline void m_mma_k32(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+__device__ static inline void m_mma_k16(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+/* A weight block's bytes in a stage: BYTES copied (Q6_K: ql|qh of the split
+ * layout, then its 16 scales), one output every LD bytes. LD keeps each
+ * lane group's shared-memory loads in distinct banks: Q4_K/Q5_K's 8-byte
+ * loads per half-warp (4 outputs 8 words apart mod 32: 40 and 44 words),
+ * Q6_K's 4-byte loads per warp (8 outputs 4 words apart mod 32: 52). */
+template <int TYPE> struct mmt_fmt {
+    static constexpr int BYTES = TYPE == M_Q4_K ? 144 : TYPE == M_Q5_K ? 176 : 192;
+    static constexpr int LD = TYPE == M_Q4_K ? 160 : TYPE == M_Q5_K ? 176 : 208;
+    static constexpr int QOFF = TYPE == M_Q5_K ? 48 : 16;
+    static constexpr int STAGE = 16 * LD + (TYPE == M_Q6_K ? 64 : 0); /* Q6_K: + the 16 outputs' d (4 bytes each) */
+};
+
+/* The stage bytes a launch needs for a type (host and device). */
+static inline int mmt_stage_bytes(uint32_t type) {
+    return type == M_Q4_K ? mmt_fmt<M_Q4_K>::STAGE : type == M_Q5_K ? mmt_fmt<M_Q5_K>::STAGE : mmt_fmt<M_Q6_K>::STAGE;
+}
+
+struct mmt_set {
+    const uint8_t *W[MUCU_MMT_SET_MAX];
+    float *y[MUCU_MMT_SET_MAX];
+    int64_t n_out[MUCU_MMT_SET_MAX];
+    int first[MUCU_MMT_SET_MAX + 1]; /* first CTA (16-output tile) of each weight */
+    int type[MUCU_MMT_SET_MAX], has_scale[MUCU_MMT_SET_MAX];
+    float scale[MUCU_MMT_SET_MAX];
+    int n;
+};
+
+/* Issue the copies of block b of outputs o0..o0+15 into stage st (lanes of one warp). */
+template <int TYPE>
+__device__ static inline void mmt_load(uint8_t *st, const uint8_t *W, int64_t n_out, int nb, int64_t o0, int b,
+                                       int lane) {
+    typedef mmt_fmt<TYPE> F;
+    constexpr int CH = F::BYTES / 16;
+    for (int i = lane; i < 16 * CH; i += 32) {
+        const int o = i / CH, c = i - o * CH;
+        const bool v = o0 + o < n_out;
+        m_cp16(st + o * F::LD + 16 * c, v ? W + ((o0 + o) * nb + b) * F::BYTES + 16 * c : W, v);
+    }
+    if (TYPE == M_Q6_K && lane < 16) {
+        const int64_t total = n_out * (int64_t)nb, item = (o0 + lane) * nb + b;
+        const bool v = o0 + lane < n_out;
+        const uint8_t *sc = W + total * 192, *dd = W + total * 208;
+        m_cp16(st + lane * F::LD + 192, v ? sc + item * 16 : W, v);
+        /* d is f16 at dd + 2*item: copy the 4-aligned pair holding it (only
+         * its first half when it is the array's last, even item) */
+        const int64_t pair = item & ~(int64_t)1;
+        const int n = !v ? 0 : ((item | 1) < total ? 4 : 2);
+        m_cp4(st + 16 * F::LD + 4 * lane, v ? dd + 2 * pair : W, n);
+    }
+}
+
+/* f[nt][e] for this lane's elements of block b: output g + 8 (e >> 1), row
+ * 8 nt + 2t + (e & 1). Rows >= nr give unused values. */
+template <int TYPE, int NT>
+__device__ static inline void mmt_block(const uint8_t *st, int b, int nb, int64_t n_in, int64_t o0, const int8_t *qs,
+                                        const float *xd, const int16_t *bs, int nr, int g, int t, float f[NT][4]) {
+    typedef mmt_fmt<TYPE> F;
+    const uint8_t *pa = st + g * F::LD, *pb = st + (g + 8) * F::LD;
+    int32_t sumi[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sumi[nt][e] = 0;
+    float d[2], dmin[2] = {0.0f, 0.0f};
+    if (TYPE != M_Q6_K) {
+        /* scales and mins of outputs g (h = 0) and g + 8 (h = 1), four bytes to a word:
+         * sc0..3 = q[0..3] & 63, m0..3 = q[4..7] & 63, sc4..7 = (q[8..11] & 15) | (q[0..3] >> 6) << 4,
+         * m4..7 = (q[8..11] >> 4) | (q[4..7] >> 6) << 4 (q: the 12 scale bytes) */
+        uint32_t sc[2][2], mn[2][2];
+        uint2 qh[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *p = h ? pb : pa;
+            const uint32_t dm = *(const uint32_t *)p;
+            const uint32_t w0 = *(const uint32_t *)(p + 4), w1 = *(const uint32_t *)(p + 8),
+                           w2 = *(const uint32_t *)(p + 12);
+            d[h] = m_h2f((uint16_t)(dm & 0xFFFF));
+            dmin[h] = m_h2f((uint16_t)(dm >> 16));
+            sc[h][0] = w0 & 0x3F3F3F3Fu;
+            mn[h][0] = w1 & 0x3F3F3F3Fu;
+            sc[h][1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+            mn[h][1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+            if (TYPE == M_Q5_K) qh[h] = *(const uint2 *)(p + 16 + 8 * t); /* bit j of qh[l]: value 32j + l */
+        }
+        /* activation codes of row 8 nt + g: values 8t..8t+7 of each sub-block */
+        uint2 xv[NT][8];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int r = 8 * nt + g;
+            const int8_t *xr = qs + (r < nr ? r : 0) * n_in + (int64_t)b * 256 + 8 * t;
+#pragma unroll
+            for (int j = 0; j < 8; j++) xv[nt][j] = r < nr ? __ldg((const uint2 *)(xr + 32 * j)) : make_uint2(0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint2 qa = *(const uint2 *)(pa + F::QOFF + 32 * i + 8 * t);
+            const uint2 qb = *(const uint2 *)(pb + F::QOFF + 32 * i + 8 * t);
+#pragma unroll
+            for (int hb = 0; hb < 2; hb++) {
+                const int j = 2 * i + hb, sh = 4 * hb;
+                uint32_t a0 = (qa.x >> sh) & 0x0F0F0F0Fu, a2 = (qa.y >> sh) & 0x0F0F0F0Fu;
+                uint32_t a1 = (qb.x >> sh) & 0x0F0F0F0Fu, a3 = (qb.y >> sh) & 0x0F0F0F0Fu;
+                if (TYPE == M_Q5_K) {
+                    a0 |= ((qh[0].x >> j) & 0x01010101u) << 4;
+                    a2 |= ((qh[0].y >> j) & 0x01010101u) << 4;
+                    a1 |= ((qh[1].x >> j) & 0x01010101u) << 4;
+                    a3 |= ((qh[1].y >> j) & 0x01010101u) << 4;
+                }
+                const int32_t sa = (int32_t)((sc[0][j >> 2] >> (8 * (j & 3))) & 0xFF);
+                const int32_t sb = (int32_t)((sc[1][j >> 2] >> (8 * (j & 3))) & 0xFF);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    int32_t c[4];
+                    m_mma_k32(c, a0, a1, a2, a3, xv[nt][j].x, xv[nt][j].y);
+                    sumi[nt][0] += sa * c[0];
+                    sumi[nt][1] += sa * c[1];
+                    sumi[nt][2] += sb * c[2];
+                    sumi[nt][3] += sb * c[3];
+                }
+            }
+        }
+        /* summ per (output, row): sum_j m_j * (bs[2j] + bs[2j+1]); word j of the
+         * row's bsums holds bs[2j], bs[2j+1], and dp2a multiplies its two int16
+         * halves by two bytes (m_j, m_j) of a word (m0 m0 m1 m1 | m2 m2 m3 m3) */
+        uint32_t mp[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mp[h][0] = __byte_perm(mn[h][0], 0, 0x1100);
+            mp[h][1] = __byte_perm(mn[h][0], 0, 0x3322);
+            mp[h][2] = __byte_perm(mn[h][1], 0, 0x1100);
+            mp[h][3] = __byte_perm(mn[h][1], 0, 0x3322);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const int r = 8 * nt + 2 * t + rr;
+                const float xdv = r < nr ? __ldg(xd + (int64_t)r * nb + b) : 0.0f;
+                uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
+                if (r < nr) {
+                    const uint4 *bp = (const uint4 *)(bs + ((int64_t)r * nb + b) * 16);
+                    w0 = __ldg(bp);
+                    w1 = __ldg(bp + 1);
+                }
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int32_t s = 0;
+                    s = __dp2a_lo((int)w0.x, (int)mp[h][0], s);
+                    s = __dp2a_hi((int)w0.y, (int)mp[h][0], s);
+                    s = __dp2a_lo((int)w0.z, (int)mp[h][1], s);
+                    s = __dp2a_hi((int)w0.w, (int)mp[h][1], s);
+                    s = __dp2a_lo((int)w1.x, (int)mp[h][2], s);
+                    s = __dp2a_hi((int)w1.y, (int)mp[h][2], s);
+                    s = __dp2a_lo((int)w1.z, (int)mp[h][3], s);
+                    s = __dp2a_hi((int)w1.w, (int)mp[h][3], s);
+                    const int e = 2 * h + rr;
+                    f[nt][e] = (d[h] * xdv) * (float)sumi[nt][e] - (dmin[h] * xdv) * (float)s;
+                }
+            }
+    } else {
+        /* Q6_K: group s (values 16s..16s+15, scale s), value 128h + lv (h = s >> 3,
+         * lv = 16 (s & 7) + c) is the nibble (lv >= 64) of ql[64h + lv % 64] with bits
+         * 2 (lv >> 5), +1 of qh[32h + lv % 32] above it, minus 32; lane t takes c = 4t..4t+3 */
+        const uint4 s4a = *(const uint4 *)(pa + 192), s4b = *(const uint4 *)(pb + 192);
+        const uint32_t sca[4] = {s4a.x, s4a.y, s4a.z, s4a.w}, scb[4] = {s4b.x, s4b.y, s4b.z, s4b.w};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t item = (o0 + g + 8 * h) * nb + b;
+            const uint16_t *dp = (const uint16_t *)(st + 16 * F::LD + 4 * (g + 8 * h));
+            d[h] = m_h2f(dp[item & 1]);
+        }
+        uint32_t xv[NT][16];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int r = 8 * nt + g;
+            const int8_t *xr = qs + (r < nr ? r : 0) * n_in + (int64_t)b * 256 + 4 * t;
+#pragma unroll
+            for (int s = 0; s < 16; s++) xv[nt][s] = r < nr ? __ldg((const uint32_t *)(xr + 16 * s)) : 0u;
+        }
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+            const int h = s >> 3, l0 = 16 * (s & 7);
+            const int qlo = 64 * h + (l0 & 63) + 4 * t, qho = 128 + 32 * h + (l0 & 31) + 4 * t;
+            const int nsh = l0 >= 64 ? 4 : 0, hsh = 2 * (l0 >> 5);
+            const uint32_t qa = *(const uint32_t *)(pa + qlo), ha = *(const uint32_t *)(pa + qho);
+            const uint32_t qb = *(const uint32_t *)(pb + qlo), hb = *(const uint32_t *)(pb + qho);
+            const uint32_t a0 = __vsub4(((qa >> nsh) & 0x0F0F0F0Fu) | (((ha >> hsh) & 0x03030303u) << 4), 0x20202020u);
+            const uint32_t a1 = __vsub4(((qb >> nsh) & 0x0F0F0F0Fu) | (((hb >> hsh) & 0x03030303u) << 4), 0x20202020u);
+            const int32_t sa = (int32_t)(int8_t)(sca[s >> 2] >> (8 * (s & 3)));
+            const int32_t sb = (int32_t)(int8_t)(scb[s >> 2] >> (8 * (s & 3)));
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int32_t c[4];
+                m_mma_k16(c, a0, a1, xv[nt][s]);
+                sumi[nt][0] += sa * c[0];
+                sumi[nt][1] += sa * c[1];
+                sumi[nt][2] += sb * c[2];
+                sumi[nt][3] += sb * c[3];
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const int r = 8 * nt + 2 * t + rr;
+                const float xdv = r < nr ? __ldg(xd + (int64_t)r * nb + b) : 0.0f;
+#pragma unroll
+                for (int h = 0; h < 2; h++) f[nt][2 * h + rr] = (d[h] * xdv) * (float)sumi[nt][2 * h + rr];
+            }
+    }
+}
+
+/* One CTA: 16 outputs from o0 of weight W, every block, every row. */
+template <int TYPE, int NT>
+__device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, const uint8_t *W, int64_t n_out, int64_t o0,
+                                       int nb, const int8_t *qs, const float *xd, const int16_t *bs, int nr, float *y,
+                                       int has_scale, float scale) {
+    constexpr int R = 8 * NT;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    uint8_t *ring = sm + warp * MMT_STAGES * stage_bytes;
+    float *fb = (float *)(sm + MMT_NW * MMT_STAGES * stage_bytes); /* [2][MMT_NW][16][R] */
+    const int64_t n_in = (int64_t)nb * 256;
+    const int rounds = (nb + MMT_NW - 1) / MMT_NW;
+    auto issue = [&](int k) { /* this warp's block of round k into stage k % STAGES (always a group) */
+        const int b = warp + MMT_NW * k;
+        if (k < rounds && b < nb) mmt_load<TYPE>(ring + (k % MMT_STAGES) * stage_bytes, W, n_out, nb, o0, b, lane);
+        m_commit();
+    };
+#pragma unroll
+    for (int k = 0; k < MMT_STAGES - 1; k++) issue(k);
+    grid_dep_wait(); /* only weights were touched so far */
+    float total[NT];
+#pragma unroll
+    for (int q = 0; q < NT; q++) total[q] = 0.0f;
+    for (int k = 0; k < rounds; k++) {
+        issue(k + MMT_STAGES - 1); /* its stage was read in round k - 1, before the barrier */
+        m_wait<MMT_STAGES - 1>();   /* this lane's copies of round k have landed */
+        __syncwarp();               /* and every lane's */
+        const int b = warp + MMT_NW * k;
+        float *fr = fb + ((k & 1) * MMT_NW + warp) * 16 * R;
+        if (b < nb) {
+            float f[NT][4];
+            mmt_block<TYPE, NT>(ring + (k % MMT_STAGES) * stage_bytes, b, nb, n_in, o0, qs, xd, bs, nr, g, t, f);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) fr[(g + 8 * (e >> 1)) * R + 8 * nt + 2 * t + (e & 1)] = f[nt][e];
+        }
+        __syncthreads();
+        /* thread p = (output p / R, row p % R) adds the round's f_b in block order */
+        const float *fk = fb + (k & 1) * MMT_NW * 16 * R;
+#pragma unroll
+        for (int q = 0; q < NT; q++) {
+            const int p = tid + 128 * q;
+#pragma unroll
+            for (int w = 0; w < MMT_NW; w++)
+                if (w + MMT_NW * k < nb) total[q] = total[q] + fk[w * 16 * R + p];
+        }
+    }
+    m_wait<0>(); /* no copy may still target shared memory at exit */
+#pragma unroll
+    for (int q = 0; q < NT; q++) {
+        const int p = tid + 128 * q, o = p / R, r = p % R;
+        if (r < nr && o0 + o < n_out) y[(int64_t)r * n_out + o0 + o] = has_scale ? total[q] * scale : total[q];
+    }
+}
+
+template <int NT>
+__global__ static void __launch_bounds__(128) k_mmt(mmt_set set, int nb, int stage_bytes, const int8_t *__restrict__ qs,
+                                                   const float *__restrict__ xd, const int16_t *__restrict__ bs, int nr) {
+    extern __shared__ __align__(16) uint8_t sm[];
+    int i = 0;
+    while (i + 1 < set.n && (int)blockIdx.x >= set.first[i + 1]) i++;
+    const int64_t o0 = 16 * (int64_t)((int)blockIdx.x - set.first[i]);
+    if (set.type[i] == M_Q4_K)
+        mmt_tile<M_Q4_K, NT>(sm, stage_bytes, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+                             set.has_scale[i], set.scale[i]);
+    else if (set.type[i] == M_Q5_K)
+        mmt_tile<M_Q5_K, NT>(sm, stage_bytes, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+                             set.has_scale[i], set.scale[i]);
+    else
+        mmt_tile<M_Q6_K, NT>(sm, stage_bytes, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+                             set.has_scale[i], set.scale[i]);
+}
+
+extern "C" {
+int mucu_mmt_min_rows = -1;
+}
+
+extern "C" int mucu_mmt_min_rows_get(void) {
+    if (mucu_mmt_min_rows < 0) {
+        const char *e = getenv("MUSER_CUDA_MMT");
+        mucu_mmt_min_rows = e && *e ? atoi(e) : 0;
+    }
+    return mucu_mmt_min_rows;
+}
+
+extern "C" void mucu_mmt(const mucu_weight *const *w, int n, float *const *y, const int8_t *qs, const float *d,
+                         const int16_t *bs, int rows, void *stream) {
+    mmt_set set = {};
+    set.n = n;
+    int sb = 0;
+    for (int i = 0; i < n; i++) {
+        set.W[i] = w[i]->data, set.y[i] = y[i], set.n_out[i] = w[i]->n_out, set.type[i] = (int)w[i]->type;
+        set.has_scale[i] = w[i]->has_scale, set.scale[i] = w[i]->scale;
+        set.first[i + 1] = set.first[i] + (int)((w[i]->n_out + 15) / 16);
+        const int s = mmt_stage_bytes(w[i]->type);
+        if (s > sb) sb = s;
+    }
+    const int nt = rows <= 8 ? 1 : 2;
+    const size_t smem = (size_t)MMT_NW * MMT_STAGES * sb + (size_t)2 * MMT_NW * 16 * 8 * nt * 4;
+    static size_t attr[3]; /* the dynamic shared memory each instance was allowed so far */
+    const cudaStream_t st = (cudaStream_t)stream;
+    const int nb = (int)(w[0]->n_in / 256);
+    if (smem > 48 * 1024 && smem > attr[nt]) {
+        if (cudaFuncSetAttribute(nt == 1 ? k_mmt<1> : k_mmt<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem) != cudaSuccess)
+            return; /* the error stays for the caller's cudaGetLastError */
+        attr[nt] = smem;
+    }
+    if (nt == 1) k_mmt<1><<<set.first[n], 128, smem, st>>>(set, nb, sb, qs, d, bs, rows);
+    else k_mmt<2><<<set.first[n], 128, smem, st>>>(set, nb, sb, qs, d, bs, rows);
+}
