@@ -14,7 +14,8 @@
  * Shape: a CTA of 4 warps takes 16 outputs of one weight (set launches
  * number the CTAs across up to 4 weights sharing the activations). Warp w
  * takes the 256-blocks w, w + 4, ...; the 16 outputs' raw blocks stream
- * through a per-warp cp.async ring of MMT_STAGES stages in shared memory.
+ * through a per-warp cp.async ring (2 to 4 stages) in shared memory, with
+ * the block's activations.
  * Per block, the weights are the mma's A operand (rows = outputs g and
  * g + 8 of the lane's group), the activations its B operand (columns =
  * rows 0..7, and 8..15 in a second tile):
@@ -38,7 +39,6 @@
 enum { M_Q4_K = 12, M_Q5_K = 13, M_Q6_K = 14 }; /* ggml type ids (quant.h) */
 
 #define MMT_NW 4     /* warps per CTA */
-#define MMT_STAGES 4 /* blocks in flight per warp */
 
 __device__ static inline float m_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
@@ -77,10 +77,20 @@ template <int TYPE> struct mmt_fmt {
     static constexpr int STAGE = 16 * LD + (TYPE == M_Q6_K ? 64 : 0); /* Q6_K: + the 16 outputs' d (4 bytes each) */
 };
 
-/* The stage bytes a launch needs for a type (host and device). */
+/* The weight bytes of a stage for a type (host and device). */
 static inline int mmt_stage_bytes(uint32_t type) {
     return type == M_Q4_K ? mmt_fmt<M_Q4_K>::STAGE : type == M_Q5_K ? mmt_fmt<M_Q5_K>::STAGE : mmt_fmt<M_Q6_K>::STAGE;
 }
+
+/* Each stage also holds the block's activations, so a round waits on no
+ * global load: the nr rows' codes (a row every XLD bytes: 72 words, 8 apart
+ * mod 32, for the 8-byte loads of Q4_K/Q5_K; 68 words for Q6_K's 4-byte
+ * loads), then Q4_K/Q5_K's bsums (32 bytes a row), then d (4 bytes a row). */
+template <int TYPE> struct mmt_act {
+    static constexpr int XLD = TYPE == M_Q6_K ? 272 : 288;
+};
+#define MMT_XLD_MAX 288
+static inline int mmt_act_bytes(int nr) { return nr * (MMT_XLD_MAX + 32) + (nr * 4 + 15) / 16 * 16; }
 
 struct mmt_set {
     const uint8_t *W[MUCU_MMT_SET_MAX];
@@ -116,12 +126,35 @@ __device__ static inline void mmt_load(uint8_t *st, const uint8_t *W, int64_t n_
     }
 }
 
+/* Issue the copies of block b's activations (nr rows) into the stage's
+ * activation area sa (lanes of one warp). */
+template <int TYPE>
+__device__ static inline void mmt_load_act(uint8_t *sa, int nr, int b, int nb, const int8_t *qs, const float *xd,
+                                           const int16_t *bs, int lane) {
+    constexpr int XLD = mmt_act<TYPE>::XLD;
+    const int64_t n_in = (int64_t)nb * 256;
+    for (int i = lane; i < nr * 16; i += 32) {
+        const int r = i >> 4, c = i & 15;
+        m_cp16(sa + r * XLD + 16 * c, qs + r * n_in + (int64_t)b * 256 + 16 * c, true);
+    }
+    uint8_t *sb = sa + nr * MMT_XLD_MAX;
+    if (TYPE != M_Q6_K)
+        for (int i = lane; i < nr * 2; i += 32) {
+            const int r = i >> 1, h = i & 1;
+            m_cp16(sb + 32 * r + 16 * h, bs + ((int64_t)r * nb + b) * 16 + 8 * h, true);
+        }
+    if (lane < nr) m_cp4(sb + 32 * nr + 4 * lane, xd + (int64_t)lane * nb + b, 4);
+}
+
 /* f[nt][e] for this lane's elements of block b: output g + 8 (e >> 1), row
  * 8 nt + 2t + (e & 1). Rows >= nr give unused values. */
 template <int TYPE, int NT>
-__device__ static inline void mmt_block(const uint8_t *st, int b, int nb, int64_t n_in, int64_t o0, const int8_t *qs,
-                                        const float *xd, const int16_t *bs, int nr, int g, int t, float f[NT][4]) {
+__device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, int b, int nb, int64_t o0, int nr,
+                                        int g, int t, float f[NT][4]) {
     typedef mmt_fmt<TYPE> F;
+    constexpr int XLD = mmt_act<TYPE>::XLD;
+    const uint8_t *sbs = sa + nr * MMT_XLD_MAX;
+    const float *sxd = (const float *)(sbs + 32 * nr);
     const uint8_t *pa = st + g * F::LD, *pb = st + (g + 8) * F::LD;
     int32_t sumi[NT][4];
 #pragma unroll
@@ -154,9 +187,9 @@ __device__ static inline void mmt_block(const uint8_t *st, int b, int nb, int64_
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int r = 8 * nt + g;
-            const int8_t *xr = qs + (r < nr ? r : 0) * n_in + (int64_t)b * 256 + 8 * t;
+            const uint8_t *xr = sa + (r < nr ? r : 0) * XLD + 8 * t;
 #pragma unroll
-            for (int j = 0; j < 8; j++) xv[nt][j] = r < nr ? __ldg((const uint2 *)(xr + 32 * j)) : make_uint2(0, 0);
+            for (int j = 0; j < 8; j++) xv[nt][j] = r < nr ? *(const uint2 *)(xr + 32 * j) : make_uint2(0, 0);
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -202,12 +235,12 @@ __device__ static inline void mmt_block(const uint8_t *st, int b, int nb, int64_
 #pragma unroll
             for (int rr = 0; rr < 2; rr++) {
                 const int r = 8 * nt + 2 * t + rr;
-                const float xdv = r < nr ? __ldg(xd + (int64_t)r * nb + b) : 0.0f;
+                const float xdv = r < nr ? sxd[r] : 0.0f;
                 uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
                 if (r < nr) {
-                    const uint4 *bp = (const uint4 *)(bs + ((int64_t)r * nb + b) * 16);
-                    w0 = __ldg(bp);
-                    w1 = __ldg(bp + 1);
+                    const uint4 *bp = (const uint4 *)(sbs + 32 * r);
+                    w0 = bp[0];
+                    w1 = bp[1];
                 }
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
@@ -240,9 +273,9 @@ __device__ static inline void mmt_block(const uint8_t *st, int b, int nb, int64_
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int r = 8 * nt + g;
-            const int8_t *xr = qs + (r < nr ? r : 0) * n_in + (int64_t)b * 256 + 4 * t;
+            const uint8_t *xr = sa + (r < nr ? r : 0) * XLD + 4 * t;
 #pragma unroll
-            for (int s = 0; s < 16; s++) xv[nt][s] = r < nr ? __ldg((const uint32_t *)(xr + 16 * s)) : 0u;
+            for (int s = 0; s < 16; s++) xv[nt][s] = r < nr ? *(const uint32_t *)(xr + 16 * s) : 0u;
         }
 #pragma unroll
         for (int s = 0; s < 16; s++) {
@@ -270,44 +303,60 @@ __device__ static inline void mmt_block(const uint8_t *st, int b, int nb, int64_
 #pragma unroll
             for (int rr = 0; rr < 2; rr++) {
                 const int r = 8 * nt + 2 * t + rr;
-                const float xdv = r < nr ? __ldg(xd + (int64_t)r * nb + b) : 0.0f;
+                const float xdv = r < nr ? sxd[r] : 0.0f;
 #pragma unroll
                 for (int h = 0; h < 2; h++) f[nt][2 * h + rr] = (d[h] * xdv) * (float)sumi[nt][2 * h + rr];
             }
     }
 }
 
-/* One CTA: 16 outputs from o0 of weight W, every block, every row. */
-template <int TYPE, int NT>
-__device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, const uint8_t *W, int64_t n_out, int64_t o0,
-                                       int nb, const int8_t *qs, const float *xd, const int16_t *bs, int nr, float *y,
-                                       int has_scale, float scale) {
+/* One CTA: 16 outputs from o0 of weight W, every block, every row. A
+ * stage is stage_bytes: the weights, then from xoff the activations. */
+template <int TYPE, int NT, int ST>
+__device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, const uint8_t *W, int64_t n_out,
+                                       int64_t o0, int nb, const int8_t *qs, const float *xd, const int16_t *bs,
+                                       int nr, float *y, int has_scale, float scale) {
     constexpr int R = 8 * NT;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    uint8_t *ring = sm + warp * MMT_STAGES * stage_bytes;
-    float *fb = (float *)(sm + MMT_NW * MMT_STAGES * stage_bytes); /* [2][MMT_NW][16][R] */
-    const int64_t n_in = (int64_t)nb * 256;
+    uint8_t *ring = sm + warp * ST * stage_bytes;
+    float *fb = (float *)(sm + MMT_NW * ST * stage_bytes); /* [2][MMT_NW][16][R] */
     const int rounds = (nb + MMT_NW - 1) / MMT_NW;
-    auto issue = [&](int k) { /* this warp's block of round k into stage k % STAGES (always a group) */
-        const int b = warp + MMT_NW * k;
-        if (k < rounds && b < nb) mmt_load<TYPE>(ring + (k % MMT_STAGES) * stage_bytes, W, n_out, nb, o0, b, lane);
-        m_commit();
-    };
+    /* Stages 0..ST-2: their weights before grid_dep_wait (weights are never
+     * written), their activations after it; stage k's copies are complete
+     * once commit group k is (the weights went into group 0). */
 #pragma unroll
-    for (int k = 0; k < MMT_STAGES - 1; k++) issue(k);
-    grid_dep_wait(); /* only weights were touched so far */
+    for (int k = 0; k < ST - 1; k++) {
+        const int b = warp + MMT_NW * k;
+        if (k < rounds && b < nb) mmt_load<TYPE>(ring + k * stage_bytes, W, n_out, nb, o0, b, lane);
+    }
+    grid_dep_wait();
+#pragma unroll
+    for (int k = 0; k < ST - 1; k++) {
+        const int b = warp + MMT_NW * k;
+        if (k < rounds && b < nb) mmt_load_act<TYPE>(ring + k * stage_bytes + xoff, nr, b, nb, qs, xd, bs, lane);
+        m_commit();
+    }
     float total[NT];
 #pragma unroll
     for (int q = 0; q < NT; q++) total[q] = 0.0f;
     for (int k = 0; k < rounds; k++) {
-        issue(k + MMT_STAGES - 1); /* its stage was read in round k - 1, before the barrier */
-        m_wait<MMT_STAGES - 1>();   /* this lane's copies of round k have landed */
-        __syncwarp();               /* and every lane's */
+        { /* round k + ST - 1 into the stage read in round k - 1 (before the barrier) */
+            const int kn = k + ST - 1, b = warp + MMT_NW * kn;
+            uint8_t *stn = ring + (kn % ST) * stage_bytes;
+            if (kn < rounds && b < nb) {
+                mmt_load<TYPE>(stn, W, n_out, nb, o0, b, lane);
+                mmt_load_act<TYPE>(stn + xoff, nr, b, nb, qs, xd, bs, lane);
+            }
+            m_commit();
+        }
+        m_wait<ST - 1>(); /* this lane's copies of round k have landed */
+        __syncwarp();     /* and every lane's */
         const int b = warp + MMT_NW * k;
         float *fr = fb + ((k & 1) * MMT_NW + warp) * 16 * R;
         if (b < nb) {
+            const uint8_t *st = ring + (k % ST) * stage_bytes;
             float f[NT][4];
-            mmt_block<TYPE, NT>(ring + (k % MMT_STAGES) * stage_bytes, b, nb, n_in, o0, qs, xd, bs, nr, g, t, f);
+            mmt_block<TYPE, NT>(st, st + xoff, b, nb, o0, nr, g, t, f);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -332,22 +381,23 @@ __device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, const uint8
     }
 }
 
-template <int NT>
-__global__ static void __launch_bounds__(128) k_mmt(mmt_set set, int nb, int stage_bytes, const int8_t *__restrict__ qs,
-                                                   const float *__restrict__ xd, const int16_t *__restrict__ bs, int nr) {
+template <int NT, int ST>
+__global__ static void __launch_bounds__(128) k_mmt(mmt_set set, int nb, int stage_bytes, int xoff,
+                                                   const int8_t *__restrict__ qs, const float *__restrict__ xd,
+                                                   const int16_t *__restrict__ bs, int nr) {
     extern __shared__ __align__(16) uint8_t sm[];
     int i = 0;
     while (i + 1 < set.n && (int)blockIdx.x >= set.first[i + 1]) i++;
     const int64_t o0 = 16 * (int64_t)((int)blockIdx.x - set.first[i]);
     if (set.type[i] == M_Q4_K)
-        mmt_tile<M_Q4_K, NT>(sm, stage_bytes, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
-                             set.has_scale[i], set.scale[i]);
+        mmt_tile<M_Q4_K, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+                                 set.has_scale[i], set.scale[i]);
     else if (set.type[i] == M_Q5_K)
-        mmt_tile<M_Q5_K, NT>(sm, stage_bytes, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
-                             set.has_scale[i], set.scale[i]);
+        mmt_tile<M_Q5_K, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+                                 set.has_scale[i], set.scale[i]);
     else
-        mmt_tile<M_Q6_K, NT>(sm, stage_bytes, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
-                             set.has_scale[i], set.scale[i]);
+        mmt_tile<M_Q6_K, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+                                 set.has_scale[i], set.scale[i]);
 }
 
 extern "C" {
@@ -357,34 +407,47 @@ int mucu_mmt_min_rows = -1;
 extern "C" int mucu_mmt_min_rows_get(void) {
     if (mucu_mmt_min_rows < 0) {
         const char *e = getenv("MUSER_CUDA_MMT");
-        mucu_mmt_min_rows = e && *e ? atoi(e) : 0;
+        mucu_mmt_min_rows = e && *e ? atoi(e) : 2;
     }
     return mucu_mmt_min_rows;
+}
+
+template <int NT, int ST>
+static void launch_mmt(const mmt_set &set, int nb, int sb, int xoff, const int8_t *qs, const float *d,
+                       const int16_t *bs, int rows, cudaStream_t st) {
+    const size_t smem = (size_t)MMT_NW * ST * sb + (size_t)2 * MMT_NW * 16 * 8 * NT * 4;
+    static size_t allowed = 48 * 1024; /* per instance: the dynamic shared memory allowed so far */
+    if (smem > allowed) {
+        if (cudaFuncSetAttribute(k_mmt<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+            return; /* the error stays for the caller's cudaGetLastError */
+        allowed = smem;
+    }
+    k_mmt<NT, ST><<<set.first[set.n], 128, smem, st>>>(set, nb, sb, xoff, qs, d, bs, rows);
 }
 
 extern "C" void mucu_mmt(const mucu_weight *const *w, int n, float *const *y, const int8_t *qs, const float *d,
                          const int16_t *bs, int rows, void *stream) {
     mmt_set set = {};
     set.n = n;
-    int sb = 0;
+    int xoff = 0;
     for (int i = 0; i < n; i++) {
         set.W[i] = w[i]->data, set.y[i] = y[i], set.n_out[i] = w[i]->n_out, set.type[i] = (int)w[i]->type;
         set.has_scale[i] = w[i]->has_scale, set.scale[i] = w[i]->scale;
         set.first[i + 1] = set.first[i] + (int)((w[i]->n_out + 15) / 16);
         const int s = mmt_stage_bytes(w[i]->type);
-        if (s > sb) sb = s;
+        if (s > xoff) xoff = s;
     }
-    const int nt = rows <= 8 ? 1 : 2;
-    const size_t smem = (size_t)MMT_NW * MMT_STAGES * sb + (size_t)2 * MMT_NW * 16 * 8 * nt * 4;
-    static size_t attr[3]; /* the dynamic shared memory each instance was allowed so far */
-    const cudaStream_t st = (cudaStream_t)stream;
+    const int sb = xoff + mmt_act_bytes(rows);
     const int nb = (int)(w[0]->n_in / 256);
-    if (smem > 48 * 1024 && smem > attr[nt]) {
-        if (cudaFuncSetAttribute(nt == 1 ? k_mmt<1> : k_mmt<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess)
-            return; /* the error stays for the caller's cudaGetLastError */
-        attr[nt] = smem;
+    const cudaStream_t st = (cudaStream_t)stream;
+    /* stages in flight per warp: 4 while the CTA's rings fit in 64 KiB, else fewer (many rows) */
+    const int ring4 = MMT_NW * 4 * sb;
+    if (rows <= 8) {
+        if (ring4 <= 64 * 1024) launch_mmt<1, 4>(set, nb, sb, xoff, qs, d, bs, rows, st);
+        else launch_mmt<1, 3>(set, nb, sb, xoff, qs, d, bs, rows, st);
+    } else {
+        if (ring4 <= 64 * 1024) launch_mmt<2, 4>(set, nb, sb, xoff, qs, d, bs, rows, st);
+        else if (ring4 / 4 * 3 <= 96 * 1024) launch_mmt<2, 3>(set, nb, sb, xoff, qs, d, bs, rows, st);
+        else launch_mmt<2, 2>(set, nb, sb, xoff, qs, d, bs, rows, st);
     }
-    if (nt == 1) k_mmt<1><<<set.first[n], 128, smem, st>>>(set, nb, sb, qs, d, bs, rows);
-    else k_mmt<2><<<set.first[n], 128, smem, st>>>(set, nb, sb, qs, d, bs, rows);
 }
