@@ -96,60 +96,53 @@ struct mmt_set {
     const uint8_t *W[MUCU_MMT_SET_MAX];
     float *y[MUCU_MMT_SET_MAX];
     int64_t n_out[MUCU_MMT_SET_MAX];
-    int first[MUCU_MMT_SET_MAX + 1]; /* first CTA of each weight */
-    int ctas[MUCU_MMT_SET_MAX];      /* its CTAs: CTA c takes its tiles c, c + ctas, ... */
+    int first[MUCU_MMT_SET_MAX + 1]; /* first CTA (16-output tile) of each weight */
     int type[MUCU_MMT_SET_MAX], has_scale[MUCU_MMT_SET_MAX];
     float scale[MUCU_MMT_SET_MAX];
     int n;
 };
 
-/* Issue the copies of block b of outputs o0..o0+15 into stage st (lanes
- * of one warp): lane l copies output l >> 1's 16-byte chunks (l & 1) + 2m,
- * so every address is one base plus a constant. */
+/* Issue the copies of block b of outputs o0..o0+15 into stage st (lanes of one warp). */
 template <int TYPE>
 __device__ static inline void mmt_load(uint8_t *st, const uint8_t *W, int64_t n_out, int nb, int64_t o0, int b,
                                        int lane) {
     typedef mmt_fmt<TYPE> F;
     constexpr int CH = F::BYTES / 16;
-    const int o = lane >> 1, h = lane & 1;
-    const bool v = o0 + o < n_out;
-    const int64_t item = (o0 + o) * nb + b;
-    const uint8_t *src = v ? W + item * F::BYTES + 16 * h : W;
-    uint8_t *dst = st + o * F::LD + 16 * h;
-#pragma unroll
-    for (int m = 0; m < (CH + 1) / 2; m++)
-        if (2 * m + h < CH) m_cp16(dst + 32 * m, v ? src + 32 * m : W, v);
-    if (TYPE == M_Q6_K) {
-        const int64_t total = n_out * (int64_t)nb;
-        if (h == 0) {
-            m_cp16(st + o * F::LD + 192, v ? W + total * 192 + item * 16 : W, v);
-        } else {
-            /* d is f16 at W + 208 total + 2 item: copy the 4-aligned pair holding it
-             * (only its first half when it is the array's last, even item) */
-            const int64_t pair = item & ~(int64_t)1;
-            const int n = !v ? 0 : ((item | 1) < total ? 4 : 2);
-            m_cp4(st + 16 * F::LD + 4 * o, v ? W + total * 208 + 2 * pair : W, n);
-        }
+    for (int i = lane; i < 16 * CH; i += 32) {
+        const int o = i / CH, c = i - o * CH;
+        const bool v = o0 + o < n_out;
+        m_cp16(st + o * F::LD + 16 * c, v ? W + ((o0 + o) * nb + b) * F::BYTES + 16 * c : W, v);
+    }
+    if (TYPE == M_Q6_K && lane < 16) {
+        const int64_t total = n_out * (int64_t)nb, item = (o0 + lane) * nb + b;
+        const bool v = o0 + lane < n_out;
+        const uint8_t *sc = W + total * 192, *dd = W + total * 208;
+        m_cp16(st + lane * F::LD + 192, v ? sc + item * 16 : W, v);
+        /* d is f16 at dd + 2*item: copy the 4-aligned pair holding it (only
+         * its first half when it is the array's last, even item) */
+        const int64_t pair = item & ~(int64_t)1;
+        const int n = !v ? 0 : ((item | 1) < total ? 4 : 2);
+        m_cp4(st + 16 * F::LD + 4 * lane, v ? dd + 2 * pair : W, n);
     }
 }
 
 /* Issue the copies of block b's activations (nr rows) into the stage's
- * activation area sa: lane l copies chunk l & 15 of rows (l >> 4) + 2m, the
- * bsums of row l >> 1 (half l & 1), d of row l. */
-template <int TYPE, int NT>
+ * activation area sa (lanes of one warp). */
+template <int TYPE>
 __device__ static inline void mmt_load_act(uint8_t *sa, int nr, int b, int nb, const int8_t *qs, const float *xd,
                                            const int16_t *bs, int lane) {
     constexpr int XLD = mmt_act<TYPE>::XLD;
     const int64_t n_in = (int64_t)nb * 256;
-    const int c = lane & 15, r0 = lane >> 4;
-    const int8_t *src = qs + r0 * n_in + (int64_t)b * 256 + 16 * c;
-    uint8_t *dst = sa + r0 * XLD + 16 * c;
-#pragma unroll
-    for (int m = 0; m < 4 * NT; m++)
-        if (r0 + 2 * m < nr) m_cp16(dst + 2 * m * XLD, src + 2 * m * n_in, true);
+    for (int i = lane; i < nr * 16; i += 32) {
+        const int r = i >> 4, c = i & 15;
+        m_cp16(sa + r * XLD + 16 * c, qs + r * n_in + (int64_t)b * 256 + 16 * c, true);
+    }
     uint8_t *sb = sa + nr * MMT_XLD_MAX;
-    if (TYPE != M_Q6_K && lane < 2 * nr)
-        m_cp16(sb + 16 * lane, bs + ((int64_t)(lane >> 1) * nb + b) * 16 + 8 * (lane & 1), true);
+    if (TYPE != M_Q6_K)
+        for (int i = lane; i < nr * 2; i += 32) {
+            const int r = i >> 1, h = i & 1;
+            m_cp16(sb + 32 * r + 16 * h, bs + ((int64_t)r * nb + b) * 16 + 8 * h, true);
+        }
     if (lane < nr) m_cp4(sb + 32 * nr + 4 * lane, xd + (int64_t)lane * nb + b, 4);
 }
 
@@ -317,67 +310,51 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
     }
 }
 
-/* One CTA: the 16-output tiles c, c + nc, ... of weight W (tiles: its
- * number of them), every block, every row, as one stream of work items
- * (tile, round), so the ring runs on across tiles instead of filling and
- * draining per tile. A stage is stage_bytes: the weights, then from xoff
- * the activations. */
+/* One CTA: 16 outputs from o0 of weight W, every block, every row. A
+ * stage is stage_bytes: the weights, then from xoff the activations. */
 template <int TYPE, int NT, int ST>
-__device__ static inline void mmt_tiles(uint8_t *sm, int stage_bytes, int xoff, const uint8_t *W, int64_t n_out,
-                                        int c, int nc, int tiles, int nb, const int8_t *qs, const float *xd,
-                                        const int16_t *bs, int nr, float *y, int has_scale, float scale) {
+__device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, const uint8_t *W, int64_t n_out,
+                                       int64_t o0, int nb, const int8_t *qs, const float *xd, const int16_t *bs,
+                                       int nr, float *y, int has_scale, float scale) {
     constexpr int R = 8 * NT;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     uint8_t *ring = sm + warp * ST * stage_bytes;
     float *fb = (float *)(sm + MMT_NW * ST * stage_bytes); /* [2][MMT_NW][16][R] */
     const int rounds = (nb + MMT_NW - 1) / MMT_NW;
-    const int mine = c < tiles ? (tiles - c + nc - 1) / nc : 0, items = mine * rounds;
-    /* items in order: tile c + nc m (m < mine), round k (k < rounds); this
-     * warp's block in round k is warp + 4k (none past nb) */
-    auto step = [&](int &m, int &k) {
-        if (++k == rounds) k = 0, m++;
-    };
-    /* Items 0..ST-2: their weights before grid_dep_wait (weights are never
-     * written), their activations after it; item it's copies are complete
-     * once commit group it is (the weights went into group 0). */
-    int im = 0, ik = 0; /* the next item to copy */
+    /* Stages 0..ST-2: their weights before grid_dep_wait (weights are never
+     * written), their activations after it; stage k's copies are complete
+     * once commit group k is (the weights went into group 0). */
 #pragma unroll
-    for (int it = 0; it < ST - 1; it++) {
-        const int b = warp + MMT_NW * ik;
-        if (im < mine && b < nb) mmt_load<TYPE>(ring + it * stage_bytes, W, n_out, nb, 16 * (int64_t)(c + nc * im), b, lane);
-        step(im, ik);
+    for (int k = 0; k < ST - 1; k++) {
+        const int b = warp + MMT_NW * k;
+        if (k < rounds && b < nb) mmt_load<TYPE>(ring + k * stage_bytes, W, n_out, nb, o0, b, lane);
     }
     grid_dep_wait();
-    im = 0, ik = 0;
 #pragma unroll
-    for (int it = 0; it < ST - 1; it++) {
-        const int b = warp + MMT_NW * ik;
-        if (im < mine && b < nb) mmt_load_act<TYPE, NT>(ring + it * stage_bytes + xoff, nr, b, nb, qs, xd, bs, lane);
+    for (int k = 0; k < ST - 1; k++) {
+        const int b = warp + MMT_NW * k;
+        if (k < rounds && b < nb) mmt_load_act<TYPE>(ring + k * stage_bytes + xoff, nr, b, nb, qs, xd, bs, lane);
         m_commit();
-        step(im, ik);
     }
     float total[NT];
 #pragma unroll
     for (int q = 0; q < NT; q++) total[q] = 0.0f;
-    int cm = 0, k = 0; /* the item to compute */
-    for (int it = 0; it < items; it++) {
-        { /* item it + ST - 1 into the stage read in item it - 1 (before the barrier) */
-            const int b = warp + MMT_NW * ik;
-            uint8_t *stn = ring + ((it + ST - 1) % ST) * stage_bytes;
-            if (im < mine && b < nb) {
-                mmt_load<TYPE>(stn, W, n_out, nb, 16 * (int64_t)(c + nc * im), b, lane);
-                mmt_load_act<TYPE, NT>(stn + xoff, nr, b, nb, qs, xd, bs, lane);
+    for (int k = 0; k < rounds; k++) {
+        { /* round k + ST - 1 into the stage read in round k - 1 (before the barrier) */
+            const int kn = k + ST - 1, b = warp + MMT_NW * kn;
+            uint8_t *stn = ring + (kn % ST) * stage_bytes;
+            if (kn < rounds && b < nb) {
+                mmt_load<TYPE>(stn, W, n_out, nb, o0, b, lane);
+                mmt_load_act<TYPE>(stn + xoff, nr, b, nb, qs, xd, bs, lane);
             }
             m_commit();
-            step(im, ik);
         }
-        m_wait<ST - 1>(); /* this lane's copies of item it have landed */
+        m_wait<ST - 1>(); /* this lane's copies of round k have landed */
         __syncwarp();     /* and every lane's */
-        const int64_t o0 = 16 * (int64_t)(c + nc * cm);
-        const int b = warp + MMT_NW * k < nb ? warp + MMT_NW * k : nb;
-        float *fr = fb + ((it & 1) * MMT_NW + warp) * 16 * R;
+        const int b = warp + MMT_NW * k;
+        float *fr = fb + ((k & 1) * MMT_NW + warp) * 16 * R;
         if (b < nb) {
-            const uint8_t *st = ring + (it % ST) * stage_bytes;
+            const uint8_t *st = ring + (k % ST) * stage_bytes;
             float f[NT][4];
             mmt_block<TYPE, NT>(st, st + xoff, b, nb, o0, nr, g, t, f);
 #pragma unroll
@@ -387,7 +364,7 @@ __device__ static inline void mmt_tiles(uint8_t *sm, int stage_bytes, int xoff, 
         }
         __syncthreads();
         /* thread p = (output p / R, row p % R) adds the round's f_b in block order */
-        const float *fk = fb + (it & 1) * MMT_NW * 16 * R;
+        const float *fk = fb + (k & 1) * MMT_NW * 16 * R;
 #pragma unroll
         for (int q = 0; q < NT; q++) {
             const int p = tid + 128 * q;
@@ -395,17 +372,13 @@ __device__ static inline void mmt_tiles(uint8_t *sm, int stage_bytes, int xoff, 
             for (int w = 0; w < MMT_NW; w++)
                 if (w + MMT_NW * k < nb) total[q] = total[q] + fk[w * 16 * R + p];
         }
-        if (k == rounds - 1) { /* the tile is done */
-#pragma unroll
-            for (int q = 0; q < NT; q++) {
-                const int p = tid + 128 * q, o = p / R, r = p % R;
-                if (r < nr && o0 + o < n_out) y[(int64_t)r * n_out + o0 + o] = has_scale ? total[q] * scale : total[q];
-                total[q] = 0.0f;
-            }
-        }
-        step(cm, k);
     }
     m_wait<0>(); /* no copy may still target shared memory at exit */
+#pragma unroll
+    for (int q = 0; q < NT; q++) {
+        const int p = tid + 128 * q, o = p / R, r = p % R;
+        if (r < nr && o0 + o < n_out) y[(int64_t)r * n_out + o0 + o] = has_scale ? total[q] * scale : total[q];
+    }
 }
 
 template <int NT, int ST>
@@ -415,14 +388,16 @@ __global__ static void __launch_bounds__(128) k_mmt(mmt_set set, int nb, int sta
     extern __shared__ __align__(16) uint8_t sm[];
     int i = 0;
     while (i + 1 < set.n && (int)blockIdx.x >= set.first[i + 1]) i++;
-    const int c = (int)blockIdx.x - set.first[i], tiles = (int)((set.n_out[i] + 15) / 16);
-#define MMT_TILES(T)                                                                                                \
-    mmt_tiles<T, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], c, set.ctas[i], tiles, nb, qs, xd, bs, nr,   \
-                         set.y[i], set.has_scale[i], set.scale[i])
-    if (set.type[i] == M_Q4_K) MMT_TILES(M_Q4_K);
-    else if (set.type[i] == M_Q5_K) MMT_TILES(M_Q5_K);
-    else MMT_TILES(M_Q6_K);
-#undef MMT_TILES
+    const int64_t o0 = 16 * (int64_t)((int)blockIdx.x - set.first[i]);
+    if (set.type[i] == M_Q4_K)
+        mmt_tile<M_Q4_K, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+                                 set.has_scale[i], set.scale[i]);
+    else if (set.type[i] == M_Q5_K)
+        mmt_tile<M_Q5_K, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+                                 set.has_scale[i], set.scale[i]);
+    else
+        mmt_tile<M_Q6_K, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+                                 set.has_scale[i], set.scale[i]);
 }
 
 extern "C" {
@@ -437,58 +412,15 @@ extern "C" int mucu_mmt_min_rows_get(void) {
     return mucu_mmt_min_rows;
 }
 
-/* The SMs' count and shared memory per SM (device 0's, asked once). */
-static void mmt_device(int *sms, int *smem_sm) {
-    static int n = 0, m = 0;
-    if (!n) {
-        int dev = 0;
-        cudaGetDevice(&dev);
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
-        if (cudaDeviceGetAttribute(&m, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess || m <= 0)
-            m = 228 * 1024;
-        cudaGetLastError(); /* a failed query is not the launch's error */
-    }
-    *sms = n, *smem_sm = m;
-}
-
 template <int NT, int ST>
-static void launch_mmt(mmt_set &set, int nb, int sb, int xoff, const int8_t *qs, const float *d, const int16_t *bs,
-                       int rows, cudaStream_t st) {
+static void launch_mmt(const mmt_set &set, int nb, int sb, int xoff, const int8_t *qs, const float *d,
+                       const int16_t *bs, int rows, cudaStream_t st) {
     const size_t smem = (size_t)MMT_NW * ST * sb + (size_t)2 * MMT_NW * 16 * 8 * NT * 4;
     static size_t allowed = 48 * 1024; /* per instance: the dynamic shared memory allowed so far */
     if (smem > allowed) {
         if (cudaFuncSetAttribute(k_mmt<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
             return; /* the error stays for the caller's cudaGetLastError */
         allowed = smem;
-    }
-    /* As many CTAs as fit on the device at once (MUSER_CUDA_MMT_WAVES=0:
-     * a CTA per tile); each weight gets a share by its tiles. */
-    static int waves = -1;
-    if (waves < 0) {
-        const char *e = getenv("MUSER_CUDA_MMT_WAVES");
-        waves = e && *e ? atoi(e) : 1;
-    }
-    int sms, smem_sm;
-    mmt_device(&sms, &smem_sm);
-    static size_t occ_smem = 0; /* per instance: CTAs per SM at the last shared memory size asked */
-    static int occ = 1;
-    if (smem != occ_smem) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k_mmt<NT, ST>, 128, smem) != cudaSuccess || occ < 1) {
-            occ = (int)((size_t)smem_sm / (smem + 1024)); /* 1 KiB per CTA reserved by the system */
-            if (occ < 1) occ = 1;
-            cudaGetLastError();
-        }
-        occ_smem = smem;
-    }
-    const int per_sm = occ;
-    int total = 0;
-    for (int i = 0; i < set.n; i++) total += (int)((set.n_out[i] + 15) / 16);
-    const int target = waves > 0 ? waves * sms * per_sm : total;
-    const int tpc = total <= target ? 1 : (total + target - 1) / target; /* tiles per CTA */
-    for (int i = 0; i < set.n; i++) {
-        const int tiles = (int)((set.n_out[i] + 15) / 16);
-        set.ctas[i] = (tiles + tpc - 1) / tpc;
-        set.first[i + 1] = set.first[i] + set.ctas[i];
     }
     k_mmt<NT, ST><<<set.first[set.n], 128, smem, st>>>(set, nb, sb, xoff, qs, d, bs, rows);
 }
@@ -501,6 +433,7 @@ extern "C" void mucu_mmt(const mucu_weight *const *w, int n, float *const *y, co
     for (int i = 0; i < n; i++) {
         set.W[i] = w[i]->data, set.y[i] = y[i], set.n_out[i] = w[i]->n_out, set.type[i] = (int)w[i]->type;
         set.has_scale[i] = w[i]->has_scale, set.scale[i] = w[i]->scale;
+        set.first[i + 1] = set.first[i] + (int)((w[i]->n_out + 15) / 16);
         const int s = mmt_stage_bytes(w[i]->type);
         if (s > xoff) xoff = s;
     }
