@@ -128,13 +128,22 @@ static void fmatmul_task(void *arg, int64_t t, int thread) {
     j->k->fmatmul(j->w, o0, o1, j->x, j->rows, j->y);
 }
 
+/* Activation rows that every packed kernel takes in one pass over the
+ * weights (the X16 and X8 tile height): up to this many, a matmul is a
+ * decode step's weight stream. */
+#define ONE_PASS_ROWS 4
+
 /* Output rows per task: multiples of 16 (the kernels' tile height), enough
- * tasks for load balance, few enough that a task's weight rows stay in
- * cache while every activation row passes over them. */
+ * tasks for load balance. Past one pass, few enough that a task's weight
+ * rows stay in cache while every activation row passes over them; in one
+ * pass, as long as a 1-row task: each task start waits for the memory
+ * latency before its software prefetch runs ahead, and 64-row tasks made
+ * the 4-row stream 10-20 % slower than 256-row ones (docs/benchmarks.md). */
 static int64_t out_chunk_for(int64_t n_out, int64_t rows, int nt) {
-    int64_t per_thread_tasks = rows == 1 ? 8 : 4;
+    const bool one_pass = rows <= ONE_PASS_ROWS;
+    int64_t per_thread_tasks = one_pass ? 8 : 4;
     int64_t c = ceil_div(n_out, (int64_t)nt * per_thread_tasks);
-    int64_t cap = rows == 1 ? 256 : 64;
+    int64_t cap = one_pass ? 256 : 64;
     if (c > cap) c = cap;
     return ceil_div(c < 16 ? 16 : c, 16) * 16;
 }
