@@ -102,16 +102,42 @@ struct mmt_set {
     int n;
 };
 
+/* A lane's share of a tile's weight copies: chunk i = lane + 32m (m < PER)
+ * is output i / CH's 16-byte chunk i % CH; per block only the block's
+ * base moves, so the plan holds each chunk's offsets from it (the chunk
+ * map is the contiguous one: a warp's copy covers 3-4 whole blocks). */
+template <int TYPE> struct mmt_plan {
+    static constexpr int CH = mmt_fmt<TYPE>::BYTES / 16, PER = (16 * CH + 31) / 32;
+    int goff[PER];  /* from the block of output o0: o * nb * BYTES + 16c */
+    int soff[PER];  /* in the stage: o * LD + 16c */
+    unsigned valid; /* bit m: chunk m exists and its output is < n_out */
+};
+
+template <int TYPE>
+__device__ static inline void mmt_plan_init(mmt_plan<TYPE> &pl, int64_t n_out, int nb, int64_t o0, int lane) {
+    typedef mmt_fmt<TYPE> F;
+    constexpr int CH = mmt_plan<TYPE>::CH;
+    pl.valid = 0;
+#pragma unroll
+    for (int m = 0; m < mmt_plan<TYPE>::PER; m++) {
+        const int i = lane + 32 * m, o = i / CH, c = i - o * CH;
+        pl.goff[m] = o * nb * F::BYTES + 16 * c;
+        pl.soff[m] = o * F::LD + 16 * c;
+        if (i < 16 * CH && o0 + o < n_out) pl.valid |= 1u << m;
+    }
+}
+
 /* Issue the copies of block b of outputs o0..o0+15 into stage st (lanes of one warp). */
 template <int TYPE>
-__device__ static inline void mmt_load(uint8_t *st, const uint8_t *W, int64_t n_out, int nb, int64_t o0, int b,
-                                       int lane) {
+__device__ static inline void mmt_load(uint8_t *st, const mmt_plan<TYPE> &pl, const uint8_t *W, int64_t n_out, int nb,
+                                       int64_t o0, int b, int lane) {
     typedef mmt_fmt<TYPE> F;
-    constexpr int CH = F::BYTES / 16;
-    for (int i = lane; i < 16 * CH; i += 32) {
-        const int o = i / CH, c = i - o * CH;
-        const bool v = o0 + o < n_out;
-        m_cp16(st + o * F::LD + 16 * c, v ? W + ((o0 + o) * nb + b) * F::BYTES + 16 * c : W, v);
+    const uint8_t *base = W + (o0 * nb + b) * F::BYTES;
+#pragma unroll
+    for (int m = 0; m < mmt_plan<TYPE>::PER; m++) {
+        if (lane + 32 * m >= 16 * mmt_plan<TYPE>::CH) break; /* the same for every block */
+        const bool v = (pl.valid >> m) & 1u;
+        m_cp16(st + pl.soff[m], v ? base + pl.goff[m] : W, v);
     }
     if (TYPE == M_Q6_K && lane < 16) {
         const int64_t total = n_out * (int64_t)nb, item = (o0 + lane) * nb + b;
@@ -133,9 +159,14 @@ __device__ static inline void mmt_load_act(uint8_t *sa, int nr, int b, int nb, c
                                            const int16_t *bs, int lane) {
     constexpr int XLD = mmt_act<TYPE>::XLD;
     const int64_t n_in = (int64_t)nb * 256;
-    for (int i = lane; i < nr * 16; i += 32) {
-        const int r = i >> 4, c = i & 15;
-        m_cp16(sa + r * XLD + 16 * c, qs + r * n_in + (int64_t)b * 256 + 16 * c, true);
+    /* chunk i = lane + 32m: row (lane >> 4) + 2m, chunk lane & 15 */
+    const int r0 = lane >> 4, c = lane & 15;
+    const int8_t *src = qs + r0 * n_in + (int64_t)b * 256 + 16 * c;
+    uint8_t *dst = sa + r0 * XLD + 16 * c;
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+        if (r0 + 2 * m >= nr) break;
+        m_cp16(dst + 2 * m * XLD, src + 2 * m * n_in, true);
     }
     uint8_t *sb = sa + nr * MMT_XLD_MAX;
     if (TYPE != M_Q6_K)
@@ -321,13 +352,15 @@ __device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, c
     uint8_t *ring = sm + warp * ST * stage_bytes;
     float *fb = (float *)(sm + MMT_NW * ST * stage_bytes); /* [2][MMT_NW][16][R] */
     const int rounds = (nb + MMT_NW - 1) / MMT_NW;
+    mmt_plan<TYPE> pl;
+    mmt_plan_init<TYPE>(pl, n_out, nb, o0, lane);
     /* Stages 0..ST-2: their weights before grid_dep_wait (weights are never
      * written), their activations after it; stage k's copies are complete
      * once commit group k is (the weights went into group 0). */
 #pragma unroll
     for (int k = 0; k < ST - 1; k++) {
         const int b = warp + MMT_NW * k;
-        if (k < rounds && b < nb) mmt_load<TYPE>(ring + k * stage_bytes, W, n_out, nb, o0, b, lane);
+        if (k < rounds && b < nb) mmt_load<TYPE>(ring + k * stage_bytes, pl, W, n_out, nb, o0, b, lane);
     }
     grid_dep_wait();
 #pragma unroll
@@ -344,7 +377,7 @@ __device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, c
             const int kn = k + ST - 1, b = warp + MMT_NW * kn;
             uint8_t *stn = ring + (kn % ST) * stage_bytes;
             if (kn < rounds && b < nb) {
-                mmt_load<TYPE>(stn, W, n_out, nb, o0, b, lane);
+                mmt_load<TYPE>(stn, pl, W, n_out, nb, o0, b, lane);
                 mmt_load_act<TYPE>(stn + xoff, nr, b, nb, qs, xd, bs, lane);
             }
             m_commit();
