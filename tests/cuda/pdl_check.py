@@ -10,7 +10,8 @@ import os
 import re
 import sys
 
-PRE_WAIT = {"k_mmv2": "mmv2_out", "k_mmv2_set": "mmv2_out", "k_mmv3": "mmv3_part", "k_mmv3_set": "mmv3_part"}
+PRE_WAIT = {"k_mmv2": "mmv2_out", "k_mmv2_set": "mmv2_out", "k_mmv3": "mmv3_part", "k_mmv3_set": "mmv3_part",
+            "k_mmt": "mmt_tile"}
 
 
 def body_at(text, open_at):
