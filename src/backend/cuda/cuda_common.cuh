@@ -19,7 +19,8 @@ __device__ static inline float bits_f32(uint32_t u) { return __uint_as_float(u);
  * weights, which no kernel writes, may be touched before it); the call
  * returns once every earlier grid has completed and its writes are
  * visible. Without a programmatic dependency it returns at once.
- * tests/cuda/pdl_check.sh checks that every kernel calls it. */
+ * tests/cuda/pdl_check.py checks that every kernel calls it (or, for kernels
+ * that copy weights first, the device function named in its PRE_WAIT). */
 __device__ static inline void grid_dep_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
