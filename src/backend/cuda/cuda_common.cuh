@@ -1,10 +1,11 @@
-/* Device helpers shared by cuda_kernels.cu and cuda_prefill.cu (moved
- * from cuda_kernels.cu unchanged but for `inline`, so a file that does
- * not use one is not warned): float bits and the engine's expf
+/* Device helpers shared by the backend's .cu files (`static inline`, so a
+ * file that does not use one is not warned): float bits, f16, cp.async
+ * and the int8 mma, and the engine's expf
  * (src/util/mumath.c mu_expf), compiled with the exactness flags of
  * CMakeLists.txt (-fmad=false: every fma here is an explicit fmaf). */
 #ifndef MUSER_CUDA_COMMON_CUH
 #define MUSER_CUDA_COMMON_CUH
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 __device__ static inline uint32_t f32_bits(float f) { return __float_as_uint(f); }
@@ -25,6 +26,45 @@ __device__ static inline void grid_dep_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+/* f16 -> f32 by the conversion instruction: exact, like f16_to_f32 (the
+ * hot paths: K/V rows and block scales). */
+__device__ static inline float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/* ------------------------------------------------------------ cp.async */
+
+/* 16 bytes global -> shared, bypassing L1; valid false: 16 zero bytes (the
+ * source is not read). */
+__device__ static inline void cp16(void *sdst, const void *gsrc, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gsrc), "r"(n) : "memory");
+}
+/* 4 bytes global -> shared, of which the first n are read (the rest zero). */
+__device__ static inline void cp4(void *sdst, const void *gsrc, int n) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gsrc), "r"(n) : "memory");
+}
+__device__ static inline void cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ static inline void cp_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* ---------------------------------------------------------------- mma */
+
+/* d = a . b over 32 int8 values (16 rows x 8 columns), exact int32. */
+__device__ static inline void mma_k32(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                      uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+/* d = a . b over 16 int8 values. */
+__device__ static inline void mma_k16(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
 /* ------------------------------------------------ engine math (mumath.c) */

@@ -1139,10 +1139,6 @@ __global__ static void k_store_heads(float *dst, const int64_t *slots, int64_t S
 
 #define FULL_MASK 0xFFFFFFFFu
 
-/* f16 -> f32 by the conversion instruction: exact, like f16_to_f32 (the
- * hot paths: K/V rows and block scales). */
-__device__ static inline float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-
 /* The 32-lane fold of docs/numerics.md: lane 0 ends with the reference's
  * p[0] ((p0+p16)+(p8+p24))...; the other lanes' values are discarded. */
 __device__ static inline float warp_fold_lane0(float p) {

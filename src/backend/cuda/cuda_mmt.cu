@@ -40,31 +40,6 @@ enum { M_Q4_K = 12, M_Q5_K = 13, M_Q6_K = 14 }; /* ggml type ids (quant.h) */
 
 #define MMT_NW 4     /* warps per CTA */
 
-__device__ static inline float m_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-
-__device__ static inline void m_cp16(void *sdst, const void *gsrc, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gsrc), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ static inline void m_cp4(void *sdst, const void *gsrc, int n) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gsrc), "r"(n) : "memory");
-}
-__device__ static inline void m_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ static inline void m_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-__device__ static inline void m_mma_k32(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                        uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
-}
-__device__ static inline void m_mma_k16(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
-}
-
 /* A weight block's bytes in a stage: BYTES copied (Q6_K: ql|qh of the split
  * layout, then its 16 scales), one output every LD bytes. LD keeps each
  * lane group's shared-memory loads in distinct banks: Q4_K/Q5_K's 8-byte
@@ -137,18 +112,18 @@ __device__ static inline void mmt_load(uint8_t *st, const mmt_plan<TYPE> &pl, co
     for (int m = 0; m < mmt_plan<TYPE>::PER; m++) {
         if (lane + 32 * m >= 16 * mmt_plan<TYPE>::CH) break; /* the same for every block */
         const bool v = (pl.valid >> m) & 1u;
-        m_cp16(st + pl.soff[m], v ? base + pl.goff[m] : W, v);
+        cp16(st + pl.soff[m], v ? base + pl.goff[m] : W, v);
     }
     if (TYPE == M_Q6_K && lane < 16) {
         const int64_t total = n_out * (int64_t)nb, item = (o0 + lane) * nb + b;
         const bool v = o0 + lane < n_out;
         const uint8_t *sc = W + total * 192, *dd = W + total * 208;
-        m_cp16(st + lane * F::LD + 192, v ? sc + item * 16 : W, v);
+        cp16(st + lane * F::LD + 192, v ? sc + item * 16 : W, v);
         /* d is f16 at dd + 2*item: copy the 4-aligned pair holding it (only
          * its first half when it is the array's last, even item) */
         const int64_t pair = item & ~(int64_t)1;
         const int n = !v ? 0 : ((item | 1) < total ? 4 : 2);
-        m_cp4(st + 16 * F::LD + 4 * lane, v ? dd + 2 * pair : W, n);
+        cp4(st + 16 * F::LD + 4 * lane, v ? dd + 2 * pair : W, n);
     }
 }
 
@@ -166,15 +141,15 @@ __device__ static inline void mmt_load_act(uint8_t *sa, int nr, int b, int nb, c
 #pragma unroll
     for (int m = 0; m < 8; m++) {
         if (r0 + 2 * m >= nr) break;
-        m_cp16(dst + 2 * m * XLD, src + 2 * m * n_in, true);
+        cp16(dst + 2 * m * XLD, src + 2 * m * n_in, true);
     }
     uint8_t *sb = sa + nr * MMT_XLD_MAX;
     if (TYPE != M_Q6_K)
         for (int i = lane; i < nr * 2; i += 32) {
             const int r = i >> 1, h = i & 1;
-            m_cp16(sb + 32 * r + 16 * h, bs + ((int64_t)r * nb + b) * 16 + 8 * h, true);
+            cp16(sb + 32 * r + 16 * h, bs + ((int64_t)r * nb + b) * 16 + 8 * h, true);
         }
-    if (lane < nr) m_cp4(sb + 32 * nr + 4 * lane, xd + (int64_t)lane * nb + b, 4);
+    if (lane < nr) cp4(sb + 32 * nr + 4 * lane, xd + (int64_t)lane * nb + b, 4);
 }
 
 /* f[nt][e] for this lane's elements of block b: output g + 8 (e >> 1), row
@@ -205,8 +180,8 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
             const uint32_t dm = *(const uint32_t *)p;
             const uint32_t w0 = *(const uint32_t *)(p + 4), w1 = *(const uint32_t *)(p + 8),
                            w2 = *(const uint32_t *)(p + 12);
-            d[h] = m_h2f((uint16_t)(dm & 0xFFFF));
-            dmin[h] = m_h2f((uint16_t)(dm >> 16));
+            d[h] = h2f((uint16_t)(dm & 0xFFFF));
+            dmin[h] = h2f((uint16_t)(dm >> 16));
             sc[h][0] = w0 & 0x3F3F3F3Fu;
             mn[h][0] = w1 & 0x3F3F3F3Fu;
             sc[h][1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
@@ -242,7 +217,7 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     int32_t c[4];
-                    m_mma_k32(c, a0, a1, a2, a3, xv[nt][j].x, xv[nt][j].y);
+                    mma_k32(c, a0, a1, a2, a3, xv[nt][j].x, xv[nt][j].y);
                     sumi[nt][0] += sa * c[0];
                     sumi[nt][1] += sa * c[1];
                     sumi[nt][2] += sb * c[2];
@@ -298,7 +273,7 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
         for (int h = 0; h < 2; h++) {
             const int64_t item = (o0 + g + 8 * h) * nb + b;
             const uint16_t *dp = (const uint16_t *)(st + 16 * F::LD + 4 * (g + 8 * h));
-            d[h] = m_h2f(dp[item & 1]);
+            d[h] = h2f(dp[item & 1]);
         }
         uint32_t xv[NT][16];
 #pragma unroll
@@ -322,7 +297,7 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 int32_t c[4];
-                m_mma_k16(c, a0, a1, xv[nt][s]);
+                mma_k16(c, a0, a1, xv[nt][s]);
                 sumi[nt][0] += sa * c[0];
                 sumi[nt][1] += sa * c[1];
                 sumi[nt][2] += sb * c[2];
@@ -367,7 +342,7 @@ __device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, c
     for (int k = 0; k < ST - 1; k++) {
         const int b = warp + MMT_NW * k;
         if (k < rounds && b < nb) mmt_load_act<TYPE>(ring + k * stage_bytes + xoff, nr, b, nb, qs, xd, bs, lane);
-        m_commit();
+        cp_commit();
     }
     float total[NT];
 #pragma unroll
@@ -380,9 +355,9 @@ __device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, c
                 mmt_load<TYPE>(stn, pl, W, n_out, nb, o0, b, lane);
                 mmt_load_act<TYPE>(stn + xoff, nr, b, nb, qs, xd, bs, lane);
             }
-            m_commit();
+            cp_commit();
         }
-        m_wait<ST - 1>(); /* this lane's copies of round k have landed */
+        cp_wait<ST - 1>(); /* this lane's copies of round k have landed */
         __syncwarp();     /* and every lane's */
         const int b = warp + MMT_NW * k;
         float *fr = fb + ((k & 1) * MMT_NW + warp) * 16 * R;
@@ -406,7 +381,7 @@ __device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, c
                 if (w + MMT_NW * k < nb) total[q] = total[q] + fk[w * 16 * R + p];
         }
     }
-    m_wait<0>(); /* no copy may still target shared memory at exit */
+    cp_wait<0>(); /* no copy may still target shared memory at exit */
 #pragma unroll
     for (int q = 0; q < NT; q++) {
         const int p = tid + 128 * q, o = p / R, r = p % R;

@@ -14,43 +14,6 @@
 /* ggml type ids (quant.h's enum mu_type), as cuda_kernels.cu names them. */
 enum { P_Q4_K = 12, P_Q5_K = 13, P_Q6_K = 14 };
 
-__device__ static inline float p_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-
-/* ------------------------------------------------------------ cp.async */
-
-/* 16 bytes global -> shared, bypassing L1; valid false: 16 zero bytes (the
- * source is not read). */
-__device__ static inline void cp16(void *sdst, const void *gsrc, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gsrc), "r"(n) : "memory");
-}
-/* 4 bytes global -> shared, of which the first n are read (the rest zero). */
-__device__ static inline void cp4(void *sdst, const void *gsrc, int n) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gsrc), "r"(n) : "memory");
-}
-__device__ static inline void cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ static inline void cp_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/* ---------------------------------------------------------------- mma */
-
-/* d = a . b over 32 int8 values (16 rows x 8 columns), exact int32. */
-__device__ static inline void mma_k32(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                      uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
-}
-/* d = a . b over 16 int8 values. */
-__device__ static inline void mma_k16(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
-}
-
 /* =====================================================================
  * k_gemm_kq2: y = x . W^T for Q4_K / Q5_K / split Q6_K weights and split
  * Q8_K activations, int8 tensor cores (mma.sync).
@@ -203,8 +166,8 @@ __global__ static void __launch_bounds__(64 * WM, 1)
             }
             if (tid < BN) {
                 const uint16_t *h = (const uint16_t *)(st + S::W + tid * F::LD);
-                td[tid] = p_h2f(h[0]);
-                tdm[tid] = p_h2f(h[1]);
+                td[tid] = h2f(h[0]);
+                tdm[tid] = h2f(h[1]);
             }
             /* the rows' sub-block sums bsum_j = bs[2j] + bs[2j+1] (|bsum_j| <= 32*128) as
              * lo_j = bsum_j & 127 and hi_j = bsum_j >> 7 (floor), both int8:
@@ -227,7 +190,7 @@ __global__ static void __launch_bounds__(64 * WM, 1)
             if (tid < BN) {
                 const int64_t item = (out0 + tid) * nb + b;
                 const uint16_t *h = (const uint16_t *)(st + S::W6D + 4 * tid);
-                td[tid] = p_h2f(h[item & 1]);
+                td[tid] = h2f(h[item & 1]);
             }
         }
         __syncthreads();
@@ -542,7 +505,7 @@ __global__ static void __launch_bounds__(PA_NT, 1)
                 for (int c = 0; c < DC; c++) {
                     float kf[8];
 #pragma unroll
-                    for (int k = 0; k < 8; k++) kf[k] = p_h2f(kv[(8 * ko + k) * D + 32 * c + lane]);
+                    for (int k = 0; k < 8; k++) kf[k] = h2f(kv[(8 * ko + k) * D + 32 * c + lane]);
 #pragma unroll
                     for (int pi = 0; pi < 4; pi++)
 #pragma unroll
@@ -606,7 +569,7 @@ __global__ static void __launch_bounds__(PA_NT, 1)
                 const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
                 float vf[8];
 #pragma unroll
-                for (int d = 0; d < 8; d++) vf[d] = p_h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
+                for (int d = 0; d < 8; d++) vf[d] = h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
 #pragma unroll
                 for (int i = 0; i < PPT; i++)
                     if (p < nk[i]) {
