@@ -44,10 +44,9 @@ case " $STAGES " in *" check "*)
     ;;
 esac
 case " $STAGES " in *" bench "*)
-    if [ ! -x "$BUILD/muser" ]; then
-        cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >/dev/null &&
-            cmake --build "$BUILD" -j "$JOBS" --target muser test_cuda_backend >/dev/null || exit 1
-    fi
+    # always (incremental): a warm machine keeps $BUILD from an earlier call's tree
+    cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >/dev/null &&
+        cmake --build "$BUILD" -j "$JOBS" --target muser test_cuda_backend >/dev/null || exit 1
     M="$BUILD/muser"
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
     F=/dev/shm/full.gguf
