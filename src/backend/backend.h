@@ -144,6 +144,12 @@ struct mu_backend {
     void (*forward_begin)(mu_backend *b, uint64_t key);
     void (*forward_end)(mu_backend *b, bool ok);
 
+    /* Optional (NULL: host memory, src/bench/membw.c): the read bandwidth
+     * of the memory this backend's weights live in, in GB/s, over a buffer
+     * of `bytes` (best of reps passes); false when it cannot be measured
+     * (e.g. the buffer does not fit). For muser bench's % figures. */
+    bool (*read_bandwidth)(mu_backend *b, size_t bytes, int reps, double *gbs);
+
     /* ---- load time ---- */
     /* Optional (NULL: none), called once per weight at load before any op
      * reads it: wants_repack says whether this backend has a faster layout

@@ -397,7 +397,17 @@ bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *res, mu_error *err) {
     res->depths = mu_xcalloc((size_t)n_depths, sizeof *res->depths);
     res->n_depths = n_depths;
     runner r = {.o = o, .weight_bytes = (double)res->info.weight_bytes_per_token};
-    if (o->paired_membw_bytes > 0 && o->n_gen > 0) {
+    res->membw_gbs = o->membw_gbs;
+    res->membw_of = o->membw_gbs > 0 ? "host" : "";
+    if (o->membw_backend && mm->be->read_bandwidth) {
+        /* the device's memory: 16 GiB as in tests/cuda/device.sh, less when that does not fit beside the model */
+        for (size_t gib = 16; gib >= 1 && strcmp(res->membw_of, "device"); gib /= 4) {
+            progress(o, "measuring the device's read bandwidth (%zu GiB)", gib);
+            double gbs = 0;
+            if (mm->be->read_bandwidth(mm->be, gib << 30, 5, &gbs) && gbs > 0) res->membw_gbs = gbs, res->membw_of = "device";
+        }
+    }
+    if (o->paired_membw_bytes > 0 && o->n_gen > 0 && strcmp(res->membw_of, "device")) {
         progress(o, "allocating the paired bandwidth pass's %zu MiB buffer", o->paired_membw_bytes >> 20);
         r.pair = mu_membw_open(o->n_threads > 0 ? o->n_threads : res->n_threads, o->paired_membw_bytes);
         if (!r.pair) {

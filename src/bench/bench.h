@@ -28,7 +28,10 @@ typedef struct mu_bench_opts {
     bool prefill_depth;       /* fill depth by real prefill (default: synthetic K/V) */
     double membw_gbs;         /* machine read bandwidth for the % figures (0 = unknown) */
     size_t paired_membw_bytes; /* > 0: also a bandwidth pass over a buffer this large right
-                                  before and after each timed decode repetition */
+                                  before and after each timed decode repetition (host memory:
+                                  not with a backend that measures its own) */
+    bool membw_backend;       /* measure the bandwidth of the backend's own memory when it can
+                                 (mu_backend.read_bandwidth: the GPU's), replacing membw_gbs */
     const int64_t *parallel;  /* --parallel: sequence counts to decode together (NULL: none) */
     int n_parallel;
     bool interleave;          /* --interleave: the counts' steps alternate one by one */
@@ -87,6 +90,8 @@ typedef struct mu_bench_result {
     mu_bench_spec spec;       /* with opts.draft_path */
     int n_parallel;
     mu_bench_parallel *parallel; /* with opts.parallel */
+    double membw_gbs;         /* the bandwidth the % figures use: opts.membw_gbs or the backend's */
+    const char *membw_of;     /* "host", "device" or "" (none) */
 } mu_bench_result;
 
 void mu_bench_opts_init(mu_bench_opts *o);

@@ -71,7 +71,8 @@ bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_benc
             (long long)o->n_prompt, (long long)o->n_gen, o->reps, o->warmup, (long long)(o->chunk > 0 ? o->chunk : 512),
             o->prefill_depth ? "prefill" : "synthetic", o->pause_s, o->use_mlock ? "true" : "false",
             o->interleave ? "true" : "false");
-    fprintf(f, "  \"membw_gbs\": %.3f,\n  \"results\": [\n", o->membw_gbs);
+    fprintf(f, "  \"membw_gbs\": %.3f,\n  \"membw_of\": \"%s\",\n  \"results\": [\n", r->membw_gbs,
+            r->membw_of ? r->membw_of : "");
     for (int i = 0; i < r->n_depths; i++) {
         const mu_bench_depth *d = &r->depths[i];
         fprintf(f, "    {\n      \"depth\": %lld", (long long)d->depth);
@@ -85,7 +86,7 @@ bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_benc
             fprintf(f, ",\n      \"decode\": {\n        \"tokens\": %lld,\n", (long long)o->n_gen);
             json_stats(f, "        ", &d->decode);
             fprintf(f, ",\n        \"weight_gbs\": %.3f,\n        \"pct_membw\": %.2f", gbs,
-                    o->membw_gbs > 0 ? 100.0 * gbs / o->membw_gbs : 0.0);
+                    r->membw_gbs > 0 ? 100.0 * gbs / r->membw_gbs : 0.0);
             if (d->paired_share.n) json_paired(f, d);
             fprintf(f, "\n      }");
         }

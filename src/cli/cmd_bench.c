@@ -42,7 +42,8 @@ static void bench_usage(FILE *f) {
             "  --interleave           with --parallel: the counts' steps take turns one by one within a\n"
             "                         repetition (each count timed over its own steps), so that a machine\n"
             "                         slowing down for a while weighs on every count alike\n"
-            "  --membw-gbs X          use X GB/s as the read bandwidth instead of measuring it\n"
+            "  --membw-gbs X          use X GB/s as the read bandwidth instead of measuring it (by default\n"
+            "                         host memory, or with the cuda backend the GPU's over 16 GiB)\n"
             "  --no-membw             skip the bandwidth measurements\n"
             "  --no-paired-membw      skip the bandwidth passes right before and after each decode\n"
             "                         repetition (by default each one's share is also taken against them)\n"
@@ -234,14 +235,15 @@ static void print_depth_costs(const bench_cli *c, const mu_bench_result *r) {
     const mu_bench_depth *d0 = NULL;
     for (int i = 0; i < r->n_depths; i++)
         if (r->depths[i].depth == 0 && r->depths[i].decode.n) d0 = &r->depths[i];
-    if (!d0 || c->o.membw_gbs <= 0) return;
+    (void)c;
+    if (!d0 || r->membw_gbs <= 0) return;
     const muser_model_info *m = &r->info;
     const double bytes_per_pos = (double)(m->n_layer - m->n_swa_layers) * (double)(m->n_head_kv * m->head_dim) * 2 * 2;
     for (int i = 0; i < r->n_depths; i++) {
         const mu_bench_depth *d = &r->depths[i];
         if (d->depth <= 0 || !d->decode.n) continue;
         const double extra_ms = 1e3 / d->decode.median - 1e3 / d0->decode.median;
-        const double bytes = bytes_per_pos * (double)d->depth, read_ms = bytes / (c->o.membw_gbs * 1e9) * 1e3;
+        const double bytes = bytes_per_pos * (double)d->depth, read_ms = bytes / (r->membw_gbs * 1e9) * 1e3;
         printf("depth %lld: attention adds %.2f ms per token; reading the NoPE planes once (%.1f MB) takes %.2f ms "
                "(%.1fx)\n",
                (long long)d->depth, extra_ms, bytes / 1e6, read_ms, read_ms > 0 ? extra_ms / read_ms : 0.0);
@@ -268,13 +270,13 @@ static void print_table(const bench_cli *c, const mu_bench_result *r) {
     printf("backend: %s%s%s%s", r->backend, strcmp(r->isa, "-") ? " (" : "", strcmp(r->isa, "-") ? r->isa : "",
            strcmp(r->isa, "-") ? ")" : "");
     if (strcmp(r->backend, "cuda")) printf(", %d threads", r->n_threads); /* host threads mean nothing on the GPU */
-    if (c->o.membw_gbs > 0) printf("; memory read bandwidth %.2f GB/s", c->o.membw_gbs);
+    if (r->membw_gbs > 0) printf("; %s read bandwidth %.2f GB/s", !strcmp(r->membw_of, "device") ? "device" : "memory", r->membw_gbs);
     printf("\n%8s  %-10s %10s %10s %10s %8s %8s %8s\n", "depth", "test", "tok/s", "min", "max", "cv", "GB/s", "%bw");
     for (int i = 0; i < r->n_depths; i++) {
         const mu_bench_depth *d = &r->depths[i];
         if (d->prefill.n) print_row(d->depth, "pp", c->o.n_prompt, &d->prefill, 0, 0);
         if (d->decode.n)
-            print_row(d->depth, "tg", c->o.n_gen, &d->decode, (double)r->info.weight_bytes_per_token, c->o.membw_gbs);
+            print_row(d->depth, "tg", c->o.n_gen, &d->decode, (double)r->info.weight_bytes_per_token, r->membw_gbs);
     }
     for (int i = 0; i < r->n_parallel; i++) {
         const mu_bench_parallel *p = &r->parallel[i];
@@ -323,7 +325,12 @@ int cmd_bench(int argc, char **argv) {
         return rc;
     }
     if (c.membw_gbs > 0) c.o.membw_gbs = c.membw_gbs;
-    else if (!c.no_membw) c.o.membw_gbs = measure_membw(&c);
+    else if (!c.no_membw) {
+        /* a backend with memory of its own (cuda) measures that after loading; host memory is measured here,
+         * before the model takes its share, unless the backend is known to be the GPU */
+        c.o.membw_backend = true;
+        if (c.o.backend != MUSER_BACKEND_CUDA) c.o.membw_gbs = measure_membw(&c);
+    }
     if (!c.no_membw && !c.no_paired) c.o.paired_membw_bytes = (size_t)(c.size_mb < 256 ? c.size_mb : 256) << 20;
     if (!c.quiet) c.o.progress = print_progress;
     mu_bench_result r;

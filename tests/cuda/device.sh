@@ -5,7 +5,8 @@
 # bandwidth and `muser bench` of the full synthetic q4_k_xl model.
 #   STAGES  subset of "check bench mmvbench kbench prof nsys pdl" (default "check
 #           bench"; mmvbench: test_cuda_backend --bench-mmv; kbench:
-#           --bench-gemm and --bench-attn (prefill kernels); prof:
+#           --bench-gemm, --bench-attn and --bench-attn-dec (prefill and
+#           decode attention kernels); prof:
 #           a per-kernel profile of a short run, MUSER_CUDA_PROF=1; nsys:
 #           Nsight Systems kernel and API summaries, where nsys is installed;
 #           pdl: glimmer-tiny and full-model decode under each of PDL_ENVS,
@@ -63,7 +64,8 @@ case " $STAGES " in *" bench "*)
     case " $STAGES " in *" kbench "*)
         echo "== prefill kernels, old against new, on the full model's shapes"
         "$BUILD/test_cuda_backend" --bench-gemm || rc=1
-        "$BUILD/test_cuda_backend" --bench-attn || rc=1 ;;
+        "$BUILD/test_cuda_backend" --bench-attn || rc=1
+        "$BUILD/test_cuda_backend" --bench-attn-dec || rc=1 ;;
     esac
     case " $STAGES " in *" prof "*)
         for pm in $F "$SRC/models/glimmer-tiny-q4_k_xl.gguf"; do

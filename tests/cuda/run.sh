@@ -10,7 +10,7 @@
 #     batch schedules on cuda against solo cpu runs, every weight type
 # SKIP_SANITIZER=1 skips step 3, SKIP_ENGINE=1 step 5; KBENCH=1 adds the
 # prefill kernel benchmarks after step 2 (test_cuda_backend --bench-gemm,
-# --bench-attn: old against new kernels, outputs compared bit for bit; not
+# --bench-attn, --bench-attn-dec: old against new kernels, outputs compared bit for bit; not
 # when MUSER_CUDA_GEMM is set, which would change what they time).
 # Prints one summary line per step; exits non-zero on any failure.
 set -u
@@ -34,6 +34,7 @@ if [ -n "${KBENCH:-}" ] && [ -z "${MUSER_CUDA_GEMM:-}" ]; then
     say "== kernel benchmarks (old against new prefill kernels, full-model shapes)"
     "$BUILD/test_cuda_backend" --bench-gemm || { say "FAIL gemm benchmark"; fail=1; }
     "$BUILD/test_cuda_backend" --bench-attn || { say "FAIL attention benchmark"; fail=1; }
+    "$BUILD/test_cuda_backend" --bench-attn-dec || { say "FAIL decode attention benchmark"; fail=1; }
 fi
 
 say "== op test under compute-sanitizer"

@@ -3,6 +3,7 @@
  * device: run by tests/cuda/run.sh, not by CTest (CI has no GPU). */
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_attn.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_mmt.h"
 #include "backend/cuda/cuda_prefill.h"
@@ -546,10 +547,19 @@ static void test_kv_attention(int64_t D) {
                            .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
         ref->attention(ref, &a, q, o);
         a.kv = dk;
-        cu->attention(cu, &a, dq, dout);
-        char what[64];
-        snprintf(what, sizeof what, "attention D=%lld window=%lld", (long long)D, (long long)windows[wi]);
-        check(what, o, dout, (size_t)(rows * Q) * 4);
+        /* the default (k_attn_dec where it takes D), k_attn_blocks, k_attn_dec with 1 and 2 heads per CTA */
+        const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg;
+        const int kern[4] = {1, 0, 3, 3}, hg[4] = {0, 0, 1, 2};
+        for (int v = 0; v < 4; v++) {
+            mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hg[v];
+            cu->zero(cu, dout, (size_t)(rows * Q) * 4);
+            cu->attention(cu, &a, dq, dout);
+            char what[96];
+            snprintf(what, sizeof what, "attention D=%lld window=%lld kernel %d hg %d", (long long)D,
+                     (long long)windows[wi], kern[v], hg[v]);
+            check(what, o, dout, (size_t)(rows * Q) * 4);
+        }
+        mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg;
         cu->free(cu, dq, 0), cu->free(cu, dout, 0), free(q), free(o);
     }
     free(hl.k), free(hl.v);
@@ -584,9 +594,9 @@ static void kv_fill(mu_kv_layer *hl, mu_kv_layer *dl, int64_t Hkv, int64_t D, in
  * first key), and a batch alternating between two sequences, at the full
  * model's heads (32 over 2, D 128) and at 8 over 2, D 64. */
 static void test_attn_prefill(void) {
-    const int saved = mucu_attn_kernel_get();
-    const int64_t cfg[2][3] = {{32, 2, 128}, {8, 2, 64}};
-    for (int ci = 0; ci < 2; ci++) {
+    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg;
+    const int64_t cfg[3][3] = {{32, 2, 128}, {8, 2, 64}, {16, 1, 256}};
+    for (int ci = 0; ci < 3; ci++) {
         const int64_t H = cfg[ci][0], Hkv = cfg[ci][1], D = cfg[ci][2], Q = H * D;
         mu_kv_layer h1, d1, h2, d2;
         kv_fill(&h1, &d1, Hkv, D, 1100, 0, 1100);
@@ -606,22 +616,71 @@ static void test_attn_prefill(void) {
                                .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
             ref->attention(ref, &a, q, o);
             a.kv = dk;
-            for (int k = 2; k >= 0; k -= 2) { /* 2: k_attn_prefill at any row count */
-                mucu_attn_kernel = k;
+            /* 2: k_attn_prefill at any row count; 0: k_attn_blocks; 3: k_attn_dec at any row count, with
+             * 16, 8, 4, 2 and 1 query heads per CTA where they divide the group */
+            const int kern[7] = {2, 0, 3, 3, 3, 3, 3}, hgs[7] = {0, 0, 16, 8, 4, 2, 1};
+            for (int v = 0; v < 7; v++) {
+                if (hgs[v] && (H / Hkv) % hgs[v]) continue;
+                mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v];
                 cu->zero(cu, dout, (size_t)(rows * Q) * 4);
                 cu->attention(cu, &a, dq, dout);
                 char what[128];
-                snprintf(what, sizeof what, "attention (%s) H=%lld/%lld D=%lld case %d rows=%lld window=%lld",
-                         k ? "k_attn_prefill" : "k_attn_blocks", (long long)H, (long long)Hkv, (long long)D, cs,
-                         (long long)rows, (long long)window);
+                snprintf(what, sizeof what, "attention (%s hg %d) H=%lld/%lld D=%lld case %d rows=%lld window=%lld",
+                         kern[v] == 2 ? "k_attn_prefill" : kern[v] ? "k_attn_dec" : "k_attn_blocks", hgs[v],
+                         (long long)H, (long long)Hkv, (long long)D, cs, (long long)rows, (long long)window);
                 check(what, o, dout, (size_t)(rows * Q) * 4);
             }
+            mucu_attn_dec_hg = 0;
             cu->free(cu, dq, 0), cu->free(cu, dout, 0), free(q), free(o), free(pos), free(hk), free(dk);
         }
         free(h1.k), free(h1.v), free(h2.k), free(h2.v);
         cu->free(cu, d1.k, 0), cu->free(cu, d1.v, 0), cu->free(cu, d2.k, 0), cu->free(cu, d2.v, 0);
     }
-    mucu_attn_kernel = saved;
+    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg;
+}
+
+/* Decode at depth: 1, 3 and 16 rows (a verification of 16 rows of one
+ * sequence) over a 9,300-key plane (37 blocks: the merge's scan over more
+ * than one chunk of 32) and a 2,100-row ring whose origin has moved, full
+ * attention and a 2,048-key window, the full model's heads (32 over 2, D
+ * 128), with the default choice, k_attn_dec at every head group, and the
+ * kernels before it (MUSER_CUDA_ATTN=4), against ref. */
+static void test_attn_decode(void) {
+    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg;
+    const int64_t H = 32, Hkv = 2, D = 128, Q = H * D;
+    mu_kv_layer hp, dp, hr, dr;
+    kv_fill(&hp, &dp, Hkv, D, 9300, 0, 9300);
+    kv_fill(&hr, &dr, Hkv, D, 2100, 7000, 2100);
+    for (int cs = 0; cs < 5; cs++) {
+        const int64_t rows = cs == 0 ? 1 : cs == 1 ? 3 : 16, window = cs >= 3 ? 2048 : 0;
+        int64_t pos[16];
+        const mu_kv_layer *hk[16], *dk[16];
+        for (int64_t r = 0; r < rows; r++) {
+            const bool ring = cs == 4;
+            hk[r] = ring ? &hr : &hp, dk[r] = ring ? &dr : &dp;
+            pos[r] = ring ? 9099 - (rows - 1 - r) : cs == 1 ? (int64_t[]){9299, 5000, 257}[r] : 9299 - (rows - 1 - r);
+        }
+        float *q = rnd_vec((size_t)(rows * Q), 2.0f), *o = mu_xmalloc((size_t)(rows * Q) * 4);
+        float *dq = dev(q, (size_t)(rows * Q) * 4), *dout = cu->alloc(cu, (size_t)(rows * Q) * 4);
+        mu_attn_batch a = {.rows = rows, .kv = hk, .pos = pos, .window = window, .n_head = H, .n_head_kv = Hkv,
+                           .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
+        ref->attention(ref, &a, q, o);
+        a.kv = dk;
+        const int kern[7] = {1, 3, 3, 3, 3, 3, 4}, hgs[7] = {0, 16, 8, 4, 2, 1, 0};
+        for (int v = 0; v < 7; v++) {
+            mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v];
+            cu->zero(cu, dout, (size_t)(rows * Q) * 4);
+            cu->attention(cu, &a, dq, dout);
+            char what[128];
+            snprintf(what, sizeof what, "decode attention kernel %d hg %d case %d rows=%lld window=%lld", kern[v],
+                     hgs[v], cs, (long long)rows, (long long)window);
+            check(what, o, dout, (size_t)(rows * Q) * 4);
+        }
+        cu->free(cu, dq, 0), cu->free(cu, dout, 0), free(q), free(o);
+    }
+    free(hp.k), free(hp.v), free(hr.k), free(hr.v);
+    cu->free(cu, dp.k, 0), cu->free(cu, dp.v, 0), cu->free(cu, dr.k, 0), cu->free(cu, dr.v, 0);
+    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg;
 }
 
 static void test_elementwise(void) {
@@ -1040,6 +1099,108 @@ static int bench_attn(int reps) {
     return bad ? 1 : 0;
 }
 
+/* --bench-attn-dec: mucu_attention (the per-block pass and the merge) for
+ * decode shapes of the full model (32 query heads over 2 KV heads, D 128):
+ * 1 row under a 2,048-key window (a sliding layer), 1 row over 2k, 16k
+ * and 64k keys of a plane (a NoPE layer at depth), 4 rows over 16k (4
+ * sequences; here one plane) and 16 consecutive rows (a verification).
+ * The kernels before k_attn_dec (MUSER_CUDA_ATTN=4) against the default
+ * and k_attn_dec at each head-group size; outputs compared bit for bit. */
+static int bench_attn_dec(int reps) {
+    char msg[MUCU_ERR_LEN];
+    const int64_t H = 32, Hkv = 2, D = 128, cap = 65536;
+    const size_t plane = (size_t)(Hkv * cap * D);
+    uint16_t *hk = mu_xmalloc(plane * 2);
+    for (size_t i = 0; i < plane; i++) hk[i] = mu_f32_to_f16(rnd(1.0f));
+    uint16_t *dk = dev_raw(hk, plane * 2);
+    for (size_t i = 0; i < plane; i++) hk[i] = mu_f32_to_f16(rnd(1.0f));
+    uint16_t *dv = dev_raw(hk, plane * 2);
+    free(hk);
+    const struct { const char *name; int64_t rows, ctx, window; } cs[] = {
+        {"sliding, 1 row, window 2048", 1, 16384, 2048}, {"full, 1 row, 2k keys", 1, 2048, 0},
+        {"full, 1 row, 16k keys", 1, 16384, 0},          {"full, 1 row, 64k keys", 1, 65536, 0},
+        {"full, 4 rows, 16k keys", 4, 16384, 0},         {"full, 16 rows, 16k keys", 16, 16384, 0},
+        {"sliding, 16 rows, window 2048", 16, 16384, 2048}};
+    const int kern[7] = {4, 1, 3, 3, 3, 3, 3}, hgs[7] = {0, 0, 16, 8, 4, 2, 1};
+    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg;
+    int bad = 0;
+    if (reps > 64) reps = 64;
+    printf("decode attention benchmark: median of %d (after 2 warm-up), us per call (cudaEvents); 32/2 heads, D 128\n",
+           reps);
+    printf("%-32s %10s %10s %8s %8s %8s %8s %8s  %s\n", "case", "before", "default", "hg16", "hg8", "hg4", "hg2",
+           "hg1", "");
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        const int64_t rows = cs[ci].rows;
+        mucu_attn_row hd[16];
+        int64_t nbmax = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t pos = cs[ci].ctx - rows + r, first = cs[ci].window ? pos - cs[ci].window + 1 : 0;
+            hd[r] = (mucu_attn_row){.k = dk, .v = dv, .cap = cap, .first = first < 0 ? 0 : first, .pos = pos};
+            const int64_t nb = (pos - hd[r].first) / 256 + 1;
+            nbmax = nb > nbmax ? nb : nbmax;
+        }
+        mucu_attn_row *dd = dev_raw(hd, (size_t)rows * sizeof *hd);
+        float *hq = rnd_vec((size_t)(rows * H * D), 1.0f);
+        const size_t ob = (size_t)(rows * H * D) * 4;
+        float *dq = dev_raw(hq, ob), *dout = dev_raw(NULL, ob);
+        float *part = dev_raw(NULL, mucu_attn_part_bytes(rows, H, D, nbmax) + 16);
+        uint8_t *o0 = mu_xmalloc(ob), *o1 = mu_xmalloc(ob);
+        double med[7];
+        bool same = true;
+        for (int v = 0; v < 7; v++) {
+            double t[64];
+            mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v];
+            for (int i = -2; i < reps; i++) {
+                double ms = 0;
+                if (!mucu_timer_begin(msg) ||
+                    !mucu_attention(dd, rows, H, Hkv, D, 0.08838834764831845f, dq, dout, part, nbmax, msg) ||
+                    !mucu_timer_end(&ms, msg)) {
+                    fprintf(stderr, "bench: %s\n", msg);
+                    return 1;
+                }
+                if (i >= 0) t[i] = ms;
+            }
+            qsort(t, (size_t)reps, sizeof *t, cmp_d);
+            med[v] = t[reps / 2] * 1e3;
+            if (!mucu_memcpy(v ? o1 : o0, dout, ob, "bench download", msg)) {
+                fprintf(stderr, "bench: %s\n", msg);
+                return 1;
+            }
+            if (v) same = same && !memcmp(o0, o1, ob);
+        }
+        bad += !same;
+        /* the default's two passes alone (the partials of the last call stay in part) */
+        double pass_us[2] = {0, 0};
+        mucu_attn_kernel = 1, mucu_attn_dec_hg = 0;
+        for (int ps = 1; ps <= 2 && nbmax > 1; ps++) {
+            double t[64];
+            mucu_attn_bench_pass = ps;
+            for (int i = -2; i < reps; i++) {
+                double ms = 0;
+                if (!mucu_timer_begin(msg) ||
+                    !mucu_attention(dd, rows, H, Hkv, D, 0.08838834764831845f, dq, dout, part, nbmax, msg) ||
+                    !mucu_timer_end(&ms, msg)) {
+                    fprintf(stderr, "bench: %s\n", msg);
+                    return 1;
+                }
+                if (i >= 0) t[i] = ms;
+            }
+            qsort(t, (size_t)reps, sizeof *t, cmp_d);
+            pass_us[ps - 1] = t[reps / 2] * 1e3;
+        }
+        mucu_attn_bench_pass = 0;
+        printf("%-32s %10.2f %10.2f %8.2f %8.2f %8.2f %8.2f %8.2f  %.2fx %s (default: blocks %.2f, merge %.2f)\n",
+               cs[ci].name, med[0], med[1], med[2], med[3], med[4], med[5], med[6], med[0] / med[1],
+               same ? "identical" : "OUTPUTS DIFFER", pass_us[0], pass_us[1]);
+        mucu_free(dd, msg), mucu_free(dq, msg), mucu_free(dout, msg), mucu_free(part, msg);
+        free(hq), free(o0), free(o1);
+    }
+    mucu_free(dk, msg), mucu_free(dv, msg);
+    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg;
+    printf("decode attention benchmark: %s\n", bad ? "OUTPUTS DIFFER between the kernels" : "all outputs identical");
+    return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     mu_error err;
     if (argc == 3 && !strcmp(argv[1], "--membw")) { /* device read bandwidth over argv[2] GiB */
@@ -1061,6 +1222,7 @@ int main(int argc, char **argv) {
     /* the benchmarks after the backend exists: its stream is the kernels' (cuda_kernels.cu) */
     if (argc >= 2 && !strcmp(argv[1], "--bench-gemm")) return bench_gemm(argc >= 3 ? atoi(argv[2]) : 9);
     if (argc >= 2 && !strcmp(argv[1], "--bench-attn")) return bench_attn(argc >= 3 ? atoi(argv[2]) : 9);
+    if (argc >= 2 && !strcmp(argv[1], "--bench-attn-dec")) return bench_attn_dec(argc >= 3 ? atoi(argv[2]) : 9);
     if (argc == 2 && !strcmp(argv[1], "--bench-mmv")) {
         bench_mmv();
         return 0;
@@ -1082,6 +1244,7 @@ int main(int argc, char **argv) {
     test_kv_attention(256);
     test_kv_attention(80);
     test_attn_prefill();
+    test_attn_decode();
     test_elementwise();
     test_fused();
     test_dense_attention();

@@ -770,6 +770,12 @@ static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *
                                           nbmax, err));
 }
 
+static bool cuda_read_bandwidth(mu_backend *b, size_t bytes, int reps, double *gbs) {
+    (void)b;
+    char msg[MUCU_ERR_LEN];
+    return mucu_read_bandwidth(bytes, reps, gbs, msg);
+}
+
 static void cuda_sigmoid_gate(mu_backend *b, float *x, const float *g, int64_t n) {
     void *q8 = q8_produce(b, x, n);
     if (go(b, sig_of("sigmoid_gate", 3, P(x), P(g), I(n)))) CHECK("sigmoid_gate", mucu_sigmoid_gate(x, g, n, q8, err));
@@ -911,6 +917,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;
     b->dense_attention = cuda_dense_attention;
+    b->read_bandwidth = cuda_read_bandwidth;
     b->forward_begin = cuda_forward_begin;
     b->forward_end = cuda_forward_end;
     b->wants_repack = cuda_wants_repack;

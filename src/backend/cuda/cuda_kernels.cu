@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_prefill.h"
+#include "backend/cuda/cuda_attn.h"
 #include "backend/cuda/cuda_mmt.h"
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -415,7 +416,8 @@ extern "C" bool mucu_read_bandwidth(size_t bytes, int reps, double *gbs, char *e
     void *buf = NULL, *out = NULL;
     *gbs = 0;
     if (!mucu_malloc(&buf, bytes, err) || !mucu_malloc(&out, 64, err)) {
-        mucu_free(buf, err);
+        (void)cudaGetLastError(); /* an out-of-memory must not surface at the next launch's check */
+        if (buf) mucu_free(buf, err);
         return false;
     }
     cudaEvent_t e0, e1;
@@ -2935,12 +2937,15 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
     }
     if (rows <= 0 || n_head <= 0) return true;
     const int64_t D = head_dim, rh = rows * n_head;
-    if (nbmax > 0) {
+    if (nbmax > 0 && mucu_attn_bench_pass != 2) {
         const unsigned g1 = (unsigned)(rh * nbmax);
         float *fin = nbmax == 1 ? out : NULL;
         if (mucu_attn_prefill_takes(rows, n_head, n_head_kv, D)) { /* cuda_prefill.cu */
             mucu_attn_prefill(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin, g_s);
             if (!launched("k_attn_prefill", err)) return false;
+        } else if (mucu_attn_dec_takes(rows, n_head, n_head_kv, D)) { /* cuda_attn.cu */
+            mucu_attn_dec(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin, g_s);
+            if (!launched("k_attn_dec", err)) return false;
         } else {
             if (D <= 128) k_attn_blocks<1><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
             else if (D <= 256) k_attn_blocks<2><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
@@ -2948,6 +2953,11 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
             if (!launched("k_attn_blocks", err)) return false;
         }
         if (fin) return true;
+    }
+    if (mucu_attn_bench_pass == 1) return true;
+    if (mucu_attn_merge_scan_takes(D, nbmax)) {
+        mucu_attn_merge_scan(desc, rows, n_head, D, part, nbmax, out, g_s);
+        return launched("k_attn_merge_scan", err);
     }
     const unsigned g2 = grid_for(rh, 4);
     if (D <= 32) k_attn_merge<1><<<g2, 128, 0, g_s>>>(desc, rows, n_head, D, part, nbmax, out);

@@ -613,7 +613,7 @@ extern "C" int mucu_attn_kernel_get(void) {
 
 extern "C" bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
     const int k = mucu_attn_kernel_get();
-    return (k == 2 || (k == 1 && rows >= 64)) && n_head_kv > 0 && n_head % n_head_kv == 0 &&
+    return (k == 2 || ((k == 1 || k == 4) && rows >= 64)) && n_head_kv > 0 && n_head % n_head_kv == 0 &&
            n_head / n_head_kv <= PA_PMAX && (head_dim == 32 || head_dim == 64 || head_dim == 128);
 }
 

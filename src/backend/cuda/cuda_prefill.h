@@ -31,12 +31,16 @@ bool mucu_gemm_kq2_takes(int64_t rows);
 void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
                    void *stream);
 
-/* Which attention kernel mucu_attention uses: 0 the per-(row, head, block)
- * k_attn_blocks (cuda_kernels.cu); 1 (the default) k_attn_prefill for
- * calls of >= 64 rows (prefill chunks; decode batches, whose rows are of
- * different sequences, keep k_attn_blocks' finer grid); 2 k_attn_prefill
- * at any row count (tests). k_attn_prefill only takes head_dim 32, 64 or
- * 128 and at most 64 query heads per KV head. -1 until first read from
+/* Which attention kernels mucu_attention uses: 0 the per-(row, head, block)
+ * k_attn_blocks (cuda_kernels.cu) and its one-warp merge k_attn_merge;
+ * 1 (the default) k_attn_prefill for calls of >= 64 rows (prefill chunks)
+ * and k_attn_dec below (cuda_attn.cu: decode batches, verification), both
+ * merged by k_attn_merge_scan; 2 k_attn_prefill at any row count; 3
+ * k_attn_dec at any row count (tests); 4 the kernels before k_attn_dec
+ * (k_attn_prefill from 64 rows, k_attn_blocks below, k_attn_merge;
+ * benchmarks). k_attn_prefill only takes head_dim 32, 64 or 128 and at
+ * most 64 query heads per KV head, k_attn_dec head_dim 64, 128 or 256;
+ * other shapes take k_attn_blocks. -1 until first read from
  * MUSER_CUDA_ATTN; tests may set it directly. */
 extern int mucu_attn_kernel;
 int mucu_attn_kernel_get(void);

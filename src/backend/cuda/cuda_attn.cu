@@ -1,0 +1,407 @@
+/* Decode attention (cuda_attn.h): a few query rows, each over its own
+ * sequence's keys, exact to the reference (docs/numerics.md, "Attention").
+ *
+ * k_attn_dec: a CTA of 256 threads per (row, KV head, 256-key block, group
+ * of HG query heads of that KV head). The block's keys are converted once
+ * for the group, not once per query head as in k_attn_blocks:
+ *  - K is staged in shared memory with each key split in quarters: quarter
+ *    j holds dims j, j+4, j+8, ... (the dims of the 32-lane dot's chains
+ *    l = j (mod 4));
+ *  - scores: 4 threads per key, thread j running the 8 chains l = j + 4m
+ *    of every head (fmaf over d = l, l+32, ... in order); the fold's steps
+ *    h = 16, 8, 4 add chains of the same thread, h = 2, 1 a partner's (xor
+ *    shuffle), so each addition is the reference's p[l] = p[l] + p[l+h];
+ *  - m_b: a scan of contiguous key ranges combined in key order (the
+ *    first of equal values wins, as in the reference's `s > m` scan);
+ *    e_p = mu_expf(s_p - m_b);
+ *  - acc_b[d] = fmaf(e_p, v_p[d], acc_b[d]) over the keys in order, a
+ *    thread per (DPT dims, up to 4 heads), V asked of L2 at the start and
+ *    copied into K's shared memory once the scores are done; l_b summed in
+ *    key order by a thread per head.
+ * k_attn_merge_scan: a CTA per (row, head). The reference merges blocks
+ * in order, M' = max(M, m_b), ca = mu_expf(M - M'), cb = mu_expf(m_b -
+ * M'); M after block j is the maximum of m_0..m_j, so one warp computes
+ * every M_j by a scan and every (ca, cb) at once; each thread then runs
+ * only the multiply-add chain L = L*ca + l_b*cb, A[d] = A[d]*ca +
+ * acc_b[d]*cb over the blocks in order. */
+#include "backend/cuda/cuda_attn.h"
+#include "backend/cuda/cuda_prefill.h"
+#include "backend/cuda/cuda_common.cuh"
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+
+#define AD_NT 256
+#define AD_FULL 0xFFFFFFFFu
+
+template <int DC, int HG> struct ad_cfg {
+    static constexpr int D = 32 * DC;
+    static constexpr int KW = 4 * DC;      /* words (f16 pairs) of a key's quarter */
+    static constexpr int KJS = KW + 4;     /* padded: a quarter-warp's 2 keys x 4 quarters in distinct banks */
+    static constexpr int KS = 4 * KJS;     /* words per key */
+    static constexpr int QJS = 8 * DC + 4; /* floats per (head, quarter) of q, padded likewise */
+    static constexpr int HGT = HG < 4 ? HG : 4; /* heads per PV thread */
+    static constexpr int NHQ = HG / HGT;
+    static constexpr int DPT0 = D * NHQ / 128;
+    static constexpr int DPT = DPT0 < 1 ? 1 : DPT0 > 8 ? 8 : DPT0; /* dims per PV thread */
+    static constexpr int NDQ = D / DPT;
+    static constexpr int NPV = NDQ * NHQ; /* PV threads (<= 128); threads 128.. sum l_b */
+    static constexpr int SM_K = 256 * KS * 4, SM_Q = HG * 4 * QJS * 4, SM_S = 256 * HG * 4;
+    static constexpr int TOTAL = SM_K + SM_Q + SM_S;
+};
+
+/* N consecutive f16 (N = 1, 2, 4, 8; 2N-byte aligned) of shared memory, in the low words. */
+template <int N> __device__ static inline uint4 ld_halves_s(const uint16_t *p) {
+    uint4 r = make_uint4(0, 0, 0, 0);
+    if (N == 1) r.x = *p;
+    else if (N == 2) r.x = *(const uint32_t *)p;
+    else if (N == 4) {
+        const uint2 t = *(const uint2 *)p;
+        r.x = t.x, r.y = t.y;
+    } else r = *(const uint4 *)p;
+    return r;
+}
+
+__device__ static inline float half_at(uint4 r, int i) {
+    const uint32_t w = i < 2 ? r.x : i < 4 ? r.y : i < 6 ? r.z : r.w;
+    return h2f((uint16_t)(i & 1 ? w >> 16 : w & 0xFFFF));
+}
+
+template <int DC, int HG>
+__global__ static void __launch_bounds__(AD_NT, 2)
+    k_attn_dec(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t n_head_kv, float scale,
+               const float *__restrict__ q, float *__restrict__ part, int64_t nbmax, float *__restrict__ final_out) {
+    grid_dep_wait();
+    typedef ad_cfg<DC, HG> C;
+    constexpr int D = C::D;
+    extern __shared__ __align__(16) uint8_t sm[];
+    uint32_t *ks = (uint32_t *)sm;
+    float *qs = (float *)(sm + C::SM_K), *S = (float *)(sm + C::SM_K + C::SM_Q);
+    __shared__ float mw[AD_NT / 32][HG], m_s[HG], l_s[HG];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t j = blockIdx.x, r = blockIdx.z;
+    const int64_t G = n_head / n_head_kv, ngr = G / HG;
+    const int64_t kh = blockIdx.y / ngr, h0 = kh * G + (blockIdx.y % ngr) * HG;
+    const mucu_attn_row a = desc[r];
+    const int64_t start = a.first + 256 * j;
+    if (start > a.pos) return;
+    const int nk = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
+    const uint16_t *kb = a.k + kh * a.cap * D, *vb = a.v + kh * a.cap * D;
+    const int64_t phys0 = start % a.cap;
+
+    /* V is read last: ask L2 for it now */
+    constexpr int LINES = D * 2 / 128;
+    for (int i = tid; i < nk * LINES; i += AD_NT) {
+        int64_t ph = phys0 + i / LINES;
+        if (ph >= a.cap) ph -= a.cap;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + ph * D + (i % LINES) * 64));
+    }
+    /* q of the group's heads, by quarter: qs[(g*4 + j)*QJS + i] = q_g[j + 4i] */
+    const float *qr = q + (r * n_head + h0) * D;
+    for (int e = tid; e < HG * D; e += AD_NT) {
+        const int g = e / D, d = e % D;
+        qs[(g * 4 + (d & 3)) * C::QJS + (d >> 2)] = qr[e];
+    }
+    /* K by quarter: word c of quarter j holds dims 8c+j (low) and 8c+j+4 */
+    constexpr int CH = D / 8, BATCH = 8;
+    for (int i0 = 0; i0 < nk * CH; i0 += AD_NT * BATCH) {
+        uint4 buf[BATCH];
+#pragma unroll
+        for (int u = 0; u < BATCH; u++) {
+            const int i = i0 + u * AD_NT + tid;
+            if (i < nk * CH) {
+                int64_t ph = phys0 + i / CH;
+                if (ph >= a.cap) ph -= a.cap;
+                buf[u] = __ldg((const uint4 *)(kb + ph * D) + i % CH);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < BATCH; u++) {
+            const int i = i0 + u * AD_NT + tid;
+            if (i < nk * CH) {
+                uint32_t *kr = ks + (i / CH) * C::KS + i % CH;
+                kr[0] = __byte_perm(buf[u].x, buf[u].z, 0x5410);
+                kr[C::KJS] = __byte_perm(buf[u].x, buf[u].z, 0x7632);
+                kr[2 * C::KJS] = __byte_perm(buf[u].y, buf[u].w, 0x5410);
+                kr[3 * C::KJS] = __byte_perm(buf[u].y, buf[u].w, 0x7632);
+            }
+        }
+    }
+    __syncthreads();
+
+    /* scores: the quad of threads 4pl .. 4pl+3 takes key pl, pl+64, ...;
+     * every quad runs the same count (dummy keys store nothing) so that the
+     * shuffles see all lanes */
+    {
+        const int jq = tid & 3, pl = tid >> 2, nkr = (nk + 63) & ~63;
+        for (int p = pl; p < nkr; p += AD_NT / 4) {
+            float kf[8 * DC];
+            if (p < nk) {
+                const uint4 *kr = (const uint4 *)(ks + p * C::KS + jq * C::KJS);
+#pragma unroll
+                for (int u = 0; u < DC; u++) {
+                    const uint4 w = kr[u];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) kf[8 * u + i] = half_at(w, i);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8 * DC; i++) kf[i] = 0.0f;
+            }
+#pragma unroll 2
+            for (int g = 0; g < HG; g++) {
+                const float4 *qv = (const float4 *)(qs + (g * 4 + jq) * C::QJS);
+                float pp[8];
+#pragma unroll
+                for (int m = 0; m < 8; m++) pp[m] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < DC; k++) { /* dims l + 32k of the thread's chains l = jq + 4m */
+                    const float4 qa = qv[2 * k], qb = qv[2 * k + 1];
+                    const float qq[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+                    for (int m = 0; m < 8; m++) pp[m] = fmaf(qq[m], kf[8 * k + m], pp[m]);
+                }
+                /* h = 16: l + 16 is chain m + 4; h = 8: m + 2; h = 4: m + 1 */
+                const float a0 = pp[0] + pp[4], a1 = pp[1] + pp[5], a2 = pp[2] + pp[6], a3 = pp[3] + pp[7];
+                const float b0 = a0 + a2, b1 = a1 + a3;
+                const float c = b0 + b1;
+                const float d2 = c + __shfl_xor_sync(AD_FULL, c, 2);
+                const float e = d2 + __shfl_xor_sync(AD_FULL, d2, 1);
+                if (p < nk && jq == (g & 3)) S[p * HG + g] = e * scale;
+            }
+        }
+    }
+    __syncthreads();
+    /* the scores are done with K: V's rows (in L2 by now) go to its region
+     * while m_b and e_p are computed */
+    uint16_t *vs = (uint16_t *)sm;
+    for (int i = tid; i < nk * CH; i += AD_NT) {
+        int64_t ph = phys0 + i / CH;
+        if (ph >= a.cap) ph -= a.cap;
+        cp16(vs + i * 8, vb + ph * D + (i % CH) * 8, true);
+    }
+    cp_commit();
+    /* m_b: thread (c, g) scans keys c*HG .. c*HG+HG-1 of head g; contiguous
+     * ranges are combined left to right */
+    {
+        const int g = tid % HG, c = tid / HG;
+        float m = -INFINITY;
+        for (int i = 0; i < HG; i++) {
+            const int p = c * HG + i;
+            if (p < nk) {
+                const float sv = S[p * HG + g];
+                if (sv > m) m = sv;
+            }
+        }
+        for (int off = HG; off < 32; off *= 2) {
+            const float o = __shfl_down_sync(AD_FULL, m, off);
+            if (o > m) m = o;
+        }
+        if (lane < HG) mw[warp][lane] = m;
+        __syncthreads();
+        if (tid < HG) {
+            float mm = mw[0][tid];
+            for (int w = 1; w < AD_NT / 32; w++) {
+                const float o = mw[w][tid];
+                if (o > mm) mm = o;
+            }
+            m_s[tid] = mm;
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < nk * HG; e += AD_NT) S[e] = d_expf(S[e] - m_s[e % HG]);
+    cp_wait<0>();
+    __syncthreads();
+
+    constexpr int DPT = C::DPT, HGT = C::HGT;
+    const int dq = tid % C::NDQ, hq = tid / C::NDQ;
+    float acc[HGT][DPT];
+    if (tid < C::NPV) {
+#pragma unroll
+        for (int h = 0; h < HGT; h++)
+#pragma unroll
+            for (int d = 0; d < DPT; d++) acc[h][d] = 0.0f;
+        const uint16_t *vc = vs + dq * DPT;
+#pragma unroll 4
+        for (int p = 0; p < nk; p++) {
+            const float *ep = S + p * HG + hq * HGT;
+            float e[HGT];
+            if constexpr (HGT == 4) {
+                const float4 t = *(const float4 *)ep;
+                e[0] = t.x, e[1] = t.y, e[2] = t.z, e[3] = t.w;
+            } else {
+#pragma unroll
+                for (int h = 0; h < HGT; h++) e[h] = ep[h];
+            }
+            const uint4 raw = ld_halves_s<DPT>(vc + p * D);
+            float vf[DPT];
+#pragma unroll
+            for (int d = 0; d < DPT; d++) vf[d] = half_at(raw, d);
+#pragma unroll
+            for (int h = 0; h < HGT; h++)
+#pragma unroll
+                for (int d = 0; d < DPT; d++) acc[h][d] = fmaf(e[h], vf[d], acc[h][d]);
+        }
+    } else if (tid >= 128 && tid < 128 + HG) {
+        const int g = tid - 128;
+        float l = 0.0f;
+        for (int p = 0; p < nk; p++) l = l + S[p * HG + g];
+        l_s[g] = l;
+        if (!final_out) {
+            float *pb = part + ((r * n_head + h0 + g) * nbmax + j) * (D + 2);
+            pb[0] = m_s[g], pb[1] = l;
+        }
+    }
+    if (final_out) __syncthreads(); /* l_s (final_out is the same for the whole grid) */
+    if (tid < C::NPV) {
+#pragma unroll
+        for (int h = 0; h < HGT; h++) {
+            const int g = hq * HGT + h;
+            const int64_t rh = r * n_head + h0 + g;
+            if (final_out) {
+#pragma unroll
+                for (int d = 0; d < DPT; d++) final_out[rh * D + dq * DPT + d] = acc[h][d] / l_s[g];
+            } else {
+                float *pb = part + (rh * nbmax + j) * (D + 2) + 2 + dq * DPT;
+#pragma unroll
+                for (int d = 0; d < DPT; d++) pb[d] = acc[h][d];
+            }
+        }
+    }
+}
+
+__global__ static void __launch_bounds__(512)
+    k_attn_merge_scan(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t D,
+                      const float *__restrict__ part, int64_t nbmax, float *__restrict__ out) {
+    grid_dep_wait();
+    extern __shared__ float4 fs[]; /* per block: ca, cb, l_b */
+    const int64_t rh = blockIdx.x;
+    const mucu_attn_row a = desc[rh / n_head];
+    const int64_t nbr = a.pos >= a.first ? (a.pos - a.first) / 256 + 1 : 0;
+    const float *pr = part + rh * nbmax * (D + 2);
+    const int tid = threadIdx.x, lane = tid & 31;
+    if (tid < 32) {
+        float carry = 0.0f; /* M after the blocks before this chunk */
+        for (int64_t j0 = 0; j0 < nbr; j0 += 32) {
+            const int64_t jl = j0 + lane;
+            const bool ok = jl < nbr;
+            const float mb = ok ? pr[jl * (D + 2)] : -INFINITY, lb = ok ? pr[jl * (D + 2) + 1] : 0.0f;
+            float pm = mb; /* inclusive scan; of equal values the earlier block's wins */
+            for (int off = 1; off < 32; off *= 2) {
+                const float o = __shfl_up_sync(AD_FULL, pm, off);
+                if (lane >= off && !(pm > o)) pm = o;
+            }
+            const float Mj = j0 == 0 ? pm : (pm > carry ? pm : carry);
+            float Mp = __shfl_up_sync(AD_FULL, Mj, 1);
+            if (lane == 0) Mp = carry;
+            if (ok) fs[jl] = make_float4(d_expf(Mp - Mj), d_expf(mb - Mj), lb, 0.0f);
+            carry = __shfl_sync(AD_FULL, Mj, 31);
+        }
+    }
+    __syncthreads();
+    if (tid >= D) return;
+    float L = 0.0f, A = 0.0f;
+    if (nbr > 0) L = pr[1], A = pr[2 + tid];
+    constexpr int U = 8;
+    float cur[U], nxt[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) cur[u] = 1 + u < nbr ? pr[(1 + u) * (D + 2) + 2 + tid] : 0.0f;
+    for (int64_t j0 = 1; j0 < nbr; j0 += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) nxt[u] = j0 + U + u < nbr ? pr[(j0 + U + u) * (D + 2) + 2 + tid] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (j0 + u < nbr) {
+                const float4 f = fs[j0 + u];
+                L = L * f.x + f.z * f.y;
+                A = A * f.x + cur[u] * f.y;
+            }
+#pragma unroll
+        for (int u = 0; u < U; u++) cur[u] = nxt[u];
+    }
+    out[rh * D + tid] = A / L;
+}
+
+extern "C" {
+int mucu_attn_dec_hg = -1;
+int mucu_attn_bench_pass = 0;
+}
+
+static int dec_hg_forced(void) {
+    if (mucu_attn_dec_hg < 0) {
+        const char *e = getenv("MUSER_CUDA_ATTN_HG");
+        mucu_attn_dec_hg = e && *e ? atoi(e) : 0;
+    }
+    return mucu_attn_dec_hg;
+}
+
+extern "C" bool mucu_attn_dec_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
+    const int k = mucu_attn_kernel_get();
+    const int f = dec_hg_forced();
+    return (k == 3 || (k == 1 && rows < 64)) && rows <= 65535 && n_head_kv > 0 && n_head % n_head_kv == 0 &&
+           (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+           (f == 0 || ((f == 1 || f == 2 || f == 4 || f == 8 || f == 16) && (n_head / n_head_kv) % f == 0));
+}
+
+template <int DC, int HG>
+static void launch_dec(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv, float scale,
+                       const float *q, float *part, int64_t nbmax, float *final_out, cudaStream_t st) {
+    typedef ad_cfg<DC, HG> C;
+    static bool attr_set = false;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(k_attn_dec<DC, HG>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::TOTAL) !=
+            cudaSuccess)
+            return; /* the launch then fails, and the caller names it */
+        attr_set = true;
+    }
+    const dim3 grid((unsigned)nbmax, (unsigned)(n_head_kv * (n_head / n_head_kv / HG)), (unsigned)rows);
+    k_attn_dec<DC, HG><<<grid, AD_NT, C::TOTAL, st>>>(desc, n_head, n_head_kv, scale, q, part, nbmax, final_out);
+}
+
+template <int DC>
+static void launch_dec_d(int hg, const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
+                         float scale, const float *q, float *part, int64_t nbmax, float *final_out, cudaStream_t st) {
+    switch (hg) {
+    case 16: launch_dec<DC, 16>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st); break;
+    case 8: launch_dec<DC, 8>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st); break;
+    case 4: launch_dec<DC, 4>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st); break;
+    case 2: launch_dec<DC, 2>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st); break;
+    default: launch_dec<DC, 1>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st); break;
+    }
+}
+
+/* Heads per CTA: the most (the fewest conversions of each key) that still
+ * give the grid AD_MIN_CTAS CTAs, else 1 (docs/benchmarks.md, the decode
+ * attention table). */
+#define AD_MIN_CTAS 240
+
+extern "C" void mucu_attn_dec(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
+                              int64_t head_dim, float scale, const float *q, float *part, int64_t nbmax,
+                              float *final_out, void *stream) {
+    const int64_t G = n_head / n_head_kv, base = nbmax * n_head_kv * rows;
+    int hg = dec_hg_forced();
+    if (hg == 0) {
+        hg = 1;
+        for (int c = 16; c > 1; c /= 2)
+            if (G % c == 0 && base * (G / c) >= AD_MIN_CTAS) {
+                hg = c;
+                break;
+            }
+    }
+    const cudaStream_t st = (cudaStream_t)stream;
+    if (head_dim == 64) launch_dec_d<2>(hg, desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
+    else if (head_dim == 128) launch_dec_d<4>(hg, desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
+    else launch_dec_d<8>(hg, desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
+}
+
+extern "C" bool mucu_attn_merge_scan_takes(int64_t head_dim, int64_t nbmax) {
+    const int k = mucu_attn_kernel_get();
+    return k != 0 && k != 4 && head_dim <= 512 && nbmax * 16 <= 48 * 1024;
+}
+
+extern "C" void mucu_attn_merge_scan(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t head_dim,
+                                     const float *part, int64_t nbmax, float *out, void *stream) {
+    const unsigned threads = (unsigned)((head_dim + 31) / 32 * 32);
+    k_attn_merge_scan<<<(unsigned)(rows * n_head), threads < 32 ? 32 : threads, (size_t)nbmax * 16,
+                        (cudaStream_t)stream>>>(desc, n_head, head_dim, part, nbmax, out);
+}
