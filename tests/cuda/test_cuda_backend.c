@@ -496,6 +496,31 @@ static void test_rope(void) {
     cu->free(cu, dcs, 0);
 }
 
+/* Attention of batch a (host planes) on ref against the cuda backend over
+ * the device planes dk, under each (mucu_attn_kernel, mucu_attn_dec_hg) of
+ * kern/hgs (a head group that does not divide the GQA group is skipped);
+ * q is random; the settings are restored. */
+static void check_attention(mu_attn_batch a, const mu_kv_layer **dk, const int *kern, const int *hgs, int nv,
+                            const char *label) {
+    const size_t n = (size_t)(a.rows * a.n_head * a.head_dim);
+    float *q = rnd_vec(n, 2.0f), *o = mu_xmalloc(n * 4);
+    float *dq = dev(q, n * 4), *dout = cu->alloc(cu, n * 4);
+    ref->attention(ref, &a, q, o);
+    a.kv = dk;
+    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg;
+    for (int v = 0; v < nv; v++) {
+        if (hgs[v] && (a.n_head / a.n_head_kv) % hgs[v]) continue;
+        mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v];
+        cu->zero(cu, dout, n * 4);
+        cu->attention(cu, &a, dq, dout);
+        char what[192];
+        snprintf(what, sizeof what, "%s, kernel %d hg %d", label, kern[v], hgs[v]);
+        check(what, o, dout, n * 4);
+    }
+    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg;
+    cu->free(cu, dq, 0), cu->free(cu, dout, 0), free(q), free(o);
+}
+
 /* kv_store into a ring, then attention over it (GQA, windows, several
  * 256-key blocks, a ring whose origin has moved). */
 static void test_kv_attention(int64_t D) {
@@ -535,32 +560,19 @@ static void test_kv_attention(int64_t D) {
         fprintf(stderr, "MISMATCH kv_store journal: the ref saved only %zu nonzero values\n", nz);
     }
     free(hjk), free(hjv), cu->free(cu, djk, 0), cu->free(cu, djv, 0);
-    const int64_t rows = 5, Q = H * D;
+    const int64_t rows = 5;
     int64_t pos[5] = {base, base + 1, base + 255, base + 256, base + n - 1};
     const mu_kv_layer *hk[5], *dk[5];
     for (int r = 0; r < 5; r++) hk[r] = &hl, dk[r] = &dl;
     const int64_t windows[] = {0, 100, 512};
     for (int wi = 0; wi < 3; wi++) {
-        float *q = rnd_vec((size_t)(rows * Q), 2.0f), *o = mu_xmalloc((size_t)(rows * Q) * 4);
-        float *dq = dev(q, (size_t)(rows * Q) * 4), *dout = cu->alloc(cu, (size_t)(rows * Q) * 4);
         mu_attn_batch a = {.rows = rows, .kv = hk, .pos = pos, .window = windows[wi], .n_head = H, .n_head_kv = Hkv,
                            .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
-        ref->attention(ref, &a, q, o);
-        a.kv = dk;
         /* the default (k_attn_dec where it takes D), k_attn_blocks, k_attn_dec with 1 and 2 heads per CTA */
-        const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg;
         const int kern[4] = {1, 0, 3, 3}, hg[4] = {0, 0, 1, 2};
-        for (int v = 0; v < 4; v++) {
-            mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hg[v];
-            cu->zero(cu, dout, (size_t)(rows * Q) * 4);
-            cu->attention(cu, &a, dq, dout);
-            char what[96];
-            snprintf(what, sizeof what, "attention D=%lld window=%lld kernel %d hg %d", (long long)D,
-                     (long long)windows[wi], kern[v], hg[v]);
-            check(what, o, dout, (size_t)(rows * Q) * 4);
-        }
-        mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg;
-        cu->free(cu, dq, 0), cu->free(cu, dout, 0), free(q), free(o);
+        char what[96];
+        snprintf(what, sizeof what, "attention D=%lld window=%lld", (long long)D, (long long)windows[wi]);
+        check_attention(a, dk, kern, hg, 4, what);
     }
     free(hl.k), free(hl.v);
     cu->free(cu, dl.k, 0), cu->free(cu, dl.v, 0);
@@ -594,10 +606,9 @@ static void kv_fill(mu_kv_layer *hl, mu_kv_layer *dl, int64_t Hkv, int64_t D, in
  * first key), and a batch alternating between two sequences, at the full
  * model's heads (32 over 2, D 128) and at 8 over 2, D 64. */
 static void test_attn_prefill(void) {
-    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg;
     const int64_t cfg[3][3] = {{32, 2, 128}, {8, 2, 64}, {16, 1, 256}};
     for (int ci = 0; ci < 3; ci++) {
-        const int64_t H = cfg[ci][0], Hkv = cfg[ci][1], D = cfg[ci][2], Q = H * D;
+        const int64_t H = cfg[ci][0], Hkv = cfg[ci][1], D = cfg[ci][2];
         mu_kv_layer h1, d1, h2, d2;
         kv_fill(&h1, &d1, Hkv, D, 1100, 0, 1100);
         kv_fill(&h2, &d2, Hkv, D, 600, 250, 600); /* a ring whose origin has moved */
@@ -610,33 +621,20 @@ static void test_attn_prefill(void) {
                 hk[r] = second ? &h2 : &h1, dk[r] = second ? &d2 : &d1;
                 pos[r] = cs == 1 ? 3 + r : (second ? 250 + 530 + r : 1030 + r);
             }
-            float *q = rnd_vec((size_t)(rows * Q), 2.0f), *o = mu_xmalloc((size_t)(rows * Q) * 4);
-            float *dq = dev(q, (size_t)(rows * Q) * 4), *dout = cu->alloc(cu, (size_t)(rows * Q) * 4);
             mu_attn_batch a = {.rows = rows, .kv = hk, .pos = pos, .window = window, .n_head = H, .n_head_kv = Hkv,
                                .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
-            ref->attention(ref, &a, q, o);
-            a.kv = dk;
             /* 2: k_attn_prefill at any row count; 0: k_attn_blocks; 3: k_attn_dec at any row count, with
              * 16, 8, 4, 2 and 1 query heads per CTA where they divide the group */
             const int kern[7] = {2, 0, 3, 3, 3, 3, 3}, hgs[7] = {0, 0, 16, 8, 4, 2, 1};
-            for (int v = 0; v < 7; v++) {
-                if (hgs[v] && (H / Hkv) % hgs[v]) continue;
-                mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v];
-                cu->zero(cu, dout, (size_t)(rows * Q) * 4);
-                cu->attention(cu, &a, dq, dout);
-                char what[128];
-                snprintf(what, sizeof what, "attention (%s hg %d) H=%lld/%lld D=%lld case %d rows=%lld window=%lld",
-                         kern[v] == 2 ? "k_attn_prefill" : kern[v] ? "k_attn_dec" : "k_attn_blocks", hgs[v],
-                         (long long)H, (long long)Hkv, (long long)D, cs, (long long)rows, (long long)window);
-                check(what, o, dout, (size_t)(rows * Q) * 4);
-            }
-            mucu_attn_dec_hg = 0;
-            cu->free(cu, dq, 0), cu->free(cu, dout, 0), free(q), free(o), free(pos), free(hk), free(dk);
+            char what[128];
+            snprintf(what, sizeof what, "attention H=%lld/%lld D=%lld case %d rows=%lld window=%lld", (long long)H,
+                     (long long)Hkv, (long long)D, cs, (long long)rows, (long long)window);
+            check_attention(a, dk, kern, hgs, 7, what);
+            free(pos), free(hk), free(dk);
         }
         free(h1.k), free(h1.v), free(h2.k), free(h2.v);
         cu->free(cu, d1.k, 0), cu->free(cu, d1.v, 0), cu->free(cu, d2.k, 0), cu->free(cu, d2.v, 0);
     }
-    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg;
 }
 
 /* Decode at depth: 1, 3 and 16 rows (a verification of 16 rows of one
@@ -646,8 +644,7 @@ static void test_attn_prefill(void) {
  * 128), with the default choice, k_attn_dec at every head group, and the
  * kernels before it (MUSER_CUDA_ATTN=4), against ref. */
 static void test_attn_decode(void) {
-    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg;
-    const int64_t H = 32, Hkv = 2, D = 128, Q = H * D;
+    const int64_t H = 32, Hkv = 2, D = 128;
     mu_kv_layer hp, dp, hr, dr;
     kv_fill(&hp, &dp, Hkv, D, 9300, 0, 9300);
     kv_fill(&hr, &dr, Hkv, D, 2100, 7000, 2100);
@@ -660,27 +657,16 @@ static void test_attn_decode(void) {
             hk[r] = ring ? &hr : &hp, dk[r] = ring ? &dr : &dp;
             pos[r] = ring ? 9099 - (rows - 1 - r) : cs == 1 ? (int64_t[]){9299, 5000, 257}[r] : 9299 - (rows - 1 - r);
         }
-        float *q = rnd_vec((size_t)(rows * Q), 2.0f), *o = mu_xmalloc((size_t)(rows * Q) * 4);
-        float *dq = dev(q, (size_t)(rows * Q) * 4), *dout = cu->alloc(cu, (size_t)(rows * Q) * 4);
         mu_attn_batch a = {.rows = rows, .kv = hk, .pos = pos, .window = window, .n_head = H, .n_head_kv = Hkv,
                            .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
-        ref->attention(ref, &a, q, o);
-        a.kv = dk;
         const int kern[7] = {1, 3, 3, 3, 3, 3, 4}, hgs[7] = {0, 16, 8, 4, 2, 1, 0};
-        for (int v = 0; v < 7; v++) {
-            mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v];
-            cu->zero(cu, dout, (size_t)(rows * Q) * 4);
-            cu->attention(cu, &a, dq, dout);
-            char what[128];
-            snprintf(what, sizeof what, "decode attention kernel %d hg %d case %d rows=%lld window=%lld", kern[v],
-                     hgs[v], cs, (long long)rows, (long long)window);
-            check(what, o, dout, (size_t)(rows * Q) * 4);
-        }
-        cu->free(cu, dq, 0), cu->free(cu, dout, 0), free(q), free(o);
+        char what[128];
+        snprintf(what, sizeof what, "decode attention case %d rows=%lld window=%lld", cs, (long long)rows,
+                 (long long)window);
+        check_attention(a, dk, kern, hgs, 7, what);
     }
     free(hp.k), free(hp.v), free(hr.k), free(hr.v);
     cu->free(cu, dp.k, 0), cu->free(cu, dp.v, 0), cu->free(cu, dr.k, 0), cu->free(cu, dr.v, 0);
-    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg;
 }
 
 static void test_elementwise(void) {
@@ -1028,6 +1014,36 @@ static int bench_gemm(int reps) {
     return bad ? 1 : 0;
 }
 
+/* A device plane of n random f16 values (|v| < 1). */
+static uint16_t *rnd_plane(size_t n) {
+    uint16_t *h = mu_xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = mu_f32_to_f16(rnd(1.0f));
+    uint16_t *d = dev_raw(h, n * 2);
+    free(h);
+    return d;
+}
+
+/* Median device time in ms of mucu_attention over reps calls after 2
+ * warm-up calls (cudaEvents); false (message printed) on a failed call. */
+static bool time_attention(const mucu_attn_row *dd, int64_t rows, int64_t H, int64_t Hkv, int64_t D, const float *dq,
+                           float *dout, float *part, int64_t nbmax, int reps, double *median_ms) {
+    char msg[MUCU_ERR_LEN];
+    double t[64];
+    for (int i = -2; i < reps; i++) {
+        double ms = 0;
+        if (!mucu_timer_begin(msg) ||
+            !mucu_attention(dd, rows, H, Hkv, D, 1.0f / sqrtf((float)D), dq, dout, part, nbmax, msg) ||
+            !mucu_timer_end(&ms, msg)) {
+            fprintf(stderr, "bench: %s\n", msg);
+            return false;
+        }
+        if (i >= 0) t[i] = ms;
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_d);
+    *median_ms = t[reps / 2];
+    return true;
+}
+
 /* --bench-attn: mucu_attention, k_attn_blocks (old) against
  * k_attn_prefill (new), for one prefill chunk of `rows` rows at the end of
  * a context of ctx keys (causal, first 0), 32 query heads over 2 KV heads,
@@ -1044,11 +1060,7 @@ static int bench_attn(int reps) {
         for (int ri = 0; ri < 2; ri++) {
             const int64_t ctx = ctxs[ci], rows = rowss[ri], cap = ctx;
             const size_t plane = (size_t)(Hkv * cap * D);
-            uint16_t *hk = mu_xmalloc(plane * 2);
-            for (size_t i = 0; i < plane; i++) hk[i] = mu_f32_to_f16(rnd(1.0f));
-            uint16_t *dk = dev_raw(hk, plane * 2);
-            for (size_t i = 0; i < plane; i++) hk[i] = mu_f32_to_f16(rnd(1.0f));
-            uint16_t *dv = dev_raw(hk, plane * 2);
+            uint16_t *dk = rnd_plane(plane), *dv = rnd_plane(plane);
             mucu_attn_row *hd = mu_xmalloc((size_t)rows * sizeof *hd);
             double keys = 0;
             for (int64_t r = 0; r < rows; r++) {
@@ -1063,20 +1075,8 @@ static int bench_attn(int reps) {
             float *part = dev_raw(NULL, mucu_attn_part_bytes(rows, H, D, nbmax) + 16);
             double med[2];
             for (int k = 0; k < 2; k++) {
-                double t[64];
                 mucu_attn_kernel = k ? 2 : 0;
-                for (int i = -2; i < reps; i++) {
-                    double ms = 0;
-                    if (!mucu_timer_begin(msg) ||
-                        !mucu_attention(dd, rows, H, Hkv, D, 0.08838834764831845f, dq, dout[k], part, nbmax, msg) ||
-                        !mucu_timer_end(&ms, msg)) {
-                        fprintf(stderr, "bench: %s\n", msg);
-                        return 1;
-                    }
-                    if (i >= 0) t[i] = ms;
-                }
-                qsort(t, (size_t)reps, sizeof *t, cmp_d);
-                med[k] = t[reps / 2];
+                if (!time_attention(dd, rows, H, Hkv, D, dq, dout[k], part, nbmax, reps, &med[k])) return 1;
             }
             uint8_t *o0 = mu_xmalloc(ob), *o1 = mu_xmalloc(ob);
             if (!mucu_memcpy(o0, dout[0], ob, "bench download", msg) || !mucu_memcpy(o1, dout[1], ob, "bench download", msg)) {
@@ -1092,7 +1092,7 @@ static int bench_attn(int reps) {
                    med[0] / med[1], same ? "identical" : "OUTPUTS DIFFER");
             mucu_free(dk, msg), mucu_free(dv, msg), mucu_free(dd, msg), mucu_free(dq, msg);
             mucu_free(dout[0], msg), mucu_free(dout[1], msg), mucu_free(part, msg);
-            free(hk), free(hd), free(hq), free(o0), free(o1);
+            free(hd), free(hq), free(o0), free(o1);
         }
     mucu_attn_kernel = saved;
     printf("attention benchmark: %s\n", bad ? "OUTPUTS DIFFER between the kernels" : "old and new outputs identical");
@@ -1110,12 +1110,7 @@ static int bench_attn_dec(int reps) {
     char msg[MUCU_ERR_LEN];
     const int64_t H = 32, Hkv = 2, D = 128, cap = 65536;
     const size_t plane = (size_t)(Hkv * cap * D);
-    uint16_t *hk = mu_xmalloc(plane * 2);
-    for (size_t i = 0; i < plane; i++) hk[i] = mu_f32_to_f16(rnd(1.0f));
-    uint16_t *dk = dev_raw(hk, plane * 2);
-    for (size_t i = 0; i < plane; i++) hk[i] = mu_f32_to_f16(rnd(1.0f));
-    uint16_t *dv = dev_raw(hk, plane * 2);
-    free(hk);
+    uint16_t *dk = rnd_plane(plane), *dv = rnd_plane(plane);
     const struct { const char *name; int64_t rows, ctx, window; } cs[] = {
         {"sliding, 1 row, window 2048", 1, 16384, 2048}, {"full, 1 row, 2k keys", 1, 2048, 0},
         {"full, 1 row, 16k keys", 1, 16384, 0},          {"full, 1 row, 64k keys", 1, 65536, 0},
@@ -1148,20 +1143,9 @@ static int bench_attn_dec(int reps) {
         double med[7];
         bool same = true;
         for (int v = 0; v < 7; v++) {
-            double t[64];
             mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v];
-            for (int i = -2; i < reps; i++) {
-                double ms = 0;
-                if (!mucu_timer_begin(msg) ||
-                    !mucu_attention(dd, rows, H, Hkv, D, 0.08838834764831845f, dq, dout, part, nbmax, msg) ||
-                    !mucu_timer_end(&ms, msg)) {
-                    fprintf(stderr, "bench: %s\n", msg);
-                    return 1;
-                }
-                if (i >= 0) t[i] = ms;
-            }
-            qsort(t, (size_t)reps, sizeof *t, cmp_d);
-            med[v] = t[reps / 2] * 1e3;
+            if (!time_attention(dd, rows, H, Hkv, D, dq, dout, part, nbmax, reps, &med[v])) return 1;
+            med[v] *= 1e3;
             if (!mucu_memcpy(v ? o1 : o0, dout, ob, "bench download", msg)) {
                 fprintf(stderr, "bench: %s\n", msg);
                 return 1;
@@ -1173,20 +1157,9 @@ static int bench_attn_dec(int reps) {
         double pass_us[2] = {0, 0};
         mucu_attn_kernel = 1, mucu_attn_dec_hg = 0;
         for (int ps = 1; ps <= 2 && nbmax > 1; ps++) {
-            double t[64];
             mucu_attn_bench_pass = ps;
-            for (int i = -2; i < reps; i++) {
-                double ms = 0;
-                if (!mucu_timer_begin(msg) ||
-                    !mucu_attention(dd, rows, H, Hkv, D, 0.08838834764831845f, dq, dout, part, nbmax, msg) ||
-                    !mucu_timer_end(&ms, msg)) {
-                    fprintf(stderr, "bench: %s\n", msg);
-                    return 1;
-                }
-                if (i >= 0) t[i] = ms;
-            }
-            qsort(t, (size_t)reps, sizeof *t, cmp_d);
-            pass_us[ps - 1] = t[reps / 2] * 1e3;
+            if (!time_attention(dd, rows, H, Hkv, D, dq, dout, part, nbmax, reps, &pass_us[ps - 1])) return 1;
+            pass_us[ps - 1] *= 1e3;
         }
         mucu_attn_bench_pass = 0;
         printf("%-32s %10.2f %10.2f %8.2f %8.2f %8.2f %8.2f %8.2f  %.2fx %s (default: blocks %.2f, merge %.2f)\n",

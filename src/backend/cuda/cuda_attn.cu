@@ -331,13 +331,7 @@ int mucu_attn_dec_hg = -1;
 int mucu_attn_bench_pass = 0;
 }
 
-static int dec_hg_forced(void) {
-    if (mucu_attn_dec_hg < 0) {
-        const char *e = getenv("MUSER_CUDA_ATTN_HG");
-        mucu_attn_dec_hg = e && *e ? atoi(e) : 0;
-    }
-    return mucu_attn_dec_hg;
-}
+static int dec_hg_forced(void) { return env_setting(&mucu_attn_dec_hg, "MUSER_CUDA_ATTN_HG", 0); }
 
 extern "C" bool mucu_attn_dec_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
     const int k = mucu_attn_kernel_get();

@@ -7,6 +7,17 @@
 #define MUSER_CUDA_COMMON_CUH
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <stdlib.h>
+
+/* A kernel-choice setting (host side): *slot < 0 until the first call,
+ * which reads the environment variable `name` (dflt when unset or empty). */
+static inline int env_setting(int *slot, const char *name, int dflt) {
+    if (*slot < 0) {
+        const char *e = getenv(name);
+        *slot = e && *e ? atoi(e) : dflt;
+    }
+    return *slot;
+}
 
 __device__ static inline uint32_t f32_bits(float f) { return __float_as_uint(f); }
 __device__ static inline float bits_f32(uint32_t u) { return __uint_as_float(u); }

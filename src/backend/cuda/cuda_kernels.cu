@@ -291,10 +291,7 @@ static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, int 
 extern "C" bool mucu_graph_chain(void *const *graphs, int n, void **exec, char *err) {
     cudaGraph_t g = NULL;
     *exec = NULL;
-    if (g_pdl < 0) {
-        const char *e = getenv("MUSER_CUDA_PDL");
-        g_pdl = e && *e ? atoi(e) : 1;
-    }
+    env_setting(&g_pdl, "MUSER_CUDA_PDL", 1);
     bool flat = false;
     if (g_pdl) {
         static int warned;
@@ -2592,10 +2589,7 @@ static const char *mmv_name(const mucu_weight *w) {
 }
 
 static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, float *y, char *err) {
-    if (mmv_variant < 0) {
-        const char *e = getenv("MUSER_CUDA_MMV");
-        mmv_variant = e && *e ? atoi(e) : 3;
-    }
+    env_setting(&mmv_variant, "MUSER_CUDA_MMV", 3);
     const int nb = (int)(w->n_in / 256);
     q8split x = xq;
     x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
@@ -2721,13 +2715,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
  * the weight-streaming kernel ran 2.75x faster than on k_gemm_kq (full
  * model, prefill in 16-row chunks, docs/benchmarks.md). */
 static int gemm_min_rows_v = -1;
-static int gemm_min_rows(void) {
-    if (gemm_min_rows_v < 0) {
-        const char *e = getenv("MUSER_CUDA_GEMM");
-        gemm_min_rows_v = e && *e ? atoi(e) : 17;
-    }
-    return gemm_min_rows_v;
-}
+static int gemm_min_rows(void) { return env_setting(&gemm_min_rows_v, "MUSER_CUDA_GEMM", 17); }
 
 /* n fast-path weights with the same n_in reading x's quantization (already
  * in q8 when prequantized): rows <= 16 with the default kernel in one
@@ -2735,10 +2723,7 @@ static int gemm_min_rows(void) {
 extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float *x, float *const *y, int64_t rows,
                                 void *q8, int prequantized, char *err) {
     if (rows <= 0) return true;
-    if (mmv_variant < 0) {
-        const char *e = getenv("MUSER_CUDA_MMV");
-        mmv_variant = e && *e ? atoi(e) : 3;
-    }
+    env_setting(&mmv_variant, "MUSER_CUDA_MMV", 3);
     const int gmin = gemm_min_rows();
     const bool one = n <= MMV_SET_MAX && (mmv_variant == 3 || mmv_variant == 7 || mmv_variant == 8) && rows <= 16 &&
                      !(gmin > 0 && rows >= gmin);

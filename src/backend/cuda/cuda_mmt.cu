@@ -412,13 +412,7 @@ extern "C" {
 int mucu_mmt_min_rows = -1;
 }
 
-extern "C" int mucu_mmt_min_rows_get(void) {
-    if (mucu_mmt_min_rows < 0) {
-        const char *e = getenv("MUSER_CUDA_MMT");
-        mucu_mmt_min_rows = e && *e ? atoi(e) : 2;
-    }
-    return mucu_mmt_min_rows;
-}
+extern "C" int mucu_mmt_min_rows_get(void) { return env_setting(&mucu_mmt_min_rows, "MUSER_CUDA_MMT", 2); }
 
 template <int NT, int ST>
 static void launch_mmt(const mmt_set &set, int nb, int sb, int xoff, const int8_t *qs, const float *d,

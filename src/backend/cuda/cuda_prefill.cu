@@ -365,13 +365,7 @@ extern "C" {
 int mucu_gemm_kernel = -1;
 }
 
-extern "C" int mucu_gemm_kernel_get(void) {
-    if (mucu_gemm_kernel < 0) {
-        const char *e = getenv("MUSER_CUDA_GEMM_KERNEL");
-        mucu_gemm_kernel = e && *e ? atoi(e) : 1;
-    }
-    return mucu_gemm_kernel;
-}
+extern "C" int mucu_gemm_kernel_get(void) { return env_setting(&mucu_gemm_kernel, "MUSER_CUDA_GEMM_KERNEL", 1); }
 
 extern "C" bool mucu_gemm_kq2_takes(int64_t rows) {
     const int k = mucu_gemm_kernel_get();
@@ -603,13 +597,7 @@ extern "C" {
 int mucu_attn_kernel = -1;
 }
 
-extern "C" int mucu_attn_kernel_get(void) {
-    if (mucu_attn_kernel < 0) {
-        const char *e = getenv("MUSER_CUDA_ATTN");
-        mucu_attn_kernel = e && *e ? atoi(e) : 1;
-    }
-    return mucu_attn_kernel;
-}
+extern "C" int mucu_attn_kernel_get(void) { return env_setting(&mucu_attn_kernel, "MUSER_CUDA_ATTN", 1); }
 
 extern "C" bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
     const int k = mucu_attn_kernel_get();
