@@ -89,12 +89,23 @@ __global__ static void __launch_bounds__(AD_NT, 2)
     const uint16_t *kb = a.k + kh * a.cap * D, *vb = a.v + kh * a.cap * D;
     const int64_t phys0 = start % a.cap;
 
-    /* K by quarter: word c of quarter j holds dims 8c+j (low) and 8c+j+4.
-     * The first batch of K's loads goes out before anything else, then V's
-     * prefetch and q */
-    constexpr int CH = D / 8, BATCH = 8; /* 16 would keep all of D = 128 in flight, but spills at 128 registers */
-    uint4 buf[BATCH];
+    /* V is read last: ask L2 for it now */
+    constexpr int LINES = D * 2 / 128;
+    for (int i = tid; i < nk * LINES; i += AD_NT) {
+        int64_t ph = phys0 + i / LINES;
+        if (ph >= a.cap) ph -= a.cap;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + ph * D + (i % LINES) * 64));
+    }
+    /* q of the group's heads, by quarter: qs[(g*4 + j)*QJS + i] = q_g[j + 4i] */
+    const float *qr = q + (r * n_head + h0) * D;
+    for (int e = tid; e < HG * D; e += AD_NT) {
+        const int g = e / D, d = e % D;
+        qs[(g * 4 + (d & 3)) * C::QJS + (d >> 2)] = qr[e];
+    }
+    /* K by quarter: word c of quarter j holds dims 8c+j (low) and 8c+j+4 */
+    constexpr int CH = D / 8, BATCH = 8;
     for (int i0 = 0; i0 < nk * CH; i0 += AD_NT * BATCH) {
+        uint4 buf[BATCH];
 #pragma unroll
         for (int u = 0; u < BATCH; u++) {
             const int i = i0 + u * AD_NT + tid;
@@ -102,21 +113,6 @@ __global__ static void __launch_bounds__(AD_NT, 2)
                 int64_t ph = phys0 + i / CH;
                 if (ph >= a.cap) ph -= a.cap;
                 buf[u] = __ldg((const uint4 *)(kb + ph * D) + i % CH);
-            }
-        }
-        if (i0 == 0) {
-            /* V is read last: ask L2 for it now */
-            constexpr int LINES = D * 2 / 128;
-            for (int i = tid; i < nk * LINES; i += AD_NT) {
-                int64_t ph = phys0 + i / LINES;
-                if (ph >= a.cap) ph -= a.cap;
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + ph * D + (i % LINES) * 64));
-            }
-            /* q of the group's heads, by quarter: qs[(g*4 + j)*QJS + i] = q_g[j + 4i] */
-            const float *qr = q + (r * n_head + h0) * D;
-            for (int e = tid; e < HG * D; e += AD_NT) {
-                const int g = e / D, d = e % D;
-                qs[(g * 4 + (d & 3)) * C::QJS + (d >> 2)] = qr[e];
             }
         }
 #pragma unroll
