@@ -365,9 +365,12 @@ static void launch_dec_d(int hg, const mucu_attn_row *desc, int64_t rows, int64_
 }
 
 /* Heads per CTA: the most (the fewest conversions of each key) that still
- * give the grid AD_MIN_CTAS CTAs, else 1 (docs/benchmarks.md, the decode
- * attention table). */
-#define AD_MIN_CTAS 240
+ * give the grid AD_MIN_CTAS CTAs (about one per SM), else 1. From
+ * test_cuda_backend --bench-attn-dec (docs/benchmarks.md, the decode
+ * attention table): at one row over 2,048 keys 2 heads per CTA (128 CTAs)
+ * beat 1 (256) by 9-13 %, over 16k keys 16 (128 CTAs) lose 2 % to 8
+ * (256); the sliding layers, the common case, decide. */
+#define AD_MIN_CTAS 120
 
 extern "C" void mucu_attn_dec(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                               int64_t head_dim, float scale, const float *q, float *part, int64_t nbmax,
