@@ -231,11 +231,10 @@ static void print_row(int64_t depth, const char *test, int64_t n, const mu_bench
 /* Issue #5's depth target, per decoded token: the time attention adds over
  * depth 0 against the time to read the full-attention (NoPE) layers' K and V
  * once at the measured bandwidth. */
-static void print_depth_costs(const bench_cli *c, const mu_bench_result *r) {
+static void print_depth_costs(const mu_bench_result *r) {
     const mu_bench_depth *d0 = NULL;
     for (int i = 0; i < r->n_depths; i++)
         if (r->depths[i].depth == 0 && r->depths[i].decode.n) d0 = &r->depths[i];
-    (void)c;
     if (!d0 || r->membw_gbs <= 0) return;
     const muser_model_info *m = &r->info;
     const double bytes_per_pos = (double)(m->n_layer - m->n_swa_layers) * (double)(m->n_head_kv * m->head_dim) * 2 * 2;
@@ -343,7 +342,7 @@ int cmd_bench(int argc, char **argv) {
     }
     print_table(&c, &r);
     print_paired(&r);
-    print_depth_costs(&c, &r);
+    print_depth_costs(&r);
     rc = 0;
     if (c.json && !mu_bench_write_json(c.json, &c.o, &r, &err)) {
         cli_error("bench", err.msg);
