@@ -14,7 +14,8 @@
 #           ncu: each kernel's duration alone (Nsight Compute); kvpack:
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
 #           speculate` statistics under each of SPEC_ENVS and a kernel profile;
-#           ab: decode figures under each of AB_ENVS)
+#           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
+#           llama-bench on the same model, LLAMA_BENCH or .llama-build/bin)
 #   BENCH   "quick" (short runs), "full" (default) or "none" (only the stages)
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -130,6 +131,18 @@ case " $STAGES " in *" bench "*)
             env ${v//,/ } $B -p 512 -n 0 -r 2 --chunk 16 -q | tail -1
             env ${v//,/ } $TINY -p 0 -n 256 -r 3 --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" | tail -2
         done ;;
+    esac
+    case " $STAGES " in *" llama "*)
+        # the comparator in the same call: llama.cpp >= 34af94cd9 built with -DGGML_CUDA=ON
+        # -DCMAKE_CUDA_ARCHITECTURES=90 (target llama-bench), here or carried (LLAMA_BENCH)
+        LB=${LLAMA_BENCH:-$SRC/.llama-build/bin/llama-bench}
+        if [ -x "$LB" ]; then
+            echo "== llama.cpp llama-bench on the same model"
+            "$LB" -m $F -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3
+            "$LB" -m $F -ngl 99 -fa 1 -p 0 -n 64 -d 16384,65536 -r 2
+        else
+            echo "no llama-bench at $LB"
+        fi ;;
     esac
     case " $STAGES " in *" pdl "*)
         echo "== decode: graph and kernel variants (PDL_ENVS)"
