@@ -188,10 +188,12 @@ static void test_matmul_large(void) {
     const int64_t shapes[][2] = {{5120, 37}, {6656, 130}, {1280, 1}, {19968, 9}};
     const int64_t rowss[] = {1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 100};
     /* every weight-streaming kernel: variant, and for k_mmv3 (7) warps per output and steps (0: by shape);
-     * 9: k_mmt (the tensor-core kernel of cuda_mmt.cu) for every row count up to 16 */
+     * 9: k_mmt (the tensor-core kernel of cuda_mmt.cu) for every row count up to 16; 10: the 1-row kernels
+     * before k_mmv4, 11..16: k_mmv4 with 1, 2, 4 warps per slot and 2 or 4 blocks in flight */
     static const int kernels[][3] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {4, 0, 0}, {5, 0, 0}, {7, 1, 1}, {7, 1, 2},
                                      {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}, {8, 0, 0}, {9, 0, 0},
-                                     {3, 0, 0}};
+                                     {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0}, {14, 0, 0}, {15, 0, 0},
+                                     {16, 0, 0}, {3, 0, 0}};
     const int mmt_saved = mucu_mmt_min_rows_get();
     for (size_t vi = 0; vi < sizeof kernels / sizeof *kernels; vi++) {
     const int variant = kernels[vi][0];
@@ -200,13 +202,14 @@ static void test_matmul_large(void) {
     mucu_set_mmv3(kernels[vi][1], kernels[vi][2]);
     for (size_t t = 0; t < sizeof big / sizeof *big; t++)
         for (int s = 0; s < 4; s++) {
-            if (s == 3 && ((variant != 7 && variant != 3 && variant != 9) || t > 3)) continue; /* 78 blocks */
+            if (s == 3 && ((variant != 7 && variant != 3 && variant < 9) || t > 3)) continue; /* 78 blocks */
             const int64_t n_in = shapes[s][0], n_out = shapes[s][1];
             mu_weight w = make_weight(&big[t], n_in, n_out);
             for (size_t r = 0; r < sizeof rowss / sizeof *rowss; r++) {
                 const int64_t rows = rowss[r];
                 const bool kq = big[t].type == MU_TYPE_Q4_K || big[t].type == MU_TYPE_Q5_K || big[t].type == MU_TYPE_Q6_K;
                 if (!kq && rows != 1 && rows != 17) continue;
+                if (variant >= 10 && rows != 1) continue; /* above 1 row these are variant 3 without k_mmt */
                 float *x = rnd_vec((size_t)(rows * n_in), 3.0f), *y = mu_xmalloc((size_t)(rows * n_out) * 4);
                 if (rows == 3) /* an all-zero block and a block whose largest magnitude repeats */
                     for (int i = 0; i < 256; i++) x[n_in + i] = 0.0f, x[2 * n_in + 256 + i] = (i % 3) ? 1.5f : -1.5f;
@@ -223,7 +226,8 @@ static void test_matmul_large(void) {
     }
 }
 
-/* --bench-mmv: the weight-streaming kernels (3: k_mmv2/k_mmv3 by shape, 9: k_mmt) on the full model's matrix
+/* --bench-mmv: the weight-streaming kernels (3: the default, k_mmv4 at 1 row, k_mmt above; 9: k_mmt; 10: the
+ * 1-row kernels before k_mmv4; 11..16: k_mmv4 with 1, 2, 4 warps per slot, 2 or 4 blocks in flight) on the full model's matrix
  * shapes (q4_k_xl types), GPU time per call by cudaEvents, median of 9
  * timings of 10 calls each, cycling through copies of the weight that
  * together exceed the L2 cache. Weight bytes are random (speed only). */
@@ -240,7 +244,8 @@ static void bench_mmv(void) {
         {"ffn_down", MU_TYPE_Q6_K, 19968, 6656},  {"output/8", MU_TYPE_Q5_K, 6656, 25256},
     };
     /* variant, k_mmv3's warps per output and steps (0: by shape) */
-    static const int variants[][3] = {{3, 0, 0}, {9, 0, 0}};
+    static const int variants[][3] = {{3, 0, 0}, {9, 0, 0}, {10, 0, 0}, {11, 0, 0}, {12, 0, 0},
+                                      {13, 0, 0}, {14, 0, 0}, {15, 0, 0}, {16, 0, 0}};
     static const int rowss[] = {1, 2, 4, 8, 16};
     char msg[MUCU_ERR_LEN];
     printf("%-12s %-5s %6s %6s %6s %4s %10s %9s\n", "weight", "type", "n_in", "n_out", "mmv", "rows", "us/call", "GB/s");
@@ -269,6 +274,7 @@ static void bench_mmv(void) {
                 mucu_mmt_min_rows = variants[vi][0] == 9 ? 1 : 0;
                 mucu_set_mmv3(variants[vi][1], variants[vi][2]);
                 const int rows = rowss[ri];
+                if (variants[vi][0] >= 10 && rows != 1) continue;
                 for (int c = 0; c < copies; c++) cu->matmul(cu, &w[c], dx, dy, rows); /* upload + warm-up */
                 double t[9];
                 for (int k = 0; k < 9; k++) {
@@ -345,9 +351,10 @@ static void bench_mmv(void) {
         for (int i = 0; i < 4; i++) dy[i] = cu->alloc(cu, (size_t)(16 * 19968) * 4);
         for (int ri = 0; ri < 5; ri++) {
             const int rows = rowss[ri];
-            for (int setv = 0; setv < 6; setv += 5) { /* one launch (k_mmv2_set), one per weight (MMV 6: same
-                                                      kernel), k_mmv3_set with 1, 2, 4 warps per output, k_mmt */
-                mucu_set_mmv_variant(setv == 0 || setv == 5 ? 3 : setv == 1 ? 6 : 7);
+            for (int setv = 0; setv < 13; setv += setv == 0 ? 5 : 1) { /* one launch (the default), one per
+                    weight (MMV 6), k_mmv3_set with 1, 2, 4 warps per output, k_mmt, 1 row: 10..16 (4 + setv) */
+                if (setv > 5 && rows != 1) break;
+                mucu_set_mmv_variant(setv == 0 || setv == 5 ? 3 : setv == 1 ? 6 : setv > 5 ? 4 + setv : 7);
                 mucu_set_mmv3(setv >= 2 && setv < 5 ? 1 << (setv - 2) : 0, 0);
                 mucu_mmt_min_rows = setv == 5 ? 1 : 0;
                 for (int c = 0; c < COPIES; c++) {
@@ -366,7 +373,8 @@ static void bench_mmv(void) {
                     t[k] = t[k] * 1e3 / 8.0;
                 }
                 qsort(t, 9, sizeof *t, cmp_d);
-                static const char *const sv[] = {"3", "6", "7/1", "7/2", "7/4", "mmt"};
+                static const char *const sv[] = {"3", "6", "7/1", "7/2", "7/4", "mmt", "10", "11", "12", "13",
+                                                 "14", "15", "16"};
                 printf("%-12s %-5s %6lld %6s %6s %4d %10.2f %9.1f  (%s)\n", sets[si].what, "set",
                        (long long)sets[si].n_in, "-", sv[setv], rows, t[4], (double)bytes / (t[4] * 1e3),
                        setv == 1 ? "a launch per weight" : "one launch");
@@ -389,8 +397,12 @@ static void test_matmul_multi(void) {
         {{"Q6_K", MU_TYPE_Q6_K, false, false}, {"Q4_K+scale", MU_TYPE_Q4_K, true, false}, {"Q4_K", MU_TYPE_Q4_K, false, false}},
     };
     const int64_t n_in = 1536, n_outs[3] = {29, 64, 8};
-    for (int set = 0; set < 9; set++) {
-        const int64_t rows = (int64_t[]){1, 5, 16}[set / 3]; /* one launch for the set up to 16 rows */
+    /* at 1 row also k_mmv4 with each shape (11..16: 1, 2, 4 warps per slot, 2 or 4 blocks in flight; the
+     * weights' slots share CTAs) and the kernels before it (10) */
+    static const int v1[] = {3, 10, 11, 12, 13, 14, 15, 16};
+    for (int set = 0; set < 9 + 3 * 7; set++) {
+        const int64_t rows = set < 9 ? (int64_t[]){1, 5, 16}[set / 3] : 1; /* one launch for the set up to 16 rows */
+        mucu_set_mmv_variant(set < 9 ? 3 : v1[1 + (set - 9) / 3]);
         mu_weight w[3];
         const mu_weight *wp[3];
         float *y[3], *dy[3];
@@ -405,13 +417,14 @@ static void test_matmul_multi(void) {
         cu->matmul_multi(cu, 3, wp, dx, dy, rows);
         for (int i = 0; i < 3; i++) {
             char what[96];
-            snprintf(what, sizeof what, "matmul_multi set %d rows %lld weight %d (%s)", set % 3, (long long)rows, i,
-                     specs[set % 3][i].label);
+            snprintf(what, sizeof what, "matmul_multi set %d rows %lld weight %d (%s) mmv %d", set % 3, (long long)rows,
+                     i, specs[set % 3][i].label, set < 9 ? 3 : v1[1 + (set - 9) / 3]);
             check(what, y[i], dy[i], (size_t)(rows * n_outs[i]) * 4);
             cu->free(cu, dy[i], 0), free(y[i]);
         }
         cu->free(cu, dx, 0), free(x);
     }
+    mucu_set_mmv_variant(3);
 }
 
 /* The many-row tensor-core kernels, both (k_gemm_kq2, the default, with

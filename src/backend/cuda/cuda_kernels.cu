@@ -1773,6 +1773,90 @@ __global__ static void __launch_bounds__(128) k_mmv3_set(mmv_set set, int nb, q8
     mmv3_sum<R, WPR>(fsm, nb, nr, o0, set.first[set.n], set.first, set.y, set.n_out, set.has_scale, set.scale, set.n);
 }
 
+/* v4, one activation row: a warp takes 8 outputs (lane group g output
+ * 8s + g of slot s) and at each step every group reads the same block b of
+ * its own output. Why: under Nsight Compute k_mmv2 at 1 row was bound by
+ * L1 wavefronts, not DRAM (ffn gate+up: 83 % L1/TEX throughput at 2.1 TB/s):
+ * its 8 groups read 8 consecutive blocks, so each of a lane's activation
+ * loads touched 8 cache lines; here the 8 groups' activation loads are the
+ * same 64 bytes per lane (one line per load), and each group adds its own
+ * f_b to its own total, with no broadcast of the step's f_b. WPR = 1, 2 or
+ * 4 warps share a slot (warp wi takes blocks wi, wi + WPR, ...; U of them
+ * in flight, a slot's load reissued as soon as its block is used); with
+ * WPR > 1 each block's f_b goes to shared memory and, after the CTA's
+ * barrier, a thread per output adds them in block order from 0.0f, as the
+ * reference does. Slots are numbered across the weights of a set. */
+template <int TYPE, int U, int WPR>
+__device__ static inline float mmv4_part(const uint8_t *W, int64_t n_out, int nb, const q8split &xq, int64_t o, int wi,
+                                         float *fs) {
+    const int t = threadIdx.x & 3;
+    const int64_t oc = o < n_out ? o : n_out - 1; /* past the end: load a real row, store nothing */
+    const uint8_t *q6sc = W + (size_t)n_out * nb * 192;
+    const uint16_t *q6d = (const uint16_t *)(q6sc + (size_t)n_out * nb * 16);
+    const int K = (nb - wi + WPR - 1) / WPR; /* this warp's blocks */
+    wq2 sh[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int b = wi + WPR * u;
+        load_wq2<TYPE>(W, q6sc, q6d, oc * nb + (b < nb ? b : nb - 1), t, sh[u]);
+    }
+    grid_dep_wait();
+    float total = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + u;
+            if (k < K) { /* the same for the whole warp: block_f2's shuffles see every lane */
+                const int b = wi + WPR * k;
+                float f[1];
+                block_f2<TYPE, 1>(sh[u], b, nb, t, xq, 1, f);
+                if (WPR == 1) total = total + f[0];
+                else if (t == 0) fs[b] = f[0];
+                if (k + U < K) load_wq2<TYPE>(W, q6sc, q6d, oc * nb + wi + WPR * (k + U), t, sh[u]);
+            }
+        }
+    }
+    return total;
+}
+
+/* set.first: the first slot (8 outputs) of each weight */
+template <int U, int WPR>
+__global__ static void __launch_bounds__(128) k_mmv4_set(mmv_set set, int nb, q8split xq) {
+    extern __shared__ float fsm[]; /* WPR > 1: [4 / WPR slots][8 outputs][nb] */
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x >> 2) & 7, sl = warp / WPR;
+    const int64_t slot = (int64_t)blockIdx.x * (4 / WPR) + sl;
+    int i = 0;
+    while (i + 1 < set.n && slot >= set.first[i + 1]) i++;
+    const int64_t o = (slot - set.first[i]) * 8 + g;
+    float *fs = fsm + (sl * 8 + g) * nb;
+    float total = 0.0f;
+    if (slot >= set.first[set.n]) {
+        if (WPR == 1) return; /* touches nothing: no grid_dep_wait needed */
+        grid_dep_wait();
+    } else if (set.type[i] == T_Q4_K) total = mmv4_part<T_Q4_K, U, WPR>(set.W[i], set.n_out[i], nb, xq, o, warp % WPR, fs);
+    else if (set.type[i] == T_Q5_K) total = mmv4_part<T_Q5_K, U, WPR>(set.W[i], set.n_out[i], nb, xq, o, warp % WPR, fs);
+    else total = mmv4_part<T_Q6_K, U, WPR>(set.W[i], set.n_out[i], nb, xq, o, warp % WPR, fs);
+    if (WPR == 1) {
+        if ((threadIdx.x & 3) == 0 && slot < set.first[set.n] && o < set.n_out[i])
+            set.y[i][o] = set.has_scale[i] ? total * set.scale[i] : total;
+        return;
+    }
+    __syncthreads();
+    /* thread l < 32 / WPR: output l % 8 of the CTA's slot l / 8 */
+    const int l = threadIdx.x;
+    if (l >= 32 / WPR) return;
+    const int64_t s2 = (int64_t)blockIdx.x * (4 / WPR) + l / 8;
+    if (s2 >= set.first[set.n]) return;
+    int j = 0;
+    while (j + 1 < set.n && s2 >= set.first[j + 1]) j++;
+    const int64_t o2 = (s2 - set.first[j]) * 8 + l % 8;
+    if (o2 >= set.n_out[j]) return;
+    const float *p = fsm + l * nb;
+    float sum = 0.0f;
+    for (int b = 0; b < nb; b++) sum = sum + p[b];
+    set.y[j][o2] = set.has_scale[j] ? sum * set.scale[j] : sum;
+}
+
 /* Benchmarks only (test_cuda_backend --bench-mmv): k_mmv2's Q4_K weight
  * loads with no arithmetic, to see what its access pattern alone reaches. */
 template <int U>
@@ -2564,13 +2648,18 @@ static void mmv3_shape(int nb, int nr, int type, bool set, int *wpr, int *u) {
         else M(T_Q6_K);                                                                                             \
     } while (0)
 
-static int mmv_variant = -1; /* MUSER_CUDA_MMV: 3 (default) k_mmv2 and k_mmv3 by shape (mmv3_pick; 4 and 5: other
+static int mmv_variant = -1; /* MUSER_CUDA_MMV: 3 (default) k_mmv4 at 1 row, else k_mmv2 and k_mmv3 by shape
+                                 (mmv3_pick); 10: as 3 without k_mmv4; 11, 12, 13: k_mmv4 at 1 row with 1, 2, 4
+                                 warps per slot and 2 blocks in flight, 14, 15, 16: the same with 4 (4 and 5: other
                                  numbers of steps in flight); 0: 8-lane groups per
                                  block (k_mmv_kq); 1: the same, rows <= 2 staged in shared memory; 2: lane per
                                  block (k_mmv_lpb); 7: several warps per output (k_mmv3) everywhere; 8: k_mmv2
                                  everywhere (3 before k_mmv3). All exact (docs/cuda.md). */
 
 extern "C" void mucu_set_mmv_variant(int v) { mmv_variant = v; }
+
+/* The variants that choose by shape like the default (10..16 differ only at 1 row). */
+static bool v3like(int v) { return v == 3 || (v >= 10 && v <= 16); }
 
 /* The profile's name for a weight-streaming launch: the kernel and the
  * weight's type and shape (interned: the profile keys on the string). */
@@ -2582,10 +2671,56 @@ static const char *mmv_name(const mucu_weight *w) {
         if (tab[i].type == w->type && tab[i].n_in == w->n_in && tab[i].n_out == w->n_out) return tab[i].name;
     if (n == 64) return "k_mmv2 (other)";
     tab[n].type = w->type, tab[n].n_in = w->n_in, tab[n].n_out = w->n_out;
-    snprintf(tab[n].name, sizeof tab[n].name, "%s t%u %lldx%lld",
-             mucu_mmt_min_rows_get() > 0 ? "k_mmt" : "k_mmv2", (unsigned)w->type, (long long)w->n_in,
-             (long long)w->n_out);
+    snprintf(tab[n].name, sizeof tab[n].name, "k_mm* t%u %lldx%lld", (unsigned)w->type, (long long)w->n_in,
+             (long long)w->n_out); /* any row count: k_mmv4 at 1 row, k_mmt from 2 */
     return tab[n++].name;
+}
+
+/* k_mmv4's warps per slot (test_cuda_backend --bench-mmv, H200): the
+ * fewest (1, 2, 4) that give 2,048 warps while each warp keeps at least 4
+ * blocks (attn_output and ffn_down get 4: 9.1 and 25.7 us against 9.3 and
+ * 29.8 before k_mmv4; the q/k/v/gate set 2: 15.8 against 17.9); grids of
+ * 4,096 slots or more 2 (the ffn gate+up set, 4,992 slots: 46.0 us, 50.9
+ * with 1, 58.0 before); the rest 1 (the output, 3,157 slots: 38.9 against
+ * 42.1). */
+static int mmv4_pick(int nb, int64_t slots) {
+    int wpr = 1;
+    while (wpr < 4 && slots * wpr < 2048 && nb / (2 * wpr) >= 4) wpr *= 2;
+    if (wpr == 1 && slots >= 4096 && nb >= 16) wpr = 2;
+    return wpr;
+}
+
+/* One row through k_mmv4 (variant 3 and 11..16): n weights of the fast
+ * types sharing the activations; *taken false when the variant does not
+ * take it. A lone Q6_K weight stays on k_mmv2/k_mmv3 under the default: its
+ * scales and d lie apart from the codes (the split layout), so 8 outputs'
+ * blocks at once touch 8 more lines each (ffn_down Q6_K: 51.3 us against
+ * 35.3 on k_mmv3). */
+static bool launch_mmv4(const mucu_weight *const *w, int n, float *const *y, q8split xq, int nr, bool *taken,
+                        char *err) {
+    *taken = false;
+    if (nr != 1 || !(mmv_variant == 3 || (mmv_variant >= 11 && mmv_variant <= 16)) || n > MMV_SET_MAX) return true;
+    if (mmv_variant == 3 && n == 1 && w[0]->type == T_Q6_K) return true;
+    mmv_set set = {};
+    set.n = n;
+    for (int i = 0; i < n; i++) {
+        set.W[i] = w[i]->data, set.y[i] = y[i], set.n_out[i] = w[i]->n_out, set.type[i] = (int)w[i]->type;
+        set.has_scale[i] = w[i]->has_scale, set.scale[i] = w[i]->scale;
+        set.first[i + 1] = set.first[i] + (w[i]->n_out + 7) / 8;
+    }
+    const int nb = (int)(w[0]->n_in / 256);
+    int wpr = mmv_variant == 3 ? mmv4_pick(nb, set.first[n]) : 1 << ((mmv_variant - 11) % 3);
+    if ((size_t)(4 / wpr) * 8 * nb * 4 > 48 * 1024) wpr = 1;
+    const bool u4 = mmv_variant >= 14;
+    const unsigned grid = grid_for(set.first[n], 4 / wpr);
+    const size_t sm = wpr > 1 ? (size_t)(4 / wpr) * 8 * nb * 4 : 0;
+#define MMV4(UU, WW) k_mmv4_set<UU, WW><<<grid, 128, sm, g_s>>>(set, nb, xq)
+    if (wpr == 4) { if (u4) MMV4(4, 4); else MMV4(2, 4); }
+    else if (wpr == 2) { if (u4) MMV4(4, 2); else MMV4(2, 2); }
+    else { if (u4) MMV4(4, 1); else MMV4(2, 1); }
+#undef MMV4
+    *taken = true;
+    return launched(n == 1 ? mmv_name(w[0]) : "k_mmv4_set", err);
 }
 
 static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, float *y, char *err) {
@@ -2601,9 +2736,16 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
         mucu_mmt(one, 1, ys, x.qs, x.d, x.bs, nr, g_s);
         return launched(prof_on ? mmv_name(w) : "k_mmt", err);
     }
+    {
+        const mucu_weight *one[1] = {w};
+        float *ys[1] = {yr};
+        bool taken;
+        if (!launch_mmv4(one, 1, ys, x, nr, &taken, err)) return false;
+        if (taken) return true;
+    }
     int wpr = 0, u = 1;
     if (mmv_variant == 7) mmv3_shape(nb, nr, (int)w->type, false, &wpr, &u);
-    else if (mmv_variant == 3) wpr = mmv3_pick(nb, nr, (int)w->type, false, &u);
+    else if (v3like(mmv_variant)) wpr = mmv3_pick(nb, nr, (int)w->type, false, &u);
     if (wpr) {
         const unsigned grid = grid_for(w->n_out, 4 / wpr);
         const int R = nr <= 1 ? 1 : nr <= 2 ? 2 : nr <= 4 ? 4 : nr <= 8 ? 8 : 16;
@@ -2640,7 +2782,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
 #define MMV2U(T, R, U) k_mmv2<T, R, U><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
 #define MMV2(T, R)                                                                                                  \
     do {                                                                                                            \
-        if ((v == 3 || v == 6 || v == 8) && R <= 2) MMV2U(T, R, 2);                                                 \
+        if ((v3like(v) || v == 6 || v == 8) && R <= 2) MMV2U(T, R, 2);                                                 \
         else if (v == 4 && R <= 2) MMV2U(T, R, 4);                                                                  \
         else MMV2U(T, R, 1);                                                                                        \
     } while (0)
@@ -2725,7 +2867,7 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
     if (rows <= 0) return true;
     env_setting(&mmv_variant, "MUSER_CUDA_MMV", 3);
     const int gmin = gemm_min_rows();
-    const bool one = n <= MMV_SET_MAX && (mmv_variant == 3 || mmv_variant == 7 || mmv_variant == 8) && rows <= 16 &&
+    const bool one = n <= MMV_SET_MAX && (mmv_variant == 3 || (mmv_variant >= 7 && mmv_variant <= 16)) && rows <= 16 &&
                      !(gmin > 0 && rows >= gmin);
     if (!one) {
         for (int i = 0; i < n; i++)
@@ -2751,9 +2893,12 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
         mucu_mmt(w, n, y, xq.qs, xq.d, xq.bs, nr, g_s);
         return launched("k_mmt_set", err);
     }
+    bool taken;
+    if (!launch_mmv4(w, n, y, xq, nr, &taken, err)) return false;
+    if (taken) return true;
     int wpr = 0, u = 1;
     if (mmv_variant == 7) mmv3_shape(kb, nr, 0, true, &wpr, &u);
-    else if (mmv_variant == 3) wpr = mmv3_pick(kb, nr, 0, true, &u);
+    else if (v3like(mmv_variant)) wpr = mmv3_pick(kb, nr, 0, true, &u);
     if (wpr) {
         const int R = nr <= 1 ? 1 : nr <= 2 ? 2 : nr <= 4 ? 4 : nr <= 8 ? 8 : 16;
         const size_t sm = (size_t)(4 / wpr) * R * kb * 4;
