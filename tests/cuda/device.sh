@@ -17,7 +17,8 @@
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
 #           llama-bench on the same model, LLAMA_BENCH, .llama-build/bin or
 #           the two xz parts in .llama-a and .llama-b (llama-a: keep part aa
-#           in /tmp for the next call))
+#           in /tmp for the next call); llamabuild: build llama-bench and
+#           llama-server from the carried .llama-src/llama-src.tar.xz)
 #   BENCH   "quick" (short runs), "full" (default) or "none" (only the stages)
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -37,6 +38,21 @@ if [ -n "${DEBS:-}" ]; then
             >/tmp/sys/usr/lib/x86_64-linux-gnu/pkgconfig/gnutls.pc
 fi
 rc=0
+case " $STAGES " in *" llamabuild "*)
+    # llama.cpp's llama-bench and llama-server built here (about 5 min at -j16) from the sources
+    # carried in .llama-src/llama-src.tar.xz (upstream 34af94cd9: tar of CMakeLists.txt cmake ggml src
+    # include common tools vendor LICENSE); the llama stage then uses this llama-bench
+    if [ ! -x /tmp/llama-build/bin/llama-bench ]; then
+        rm -rf /tmp/llama-src && mkdir -p /tmp/llama-src && xz -dc "$SRC/.llama-src/llama-src.tar.xz" | tar -x -C /tmp/llama-src &&
+            cmake -S /tmp/llama-src -B /tmp/llama-build -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+                -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_APP=OFF \
+                -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+                >/tmp/llama-configure.log 2>&1 &&
+            cmake --build /tmp/llama-build -j "$JOBS" --target llama-bench llama-server >/tmp/llama-build.log 2>&1 ||
+            { tail -20 /tmp/llama-configure.log /tmp/llama-build.log; echo "FAIL llama.cpp build"; }
+    fi
+    [ -x /tmp/llama-build/bin/llama-bench ] && export LLAMA_BENCH=/tmp/llama-build/bin/llama-bench ;;
+esac
 case " $STAGES " in *" llama-a "*)
     cp "$SRC/.llama-a/lb.part.aa" /tmp/ && echo "llama-bench part aa kept in /tmp" ;;
 esac
