@@ -15,10 +15,9 @@
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
 #           speculate` statistics under each of SPEC_ENVS and a kernel profile;
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
-#           llama-bench on the same model, LLAMA_BENCH, .llama-build/bin or
-#           the two xz parts in .llama-a and .llama-b (llama-a: keep part aa
-#           in /tmp for the next call); llamabuild: build llama-bench and
-#           llama-server from the carried .llama-src/llama-src.tar.xz)
+#           llama-bench on the same model, LLAMA_BENCH or .llama-build/bin;
+#           llamabuild: build llama-bench and llama-server from the carried
+#           .llama-src/llama-src.tar.xz, for the llama stage)
 #   BENCH   "quick" (short runs), "full" (default) or "none" (only the stages)
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -52,9 +51,6 @@ case " $STAGES " in *" llamabuild "*)
             { tail -20 /tmp/llama-configure.log /tmp/llama-build.log; echo "FAIL llama.cpp build"; }
     fi
     [ -x /tmp/llama-build/bin/llama-bench ] && export LLAMA_BENCH=/tmp/llama-build/bin/llama-bench ;;
-esac
-case " $STAGES " in *" llama-a "*)
-    cp "$SRC/.llama-a/lb.part.aa" /tmp/ && echo "llama-bench part aa kept in /tmp" ;;
 esac
 case " $STAGES " in *" check "*)
     bash "$SRC/tests/cuda/run.sh" || rc=1
@@ -157,13 +153,6 @@ case " $STAGES " in *" bench "*)
         # the comparator in the same call: llama.cpp >= 34af94cd9 built with -DGGML_CUDA=ON
         # -DCMAKE_CUDA_ARCHITECTURES=90 (target llama-bench), here or carried (LLAMA_BENCH)
         LB=${LLAMA_BENCH:-$SRC/.llama-build/bin/llama-bench}
-        # or carried in two xz parts (the binary is over the carry limit with the tree): a call
-        # carrying .llama-a leaves part aa in /tmp (STAGES=llama-a), the next call (within the
-        # machine's warm time) carries .llama-b and unpacks both. Made with: strip -o /tmp/lb
-        # .llama-build/bin/llama-bench; xz -9 -c /tmp/lb | split -b 24M - lb.part. (aa into .llama-a, ab into .llama-b)
-        [ -f "$SRC/.llama-b/lb.part.ab" ] && [ -f /tmp/lb.part.aa ] && [ ! -x /tmp/llama-bench ] &&
-            cat /tmp/lb.part.aa "$SRC/.llama-b/lb.part.ab" | xz -d >/tmp/llama-bench && chmod +x /tmp/llama-bench
-        [ -x "$LB" ] || [ ! -x /tmp/llama-bench ] || LB=/tmp/llama-bench
         if [ -x "$LB" ]; then
             echo "== llama.cpp llama-bench on the same model"
             "$LB" -m $F -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3

@@ -399,10 +399,11 @@ static void test_matmul_multi(void) {
     const int64_t n_in = 1536, n_outs[3] = {29, 64, 8};
     /* at 1 row also k_mmv4 with each shape (11..16: 1, 2, 4 warps per slot, 2 or 4 blocks in flight; the
      * weights' slots share CTAs) and the kernels before it (10) */
-    static const int v1[] = {3, 10, 11, 12, 13, 14, 15, 16};
+    static const int v1[] = {10, 11, 12, 13, 14, 15, 16};
     for (int set = 0; set < 9 + 3 * 7; set++) {
         const int64_t rows = set < 9 ? (int64_t[]){1, 5, 16}[set / 3] : 1; /* one launch for the set up to 16 rows */
-        mucu_set_mmv_variant(set < 9 ? 3 : v1[1 + (set - 9) / 3]);
+        const int variant = set < 9 ? 3 : v1[(set - 9) / 3];
+        mucu_set_mmv_variant(variant);
         mu_weight w[3];
         const mu_weight *wp[3];
         float *y[3], *dy[3];
@@ -418,7 +419,7 @@ static void test_matmul_multi(void) {
         for (int i = 0; i < 3; i++) {
             char what[96];
             snprintf(what, sizeof what, "matmul_multi set %d rows %lld weight %d (%s) mmv %d", set % 3, (long long)rows,
-                     i, specs[set % 3][i].label, set < 9 ? 3 : v1[1 + (set - 9) / 3]);
+                     i, specs[set % 3][i].label, variant);
             check(what, y[i], dy[i], (size_t)(rows * n_outs[i]) * 4);
             cu->free(cu, dy[i], 0), free(y[i]);
         }

@@ -1661,17 +1661,24 @@ struct mmv_set {
     const uint8_t *W[MMV_SET_MAX];
     float *y[MMV_SET_MAX];
     int64_t n_out[MMV_SET_MAX];
-    int64_t first[MMV_SET_MAX + 1]; /* first warp of each weight */
+    int64_t first[MMV_SET_MAX + 1]; /* first unit of each weight: warp, output (k_mmv3_set) or 8-output slot (k_mmv4_set) */
     int type[MMV_SET_MAX], has_scale[MMV_SET_MAX];
     float scale[MMV_SET_MAX];
     int n;
 };
 
+/* Which of a set's n weights unit v (a warp, output or slot, numbered
+ * across the weights from first[0] = 0) belongs to. */
+__device__ static inline int set_weight(const int64_t *first, int n, int64_t v) {
+    int i = 0;
+    while (i + 1 < n && v >= first[i + 1]) i++;
+    return i;
+}
+
 template <int R, int U>
 __global__ static void __launch_bounds__(128) k_mmv2_set(mmv_set set, int nb, q8split xq, int nr) {
     const int64_t wg = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    int i = 0;
-    while (i + 1 < set.n && wg >= set.first[i + 1]) i++;
+    const int i = set_weight(set.first, set.n, wg);
     const int64_t o = wg - set.first[i];
     if (o >= set.n_out[i]) return; /* touches nothing: no grid_dep_wait needed */
     if (set.type[i] == T_Q4_K) mmv2_out<T_Q4_K, R, U>(set.W[i], set.n_out[i], nb, xq, nr, o, set.y[i], set.has_scale[i], set.scale[i]);
@@ -1731,8 +1738,7 @@ __device__ static inline void mmv3_sum(const float *fsm, int nb, int nr, int64_t
     const int l = tid / R, r = tid % R;
     const int64_t o = o0 + l; /* global output number (across the set's weights) */
     if (o >= o_end || r >= nr) return;
-    int i = 0;
-    while (i + 1 < nw && o >= first[i + 1]) i++;
+    const int i = set_weight(first, nw, o);
     const float *p = fsm + (l * R + r) * nb;
     float total = 0.0f;
     for (int b = 0; b < nb; b++) total = total + p[b];
@@ -1761,8 +1767,7 @@ __global__ static void __launch_bounds__(128) k_mmv3_set(mmv_set set, int nb, q8
     extern __shared__ float fsm[]; /* [4 / WPR][R][nb] */
     const int warp = threadIdx.x >> 5, l = warp / WPR, wi = warp % WPR;
     const int64_t o0 = (int64_t)blockIdx.x * (4 / WPR), wg = o0 + l;
-    int i = 0;
-    while (i + 1 < set.n && wg >= set.first[i + 1]) i++;
+    const int i = set_weight(set.first, set.n, wg);
     const int64_t o = wg - set.first[i];
     float *fs = fsm + l * R * nb;
     if (o >= set.n_out[i]) grid_dep_wait();
@@ -1825,8 +1830,7 @@ __global__ static void __launch_bounds__(128) k_mmv4_set(mmv_set set, int nb, q8
     extern __shared__ float fsm[]; /* WPR > 1: [4 / WPR slots][8 outputs][nb] */
     const int warp = threadIdx.x >> 5, g = (threadIdx.x >> 2) & 7, sl = warp / WPR;
     const int64_t slot = (int64_t)blockIdx.x * (4 / WPR) + sl;
-    int i = 0;
-    while (i + 1 < set.n && slot >= set.first[i + 1]) i++;
+    const int i = set_weight(set.first, set.n, slot);
     const int64_t o = (slot - set.first[i]) * 8 + g;
     float *fs = fsm + (sl * 8 + g) * nb;
     float total = 0.0f;
@@ -1847,8 +1851,7 @@ __global__ static void __launch_bounds__(128) k_mmv4_set(mmv_set set, int nb, q8
     if (l >= 32 / WPR) return;
     const int64_t s2 = (int64_t)blockIdx.x * (4 / WPR) + l / 8;
     if (s2 >= set.first[set.n]) return;
-    int j = 0;
-    while (j + 1 < set.n && s2 >= set.first[j + 1]) j++;
+    const int j = set_weight(set.first, set.n, s2);
     const int64_t o2 = (s2 - set.first[j]) * 8 + l % 8;
     if (o2 >= set.n_out[j]) return;
     const float *p = fsm + l * nb;
@@ -2669,7 +2672,7 @@ static const char *mmv_name(const mucu_weight *w) {
     if (!prof_on) return "k_mmv2";
     for (int i = 0; i < n; i++)
         if (tab[i].type == w->type && tab[i].n_in == w->n_in && tab[i].n_out == w->n_out) return tab[i].name;
-    if (n == 64) return "k_mmv2 (other)";
+    if (n == 64) return "k_mm* (other)";
     tab[n].type = w->type, tab[n].n_in = w->n_in, tab[n].n_out = w->n_out;
     snprintf(tab[n].name, sizeof tab[n].name, "k_mm* t%u %lldx%lld", (unsigned)w->type, (long long)w->n_in,
              (long long)w->n_out); /* any row count: k_mmv4 at 1 row, k_mmt from 2 */
@@ -2720,7 +2723,7 @@ static bool launch_mmv4(const mucu_weight *const *w, int n, float *const *y, q8s
     else { if (u4) MMV4(4, 1); else MMV4(2, 1); }
 #undef MMV4
     *taken = true;
-    return launched(n == 1 ? mmv_name(w[0]) : "k_mmv4_set", err);
+    return launched(prof_on && n == 1 ? mmv_name(w[0]) : "k_mmv4_set", err);
 }
 
 static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, float *y, char *err) {
@@ -2867,7 +2870,7 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
     if (rows <= 0) return true;
     env_setting(&mmv_variant, "MUSER_CUDA_MMV", 3);
     const int gmin = gemm_min_rows();
-    const bool one = n <= MMV_SET_MAX && (mmv_variant == 3 || (mmv_variant >= 7 && mmv_variant <= 16)) && rows <= 16 &&
+    const bool one = n <= MMV_SET_MAX && (v3like(mmv_variant) || mmv_variant == 7 || mmv_variant == 8) && rows <= 16 &&
                      !(gmin > 0 && rows >= gmin);
     if (!one) {
         for (int i = 0; i < n; i++)
