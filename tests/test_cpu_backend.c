@@ -439,9 +439,19 @@ static void test_elementwise(void) {
 
 /* ---------------------------------------------------------------- kv store */
 
+/* kv_store's destinations: row r at phys[r] of the layer lays[r % n_lay],
+ * journal slot slot[r] in jk/jv (NULL: none). */
+static void kv_dsts(mu_kv_dst *d, int64_t rows, mu_kv_layer *const *lays, int n_lay, const int64_t *phys,
+                    uint16_t *jk, uint16_t *jv, int64_t jcap, const int64_t *slot) {
+    for (int64_t r = 0; r < rows; r++)
+        d[r] = (mu_kv_dst){.l = lays[r % n_lay], .physical = phys[r], .jk = jk, .jv = jv, .jcap = jcap,
+                           .slot = jk ? slot[r] : -1};
+}
+
 /* f16 rounding of the stored K/V rows against the ref: ties, the
  * overflow edge, subnormals, zeros, infinities and NaNs among normal
- * values, head_dim 40 (a vector tail) and 128, rows in scattered slots. */
+ * values, head_dim 40 (a vector tail) and 128, rows in scattered slots;
+ * then rows of one store going to two caches (alternating), journaled. */
 static void test_kv_store(void) {
     static const uint32_t special[] = {
         0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0x7FBFFFFFu,
@@ -451,6 +461,7 @@ static void test_kv_store(void) {
     for (int di = 0; di < 2; di++) {
         const int64_t D = dims[di], H = 3, cap = 11, rows = 5;
         const int64_t phys[5] = {7, 0, 10, 3, 4};
+        mu_kv_dst dst[5];
         float *k = rand_vec(rows * H * D, 4.0f), *v = rand_vec(rows * H * D, 0.001f);
         for (int64_t i = 0; i < rows * H * D; i += 3) {
             uint32_t bits = special[(i / 3) % (sizeof special / sizeof *special)];
@@ -459,13 +470,15 @@ static void test_kv_store(void) {
         const size_t bytes = (size_t)(H * cap * D) * sizeof(uint16_t);
         uint16_t *want_k = calloc(1, bytes), *want_v = calloc(1, bytes), *got_k = malloc(bytes), *got_v = malloc(bytes);
         mu_kv_layer l = {.cap = cap, .n_head = H, .head_dim = D, .row_elems = H * D, .k = want_k, .v = want_v};
-        ref->kv_store(ref, &l, phys, k, v, rows, NULL);
+        mu_kv_layer *lp = &l;
+        kv_dsts(dst, rows, &lp, 1, phys, NULL, NULL, 0, NULL);
+        ref->kv_store(ref, rows, dst, k, v);
         for (int c = 0; c < n_cpus; c++) {
             memset(got_k, 0, bytes);
             memset(got_v, 0, bytes);
             l.k = got_k;
             l.v = got_v;
-            cpus[c]->kv_store(cpus[c], &l, phys, k, v, rows, NULL);
+            cpus[c]->kv_store(cpus[c], rows, dst, k, v);
             CHECK_MSG(!memcmp(got_k, want_k, bytes) && !memcmp(got_v, want_v, bytes), "kv_store D %lld on %s",
                       (long long)D, label(cpus[c]));
         }
@@ -477,9 +490,9 @@ static void test_kv_store(void) {
         uint16_t *gjk = malloc(jbytes), *gjv = malloc(jbytes);
         memcpy(old_k, want_k, bytes), memcpy(old_v, want_v, bytes);
         float *k2 = rand_vec(rows * H * D, 2.0f), *v2 = rand_vec(rows * H * D, 2.0f);
-        mu_kv_save save = {.k = jk, .v = jv, .cap = jcap, .slot = slot};
         l.k = want_k, l.v = want_v;
-        ref->kv_store(ref, &l, phys, k2, v2, rows, &save);
+        kv_dsts(dst, rows, &lp, 1, phys, jk, jv, jcap, slot);
+        ref->kv_store(ref, rows, dst, k2, v2);
         int saved_ok = 1;
         for (int64_t r = 0; r < rows; r++)
             for (int64_t h = 0; h < H; h++)
@@ -490,12 +503,38 @@ static void test_kv_store(void) {
             memcpy(got_k, old_k, bytes), memcpy(got_v, old_v, bytes);
             memset(gjk, 0, jbytes), memset(gjv, 0, jbytes);
             l.k = got_k, l.v = got_v;
-            save.k = gjk, save.v = gjv;
-            cpus[c]->kv_store(cpus[c], &l, phys, k2, v2, rows, &save);
+            kv_dsts(dst, rows, &lp, 1, phys, gjk, gjv, jcap, slot);
+            cpus[c]->kv_store(cpus[c], rows, dst, k2, v2);
             CHECK_MSG(!memcmp(got_k, want_k, bytes) && !memcmp(got_v, want_v, bytes) && !memcmp(gjk, jk, jbytes) &&
                           !memcmp(gjv, jv, jbytes),
                       "journaled kv_store D %lld on %s", (long long)D, label(cpus[c]));
         }
+        /* two caches in one store: rows 0, 2, 4 into l (cap 11), rows 1, 3 into m (cap 7), journaled */
+        const int64_t cap2 = 7, phys2[5] = {7, 6, 10, 0, 4};
+        const size_t bytes2 = (size_t)(H * cap2 * D) * sizeof(uint16_t);
+        uint16_t *mk = calloc(1, bytes2), *mv = calloc(1, bytes2), *gmk = malloc(bytes2), *gmv = malloc(bytes2);
+        mu_kv_layer m = {.cap = cap2, .n_head = H, .head_dim = D, .row_elems = H * D, .k = mk, .v = mv};
+        mu_kv_layer *two[2] = {&l, &m};
+        memcpy(want_k, old_k, bytes), memcpy(want_v, old_v, bytes);
+        l.k = want_k, l.v = want_v;
+        memset(jk, 0, jbytes), memset(jv, 0, jbytes);
+        kv_dsts(dst, rows, two, 2, phys2, jk, jv, jcap, slot);
+        ref->kv_store(ref, rows, dst, k2, v2);
+        for (int c = 0; c < n_cpus; c++) {
+            memcpy(got_k, old_k, bytes), memcpy(got_v, old_v, bytes);
+            memset(gmk, 0, bytes2), memset(gmv, 0, bytes2), memset(gjk, 0, jbytes), memset(gjv, 0, jbytes);
+            l.k = got_k, l.v = got_v, m.k = gmk, m.v = gmv;
+            kv_dsts(dst, rows, two, 2, phys2, gjk, gjv, jcap, slot);
+            cpus[c]->kv_store(cpus[c], rows, dst, k2, v2);
+            CHECK_MSG(!memcmp(got_k, want_k, bytes) && !memcmp(got_v, want_v, bytes) && !memcmp(gmk, mk, bytes2) &&
+                          !memcmp(gmv, mv, bytes2) && !memcmp(gjk, jk, jbytes) && !memcmp(gjv, jv, jbytes),
+                      "kv_store into two caches, D %lld on %s", (long long)D, label(cpus[c]));
+            m.k = mk, m.v = mv;
+        }
+        int nz = 0;
+        for (size_t i = 0; i < bytes2 / 2; i++) nz += mk[i] != 0;
+        CHECK_MSG(nz > 0, "kv_store into two caches, D %lld: the ref wrote the second cache", (long long)D);
+        free(mk); free(mv); free(gmk); free(gmv);
         free(k2); free(v2); free(old_k); free(old_v); free(jk); free(jv); free(gjk); free(gjv);
         free(k); free(v); free(want_k); free(want_v); free(got_k); free(got_v);
     }

@@ -85,11 +85,11 @@ struct mu_backend {
      * pairs (2i, 2i+1) (GPT-J, ggml mode 0); true: pairs (i, i + n_rot/2). */
     void (*rope)(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
                  int64_t rows, bool neox);
-    /* Store K and V rows (f32, rounded to f16 RNE) of layer l at the given
-     * physical rows (host [rows]) of its head-major planes; with save (a
-     * checkpoint's journal), each row's old bytes are saved first. */
-    void (*kv_store)(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k, const float *v,
-                     int64_t rows, const mu_kv_save *save);
+    /* Store K and V rows (f32, n_head * head_dim each, rounded to f16 RNE):
+     * row r at dst[r] (host [rows]: its layer's planes, physical row, and
+     * journal slot, whose old bytes are saved first, kv.h mu_kv_dst). The
+     * rows may go to different caches (one store for a batch's sequences). */
+    void (*kv_store)(mu_backend *b, int64_t rows, const mu_kv_dst *dst, const float *k, const float *v);
     /* out[r][n_head*head_dim] for every query row of the batch. */
     void (*attention)(mu_backend *b, const mu_attn_batch *a, const float *q, float *out);
     /* x[i] *= sigmoid(g[i]) */
@@ -169,7 +169,7 @@ mu_backend *mu_backend_ref_create(int n_threads);
  * are the reference for these ops. */
 void mu_backend_set_host_ops(mu_backend *b);
 /* kv_store's save step on host planes (ref and cpu). */
-void mu_host_kv_save(const mu_kv_layer *l, const int64_t *physical, int64_t rows, const mu_kv_save *save);
+void mu_host_kv_save(int64_t rows, const mu_kv_dst *dst);
 /* The NeoX rotation (rope with neox true) on host rows: ref and cpu both
  * run this one (only the DFlash assistant uses it). */
 void mu_host_rope_neox(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows);

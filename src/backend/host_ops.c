@@ -93,30 +93,34 @@ static void host_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pai
 }
 
 /* The old bytes of the rows a journaled store overwrites (kv_store's save). */
-void mu_host_kv_save(const mu_kv_layer *l, const int64_t *physical, int64_t rows, const mu_kv_save *save) {
-    const int64_t D = l->head_dim, H = l->n_head;
-    for (int64_t r = 0; r < rows && save; r++)
-        for (int64_t h = 0; h < H; h++) {
-            const size_t from = (size_t)((h * l->cap + physical[r]) * D), to = (size_t)((h * save->cap + save->slot[r]) * D);
-            memcpy(save->k + to, l->k + from, (size_t)D * sizeof(uint16_t));
-            memcpy(save->v + to, l->v + from, (size_t)D * sizeof(uint16_t));
+void mu_host_kv_save(int64_t rows, const mu_kv_dst *dst) {
+    for (int64_t r = 0; r < rows; r++) {
+        const mu_kv_dst *d = &dst[r];
+        if (!d->jk) continue;
+        const int64_t D = d->l->head_dim;
+        for (int64_t h = 0; h < d->l->n_head; h++) {
+            const size_t from = (size_t)((h * d->l->cap + d->physical) * D), to = (size_t)((h * d->jcap + d->slot) * D);
+            memcpy(d->jk + to, d->l->k + from, (size_t)D * sizeof(uint16_t));
+            memcpy(d->jv + to, d->l->v + from, (size_t)D * sizeof(uint16_t));
         }
+    }
 }
 
-static void host_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k, const float *v,
-                          int64_t rows, const mu_kv_save *save) {
+static void host_kv_store(mu_backend *b, int64_t rows, const mu_kv_dst *dst, const float *k, const float *v) {
     (void)b;
-    const int64_t D = l->head_dim, H = l->n_head;
-    mu_host_kv_save(l, physical, rows, save);
-    for (int64_t r = 0; r < rows; r++)
+    mu_host_kv_save(rows, dst);
+    for (int64_t r = 0; r < rows; r++) {
+        const mu_kv_layer *l = dst[r].l;
+        const int64_t D = l->head_dim, H = l->n_head;
         for (int64_t h = 0; h < H; h++) {
-            uint16_t *kd = l->k + (h * l->cap + physical[r]) * D, *vd = l->v + (h * l->cap + physical[r]) * D;
+            uint16_t *kd = l->k + (h * l->cap + dst[r].physical) * D, *vd = l->v + (h * l->cap + dst[r].physical) * D;
             const float *ks = k + (r * H + h) * D, *vs = v + (r * H + h) * D;
             for (int64_t i = 0; i < D; i++) {
                 kd[i] = mu_f32_to_f16(ks[i]);
                 vd[i] = mu_f32_to_f16(vs[i]);
             }
         }
+    }
 }
 
 static void host_softmax(mu_backend *b, float *x, float scale, int64_t n, int64_t n_valid, int64_t rows) {

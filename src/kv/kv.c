@@ -222,13 +222,12 @@ int64_t mu_kv_len(const mu_kv_cache *c) { return c && c->layers ? layer_end(&c->
 
 /* ---------- store and row access ---------- */
 
-bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float *k, const float *v, mu_error *err) {
+bool mu_kv_reserve(mu_kv_cache *c, int layer, int64_t pos, int64_t n, mu_kv_dst *dst, mu_error *err) {
     if (!c || !c->layers) { mu_err_set(err, "kv store: cache is not initialized"); return false; }
     if (layer < 0 || layer >= c->n_layers) {
         mu_err_set(err, "kv store: layer %d out of range [0, %d)", layer, c->n_layers);
         return false;
     }
-    if (!k || !v) { mu_err_set(err, "kv store: layer %d position %" PRId64 ": K or V row is NULL", layer, pos); return false; }
     mu_kv_layer *l = &c->layers[layer];
     int64_t expected = layer_end(l);
     if (n < 1) { mu_err_set(err, "kv store: layer %d: %" PRId64 " rows", layer, n); return false; }
@@ -257,10 +256,10 @@ bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float 
         mu_err_set(err, "kv store: layer %d: rollback journal full (%d entries)", layer, c->n_journal);
         return false;
     }
-    int64_t local[128], *phys = n <= 64 ? local : mu_xmalloc((size_t)(2 * n) * sizeof *phys), *slot = phys + n;
     for (int64_t i = 0; i < n; i++) {
         bool overwrite = l->len == l->cap; /* only a full SWA ring: pos < n_ctx = cap for full planes */
         int64_t write = overwrite ? l->origin_physical : (l->origin_physical + l->len) % l->cap;
+        dst[i] = (mu_kv_dst){.l = l, .physical = write, .slot = -1};
         if (c->ckpt_active) {
             /* keep the old bytes of every written row, held or not, so rollback is bitwise */
             mu_kv_journal_entry *e = &c->journal[c->n_journal++];
@@ -270,7 +269,8 @@ bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float 
             e->prev_origin_logical = l->origin_logical;
             e->prev_origin_physical = l->origin_physical;
             e->prev_len = l->len;
-            slot[i] = e->slot; /* the backend saves the row's old bytes there as it stores */
+            /* the backend saves the row's old bytes there as it stores */
+            dst[i].jk = c->jk, dst[i].jv = c->jv, dst[i].jcap = journal_cap(c), dst[i].slot = e->slot;
         }
         if (overwrite) {
             l->origin_logical += 1;
@@ -278,12 +278,17 @@ bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float 
         } else {
             l->len += 1;
         }
-        phys[i] = write;
     }
-    const mu_kv_save save = {.k = c->jk, .v = c->jv, .cap = journal_cap(c), .slot = slot};
-    c->be->kv_store(c->be, l, phys, k, v, n, c->ckpt_active ? &save : NULL);
-    if (phys != local) free(phys);
     return true;
+}
+
+bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float *k, const float *v, mu_error *err) {
+    if (!k || !v) { mu_err_set(err, "kv store: layer %d position %" PRId64 ": K or V row is NULL", layer, pos); return false; }
+    mu_kv_dst local[64], *dst = n <= 64 ? local : mu_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *dst);
+    const bool ok = mu_kv_reserve(c, layer, pos, n, dst, err);
+    if (ok) c->be->kv_store(c->be, n, dst, k, v);
+    if (dst != local) free(dst);
+    return ok;
 }
 
 static bool is_held(const mu_kv_layer *l, int64_t pos) {

@@ -35,14 +35,17 @@ typedef struct mu_kv_layer {
     int64_t len;              /* rows held */
 } mu_kv_layer;
 
-/* Where a journaled store saves the rows it overwrites, before writing
- * them: the old bytes of physical row physical[r] (every head) go to row
- * slot[r] of the head-major planes k and v of cap rows each. */
-typedef struct mu_kv_save {
-    uint16_t *k, *v;
-    int64_t cap;
-    const int64_t *slot;      /* host [rows] */
-} mu_kv_save;
+/* Where the backend's kv_store writes one row: physical row `physical`
+ * (every head) of layer l's planes. With jk set (a checkpoint's journal)
+ * the row's old bytes go first to row `slot` of the head-major journal
+ * planes jk and jv of jcap rows each. Rows of one store may belong to
+ * different caches (the sequences of a batch). */
+typedef struct mu_kv_dst {
+    const mu_kv_layer *l;
+    int64_t physical;
+    uint16_t *jk, *jv;
+    int64_t jcap, slot;
+} mu_kv_dst;
 
 typedef struct mu_kv_journal_entry {
     int layer;
@@ -80,6 +83,11 @@ int64_t mu_kv_len(const mu_kv_cache *c);
  * row, heads in order. Refuses a discontinuity, a full context, more rows
  * than the checkpoint allows, or more rows than the ring's slack. */
 bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float *k, const float *v, mu_error *err);
+/* The bookkeeping of mu_kv_store without the write: the same checks, the
+ * layer's ring and the journal advanced, and dst[0..n) filled; the caller
+ * then passes dst to the backend's kv_store (with other caches' rows in
+ * one call) before anything reads the layer. */
+bool mu_kv_reserve(mu_kv_cache *c, int layer, int64_t pos, int64_t n, mu_kv_dst *dst, mu_error *err);
 static inline bool mu_kv_append(mu_kv_cache *c, int layer, int64_t pos, const float *k, const float *v, mu_error *err) {
     return mu_kv_store(c, layer, pos, 1, k, v, err);
 }

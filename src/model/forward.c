@@ -33,11 +33,13 @@ void mu_scratch_init(mu_forward_scratch *s, mu_backend *be, const mu_model_confi
         p += R * sizes[i];
     }
     s->kvl = mu_xcalloc(R, sizeof *s->kvl);
+    s->kvd = mu_xcalloc(R, sizeof *s->kvd);
 }
 
 void mu_scratch_free(mu_forward_scratch *s) {
     if (s->x) s->be->free(s->be, s->x, s->bytes);
     free(s->kvl);
+    free(s->kvd);
     memset(s, 0, sizeof *s);
 }
 
@@ -59,14 +61,20 @@ static void matmuls(mu_backend *be, int n, const mu_weight *const *w, const floa
     for (int i = 0; i < n; i++) be->matmul(be, w[i], x, y[i], rows);
 }
 
-/* Store the batch's K/V rows, one store per run of a sequence's rows. */
-static bool store_kv(mu_kv_cache *const *kv, const mu_forward_scratch *s, const mu_batch *b, int il, int64_t KV,
+/* Store the batch's K/V rows: each run of a sequence's rows reserved in
+ * its cache, then one backend store for all of them (one launch for a
+ * batch of sequences). Rows reserved before a refused run are still
+ * stored, so every cache holds what its bookkeeping says. */
+static bool store_kv(mu_backend *be, mu_kv_cache *const *kv, const mu_forward_scratch *s, const mu_batch *b, int il,
                      mu_error *err) {
-    for (int64_t r0 = 0, r1; r0 < b->n; r0 = r1) {
+    int64_t r0 = 0, r1;
+    bool ok = true;
+    for (; r0 < b->n; r0 = r1) {
         for (r1 = r0 + 1; r1 < b->n && b->seq[r1] == b->seq[r0];) r1++;
-        if (!mu_kv_store(kv[b->seq[r0]], il, b->pos[r0], r1 - r0, s->k + r0 * KV, s->v + r0 * KV, err)) return false;
+        if (!(ok = mu_kv_reserve(kv[b->seq[r0]], il, b->pos[r0], r1 - r0, s->kvd + r0, err))) break;
     }
-    return true;
+    if (r0 > 0) be->kv_store(be, r0, s->kvd, s->k, s->v);
+    return ok;
 }
 
 /* x += rmsnorm(o, 1e-8) * w_o (the post-norm), then h = rmsnorm(x) * w_h
@@ -105,11 +113,11 @@ static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *cons
                             const mu_batch *b, int il, mu_error *err) {
     const mu_model_config *c = &m->cfg;
     const mu_layer_weights *lw = &m->layers[il];
-    const int64_t D = c->head_dim, Q = c->n_head * D, KV = c->n_head_kv * D, rows = b->n;
+    const int64_t D = c->head_dim, Q = c->n_head * D, rows = b->n;
     matmuls(be, 4, (const mu_weight *[]){&lw->attn_q, &lw->attn_k, &lw->attn_v, &lw->attn_gate}, s->h,
             (float *[]){s->q, s->k, s->v, s->g}, rows);
     qk_norm_rope(c, be, s, lw, c->is_swa[il], rows);
-    if (!store_kv(kv, s, b, il, KV, err)) return false;
+    if (!store_kv(be, kv, s, b, il, err)) return false;
     for (int64_t r = 0; r < rows; r++) s->kvl[r] = &kv[b->seq[r]]->layers[il];
     mu_attn_batch a = {
         .rows = rows, .kv = s->kvl, .pos = b->pos, .window = c->is_swa[il] ? c->sliding_window : 0,

@@ -13,6 +13,7 @@ typedef struct mu_forward_scratch {
     float *x, *h, *q, *k, *v, *g, *att, *o, *fg, *fu, *cs;
     size_t bytes;               /* backend bytes held */
     const mu_kv_layer **kvl;    /* host [rows] */
+    mu_kv_dst *kvd;             /* host [rows]: where kv_store writes each row */
 } mu_forward_scratch;
 
 void mu_scratch_init(mu_forward_scratch *s, mu_backend *be, const mu_model_config *c, int64_t rows);

@@ -555,11 +555,19 @@ static void test_kv_attention(int64_t D) {
         int64_t phys[50], slot[50];
         for (int i = 0; i < 50; i++) phys[i] = (p0 + i) % cap, slot[i] = (i * 7 + 3) % jcap;
         const bool journal = p0 >= base + n;
-        const mu_kv_save hs = {.k = hjk, .v = hjv, .cap = jcap, .slot = slot}, ds = {.k = djk, .v = djv, .cap = jcap, .slot = slot};
+        mu_kv_dst hd[50], dd[50];
+        for (int i = 0; i < 50; i++) {
+            hd[i] = (mu_kv_dst){.l = &hl, .physical = phys[i], .slot = -1};
+            dd[i] = (mu_kv_dst){.l = &dl, .physical = phys[i], .slot = -1};
+            if (journal) {
+                hd[i].jk = hjk, hd[i].jv = hjv, hd[i].jcap = jcap, hd[i].slot = slot[i];
+                dd[i].jk = djk, dd[i].jv = djv, dd[i].jcap = jcap, dd[i].slot = slot[i];
+            }
+        }
         float *k = rnd_vec((size_t)(50 * Hkv * D), 3.0f), *v = rnd_vec((size_t)(50 * Hkv * D), 3.0f);
         float *dk = dev(k, (size_t)(50 * Hkv * D) * 4), *dv = dev(v, (size_t)(50 * Hkv * D) * 4);
-        ref->kv_store(ref, &hl, phys, k, v, 50, journal ? &hs : NULL);
-        cu->kv_store(cu, &dl, phys, dk, dv, 50, journal ? &ds : NULL);
+        ref->kv_store(ref, 50, hd, k, v);
+        cu->kv_store(cu, 50, dd, dk, dv);
         cu->free(cu, dk, 0), cu->free(cu, dv, 0), free(k), free(v);
     }
     check("kv_store K", hl.k, dl.k, plane);
@@ -592,6 +600,49 @@ static void test_kv_attention(int64_t D) {
     cu->free(cu, dl.k, 0), cu->free(cu, dl.v, 0);
 }
 
+/* One store whose rows go to two caches (a batch of two sequences): rows
+ * alternate between a 300-row plane and a 70-row ring, journaled, on both
+ * backends; planes and journals compared. */
+static void test_kv_store_two(void) {
+    const int64_t H = 2, D = 128, caps[2] = {300, 70}, jcap = 40, rows = 9;
+    mu_kv_layer hl[2], dl[2];
+    uint16_t *hj[2], *dj[2];
+    const size_t jplane = (size_t)(H * jcap * D) * 2;
+    for (int i = 0; i < 2; i++) {
+        hl[i] = (mu_kv_layer){.cap = caps[i], .n_head = H, .head_dim = D, .row_elems = H * D};
+        dl[i] = hl[i];
+        const size_t plane = (size_t)(H * caps[i] * D) * 2;
+        hl[i].k = calloc(1, plane), hl[i].v = calloc(1, plane);
+        for (size_t e = 0; e < plane / 2; e++) /* old bytes worth saving (finite f16: bit 14 clear) */
+            hl[i].k[e] = (uint16_t)(next_u32() & 0xBFFFu), hl[i].v[e] = (uint16_t)(next_u32() & 0xBFFFu);
+        dl[i].k = dev(hl[i].k, plane), dl[i].v = dev(hl[i].v, plane);
+        hj[i] = calloc(1, jplane), dj[i] = cu->alloc(cu, jplane);
+        cu->zero(cu, dj[i], jplane);
+    }
+    mu_kv_dst hd[9], dd[9];
+    for (int r = 0; r < rows; r++) {
+        const int i = r & 1;
+        const int64_t phys = i ? (r * 13) % caps[1] : (r * 37 + 5) % caps[0], slot = (r * 7 + 2) % jcap;
+        hd[r] = (mu_kv_dst){.l = &hl[i], .physical = phys, .jk = hj[0], .jv = hj[1], .jcap = jcap, .slot = slot};
+        dd[r] = (mu_kv_dst){.l = &dl[i], .physical = phys, .jk = dj[0], .jv = dj[1], .jcap = jcap, .slot = slot};
+    }
+    float *k = rnd_vec((size_t)(rows * H * D), 3.0f), *v = rnd_vec((size_t)(rows * H * D), 3.0f);
+    float *dk = dev(k, (size_t)(rows * H * D) * 4), *dv = dev(v, (size_t)(rows * H * D) * 4);
+    ref->kv_store(ref, rows, hd, k, v);
+    cu->kv_store(cu, rows, dd, dk, dv);
+    for (int i = 0; i < 2; i++) {
+        const size_t plane = (size_t)(H * caps[i] * D) * 2;
+        check(i ? "kv_store two caches: ring K" : "kv_store two caches: plane K", hl[i].k, dl[i].k, plane);
+        check(i ? "kv_store two caches: ring V" : "kv_store two caches: plane V", hl[i].v, dl[i].v, plane);
+        check(i ? "kv_store two caches: journal V" : "kv_store two caches: journal K", hj[i], dj[i], jplane);
+    }
+    cu->free(cu, dk, 0), cu->free(cu, dv, 0), free(k), free(v);
+    for (int i = 0; i < 2; i++) {
+        free(hl[i].k), free(hl[i].v), free(hj[i]);
+        cu->free(cu, dl[i].k, 0), cu->free(cu, dl[i].v, 0), cu->free(cu, dj[i], 0);
+    }
+}
+
 /* A layer's K/V ring (cap rows holding logical base .. base+n-1) on both
  * backends, filled by kv_store in chunks of 50 rows. */
 static void kv_fill(mu_kv_layer *hl, mu_kv_layer *dl, int64_t Hkv, int64_t D, int64_t cap, int64_t base, int64_t n) {
@@ -605,10 +656,14 @@ static void kv_fill(mu_kv_layer *hl, mu_kv_layer *dl, int64_t Hkv, int64_t D, in
         int64_t phys[50];
         const int64_t m = base + n - p0 < 50 ? base + n - p0 : 50;
         for (int i = 0; i < m; i++) phys[i] = (p0 + i) % cap;
+        mu_kv_dst hd[50], dd[50];
+        for (int i = 0; i < m; i++)
+            hd[i] = (mu_kv_dst){.l = hl, .physical = phys[i], .slot = -1},
+            dd[i] = (mu_kv_dst){.l = dl, .physical = phys[i], .slot = -1};
         float *k = rnd_vec((size_t)(m * Hkv * D), 3.0f), *v = rnd_vec((size_t)(m * Hkv * D), 3.0f);
         float *dk = dev(k, (size_t)(m * Hkv * D) * 4), *dv = dev(v, (size_t)(m * Hkv * D) * 4);
-        ref->kv_store(ref, hl, phys, k, v, m, NULL);
-        cu->kv_store(cu, dl, phys, dk, dv, m, NULL);
+        ref->kv_store(ref, m, hd, k, v);
+        cu->kv_store(cu, m, dd, dk, dv);
         cu->free(cu, dk, 0), cu->free(cu, dv, 0), free(k), free(v);
     }
 }
@@ -1227,6 +1282,7 @@ int main(int argc, char **argv) {
     test_rmsnorm();
     test_rope();
     test_kv_attention(64);
+    test_kv_store_two();
     test_kv_attention(128);
     test_kv_attention(256);
     test_kv_attention(80);

@@ -433,17 +433,18 @@ static void cpu_attention(mu_backend *b, const mu_attn_batch *ab, const float *q
 
 /* K and V rows rounded to f16 (the host op's formula, a vector at a time);
  * a decode step stores a few rows, so on the calling thread. */
-static void cpu_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k, const float *v,
-                         int64_t rows, const mu_kv_save *save) {
+static void cpu_kv_store(mu_backend *b, int64_t rows, const mu_kv_dst *dst, const float *k, const float *v) {
     cpu_ctx *c = ctx_of(b);
-    const int64_t D = l->head_dim, H = l->n_head;
-    mu_host_kv_save(l, physical, rows, save);
-    for (int64_t r = 0; r < rows; r++)
+    mu_host_kv_save(rows, dst);
+    for (int64_t r = 0; r < rows; r++) {
+        const mu_kv_layer *l = dst[r].l;
+        const int64_t D = l->head_dim, H = l->n_head;
         for (int64_t h = 0; h < H; h++) {
-            const int64_t at = (h * l->cap + physical[r]) * D, from = (r * H + h) * D;
+            const int64_t at = (h * l->cap + dst[r].physical) * D, from = (r * H + h) * D;
             c->k->f16_row(l->k + at, k + from, D);
             c->k->f16_row(l->v + at, v + from, D);
         }
+    }
 }
 
 /* ---------- load-time repack ---------- */

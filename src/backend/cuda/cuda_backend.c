@@ -728,22 +728,23 @@ static void cuda_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim
 
 /* With save (a checkpoint's journal), the journal slots travel in the same
  * upload as the physical rows: [rows] physical, then [rows] slots. */
-static void cuda_kv_store(mu_backend *b, const mu_kv_layer *l, const int64_t *physical, const float *k,
-                          const float *v, int64_t rows, const mu_kv_save *save) {
+static void cuda_kv_store(mu_backend *b, int64_t rows, const mu_kv_dst *dst, const float *k, const float *v) {
     q8_clear(b);
     if (rows <= 0) return;
-    const bool launch =
-        go(b, sig_of("kv_store", 11, P(l->k), P(l->v), I(l->cap), I(l->n_head), I(l->head_dim), P(k), P(v), I(rows),
-                     P(save ? save->k : NULL), P(save ? save->v : NULL), I(save ? save->cap : 0)));
-    int64_t local[64], *idx = rows <= 32 ? local : mu_xmalloc((size_t)(2 * rows) * sizeof *idx);
-    memcpy(idx, physical, (size_t)rows * sizeof *idx);
-    if (save) memcpy(idx + rows, save->slot, (size_t)rows * sizeof *idx);
-    const int64_t *p = upload_arg(b, idx, (size_t)((save ? 2 : 1) * rows) * sizeof *idx, "kv_store");
-    if (idx != local) free(idx);
-    mucu_kv_save s = {0};
-    if (save) s = (mucu_kv_save){.k = save->k, .v = save->v, .cap = save->cap, .slot = p + rows};
-    if (launch)
-        CHECK("kv_store", mucu_kv_store(l->k, l->v, l->cap, l->n_head, l->head_dim, p, k, v, rows, save ? &s : NULL, err));
+    const int64_t H = dst[0].l->n_head, D = dst[0].l->head_dim;
+    mucu_kv_dst one, *desc = rows == 1 ? &one : mu_xmalloc((size_t)rows * sizeof *desc);
+    for (int64_t r = 0; r < rows; r++) {
+        const mu_kv_dst *d = &dst[r];
+        if (d->l->n_head != H || d->l->head_dim != D)
+            die("kv_store", "the rows of one store have different head counts or sizes");
+        desc[r] = (mucu_kv_dst){.k = d->l->k, .v = d->l->v, .cap = d->l->cap, .physical = d->physical,
+                                .jk = d->jk, .jv = d->jv, .jcap = d->jcap, .slot = d->slot};
+    }
+    /* the planes, rows and slots are data (uploaded each time): a replayed graph stores where this step says */
+    const bool launch = go(b, sig_of("kv_store", 5, I(rows), I(H), I(D), P(k), P(v)));
+    const mucu_kv_dst *p = upload_arg(b, desc, (size_t)rows * sizeof *desc, "kv_store");
+    if (desc != &one) free(desc);
+    if (launch) CHECK("kv_store", mucu_kv_store(p, rows, H, D, k, v, err));
 }
 
 static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {

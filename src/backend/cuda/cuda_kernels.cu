@@ -1003,23 +1003,24 @@ __global__ static void k_rope(float *x, int64_t n_heads, int64_t head_dim, int64
     }
 }
 
-/* With a journal (sv.k != NULL) each value's old bytes are saved first, by
- * the thread that then overwrites them. */
-__global__ static void k_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t H, int64_t D,
-                                  const int64_t *physical, const float *k, const float *v, int64_t rows,
-                                  mucu_kv_save sv) {
+/* A thread per stored value; row r's destination (its sequence's planes)
+ * is dst[r]. With a journal (jk != NULL) the value's old bytes are saved
+ * first, by the thread that then overwrites them. */
+__global__ static void k_kv_store(const mucu_kv_dst *dst, int64_t H, int64_t D, const float *k, const float *v,
+                                  int64_t rows) {
     grid_dep_wait();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * H * D) return;
     int64_t i = t % D, h = (t / D) % H, r = t / (D * H);
-    int64_t dst = (h * cap + physical[r]) * D + i;
-    if (sv.k) {
-        const int64_t j = (h * sv.cap + sv.slot[r]) * D + i;
-        sv.k[j] = kp[dst];
-        sv.v[j] = vp[dst];
+    const mucu_kv_dst d = dst[r];
+    int64_t at = (h * d.cap + d.physical) * D + i;
+    if (d.jk) {
+        const int64_t j = (h * d.jcap + d.slot) * D + i;
+        d.jk[j] = d.k[at];
+        d.jv[j] = d.v[at];
     }
-    kp[dst] = f32_to_f16(k[t]);
-    vp[dst] = f32_to_f16(v[t]);
+    d.k[at] = f32_to_f16(k[t]);
+    d.v[at] = f32_to_f16(v[t]);
 }
 
 /* ------------------------------------------------------------ elementwise */
@@ -3050,11 +3051,9 @@ extern "C" bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n
     LAUNCH(k_rope, rows * n_heads * (n_rot / 2), x, n_heads, head_dim, n_rot, cs, rows, neox);
 }
 
-extern "C" bool mucu_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t n_head, int64_t head_dim,
-                              const int64_t *physical, const float *k, const float *v, int64_t rows,
-                              const mucu_kv_save *save, char *err) {
-    const mucu_kv_save sv = save ? *save : mucu_kv_save{};
-    LAUNCH(k_kv_store, rows * n_head * head_dim, kp, vp, cap, n_head, head_dim, physical, k, v, rows, sv);
+extern "C" bool mucu_kv_store(const mucu_kv_dst *dst, int64_t rows, int64_t n_head, int64_t head_dim, const float *k,
+                              const float *v, char *err) {
+    LAUNCH(k_kv_store, rows * n_head * head_dim, dst, n_head, head_dim, k, v, rows);
 }
 
 extern "C" size_t mucu_attn_part_bytes(int64_t rows, int64_t n_head, int64_t head_dim, int64_t nbmax) {

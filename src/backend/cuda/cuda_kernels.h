@@ -127,14 +127,18 @@ bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const fl
 bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs, char *err);
 bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows, bool neox,
                char *err);
-/* kv_store's journal (kv.h mu_kv_save), with the slots in device memory. */
-typedef struct mucu_kv_save {
+/* Where kv_store writes row r (kv.h mu_kv_dst, resolved to device planes):
+ * physical row `physical` of the head-major planes k, v of cap rows; with
+ * jk, the old bytes first to row `slot` of the journal planes of jcap rows. */
+typedef struct mucu_kv_dst {
     uint16_t *k, *v;
-    int64_t cap;
-    const int64_t *slot;
-} mucu_kv_save;
-bool mucu_kv_store(uint16_t *kp, uint16_t *vp, int64_t cap, int64_t n_head, int64_t head_dim, const int64_t *physical,
-                   const float *k, const float *v, int64_t rows, const mucu_kv_save *save, char *err);
+    int64_t cap, physical;
+    uint16_t *jk, *jv;
+    int64_t jcap, slot;
+} mucu_kv_dst;
+/* dst: device [rows]; every row n_head x head_dim */
+bool mucu_kv_store(const mucu_kv_dst *dst, int64_t rows, int64_t n_head, int64_t head_dim, const float *k,
+                   const float *v, char *err);
 /* part: scratch of mucu_attn_part_bytes for the most 256-key blocks of
  * any row (nbmax). */
 size_t mucu_attn_part_bytes(int64_t rows, int64_t n_head, int64_t head_dim, int64_t nbmax);
