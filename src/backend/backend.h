@@ -121,9 +121,11 @@ struct mu_backend {
                      float eps_h, int64_t n, int64_t rows);
     /* Per-head rmsnorm of q (rows x nq heads) and k (rows x nk heads) with
      * the head_dim weights wq, wk and eps; then, if cs, rope (interleaved)
-     * on both. */
+     * on both; then, if dst, kv_store(rows, dst, k, v) of the result (the
+     * same bytes as the separate ops, in one launch). */
     void (*qk_norm_rope)(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
-                         int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows);
+                         int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
+                         const mu_kv_dst *dst, const float *v);
     /* The DFlash assistant's attention (src/spec/dflash_forward.c), for query
      * rows r < rows and heads h < n_head, KV head g = h / (n_head / n_head_kv):
      * s[j] = dot(k[g][j], q[r][h]) for keys j < n_valid (the float dot of

@@ -61,19 +61,19 @@ static void matmuls(mu_backend *be, int n, const mu_weight *const *w, const floa
     for (int i = 0; i < n; i++) be->matmul(be, w[i], x, y[i], rows);
 }
 
-/* Store the batch's K/V rows: each run of a sequence's rows reserved in
- * its cache, then one backend store for all of them (one launch for a
- * batch of sequences). Rows reserved before a refused run are still
- * stored, so every cache holds what its bookkeeping says. */
-static bool store_kv(mu_backend *be, mu_kv_cache *const *kv, const mu_forward_scratch *s, const mu_batch *b, int il,
-                     mu_error *err) {
+/* Reserve the batch's K/V rows: each run of a sequence's rows in its
+ * cache, their destinations in s->kvd. *n: the rows reserved (a prefix;
+ * all of them unless a run is refused, and those are still stored, so
+ * every cache holds what its bookkeeping says). */
+static bool reserve_kv(mu_kv_cache *const *kv, const mu_forward_scratch *s, const mu_batch *b, int il, int64_t *n,
+                       mu_error *err) {
     int64_t r0 = 0, r1;
     bool ok = true;
     for (; r0 < b->n; r0 = r1) {
         for (r1 = r0 + 1; r1 < b->n && b->seq[r1] == b->seq[r0];) r1++;
         if (!(ok = mu_kv_reserve(kv[b->seq[r0]], il, b->pos[r0], r1 - r0, s->kvd + r0, err))) break;
     }
-    if (r0 > 0) be->kv_store(be, r0, s->kvd, s->k, s->v);
+    *n = r0;
     return ok;
 }
 
@@ -91,21 +91,30 @@ static void residual(const mu_model_config *c, mu_backend *be, mu_forward_scratc
     if (h) be->rmsnorm(be, s->x, w_h, c->rms_eps, h, c->n_embd, rows);
 }
 
-/* QK norms per head, then RoPE on sliding layers only (the full layers are NoPE). */
-static void qk_norm_rope(const mu_model_config *c, mu_backend *be, mu_forward_scratch *s, const mu_layer_weights *lw,
-                         bool rope, int64_t rows) {
+/* QK norms per head, then RoPE on sliding layers only (the full layers
+ * are NoPE), then the K/V store of the n_store rows reserved in s->kvd:
+ * one backend call for every sequence of the batch (fused into the norm's
+ * launch where the backend has qk_norm_rope). */
+static void qk_norm_rope_store(const mu_model_config *c, mu_backend *be, mu_forward_scratch *s,
+                               const mu_layer_weights *lw, bool rope, int64_t rows, int64_t n_store) {
     const int64_t D = c->head_dim;
-    if (be->qk_norm_rope) {
+    if (be->qk_norm_rope && n_store == rows) {
         be->qk_norm_rope(be, s->q, lw->attn_q_norm, c->n_head, s->k, lw->attn_k_norm, c->n_head_kv, D, c->rms_eps,
-                         rope ? s->cs : NULL, c->n_rot, rows);
+                         rope ? s->cs : NULL, c->n_rot, rows, s->kvd, s->v);
         return;
     }
-    be->rmsnorm(be, s->q, lw->attn_q_norm, c->rms_eps, s->q, D, rows * c->n_head);
-    be->rmsnorm(be, s->k, lw->attn_k_norm, c->rms_eps, s->k, D, rows * c->n_head_kv);
-    if (rope) {
-        be->rope(be, s->q, c->n_head, D, c->n_rot, s->cs, rows, false);
-        be->rope(be, s->k, c->n_head_kv, D, c->n_rot, s->cs, rows, false);
+    if (be->qk_norm_rope) {
+        be->qk_norm_rope(be, s->q, lw->attn_q_norm, c->n_head, s->k, lw->attn_k_norm, c->n_head_kv, D, c->rms_eps,
+                         rope ? s->cs : NULL, c->n_rot, rows, NULL, NULL);
+    } else {
+        be->rmsnorm(be, s->q, lw->attn_q_norm, c->rms_eps, s->q, D, rows * c->n_head);
+        be->rmsnorm(be, s->k, lw->attn_k_norm, c->rms_eps, s->k, D, rows * c->n_head_kv);
+        if (rope) {
+            be->rope(be, s->q, c->n_head, D, c->n_rot, s->cs, rows, false);
+            be->rope(be, s->k, c->n_head_kv, D, c->n_rot, s->cs, rows, false);
+        }
     }
+    if (n_store > 0) be->kv_store(be, n_store, s->kvd, s->k, s->v);
 }
 
 /* Entered with h = rmsnorm(x) * attn_norm; leaves h = rmsnorm(x) * ffn_norm. */
@@ -116,8 +125,10 @@ static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *cons
     const int64_t D = c->head_dim, Q = c->n_head * D, rows = b->n;
     matmuls(be, 4, (const mu_weight *[]){&lw->attn_q, &lw->attn_k, &lw->attn_v, &lw->attn_gate}, s->h,
             (float *[]){s->q, s->k, s->v, s->g}, rows);
-    qk_norm_rope(c, be, s, lw, c->is_swa[il], rows);
-    if (!store_kv(be, kv, s, b, il, err)) return false;
+    int64_t n_store;
+    const bool stored = reserve_kv(kv, s, b, il, &n_store, err);
+    qk_norm_rope_store(c, be, s, lw, c->is_swa[il], rows, n_store);
+    if (!stored) return false;
     for (int64_t r = 0; r < rows; r++) s->kvl[r] = &kv[b->seq[r]]->layers[il];
     mu_attn_batch a = {
         .rows = rows, .kv = s->kvl, .pos = b->pos, .window = c->is_swa[il] ? c->sliding_window : 0,

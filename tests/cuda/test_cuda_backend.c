@@ -907,18 +907,61 @@ static void test_fused(void) {
             ref->rope_table(ref, inv_freq, n_rot / 2, pos, rows2, cs);
             cu->rope_table(cu, inv_freq, n_rot / 2, pos, rows2, dcs);
             float *dq = dev(q, (size_t)(rows2 * nq * D) * 4), *dk = dev(k, (size_t)(rows2 * nk * D) * 4);
+            float *dq2 = dev(q, (size_t)(rows2 * nq * D) * 4), *dk2 = dev(k, (size_t)(rows2 * nk * D) * 4);
             ref->rmsnorm(ref, q, wq, 1e-6f, q, D, rows2 * nq);
             ref->rmsnorm(ref, k, wk, 1e-6f, k, D, rows2 * nk);
             if (rot) {
                 ref->rope(ref, q, nq, D, n_rot, cs, rows2, false);
                 ref->rope(ref, k, nk, D, n_rot, cs, rows2, false);
             }
-            cu->qk_norm_rope(cu, dq, wq, nq, dk, wk, nk, D, 1e-6f, rot ? dcs : NULL, n_rot, rows2);
-            char what[64];
+            cu->qk_norm_rope(cu, dq, wq, nq, dk, wk, nk, D, 1e-6f, rot ? dcs : NULL, n_rot, rows2, NULL, NULL);
+            char what[80];
             snprintf(what, sizeof what, "qk_norm_rope q D=%lld rope=%d", (long long)D, rot);
             check(what, q, dq, (size_t)(rows2 * nq * D) * 4);
             snprintf(what, sizeof what, "qk_norm_rope k D=%lld rope=%d", (long long)D, rot);
             check(what, k, dk, (size_t)(rows2 * nk * D) * 4);
+            /* with the K/V store fused: rows 0 and 2 into a 9-row plane, row 1 into a 5-row ring, journaled;
+             * against ref's separate kv_store of its results */
+            const int64_t caps[2] = {9, 5}, jcap = 6;
+            mu_kv_layer hl[2], dl[2];
+            uint16_t *hj[2], *dj[2];
+            const size_t jplane = (size_t)(nk * jcap * D) * 2;
+            for (int c = 0; c < 2; c++) {
+                const size_t plane = (size_t)(nk * caps[c] * D) * 2;
+                hl[c] = (mu_kv_layer){.cap = caps[c], .n_head = nk, .head_dim = D, .row_elems = nk * D};
+                dl[c] = hl[c];
+                hl[c].k = malloc(plane), hl[c].v = malloc(plane);
+                for (size_t e = 0; e < plane / 2; e++)
+                    hl[c].k[e] = (uint16_t)(next_u32() & 0xBFFFu), hl[c].v[e] = (uint16_t)(next_u32() & 0xBFFFu);
+                dl[c].k = dev(hl[c].k, plane), dl[c].v = dev(hl[c].v, plane);
+                hj[c] = calloc(1, jplane), dj[c] = cu->alloc(cu, jplane);
+                cu->zero(cu, dj[c], jplane);
+            }
+            mu_kv_dst hd[3], dd[3];
+            for (int r = 0; r < 3; r++) {
+                const int c = r == 1;
+                const int64_t phys = c ? 3 : (r ? 8 : 2), slot = (r * 5 + 1) % jcap;
+                hd[r] = (mu_kv_dst){.l = &hl[c], .physical = phys, .jk = hj[0], .jv = hj[1], .jcap = jcap, .slot = slot};
+                dd[r] = (mu_kv_dst){.l = &dl[c], .physical = phys, .jk = dj[0], .jv = dj[1], .jcap = jcap, .slot = slot};
+            }
+            float *v = rnd_vec((size_t)(rows2 * nk * D), 3.0f), *dv = dev(v, (size_t)(rows2 * nk * D) * 4);
+            ref->kv_store(ref, rows2, hd, k, v);
+            cu->qk_norm_rope(cu, dq2, wq, nq, dk2, wk, nk, D, 1e-6f, rot ? dcs : NULL, n_rot, rows2, dd, dv);
+            snprintf(what, sizeof what, "qk_norm_rope + kv_store k D=%lld rope=%d", (long long)D, rot);
+            check(what, k, dk2, (size_t)(rows2 * nk * D) * 4);
+            for (int c = 0; c < 2; c++) {
+                const size_t plane = (size_t)(nk * caps[c] * D) * 2;
+                snprintf(what, sizeof what, "qk_norm_rope + kv_store D=%lld rope=%d: cache %d K", (long long)D, rot, c);
+                check(what, hl[c].k, dl[c].k, plane);
+                snprintf(what, sizeof what, "qk_norm_rope + kv_store D=%lld rope=%d: cache %d V", (long long)D, rot, c);
+                check(what, hl[c].v, dl[c].v, plane);
+                snprintf(what, sizeof what, "qk_norm_rope + kv_store D=%lld rope=%d: journal %c", (long long)D, rot,
+                         c ? 'V' : 'K');
+                check(what, hj[c], dj[c], jplane);
+                free(hl[c].k), free(hl[c].v), free(hj[c]);
+                cu->free(cu, dl[c].k, 0), cu->free(cu, dl[c].v, 0), cu->free(cu, dj[c], 0);
+            }
+            cu->free(cu, dv, 0), free(v), cu->free(cu, dq2, 0), cu->free(cu, dk2, 0);
             cu->free(cu, dq, 0), cu->free(cu, dk, 0), cu->free(cu, dcs, 0), free(q), free(k), free(cs);
         }
 }

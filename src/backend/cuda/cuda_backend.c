@@ -688,8 +688,28 @@ static void cuda_residual(mu_backend *b, float *x, float *o, const float *w_o, f
         CHECK("residual", mucu_residual(x, o, dwo, eps_o, h, dwh, eps_h, n, rows, q8, err));
 }
 
+static void cuda_kv_store(mu_backend *b, int64_t rows, const mu_kv_dst *dst, const float *k, const float *v);
+
+/* The rows' store destinations as device descriptors, through the argument
+ * ring (the planes, rows and slots are data: a replayed graph stores where
+ * this step says). */
+static const mucu_kv_dst *kv_dst_upload(mu_backend *b, int64_t rows, const mu_kv_dst *dst, const char *op) {
+    const int64_t H = dst[0].l->n_head, D = dst[0].l->head_dim;
+    mucu_kv_dst one, *desc = rows == 1 ? &one : mu_xmalloc((size_t)rows * sizeof *desc);
+    for (int64_t r = 0; r < rows; r++) {
+        const mu_kv_dst *d = &dst[r];
+        if (d->l->n_head != H || d->l->head_dim != D) die(op, "the rows of one store have different head counts or sizes");
+        desc[r] = (mucu_kv_dst){.k = d->l->k, .v = d->l->v, .cap = d->l->cap, .physical = d->physical,
+                                .jk = d->jk, .jv = d->jv, .jcap = d->jcap, .slot = d->slot};
+    }
+    const mucu_kv_dst *p = upload_arg(b, desc, (size_t)rows * sizeof *desc, op);
+    if (desc != &one) free(desc);
+    return p;
+}
+
 static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk,
-                              int64_t nk, int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows) {
+                              int64_t nk, int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
+                              const mu_kv_dst *dst, const float *v) {
     q8_clear(b);
     if (rows <= 0) return;
     if (!mucu_qk_norm_rope_ok(head_dim)) {
@@ -699,13 +719,18 @@ static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t 
             cuda_rope(b, q, nq, head_dim, n_rot, cs, rows, false);
             cuda_rope(b, k, nk, head_dim, n_rot, cs, rows, false);
         }
+        if (dst) cuda_kv_store(b, rows, dst, k, v);
         return;
     }
+    if (dst && (dst[0].l->n_head != nk || dst[0].l->head_dim != head_dim))
+        die("qk_norm_rope", "the K/V store's heads differ from k's");
     const float *dq = dev_bytes(b, wq, (size_t)head_dim * sizeof *wq, "qk_norm_rope: q norm weight");
     const float *dk = dev_bytes(b, wk, (size_t)head_dim * sizeof *wk, "qk_norm_rope: k norm weight");
-    if (go(b, sig_of("qk_norm_rope", 11, P(q), P(dq), I(nq), P(k), P(dk), I(nk), I(head_dim), F(eps), P(cs), I(n_rot),
-                     I(rows))))
-        CHECK("qk_norm_rope", mucu_qk_norm_rope(q, dq, nq, k, dk, nk, head_dim, eps, cs, n_rot, rows, err));
+    const bool launch = go(b, sig_of("qk_norm_rope", 13, P(q), P(dq), I(nq), P(k), P(dk), I(nk), I(head_dim), F(eps),
+                                     P(cs), I(n_rot), I(rows), P(dst ? v : NULL), I(dst != NULL)));
+    const mucu_kv_dst *dd = dst ? kv_dst_upload(b, rows, dst, "qk_norm_rope") : NULL;
+    if (launch)
+        CHECK("qk_norm_rope", mucu_qk_norm_rope(q, dq, nq, k, dk, nk, head_dim, eps, cs, n_rot, rows, dd, v, err));
 }
 
 static void cuda_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
@@ -732,18 +757,8 @@ static void cuda_kv_store(mu_backend *b, int64_t rows, const mu_kv_dst *dst, con
     q8_clear(b);
     if (rows <= 0) return;
     const int64_t H = dst[0].l->n_head, D = dst[0].l->head_dim;
-    mucu_kv_dst one, *desc = rows == 1 ? &one : mu_xmalloc((size_t)rows * sizeof *desc);
-    for (int64_t r = 0; r < rows; r++) {
-        const mu_kv_dst *d = &dst[r];
-        if (d->l->n_head != H || d->l->head_dim != D)
-            die("kv_store", "the rows of one store have different head counts or sizes");
-        desc[r] = (mucu_kv_dst){.k = d->l->k, .v = d->l->v, .cap = d->l->cap, .physical = d->physical,
-                                .jk = d->jk, .jv = d->jv, .jcap = d->jcap, .slot = d->slot};
-    }
-    /* the planes, rows and slots are data (uploaded each time): a replayed graph stores where this step says */
     const bool launch = go(b, sig_of("kv_store", 5, I(rows), I(H), I(D), P(k), P(v)));
-    const mucu_kv_dst *p = upload_arg(b, desc, (size_t)rows * sizeof *desc, "kv_store");
-    if (desc != &one) free(desc);
+    const mucu_kv_dst *p = kv_dst_upload(b, rows, dst, "kv_store");
     if (launch) CHECK("kv_store", mucu_kv_store(p, rows, H, D, k, v, err));
 }
 

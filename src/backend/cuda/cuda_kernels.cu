@@ -1003,6 +1003,15 @@ __global__ static void k_rope(float *x, int64_t n_heads, int64_t head_dim, int64
     }
 }
 
+/* One value of a K/V store: the old bytes to the journal first (jplane
+ * set), then the f16 of x. */
+__device__ static inline void kv_put(uint16_t *plane, uint16_t *jplane, const mucu_kv_dst &d, int64_t h, int64_t D,
+                                     int64_t i, float x) {
+    const int64_t at = (h * d.cap + d.physical) * D + i;
+    if (jplane) jplane[(h * d.jcap + d.slot) * D + i] = plane[at];
+    plane[at] = f32_to_f16(x);
+}
+
 /* A thread per stored value; row r's destination (its sequence's planes)
  * is dst[r]. With a journal (jk != NULL) the value's old bytes are saved
  * first, by the thread that then overwrites them. */
@@ -1013,14 +1022,8 @@ __global__ static void k_kv_store(const mucu_kv_dst *dst, int64_t H, int64_t D, 
     if (t >= rows * H * D) return;
     int64_t i = t % D, h = (t / D) % H, r = t / (D * H);
     const mucu_kv_dst d = dst[r];
-    int64_t at = (h * d.cap + d.physical) * D + i;
-    if (d.jk) {
-        const int64_t j = (h * d.jcap + d.slot) * D + i;
-        d.jk[j] = d.k[at];
-        d.jv[j] = d.v[at];
-    }
-    d.k[at] = f32_to_f16(k[t]);
-    d.v[at] = f32_to_f16(v[t]);
+    kv_put(d.k, d.jk, d, h, D, i, k[t]);
+    kv_put(d.v, d.jk ? d.jv : NULL, d, h, D, i, v[t]);
 }
 
 /* ------------------------------------------------------------ elementwise */
@@ -2421,13 +2424,22 @@ __global__ static void __launch_bounds__(1024) k_residual(float *x, const float 
  * lane. The same operations as rmsnorm then rope. */
 template <int K>
 __global__ static void k_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
-                                      float eps, const float *cs, int64_t n_rot, int64_t rows) {
+                                      float eps, const float *cs, int64_t n_rot, int64_t rows,
+                                      const mucu_kv_dst *dst, const float *vsrc) {
     grid_dep_wait();
     const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
-    const int64_t per_row = nq + nk;
+    const int64_t per_row = nq + nk + (dst ? nk : 0); /* with dst, a warp per V head too */
     if (wid >= rows * per_row) return;
     const int64_t r = wid / per_row, hh = wid % per_row;
+    if (hh >= nq + nk) { /* V head hh - nq - nk of row r: stored as given */
+        const mucu_kv_dst d = dst[r];
+        const int64_t hv = hh - nq - nk;
+        const float *vr = vsrc + (r * nk + hv) * (32 * K);
+#pragma unroll
+        for (int j = 0; j < K; j++) kv_put(d.v, d.jk ? d.jv : NULL, d, hv, 32 * K, lane + 32 * j, vr[lane + 32 * j]);
+        return;
+    }
     const bool is_q = hh < nq;
     float *v = is_q ? q + (r * nq + hh) * (32 * K) : k + (r * nk + (hh - nq)) * (32 * K);
     const float *w = is_q ? wq : wk;
@@ -2456,6 +2468,11 @@ __global__ static void k_qk_norm_rope(float *q, const float *wq, int64_t nq, flo
     }
 #pragma unroll
     for (int j = 0; j < K; j++) v[lane + 32 * j] = x[j];
+    if (dst && !is_q) { /* K head hh - nq of row r into the cache */
+        const mucu_kv_dst d = dst[r];
+#pragma unroll
+        for (int j = 0; j < K; j++) kv_put(d.k, d.jk, d, hh - nq, 32 * K, lane + 32 * j, x[j]);
+    }
 }
 
 /* Attention, split over 256-key blocks: a warp per (row, head, block)
@@ -3031,13 +3048,16 @@ extern "C" bool mucu_qk_norm_rope_ok(int64_t head_dim) {
 }
 
 extern "C" bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
-                                  int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows, char *err) {
-    const int64_t warps = rows * (nq + nk);
+                                  int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
+                                  const mucu_kv_dst *dst, const float *v, char *err) {
+    const int64_t warps = rows * (nq + nk + (dst ? nk : 0));
     if (warps <= 0) return true;
     const unsigned grid = grid_for(warps, 4);
-    if (head_dim == 64) k_qk_norm_rope<2><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
-    else if (head_dim == 128) k_qk_norm_rope<4><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
-    else k_qk_norm_rope<8><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows);
+#define QKN(KK) k_qk_norm_rope<KK><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows, dst, v)
+    if (head_dim == 64) QKN(2);
+    else if (head_dim == 128) QKN(4);
+    else QKN(8);
+#undef QKN
     return launched("k_qk_norm_rope", err);
 }
 

@@ -122,11 +122,6 @@ bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, floa
  * (head_dim values), then, if cs, the interleaved rotation of the first
  * n_rot dims with cs [rows][n_rot/2] (cos, sin). */
 bool mucu_qk_norm_rope_ok(int64_t head_dim);
-bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk, int64_t head_dim,
-                       float eps, const float *cs, int64_t n_rot, int64_t rows, char *err);
-bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs, char *err);
-bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows, bool neox,
-               char *err);
 /* Where kv_store writes row r (kv.h mu_kv_dst, resolved to device planes):
  * physical row `physical` of the head-major planes k, v of cap rows; with
  * jk, the old bytes first to row `slot` of the journal planes of jcap rows. */
@@ -136,6 +131,13 @@ typedef struct mucu_kv_dst {
     uint16_t *jk, *jv;
     int64_t jcap, slot;
 } mucu_kv_dst;
+/* dst (device [rows], may be NULL): also store k's result and v's rows there (kv_store) */
+bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk, int64_t head_dim,
+                       float eps, const float *cs, int64_t n_rot, int64_t rows, const mucu_kv_dst *dst,
+                       const float *v, char *err);
+bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs, char *err);
+bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows, bool neox,
+               char *err);
 /* dst: device [rows]; every row n_head x head_dim */
 bool mucu_kv_store(const mucu_kv_dst *dst, int64_t rows, int64_t n_head, int64_t head_dim, const float *k,
                    const float *v, char *err);
