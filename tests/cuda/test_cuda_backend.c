@@ -194,6 +194,29 @@ static void test_matmul_large(void) {
                                      {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}, {8, 0, 0}, {9, 0, 0},
                                      {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0}, {14, 0, 0}, {15, 0, 0},
                                      {16, 0, 0}, {3, 0, 0}};
+    /* k_mmt with each forced number of stages (MUSER_CUDA_MMT_ST) */
+    for (int st = 2; st <= 4; st++) {
+        mucu_mmt_stages = st;
+        mucu_mmt_min_rows = 1;
+        for (int t = 0; t < 3; t++) {
+            const wspec spec = {t == 0 ? "Q4_K" : t == 1 ? "Q5_K" : "Q6_K", t == 0 ? MU_TYPE_Q4_K : t == 1 ? MU_TYPE_Q5_K : MU_TYPE_Q6_K, false, false};
+            mu_weight w = make_weight(&spec, 6656, 130);
+            const int64_t rs[] = {1, 3, 8, 16};
+            for (int ri = 0; ri < 4; ri++) {
+                const int64_t rows = rs[ri];
+                float *x = rnd_vec((size_t)(rows * 6656), 3.0f), *y = mu_xmalloc((size_t)(rows * 130) * 4);
+                float *dx = dev(x, (size_t)(rows * 6656) * 4), *dy = cu->alloc(cu, (size_t)(rows * 130) * 4);
+                ref->matmul(ref, &w, x, y, rows);
+                cu->matmul(cu, &w, dx, dy, rows);
+                char what[96];
+                snprintf(what, sizeof what, "matmul k_mmt %s rows=%lld stages=%d", w.name, (long long)rows, st);
+                check(what, y, dy, (size_t)(rows * 130) * 4);
+                cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
+            }
+        }
+    }
+    mucu_mmt_stages = 0;
+    mucu_mmt_min_rows = -1;
     const int mmt_saved = mucu_mmt_min_rows_get();
     for (size_t vi = 0; vi < sizeof kernels / sizeof *kernels; vi++) {
     const int variant = kernels[vi][0];

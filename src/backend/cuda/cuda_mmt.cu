@@ -410,6 +410,7 @@ __global__ static void __launch_bounds__(128) k_mmt(mmt_set set, int nb, int sta
 
 extern "C" {
 int mucu_mmt_min_rows = -1;
+int mucu_mmt_stages = -1;
 }
 
 extern "C" int mucu_mmt_min_rows_get(void) { return env_setting(&mucu_mmt_min_rows, "MUSER_CUDA_MMT", 2); }
@@ -442,7 +443,19 @@ extern "C" void mucu_mmt(const mucu_weight *const *w, int n, float *const *y, co
     const int sb = xoff + mmt_act_bytes(rows);
     const int nb = (int)(w[0]->n_in / 256);
     const cudaStream_t st = (cudaStream_t)stream;
-    /* stages in flight per warp: 4 while the CTA's rings fit in 64 KiB, else fewer (many rows) */
+    /* stages in flight per warp: 4 while the CTA's rings fit in 64 KiB, else fewer (many rows);
+     * MUSER_CUDA_MMT_ST=2, 3 or 4 forces them (A/B: fewer stages, more CTAs per SM; ncu showed 12
+     * warps per SM at 8 rows, bound by shared memory) */
+    const int stf = env_setting(&mucu_mmt_stages, "MUSER_CUDA_MMT_ST", 0);
+    if (stf >= 2 && stf <= 4) {
+#define MMT_ST(NT) (stf == 2 ? launch_mmt<NT, 2>(set, nb, sb, xoff, qs, d, bs, rows, st)                             \
+                    : stf == 3 ? launch_mmt<NT, 3>(set, nb, sb, xoff, qs, d, bs, rows, st)                          \
+                               : launch_mmt<NT, 4>(set, nb, sb, xoff, qs, d, bs, rows, st))
+        if (rows <= 8) MMT_ST(1);
+        else MMT_ST(2);
+#undef MMT_ST
+        return;
+    }
     const int ring4 = MMT_NW * 4 * sb;
     if (rows <= 8) {
         if (ring4 <= 64 * 1024) launch_mmt<1, 4>(set, nb, sb, xoff, qs, d, bs, rows, st);
