@@ -194,8 +194,8 @@ static void test_matmul_large(void) {
                                      {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}, {8, 0, 0}, {9, 0, 0},
                                      {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0}, {14, 0, 0}, {15, 0, 0},
                                      {16, 0, 0}, {3, 0, 0}};
-    /* k_mmt with each forced number of stages (MUSER_CUDA_MMT_ST) */
-    for (int st = 2; st <= 4; st++) {
+    /* k_mmt with each number of stages (MUSER_CUDA_MMT_ST: 1 the rings' size rule, 2 the default, 3, 4) */
+    for (int st = 1; st <= 4; st++) {
         mucu_mmt_stages = st;
         mucu_mmt_min_rows = 1;
         for (int t = 0; t < 3; t++) {

@@ -443,14 +443,16 @@ extern "C" void mucu_mmt(const mucu_weight *const *w, int n, float *const *y, co
     const int sb = xoff + mmt_act_bytes(rows);
     const int nb = (int)(w[0]->n_in / 256);
     const cudaStream_t st = (cudaStream_t)stream;
-    /* stages in flight per warp: 4 while the CTA's rings fit in 64 KiB, else fewer (many rows);
-     * MUSER_CUDA_MMT_ST=2, 3 or 4 forces them (A/B: fewer stages, more CTAs per SM; ncu showed 12
-     * warps per SM at 8 rows, bound by shared memory) */
+    /* stages in flight per warp: 2 (the default: fewer stages, more CTAs per SM; Nsight Compute had shown
+     * 12 warps per SM at 8 rows, bound by shared memory; H200, full model, one call each way against the
+     * rule below: 4 / 8 sequences 2.58x / 4.61-4.65x one against 2.42x / 4.48-4.51x, 16-row prefill
+     * chunks 1,130-1,134 against 1,051-1,054 tokens/s); MUSER_CUDA_MMT_ST=1 the rule before it (4 while
+     * the CTA's rings fit in 64 KiB, else fewer), =3 or =4 forced */
     const int stf = env_setting(&mucu_mmt_stages, "MUSER_CUDA_MMT_ST", 0);
-    if (stf >= 2 && stf <= 4) {
-#define MMT_ST(NT) (stf == 2 ? launch_mmt<NT, 2>(set, nb, sb, xoff, qs, d, bs, rows, st)                             \
+    if (stf != 1) {
+#define MMT_ST(NT) (stf == 4 ? launch_mmt<NT, 4>(set, nb, sb, xoff, qs, d, bs, rows, st)                             \
                     : stf == 3 ? launch_mmt<NT, 3>(set, nb, sb, xoff, qs, d, bs, rows, st)                          \
-                               : launch_mmt<NT, 4>(set, nb, sb, xoff, qs, d, bs, rows, st))
+                               : launch_mmt<NT, 2>(set, nb, sb, xoff, qs, d, bs, rows, st))
         if (rows <= 8) MMT_ST(1);
         else MMT_ST(2);
 #undef MMT_ST

@@ -16,7 +16,8 @@ enum { MUCU_MMT_SET_MAX = 4 };
 /* Calls of at least this many rows (and at most 16) take k_mmt; 0: none.
  * -1 until first read from MUSER_CUDA_MMT; tests may set it directly. */
 extern int mucu_mmt_min_rows;
-/* MUSER_CUDA_MMT_ST: 2, 3 or 4 cp.async stages per warp forced (0 or unset: by the rings' size) */
+/* MUSER_CUDA_MMT_ST: cp.async stages per warp; 0 or unset: 2 (the default), 1: by the rings' size (the
+ * rule before), 3 or 4 forced */
 extern int mucu_mmt_stages;
 int mucu_mmt_min_rows_get(void);
 
