@@ -11,7 +11,8 @@
 #           Nsight Systems kernel and API summaries, where nsys is installed;
 #           pdl: glimmer-tiny and full-model decode under each of PDL_ENVS,
 #           space-separated settings, a setting's variables joined by commas;
-#           ncu: each kernel's duration alone (Nsight Compute); kvpack:
+#           ncu: each kernel's duration alone (Nsight Compute); trace:
+#           each kernel's time inside the replayed graphs (CUPTI); kvpack:
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
 #           speculate` statistics under each of SPEC_ENVS and a kernel profile;
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
@@ -102,6 +103,16 @@ case " $STAGES " in *" bench "*)
         else
             echo "no ncu here"
         fi ;;
+    esac
+    case " $STAGES " in *" trace "*)
+        # kernel timings inside the replayed graphs (CUPTI activity records, src/backend/cuda/cuda_trace.c):
+        # 64 decoded tokens after a 4-token prompt; the CSV timelines go to $OUT when the device tool gives one
+        for pm in $F "$SRC/models/glimmer-tiny-q4_k_xl.gguf"; do
+            echo "== trace: $pm"
+            csv=${OUT:-/tmp}/trace-$(basename "$pm" .gguf).csv
+            MUSER_CUDA_TRACE=1 MUSER_CUDA_TRACE_CSV=$csv "$M" run -m "$pm" --backend cuda --tokens 1,2,3,4 -n 64 \
+                --temp 0 --ignore-eos 2>&1 >/dev/null | grep -A40 "cuda trace" | head -45
+        done ;;
     esac
     case " $STAGES " in *" kvpack "*)
         echo "== kvpack: time to first token cold against warm, synthetic small model, this backend (auto)"

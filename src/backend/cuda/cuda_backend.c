@@ -24,6 +24,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
 
 #else
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_trace.h"
 
 typedef struct dev_copy {
     const void *host; /* NULL: empty slot */
@@ -891,6 +892,7 @@ static void cuda_destroy(mu_backend *b) {
     free(c->copies);
     free(c);
     free(b);
+    mucu_trace_end();
 }
 
 mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
@@ -901,6 +903,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
         mu_err_set(err, "%s", msg);
         return NULL;
     }
+    mucu_trace_begin(); /* MUSER_CUDA_TRACE: before the first launch */
     mu_backend *b = mu_xcalloc(1, sizeof *b);
     b->name = "cuda";
     b->ctx = mu_xcalloc(1, sizeof(cuda_ctx));
