@@ -16,8 +16,8 @@
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
 #           speculate` statistics under each of SPEC_ENVS and a kernel profile;
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
-#           llama-bench on the same model, LLAMA_BENCH or .llama-build/bin;
-#           llamabuild: build llama-bench and llama-server from the carried
+#           llama-bench on the same model, LLAMA_BENCH, .llama-build/bin or a carried
+#           .llama-build/llama-bench.xz; llamabuild: build llama-bench and llama-server from the carried
 #           .llama-src/llama-src.tar.xz, for the llama stage)
 #   BENCH   "quick" (short runs), "full" (default) or "none" (only the stages)
 set -u
@@ -164,6 +164,13 @@ case " $STAGES " in *" bench "*)
         # the comparator in the same call: llama.cpp >= 34af94cd9 built with -DGGML_CUDA=ON
         # -DCMAKE_CUDA_ARCHITECTURES=90 (target llama-bench), here or carried (LLAMA_BENCH)
         LB=${LLAMA_BENCH:-$SRC/.llama-build/bin/llama-bench}
+        # or carried compressed (.llama-build/llama-bench.xz: built on the development machine with
+        # -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_NCCL=OFF, about 20 MB)
+        if [ -z "${LLAMA_BENCH:-}" ] && [ -s "$SRC/.llama-build/llama-bench.xz" ]; then
+            xz -dc "$SRC/.llama-build/llama-bench.xz" >/tmp/llama-bench-carried && chmod +x /tmp/llama-bench-carried &&
+                LB=/tmp/llama-bench-carried
+            export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        fi
         if [ -x "$LB" ]; then
             echo "== llama.cpp llama-bench on the same model"
             "$LB" -m $F -ngl 99 -fa 1 -p 512,2048 -n 128 -r 3
