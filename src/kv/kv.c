@@ -284,7 +284,7 @@ bool mu_kv_reserve(mu_kv_cache *c, int layer, int64_t pos, int64_t n, mu_kv_dst 
 
 bool mu_kv_store(mu_kv_cache *c, int layer, int64_t pos, int64_t n, const float *k, const float *v, mu_error *err) {
     if (!k || !v) { mu_err_set(err, "kv store: layer %d position %" PRId64 ": K or V row is NULL", layer, pos); return false; }
-    mu_kv_dst local[64], *dst = n <= 64 ? local : mu_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *dst);
+    mu_kv_dst local[64], *dst = n <= 64 ? local : mu_xmalloc((size_t)n * sizeof *dst);
     const bool ok = mu_kv_reserve(c, layer, pos, n, dst, err);
     if (ok) c->be->kv_store(c->be, n, dst, k, v);
     if (dst != local) free(dst);

@@ -98,14 +98,11 @@ static void residual(const mu_model_config *c, mu_backend *be, mu_forward_scratc
 static void qk_norm_rope_store(const mu_model_config *c, mu_backend *be, mu_forward_scratch *s,
                                const mu_layer_weights *lw, bool rope, int64_t rows, int64_t n_store) {
     const int64_t D = c->head_dim;
-    if (be->qk_norm_rope && n_store == rows) {
-        be->qk_norm_rope(be, s->q, lw->attn_q_norm, c->n_head, s->k, lw->attn_k_norm, c->n_head_kv, D, c->rms_eps,
-                         rope ? s->cs : NULL, c->n_rot, rows, s->kvd, s->v);
-        return;
-    }
     if (be->qk_norm_rope) {
+        const bool all = n_store == rows; /* else the stored prefix goes separately, below */
         be->qk_norm_rope(be, s->q, lw->attn_q_norm, c->n_head, s->k, lw->attn_k_norm, c->n_head_kv, D, c->rms_eps,
-                         rope ? s->cs : NULL, c->n_rot, rows, NULL, NULL);
+                         rope ? s->cs : NULL, c->n_rot, rows, all ? s->kvd : NULL, all ? s->v : NULL);
+        if (all) return;
     } else {
         be->rmsnorm(be, s->q, lw->attn_q_norm, c->rms_eps, s->q, D, rows * c->n_head);
         be->rmsnorm(be, s->k, lw->attn_k_norm, c->rms_eps, s->k, D, rows * c->n_head_kv);

@@ -752,8 +752,8 @@ static void cuda_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim
         CHECK("rope", mucu_rope(x, n_heads, head_dim, n_rot, cs, rows, neox, err));
 }
 
-/* With save (a checkpoint's journal), the journal slots travel in the same
- * upload as the physical rows: [rows] physical, then [rows] slots. */
+/* Each row's destination (planes, physical row, journal slot) travels as a
+ * descriptor (kv_dst_upload), so one launch serves rows of several caches. */
 static void cuda_kv_store(mu_backend *b, int64_t rows, const mu_kv_dst *dst, const float *k, const float *v) {
     q8_clear(b);
     if (rows <= 0) return;

@@ -1671,6 +1671,18 @@ struct mmv_set {
     int n;
 };
 
+/* The set's description, each weight's units (first[]) of `per` outputs. */
+static mmv_set mmv_set_of(const mucu_weight *const *w, int n, float *const *y, int per) {
+    mmv_set set = {};
+    set.n = n;
+    for (int i = 0; i < n; i++) {
+        set.W[i] = w[i]->data, set.y[i] = y[i], set.n_out[i] = w[i]->n_out, set.type[i] = (int)w[i]->type;
+        set.has_scale[i] = w[i]->has_scale, set.scale[i] = w[i]->scale;
+        set.first[i + 1] = set.first[i] + (w[i]->n_out + per - 1) / per;
+    }
+    return set;
+}
+
 /* Which of a set's n weights unit v (a warp, output or slot, numbered
  * across the weights from first[0] = 0) belongs to. */
 __device__ static inline int set_weight(const int64_t *first, int n, int64_t v) {
@@ -2722,13 +2734,7 @@ static bool launch_mmv4(const mucu_weight *const *w, int n, float *const *y, q8s
     *taken = false;
     if (nr != 1 || !(mmv_variant == 3 || (mmv_variant >= 11 && mmv_variant <= 16)) || n > MMV_SET_MAX) return true;
     if (mmv_variant == 3 && n == 1 && w[0]->type == T_Q6_K) return true;
-    mmv_set set = {};
-    set.n = n;
-    for (int i = 0; i < n; i++) {
-        set.W[i] = w[i]->data, set.y[i] = y[i], set.n_out[i] = w[i]->n_out, set.type[i] = (int)w[i]->type;
-        set.has_scale[i] = w[i]->has_scale, set.scale[i] = w[i]->scale;
-        set.first[i + 1] = set.first[i] + (w[i]->n_out + 7) / 8;
-    }
+    const mmv_set set = mmv_set_of(w, n, y, 8);
     const int nb = (int)(w[0]->n_in / 256);
     int wpr = mmv_variant == 3 ? mmv4_pick(nb, set.first[n]) : 1 << ((mmv_variant - 11) % 3);
     if ((size_t)(4 / wpr) * 8 * nb * 4 > 48 * 1024) wpr = 1;
@@ -2901,13 +2907,7 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
         k_quantize_q8split<<<grid_for(nb, 4), 128, 0, g_s>>>(x, xq, nb);
         if (!launched("k_quantize_q8split", err)) return false;
     }
-    mmv_set set = {};
-    set.n = n;
-    for (int i = 0; i < n; i++) {
-        set.W[i] = w[i]->data, set.y[i] = y[i], set.n_out[i] = w[i]->n_out, set.type[i] = (int)w[i]->type;
-        set.has_scale[i] = w[i]->has_scale, set.scale[i] = w[i]->scale;
-        set.first[i + 1] = set.first[i] + w[i]->n_out;
-    }
+    const mmv_set set = mmv_set_of(w, n, y, 1);
     const int nr = (int)rows, kb = (int)(n_in / 256);
     const int mmt = mucu_mmt_min_rows_get();
     if (mmt > 0 && nr >= mmt) { /* cuda_mmt.cu */
