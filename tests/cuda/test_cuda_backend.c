@@ -249,6 +249,43 @@ static void test_matmul_large(void) {
     }
 }
 
+/* NVFP4 (ggml, ggml with .scale, native W4A16) on k_mmv_fp4 and on the
+ * kernel before it (MUSER_CUDA_FP4=0), row counts across the 16-row chunks;
+ * rows 3 with an all-zero block and a repeated largest magnitude. */
+static void test_matmul_fp4(void) {
+    static const wspec fp4[] = {
+        {"NVFP4_ggml", MU_TYPE_NVFP4, false, false},
+        {"NVFP4_ggml+scale", MU_TYPE_NVFP4, true, false},
+        {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false},
+    };
+    const int64_t shapes[][2] = {{1536, 37}, {6656, 130}, {512, 1}};
+    const int64_t rowss[] = {1, 2, 3, 5, 8, 16, 17, 33};
+    for (int fast = 1; fast >= 0; fast--) {
+        mucu_set_fp4(fast);
+        for (size_t t = 0; t < sizeof fp4 / sizeof *fp4; t++)
+            for (int s = 0; s < 3; s++) {
+                const int64_t n_in = shapes[s][0], n_out = shapes[s][1];
+                mu_weight w = make_weight(&fp4[t], n_in, n_out);
+                for (size_t r = 0; r < sizeof rowss / sizeof *rowss; r++) {
+                    const int64_t rows = rowss[r];
+                    if (!fast && rows != 1 && rows != 17) continue;
+                    float *x = rnd_vec((size_t)(rows * n_in), 3.0f), *y = mu_xmalloc((size_t)(rows * n_out) * 4);
+                    if (rows == 3)
+                        for (int i = 0; i < 256; i++) x[n_in + i] = 0.0f, x[2 * n_in + i] = (i % 3) ? 1.5f : -1.5f;
+                    float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
+                    ref->matmul(ref, &w, x, y, rows);
+                    cu->matmul(cu, &w, dx, dy, rows);
+                    char what[128];
+                    snprintf(what, sizeof what, "matmul %s n_in=%lld n_out=%lld rows=%lld k_mmv_fp4=%d", w.name,
+                             (long long)n_in, (long long)n_out, (long long)rows, fast);
+                    check(what, y, dy, (size_t)(rows * n_out) * 4);
+                    cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
+                }
+            }
+    }
+    mucu_set_fp4(1);
+}
+
 /* --bench-mmv: the weight-streaming kernels (3: the default, k_mmv4 at 1 row, k_mmt above; 9: k_mmt; 10: the
  * 1-row kernels before k_mmv4; 11..16: k_mmv4 with 1, 2, 4 warps per slot, 2 or 4 blocks in flight) on the full model's matrix
  * shapes (q4_k_xl types), GPU time per call by cudaEvents, median of 9
@@ -265,6 +302,7 @@ static void bench_mmv(void) {
         {"attn_v", MU_TYPE_Q6_K, 6656, 256},      {"attn_output", MU_TYPE_Q4_K, 4096, 6656},
         {"ffn_gate/up", MU_TYPE_Q4_K, 6656, 19968}, {"ffn_down", MU_TYPE_Q4_K, 19968, 6656},
         {"ffn_down", MU_TYPE_Q6_K, 19968, 6656},  {"output/8", MU_TYPE_Q5_K, 6656, 25256},
+        {"attn_output", MU_TYPE_NVFP4, 4096, 6656}, {"ffn_gate/up", MU_TYPE_NVFP4, 6656, 19968},
     };
     /* variant, k_mmv3's warps per output and steps (0: by shape) */
     static const int variants[][3] = {{3, 0, 0}, {9, 0, 0}, {10, 0, 0}, {11, 0, 0}, {12, 0, 0},
@@ -291,6 +329,7 @@ static void bench_mmv(void) {
         const int64_t n_in = shapes[si].n_in, n_out = shapes[si].n_out;
         float *x = rnd_vec((size_t)(16 * n_in), 2.0f), *dx = dev(x, (size_t)(16 * n_in) * 4);
         float *dy = cu->alloc(cu, (size_t)(16 * n_out) * 4);
+        const bool fp4 = shapes[si].type == MU_TYPE_NVFP4; /* k_mmv_fp4 ("fp4") against k_matmul_warp ("warp") */
         for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
             for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++) {
                 mucu_set_mmv_variant(variants[vi][0] == 9 ? 3 : variants[vi][0]);
@@ -298,6 +337,8 @@ static void bench_mmv(void) {
                 mucu_set_mmv3(variants[vi][1], variants[vi][2]);
                 const int rows = rowss[ri];
                 if (variants[vi][0] >= 10 && rows != 1) continue;
+                if (fp4 && (vi > 1 || (vi == 1 && rows != 1))) continue;
+                mucu_set_fp4(fp4 ? vi == 0 : 1);
                 for (int c = 0; c < copies; c++) cu->matmul(cu, &w[c], dx, dy, rows); /* upload + warm-up */
                 double t[9];
                 for (int k = 0; k < 9; k++) {
@@ -310,6 +351,7 @@ static void bench_mmv(void) {
                 char vn[16];
                 snprintf(vn, sizeof vn, variants[vi][0] == 7 ? "7/%d/%d" : "%d", variants[vi][variants[vi][0] == 7 ? 1 : 0],
                          variants[vi][2]);
+                if (fp4) snprintf(vn, sizeof vn, "%s", vi == 0 ? "fp4" : "warp");
                 printf("%-12s %-5s %6lld %6lld %6s %4d %10.2f %9.1f\n", shapes[si].what, mu_type_name(shapes[si].type),
                        (long long)n_in, (long long)n_out, vn, rows, t[4], (double)bytes / (t[4] * 1e3));
             }
@@ -1336,6 +1378,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     test_matmul_embed();
+    test_matmul_fp4();
     test_matmul_large();
     const int mmt_saved = mucu_mmt_min_rows_get();
     for (int k = 0; k < 5; k++) { /* k_mmv3_set: 1, 2, 4 warps per output; k_mmt; then the default */

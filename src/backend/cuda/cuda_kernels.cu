@@ -2234,6 +2234,111 @@ __global__ static void k_matmul_warp(mucu_weight w, const q8k_block *xq, float *
     else y[wid] = w.has_scale ? total * w.scale : total;
 }
 
+/* Four E2M1 codes (the low nibble of each byte; the high nibbles zero) as
+ * four int8 values x2 (e2m1_q1: 0, 1, 2, 3, 4, 6, 8, 12 and their
+ * negatives): the magnitudes pick bytes of the table by a byte permute, the
+ * sign bits negate bytes ((v ^ m) - m per byte, m = 0xFF where negative). */
+__device__ static inline uint32_t e2m1x4_q1(uint32_t c) {
+    const uint32_t t = c & 0x07070707u, u = t | (t >> 4);
+    const uint32_t pos = __byte_perm(0x03020100u, 0x0C080604u, (u & 0xFFu) | ((u >> 8) & 0xFF00u));
+    const uint32_t m = ((c >> 3) & 0x01010101u) * 0xFFu;
+    return __vsub4(pos ^ m, m);
+}
+
+/* NVFP4, ggml type 40 and native W4A16, up to R rows: a warp takes 8
+ * outputs (lane group g = lane / 4, output 8 * warp + g) and steps over the
+ * 256-value blocks in order; lane t of a group holds 64 of the block's
+ * values (ggml: the block's NVFP4 block t, its 4 scale bytes and 32 code
+ * bytes; native: payload bytes 32t..32t+31, scale bytes 4t..4t+3), decoded
+ * by e2m1x4_q1 and summed against the Q8_K codes by dp4a. The block's
+ * integer total is exact, so any order gives dot_nvfp4_ggml's /
+ * dot_nvfp4_native's; folded over the group's 4 lanes, then f_b by their
+ * formula and the row total in block order, as k_matmul_warp does. Why: in
+ * k_matmul_warp a lane reads its block byte by byte, so each warp load
+ * touches 32 lines. */
+/* One lane's 64 values of block b (k_mmv_fp4): 8 code words and the 4 scale bytes. */
+template <bool NATIVE>
+__device__ static inline void fp4_load(const mucu_weight &w, int64_t oc, int64_t b, int t, uint32_t code[8], uint32_t &sc) {
+    if (NATIVE) {
+        const uint4 *p = (const uint4 *)(w.data + oc * (w.n_in / 2) + b * 128 + 32 * t);
+        const uint4 c0 = __ldg(p), c1 = __ldg(p + 1);
+        code[0] = c0.x, code[1] = c0.y, code[2] = c0.z, code[3] = c0.w;
+        code[4] = c1.x, code[5] = c1.y, code[6] = c1.z, code[7] = c1.w;
+        sc = __ldg((const uint32_t *)(w.scales + oc * (w.n_in / 16) + b * 16 + 4 * t));
+    } else {
+        const uint32_t *p = (const uint32_t *)(w.data + (uint64_t)oc * w.row_bytes + b * 144 + 36 * t);
+        sc = __ldg(p);
+#pragma unroll
+        for (int i = 0; i < 8; i++) code[i] = __ldg(p + 1 + i);
+    }
+}
+
+template <bool NATIVE, int R, int U>
+__global__ static void __launch_bounds__(128) k_mmv_fp4(mucu_weight w, const q8k_block *xq, float *y, int nr) {
+    grid_dep_wait();
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const int64_t o = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * 8 + lane / 4;
+    const int64_t oc = o < w.n_out ? o : w.n_out - 1; /* past the end: read a real row, store nothing */
+    const int64_t nb = w.n_in / 256;
+    float total[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) total[r] = 0.0f;
+    /* U blocks in flight: slot u holds block k0 + u, reloaded with block k + U once used */
+    uint32_t code[U][8], sc[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) fp4_load<NATIVE>(w, oc, u < nb ? u : nb - 1, t, code[u], sc[u]);
+    for (int64_t k0 = 0; k0 < nb; k0 += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t b = k0 + u;
+            if (b >= nb) break;
+            /* group s (16 values): int8 x2 weights wq[4 * s .. 4 * s + 3] in the activations' order */
+            uint32_t wq[16];
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                const uint32_t c0 = code[u][2 * s], c1 = code[u][2 * s + 1];
+                const uint32_t lo0 = e2m1x4_q1(c0 & 0x0F0F0F0Fu), hi0 = e2m1x4_q1((c0 >> 4) & 0x0F0F0F0Fu);
+                const uint32_t lo1 = e2m1x4_q1(c1 & 0x0F0F0F0Fu), hi1 = e2m1x4_q1((c1 >> 4) & 0x0F0F0F0Fu);
+                if (NATIVE) { /* byte p: values 2p (low nibble) and 2p + 1 (high) */
+                    wq[4 * s] = __byte_perm(lo0, hi0, 0x5140), wq[4 * s + 1] = __byte_perm(lo0, hi0, 0x7362);
+                    wq[4 * s + 2] = __byte_perm(lo1, hi1, 0x5140), wq[4 * s + 3] = __byte_perm(lo1, hi1, 0x7362);
+                } else { /* byte j: values j (low nibble) and j + 8 (high) */
+                    wq[4 * s] = lo0, wq[4 * s + 1] = lo1, wq[4 * s + 2] = hi0, wq[4 * s + 3] = hi1;
+                }
+            }
+            const uint32_t scb = sc[u];
+            if (b + U < nb) fp4_load<NATIVE>(w, oc, b + U, t, code[u], sc[u]);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r >= nr) break;
+                const q8k_block *xb = xq + (int64_t)r * nb + b;
+                const uint32_t *xa = (const uint32_t *)(xb->qs + 64 * t);
+                long long it = 0;
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    int dot = 0;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) dot = __dp4a((int)wq[4 * s + k], (int)__ldg(xa + 4 * s + k), dot);
+                    const uint8_t sb = (uint8_t)(scb >> (8 * s));
+                    it += (long long)dot * (NATIVE ? e4m3fn_q9(sb) : ue4m3_q9(sb));
+                }
+                it += __shfl_xor_sync(FULL_MASK, it, 1);
+                it += __shfl_xor_sync(FULL_MASK, it, 2);
+                float f = ((float)it * 0x1p-10f) * __ldg(&xb->d);
+                if (NATIVE) f = f * w.scale;
+                total[r] = total[r] + f;
+            }
+        }
+    }
+    if (t || o >= w.n_out) return;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (r >= nr) break;
+        if (NATIVE) y[(int64_t)r * w.n_out + o] = round_f16(total[r]);
+        else y[(int64_t)r * w.n_out + o] = w.has_scale ? total[r] * w.scale : total[r];
+    }
+}
+
 /* Float weights (F32, F16, BF16, activations as a matrix): a warp per
  * (row, output), the 32-lane order. */
 __global__ static void k_matmul_fwarp(mucu_weight w, const float *x, float *y, int64_t rows) {
@@ -2955,6 +3060,11 @@ extern "C" bool mucu_matmul_fast(const mucu_weight *w) {
     return w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split);
 }
 
+/* MUSER_CUDA_FP4=0: NVFP4 weights on k_matmul_warp (the kernel before k_mmv_fp4). */
+static int fp4_v = -1;
+static bool fp4_fast(void) { return env_setting(&fp4_v, "MUSER_CUDA_FP4", 1) != 0; }
+extern "C" void mucu_set_fp4(int v) { fp4_v = v; }
+
 extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, int prequantized,
                             char *err) {
     if (rows <= 0 || w->n_out <= 0) return true;
@@ -2994,6 +3104,29 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
     if (uses_q8 && nb > 0) {
         k_quantize_q8k<<<grid_for(nb, 128), 128, 0, g_s>>>(x, xq, nb, native);
         if (!launched("k_quantize_q8k", err)) return false;
+    }
+    if (uses_q8 && (w->type == T_NVFP4 || native) && fp4_fast() && w->n_in % 256 == 0) {
+        const unsigned grid = grid_for(w->n_out, 32);
+        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+            const int nr = (int)(rows - r0 < 16 ? rows - r0 : 16);
+            const q8k_block *xr = xq + r0 * (w->n_in / 256);
+            float *yr = y + r0 * w->n_out;
+#define FP4(NAT, RR) k_mmv_fp4<NAT, RR, (RR <= 2 ? 4 : 2)><<<grid, 128, 0, g_s>>>(*w, xr, yr, nr)
+#define FP4_R(NAT)                                                                                                  \
+    do {                                                                                                            \
+        if (nr <= 1) FP4(NAT, 1);                                                                                   \
+        else if (nr <= 2) FP4(NAT, 2);                                                                              \
+        else if (nr <= 4) FP4(NAT, 4);                                                                              \
+        else if (nr <= 8) FP4(NAT, 8);                                                                              \
+        else FP4(NAT, 16);                                                                                          \
+    } while (0)
+            if (native) FP4_R(true);
+            else FP4_R(false);
+#undef FP4_R
+#undef FP4
+            if (!launched("k_mmv_fp4", err)) return false;
+        }
+        return true;
     }
     if (uses_q8 && w->type != T_Q6_K) {
         k_matmul_warp<<<grid_for(rows * w->n_out, 4), 128, 0, g_s>>>(*w, xq, y, rows);

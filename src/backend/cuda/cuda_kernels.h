@@ -95,6 +95,9 @@ bool mucu_matmul_set(const mucu_weight *const *w, int n, const float *x, float *
                      int prequantized, char *err);
 /* Does w take the weight-streaming kernel (Q4_K, Q5_K, split Q6_K)? */
 bool mucu_matmul_fast(const mucu_weight *w);
+/* 0: NVFP4 weights on the generic kernel (k_matmul_warp) instead of
+ * k_mmv_fp4 (tests; MUSER_CUDA_FP4 at the first call otherwise). */
+void mucu_set_fp4(int v);
 /* The weight-streaming kernel for Q4_K/Q5_K/Q6_K calls of <= 16 rows: 3
  * k_mmv2 (default), 0 k_mmv_kq, 1 k_mmv_kq with shared-memory activations,
  * 2 k_mmv_lpb (tests and benchmarks compare them; MUSER_CUDA_MMV sets it). */
