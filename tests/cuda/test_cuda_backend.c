@@ -249,14 +249,17 @@ static void test_matmul_large(void) {
     }
 }
 
-/* NVFP4 (ggml, ggml with .scale, native W4A16) on k_mmv_fp4 and on the
- * kernel before it (MUSER_CUDA_FP4=0), row counts across the 16-row chunks;
- * rows 3 with an all-zero block and a repeated largest magnitude. */
+/* NVFP4 (ggml, ggml with .scale, native W4A16) on k_mmv_fp4, Q8_0 and
+ * Q4_0 on k_mmv_q0, and all on the kernel before them (MUSER_CUDA_FP4=0),
+ * row counts across the 16-row chunks; rows 3 with an all-zero block and a
+ * repeated largest magnitude. */
 static void test_matmul_fp4(void) {
     static const wspec fp4[] = {
         {"NVFP4_ggml", MU_TYPE_NVFP4, false, false},
         {"NVFP4_ggml+scale", MU_TYPE_NVFP4, true, false},
         {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false},
+        {"Q8_0", MU_TYPE_Q8_0, false, false},
+        {"Q4_0", MU_TYPE_Q4_0, false, false},
     };
     const int64_t shapes[][2] = {{1536, 37}, {6656, 130}, {512, 1}};
     const int64_t rowss[] = {1, 2, 3, 5, 8, 16, 17, 33};
@@ -276,7 +279,7 @@ static void test_matmul_fp4(void) {
                     ref->matmul(ref, &w, x, y, rows);
                     cu->matmul(cu, &w, dx, dy, rows);
                     char what[128];
-                    snprintf(what, sizeof what, "matmul %s n_in=%lld n_out=%lld rows=%lld k_mmv_fp4=%d", w.name,
+                    snprintf(what, sizeof what, "matmul %s n_in=%lld n_out=%lld rows=%lld fast=%d", w.name,
                              (long long)n_in, (long long)n_out, (long long)rows, fast);
                     check(what, y, dy, (size_t)(rows * n_out) * 4);
                     cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
@@ -303,6 +306,7 @@ static void bench_mmv(void) {
         {"ffn_gate/up", MU_TYPE_Q4_K, 6656, 19968}, {"ffn_down", MU_TYPE_Q4_K, 19968, 6656},
         {"ffn_down", MU_TYPE_Q6_K, 19968, 6656},  {"output/8", MU_TYPE_Q5_K, 6656, 25256},
         {"attn_output", MU_TYPE_NVFP4, 4096, 6656}, {"ffn_gate/up", MU_TYPE_NVFP4, 6656, 19968},
+        {"attn_output", MU_TYPE_Q8_0, 4096, 6656},
     };
     /* variant, k_mmv3's warps per output and steps (0: by shape) */
     static const int variants[][3] = {{3, 0, 0}, {9, 0, 0}, {10, 0, 0}, {11, 0, 0}, {12, 0, 0},
@@ -329,7 +333,8 @@ static void bench_mmv(void) {
         const int64_t n_in = shapes[si].n_in, n_out = shapes[si].n_out;
         float *x = rnd_vec((size_t)(16 * n_in), 2.0f), *dx = dev(x, (size_t)(16 * n_in) * 4);
         float *dy = cu->alloc(cu, (size_t)(16 * n_out) * 4);
-        const bool fp4 = shapes[si].type == MU_TYPE_NVFP4; /* k_mmv_fp4 ("fp4") against k_matmul_warp ("warp") */
+        /* k_mmv_fp4 / k_mmv_q0 ("fast") against k_matmul_warp ("warp") */
+        const bool fp4 = shapes[si].type == MU_TYPE_NVFP4 || shapes[si].type == MU_TYPE_Q8_0;
         for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
             for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++) {
                 mucu_set_mmv_variant(variants[vi][0] == 9 ? 3 : variants[vi][0]);
@@ -351,7 +356,7 @@ static void bench_mmv(void) {
                 char vn[16];
                 snprintf(vn, sizeof vn, variants[vi][0] == 7 ? "7/%d/%d" : "%d", variants[vi][variants[vi][0] == 7 ? 1 : 0],
                          variants[vi][2]);
-                if (fp4) snprintf(vn, sizeof vn, "%s", vi == 0 ? "fp4" : "warp");
+                if (fp4) snprintf(vn, sizeof vn, "%s", vi == 0 ? "fast" : "warp");
                 printf("%-12s %-5s %6lld %6lld %6s %4d %10.2f %9.1f\n", shapes[si].what, mu_type_name(shapes[si].type),
                        (long long)n_in, (long long)n_out, vn, rows, t[4], (double)bytes / (t[4] * 1e3));
             }

@@ -2339,6 +2339,87 @@ __global__ static void __launch_bounds__(128) k_mmv_fp4(mucu_weight w, const q8k
     }
 }
 
+/* Q8_0 and Q4_0 (ggml's 32-value blocks) up to R rows, the shape of
+ * k_mmv_fp4: a lane group of 4 per 256-value block, lane t the 32-value
+ * blocks 2t and 2t + 1 (Q8_0: 68 bytes, Q4_0: 36 bytes, 4-byte aligned
+ * since a row is a whole number of 256-value groups; the codes sit 2 bytes
+ * past the word boundary after each f16 d, realigned by a funnel shift).
+ * isum_j by dp4a (exact); then the reference's float chain in j order
+ * (dot_q8_0 / dot_q4_0: acc = acc + (d_j * xd) * isum_j), each lane's two
+ * terms gathered by lane 0 of the group, and the row total in block
+ * order. */
+template <int TYPE, int R>
+__global__ static void __launch_bounds__(128) k_mmv_q0(mucu_weight w, const q8k_block *xq, float *y, int nr) {
+    grid_dep_wait();
+    constexpr int NW = TYPE == T_Q8_0 ? 17 : 9; /* words per lane */
+    const int lane = threadIdx.x & 31, t = lane & 3, g0 = lane & ~3;
+    const int64_t o = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * 8 + lane / 4;
+    const int64_t oc = o < w.n_out ? o : w.n_out - 1;
+    const int64_t nb = w.n_in / 256;
+    float total[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) total[r] = 0.0f;
+    const uint32_t *row = (const uint32_t *)(w.data + (uint64_t)oc * w.row_bytes);
+    uint32_t v[NW];
+#pragma unroll
+    for (int i = 0; i < NW; i++) v[i] = __ldg(row + NW * t + i);
+    for (int64_t b = 0; b < nb; b++) {
+        /* the next block's words in flight while this one is used (the last step reloads its own) */
+        const int64_t bn = b + 1 < nb ? b + 1 : b;
+        uint32_t nx[NW];
+#pragma unroll
+        for (int i = 0; i < NW; i++) nx[i] = __ldg(row + bn * 4 * NW + NW * t + i);
+        /* the two blocks' scales and codes (codes as int8 words in the activations' order) */
+        float d[2];
+        uint32_t c[2][8];
+        if (TYPE == T_Q8_0) {
+            d[0] = h2f((uint16_t)(v[0] & 0xFFFF)), d[1] = h2f((uint16_t)(v[8] >> 16));
+#pragma unroll
+            for (int k = 0; k < 8; k++) c[0][k] = __funnelshift_r(v[k], v[k + 1], 16), c[1][k] = v[9 + k];
+        } else {
+            d[0] = h2f((uint16_t)(v[0] & 0xFFFF)), d[1] = h2f((uint16_t)(v[4] >> 16));
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const uint32_t q0 = __funnelshift_r(v[k], v[k + 1], 16), q1 = v[5 + k];
+                c[0][k] = __vsub4(q0 & 0x0F0F0F0Fu, 0x08080808u), c[0][4 + k] = __vsub4((q0 >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+                c[1][k] = __vsub4(q1 & 0x0F0F0F0Fu, 0x08080808u), c[1][4 + k] = __vsub4((q1 >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (r >= nr) break;
+            const q8k_block *xb = xq + (int64_t)r * nb + b;
+            const uint32_t *xa = (const uint32_t *)(xb->qs + 64 * t);
+            const float xd = __ldg(&xb->d);
+            float p[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                int isum = 0;
+#pragma unroll
+                for (int k = 0; k < 8; k++) isum = __dp4a((int)c[j][k], (int)__ldg(xa + 8 * j + k), isum);
+                p[j] = (d[j] * xd) * (float)isum;
+            }
+            /* acc over j = 0..7 in order: lane t holds j = 2t, 2t + 1 */
+            float acc = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float a = __shfl_sync(FULL_MASK, p[0], g0 + k), bq = __shfl_sync(FULL_MASK, p[1], g0 + k);
+                acc = acc + a;
+                acc = acc + bq;
+            }
+            total[r] = total[r] + acc;
+        }
+#pragma unroll
+        for (int i = 0; i < NW; i++) v[i] = nx[i];
+    }
+    if (t || o >= w.n_out) return;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (r >= nr) break;
+        y[(int64_t)r * w.n_out + o] = w.has_scale ? total[r] * w.scale : total[r];
+    }
+}
+
 /* Float weights (F32, F16, BF16, activations as a matrix): a warp per
  * (row, output), the 32-lane order. */
 __global__ static void k_matmul_fwarp(mucu_weight w, const float *x, float *y, int64_t rows) {
@@ -3060,7 +3141,8 @@ extern "C" bool mucu_matmul_fast(const mucu_weight *w) {
     return w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split);
 }
 
-/* MUSER_CUDA_FP4=0: NVFP4 weights on k_matmul_warp (the kernel before k_mmv_fp4). */
+/* MUSER_CUDA_FP4=0: NVFP4, Q8_0 and Q4_0 weights on k_matmul_warp (the kernel before k_mmv_fp4 and
+ * k_mmv_q0). */
 static int fp4_v = -1;
 static bool fp4_fast(void) { return env_setting(&fp4_v, "MUSER_CUDA_FP4", 1) != 0; }
 extern "C" void mucu_set_fp4(int v) { fp4_v = v; }
@@ -3125,6 +3207,29 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
 #undef FP4_R
 #undef FP4
             if (!launched("k_mmv_fp4", err)) return false;
+        }
+        return true;
+    }
+    if (uses_q8 && (w->type == T_Q8_0 || w->type == T_Q4_0) && fp4_fast() && w->n_in % 256 == 0) {
+        const unsigned grid = grid_for(w->n_out, 32);
+        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+            const int nr = (int)(rows - r0 < 16 ? rows - r0 : 16);
+            const q8k_block *xr = xq + r0 * (w->n_in / 256);
+            float *yr = y + r0 * w->n_out;
+#define Q0(T, RR) k_mmv_q0<T, RR><<<grid, 128, 0, g_s>>>(*w, xr, yr, nr)
+#define Q0_R(T)                                                                                                     \
+    do {                                                                                                            \
+        if (nr <= 1) Q0(T, 1);                                                                                      \
+        else if (nr <= 2) Q0(T, 2);                                                                                 \
+        else if (nr <= 4) Q0(T, 4);                                                                                 \
+        else if (nr <= 8) Q0(T, 8);                                                                                 \
+        else Q0(T, 16);                                                                                             \
+    } while (0)
+            if (w->type == T_Q8_0) Q0_R(T_Q8_0);
+            else Q0_R(T_Q4_0);
+#undef Q0_R
+#undef Q0
+            if (!launched("k_mmv_q0", err)) return false;
         }
         return true;
     }
