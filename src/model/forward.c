@@ -52,8 +52,7 @@ double *mu_rope_inv_freq(const mu_model_config *c) {
     return f;
 }
 
-/* y[i] = W[i] x for weights that share their input rows. */
-static void matmuls(mu_backend *be, int n, const mu_weight *const *w, const float *x, float *const *y, int64_t rows) {
+void mu_matmuls(mu_backend *be, int n, const mu_weight *const *w, const float *x, float *const *y, int64_t rows) {
     if (be->matmul_multi) {
         be->matmul_multi(be, n, w, x, y, rows);
         return;
@@ -120,7 +119,7 @@ static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *cons
     const mu_model_config *c = &m->cfg;
     const mu_layer_weights *lw = &m->layers[il];
     const int64_t D = c->head_dim, Q = c->n_head * D, rows = b->n;
-    matmuls(be, 4, (const mu_weight *[]){&lw->attn_q, &lw->attn_k, &lw->attn_v, &lw->attn_gate}, s->h,
+    mu_matmuls(be, 4, (const mu_weight *[]){&lw->attn_q, &lw->attn_k, &lw->attn_v, &lw->attn_gate}, s->h,
             (float *[]){s->q, s->k, s->v, s->g}, rows);
     int64_t n_store;
     const bool stored = reserve_kv(kv, s, b, il, &n_store, err);
@@ -142,7 +141,7 @@ static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *cons
 static void ffn_block(const mu_model *m, mu_backend *be, mu_forward_scratch *s, int il, int64_t rows) {
     const mu_model_config *c = &m->cfg;
     const mu_layer_weights *lw = &m->layers[il];
-    matmuls(be, 2, (const mu_weight *[]){&lw->ffn_gate, &lw->ffn_up}, s->h, (float *[]){s->fg, s->fu}, rows);
+    mu_matmuls(be, 2, (const mu_weight *[]){&lw->ffn_gate, &lw->ffn_up}, s->h, (float *[]){s->fg, s->fu}, rows);
     be->swiglu(be, s->fg, s->fu, rows * c->n_ff);
     be->matmul(be, &lw->ffn_down, s->fg, s->o, rows);
     residual(c, be, s, lw->post_ffw_norm, il + 1 < c->n_layer ? m->layers[il + 1].attn_norm : NULL, rows);

@@ -57,4 +57,8 @@ typedef struct mu_capture {
 bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_forward_scratch *s,
                 const double *inv_freq, const mu_batch *b, float *logits, mu_capture *cap, mu_error *err);
 
+/* y[i] = W[i] x for n weights that share their input rows: one
+ * matmul_multi where the backend has it (the same bits as n matmuls). */
+void mu_matmuls(mu_backend *be, int n, const mu_weight *const *w, const float *x, float *const *y, int64_t rows);
+
 #endif

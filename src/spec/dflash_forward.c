@@ -17,6 +17,7 @@
  * slots), so the keys of one head are always one contiguous matrix and
  * its V planes contiguous prefixes. */
 #include "spec/dflash.h"
+#include "model/forward.h"
 #include "util/mumath.h"
 #include <math.h>
 #include <stdlib.h>
@@ -166,10 +167,9 @@ static void project_context(mu_dflash_state *st, const float *features, int64_t 
     rope_table(st, p0, m);
     for (int il = 0; il < c->n_layer; il++) {
         const mu_dflash_layer *lw = &d->layers[il];
-        be->matmul(be, &lw->k, st->cx, st->kt, m);
+        mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, st->cx, (float *[]){st->kt, st->vt}, m);
         be->rmsnorm(be, st->kt, lw->k_norm, c->rms_eps, st->kt, D, m * c->n_head_kv);
         rope_neox(st, st->kt, c->n_head_kv, m, 0);
-        be->matmul(be, &lw->v, st->cx, st->vt, m);
         store_rows(st, il, st->kt, st->vt, m, p0, false);
     }
     bracket_end(st);
@@ -241,20 +241,23 @@ static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
     const int64_t E = c->n_embd, D = c->head_dim, Q = c->n_head * D, B = c->block_size;
     float *h = st->h + r0 * E;
     be->rmsnorm(be, st->h, lw->attn_norm, c->rms_eps, st->a, E, B);
-    be->matmul(be, &lw->k, st->a, st->kb, B);
-    be->matmul(be, &lw->v, st->a, st->vb, B);
+    /* one set for the projections of the same rows (q's rows are all B but in the last layer) */
+    if (r0 == 0 && nr == B) {
+        mu_matmuls(be, 3, (const mu_weight *[]){&lw->q, &lw->k, &lw->v}, st->a, (float *[]){st->q, st->kb, st->vb}, B);
+    } else {
+        mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, st->a, (float *[]){st->kb, st->vb}, B);
+        be->matmul(be, &lw->q, st->a + r0 * E, st->q + r0 * Q, nr);
+    }
     be->rmsnorm(be, st->kb, lw->k_norm, c->rms_eps, st->kb, D, B * c->n_head_kv);
     rope_neox(st, st->kb, c->n_head_kv, B, 0);
     store_rows(st, il, st->kb, st->vb, B, rows_held(st), true);
-    be->matmul(be, &lw->q, st->a + r0 * E, st->q + r0 * Q, nr);
     be->rmsnorm(be, st->q + r0 * Q, lw->q_norm, c->rms_eps, st->q + r0 * Q, D, nr * c->n_head);
     rope_neox(st, st->q + r0 * Q, c->n_head, nr, r0);
     attention(st, il, r0, nr);
     be->matmul(be, &lw->o, st->att + r0 * Q, st->o, nr);
     be->add(be, h, st->o, nr * E);
     be->rmsnorm(be, h, lw->ffn_norm, c->rms_eps, st->a, E, nr);
-    be->matmul(be, &lw->gate, st->a, st->fg, nr);
-    be->matmul(be, &lw->up, st->a, st->fu, nr);
+    mu_matmuls(be, 2, (const mu_weight *[]){&lw->gate, &lw->up}, st->a, (float *[]){st->fg, st->fu}, nr);
     be->swiglu(be, st->fg, st->fu, nr * c->n_ff);
     be->matmul(be, &lw->down, st->fg, st->o, nr);
     be->add(be, h, st->o, nr * E);
