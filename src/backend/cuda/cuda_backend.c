@@ -87,6 +87,7 @@ typedef struct gentry {
     void **seg;                /* segment graphs, [n] */
     int n, cap;
     void *exec;                /* the chain of all segments */
+    size_t ring_end;           /* the argument ring's bytes this forward wrote (from 0) */
 } gentry;
 
 static void q8_clear(mu_backend *b) {
@@ -210,6 +211,7 @@ static bool go(mu_backend *b, uint64_t sig) {
     if (c->gmode == G_DIRECT) return true;
     sig = mix64(sig, (uint64_t)c->ring_pos);
     sig = mix64(sig, (uint64_t)(uintptr_t)c->ring_d);
+    sig = mix64(sig, (uint64_t)(uintptr_t)c->ring_h);
     sig = mix64(sig, (uint64_t)(uintptr_t)c->q8_x);
     sig = mix64(sig, (uint64_t)c->q8_n);
     sig = mix64(sig, (uint64_t)(uintptr_t)c->q8.p);
@@ -315,7 +317,9 @@ static void cuda_forward_end(mu_backend *b, bool ok) {
             int k = 0;
             for (int i = 0; i < e->n; i++)
                 if (e->seg[i]) segs[k++] = e->seg[i];
-            if (!mucu_graph_chain(segs, k, &e->exec, err)) die("graph", err);
+            const mucu_ring ring = {c->ring_h, c->ring_d, c->ring_pos};
+            e->ring_end = c->ring_pos;
+            if (!mucu_graph_chain(segs, k, &ring, &e->exec, err)) die("graph", err);
             free(segs);
             if (!mucu_graph_launch(e->exec, err)) die("graph", err);
             c->gmode = G_DIRECT;
@@ -325,7 +329,10 @@ static void cuda_forward_end(mu_backend *b, bool ok) {
         }
     } else if (c->gmode == G_REPLAY) {
         gentry *e = c->cur;
-        if (ok && c->replay_i == e->n) {
+        /* the graph uploads the ring's first ring_end bytes (mucu_graph_chain): this
+         * forward must have written exactly those (the ops' signatures hold each
+         * one's offset; this also holds the last op's size) */
+        if (ok && c->replay_i == e->n && c->ring_pos == e->ring_end) {
             if (!mucu_graph_launch(e->exec, err)) die("graph", err);
             c->n_replayed++;
             c->gmode = G_DIRECT;
@@ -882,12 +889,12 @@ static void cuda_destroy(mu_backend *b) {
     for (int i = 0; i < c->n_deferred; i++) (void)mucu_free(c->deferred[i], err);
     free(c->deferred);
     if (getenv("MUSER_CUDA_GRAPH_STATS")) {
-        long flat = 0, prog = 0;
-        mucu_graph_chain_stats(&flat, &prog);
+        long flat = 0, prog = 0, merged = 0;
+        mucu_graph_chain_stats(&flat, &prog, &merged);
         fprintf(stderr,
                 "muser: cuda graphs: %ld captured, %ld replayed, %ld left (replay mismatch or sync); %ld flat, "
-                "%ld programmatic kernel edges\n",
-                c->n_captured, c->n_replayed, c->n_bailed, flat, prog);
+                "%ld programmatic kernel edges, %ld argument copies merged\n",
+                c->n_captured, c->n_replayed, c->n_bailed, flat, prog, merged);
     }
     free(c->copies);
     free(c);

@@ -208,20 +208,49 @@ extern "C" bool mucu_capture_end(void **graph, char *err) {
  * cuda_common.cuh); 2 flat with full dependencies only; 0 the segments as
  * child graphs, one after another. */
 static int g_pdl = -1;
-static long g_flat, g_prog;
+static long g_flat, g_prog, g_merged;
+/* MUSER_CUDA_ONE_UPLOAD: 1 (default) a flat chain uploads the argument
+ * ring's bytes with one copy at its head instead of one copy node before
+ * each op that uploaded arguments (2 per layer of a decode step: the K/V
+ * destinations and the attention rows); 0 keeps the per-op copies. Why: a
+ * copy node between two kernels is a full dependency on both sides (no
+ * programmatic launch across it) plus a copy engine's round trip. The
+ * bytes are the same: a graph is launched only after the host has written
+ * all of its forward's arguments (cuda_backend.c, forward_end), and no
+ * kernel writes the ring. */
+static int g_one_upload = -1;
 
-extern "C" void mucu_graph_chain_stats(long *flat, long *programmatic) {
-    *flat = g_flat, *programmatic = g_prog;
+extern "C" void mucu_graph_chain_stats(long *flat, long *programmatic, long *merged) {
+    *flat = g_flat, *programmatic = g_prog, *merged = g_merged;
 }
 
 /* The segments' nodes copied into g in order, each depending on the one
  * before. A segment captured from one stream is a chain; anything else
  * (or a node type not copied here) is an error, and the caller falls back
  * to child graphs. */
-static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, int *n_prog, char *err) {
+static bool in_range(const void *p, const void *base, size_t bytes) {
+    return base && (const char *)p >= (const char *)base && (const char *)p < (const char *)base + bytes;
+}
+
+/* A copy node of the argument ring (host ring -> device ring, 1-D). */
+static bool ring_copy(const cudaMemcpy3DParms &p, const mucu_ring *ring) {
+    if (!ring || !ring->used || p.extent.height > 1 || p.extent.depth > 1 || p.srcArray || p.dstArray) return false;
+    const char *src = (const char *)p.srcPtr.ptr + p.srcPos.x, *dst = (const char *)p.dstPtr.ptr + p.dstPos.x;
+    return in_range(src, ring->h, ring->used) && in_range(dst, ring->d, ring->used) &&
+           src + p.extent.width <= (const char *)ring->h + ring->used && src - (const char *)ring->h == dst - (const char *)ring->d;
+}
+
+static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, const mucu_ring *ring, int *n_prog,
+                       int *n_merged, char *err) {
     cudaGraphNode_t prev = NULL;
     bool prev_kernel = false;
     *n_prog = 0;
+    *n_merged = 0;
+    if (ring && ring->used) { /* the whole ring's used bytes first (MUSER_CUDA_ONE_UPLOAD) */
+        if (!cu_ok(cudaGraphAddMemcpyNode1D(&prev, g, NULL, 0, ring->d, ring->h, ring->used, cudaMemcpyHostToDevice),
+                   "cudaGraphAddMemcpyNode1D", "graph flatten", err))
+            return false;
+    }
     for (int i = 0; i < n; i++) {
         cudaGraph_t s = (cudaGraph_t)graphs[i];
         size_t nr = 0;
@@ -245,7 +274,8 @@ static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, int 
             } else if (e == cudaSuccess && ty == cudaGraphNodeTypeMemcpy) {
                 cudaMemcpy3DParms p;
                 e = cudaGraphMemcpyNodeGetParams(node, &p);
-                if (e == cudaSuccess) e = cudaGraphAddMemcpyNode(&nn, g, NULL, 0, &p);
+                if (e == cudaSuccess && ring_copy(p, ring)) (*n_merged)++; /* uploaded at the head: no node */
+                else if (e == cudaSuccess) e = cudaGraphAddMemcpyNode(&nn, g, NULL, 0, &p);
             } else if (e == cudaSuccess && ty == cudaGraphNodeTypeMemset) {
                 cudaMemsetParams p;
                 e = cudaGraphMemsetNodeGetParams(node, &p);
@@ -257,7 +287,7 @@ static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, int 
                 return false;
             }
             if (!cu_ok(e, "copying a node", "graph flatten", err)) return false;
-            if (prev) {
+            if (nn && prev) {
                 cudaGraphEdgeData ed;
                 memset(&ed, 0, sizeof ed);
                 if (pdl && prev_kernel && kernel) {
@@ -269,7 +299,7 @@ static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, int 
                            err))
                     return false;
             }
-            prev = nn, prev_kernel = kernel;
+            if (nn) prev = nn, prev_kernel = kernel;
             size_t nd = 0;
             if (!cu_ok(cudaGraphNodeGetDependentNodes(node, NULL, NULL, &nd), "cudaGraphNodeGetDependentNodes",
                        "graph flatten", err))
@@ -288,19 +318,20 @@ static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, int 
 }
 
 /* One executable graph running the given graphs one after another. */
-extern "C" bool mucu_graph_chain(void *const *graphs, int n, void **exec, char *err) {
+extern "C" bool mucu_graph_chain(void *const *graphs, int n, const mucu_ring *ring, void **exec, char *err) {
     cudaGraph_t g = NULL;
     *exec = NULL;
     env_setting(&g_pdl, "MUSER_CUDA_PDL", 1);
+    env_setting(&g_one_upload, "MUSER_CUDA_ONE_UPLOAD", 1);
     bool flat = false;
     if (g_pdl) {
         static int warned;
-        int n_prog = 0;
+        int n_prog = 0, n_merged = 0;
         char why[MUCU_ERR_LEN];
         if (!cu_ok(cudaGraphCreate(&g, 0), "cudaGraphCreate", "graph chain", err)) return false;
-        flat = chain_flat(g, graphs, n, g_pdl == 1, &n_prog, why);
+        flat = chain_flat(g, graphs, n, g_pdl == 1, g_one_upload ? ring : NULL, &n_prog, &n_merged, why);
         if (flat) {
-            g_flat++, g_prog += n_prog;
+            g_flat++, g_prog += n_prog, g_merged += n_merged;
         } else {
             cudaGraphDestroy(g);
             if (!warned++) fprintf(stderr, "muser: cuda graphs: not flattened (%s); chaining segments\n", why);

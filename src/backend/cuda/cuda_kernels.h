@@ -56,10 +56,20 @@ bool mucu_zero_async(void *dst, size_t bytes, char *err);
  * executable; launch it into the stream. Handles are opaque. */
 bool mucu_capture_begin(char *err);
 bool mucu_capture_end(void **graph, char *err);
-bool mucu_graph_chain(void *const *graphs, int n, void **exec, char *err);
-/* Chained graphs so far that were flattened, and their kernel-to-kernel
- * programmatic dependencies (MUSER_CUDA_PDL, cuda_kernels.cu). */
-void mucu_graph_chain_stats(long *flat, long *programmatic);
+/* ring (may be NULL): the argument ring's pinned host and device copies and
+ * the bytes the chained forward used from offset 0; a flat chain uploads
+ * them with one copy at its head and drops the per-op copies of the ring
+ * (MUSER_CUDA_ONE_UPLOAD, cuda_kernels.cu). */
+typedef struct mucu_ring {
+    const void *h;
+    void *d;
+    size_t used;
+} mucu_ring;
+bool mucu_graph_chain(void *const *graphs, int n, const mucu_ring *ring, void **exec, char *err);
+/* Chained graphs so far that were flattened, their kernel-to-kernel
+ * programmatic dependencies (MUSER_CUDA_PDL) and the per-op ring copies
+ * merged into one (MUSER_CUDA_ONE_UPLOAD, cuda_kernels.cu). */
+void mucu_graph_chain_stats(long *flat, long *programmatic, long *merged);
 bool mucu_graph_instantiate(void *graph, void **exec, char *err);
 bool mucu_graph_launch(void *exec, char *err);
 void mucu_graph_free(void *graph);
