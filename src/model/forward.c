@@ -193,9 +193,15 @@ bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_fo
     }
     if (cap) capture_boundary(be, cap, b, (int)c->n_layer, s->x, E);
     if (!logits || !b->logits) return true;
-    const int64_t n_logits = gather_logit_rows(be, b, s->x, s->o, E);
+    /* every row wants logits (decode, verification): the rows as they are,
+     * without a copy (on cuda, a copy node between two kernels of a step) */
+    int64_t n_logits = rows;
+    for (int64_t r = 0; r < rows && n_logits == rows; r++)
+        if (!b->logits[r]) n_logits = -1;
+    const float *xl = s->x;
+    if (n_logits < 0) n_logits = gather_logit_rows(be, b, s->x, s->o, E), xl = s->o;
     if (!n_logits) return true;
-    be->rmsnorm(be, s->o, m->output_norm, c->rms_eps, s->h, E, n_logits);
+    be->rmsnorm(be, xl, m->output_norm, c->rms_eps, s->h, E, n_logits);
     be->matmul(be, &m->output, s->h, logits, n_logits);
     be->logit_tail(be, logits, c->logit_scale, c->softcap, n_logits * c->n_vocab);
     return true;
