@@ -2898,6 +2898,17 @@ static void mmv3_shape(int nb, int nr, int type, bool set, int *wpr, int *u) {
         else M(T_Q6_K);                                                                                             \
     } while (0)
 
+/* M(A, R) at the row bucket R (1, 2, 4, 8 or 16 rows) that holds nr rows:
+ * the row-count templates of the weight-streaming launches. */
+#define ROW_BUCKET(nr, M, A)                                                                                        \
+    do {                                                                                                            \
+        if ((nr) <= 1) M(A, 1);                                                                                     \
+        else if ((nr) <= 2) M(A, 2);                                                                                \
+        else if ((nr) <= 4) M(A, 4);                                                                                \
+        else if ((nr) <= 8) M(A, 8);                                                                                \
+        else M(A, 16);                                                                                              \
+    } while (0)
+
 static int mmv_variant = -1; /* MUSER_CUDA_MMV: 3 (default) k_mmv4 at 1 row, else k_mmv2 and k_mmv3 by shape
                                  (mmv3_pick); 10: as 3 without k_mmv4; 11, 12, 13: k_mmv4 at 1 row with 1, 2, 4
                                  warps per slot and 2 blocks in flight, 14, 15, 16: the same with 4 (4 and 5: other
@@ -3030,14 +3041,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
         else if (v == 4 && R <= 2) MMV2U(T, R, 4);                                                                  \
         else MMV2U(T, R, 1);                                                                                        \
     } while (0)
-#define MMV2_R(T)                                                                                                   \
-    do {                                                                                                            \
-        if (nr <= 1) MMV2(T, 1);                                                                                    \
-        else if (nr <= 2) MMV2(T, 2);                                                                               \
-        else if (nr <= 4) MMV2(T, 4);                                                                               \
-        else if (nr <= 8) MMV2(T, 8);                                                                               \
-        else MMV2(T, 16);                                                                                           \
-    } while (0)
+#define MMV2_R(T) ROW_BUCKET(nr, MMV2, T)
         KQ_SWITCH(w->type, MMV2_R);
 #undef MMV2_R
 #undef MMV2
@@ -3081,14 +3085,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     }
     const unsigned grid = grid_for(w->n_out, 4);
 #define MMV(T, R) k_mmv_kq<T, R, (R <= 2 ? 4 : (R <= 4 ? 2 : 1)), 4, false><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
-#define MMV_R(T)                                                                                                    \
-    do {                                                                                                            \
-        if (nr <= 1) MMV(T, 1);                                                                                     \
-        else if (nr <= 2) MMV(T, 2);                                                                                \
-        else if (nr <= 4) MMV(T, 4);                                                                                \
-        else if (nr <= 8) MMV(T, 8);                                                                                \
-        else MMV(T, 16);                                                                                            \
-    } while (0)
+#define MMV_R(T) ROW_BUCKET(nr, MMV, T)
     KQ_SWITCH(w->type, MMV_R);
 #undef MMV_R
 #undef MMV
@@ -3225,14 +3222,7 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
             const q8k_block *xr = xq + r0 * (w->n_in / 256);
             float *yr = y + r0 * w->n_out;
 #define FP4(NAT, RR) k_mmv_fp4<NAT, RR, (RR <= 2 ? 4 : 2)><<<grid, 128, 0, g_s>>>(*w, xr, yr, nr)
-#define FP4_R(NAT)                                                                                                  \
-    do {                                                                                                            \
-        if (nr <= 1) FP4(NAT, 1);                                                                                   \
-        else if (nr <= 2) FP4(NAT, 2);                                                                              \
-        else if (nr <= 4) FP4(NAT, 4);                                                                              \
-        else if (nr <= 8) FP4(NAT, 8);                                                                              \
-        else FP4(NAT, 16);                                                                                          \
-    } while (0)
+#define FP4_R(NAT) ROW_BUCKET(nr, FP4, NAT)
             if (native) FP4_R(true);
             else FP4_R(false);
 #undef FP4_R
@@ -3248,14 +3238,7 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
             const q8k_block *xr = xq + r0 * (w->n_in / 256);
             float *yr = y + r0 * w->n_out;
 #define Q0(T, RR) k_mmv_q0<T, RR><<<grid, 128, 0, g_s>>>(*w, xr, yr, nr)
-#define Q0_R(T)                                                                                                     \
-    do {                                                                                                            \
-        if (nr <= 1) Q0(T, 1);                                                                                      \
-        else if (nr <= 2) Q0(T, 2);                                                                                 \
-        else if (nr <= 4) Q0(T, 4);                                                                                 \
-        else if (nr <= 8) Q0(T, 8);                                                                                 \
-        else Q0(T, 16);                                                                                             \
-    } while (0)
+#define Q0_R(T) ROW_BUCKET(nr, Q0, T)
             if (w->type == T_Q8_0) Q0_R(T_Q8_0);
             else Q0_R(T_Q4_0);
 #undef Q0_R
