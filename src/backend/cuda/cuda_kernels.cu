@@ -2276,17 +2276,6 @@ __device__ static inline uint32_t e2m1x4_q1(uint32_t c) {
     return __vsub4(pos ^ m, m);
 }
 
-/* NVFP4, ggml type 40 and native W4A16, up to R rows: a warp takes 8
- * outputs (lane group g = lane / 4, output 8 * warp + g) and steps over the
- * 256-value blocks in order; lane t of a group holds 64 of the block's
- * values (ggml: the block's NVFP4 block t, its 4 scale bytes and 32 code
- * bytes; native: payload bytes 32t..32t+31, scale bytes 4t..4t+3), decoded
- * by e2m1x4_q1 and summed against the Q8_K codes by dp4a. The block's
- * integer total is exact, so any order gives dot_nvfp4_ggml's /
- * dot_nvfp4_native's; folded over the group's 4 lanes, then f_b by their
- * formula and the row total in block order, as k_matmul_warp does. Why: in
- * k_matmul_warp a lane reads its block byte by byte, so each warp load
- * touches 32 lines. */
 /* One lane's 64 values of block b (k_mmv_fp4): 8 code words and the 4 scale bytes. */
 template <bool NATIVE>
 __device__ static inline void fp4_load(const mucu_weight &w, int64_t oc, int64_t b, int t, uint32_t code[8], uint32_t &sc) {
@@ -2304,6 +2293,17 @@ __device__ static inline void fp4_load(const mucu_weight &w, int64_t oc, int64_t
     }
 }
 
+/* NVFP4, ggml type 40 and native W4A16, up to R rows: a warp takes 8
+ * outputs (lane group g = lane / 4, output 8 * warp + g) and steps over the
+ * 256-value blocks in order; lane t of a group holds 64 of the block's
+ * values (ggml: the block's NVFP4 block t, its 4 scale bytes and 32 code
+ * bytes; native: payload bytes 32t..32t+31, scale bytes 4t..4t+3), decoded
+ * by e2m1x4_q1 and summed against the Q8_K codes by dp4a. The block's
+ * integer total is exact, so any order gives dot_nvfp4_ggml's /
+ * dot_nvfp4_native's; folded over the group's 4 lanes, then f_b by their
+ * formula and the row total in block order, as k_matmul_warp does. Why: in
+ * k_matmul_warp a lane reads its block byte by byte, so each warp load
+ * touches 32 lines. */
 template <bool NATIVE, int R, int U>
 __global__ static void __launch_bounds__(128) k_mmv_fp4(mucu_weight w, const q8k_block *xq, float *y, int nr) {
     grid_dep_wait();
@@ -3215,35 +3215,22 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
         k_quantize_q8k<<<grid_for(nb, 128), 128, 0, g_s>>>(x, xq, nb, native);
         if (!launched("k_quantize_q8k", err)) return false;
     }
-    if (uses_q8 && (w->type == T_NVFP4 || native) && fp4_fast() && w->n_in % 256 == 0) {
+    const bool fp4 = w->type == T_NVFP4 || native, q0 = w->type == T_Q8_0 || w->type == T_Q4_0;
+    if (uses_q8 && (fp4 || q0) && fp4_fast() && w->n_in % 256 == 0) { /* k_mmv_fp4, k_mmv_q0: 16 rows a launch */
         const unsigned grid = grid_for(w->n_out, 32);
         for (int64_t r0 = 0; r0 < rows; r0 += 16) {
             const int nr = (int)(rows - r0 < 16 ? rows - r0 : 16);
             const q8k_block *xr = xq + r0 * (w->n_in / 256);
             float *yr = y + r0 * w->n_out;
 #define FP4(NAT, RR) k_mmv_fp4<NAT, RR, (RR <= 2 ? 4 : 2)><<<grid, 128, 0, g_s>>>(*w, xr, yr, nr)
-#define FP4_R(NAT) ROW_BUCKET(nr, FP4, NAT)
-            if (native) FP4_R(true);
-            else FP4_R(false);
-#undef FP4_R
-#undef FP4
-            if (!launched("k_mmv_fp4", err)) return false;
-        }
-        return true;
-    }
-    if (uses_q8 && (w->type == T_Q8_0 || w->type == T_Q4_0) && fp4_fast() && w->n_in % 256 == 0) {
-        const unsigned grid = grid_for(w->n_out, 32);
-        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-            const int nr = (int)(rows - r0 < 16 ? rows - r0 : 16);
-            const q8k_block *xr = xq + r0 * (w->n_in / 256);
-            float *yr = y + r0 * w->n_out;
 #define Q0(T, RR) k_mmv_q0<T, RR><<<grid, 128, 0, g_s>>>(*w, xr, yr, nr)
-#define Q0_R(T) ROW_BUCKET(nr, Q0, T)
-            if (w->type == T_Q8_0) Q0_R(T_Q8_0);
-            else Q0_R(T_Q4_0);
-#undef Q0_R
+            if (fp4 && native) ROW_BUCKET(nr, FP4, true);
+            else if (fp4) ROW_BUCKET(nr, FP4, false);
+            else if (w->type == T_Q8_0) ROW_BUCKET(nr, Q0, T_Q8_0);
+            else ROW_BUCKET(nr, Q0, T_Q4_0);
 #undef Q0
-            if (!launched("k_mmv_q0", err)) return false;
+#undef FP4
+            if (!launched(fp4 ? "k_mmv_fp4" : "k_mmv_q0", err)) return false;
         }
         return true;
     }
