@@ -175,6 +175,17 @@ static void test_matmul_embed(void) {
     cu->free(cu, dm, 0), cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(m), free(x);
 }
 
+/* y = W x for `rows` rows of x (host, freed here) on ref and on the device,
+ * compared byte for byte under the name `what`. */
+static void compare_matmul(const mu_weight *w, float *x, int64_t rows, const char *what) {
+    const size_t xb = (size_t)(rows * w->n_in) * 4, yb = (size_t)(rows * w->n_out) * 4;
+    float *y = mu_xmalloc(yb), *dx = dev(x, xb), *dy = cu->alloc(cu, yb);
+    ref->matmul(ref, w, x, y, rows);
+    cu->matmul(cu, w, dx, dy, rows);
+    check(what, y, dy, yb);
+    cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
+}
+
 /* The weight-streaming kernels: many blocks (n_in 5120, 6656), n_out not a
  * multiple of the 4 outputs of a CTA, 1 to 33 rows (chunks of 16 rows,
  * partial last chunks). */
@@ -204,14 +215,9 @@ static void test_matmul_large(void) {
             const int64_t rs[] = {1, 3, 8, 16};
             for (int ri = 0; ri < 4; ri++) {
                 const int64_t rows = rs[ri];
-                float *x = rnd_vec((size_t)(rows * 6656), 3.0f), *y = mu_xmalloc((size_t)(rows * 130) * 4);
-                float *dx = dev(x, (size_t)(rows * 6656) * 4), *dy = cu->alloc(cu, (size_t)(rows * 130) * 4);
-                ref->matmul(ref, &w, x, y, rows);
-                cu->matmul(cu, &w, dx, dy, rows);
                 char what[96];
                 snprintf(what, sizeof what, "matmul k_mmt %s rows=%lld stages=%d", w.name, (long long)rows, st);
-                check(what, y, dy, (size_t)(rows * 130) * 4);
-                cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
+                compare_matmul(&w, rnd_vec((size_t)(rows * 6656), 3.0f), rows, what);
             }
         }
     }
@@ -233,17 +239,13 @@ static void test_matmul_large(void) {
                 const bool kq = big[t].type == MU_TYPE_Q4_K || big[t].type == MU_TYPE_Q5_K || big[t].type == MU_TYPE_Q6_K;
                 if (!kq && rows != 1 && rows != 17) continue;
                 if (variant >= 10 && rows != 1) continue; /* above 1 row these are variant 3 without k_mmt */
-                float *x = rnd_vec((size_t)(rows * n_in), 3.0f), *y = mu_xmalloc((size_t)(rows * n_out) * 4);
+                float *x = rnd_vec((size_t)(rows * n_in), 3.0f);
                 if (rows == 3) /* an all-zero block and a block whose largest magnitude repeats */
                     for (int i = 0; i < 256; i++) x[n_in + i] = 0.0f, x[2 * n_in + 256 + i] = (i % 3) ? 1.5f : -1.5f;
-                float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
-                ref->matmul(ref, &w, x, y, rows);
-                cu->matmul(cu, &w, dx, dy, rows);
                 char what[128];
                 snprintf(what, sizeof what, "matmul %s n_in=%lld n_out=%lld rows=%lld mmv=%d wpr=%d u=%d", w.name,
                          (long long)n_in, (long long)n_out, (long long)rows, variant, kernels[vi][1], kernels[vi][2]);
-                check(what, y, dy, (size_t)(rows * n_out) * 4);
-                cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
+                compare_matmul(&w, x, rows, what);
             }
         }
     }
@@ -272,17 +274,13 @@ static void test_matmul_fp4(void) {
                 for (size_t r = 0; r < sizeof rowss / sizeof *rowss; r++) {
                     const int64_t rows = rowss[r];
                     if (!fast && rows != 1 && rows != 17) continue;
-                    float *x = rnd_vec((size_t)(rows * n_in), 3.0f), *y = mu_xmalloc((size_t)(rows * n_out) * 4);
+                    float *x = rnd_vec((size_t)(rows * n_in), 3.0f);
                     if (rows == 3)
                         for (int i = 0; i < 256; i++) x[n_in + i] = 0.0f, x[2 * n_in + i] = (i % 3) ? 1.5f : -1.5f;
-                    float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
-                    ref->matmul(ref, &w, x, y, rows);
-                    cu->matmul(cu, &w, dx, dy, rows);
                     char what[128];
                     snprintf(what, sizeof what, "matmul %s n_in=%lld n_out=%lld rows=%lld fast=%d", w.name,
                              (long long)n_in, (long long)n_out, (long long)rows, fast);
-                    check(what, y, dy, (size_t)(rows * n_out) * 4);
-                    cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
+                    compare_matmul(&w, x, rows, what);
                 }
             }
     }
