@@ -541,6 +541,33 @@ static void test_argmax(void) {
     CHECK_EQ_INT(mu_sample_argmax(l, 4, ban, 1), 2);
     const float inf[] = {-INFINITY, -INFINITY};
     CHECK_EQ_INT(mu_sample_argmax(inf, 2, NULL, 0), -1);
+    /* mu_sample_argmax_unique over rows of 1 to 300 values (the 64-value blocks, a partial last one):
+     * the maximum at each end and inside, negative rows, a tie, +0 against -0, a NaN or an infinity */
+    float r[300];
+    uint64_t st = 5;
+    for (int n = 1; n <= 300; n += n < 70 ? 1 : 23) {
+        for (int where = 0; where < 3; where++) {
+            for (int i = 0; i < n; i++) r[i] = -100.0f - (float)(tu_rng_next(&st) % 1000) / 8.0f;
+            const int at = where == 0 ? 0 : where == 1 ? n - 1 : n / 2;
+            r[at] = -3.5f;
+            CHECK_MSG(mu_sample_argmax_unique(r, (size_t)n) == at, "argmax_unique n %d at %d", n, at);
+            if (n > 1) {
+                const int other = (at + 1 + (int)(tu_rng_next(&st) % (uint64_t)(n - 1))) % n;
+                r[other] = -3.5f;
+                CHECK_MSG(mu_sample_argmax_unique(r, (size_t)n) == -1, "argmax_unique tie n %d", n);
+                r[other] = -4.0f;
+                r[other] = NAN;
+                CHECK_EQ_INT(mu_sample_argmax_unique(r, (size_t)n), -1);
+                r[other] = -INFINITY;
+                CHECK_EQ_INT(mu_sample_argmax_unique(r, (size_t)n), -1);
+                r[other] = -4.0f;
+                r[at] = 0.0f, r[other] = -0.0f;
+                CHECK_EQ_INT(mu_sample_argmax_unique(r, (size_t)n), -1);
+                r[other] = -4.0f;
+                CHECK_EQ_INT(mu_sample_argmax_unique(r, (size_t)n), at);
+            }
+        }
+    }
 }
 
 /* ------------------------------------------------------ order and print */
@@ -1031,6 +1058,62 @@ static void test_full_vocab_speed(void) {
     free(row);
 }
 
+/* The greedy fast path (mu_sample_fast_greedy) against the full chain:
+ * two samplers with the same seed see the same rows (continuous, integer
+ * with ties at the maximum, 100 tied maxima, a banned maximum, a -inf entry), with and
+ * without a constraint; the ids, the constraint's calls and the snapshots
+ * must be equal. A chain that is not greedy (penalties on) must not change
+ * either. The fast path must have been taken: it leaves the candidate array
+ * as it was (empty on a fresh sampler). */
+static void test_fast_greedy(void) {
+    for (int cfg = 0; cfg < 6; cfg++) {
+        mu_sampler_params p;
+        mu_sampler_params_default(&p);
+        p.seed = 21 + (uint32_t)cfg;
+        p.temp = 0.0f;
+        if (cfg == 1) p.top_k = 0;
+        if (cfg == 2) p.top_p = 0.5f, p.min_p = 0.2f;
+        if (cfg == 3) p.penalty_repeat = 1.1f; /* not greedy: the full chain in both */
+        mu_error err;
+        mu_sampler *a = mu_sampler_new(&p, V, NULL, NULL, &err), *b = mu_sampler_new(&p, V, NULL, NULL, &err);
+        CHECK(a && b);
+        if (!a || !b) return;
+        float *row = malloc(V * sizeof *row);
+        uint64_t st = 100 + (uint64_t)cfg;
+        fake_grammar ga = {2, 0, 0, 0}, gb = ga;
+        mu_sample_constraint ca = {&ga, fg_accepts, fg_apply}, cb = {&gb, fg_accepts, fg_apply};
+        const bool constrained = cfg == 4;
+        const int32_t banned[] = {3, 11};
+        const size_t n_banned = cfg == 5 ? 2 : 0;
+        for (int t = 0; t < 40; t++) {
+            fill_row(row, &st, 2.0f, t % 4 == 1 ? 1.0f : 0.0f); /* every 4th row: integer logits, ties */
+            if (t % 4 == 2) row[11] = 40.0f;                     /* a maximum that cfg 5 bans */
+            if (t % 8 == 3) row[5] = -INFINITY;
+            if (t % 8 == 7) /* 100 tied maxima: top-k 40 keeps 40 of them in heap order */
+                for (int i = 0; i < 100; i++) row[(i * 79 + 3000) % V] = 60.0f;
+            mu_sample_fast_greedy = 1;
+            const int32_t ia = mu_sampler_sample(a, row, banned, n_banned, constrained ? &ca : NULL, &err);
+            if (t == 0 && cfg != 3 && cfg != 4) /* cfg 4: the constraint may refuse the argmax */
+                CHECK_MSG(mu_sampler_candidates(a)->size == 0, "cfg %d: the fast path was not taken", cfg);
+            mu_sample_fast_greedy = 0;
+            const int32_t ib = mu_sampler_sample(b, row, banned, n_banned, constrained ? &cb : NULL, &err);
+            CHECK_MSG(ia == ib && ia >= 0, "cfg %d step %d: fast %d, chain %d", cfg, t, ia, ib);
+            if (ia >= 0) mu_sampler_accept(a, ia);
+            if (ib >= 0) mu_sampler_accept(b, ib);
+        }
+        mu_sample_fast_greedy = 1;
+        CHECK(ga.n_accepts == gb.n_accepts && ga.n_applies == gb.n_applies);
+        if (constrained) CHECK(ga.n_applies > 0);
+        const size_t n = mu_sampler_state_size(a);
+        CHECK(n == mu_sampler_state_size(b));
+        uint8_t *sa = malloc(n), *sb = malloc(n);
+        CHECK(mu_sampler_state_save(a, sa, n) && mu_sampler_state_save(b, sb, n));
+        CHECK_MSG(memcmp(sa, sb, n) == 0, "cfg %d: snapshots differ", cfg);
+        free(sa), free(sb), free(row);
+        mu_sampler_free(a), mu_sampler_free(b);
+    }
+}
+
 int main(void) {
     test_mt19937();
     test_canonical_conversions();
@@ -1053,6 +1136,7 @@ int main(void) {
     test_chains_vs_llama();
     test_banned_leaves_logits();
     test_constraint_calls();
+    test_fast_greedy();
     test_snapshot_and_reset();
     test_replay_8192();
     test_logprobs();

@@ -134,6 +134,9 @@ int64_t mu_sample_discrete(const mu_candidates *c, mu_mt19937 *rng);
 /* Pure greedy over a logits row: first maximum (lowest id wins ties), ids in
  * `banned` treated as -INFINITY. -1 if nothing is selectable. */
 int32_t mu_sample_argmax(const float *logits, size_t n, const int32_t *banned, size_t n_banned);
+/* The index of the row's largest value when it is the only one equal to it
+ * (+0 and -0 are equal) and every value is finite; -1 otherwise. */
+int32_t mu_sample_argmax_unique(const float *x, size_t n);
 
 /* Repetition penalties over the last `last_n` accepted tokens (llama
  * "penalties"). last_n must be >= 0; 0 disables. */
@@ -279,6 +282,14 @@ void mu_sampler_free(mu_sampler *s);
  * survives (every logit -INFINITY), where llama would emit an arbitrary id. */
 int32_t mu_sampler_sample(mu_sampler *s, const float *logits, const int32_t *banned,
                           size_t n_banned, const mu_sample_constraint *c, mu_error *err);
+/* A greedy chain (temperature <= 0 with only top-k, top-p and min-p beside
+ * it, no bias, no mirostat) never draws: its lone survivor is taken. With
+ * this true (the default) such a chain's step skips the chain when the
+ * row's maximum is unique, finite and not banned, and returns that argmax,
+ * the token the chain returns then (the candidate array is left as the last
+ * full pass made it). -1 (the default): MUSER_FAST_GREEDY=0 turns it off,
+ * else on; tests set 0 or 1 to compare. */
+extern int mu_sample_fast_greedy;
 /* Feed an accepted token (prompt or generated) to penalties and DRY history,
  * like common_sampler_accept. Mirostat's mu moves inside sample, as in llama. */
 void mu_sampler_accept(mu_sampler *s, int32_t token);

@@ -31,6 +31,7 @@ struct mu_sampler {
     mu_candidates cand;
     mu_sample_work work;
     uint64_t fingerprint;
+    bool greedy; /* greedy_chain(): the draw is skipped, and a unique maximum is taken without the chain */
 };
 
 /* ------------------------------------------------------------- creation */
@@ -155,6 +156,28 @@ static bool build_stage(mu_sampler *s, stage *st, const mu_sampler_params *p,
     return true;
 }
 
+/* Temperature <= 0 (no dynamic range, no mirostat, no logit bias) with
+ * only stages that keep a unique maximum (top-k, top-p, min-p): the chain
+ * then always ends with that maximum as its one finite candidate, so the
+ * token is the row's argmax whenever the maximum is unique and not banned.
+ * Such a chain never draws (the draw cannot change a lone candidate), so
+ * the fast path and the full chain leave the same state. */
+static bool greedy_chain(const mu_sampler *s) {
+    if (s->p.mirostat != 0 || s->n_bias || !(s->p.temp <= 0.0f) || s->p.dynatemp_range > 0.0f) return false;
+    bool temp = false;
+    for (size_t i = 0; i < s->n_stages; i++) {
+        if (!s->stages[i].active) continue;
+        switch (s->stages[i].kind) {
+        case MU_SAMPLER_TOP_K:
+        case MU_SAMPLER_TOP_P:
+        case MU_SAMPLER_MIN_P: break;
+        case MU_SAMPLER_TEMPERATURE: temp = true; break;
+        default: return false;
+        }
+    }
+    return temp;
+}
+
 mu_sampler *mu_sampler_new(const mu_sampler_params *p, int32_t n_vocab, const char *const *piece,
                            const size_t *piece_len, mu_error *err) {
     if (!p) {
@@ -190,6 +213,7 @@ mu_sampler *mu_sampler_new(const mu_sampler_params *p, int32_t n_vocab, const ch
     s->mu = 2.0f * p->mirostat_tau;
     s->cur = mu_xmalloc((size_t)n_vocab * sizeof *s->cur);
     s->cand = (mu_candidates){s->cur, 0, -1, false};
+    s->greedy = greedy_chain(s);
     return s;
 }
 
@@ -257,6 +281,12 @@ static mu_candidates *run_pass(mu_sampler *s, const float *logits, const int32_t
     if (s->p.mirostat == 0) {
         for (size_t i = 0; i < s->n_stages; i++)
             if (s->stages[i].active) apply_stage(s, &s->stages[i], c);
+        if (s->greedy) { /* the temperature stage left one finite candidate (or none) */
+            c->selected = -1;
+            for (size_t i = 0; i < c->size && c->selected < 0; i++)
+                if (c->data[i].logit > -INFINITY) c->selected = (int64_t)i;
+            return c;
+        }
         mu_sample_dist(c, &s->rng);
         return c;
     }
@@ -276,6 +306,25 @@ static bool any_candidate_left(const mu_candidates *c) {
     return false;
 }
 
+int mu_sample_fast_greedy = -1;
+
+static bool fast_greedy_on(void) {
+    if (mu_sample_fast_greedy < 0) { /* MUSER_FAST_GREEDY=0: every greedy step through the chain (A/B runs) */
+        const char *e = getenv("MUSER_FAST_GREEDY");
+        mu_sample_fast_greedy = !(e && *e && atoi(e) == 0);
+    }
+    return mu_sample_fast_greedy != 0;
+}
+
+/* The greedy chain's token when the row's maximum is unique, finite and
+ * not banned (-1 otherwise: the full chain decides). */
+static int32_t greedy_pick(const mu_sampler *s, const float *logits, const int32_t *banned, size_t n_banned) {
+    const int32_t id = mu_sample_argmax_unique(logits, (size_t)s->n_vocab);
+    for (size_t i = 0; i < n_banned && id >= 0; i++)
+        if (banned[i] == id) return -1;
+    return id;
+}
+
 int32_t mu_sampler_sample(mu_sampler *s, const float *logits, const int32_t *banned,
                           size_t n_banned, const mu_sample_constraint *c, mu_error *err) {
     for (size_t i = 0; i < n_banned; i++) {
@@ -285,7 +334,16 @@ int32_t mu_sampler_sample(mu_sampler *s, const float *logits, const int32_t *ban
             return -1;
         }
     }
-    mu_candidates *cand = run_pass(s, logits, banned, n_banned, NULL);
+    mu_candidates *cand;
+    if (s->greedy && fast_greedy_on()) {
+        const int32_t id = greedy_pick(s, logits, banned, n_banned);
+        if (id >= 0) {
+            if (!c || !c->accepts || c->accepts(c->ctx, id)) return id;
+            goto masked; /* the chain without the mask would pick id again, and a greedy chain draws nothing */
+        }
+        /* ties, a banned maximum or a non-finite value: the full chain */
+    }
+    cand = run_pass(s, logits, banned, n_banned, NULL);
     if (!any_candidate_left(cand)) {
         mu_err_set(err, "sampler: every token is masked (all logits -inf)");
         return -1;
@@ -294,6 +352,7 @@ int32_t mu_sampler_sample(mu_sampler *s, const float *logits, const int32_t *ban
     if (!c || !c->accepts || c->accepts(c->ctx, id)) return id;
     /* Rejected: rerun with the constraint applied first. The rejected pass
      * already advanced the RNG streams (and mirostat's mu), as in llama. */
+masked:
     cand = run_pass(s, logits, banned, n_banned, c);
     if (!any_candidate_left(cand)) {
         mu_err_set(err, "sampler: the constraint rejects every remaining token");

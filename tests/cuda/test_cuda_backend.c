@@ -297,6 +297,26 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* BENCH_MMV=v,v,...: only these variants (all when unset); BENCH_MMV_SHAPE=name: only that weight (or
+ * set); BENCH_MMV_ROWS=n: only that row count (for profilers) */
+static bool bench_shape(const char *what, int rows) {
+    const char *e = getenv("BENCH_MMV_SHAPE"), *r = getenv("BENCH_MMV_ROWS");
+    return (!e || !*e || !strcmp(e, what)) && (!r || !*r || atoi(r) == rows);
+}
+
+static bool bench_wants(int v) {
+    const char *e = getenv("BENCH_MMV");
+    if (!e || !*e) return true;
+    for (const char *p = e; *p;) {
+        char *end;
+        const long x = strtol(p, &end, 10);
+        if (end == p) break;
+        if (x == v) return true;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return false;
+}
+
 static void bench_mmv(void) {
     static const struct { const char *what; uint32_t type; int64_t n_in, n_out; } shapes[] = {
         {"attn_q/gate", MU_TYPE_Q4_K, 6656, 4096}, {"attn_k", MU_TYPE_Q4_K, 6656, 256},
@@ -339,6 +359,7 @@ static void bench_mmv(void) {
                 mucu_mmt_min_rows = variants[vi][0] == 9 ? 1 : 0;
                 mucu_set_mmv3(variants[vi][1], variants[vi][2]);
                 const int rows = rowss[ri];
+                if (!bench_wants(variants[vi][0]) || !bench_shape(shapes[si].what, rows)) continue;
                 if (variants[vi][0] >= 10 && rows != 1) continue;
                 if (fp4 && (vi > 1 || (vi == 1 && rows != 1))) continue;
                 mucu_set_fp4(fp4 ? vi == 0 : 1);
@@ -358,7 +379,7 @@ static void bench_mmv(void) {
                 printf("%-12s %-5s %6lld %6lld %6s %4d %10.2f %9.1f\n", shapes[si].what, mu_type_name(shapes[si].type),
                        (long long)n_in, (long long)n_out, vn, rows, t[4], (double)bytes / (t[4] * 1e3));
             }
-        if (shapes[si].type == MU_TYPE_Q4_K) { /* the access pattern alone, and a plain read */
+        if (shapes[si].type == MU_TYPE_Q4_K && !getenv("BENCH_MMV")) { /* the access pattern alone, and a plain read */
             void **dw = mu_xcalloc((size_t)copies, sizeof *dw);
             for (int c = 0; c < copies; c++) dw[c] = dev(w[c].data, bytes);
             void *out = cu->alloc(cu, 64);
@@ -422,6 +443,9 @@ static void bench_mmv(void) {
             for (int setv = 0; setv < 13; setv += setv == 0 ? 5 : 1) { /* one launch (the default), one per
                     weight (MMV 6), k_mmv3_set with 1, 2, 4 warps per output, k_mmt, 1 row: 10..16 (4 + setv) */
                 if (setv > 5 && rows != 1) break;
+                if (!bench_wants(setv == 5 ? 9 : setv == 0 ? 3 : setv > 5 ? 4 + setv : setv == 1 ? 6 : 7) ||
+                    !bench_shape(sets[si].what, rows))
+                    continue;
                 mucu_set_mmv_variant(setv == 0 || setv == 5 ? 3 : setv == 1 ? 6 : setv > 5 ? 4 + setv : 7);
                 mucu_set_mmv3(setv >= 2 && setv < 5 ? 1 << (setv - 2) : 0, 0);
                 mucu_mmt_min_rows = setv == 5 ? 1 : 0;
