@@ -1114,6 +1114,69 @@ static void test_fast_greedy(void) {
     }
 }
 
+/* mu_cand_top_k_of_row against the candidates built, biased and partially
+ * sorted (the chain's way), element for element (ids and logit bits), and
+ * the fused top-k chain against the unfused one (ids and snapshots, random
+ * draws at temp 0.8): rows of continuous values, integer values (ties),
+ * a NaN, +/-inf, banned ids inside and beyond the first k. */
+static void test_fused_top_k(void) {
+    enum { N = 3000 };
+    static float row[N];
+    static mu_token_data ref[N], got[128];
+    uint64_t st = 9;
+    const size_t ks[] = {1, 2, 7, 40, 128};
+    for (int kind = 0; kind < 5; kind++)
+        for (size_t ki = 0; ki < 5; ki++) {
+            const size_t n = kind == 4 ? 150 : N, k = ks[ki];
+            for (size_t i = 0; i < n; i++) {
+                const float y = tu_rng_normal(&st) * 3.0f;
+                row[i] = kind == 1 || kind == 4 ? roundf(y) : y;
+            }
+            if (kind == 2) row[n / 3] = NAN, row[5] = INFINITY, row[n - 1] = -INFINITY;
+            const int32_t banned[] = {0, 3, (int32_t)(n / 2), (int32_t)(n - 2), 3};
+            const size_t n_banned = kind == 3 ? 5 : 0;
+            if (kind == 3) row[n / 2] = 100.0f; /* a banned maximum */
+            for (size_t i = 0; i < n; i++) ref[i] = (mu_token_data){(int32_t)i, row[i], 0.0f};
+            for (size_t b = 0; b < n_banned; b++) ref[banned[b]].logit += -INFINITY;
+            mu_cand_std_partial_sort(ref, k, n);
+            mu_cand_top_k_of_row(got, row, n, k, banned, n_banned);
+            bool same = true;
+            for (size_t i = 0; i < k; i++)
+                same &= ref[i].id == got[i].id && !memcmp(&ref[i].logit, &got[i].logit, 4);
+            CHECK_MSG(same, "top_k_of_row kind %d k %zu", kind, k);
+        }
+    /* whole chains, fused and not */
+    for (int cfg = 0; cfg < 4; cfg++) {
+        mu_sampler_params p;
+        mu_sampler_params_default(&p);
+        p.seed = 31 + (uint32_t)cfg;
+        if (cfg == 1) p.top_k = 128;
+        if (cfg == 2) p.top_k = 1;
+        if (cfg == 3) p.temp = 0.0f; /* greedy: the full chain (fused) runs on ties */
+        mu_error err;
+        mu_sampler *a = mu_sampler_new(&p, V, NULL, NULL, &err), *b = mu_sampler_new(&p, V, NULL, NULL, &err);
+        CHECK(a && b);
+        if (!a || !b) return;
+        float *r = malloc(V * sizeof *r);
+        const int32_t banned[] = {1, 4000};
+        for (int t = 0; t < 60; t++) {
+            fill_row(r, &st, 2.0f, t % 3 == 1 ? 1.0f : 0.0f);
+            mu_sample_fuse_top_k = 1;
+            const int32_t ia = mu_sampler_sample(a, r, banned, t % 2 ? 2 : 0, NULL, &err);
+            mu_sample_fuse_top_k = 0;
+            const int32_t ib = mu_sampler_sample(b, r, banned, t % 2 ? 2 : 0, NULL, &err);
+            CHECK_MSG(ia == ib && ia >= 0, "fused top-k cfg %d step %d: %d against %d", cfg, t, ia, ib);
+            mu_sampler_accept(a, ia), mu_sampler_accept(b, ib);
+        }
+        mu_sample_fuse_top_k = 1;
+        const size_t n = mu_sampler_state_size(a);
+        uint8_t *sa = malloc(n), *sb = malloc(n);
+        CHECK(mu_sampler_state_save(a, sa, n) && mu_sampler_state_save(b, sb, n) && !memcmp(sa, sb, n));
+        free(sa), free(sb), free(r);
+        mu_sampler_free(a), mu_sampler_free(b);
+    }
+}
+
 int main(void) {
     test_mt19937();
     test_canonical_conversions();
@@ -1137,6 +1200,7 @@ int main(void) {
     test_banned_leaves_logits();
     test_constraint_calls();
     test_fast_greedy();
+    test_fused_top_k();
     test_snapshot_and_reset();
     test_replay_8192();
     test_logprobs();

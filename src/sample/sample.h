@@ -80,6 +80,11 @@ void mu_sample_work_free(mu_sample_work *w);
  * in llama.cpp. Exposed for tests. */
 void mu_cand_std_sort(mu_token_data *a, size_t n);
 void mu_cand_std_partial_sort(mu_token_data *a, size_t middle, size_t n);
+/* The first k of tok_partial_sort(k) over the candidates of a logits row
+ * (ids 0..n-1, banned ids at -INFINITY), built without the n candidates;
+ * k <= n. */
+void mu_cand_top_k_of_row(mu_token_data *out, const float *logits, size_t n, size_t k, const int32_t *banned,
+                          size_t n_banned);
 /* llama_token_data_array_partial_sort_inplace: keep the top `npartial`,
  * sorted (std::partial_sort for <= 128, else llama's 128-bucket sort). */
 void mu_cand_partial_sort_inplace(mu_candidates *c, size_t npartial, mu_sample_work *w);
@@ -287,9 +292,14 @@ int32_t mu_sampler_sample(mu_sampler *s, const float *logits, const int32_t *ban
  * this true (the default) such a chain's step skips the chain when the
  * row's maximum is unique, finite and not banned, and returns that argmax,
  * the token the chain returns then (the candidate array is left as the last
- * full pass made it). -1 (the default): MUSER_FAST_GREEDY=0 turns it off,
- * else on; tests set 0 or 1 to compare. */
+ * full pass made it). */
 extern int mu_sample_fast_greedy;
+/* A chain whose first active stage is top-k (k <= 128, no logit bias) gets
+ * its k candidates from the row by mu_cand_top_k_of_row instead of building
+ * n_vocab candidates first (the same candidates, in the same order).
+ * Both shortcuts: -1 (the default) on unless MUSER_SAMPLE_SHORTCUTS=0;
+ * tests set 0 or 1 to compare. */
+extern int mu_sample_fuse_top_k;
 /* Feed an accepted token (prompt or generated) to penalties and DRY history,
  * like common_sampler_accept. Mirostat's mu moves inside sample, as in llama. */
 void mu_sampler_accept(mu_sampler *s, int32_t token);

@@ -32,6 +32,7 @@ struct mu_sampler {
     mu_sample_work work;
     uint64_t fingerprint;
     bool greedy; /* greedy_chain(): the draw is skipped, and a unique maximum is taken without the chain */
+    bool topk_first; /* no bias, and the first active stage is top-k of 1..128 < n_vocab */
 };
 
 /* ------------------------------------------------------------- creation */
@@ -214,6 +215,12 @@ mu_sampler *mu_sampler_new(const mu_sampler_params *p, int32_t n_vocab, const ch
     s->cur = mu_xmalloc((size_t)n_vocab * sizeof *s->cur);
     s->cand = (mu_candidates){s->cur, 0, -1, false};
     s->greedy = greedy_chain(s);
+    for (size_t i = 0; i < s->n_stages && !s->n_bias && p->mirostat == 0; i++) {
+        if (!s->stages[i].active) continue;
+        /* k <= 128: mu_cand_partial_sort_inplace's std::partial_sort (larger k take llama's bucket sort) */
+        s->topk_first = s->stages[i].kind == MU_SAMPLER_TOP_K && p->top_k <= 128 && p->top_k < n_vocab;
+        break;
+    }
     return s;
 }
 
@@ -268,16 +275,34 @@ static void apply_bias(mu_sampler *s, mu_candidates *c, const int32_t *banned, s
     mu_sample_logit_bias(c, s->bias_all, n);
 }
 
+int mu_sample_fast_greedy = -1, mu_sample_fuse_top_k = -1;
+
+/* A shortcut's switch: on unless MUSER_SAMPLE_SHORTCUTS=0 (A/B runs), or as a test set it. */
+static bool shortcut_on(int *v) {
+    if (*v < 0) {
+        const char *e = getenv("MUSER_SAMPLE_SHORTCUTS");
+        *v = !(e && *e && atoi(e) == 0);
+    }
+    return *v != 0;
+}
+
 /* One pass of common_sampler_sample: fresh candidates from the logits,
  * optional constraint mask first, then the chain. Returns the candidate
  * array with `selected` set. */
 static mu_candidates *run_pass(mu_sampler *s, const float *logits, const int32_t *banned,
                                size_t n_banned, const mu_sample_constraint *mask) {
-    for (int32_t i = 0; i < s->n_vocab; i++) s->cur[i] = (mu_token_data){i, logits[i], 0.0f};
     mu_candidates *c = &s->cand;
-    *c = (mu_candidates){s->cur, (size_t)s->n_vocab, -1, false};
-    if (mask && mask->apply) mask->apply(mask->ctx, c);
-    apply_bias(s, c, banned, n_banned);
+    if (s->topk_first && !(mask && mask->apply) && shortcut_on(&mu_sample_fuse_top_k)) {
+        /* the top-k stage first: its k candidates straight from the row (the rest is never read) */
+        const size_t k = (size_t)s->p.top_k;
+        mu_cand_top_k_of_row(s->cur, logits, (size_t)s->n_vocab, k, banned, n_banned);
+        *c = (mu_candidates){s->cur, k, -1, true};
+    } else {
+        for (int32_t i = 0; i < s->n_vocab; i++) s->cur[i] = (mu_token_data){i, logits[i], 0.0f};
+        *c = (mu_candidates){s->cur, (size_t)s->n_vocab, -1, false};
+        if (mask && mask->apply) mask->apply(mask->ctx, c);
+        apply_bias(s, c, banned, n_banned);
+    }
     if (s->p.mirostat == 0) {
         for (size_t i = 0; i < s->n_stages; i++)
             if (s->stages[i].active) apply_stage(s, &s->stages[i], c);
@@ -306,16 +331,6 @@ static bool any_candidate_left(const mu_candidates *c) {
     return false;
 }
 
-int mu_sample_fast_greedy = -1;
-
-static bool fast_greedy_on(void) {
-    if (mu_sample_fast_greedy < 0) { /* MUSER_FAST_GREEDY=0: every greedy step through the chain (A/B runs) */
-        const char *e = getenv("MUSER_FAST_GREEDY");
-        mu_sample_fast_greedy = !(e && *e && atoi(e) == 0);
-    }
-    return mu_sample_fast_greedy != 0;
-}
-
 /* The greedy chain's token when the row's maximum is unique, finite and
  * not banned (-1 otherwise: the full chain decides). */
 static int32_t greedy_pick(const mu_sampler *s, const float *logits, const int32_t *banned, size_t n_banned) {
@@ -335,7 +350,7 @@ int32_t mu_sampler_sample(mu_sampler *s, const float *logits, const int32_t *ban
         }
     }
     mu_candidates *cand;
-    if (s->greedy && fast_greedy_on()) {
+    if (s->greedy && shortcut_on(&mu_sample_fast_greedy)) {
         const int32_t id = greedy_pick(s, logits, banned, n_banned);
         if (id >= 0) {
             if (!c || !c->accepts || c->accepts(c->ctx, id)) return id;

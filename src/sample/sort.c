@@ -162,6 +162,47 @@ void mu_cand_std_partial_sort(mu_token_data *a, size_t middle, size_t n) {
     tok_partial_sort(a, middle, n, NULL);
 }
 
+/* tok_partial_sort(a, k, n) of the fresh candidates of a logits row, with
+ * `banned` ids at logit + -INFINITY (the logit-bias stage's arithmetic),
+ * without building the n candidates: the partial sort reads element i only
+ * to compare it with the heap's top, and only an element that passes moves
+ * into the first k (the tail it writes is never read again). So the row is
+ * scanned 16 values at a time against the top (a loop the compiler
+ * vectorizes), and only passing values are made candidates, in index order,
+ * with the same heap moves: out[0..k) ends exactly as tok_partial_sort
+ * leaves a[0..k). */
+void mu_cand_top_k_of_row(mu_token_data *out, const float *logits, size_t n, size_t k, const int32_t *banned,
+                          size_t n_banned) {
+    for (size_t i = 0; i < k; i++) out[i] = (mu_token_data){(int32_t)i, logits[i], 0.0f};
+    for (size_t b = 0; b < n_banned; b++)
+        if ((size_t)banned[b] < k) out[banned[b]].logit += -INFINITY;
+    const ptrdiff_t mid = (ptrdiff_t)k;
+    tok_make_heap(out, mid, NULL);
+    size_t i = k;
+    while (i < n) {
+        const float top = out[0].logit;
+        if (i + 16 <= n) { /* the common case: nothing in the next 16 beats the top */
+            int any = 0;
+            for (int j = 0; j < 16; j++) any |= logits[i + j] > top;
+            if (!any) {
+                i += 16;
+                continue;
+            }
+        }
+        const size_t e = i + 16 < n ? i + 16 : n;
+        for (; i < e; i++) {
+            mu_token_data v = {(int32_t)i, logits[i], 0.0f};
+            for (size_t b = 0; b < n_banned; b++)
+                if ((size_t)banned[b] == i) v.logit += -INFINITY;
+            if (v.logit > out[0].logit) tok_adjust_heap(out, 0, mid, v, NULL); /* tok_pop_heap(a, k, i) */
+        }
+    }
+    for (ptrdiff_t last = mid; last > 1;) {
+        last--;
+        tok_pop_heap(out, last, last, NULL);
+    }
+}
+
 void mu_sample_sort_indices_by_score(size_t *idx, size_t n, const float *score) {
     idx_sort(idx, n, score);
 }
