@@ -347,6 +347,28 @@ static void test_no_libm_calls(void) {
     CHECK_EQ_INT(found, 0);
 }
 
+/* mu_first_nonfinite (util/common.h): none, and a NaN, +inf or -inf at the
+ * first, an inner and the last place of rows of several lengths, with a
+ * second bad value later (the first must be named); finite extremes pass. */
+static void test_first_nonfinite(void) {
+    float x[131] = {0};
+    for (int n = 0; n <= 131; n += n < 20 ? 1 : 37) {
+        for (int i = 0; i < n; i++) x[i] = (i % 3 ? FLT_MAX : -FLT_MAX) * (i % 2 ? 1.0f : 1e-30f);
+        CHECK_EQ_INT((int)mu_first_nonfinite(x, n), n);
+        const float bad[3] = {NAN, INFINITY, -INFINITY};
+        for (int k = 0; k < 3 && n > 0; k++) {
+            const int at[3] = {0, n / 2, n - 1};
+            for (int a = 0; a < 3; a++) {
+                const float keep = x[at[a]], keep_last = x[n - 1];
+                x[at[a]] = bad[k];
+                if (at[a] + 1 < n) x[n - 1] = bad[(k + 1) % 3];
+                CHECK_EQ_INT((int)mu_first_nonfinite(x, n), at[a]);
+                x[n - 1] = keep_last, x[at[a]] = keep;
+            }
+        }
+    }
+}
+
 int main(void) {
     test_expf();
     test_tanhf();
@@ -354,5 +376,6 @@ int main(void) {
     test_trig();
     test_exp_log_pow();
     test_no_libm_calls();
+    test_first_nonfinite();
     TEST_MAIN_END();
 }

@@ -161,16 +161,22 @@ static void capture_boundary(mu_backend *be, const mu_capture *cap, const mu_bat
     }
 }
 
-/* The rows that want logits, gathered (runs of consecutive rows) into dst. */
-static int64_t gather_logit_rows(mu_backend *be, const mu_batch *b, const float *x, float *dst, int64_t E) {
-    int64_t n = 0;
+/* The rows that want logits, *n of them: x itself when every row does
+ * (decode, verification: no copy, which on cuda is a node between two
+ * kernels of a step), else dst with the runs of consecutive rows gathered. */
+static const float *logit_rows(mu_backend *be, const mu_batch *b, const float *x, float *dst, int64_t E, int64_t *n) {
+    *n = 0;
     for (int64_t r0 = 0, r1; r0 < b->n; r0 = r1) {
         for (r1 = r0 + 1; r1 < b->n && b->logits[r1] == b->logits[r0];) r1++;
         if (!b->logits[r0]) continue;
-        be->copy(be, dst + n * E, x + r0 * E, (size_t)((r1 - r0) * E) * sizeof(float));
-        n += r1 - r0;
+        if (r1 - r0 == b->n) {
+            *n = b->n;
+            return x;
+        }
+        be->copy(be, dst + *n * E, x + r0 * E, (size_t)((r1 - r0) * E) * sizeof(float));
+        *n += r1 - r0;
     }
-    return n;
+    return dst;
 }
 
 bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_forward_scratch *s,
@@ -193,13 +199,8 @@ bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_fo
     }
     if (cap) capture_boundary(be, cap, b, (int)c->n_layer, s->x, E);
     if (!logits || !b->logits) return true;
-    /* every row wants logits (decode, verification): the rows as they are,
-     * without a copy (on cuda, a copy node between two kernels of a step) */
-    int64_t n_logits = rows;
-    for (int64_t r = 0; r < rows && n_logits == rows; r++)
-        if (!b->logits[r]) n_logits = -1;
-    const float *xl = s->x;
-    if (n_logits < 0) n_logits = gather_logit_rows(be, b, s->x, s->o, E), xl = s->o;
+    int64_t n_logits;
+    const float *xl = logit_rows(be, b, s->x, s->o, E, &n_logits);
     if (!n_logits) return true;
     be->rmsnorm(be, xl, m->output_norm, c->rms_eps, s->h, E, n_logits);
     be->matmul(be, &m->output, s->h, logits, n_logits);

@@ -32,7 +32,7 @@ struct mu_sampler {
     mu_sample_work work;
     uint64_t fingerprint;
     bool greedy; /* greedy_chain(): the draw is skipped, and a unique maximum is taken without the chain */
-    bool topk_first; /* no bias, and the first active stage is top-k of 1..128 < n_vocab */
+    bool topk_first; /* topk_first() */
 };
 
 /* ------------------------------------------------------------- creation */
@@ -179,6 +179,17 @@ static bool greedy_chain(const mu_sampler *s) {
     return temp;
 }
 
+/* No logit bias, and the first active stage is top-k with k <= 128 (the
+ * std::partial_sort of mu_cand_partial_sort_inplace; larger k take llama's
+ * bucket sort) below the vocabulary: run_pass builds only its k candidates. */
+static bool topk_first(const mu_sampler *s) {
+    if (s->n_bias || s->p.mirostat != 0) return false;
+    for (size_t i = 0; i < s->n_stages; i++)
+        if (s->stages[i].active)
+            return s->stages[i].kind == MU_SAMPLER_TOP_K && s->p.top_k <= 128 && s->p.top_k < s->n_vocab;
+    return false;
+}
+
 mu_sampler *mu_sampler_new(const mu_sampler_params *p, int32_t n_vocab, const char *const *piece,
                            const size_t *piece_len, mu_error *err) {
     if (!p) {
@@ -215,12 +226,7 @@ mu_sampler *mu_sampler_new(const mu_sampler_params *p, int32_t n_vocab, const ch
     s->cur = mu_xmalloc((size_t)n_vocab * sizeof *s->cur);
     s->cand = (mu_candidates){s->cur, 0, -1, false};
     s->greedy = greedy_chain(s);
-    for (size_t i = 0; i < s->n_stages && !s->n_bias && p->mirostat == 0; i++) {
-        if (!s->stages[i].active) continue;
-        /* k <= 128: mu_cand_partial_sort_inplace's std::partial_sort (larger k take llama's bucket sort) */
-        s->topk_first = s->stages[i].kind == MU_SAMPLER_TOP_K && p->top_k <= 128 && p->top_k < n_vocab;
-        break;
-    }
+    s->topk_first = topk_first(s);
     return s;
 }
 

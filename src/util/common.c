@@ -193,3 +193,12 @@ void mu_progress_bar(const char *label, uint64_t done, uint64_t total, double se
             (double)total / 1e6, rate, last ? "\n" : "");
     fflush(stderr);
 }
+
+int64_t mu_first_nonfinite(const float *x, int64_t n) {
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad |= (mu_f32_bits(x[i]) & 0x7F800000u) == 0x7F800000u;
+    if (!bad) return n;
+    int64_t i = 0;
+    while ((mu_f32_bits(x[i]) & 0x7F800000u) != 0x7F800000u) i++;
+    return i;
+}

@@ -67,6 +67,12 @@ float mu_bf16_to_f32(uint16_t h);
 static inline uint32_t mu_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float mu_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
+/* Index of the first non-finite value of x[0..n), n when every one is
+ * finite: one pass over the exponent bits without an early exit (the
+ * compiler vectorizes it; the row checks of a 202,048-token decode step
+ * stand on it), the index searched only when something was found. */
+int64_t mu_first_nonfinite(const float *x, int64_t n);
+
 /* Round an f32 through f16 and back (the KV-store and NVFP4 output boundary). */
 static inline float mu_round_f16(float f) { return mu_f16_to_f32(mu_f32_to_f16(f)); }
 

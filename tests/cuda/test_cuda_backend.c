@@ -205,11 +205,9 @@ static void test_matmul_large(void) {
                                      {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}, {8, 0, 0}, {9, 0, 0},
                                      {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0}, {14, 0, 0}, {15, 0, 0},
                                      {16, 0, 0}, {3, 0, 0}};
-    /* k_mmt with each number of stages (MUSER_CUDA_MMT_ST: 1 the rings' size rule, 2 the default, 3, 4),
-     * with its shared-memory loads and stores of now and of before (MUSER_CUDA_MMT_LDS 1 and 0) */
-    for (int st = 1; st <= 8; st++) {
-        mucu_mmt_stages = (st - 1) % 4 + 1;
-        mucu_mmt_lds = st <= 4;
+    /* k_mmt with each number of stages (MUSER_CUDA_MMT_ST: 1 the rings' size rule, 2 the default, 3, 4) */
+    for (int st = 1; st <= 4; st++) {
+        mucu_mmt_stages = st;
         mucu_mmt_min_rows = 1;
         for (int t = 0; t < 3; t++) {
             const wspec spec = {t == 0 ? "Q4_K" : t == 1 ? "Q5_K" : "Q6_K", t == 0 ? MU_TYPE_Q4_K : t == 1 ? MU_TYPE_Q5_K : MU_TYPE_Q6_K, false, false};
@@ -218,14 +216,12 @@ static void test_matmul_large(void) {
             for (int ri = 0; ri < 4; ri++) {
                 const int64_t rows = rs[ri];
                 char what[96];
-                snprintf(what, sizeof what, "matmul k_mmt %s rows=%lld stages=%d lds=%d", w.name, (long long)rows,
-                         mucu_mmt_stages, mucu_mmt_lds);
+                snprintf(what, sizeof what, "matmul k_mmt %s rows=%lld stages=%d", w.name, (long long)rows, st);
                 compare_matmul(&w, rnd_vec((size_t)(rows * 6656), 3.0f), rows, what);
             }
         }
     }
     mucu_mmt_stages = 0;
-    mucu_mmt_lds = -1;
     mucu_mmt_min_rows = -1;
     const int mmt_saved = mucu_mmt_min_rows_get();
     for (size_t vi = 0; vi < sizeof kernels / sizeof *kernels; vi++) {

@@ -154,7 +154,7 @@ __device__ static inline void mmt_load_act(uint8_t *sa, int nr, int b, int nb, c
 
 /* f[nt][e] for this lane's elements of block b: output g + 8 (e >> 1), row
  * 8 nt + 2t + (e & 1). Rows >= nr give unused values. */
-template <int TYPE, int NT, int LV>
+template <int TYPE, int NT>
 __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, int b, int nb, int64_t o0, int nr,
                                         int g, int t, float f[NT][4]) {
     typedef mmt_fmt<TYPE> F;
@@ -177,14 +177,9 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const uint8_t *p = h ? pb : pa;
-            uint32_t dm, w0, w1, w2;
-            if (LV) { /* one 16-byte load: outputs g and g + 4 share banks at 4 bytes, not at 16 */
-                const uint4 hd = *(const uint4 *)p;
-                dm = hd.x, w0 = hd.y, w1 = hd.z, w2 = hd.w;
-            } else {
-                dm = *(const uint32_t *)p;
-                w0 = *(const uint32_t *)(p + 4), w1 = *(const uint32_t *)(p + 8), w2 = *(const uint32_t *)(p + 12);
-            }
+            /* one 16-byte load: at 4 bytes, outputs g and g + 4 share banks */
+            const uint4 hd = *(const uint4 *)p;
+            const uint32_t dm = hd.x, w0 = hd.y, w1 = hd.z, w2 = hd.w;
             d[h] = h2f((uint16_t)(dm & 0xFFFF));
             dmin[h] = h2f((uint16_t)(dm >> 16));
             sc[h][0] = w0 & 0x3F3F3F3Fu;
@@ -323,7 +318,7 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
 
 /* One CTA: 16 outputs from o0 of weight W, every block, every row. A
  * stage is stage_bytes: the weights, then from xoff the activations. */
-template <int TYPE, int NT, int ST, int LV>
+template <int TYPE, int NT, int ST>
 __device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, const uint8_t *W, int64_t n_out,
                                        int64_t o0, int nb, const int8_t *qs, const float *xd, const int16_t *bs,
                                        int nr, float *y, int has_scale, float scale) {
@@ -369,18 +364,13 @@ __device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, c
         if (b < nb) {
             const uint8_t *st = ring + (k % ST) * stage_bytes;
             float f[NT][4];
-            mmt_block<TYPE, NT, LV>(st, st + xoff, b, nb, o0, nr, g, t, f);
-            if (LV) /* rows 2t and 2t + 1 side by side: one 8-byte store, no bank shared by g and g + 4 */
+            mmt_block<TYPE, NT>(st, st + xoff, b, nb, o0, nr, g, t, f);
+            /* rows 2t and 2t + 1 side by side: one 8-byte store (at 4 bytes, g and g + 4 share banks) */
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        *(float2 *)&fr[(g + 8 * h) * R + 8 * nt + 2 * t] = make_float2(f[nt][2 * h], f[nt][2 * h + 1]);
-            else
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) fr[(g + 8 * (e >> 1)) * R + 8 * nt + 2 * t + (e & 1)] = f[nt][e];
+                for (int h = 0; h < 2; h++)
+                    *(float2 *)&fr[(g + 8 * h) * R + 8 * nt + 2 * t] = make_float2(f[nt][2 * h], f[nt][2 * h + 1]);
         }
         __syncthreads();
         /* thread p = (output p / R, row p % R) adds the round's f_b in block order */
@@ -401,7 +391,7 @@ __device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, c
     }
 }
 
-template <int NT, int ST, int LV>
+template <int NT, int ST>
 __global__ static void __launch_bounds__(128) k_mmt(mmt_set set, int nb, int stage_bytes, int xoff,
                                                    const int8_t *__restrict__ qs, const float *__restrict__ xd,
                                                    const int16_t *__restrict__ bs, int nr) {
@@ -410,46 +400,34 @@ __global__ static void __launch_bounds__(128) k_mmt(mmt_set set, int nb, int sta
     while (i + 1 < set.n && (int)blockIdx.x >= set.first[i + 1]) i++;
     const int64_t o0 = 16 * (int64_t)((int)blockIdx.x - set.first[i]);
     if (set.type[i] == M_Q4_K)
-        mmt_tile<M_Q4_K, NT, ST, LV>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+        mmt_tile<M_Q4_K, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
                                  set.has_scale[i], set.scale[i]);
     else if (set.type[i] == M_Q5_K)
-        mmt_tile<M_Q5_K, NT, ST, LV>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+        mmt_tile<M_Q5_K, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
                                  set.has_scale[i], set.scale[i]);
     else
-        mmt_tile<M_Q6_K, NT, ST, LV>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
+        mmt_tile<M_Q6_K, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
                                  set.has_scale[i], set.scale[i]);
 }
 
 extern "C" {
 int mucu_mmt_min_rows = -1;
 int mucu_mmt_stages = -1;
-int mucu_mmt_lds = -1;
 }
 
 extern "C" int mucu_mmt_min_rows_get(void) { return env_setting(&mucu_mmt_min_rows, "MUSER_CUDA_MMT", 2); }
 
-template <int NT, int ST, int LV>
-static void launch_mmt_lv(const mmt_set &set, int nb, int sb, int xoff, const int8_t *qs, const float *d,
-                          const int16_t *bs, int rows, cudaStream_t st) {
-    const size_t smem = (size_t)MMT_NW * ST * sb + (size_t)2 * MMT_NW * 16 * 8 * NT * 4;
-    static size_t allowed = 48 * 1024; /* per instance: the dynamic shared memory allowed so far */
-    if (smem > allowed) {
-        if (cudaFuncSetAttribute(k_mmt<NT, ST, LV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
-            cudaSuccess)
-            return; /* the error stays for the caller's cudaGetLastError */
-        allowed = smem;
-    }
-    k_mmt<NT, ST, LV><<<set.first[set.n], 128, smem, st>>>(set, nb, sb, xoff, qs, d, bs, rows);
-}
-
-/* MUSER_CUDA_MMT_LDS=0: the shared-memory loads and stores before the Nsight Compute profile of the
- * eleventh session (4-byte header loads and f_b stores, 2-way bank conflicts); 1 (default): 16-byte
- * header loads, 8-byte f_b stores */
 template <int NT, int ST>
 static void launch_mmt(const mmt_set &set, int nb, int sb, int xoff, const int8_t *qs, const float *d,
                        const int16_t *bs, int rows, cudaStream_t st) {
-    if (env_setting(&mucu_mmt_lds, "MUSER_CUDA_MMT_LDS", 1)) launch_mmt_lv<NT, ST, 1>(set, nb, sb, xoff, qs, d, bs, rows, st);
-    else launch_mmt_lv<NT, ST, 0>(set, nb, sb, xoff, qs, d, bs, rows, st);
+    const size_t smem = (size_t)MMT_NW * ST * sb + (size_t)2 * MMT_NW * 16 * 8 * NT * 4;
+    static size_t allowed = 48 * 1024; /* per instance: the dynamic shared memory allowed so far */
+    if (smem > allowed) {
+        if (cudaFuncSetAttribute(k_mmt<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+            return; /* the error stays for the caller's cudaGetLastError */
+        allowed = smem;
+    }
+    k_mmt<NT, ST><<<set.first[set.n], 128, smem, st>>>(set, nb, sb, xoff, qs, d, bs, rows);
 }
 
 extern "C" void mucu_mmt(const mucu_weight *const *w, int n, float *const *y, const int8_t *qs, const float *d,

@@ -19,9 +19,6 @@ extern int mucu_mmt_min_rows;
 /* MUSER_CUDA_MMT_ST: cp.async stages per warp; 0 or unset: 2 (the default), 1: by the rings' size (the
  * rule before), 3 or 4 forced */
 extern int mucu_mmt_stages;
-/* MUSER_CUDA_MMT_LDS: 1 (default) 16-byte header loads and 8-byte f_b stores in shared memory, 0 the
- * loads and stores before (cuda_mmt.cu) */
-extern int mucu_mmt_lds;
 int mucu_mmt_min_rows_get(void);
 
 /* y[i][rows][n_out_i] = x . w[i]^T for n weights of the same n_in, from x's
