@@ -547,16 +547,23 @@ static void test_gemm_tiles(void) {
                 ref->matmul(ref, &w, x, y, rows);
                 static const char *const kname[4] = {"k_gemm_kq", "k_gemm_kq2", "k_gemm_kq2 128-row tiles",
                                                      "k_gemm_kq2 64-row tiles"};
-                for (int k = 3; k >= 0; k--) {
-                    if (k == 1) continue; /* the automatic choice is one of 2 and 3 */
-                    mucu_gemm_kernel = k;
-                    cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
-                    cu->matmul(cu, &w, dx, dy, rows);
-                    char what[128];
-                    snprintf(what, sizeof what, "gemm (%s) %s n_in=%lld n_out=%lld rows=%lld", kname[k], w.name,
-                             (long long)n_in, (long long)n_out, (long long)rows);
-                    check(what, y, dy, (size_t)(rows * n_out) * 4);
-                }
+                /* k_gemm_kq2 unsplit, split as the default plans it (these small
+                 * grids all split) and split 3 ways (shares of 1-3 blocks, the
+                 * last one short) */
+                static const int splits[3] = {0, 1, 3};
+                for (int sp = 0; sp < 3; sp++)
+                    for (int k = 3; k >= 0; k--) {
+                        if (k == 1 || (k == 0 && sp > 0)) continue; /* the automatic choice is one of 2 and 3 */
+                        mucu_gemm_kernel = k;
+                        mucu_set_gemm_split(splits[sp]);
+                        cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
+                        cu->matmul(cu, &w, dx, dy, rows);
+                        char what[160];
+                        snprintf(what, sizeof what, "gemm (%s, split %d) %s n_in=%lld n_out=%lld rows=%lld", kname[k],
+                                 splits[sp], w.name, (long long)n_in, (long long)n_out, (long long)rows);
+                        check(what, y, dy, (size_t)(rows * n_out) * 4);
+                    }
+                mucu_set_gemm_split(-1);
                 cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
             }
         }
@@ -791,6 +798,11 @@ static void test_attn_prefill(void) {
             snprintf(what, sizeof what, "attention H=%lld/%lld D=%lld case %d rows=%lld window=%lld", (long long)H,
                      (long long)Hkv, (long long)D, cs, (long long)rows, (long long)window);
             check_attention(a, dk, kern, hgs, 7, what);
+            /* k_attn_prefill's weighted sum with every key tested per pair (MUSER_CUDA_ATTN_PV4=0) */
+            mucu_set_attn_pv4(0);
+            strncat(what, ", PV4 off", sizeof what - strlen(what) - 1);
+            check_attention(a, dk, kern, hgs, 1, what);
+            mucu_set_attn_pv4(-1);
             free(pos), free(hk), free(dk);
         }
         free(h1.k), free(h1.v), free(h2.k), free(h2.v);
@@ -1126,13 +1138,14 @@ static mucu_weight bench_weight(uint32_t type, int64_t n_in, int64_t n_out) {
 }
 
 /* Median device time (ms) of one mucu_matmul on prequantized activations. */
-static double time_matmul(const mucu_weight *w, const float *dx, float *dy, int64_t rows, void *q8, int reps) {
+static double time_matmul(const mucu_weight *w, const float *dx, float *dy, int64_t rows, void *q8, float *split,
+                          int reps) {
     char msg[MUCU_ERR_LEN];
     double t[64];
     if (reps > 64) reps = 64;
     for (int i = -2; i < reps; i++) {
         double ms = 0;
-        if (!mucu_timer_begin(msg) || !mucu_matmul(w, dx, dy, rows, q8, 1, msg) || !mucu_timer_end(&ms, msg)) {
+        if (!mucu_timer_begin(msg) || !mucu_matmul(w, dx, dy, rows, q8, 1, split, msg) || !mucu_timer_end(&ms, msg)) {
             fprintf(stderr, "bench: %s\n", msg);
             exit(1);
         }
@@ -1178,14 +1191,16 @@ static int bench_gemm(int reps) {
                 float *dy[2] = {dev_raw(NULL, (size_t)(rows * n_out) * 4), dev_raw(NULL, (size_t)(rows * n_out) * 4)};
                 void *q8 = dev_raw(NULL, mucu_q8k_bytes(n_in, rows) + 1);
                 mucu_gemm_kernel = knew;
-                if (!mucu_matmul(&w, dx, dy[1], rows, q8, 0, msg)) { /* quantizes x into q8 */
+                const size_t sb = mucu_gemm_split_bytes(&w, rows);
+                float *dsp = sb ? dev_raw(NULL, sb) : NULL;
+                if (!mucu_matmul(&w, dx, dy[1], rows, q8, 0, dsp, msg)) { /* quantizes x into q8 */
                     fprintf(stderr, "bench: %s\n", msg);
                     return 1;
                 }
                 double ms[2];
                 for (int k = 0; k < 2; k++) {
                     mucu_gemm_kernel = k ? knew : 0;
-                    ms[k] = time_matmul(&w, dx, dy[k], rows, q8, reps);
+                    ms[k] = time_matmul(&w, dx, dy[k], rows, q8, dsp, reps);
                 }
                 const size_t yb = (size_t)(rows * n_out) * 4;
                 uint8_t *h0 = mu_xmalloc(yb), *h1 = mu_xmalloc(yb);
@@ -1205,7 +1220,7 @@ static int bench_gemm(int reps) {
                 if (ti == 0)
                     for (int k = 0; k < 2; k++) layer[k] += ms[k] * shapes[si].layer_count;
                 free(h0), free(h1), free(x);
-                mucu_free(dx, msg), mucu_free(dy[0], msg), mucu_free(dy[1], msg), mucu_free(q8, msg);
+                mucu_free(dx, msg), mucu_free(dy[0], msg), mucu_free(dy[1], msg), mucu_free(q8, msg), mucu_free(dsp, msg);
                 mucu_free((void *)w.data, msg);
             }
         printf("gemm layer (all Q4_K: q k v o gate up down), rows %lld: old %.3f ms, new %.3f ms; 52 layers' "

@@ -24,6 +24,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
 
 #else
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_prefill.h"
 #include "backend/cuda/cuda_trace.h"
 
 typedef struct dev_copy {
@@ -48,6 +49,7 @@ typedef struct cuda_ctx {
     dev_buf q8;      /* Q8_K activation blocks */
     dev_buf tmp;     /* overlapping copies */
     dev_buf part;    /* attention: per 256-key block partials */
+    dev_buf gsplit;  /* many-row products split over their blocks: each block's f_b (mucu_gemm_split_bytes) */
     bool told;       /* footprint printed */
     void *pinned;    /* download staging */
     size_t pinned_cap;
@@ -617,19 +619,32 @@ static bool q8_holds(mu_backend *b, const float *x, int64_t n_in, int64_t rows) 
     return c->q8_x && c->q8_x == x && c->q8_n == n_in * rows;
 }
 
+/* The scratch of the products that split over their blocks (the largest
+ * any of the n weights needs), or NULL when none does. */
+static float *gemm_split(mu_backend *b, const mucu_weight *const *d, int n, int64_t rows) {
+    size_t need = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t s = mucu_gemm_split_bytes(d[i], rows);
+        if (s > need) need = s;
+    }
+    return need ? (float *)buf_reserve_c(ctx_of(b), &ctx_of(b)->gsplit, need, "matmul") : NULL;
+}
+
 static void cuda_matmul(mu_backend *b, const mu_weight *w, const float *x, float *y, int64_t rows) {
     if (rows <= 0) return;
     mucu_weight d = dev_weight(b, w, "matmul", true);
+    const mucu_weight *dp = &d;
+    float *sp = gemm_split(b, &dp, 1, rows);
     if (mucu_matmul_fast(&d) && q8_holds(b, x, w->n_in, rows)) {
-        if (go(b, sig_of("matmul q8", 5, P(d.data), P(x), P(y), I(rows), I(w->n_in))))
-            CHECK("matmul", mucu_matmul(&d, x, y, rows, ctx_of(b)->q8.p, 1, err));
+        if (go(b, sig_of("matmul q8", 6, P(d.data), P(x), P(y), I(rows), I(w->n_in), P(sp))))
+            CHECK("matmul", mucu_matmul(&d, x, y, rows, ctx_of(b)->q8.p, 1, sp, err));
         q8_written(b, y, rows * w->n_out);
         return;
     }
     q8_clear(b);
     void *q8 = buf_reserve_c(ctx_of(b), &ctx_of(b)->q8, mucu_q8k_bytes(w->n_in, rows) + 1, "matmul");
-    if (go(b, sig_of("matmul", 5, P(d.data), P(x), P(y), I(rows), I(w->n_in))))
-        CHECK("matmul", mucu_matmul(&d, x, y, rows, q8, 0, err));
+    if (go(b, sig_of("matmul", 6, P(d.data), P(x), P(y), I(rows), I(w->n_in), P(sp))))
+        CHECK("matmul", mucu_matmul(&d, x, y, rows, q8, 0, sp, err));
     if (mucu_matmul_fast(&d)) { /* the buffer now holds x's split quantization */
         ctx_of(b)->q8_x = x;
         ctx_of(b)->q8_n = w->n_in * rows;
@@ -663,7 +678,9 @@ static void cuda_matmul_multi(mu_backend *b, int n, const mu_weight *const *w, c
     for (int i = 0; i < n; i++) sig = mix64(mix64(sig, P(d[i].data)), P(y[i]));
     const mucu_weight *dp[8];
     for (int i = 0; i < n; i++) dp[i] = &d[i];
-    if (go(b, sig)) CHECK("matmul", mucu_matmul_set(dp, n, x, y, rows, q8, have, err));
+    float *sp = gemm_split(b, dp, n, rows);
+    sig = mix64(sig, P(sp));
+    if (go(b, sig)) CHECK("matmul", mucu_matmul_set(dp, n, x, y, rows, q8, have, sp, err));
     ctx_of(b)->q8_x = x;
     ctx_of(b)->q8_n = w[0]->n_in * rows;
     for (int i = 0; i < n; i++) q8_written(b, y[i], rows * w[i]->n_out);
@@ -881,6 +898,7 @@ static void cuda_destroy(mu_backend *b) {
     (void)mucu_free(c->ring_d, err);
     (void)mucu_free(c->out.p, err);
     (void)mucu_free(c->part.p, err);
+    (void)mucu_free(c->gsplit.p, err);
     (void)mucu_free(c->q8.p, err);
     (void)mucu_free(c->tmp.p, err);
     if (c->cache)

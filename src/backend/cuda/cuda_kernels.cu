@@ -3104,7 +3104,7 @@ static int gemm_min_rows(void) { return env_setting(&gemm_min_rows_v, "MUSER_CUD
  * in q8 when prequantized): rows <= 16 with the default kernel in one
  * k_mmv2_set launch, else one product per weight. */
 extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float *x, float *const *y, int64_t rows,
-                                void *q8, int prequantized, char *err) {
+                                void *q8, int prequantized, float *split, char *err) {
     if (rows <= 0) return true;
     env_setting(&mmv_variant, "MUSER_CUDA_MMV", 3);
     const int gmin = gemm_min_rows();
@@ -3112,7 +3112,7 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
                      !(gmin > 0 && rows >= gmin);
     if (!one) {
         for (int i = 0; i < n; i++)
-            if (!mucu_matmul(w[i], x, y[i], rows, q8, prequantized || i > 0, err)) return false;
+            if (!mucu_matmul(w[i], x, y[i], rows, q8, prequantized || i > 0, split, err)) return false;
         return true;
     }
     const int64_t n_in = w[0]->n_in, nb = rows * (n_in / 256);
@@ -3176,7 +3176,7 @@ static bool fp4_fast(void) { return env_setting(&fp4_v, "MUSER_CUDA_FP4", 1) != 
 extern "C" void mucu_set_fp4(int v) { fp4_v = v; }
 
 extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, int prequantized,
-                            char *err) {
+                            float *split, char *err) {
     if (rows <= 0 || w->n_out <= 0) return true;
     const bool native = w->type == T_NVFP4_NATIVE;
     const bool is_float = w->type == T_F32 || w->type == T_F16 || w->type == T_BF16;
@@ -3191,7 +3191,7 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
         }
         const int gmin = gemm_min_rows();
         if (gmin > 0 && rows >= gmin && mucu_gemm_kq2_takes(rows)) {
-            mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y, g_s); /* cuda_prefill.cu */
+            mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y, split, g_s); /* cuda_prefill.cu */
             return launched("k_gemm_kq2", err);
         }
         if (gmin > 0 && rows >= gmin) {

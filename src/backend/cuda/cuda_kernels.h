@@ -98,11 +98,14 @@ bool mucu_embed(const mucu_weight *w, const int32_t *tokens, int64_t rows, float
 size_t mucu_q8k_bytes(int64_t n_in, int64_t rows);
 /* prequantized (fast-path weights only): q8 already holds x's Q8_K
  * activations from a previous mucu_matmul with the same x, rows and n_in. */
-bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, int prequantized, char *err);
+/* split: scratch of mucu_gemm_split_bytes(w, rows) bytes (cuda_prefill.h)
+ * for a many-row product split over its blocks, or NULL (no split). */
+bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, int prequantized,
+                 float *split, char *err);
 /* n weights that all take the fast kernels, with the same n_in, reading the
  * same x (one quantization; rows <= 16: one launch for all of them). */
 bool mucu_matmul_set(const mucu_weight *const *w, int n, const float *x, float *const *y, int64_t rows, void *q8,
-                     int prequantized, char *err);
+                     int prequantized, float *split, char *err);
 /* Does w take the weight-streaming kernel (Q4_K, Q5_K, split Q6_K)? */
 bool mucu_matmul_fast(const mucu_weight *w);
 /* 0: NVFP4 weights on the generic kernel (k_matmul_warp) instead of

@@ -74,7 +74,7 @@ template <int TYPE, int WM>
 __global__ static void __launch_bounds__(64 * WM, 1)
     k_gemm_kq2(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
                const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
-               int has_scale, float scale) {
+               int has_scale, float scale, float *__restrict__ part, int bpz) {
     grid_dep_wait();
     typedef g2_fmt<TYPE> F;
     typedef g2_smem<TYPE, WM> S;
@@ -138,66 +138,74 @@ __global__ static void __launch_bounds__(64 * WM, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) total[m][n][e] = 0.0f;
 
+    /* blocks kb0 .. kb1-1: all of them, or with `part` this CTA's share of
+     * a split over gridDim.z (each block's f_b then goes to `part`, summed
+     * in block order by k_gemm_split_sum) */
+    const int kb0 = (int)blockIdx.z * bpz, kb1 = min(nb, kb0 + bpz);
 #pragma unroll
     for (int s = 0; s < G2_STAGES - 1; s++) {
-        if (s < nb) load_stage(s, s);
+        if (kb0 + s < kb1) load_stage(s, kb0 + s);
         cp_commit();
     }
-    for (int b = 0; b < nb; b++) {
-        const int s = b % G2_STAGES;
+    for (int b = kb0; b < kb1; b++) {
+        const int s = (b - kb0) % G2_STAGES;
         const uint8_t *st = sm + s * S::STAGE;
         cp_wait<G2_STAGES - 2>(); /* this thread's copies of block b have landed */
         __syncthreads();          /* everyone's have; and block b-1's tables and buffer are free */
-        /* 1. decode the weight blocks' scales */
-        if (!Q6) {
-            for (int i = tid; i < BN * 8; i += NT) {
-                const int o = i % BN, j = i / BN;
-                const uint8_t *q = st + S::W + o * F::LD + 4;
-                int32_t sc, mn;
-                if (j < 4) {
-                    sc = q[j] & 0x3F;
-                    mn = q[j + 4] & 0x3F;
+        /* 1. decode the weight blocks' scales: a thread per output (words
+         * and byte masks: the 12 packed bytes give 8 scales and 8 mins in
+         * 8 operations) and, for Q4_K/Q5_K, a thread per row for the
+         * bsum split */
+        for (int i = tid; i < BN + (Q6 ? 0 : BM); i += NT) {
+            if (i < BN) {
+                const int o = i;
+                if (!Q6) {
+                    const uint4 hq = *(const uint4 *)(st + S::W + o * F::LD); /* d, dmin, 12 scale bytes */
+                    const uint32_t w0 = hq.y, w1 = hq.z, w2 = hq.w;
+                    const uint32_t sc03 = w0 & 0x3F3F3F3Fu, mn03 = w1 & 0x3F3F3F3Fu;
+                    const uint32_t sc47 = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+                    const uint32_t mn47 = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        tsc[j * BN + o] = (int32_t)((sc03 >> (8 * j)) & 0xFF);
+                        tsc[(j + 4) * BN + o] = (int32_t)((sc47 >> (8 * j)) & 0xFF);
+                    }
+                    *(uint2 *)(tmin + 8 * o) = make_uint2(mn03, mn47); /* 0..63 each */
+                    td[o] = h2f((uint16_t)(hq.x & 0xFFFF));
+                    tdm[o] = h2f((uint16_t)(hq.x >> 16));
                 } else {
-                    sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-                    mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+                    const uint4 sq = *(const uint4 *)(st + S::W6S + 16 * o);
+                    const uint32_t sw[4] = {sq.x, sq.y, sq.z, sq.w};
+#pragma unroll
+                    for (int j = 0; j < 16; j++) tsc[j * BN + o] = (int32_t)(int8_t)(sw[j >> 2] >> (8 * (j & 3)));
+                    const int64_t item = (out0 + o) * nb + b;
+                    const uint16_t *h = (const uint16_t *)(st + S::W6D + 4 * o);
+                    td[o] = h2f(h[item & 1]);
                 }
-                tsc[j * BN + o] = sc;
-                tmin[8 * o + j] = (int8_t)mn; /* 0..63 */
-            }
-            if (tid < BN) {
-                const uint16_t *h = (const uint16_t *)(st + S::W + tid * F::LD);
-                td[tid] = h2f(h[0]);
-                tdm[tid] = h2f(h[1]);
-            }
-            /* the rows' sub-block sums bsum_j = bs[2j] + bs[2j+1] (|bsum_j| <= 32*128) as
-             * lo_j = bsum_j & 127 and hi_j = bsum_j >> 7 (floor), both int8:
-             * bsum_j = 128*hi_j + lo_j, so summ = sum_j m_j*lo_j + 128*sum_j m_j*hi_j
-             * comes exactly from two k16 mma (step 3) */
-            if (tid < BM) {
-                const int16_t *bs = (const int16_t *)(st + S::XB) + 16 * tid;
+            } else {
+                /* the rows' sub-block sums bsum_j = bs[2j] + bs[2j+1] (|bsum_j| <= 32*128) as
+                 * lo_j = bsum_j & 127 and hi_j = bsum_j >> 7 (floor), both int8:
+                 * bsum_j = 128*hi_j + lo_j, so summ = sum_j m_j*lo_j + 128*sum_j m_j*hi_j
+                 * comes exactly from two k16 mma (step 3) */
+                const int r = i - BN;
+                const uint4 *bq = (const uint4 *)(st + S::XB + 32 * r);
+                const uint4 u0 = bq[0], u1 = bq[1];
+                const uint32_t bw[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+                uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
 #pragma unroll
                 for (int jj = 0; jj < 8; jj++) {
-                    const int32_t v = (int32_t)bs[2 * jj] + (int32_t)bs[2 * jj + 1];
-                    txb[16 * tid + jj] = (int8_t)(v & 127);
-                    txb[16 * tid + 8 + jj] = (int8_t)(v >> 7);
+                    const int32_t v = (int32_t)(int16_t)(bw[jj] & 0xFFFF) + ((int32_t)bw[jj] >> 16);
+                    lo[jj >> 2] |= (uint32_t)(v & 127) << (8 * (jj & 3));
+                    hi[jj >> 2] |= ((uint32_t)(v >> 7) & 0xFF) << (8 * (jj & 3));
                 }
-            }
-        } else {
-            for (int i = tid; i < BN * 16; i += NT) {
-                const int o = i % BN, j = i / BN;
-                tsc[j * BN + o] = (int8_t)st[S::W6S + 16 * o + j];
-            }
-            if (tid < BN) {
-                const int64_t item = (out0 + tid) * nb + b;
-                const uint16_t *h = (const uint16_t *)(st + S::W6D + 4 * tid);
-                td[tid] = h2f(h[item & 1]);
+                *(uint4 *)(txb + 16 * r) = make_uint4(lo[0], lo[1], hi[0], hi[1]);
             }
         }
         __syncthreads();
         /* the copies of block b + STAGES - 1 overlap this block's math */
         {
             const int nx = b + G2_STAGES - 1;
-            if (nx < nb) load_stage(nx % G2_STAGES, nx);
+            if (nx < kb1) load_stage((nx - kb0) % G2_STAGES, nx);
             cp_commit();
         }
         /* 2. integer sums */
@@ -272,6 +280,11 @@ __global__ static void __launch_bounds__(64 * WM, 1)
                 }
             }
         }
+        /* split: this block's f_b of the tile, element (m, n, e) of
+         * thread (warp, lane) at (warp * 64 + element) * 32 + lane */
+        float *pf = part ? part + (((int64_t)b * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * (NT * 64) +
+                               warp * 64 * 32 + lane
+                         : nullptr;
         /* 3. f_b and the ordered totals. Thread element e of tile (m, n) is
          * row xr0 + 16m + g + 8(e >> 1), output wo0 + 8n + 2t + (e & 1). */
         /* summ (Q4_K/Q5_K), per n tile, in the same fragment layout as sumi:
@@ -315,12 +328,14 @@ __global__ static void __launch_bounds__(64 * WM, 1)
                         float f;
                         if (Q6) f = (d * xd[m][h]) * (float)sumi[m][n][e];
                         else f = (d * xd[m][h]) * (float)sumi[m][n][e] - (dmin * xd[m][h]) * (float)summ[m][e];
-                        total[m][n][e] = total[m][n][e] + f;
+                        if (part) pf[((m * 8 + n) * 4 + e) * 32] = f;
+                        else total[m][n][e] = total[m][n][e] + f;
                     }
             }
         }
     }
     cp_wait<0>(); /* no copy may still target shared memory at exit */
+    if (part) return;
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -332,9 +347,89 @@ __global__ static void __launch_bounds__(64 * WM, 1)
             }
 }
 
+/* The split's second pass: y = sum of the blocks' f_b in block order from
+ * 0.0f, as k_gemm_kq2's own loop adds them. A thread per element of
+ * `part`'s tile layout (lane fastest, so each block's reads are coalesced);
+ * the element's (row, output) is the GEMM's fragment map. */
+template <int WM>
+__global__ static void __launch_bounds__(256)
+    k_gemm_split_sum(const float *__restrict__ part, int nb, int gx, int gy, int64_t rows, int64_t n_out,
+                     float *__restrict__ y, int has_scale, float scale) {
+    grid_dep_wait();
+    constexpr int NT = 64 * WM, BM = 32 * WM;
+    const int64_t tstride = (int64_t)gx * gy * NT * 64;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tstride) return;
+    const int64_t tile = i / (NT * 64);
+    const int rem = (int)(i % (NT * 64)), warp = rem >> 11, elem = (rem >> 5) & 63, lane = rem & 31;
+    const int g = lane >> 2, t = lane & 3, wm = warp % WM, wn = warp / WM;
+    const int m = elem >> 5, n = (elem >> 2) & 7, e = elem & 3;
+    const int64_t r = (tile % gx) * BM + 32 * wm + 16 * m + g + 8 * (e >> 1);
+    const int64_t o = (tile / gx) * G2_BN + 64 * wn + 8 * n + 2 * t + (e & 1);
+    if (r >= rows || o >= n_out) return;
+    float total = 0.0f;
+#pragma unroll 8
+    for (int b = 0; b < nb; b++) total = total + part[(int64_t)b * tstride + i];
+    y[r * n_out + o] = has_scale ? total * scale : total;
+}
+
+/* Tiles and split of a k_gemm_kq2 call. 128-row tiles (one CTA of 8 warps
+ * per SM: 200+ KiB of shared memory), or 64 when there are at most 64 rows
+ * or 128-row tiles would leave a good part of the SMs idle (the 256-output
+ * k/v projections: 8 tiles at 512 rows, 32 at 2048). A grid of fewer than
+ * 100 tiles is also split over the blocks (gridDim.z = ks, bpz blocks
+ * each) when `split` bytes of scratch are at most 256 MiB: each CTA's
+ * chain of blocks is what bounds such a call (ncu, 512 rows: the 16 CTAs
+ * of the k projection took 133 us against 176 for q's 128 CTAs).
+ * MUSER_CUDA_GEMM_SPLIT=0 turns the split off. */
+struct g2_plan {
+    int wm, gx, gy, ks, bpz;
+    size_t split; /* scratch bytes, 0 without a split */
+};
+
+static int gemm_split_v = -1;
+static int sm_count(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
+            n = v;
+        else n = 132;
+    }
+    return n;
+}
+
+static g2_plan g2_plan_of(int64_t rows, int64_t n_out, int nb) {
+    g2_plan p;
+    const int64_t ty = (n_out + G2_BN - 1) / G2_BN, tiles128 = ((rows + 127) / 128) * ty;
+    const int k = mucu_gemm_kernel_get(); /* 2, 3: 128- or 64-row tiles forced (tests) */
+    p.wm = (k == 2 || (k != 3 && rows > 64 && tiles128 >= 100)) ? 4 : 2;
+    p.gx = (int)((rows + 32 * p.wm - 1) / (32 * p.wm));
+    p.gy = (int)ty;
+    p.ks = 1;
+    p.bpz = nb;
+    p.split = 0;
+    const int64_t tiles = (int64_t)p.gx * p.gy;
+    const int sp = env_setting(&gemm_split_v, "MUSER_CUDA_GEMM_SPLIT", 1);
+    if (sp != 0 && nb > 1 && (tiles < 100 || sp >= 2)) {
+        int ks = sp >= 2 ? sp : (int)((2 * sm_count() + tiles - 1) / tiles);
+        if (ks > nb) ks = nb;
+        const int bpz = (nb + ks - 1) / ks;
+        ks = (nb + bpz - 1) / bpz;
+        const size_t bytes = (size_t)nb * (size_t)tiles * (size_t)(64 * p.wm) * 64 * sizeof(float);
+        if (ks > 1 && bytes <= ((size_t)256 << 20)) {
+            p.ks = ks;
+            p.bpz = bpz;
+            p.split = bytes;
+        }
+    }
+    return p;
+}
+
 template <int TYPE, int WM>
 static void launch_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
-                            float *y, cudaStream_t st) {
+                            float *y, const g2_plan &p, float *split, cudaStream_t st) {
     typedef g2_smem<TYPE, WM> S;
     static bool attr_set = false; /* once per instance: more than 48 KiB of dynamic shared memory */
     if (!attr_set) {
@@ -343,22 +438,24 @@ static void launch_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float 
             return; /* the error stays for the caller's cudaGetLastError */
         attr_set = true;
     }
-    const dim3 grid((unsigned)((rows + S::BM - 1) / S::BM), (unsigned)((w->n_out + G2_BN - 1) / G2_BN));
-    k_gemm_kq2<TYPE, WM><<<grid, 64 * WM, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
-                                                      w->has_scale, w->scale);
+    const int nb = (int)(w->n_in / 256);
+    const bool sp = p.ks > 1 && split;
+    const dim3 grid((unsigned)p.gx, (unsigned)p.gy, sp ? (unsigned)p.ks : 1u);
+    k_gemm_kq2<TYPE, WM><<<grid, 64 * WM, S::TOTAL, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale,
+                                                      w->scale, sp ? split : nullptr, sp ? p.bpz : nb);
+    if (sp) {
+        const int64_t n = (int64_t)p.gx * p.gy * 64 * WM * 64;
+        k_gemm_split_sum<WM><<<(unsigned)((n + 255) / 256), 256, 0, st>>>(split, nb, p.gx, p.gy, rows, w->n_out, y,
+                                                                          w->has_scale, w->scale);
+    }
 }
 
 template <int TYPE>
 static void launch_gemm_kq2_t(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
-                              float *y, cudaStream_t st) {
-    /* 128-row tiles (one CTA of 8 warps per SM: 200+ KiB of shared
-     * memory), or 64 when there are at most 64 rows or 128-row tiles would
-     * leave a good part of the H200's 132 SMs idle (the 256-output k/v
-     * projections: 8 tiles at 512 rows, 32 at 2048) */
-    const int64_t tiles128 = ((rows + 127) / 128) * ((w->n_out + G2_BN - 1) / G2_BN);
-    const int k = mucu_gemm_kernel_get(); /* 2, 3: 128- or 64-row tiles forced (tests) */
-    if (k == 2 || (k != 3 && rows > 64 && tiles128 >= 100)) launch_gemm_kq2<TYPE, 4>(w, qs, d, bs, rows, y, st);
-    else launch_gemm_kq2<TYPE, 2>(w, qs, d, bs, rows, y, st);
+                              float *y, float *split, cudaStream_t st) {
+    const g2_plan p = g2_plan_of(rows, w->n_out, (int)(w->n_in / 256));
+    if (p.wm == 4) launch_gemm_kq2<TYPE, 4>(w, qs, d, bs, rows, y, p, split, st);
+    else launch_gemm_kq2<TYPE, 2>(w, qs, d, bs, rows, y, p, split, st);
 }
 
 extern "C" {
@@ -367,18 +464,26 @@ int mucu_gemm_kernel = -1;
 
 extern "C" int mucu_gemm_kernel_get(void) { return env_setting(&mucu_gemm_kernel, "MUSER_CUDA_GEMM_KERNEL", 1); }
 
+extern "C" void mucu_set_gemm_split(int v) { gemm_split_v = v; }
+
 extern "C" bool mucu_gemm_kq2_takes(int64_t rows) {
     const int k = mucu_gemm_kernel_get();
     (void)rows;
     return k >= 1;
 }
 
+extern "C" size_t mucu_gemm_split_bytes(const mucu_weight *w, int64_t rows) {
+    const bool kq = w->type == P_Q4_K || w->type == P_Q5_K || (w->type == P_Q6_K && w->q6_split);
+    if (!kq || rows < 1 || !mucu_gemm_kq2_takes(rows)) return 0;
+    return g2_plan_of(rows, w->n_out, (int)(w->n_in / 256)).split;
+}
+
 extern "C" void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
-                              float *y, void *stream) {
+                              float *y, float *split, void *stream) {
     const cudaStream_t st = (cudaStream_t)stream;
-    if (w->type == P_Q4_K) launch_gemm_kq2_t<P_Q4_K>(w, qs, d, bs, rows, y, st);
-    else if (w->type == P_Q5_K) launch_gemm_kq2_t<P_Q5_K>(w, qs, d, bs, rows, y, st);
-    else launch_gemm_kq2_t<P_Q6_K>(w, qs, d, bs, rows, y, st);
+    if (w->type == P_Q4_K) launch_gemm_kq2_t<P_Q4_K>(w, qs, d, bs, rows, y, split, st);
+    else if (w->type == P_Q5_K) launch_gemm_kq2_t<P_Q5_K>(w, qs, d, bs, rows, y, split, st);
+    else launch_gemm_kq2_t<P_Q6_K>(w, qs, d, bs, rows, y, split, st);
 }
 
 /* ---------------------------------------------------------------- timer */
@@ -433,7 +538,7 @@ template <int DC>
 __global__ static void __launch_bounds__(PA_NT, 1)
     k_attn_prefill(const mucu_attn_row *__restrict__ desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                    float scale, const float *__restrict__ q, float *__restrict__ part, int64_t nbmax,
-                   float *__restrict__ final_out) {
+                   float *__restrict__ final_out, int pv4) {
     grid_dep_wait();
     typedef pa_smem<DC> SM;
     constexpr int D = SM::D;
@@ -558,7 +663,34 @@ __global__ static void __launch_bounds__(PA_NT, 1)
 #pragma unroll
                 for (int d = 0; d < 8; d++) acc[i][d] = 0.0f;
             }
-            for (int p = 0; p < kmax; p++) {
+            /* keys below every real pair's count need no per-pair test
+             * (pairs past P compute unused sums), 4 at a time with each
+             * pair's 4 weights in one load; the rest one by one */
+            int kmin = pv4 ? kmax : 0;
+#pragma unroll
+            for (int i = 0; i < PPT; i++)
+                if (pg * PPT + i < P && nk[i] < kmin) kmin = nk[i];
+            int p = 0;
+            for (; p + 4 <= kmin; p += 4) {
+                float4 e4[PPT];
+#pragma unroll
+                for (int i = 0; i < PPT; i++) e4[i] = *(const float4 *)(S + (pg * PPT + i) * PA_SLD + p);
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const uint4 raw = *(const uint4 *)(kv + (p + u) * D + 8 * dg);
+                    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+                    float vf[8];
+#pragma unroll
+                    for (int d = 0; d < 8; d++) vf[d] = h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
+#pragma unroll
+                    for (int i = 0; i < PPT; i++) {
+                        const float e = u == 0 ? e4[i].x : u == 1 ? e4[i].y : u == 2 ? e4[i].z : e4[i].w;
+#pragma unroll
+                        for (int d = 0; d < 8; d++) acc[i][d] = fmaf(e, vf[d], acc[i][d]);
+                    }
+                }
+            }
+            for (; p < kmax; p++) {
                 const uint4 raw = *(const uint4 *)(kv + p * D + 8 * dg);
                 const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
                 float vf[8];
@@ -605,6 +737,11 @@ extern "C" bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_
            n_head / n_head_kv <= PA_PMAX && (head_dim == 32 || head_dim == 64 || head_dim == 128);
 }
 
+/* MUSER_CUDA_ATTN_PV4=0: k_attn_prefill's weighted sum tests every pair
+ * at every key (the loop before the 4-key one; A/B and tests). */
+static int pv4_v = -1;
+extern "C" void mucu_set_attn_pv4(int v) { pv4_v = v; }
+
 template <int DC>
 static void launch_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                                 float scale, const float *q, float *part, int64_t nbmax, float *final_out,
@@ -619,7 +756,7 @@ static void launch_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t
     const int64_t rpc = PA_PMAX / (n_head / n_head_kv);
     const dim3 grid((unsigned)nbmax, (unsigned)n_head_kv, (unsigned)((rows + rpc - 1) / rpc));
     k_attn_prefill<DC><<<grid, PA_NT, pa_smem<DC>::TOTAL, st>>>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax,
-                                                            final_out);
+                                                            final_out, env_setting(&pv4_v, "MUSER_CUDA_ATTN_PV4", 1));
 }
 
 extern "C" void mucu_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
