@@ -495,8 +495,11 @@ extern "C" void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const floa
  * "Attention"). A CTA takes one 256-key block j of up to 64 (row, head)
  * pairs: RPC = 64 / G consecutive rows x the G query heads of one KV head.
  * Rows that share their planes and `first` (one sequence, full attention)
- * share the block's keys, which are staged in shared memory once (K, then
- * V over it); otherwise the CTA takes its rows one at a time. Per block:
+ * share the block's keys, which are staged in shared memory once, 128
+ * keys at a time (K's halves for the scores, then V's over them for the
+ * sums: 98.5 KB at head_dim 128, so two CTAs share an SM and one's loads
+ * and barriers overlap the other's arithmetic); otherwise the CTA takes
+ * its rows one at a time. Per block:
  *  - s_p: a warp computes 4 pairs x 8 keys at once, lane l owning the
  *    chain p[l] of the 32-lane dot (fmaf over d = l, l+32, ... in order);
  *    the 32 chains of each of the 32 dots are then folded across lanes by
@@ -514,11 +517,12 @@ extern "C" void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const floa
 #define PA_PMAX 64
 #define PA_SLD 260 /* score row stride: pairs 4 apart fall 16 banks apart */
 #define PA_NT 256
+#define PA_HALF 128 /* keys staged at a time: 98.5 KB of shared memory (D 128), two CTAs per SM */
 
 template <int DC> struct pa_smem {
     static constexpr int D = 32 * DC;
-    static constexpr int KV = 0;                     /* f16 [256][D] */
-    static constexpr int S = KV + 256 * D * 2;       /* f32 [PA_PMAX][PA_SLD] */
+    static constexpr int KV = 0;                     /* f16 [PA_HALF][D]: half a block of K, then of V */
+    static constexpr int S = KV + PA_HALF * D * 2;   /* f32 [PA_PMAX][PA_SLD] */
     static constexpr int TOTAL = S + PA_PMAX * PA_SLD * 4;
 };
 
@@ -535,7 +539,7 @@ template <int H> __device__ static inline void fold_step(float *v, int lane) {
 }
 
 template <int DC>
-__global__ static void __launch_bounds__(PA_NT, 1)
+__global__ static void __launch_bounds__(PA_NT, 2)
     k_attn_prefill(const mucu_attn_row *__restrict__ desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                    float scale, const float *__restrict__ q, float *__restrict__ part, int64_t nbmax,
                    float *__restrict__ final_out, int pv4) {
@@ -575,54 +579,62 @@ __global__ static void __launch_bounds__(PA_NT, 1)
             const int64_t pos = rd[rs + pi / G].pos;
             nk_s[pi] = start > pos ? 0 : (int)(pos - start + 1 < 256 ? pos - start + 1 : 256);
         }
-        /* stage K: keys start .. start + nkmax - 1 by logical position */
+        /* K by halves of the block (keys start + 128h .. by logical
+         * position), each half's scores before the next half is staged */
         const uint16_t *kbase = a.k + kh * a.cap * D, *vbase = a.v + kh * a.cap * D;
         const int64_t phys0 = start % a.cap;
-        for (int i = tid; i < nkmax * DG; i += PA_NT) {
-            const int p = i / DG, c = i % DG;
-            int64_t phys = phys0 + p;
-            if (phys >= a.cap) phys -= a.cap;
-            *(uint4 *)(kv + p * D + 8 * c) = __ldg((const uint4 *)(kbase + phys * D) + c);
-        }
-        __syncthreads();
-        /* scores */
-        const int quads = (P + 3) / 4, octs = (nkmax + 7) / 8;
-        for (int pq = warp; pq < quads; pq += PA_NT / 32) {
-            float qv[4][DC];
-#pragma unroll
-            for (int pi = 0; pi < 4; pi++) {
-                const int pair = 4 * pq + pi;
-                const int64_t rh = (r0 + rs + pair / G) * n_head + kh * G + pair % G;
-#pragma unroll
-                for (int c = 0; c < DC; c++) qv[pi][c] = pair < P ? q[rh * D + 32 * c + lane] : 0.0f;
+        auto stage = [&](const uint16_t *base, int k0, int nkh) {
+            for (int i = tid; i < nkh * DG; i += PA_NT) {
+                const int p = i / DG, c = i % DG;
+                int64_t phys = phys0 + k0 + p;
+                if (phys >= a.cap) phys -= a.cap;
+                *(uint4 *)(kv + p * D + 8 * c) = __ldg((const uint4 *)(base + phys * D) + c);
             }
-            for (int ko = 0; ko < octs; ko++) {
-                float v[32];
+        };
+        const int quads = (P + 3) / 4;
+        for (int k0 = 0; k0 < nkmax; k0 += PA_HALF) {
+            const int nkh = nkmax - k0 < PA_HALF ? nkmax - k0 : PA_HALF;
+            if (k0 > 0) __syncthreads(); /* the previous half's scores are done with kv */
+            stage(kbase, k0, nkh);
+            __syncthreads();
+            const int octs = (nkh + 7) / 8;
+            for (int pq = warp; pq < quads; pq += PA_NT / 32) {
+                float qv[4][DC];
 #pragma unroll
-                for (int i = 0; i < 32; i++) v[i] = 0.0f;
+                for (int pi = 0; pi < 4; pi++) {
+                    const int pair = 4 * pq + pi;
+                    const int64_t rh = (r0 + rs + pair / G) * n_head + kh * G + pair % G;
 #pragma unroll
-                for (int c = 0; c < DC; c++) {
-                    float kf[8];
-#pragma unroll
-                    for (int k = 0; k < 8; k++) kf[k] = h2f(kv[(8 * ko + k) * D + 32 * c + lane]);
-#pragma unroll
-                    for (int pi = 0; pi < 4; pi++)
-#pragma unroll
-                        for (int k = 0; k < 8; k++) v[8 * pi + k] = fmaf(qv[pi][c], kf[k], v[8 * pi + k]);
+                    for (int c = 0; c < DC; c++) qv[pi][c] = pair < P ? q[rh * D + 32 * c + lane] : 0.0f;
                 }
-                /* the fold: at step h a lane keeps the half of its dots
-                 * selected by its bit h, adding the partner's chain-h partial */
-                fold_step<16>(v, lane);
-                fold_step<8>(v, lane);
-                fold_step<4>(v, lane);
-                fold_step<2>(v, lane);
-                fold_step<1>(v, lane);
-                const int pair = 4 * pq + (lane >> 3), key = 8 * ko + (lane & 7);
-                if (pair < P) S[pair * PA_SLD + key] = v[0] * scale;
+                for (int ko = 0; ko < octs; ko++) {
+                    float v[32];
+#pragma unroll
+                    for (int i = 0; i < 32; i++) v[i] = 0.0f;
+#pragma unroll
+                    for (int c = 0; c < DC; c++) {
+                        float kf[8];
+#pragma unroll
+                        for (int k = 0; k < 8; k++) kf[k] = h2f(kv[(8 * ko + k) * D + 32 * c + lane]);
+#pragma unroll
+                        for (int pi = 0; pi < 4; pi++)
+#pragma unroll
+                            for (int k = 0; k < 8; k++) v[8 * pi + k] = fmaf(qv[pi][c], kf[k], v[8 * pi + k]);
+                    }
+                    /* the fold: at step h a lane keeps the half of its dots
+                     * selected by its bit h, adding the partner's chain-h partial */
+                    fold_step<16>(v, lane);
+                    fold_step<8>(v, lane);
+                    fold_step<4>(v, lane);
+                    fold_step<2>(v, lane);
+                    fold_step<1>(v, lane);
+                    const int pair = 4 * pq + (lane >> 3), key = k0 + 8 * ko + (lane & 7);
+                    if (pair < P) S[pair * PA_SLD + key] = v[0] * scale;
+                }
             }
         }
         __syncthreads();
-        /* m_b (scan in key order); V over K */
+        /* m_b (scan in key order) */
         for (int pi = tid; pi < P; pi += PA_NT) {
             float m = -INFINITY;
             const float *sp = S + pi * PA_SLD;
@@ -631,12 +643,6 @@ __global__ static void __launch_bounds__(PA_NT, 1)
                 if (sv > m) m = sv;
             }
             m_s[pi] = m;
-        }
-        for (int i = tid; i < nkmax * DG; i += PA_NT) {
-            const int p = i / DG, c = i % DG;
-            int64_t phys = phys0 + p;
-            if (phys >= a.cap) phys -= a.cap;
-            *(uint4 *)(kv + p * D + 8 * c) = __ldg((const uint4 *)(vbase + phys * D) + c);
         }
         __syncthreads();
         for (int i = tid; i < P * 256; i += PA_NT) {
@@ -670,39 +676,48 @@ __global__ static void __launch_bounds__(PA_NT, 1)
 #pragma unroll
             for (int i = 0; i < PPT; i++)
                 if (pg * PPT + i < P && nk[i] < kmin) kmin = nk[i];
-            int p = 0;
-            for (; p + 4 <= kmin; p += 4) {
-                float4 e4[PPT];
+            /* V by halves of the block, like K; each thread's keys in order */
+            for (int k0 = 0; k0 < nkmax; k0 += PA_HALF) {
+                const int nkh = nkmax - k0 < PA_HALF ? nkmax - k0 : PA_HALF;
+                __syncthreads(); /* kv is free: the scores are done, or the previous half's sums */
+                stage(vbase, k0, nkh);
+                __syncthreads();
+                const int hi = kmax < k0 + nkh ? kmax : k0 + nkh, hu = kmin < hi ? kmin : hi;
+                int p = k0;
+                for (; p + 4 <= hu; p += 4) {
+                    float4 e4[PPT];
 #pragma unroll
-                for (int i = 0; i < PPT; i++) e4[i] = *(const float4 *)(S + (pg * PPT + i) * PA_SLD + p);
+                    for (int i = 0; i < PPT; i++) e4[i] = *(const float4 *)(S + (pg * PPT + i) * PA_SLD + p);
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const uint4 raw = *(const uint4 *)(kv + (p + u) * D + 8 * dg);
+                    for (int u = 0; u < 4; u++) {
+                        const uint4 raw = *(const uint4 *)(kv + (p - k0 + u) * D + 8 * dg);
+                        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+                        float vf[8];
+#pragma unroll
+                        for (int d = 0; d < 8; d++)
+                            vf[d] = h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
+#pragma unroll
+                        for (int i = 0; i < PPT; i++) {
+                            const float e = u == 0 ? e4[i].x : u == 1 ? e4[i].y : u == 2 ? e4[i].z : e4[i].w;
+#pragma unroll
+                            for (int d = 0; d < 8; d++) acc[i][d] = fmaf(e, vf[d], acc[i][d]);
+                        }
+                    }
+                }
+                for (; p < hi; p++) {
+                    const uint4 raw = *(const uint4 *)(kv + (p - k0) * D + 8 * dg);
                     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
                     float vf[8];
 #pragma unroll
                     for (int d = 0; d < 8; d++) vf[d] = h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
 #pragma unroll
-                    for (int i = 0; i < PPT; i++) {
-                        const float e = u == 0 ? e4[i].x : u == 1 ? e4[i].y : u == 2 ? e4[i].z : e4[i].w;
+                    for (int i = 0; i < PPT; i++)
+                        if (p < nk[i]) {
+                            const float e = S[(pg * PPT + i) * PA_SLD + p];
 #pragma unroll
-                        for (int d = 0; d < 8; d++) acc[i][d] = fmaf(e, vf[d], acc[i][d]);
-                    }
+                            for (int d = 0; d < 8; d++) acc[i][d] = fmaf(e, vf[d], acc[i][d]);
+                        }
                 }
-            }
-            for (; p < kmax; p++) {
-                const uint4 raw = *(const uint4 *)(kv + p * D + 8 * dg);
-                const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-                float vf[8];
-#pragma unroll
-                for (int d = 0; d < 8; d++) vf[d] = h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
-#pragma unroll
-                for (int i = 0; i < PPT; i++)
-                    if (p < nk[i]) {
-                        const float e = S[(pg * PPT + i) * PA_SLD + p];
-#pragma unroll
-                        for (int d = 0; d < 8; d++) acc[i][d] = fmaf(e, vf[d], acc[i][d]);
-                    }
             }
             __syncthreads(); /* l_s is complete */
 #pragma unroll
@@ -748,8 +763,11 @@ static void launch_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t
                                 cudaStream_t st) {
     static bool attr_set = false;
     if (!attr_set) {
+        /* the largest shared-memory carveout, so that two CTAs fit on an SM */
         if (cudaFuncSetAttribute(k_attn_prefill<DC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 pa_smem<DC>::TOTAL) != cudaSuccess)
+                                 pa_smem<DC>::TOTAL) != cudaSuccess ||
+            cudaFuncSetAttribute(k_attn_prefill<DC>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess)
             return;
         attr_set = true;
     }
