@@ -24,7 +24,6 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
 
 #else
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/cuda_prefill.h"
 #include "backend/cuda/cuda_trace.h"
 
 typedef struct dev_copy {
@@ -49,7 +48,7 @@ typedef struct cuda_ctx {
     dev_buf q8;      /* Q8_K activation blocks */
     dev_buf tmp;     /* overlapping copies */
     dev_buf part;    /* attention: per 256-key block partials */
-    dev_buf gsplit;  /* many-row products split over their blocks: each block's f_b (mucu_gemm_split_bytes) */
+    dev_buf gsplit;  /* many-row products split over their blocks: each block's f_b (mucu_matmul_split_bytes) */
     bool told;       /* footprint printed */
     void *pinned;    /* download staging */
     size_t pinned_cap;
@@ -624,7 +623,7 @@ static bool q8_holds(mu_backend *b, const float *x, int64_t n_in, int64_t rows) 
 static float *gemm_split(mu_backend *b, const mucu_weight *const *d, int n, int64_t rows) {
     size_t need = 0;
     for (int i = 0; i < n; i++) {
-        const size_t s = mucu_gemm_split_bytes(d[i], rows);
+        const size_t s = mucu_matmul_split_bytes(d[i], rows);
         if (s > need) need = s;
     }
     return need ? (float *)buf_reserve_c(ctx_of(b), &ctx_of(b)->gsplit, need, "matmul") : NULL;

@@ -3169,6 +3169,12 @@ extern "C" bool mucu_matmul_fast(const mucu_weight *w) {
     return w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split);
 }
 
+extern "C" size_t mucu_matmul_split_bytes(const mucu_weight *w, int64_t rows) {
+    const int gmin = gemm_min_rows();
+    if (!mucu_matmul_fast(w) || gmin <= 0 || rows < gmin || !mucu_gemm_kq2_takes(rows)) return 0;
+    return mucu_gemm_split_bytes(w, rows); /* cuda_prefill.cu */
+}
+
 /* MUSER_CUDA_FP4=0: NVFP4, Q8_0 and Q4_0 weights on k_matmul_warp (the kernel before k_mmv_fp4 and
  * k_mmv_q0). */
 static int fp4_v = -1;

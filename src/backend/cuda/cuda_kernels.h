@@ -108,6 +108,9 @@ bool mucu_matmul_set(const mucu_weight *const *w, int n, const float *x, float *
                      int prequantized, float *split, char *err);
 /* Does w take the weight-streaming kernel (Q4_K, Q5_K, split Q6_K)? */
 bool mucu_matmul_fast(const mucu_weight *w);
+/* The split scratch a mucu_matmul of `rows` needs: 0 unless the call takes
+ * the many-row kernel and that splits it (mucu_gemm_split_bytes). */
+size_t mucu_matmul_split_bytes(const mucu_weight *w, int64_t rows);
 /* 0: NVFP4 weights on the generic kernel (k_matmul_warp) instead of
  * k_mmv_fp4 (tests; MUSER_CUDA_FP4 at the first call otherwise). */
 void mucu_set_fp4(int v);
