@@ -1191,7 +1191,7 @@ static int bench_gemm(int reps) {
                 float *dy[2] = {dev_raw(NULL, (size_t)(rows * n_out) * 4), dev_raw(NULL, (size_t)(rows * n_out) * 4)};
                 void *q8 = dev_raw(NULL, mucu_q8k_bytes(n_in, rows) + 1);
                 mucu_gemm_kernel = knew;
-                const size_t sb = mucu_gemm_split_bytes(&w, rows);
+                const size_t sb = mucu_matmul_split_bytes(&w, rows);
                 float *dsp = sb ? dev_raw(NULL, sb) : NULL;
                 if (!mucu_matmul(&w, dx, dy[1], rows, q8, 0, dsp, msg)) { /* quantizes x into q8 */
                     fprintf(stderr, "bench: %s\n", msg);

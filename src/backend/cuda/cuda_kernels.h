@@ -98,8 +98,8 @@ bool mucu_embed(const mucu_weight *w, const int32_t *tokens, int64_t rows, float
 size_t mucu_q8k_bytes(int64_t n_in, int64_t rows);
 /* prequantized (fast-path weights only): q8 already holds x's Q8_K
  * activations from a previous mucu_matmul with the same x, rows and n_in. */
-/* split: scratch of mucu_gemm_split_bytes(w, rows) bytes (cuda_prefill.h)
- * for a many-row product split over its blocks, or NULL (no split). */
+/* split: scratch of mucu_matmul_split_bytes(w, rows) bytes for a many-row
+ * product split over its blocks, or NULL (no split). */
 bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, int prequantized,
                  float *split, char *err);
 /* n weights that all take the fast kernels, with the same n_in, reading the

@@ -412,7 +412,7 @@ static g2_plan g2_plan_of(int64_t rows, int64_t n_out, int nb) {
     p.split = 0;
     const int64_t tiles = (int64_t)p.gx * p.gy;
     const int sp = env_setting(&gemm_split_v, "MUSER_CUDA_GEMM_SPLIT", 1);
-    if (sp != 0 && nb > 1 && (tiles < 100 || sp >= 2)) {
+    if (sp != 0 && nb > 1 && tiles > 0 && (tiles < 100 || sp >= 2)) {
         int ks = sp >= 2 ? sp : (int)((2 * sm_count() + tiles - 1) / tiles);
         if (ks > nb) ks = nb;
         const int bpz = (nb + ks - 1) / ks;
@@ -473,8 +473,6 @@ extern "C" bool mucu_gemm_kq2_takes(int64_t rows) {
 }
 
 extern "C" size_t mucu_gemm_split_bytes(const mucu_weight *w, int64_t rows) {
-    const bool kq = w->type == P_Q4_K || w->type == P_Q5_K || (w->type == P_Q6_K && w->q6_split);
-    if (!kq || rows < 1 || !mucu_gemm_kq2_takes(rows)) return 0;
     return g2_plan_of(rows, w->n_out, (int)(w->n_in / 256)).split;
 }
 
@@ -536,6 +534,14 @@ template <int H> __device__ static inline void fold_step(float *v, int lane) {
         const float send = up ? v[i] : v[i + H], keep = up ? v[i + H] : v[i];
         v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, H);
     }
+}
+
+/* The 8 f16 values of a V row at p (16 bytes of shared memory) as floats. */
+__device__ static inline void v8_of(const uint16_t *p, float *vf) {
+    const uint4 raw = *(const uint4 *)p;
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int d = 0; d < 8; d++) vf[d] = h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
 }
 
 template <int DC>
@@ -690,12 +696,8 @@ __global__ static void __launch_bounds__(PA_NT, 2)
                     for (int i = 0; i < PPT; i++) e4[i] = *(const float4 *)(S + (pg * PPT + i) * PA_SLD + p);
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
-                        const uint4 raw = *(const uint4 *)(kv + (p - k0 + u) * D + 8 * dg);
-                        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
                         float vf[8];
-#pragma unroll
-                        for (int d = 0; d < 8; d++)
-                            vf[d] = h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
+                        v8_of(kv + (p - k0 + u) * D + 8 * dg, vf);
 #pragma unroll
                         for (int i = 0; i < PPT; i++) {
                             const float e = u == 0 ? e4[i].x : u == 1 ? e4[i].y : u == 2 ? e4[i].z : e4[i].w;
@@ -705,11 +707,8 @@ __global__ static void __launch_bounds__(PA_NT, 2)
                     }
                 }
                 for (; p < hi; p++) {
-                    const uint4 raw = *(const uint4 *)(kv + (p - k0) * D + 8 * dg);
-                    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
                     float vf[8];
-#pragma unroll
-                    for (int d = 0; d < 8; d++) vf[d] = h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
+                    v8_of(kv + (p - k0) * D + 8 * dg, vf);
 #pragma unroll
                     for (int i = 0; i < PPT; i++)
                         if (p < nk[i]) {

@@ -30,11 +30,14 @@ bool mucu_gemm_kq2_takes(int64_t rows);
  * (cudaGetLastError). */
 void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
                    float *split, void *stream);
-/* Bytes of scratch a call of `rows` of w splits over its 256-blocks with
- * (each CTA a share of the blocks, every block's f_b kept, then summed in
- * block order by a second kernel: bit for bit the unsplit sums), or 0 when
- * it does not split (grids of 100 tiles or more, MUSER_CUDA_GEMM_SPLIT=0).
- * Without scratch (split NULL) mucu_gemm_kq2 does not split. */
+/* Bytes of scratch a k_gemm_kq2 call of `rows` of w (a weight it takes)
+ * splits over its 256-blocks with (each CTA a share of the blocks, every
+ * block's f_b kept, then summed in block order by a second kernel: bit for
+ * bit the unsplit sums), or 0 when it does not split (grids of 100 tiles or
+ * more, MUSER_CUDA_GEMM_SPLIT=0). Without scratch (split NULL)
+ * mucu_gemm_kq2 does not split. Callers outside this file ask
+ * mucu_matmul_split_bytes (cuda_kernels.h), which first checks that the
+ * call takes this kernel. */
 size_t mucu_gemm_split_bytes(const mucu_weight *w, int64_t rows);
 /* 0: no split; 1 (the default): split grids of fewer than 100 tiles; N >= 2:
  * split every call N ways (tests). -1 until read from MUSER_CUDA_GEMM_SPLIT. */
@@ -54,14 +57,14 @@ void mucu_set_gemm_split(int v);
 extern int mucu_attn_kernel;
 int mucu_attn_kernel_get(void);
 bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim);
-/* The per-block pass of mucu_attention (its part / nbmax / final_out
- * contract, cuda_kernels.cu): writes the partials of every (row, head,
- * block), or the output when final_out (nbmax 1). Only launches, on
- * `stream` (a cudaStream_t). */
 /* 0: k_attn_prefill's weighted sum tests every pair at every key (the loop
  * before the 4-key one); 1 (the default) runs the keys below every pair's
  * count 4 at a time untested. -1 until read from MUSER_CUDA_ATTN_PV4. */
 void mucu_set_attn_pv4(int v);
+/* The per-block pass of mucu_attention (its part / nbmax / final_out
+ * contract, cuda_kernels.cu): writes the partials of every (row, head,
+ * block), or the output when final_out (nbmax 1). Only launches, on
+ * `stream` (a cudaStream_t). */
 void mucu_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                        float scale, const float *q, float *part, int64_t nbmax, float *final_out, void *stream);
 
