@@ -205,7 +205,33 @@ static void test_matmul_large(void) {
                                      {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}, {8, 0, 0}, {9, 0, 0},
                                      {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0}, {14, 0, 0}, {15, 0, 0},
                                      {16, 0, 0}, {3, 0, 0}};
-    /* k_mmt with each number of stages (MUSER_CUDA_MMT_ST: 1 the rings' size rule, 2 the default, 3, 4) */
+    /* k_mmq with each shape (MUSER_CUDA_MMQ 2..11: 1, 2, 4 warps per tile, activations from global or shared
+     * memory, 2 or 3 blocks in flight, CTAs of 4 or 8 warps; 1 by shape): n_out with partial tiles, 5 to 78 blocks, 1 to 8 rows
+     * (row 2 with an all-zero block, row 1 with a block whose largest magnitude repeats) */
+    mucu_mmt_min_rows = 1;
+    for (int mv = 1; mv <= 11; mv++) {
+        mucu_mmq_variant = mv;
+        static const wspec qs4[] = {{"Q4_K", MU_TYPE_Q4_K, false, false}, {"Q5_K", MU_TYPE_Q5_K, false, false},
+                                    {"Q6_K", MU_TYPE_Q6_K, false, false}, {"Q4_K+scale", MU_TYPE_Q4_K, true, false}};
+        const int64_t qshapes[][2] = {{6656, 130}, {1280, 37}, {19968, 9}, {4096, 1}};
+        for (int t = 0; t < 4; t++)
+            for (int s = 0; s < 4; s++) {
+                mu_weight w = make_weight(&qs4[t], qshapes[s][0], qshapes[s][1]);
+                for (int64_t rows = 1; rows <= 8; rows++) {
+                    if (s >= 2 && rows != 3 && rows != 8) continue;
+                    const int64_t n_in = qshapes[s][0];
+                    float *x = rnd_vec((size_t)(rows * n_in), 3.0f);
+                    if (rows >= 3)
+                        for (int i = 0; i < 256; i++) x[2 * n_in + i] = 0.0f, x[n_in + 256 + i] = (i % 3) ? 1.5f : -1.5f;
+                    char what[128];
+                    snprintf(what, sizeof what, "matmul k_mmq %s n_in=%lld n_out=%lld rows=%lld mmq=%d", w.name,
+                             (long long)n_in, (long long)qshapes[s][1], (long long)rows, mv);
+                    compare_matmul(&w, x, rows, what);
+                }
+            }
+    }
+    /* k_mmt with each number of stages (MUSER_CUDA_MMT_ST: 1 the rings' size rule, 2 the default, 3, 4), k_mmq off */
+    mucu_mmq_variant = 0;
     for (int st = 1; st <= 4; st++) {
         mucu_mmt_stages = st;
         mucu_mmt_min_rows = 1;
@@ -223,6 +249,7 @@ static void test_matmul_large(void) {
     }
     mucu_mmt_stages = 0;
     mucu_mmt_min_rows = -1;
+    mucu_mmq_variant = -1;
     const int mmt_saved = mucu_mmt_min_rows_get();
     for (size_t vi = 0; vi < sizeof kernels / sizeof *kernels; vi++) {
     const int variant = kernels[vi][0];
@@ -327,8 +354,10 @@ static void bench_mmv(void) {
         {"attn_output", MU_TYPE_Q8_0, 4096, 6656},
     };
     /* variant, k_mmv3's warps per output and steps (0: by shape) */
-    static const int variants[][3] = {{3, 0, 0}, {9, 0, 0}, {10, 0, 0}, {11, 0, 0}, {12, 0, 0},
-                                      {13, 0, 0}, {14, 0, 0}, {15, 0, 0}, {16, 0, 0}};
+    static const int variants[][3] = {{3, 0, 0},  {9, 0, 0},  {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0},
+                                      {14, 0, 0}, {15, 0, 0}, {16, 0, 0}, {22, 0, 0}, {23, 0, 0}, {24, 0, 0},
+                                      {25, 0, 0}, {26, 0, 0}, {27, 0, 0}, {28, 0, 0}, {29, 0, 0}, {30, 0, 0},
+                                      {31, 0, 0}};
     static const int rowss[] = {1, 2, 4, 8, 16};
     char msg[MUCU_ERR_LEN];
     printf("%-12s %-5s %6s %6s %6s %4s %10s %9s\n", "weight", "type", "n_in", "n_out", "mmv", "rows", "us/call", "GB/s");
@@ -355,12 +384,17 @@ static void bench_mmv(void) {
         const bool fp4 = shapes[si].type == MU_TYPE_NVFP4 || shapes[si].type == MU_TYPE_Q8_0;
         for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
             for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++) {
-                mucu_set_mmv_variant(variants[vi][0] == 9 ? 3 : variants[vi][0]);
-                mucu_mmt_min_rows = variants[vi][0] == 9 ? 1 : 0;
+                const int v = variants[vi][0];
+                mucu_set_mmv_variant(v == 9 || v >= 20 ? 3 : v);
+                /* 3: the default (k_mmq up to 8 rows, k_mmt above); 9: k_mmt; 22..31: k_mmq's shapes 2..11 */
+                mucu_mmt_min_rows = v == 9 || v >= 20 ? 1 : v == 3 ? -1 : 0;
+                mucu_mmq_variant = v >= 20 ? v - 20 : v == 9 ? 0 : -1;
                 mucu_set_mmv3(variants[vi][1], variants[vi][2]);
                 const int rows = rowss[ri];
-                if (!bench_wants(variants[vi][0]) || !bench_shape(shapes[si].what, rows)) continue;
-                if (variants[vi][0] >= 10 && rows != 1) continue;
+                if (!bench_wants(v) || !bench_shape(shapes[si].what, rows)) continue;
+                if (v >= 10 && v < 20 && rows != 1) continue;
+                if (v >= 20 && (rows == 1 || rows > 8)) continue;
+                if (fp4 && v >= 20) continue;
                 if (fp4 && (vi > 1 || (vi == 1 && rows != 1))) continue;
                 mucu_set_fp4(fp4 ? vi == 0 : 1);
                 for (int c = 0; c < copies; c++) cu->matmul(cu, &w[c], dx, dy, rows); /* upload + warm-up */
@@ -440,15 +474,17 @@ static void bench_mmv(void) {
         for (int i = 0; i < 4; i++) dy[i] = cu->alloc(cu, (size_t)(16 * 19968) * 4);
         for (int ri = 0; ri < 5; ri++) {
             const int rows = rowss[ri];
-            for (int setv = 0; setv < 13; setv += setv == 0 ? 5 : 1) { /* one launch (the default), one per
-                    weight (MMV 6), k_mmv3_set with 1, 2, 4 warps per output, k_mmt, 1 row: 10..16 (4 + setv) */
-                if (setv > 5 && rows != 1) break;
-                if (!bench_wants(setv == 5 ? 9 : setv == 0 ? 3 : setv > 5 ? 4 + setv : setv == 1 ? 6 : 7) ||
-                    !bench_shape(sets[si].what, rows))
-                    continue;
-                mucu_set_mmv_variant(setv == 0 || setv == 5 ? 3 : setv == 1 ? 6 : setv > 5 ? 4 + setv : 7);
+            for (int setv = 0; setv < 23; setv += setv == 0 ? 5 : 1) { /* one launch (the default), one per
+                    weight (MMV 6), k_mmv3_set with 1, 2, 4 warps per output, k_mmt, 1 row: 10..16 (4 + setv),
+                    2 to 8 rows: k_mmq's shapes 2..11 (setv - 11, bench variants 22..31) */
+                if (setv > 5 && setv < 13 && rows != 1) continue;
+                if (setv >= 13 && (rows == 1 || rows > 8)) continue;
+                const int bv = setv == 5 ? 9 : setv == 0 ? 3 : setv >= 13 ? setv + 9 : setv > 5 ? 4 + setv : setv == 1 ? 6 : 7;
+                if (!bench_wants(bv) || !bench_shape(sets[si].what, rows)) continue;
+                mucu_set_mmv_variant(setv == 0 || setv == 5 || setv >= 13 ? 3 : setv == 1 ? 6 : setv > 5 ? 4 + setv : 7);
                 mucu_set_mmv3(setv >= 2 && setv < 5 ? 1 << (setv - 2) : 0, 0);
-                mucu_mmt_min_rows = setv == 5 ? 1 : 0;
+                mucu_mmt_min_rows = setv == 5 || setv >= 13 ? 1 : setv == 0 ? -1 : 0;
+                mucu_mmq_variant = setv >= 13 ? setv - 11 : setv == 5 ? 0 : -1;
                 for (int c = 0; c < COPIES; c++) {
                     const mu_weight *wp[4] = {&w[c][0], &w[c][1], &w[c][2], &w[c][3]};
                     cu->matmul_multi(cu, sets[si].n, wp, dx, dy, rows);
@@ -465,8 +501,10 @@ static void bench_mmv(void) {
                     t[k] = t[k] * 1e3 / 8.0;
                 }
                 qsort(t, 9, sizeof *t, cmp_d);
-                static const char *const sv[] = {"3", "6", "7/1", "7/2", "7/4", "mmt", "10", "11", "12", "13",
-                                                 "14", "15", "16"};
+                static const char *const sv[] = {"3",  "6",  "7/1", "7/2", "7/4", "mmt", "10",
+                                                 "11", "12", "13",  "14",  "15",  "16",  "q2",
+                                                 "q3", "q4", "q5",  "q6",  "q7",  "q8",  "q9",
+                                                 "q10", "q11"};
                 printf("%-12s %-5s %6lld %6s %6s %4d %10.2f %9.1f  (%s)\n", sets[si].what, "set",
                        (long long)sets[si].n_in, "-", sv[setv], rows, t[4], (double)bytes / (t[4] * 1e3),
                        setv == 1 ? "a launch per weight" : "one launch");
@@ -478,6 +516,7 @@ static void bench_mmv(void) {
     mucu_set_mmv_variant(3);
     mucu_set_mmv3(0, 0);
     mucu_mmt_min_rows = -1;
+    mucu_mmq_variant = -1;
 }
 
 /* matmul_multi: weights of the fast kernel sharing one quantization of x,
@@ -510,8 +549,8 @@ static void test_matmul_multi(void) {
         cu->matmul_multi(cu, 3, wp, dx, dy, rows);
         for (int i = 0; i < 3; i++) {
             char what[96];
-            snprintf(what, sizeof what, "matmul_multi set %d rows %lld weight %d (%s) mmv %d", set % 3, (long long)rows,
-                     i, specs[set % 3][i].label, variant);
+            snprintf(what, sizeof what, "matmul_multi set %d rows %lld weight %d (%s) mmv %d mmq %d", set % 3,
+                     (long long)rows, i, specs[set % 3][i].label, variant, mucu_mmq_variant);
             check(what, y[i], dy[i], (size_t)(rows * n_outs[i]) * 4);
             cu->free(cu, dy[i], 0), free(y[i]);
         }
@@ -1423,12 +1462,15 @@ int main(int argc, char **argv) {
     test_matmul_fp4();
     test_matmul_large();
     const int mmt_saved = mucu_mmt_min_rows_get();
-    for (int k = 0; k < 5; k++) { /* k_mmv3_set: 1, 2, 4 warps per output; k_mmt; then the default */
+    /* k_mmv3_set: 1, 2, 4 warps per output; k_mmt (k_mmq off); then the default; then k_mmq's shapes 2..11 */
+    for (int k = 0; k < 15; k++) {
         mucu_set_mmv_variant(k < 3 ? 7 : 3);
         mucu_set_mmv3(k < 3 ? 1 << k : 0, 0);
-        mucu_mmt_min_rows = k == 3 ? 1 : k == 4 ? mmt_saved : 0;
+        mucu_mmt_min_rows = k == 3 ? 1 : k >= 4 ? mmt_saved : 0;
+        mucu_mmq_variant = k == 3 ? 0 : k >= 5 ? k - 3 : -1;
         test_matmul_multi();
     }
+    mucu_mmq_variant = -1;
     test_gemm_tiles();
     test_rmsnorm();
     test_rope();

@@ -410,6 +410,427 @@ __global__ static void __launch_bounds__(128) k_mmt(mmt_set set, int nb, int sta
                                  set.has_scale[i], set.scale[i]);
 }
 
+/* ------------------------------------------------------------------ k_mmq
+ * The same products for 2 to 8 rows with k_mmv4's weight stream
+ * (docs/cuda.md "Few rows on the tensor cores"): no cp.async ring and no
+ * barrier in the block loop. A warp owns a 16-output tile; each lane loads
+ * its own A fragments of the tile's outputs g and g + 8 straight from
+ * global memory into registers (U blocks in flight, the first before
+ * grid_dep_wait, since weights are never written), builds the B fragments
+ * of activation row g from global memory (XS = 0) or from a copy of all
+ * of the call's activations in shared memory (XS = 1, made once per CTA),
+ * and runs the same mma and f_b arithmetic as mmt_block. WPR = 1, 2 or 4
+ * warps share a tile (warp wi takes blocks wi, wi + WPR, ...). With WPR =
+ * 1 a lane adds its four f_b (outputs g, g + 8; rows 2t, 2t + 1) to its
+ * totals in block order; with WPR > 1 every block's f_b goes to shared
+ * memory and, after one barrier, a thread per (output, row) adds them in
+ * block order from 0.0f. Why: k_mmt at 4 to 8 rows streamed weights at
+ * 1.2-1.8 TB/s (per-warp rings and a barrier per round of 4 blocks, few
+ * eligible warps), against 3.2 TB/s for k_mmv4 at 1 row. */
+
+/* One lane's weights of one block: outputs g (h = 0) and g + 8 (h = 1).
+ * Q4_K/Q5_K: hd = d|dmin|12 scale bytes, c[h][2i..2i+1] = code bytes
+ * 8t..8t+7 of pair i, Q5_K c[h][8..9] = qh bytes 8t..8t+7. Q6_K (split
+ * layout): hd = the 16 int8 scales, c[h][4hb+m] = ql word 64hb + 16m + 4t,
+ * c[h][8 + 2hb + p] = qh word 128 + 32hb + 16p + 4t, d6 = the two f16 d. */
+struct mqw {
+    uint4 hd[2];
+    uint32_t c[2][12];
+    uint32_t d6;
+};
+
+template <int TYPE>
+__device__ static inline void mq_load(const uint8_t *W, int64_t n_out, int nb, int64_t oa, int64_t ob, int b, int t,
+                                      mqw &w) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t item = (h ? ob : oa) * nb + b;
+        if (TYPE != M_Q6_K) {
+            typedef mmt_fmt<TYPE> F;
+            const uint8_t *blk = W + item * F::BYTES;
+            w.hd[h] = __ldg((const uint4 *)blk);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint2 q = __ldg((const uint2 *)(blk + F::QOFF + 32 * i + 8 * t));
+                w.c[h][2 * i] = q.x, w.c[h][2 * i + 1] = q.y;
+            }
+            if (TYPE == M_Q5_K) {
+                const uint2 q = __ldg((const uint2 *)(blk + 16 + 8 * t));
+                w.c[h][8] = q.x, w.c[h][9] = q.y;
+            }
+        } else {
+            const int64_t total = n_out * (int64_t)nb;
+            const uint8_t *blk = W + item * 192;
+#pragma unroll
+            for (int hb = 0; hb < 2; hb++) {
+#pragma unroll
+                for (int m = 0; m < 4; m++) w.c[h][4 * hb + m] = __ldg((const uint32_t *)(blk + 64 * hb + 16 * m + 4 * t));
+#pragma unroll
+                for (int p = 0; p < 2; p++)
+                    w.c[h][8 + 2 * hb + p] = __ldg((const uint32_t *)(blk + 128 + 32 * hb + 16 * p + 4 * t));
+            }
+            w.hd[h] = __ldg((const uint4 *)(W + total * 192 + item * 16));
+            const uint32_t dv = __ldg((const uint16_t *)(W + total * 208) + item);
+            w.d6 = h ? (w.d6 | dv << 16) : dv;
+        }
+    }
+}
+
+/* A load of activation bytes: from shared memory (XS = 1) or through the
+ * read-only path (XS = 0). */
+template <int XS, typename T> __device__ static inline T mq_x(const void *p) {
+    return XS ? *(const T *)p : __ldg((const T *)p);
+}
+
+/* Where one block's activations are: xg = row g's codes of the block (NULL
+ * when g >= nr), bsr[rr] / xd[rr] = row 2t + rr's 16 bsums and d (row >= nr:
+ * unused). */
+struct mqx {
+    const int8_t *xg;
+    const int16_t *bsr[2];
+    float xd[2];
+};
+
+/* f[e]: output g + 8 (e >> 1), row 2t + (e & 1) of this block; the
+ * arithmetic of mmt_block (the same expressions, so the same bits). */
+template <int TYPE, int XS>
+__device__ static inline void mq_block(const mqw &w, const mqx &x, int t, int nr, float f[4]) {
+    int32_t sumi[4] = {0, 0, 0, 0};
+    if (TYPE != M_Q6_K) {
+        float d[2], dmin[2];
+        uint32_t sc[2][2], mn[2][2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t dm = w.hd[h].x, w0 = w.hd[h].y, w1 = w.hd[h].z, w2 = w.hd[h].w;
+            d[h] = h2f((uint16_t)(dm & 0xFFFF));
+            dmin[h] = h2f((uint16_t)(dm >> 16));
+            sc[h][0] = w0 & 0x3F3F3F3Fu;
+            mn[h][0] = w1 & 0x3F3F3F3Fu;
+            sc[h][1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+            mn[h][1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            /* activation codes of row g, values 8t..8t+7 of sub-blocks 2i and 2i + 1 */
+            const uint2 x0 = x.xg ? mq_x<XS, uint2>(x.xg + 64 * i) : make_uint2(0, 0);
+            const uint2 x1 = x.xg ? mq_x<XS, uint2>(x.xg + 64 * i + 32) : make_uint2(0, 0);
+#pragma unroll
+            for (int hb = 0; hb < 2; hb++) {
+                const int j = 2 * i + hb, sh = 4 * hb;
+                uint32_t a0 = (w.c[0][2 * i] >> sh) & 0x0F0F0F0Fu, a2 = (w.c[0][2 * i + 1] >> sh) & 0x0F0F0F0Fu;
+                uint32_t a1 = (w.c[1][2 * i] >> sh) & 0x0F0F0F0Fu, a3 = (w.c[1][2 * i + 1] >> sh) & 0x0F0F0F0Fu;
+                if (TYPE == M_Q5_K) {
+                    a0 |= ((w.c[0][8] >> j) & 0x01010101u) << 4;
+                    a2 |= ((w.c[0][9] >> j) & 0x01010101u) << 4;
+                    a1 |= ((w.c[1][8] >> j) & 0x01010101u) << 4;
+                    a3 |= ((w.c[1][9] >> j) & 0x01010101u) << 4;
+                }
+                const int32_t sa = (int32_t)((sc[0][j >> 2] >> (8 * (j & 3))) & 0xFF);
+                const int32_t sb = (int32_t)((sc[1][j >> 2] >> (8 * (j & 3))) & 0xFF);
+                const uint2 xv = hb ? x1 : x0;
+                int32_t c[4];
+                mma_k32(c, a0, a1, a2, a3, xv.x, xv.y);
+                sumi[0] += sa * c[0];
+                sumi[1] += sa * c[1];
+                sumi[2] += sb * c[2];
+                sumi[3] += sb * c[3];
+            }
+        }
+        uint32_t mp[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mp[h][0] = __byte_perm(mn[h][0], 0, 0x1100);
+            mp[h][1] = __byte_perm(mn[h][0], 0, 0x3322);
+            mp[h][2] = __byte_perm(mn[h][1], 0, 0x1100);
+            mp[h][3] = __byte_perm(mn[h][1], 0, 0x3322);
+        }
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const bool in = 2 * t + rr < nr;
+            const float xdv = in ? x.xd[rr] : 0.0f;
+            uint4 w0 = make_uint4(0, 0, 0, 0), w1 = w0;
+            if (in) {
+                w0 = mq_x<XS, uint4>(x.bsr[rr]);
+                w1 = mq_x<XS, uint4>(x.bsr[rr] + 8);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int32_t s = 0;
+                s = __dp2a_lo((int)w0.x, (int)mp[h][0], s);
+                s = __dp2a_hi((int)w0.y, (int)mp[h][0], s);
+                s = __dp2a_lo((int)w0.z, (int)mp[h][1], s);
+                s = __dp2a_hi((int)w0.w, (int)mp[h][1], s);
+                s = __dp2a_lo((int)w1.x, (int)mp[h][2], s);
+                s = __dp2a_hi((int)w1.y, (int)mp[h][2], s);
+                s = __dp2a_lo((int)w1.z, (int)mp[h][3], s);
+                s = __dp2a_hi((int)w1.w, (int)mp[h][3], s);
+                const int e = 2 * h + rr;
+                f[e] = (d[h] * xdv) * (float)sumi[e] - (dmin[h] * xdv) * (float)s;
+            }
+        }
+    } else {
+        const uint32_t sca[4] = {w.hd[0].x, w.hd[0].y, w.hd[0].z, w.hd[0].w};
+        const uint32_t scb[4] = {w.hd[1].x, w.hd[1].y, w.hd[1].z, w.hd[1].w};
+        const float d[2] = {h2f((uint16_t)(w.d6 & 0xFFFF)), h2f((uint16_t)(w.d6 >> 16))};
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+            /* group s: values 16s..16s+15 (scale s); lane t takes 16s + 4t..4t+3, i.e. the
+             * nibble (s & 7 >= 4: high) of ql word 4hb + (s & 3) and 2 bits at 2 ((s & 7) >> 1)
+             * of qh word 8 + 2hb + (s & 1) (hb = s >> 3), minus 32 */
+            const int hb = s >> 3, m = s & 3, nsh = (s & 7) >= 4 ? 4 : 0, hsh = 2 * ((s & 7) >> 1);
+            const uint32_t qa = w.c[0][4 * hb + m], ha = w.c[0][8 + 2 * hb + (s & 1)];
+            const uint32_t qb = w.c[1][4 * hb + m], hbw = w.c[1][8 + 2 * hb + (s & 1)];
+            const uint32_t a0 = __vsub4(((qa >> nsh) & 0x0F0F0F0Fu) | (((ha >> hsh) & 0x03030303u) << 4), 0x20202020u);
+            const uint32_t a1 = __vsub4(((qb >> nsh) & 0x0F0F0F0Fu) | (((hbw >> hsh) & 0x03030303u) << 4), 0x20202020u);
+            const int32_t sa = (int32_t)(int8_t)(sca[s >> 2] >> (8 * (s & 3)));
+            const int32_t sb = (int32_t)(int8_t)(scb[s >> 2] >> (8 * (s & 3)));
+            const uint32_t xv = x.xg ? mq_x<XS, uint32_t>(x.xg + 16 * s) : 0u;
+            int32_t c[4];
+            mma_k16(c, a0, a1, xv);
+            sumi[0] += sa * c[0];
+            sumi[1] += sa * c[1];
+            sumi[2] += sb * c[2];
+            sumi[3] += sb * c[3];
+        }
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const float xdv = 2 * t + rr < nr ? x.xd[rr] : 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; h++) f[2 * h + rr] = (d[h] * xdv) * (float)sumi[2 * h + rr];
+        }
+    }
+}
+
+/* The activations copied to shared memory (XS = 1): codes of row r at
+ * r * (n_in + 32) (the pad puts rows g = 0..3 of a half-warp's 8-byte
+ * loads 8 words apart), then the bsums [nr][nb][16], then d [nr][nb]. */
+__host__ __device__ static inline size_t mq_xs_bytes(int nr, int nb) {
+    return (size_t)nr * ((size_t)nb * 256 + 32) + (size_t)nr * nb * 32 + (size_t)nr * nb * 4;
+}
+
+/* This block's activation addresses for lane (g, t). */
+template <int TYPE, int XS>
+__device__ static inline mqx mq_where(const uint8_t *xs_sm, int b, int nb, const int8_t *qs, const float *xd,
+                                      const int16_t *bs, int nr, int g, int t) {
+    mqx x;
+    const int64_t n_in = (int64_t)nb * 256;
+    const int lo = TYPE == M_Q6_K ? 4 * t : 8 * t;
+    const int r0 = 2 * t < nr ? 2 * t : 0, r1 = 2 * t + 1 < nr ? 2 * t + 1 : 0;
+    if (XS) {
+        const int8_t *c = (const int8_t *)xs_sm;
+        const int16_t *sbs = (const int16_t *)(xs_sm + (size_t)nr * (n_in + 32));
+        const float *sxd = (const float *)(xs_sm + (size_t)nr * (n_in + 32) + (size_t)nr * nb * 32);
+        x.xg = g < nr ? c + g * (n_in + 32) + b * 256 + lo : nullptr;
+        x.bsr[0] = sbs + ((int64_t)r0 * nb + b) * 16, x.bsr[1] = sbs + ((int64_t)r1 * nb + b) * 16;
+        x.xd[0] = sxd[r0 * nb + b], x.xd[1] = sxd[r1 * nb + b];
+    } else {
+        x.xg = g < nr ? qs + g * n_in + b * 256 + lo : nullptr;
+        x.bsr[0] = bs + ((int64_t)r0 * nb + b) * 16, x.bsr[1] = bs + ((int64_t)r1 * nb + b) * 16;
+        x.xd[0] = __ldg(xd + (int64_t)r0 * nb + b), x.xd[1] = __ldg(xd + (int64_t)r1 * nb + b);
+    }
+    return x;
+}
+
+/* The first U blocks of a warp's share (blocks wi, wi + WPR, ...) into w,
+ * before the kernel waits for its predecessors (weights are never written). */
+template <int TYPE, int U, int WPR>
+__device__ static inline void mq_first(const uint8_t *W, int64_t n_out, int nb, int64_t o0, int wi, mqw w[U]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    /* past the end: load a real output, store nothing */
+    const int64_t oa = o0 + g < n_out ? o0 + g : n_out - 1, ob = o0 + g + 8 < n_out ? o0 + g + 8 : n_out - 1;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int b = wi + WPR * u;
+        mq_load<TYPE>(W, n_out, nb, oa, ob, b < nb ? b : nb - 1, t, w[u]);
+    }
+}
+
+/* The rest of a warp's share, from mq_first's registers: WPR = 1: the
+ * totals (in block order) in tot; else each block's f_b into fs ([nb][16][8]
+ * floats). */
+template <int TYPE, int U, int WPR, int XS>
+__device__ static inline void mq_part(const uint8_t *W, int64_t n_out, int nb, int64_t o0, int wi, mqw w[U],
+                                      const uint8_t *xs_sm, const int8_t *qs, const float *xd, const int16_t *bs,
+                                      int nr, float *fs, float tot[4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t oa = o0 + g < n_out ? o0 + g : n_out - 1, ob = o0 + g + 8 < n_out ? o0 + g + 8 : n_out - 1;
+    const int K = (nb - wi + WPR - 1) / WPR;
+    for (int k0 = 0; k0 < K; k0 += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + u;
+            if (k < K) {
+                const int b = wi + WPR * k;
+                const mqx x = mq_where<TYPE, XS>(xs_sm, b, nb, qs, xd, bs, nr, g, t);
+                float f[4];
+                mq_block<TYPE, XS>(w[u], x, t, nr, f);
+                if (k + U < K) mq_load<TYPE>(W, n_out, nb, oa, ob, wi + WPR * (k + U), t, w[u]);
+                if (WPR == 1) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) tot[e] = tot[e] + f[e];
+                } else {
+                    float *p = fs + (size_t)b * 128;
+                    *(float2 *)&p[g * 8 + 2 * t] = make_float2(f[0], f[1]);
+                    *(float2 *)&p[(g + 8) * 8 + 2 * t] = make_float2(f[2], f[3]);
+                }
+            }
+        }
+    }
+}
+
+struct mq_args {
+    mmt_set set;
+    int nb, nr;
+    const int8_t *qs;
+    const float *xd;
+    const int16_t *bs;
+};
+
+/* Every thread of the CTA, once: wait for the predecessors, then (XS = 1)
+ * copy all rows' activations into shared memory (mq_xs_bytes' layout). */
+template <int XS> __device__ static inline void mq_wait_x(const mq_args &a, uint8_t *sm) {
+    const int nt = (int)blockDim.x;
+    grid_dep_wait();
+    if (!XS) return;
+    const int nb = a.nb, nr = a.nr;
+    const int64_t n_in = (int64_t)nb * 256;
+    const int per_row = (int)(n_in / 16);
+    for (int p = threadIdx.x; p < nr * per_row; p += nt) {
+        const int r = p / per_row, c = p - r * per_row;
+        *(uint4 *)(sm + r * (n_in + 32) + 16 * c) = __ldg((const uint4 *)(a.qs + r * n_in) + c);
+    }
+    uint4 *sbs = (uint4 *)(sm + (size_t)nr * (n_in + 32));
+    for (int p = threadIdx.x; p < nr * nb * 2; p += nt) sbs[p] = __ldg((const uint4 *)a.bs + p);
+    float *sxd = (float *)(sm + (size_t)nr * (n_in + 32) + (size_t)nr * nb * 32);
+    for (int p = threadIdx.x; p < nr * nb; p += nt) sxd[p] = __ldg(a.xd + p);
+    __syncthreads();
+}
+
+/* A CTA of NW warps: NW / WPR tiles (numbered across the set's weights,
+ * set.first in tiles; NW = 8 only with WPR = 1: half the activation copies
+ * per tile). Dynamic shared memory: XS's activation copy, then (WPR > 1)
+ * [4 / WPR][nb][16][8] floats of f_b. Registers capped at 128 (U = 2). */
+template <int U, int WPR, int XS, int NW>
+__global__ static void __launch_bounds__(32 * NW, (U == 2 ? 16 : 12) / NW) k_mmq(mq_args a) {
+    static_assert(NW == 4 || (NW == 8 && WPR == 1), "8-warp CTAs only with a warp per tile");
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int nb = a.nb, nr = a.nr;
+    const size_t xsb = XS ? (mq_xs_bytes(nr, nb) + 15) / 16 * 16 : 0;
+    float *fsm = (float *)(sm + xsb);
+    const int tl = warp / WPR, wi = warp % WPR;
+    const int tile = (int)blockIdx.x * (NW / WPR) + tl;
+    const int n_tiles = a.set.first[a.set.n];
+    int i = 0;
+    while (i + 1 < a.set.n && tile >= a.set.first[i + 1]) i++;
+    const int64_t o0 = 16 * (int64_t)(tile - a.set.first[i]);
+    const int ty = a.set.type[i];
+    const uint8_t *W = a.set.W[i];
+    const int64_t n_out = a.set.n_out[i];
+    mqw w[U];
+    if (tile < n_tiles) {
+        if (ty == M_Q4_K) mq_first<M_Q4_K, U, WPR>(W, n_out, nb, o0, wi, w);
+        else if (ty == M_Q5_K) mq_first<M_Q5_K, U, WPR>(W, n_out, nb, o0, wi, w);
+        else mq_first<M_Q6_K, U, WPR>(W, n_out, nb, o0, wi, w);
+    }
+    mq_wait_x<XS>(a, sm);
+    float tot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float *fs = fsm + (size_t)tl * nb * 128;
+    if (tile < n_tiles) {
+        if (ty == M_Q4_K) mq_part<M_Q4_K, U, WPR, XS>(W, n_out, nb, o0, wi, w, sm, a.qs, a.xd, a.bs, nr, fs, tot);
+        else if (ty == M_Q5_K) mq_part<M_Q5_K, U, WPR, XS>(W, n_out, nb, o0, wi, w, sm, a.qs, a.xd, a.bs, nr, fs, tot);
+        else mq_part<M_Q6_K, U, WPR, XS>(W, n_out, nb, o0, wi, w, sm, a.qs, a.xd, a.bs, nr, fs, tot);
+    }
+    if (WPR == 1) {
+        if (tile >= n_tiles) return;
+        float *y = a.set.y[i];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = 2 * t + (e & 1);
+            const int64_t o = o0 + g + 8 * (e >> 1);
+            if (r < nr && o < n_out) y[(int64_t)r * n_out + o] = a.set.has_scale[i] ? tot[e] * a.set.scale[i] : tot[e];
+        }
+        return;
+    }
+    __syncthreads();
+    /* thread q: (output q / 8, row q % 8) of each of the CTA's tiles */
+    const int q = threadIdx.x, oq = q >> 3, r = q & 7;
+    if (r >= nr) return;
+#pragma unroll
+    for (int s = 0; s < 4 / WPR; s++) {
+        const int tile2 = (int)blockIdx.x * (NW / WPR) + s;
+        if (tile2 >= n_tiles) break;
+        int j = 0;
+        while (j + 1 < a.set.n && tile2 >= a.set.first[j + 1]) j++;
+        const int64_t o = 16 * (int64_t)(tile2 - a.set.first[j]) + oq;
+        if (o >= a.set.n_out[j]) continue;
+        const float *p = fsm + (size_t)s * nb * 128 + q;
+        float sum = 0.0f;
+        for (int b = 0; b < nb; b++) sum = sum + p[(size_t)b * 128];
+        a.set.y[j][(int64_t)r * a.set.n_out[j] + o] = a.set.has_scale[j] ? sum * a.set.scale[j] : sum;
+    }
+}
+
+extern "C" {
+int mucu_mmq_variant = -1;
+}
+
+extern "C" int mucu_mmq_variant_get(void) { return env_setting(&mucu_mmq_variant, "MUSER_CUDA_MMQ", 1); }
+
+/* Raise a kernel's dynamic shared memory limit to smem when *allowed is below it. */
+static bool mq_allow(const void *fn, size_t smem, size_t *allowed) {
+    if (smem <= *allowed) return true;
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) return false;
+    *allowed = smem;
+    return true;
+}
+
+template <int U, int WPR, int XS, int NW = 4>
+static bool launch_mmq(const mq_args &a, cudaStream_t st) {
+    const int tpc = NW / WPR, n_tiles = a.set.first[a.set.n];
+    const size_t xsb = XS ? (mq_xs_bytes(a.nr, a.nb) + 15) / 16 * 16 : 0;
+    const size_t smem = xsb + (WPR > 1 ? (size_t)tpc * a.nb * 128 * 4 : 0);
+    if (smem > 227 * 1024) return false;
+    static size_t allowed = 48 * 1024; /* per instance: the dynamic shared memory allowed so far */
+    if (!mq_allow((const void *)k_mmq<U, WPR, XS, NW>, smem, &allowed))
+        return true; /* the error stays for the caller's cudaGetLastError */
+    k_mmq<U, WPR, XS, NW><<<(n_tiles + tpc - 1) / tpc, 32 * NW, smem, st>>>(a);
+    return true;
+}
+
+/* k_mmq's shape for a call (MUSER_CUDA_MMQ: 0 off; 1 by shape; forced: 2..4 WPR 1, 2, 4 with activations
+ * from global memory, 5..7 the same from shared memory, 8 WPR 1 and 9 WPR 4 with 3 blocks in flight, 10
+ * and 11 as 5 and 2 in CTAs of 8 warps). By shape (test_cuda_backend --bench-mmv, H200, 4 and 8 rows,
+ * docs/benchmarks.md): a set with a Q6_K weight stays on k_mmt (k_mmq's Q6_K lanes make 28 loads a block:
+ * ffn_down Q6_K at 4 rows 60.91 us against 55.07); large grids take a warp per tile with the activations
+ * in shared memory (ffn gate+up at 4 rows 59.07 us against k_mmt's 74.68), the rest 4 warps per tile from
+ * global memory (ffn_down Q4_K at 4 rows 36.17 against 45.29, attn_output 11.71 against 14.10). false:
+ * the call is k_mmt's. */
+static bool mmq_launch(const mq_args &a, cudaStream_t st) {
+    const int v = mucu_mmq_variant_get();
+    if (v <= 0 || a.nr > 8) return false;
+    int code = v;
+    if (v == 1) {
+        for (int i = 0; i < a.set.n; i++)
+            if (a.set.type[i] == M_Q6_K) return false;
+        const int n_tiles = a.set.first[a.set.n];
+        code = n_tiles >= 1500 && mq_xs_bytes(a.nr, a.nb) <= 100 * 1024 ? 5 : 4;
+    }
+    switch (code) {
+    case 2: return launch_mmq<2, 1, 0>(a, st);
+    case 3: return launch_mmq<2, 2, 0>(a, st);
+    case 4: return launch_mmq<2, 4, 0>(a, st);
+    case 5: return launch_mmq<2, 1, 1>(a, st);
+    case 6: return launch_mmq<2, 2, 1>(a, st);
+    case 7: return launch_mmq<2, 4, 1>(a, st);
+    case 8: return launch_mmq<3, 1, 0>(a, st);
+    case 9: return launch_mmq<3, 4, 0>(a, st);
+    case 10: return launch_mmq<2, 1, 1, 8>(a, st);
+    case 11: return launch_mmq<2, 1, 0, 8>(a, st);
+    default: return false;
+    }
+}
+
 extern "C" {
 int mucu_mmt_min_rows = -1;
 int mucu_mmt_stages = -1;
@@ -442,9 +863,11 @@ extern "C" void mucu_mmt(const mucu_weight *const *w, int n, float *const *y, co
         const int s = mmt_stage_bytes(w[i]->type);
         if (s > xoff) xoff = s;
     }
-    const int sb = xoff + mmt_act_bytes(rows);
     const int nb = (int)(w[0]->n_in / 256);
     const cudaStream_t st = (cudaStream_t)stream;
+    const mq_args ma = {set, nb, rows, qs, d, bs};
+    if (mmq_launch(ma, st)) return;
+    const int sb = xoff + mmt_act_bytes(rows);
     /* stages in flight per warp: 2 (the default: fewer stages, more CTAs per SM; Nsight Compute had shown
      * 12 warps per SM at 8 rows, bound by shared memory; H200, full model, one call each way against the
      * rule below: 4 / 8 sequences 2.58x / 4.61-4.65x one against 2.42x / 4.48-4.51x, 16-row prefill

@@ -20,6 +20,11 @@ extern int mucu_mmt_min_rows;
  * rule before), 3 or 4 forced */
 extern int mucu_mmt_stages;
 int mucu_mmt_min_rows_get(void);
+/* MUSER_CUDA_MMQ: k_mmq (the weight stream straight into registers) for
+ * the calls of up to 8 rows: 0 off (k_mmt), 1 (the default) shaped by the
+ * grid, 2..11 a shape forced (cuda_mmt.cu mmq_launch); -1 until first read */
+extern int mucu_mmq_variant;
+int mucu_mmq_variant_get(void);
 
 /* y[i][rows][n_out_i] = x . w[i]^T for n weights of the same n_in, from x's
  * split Q8_K activations (codes qs [rows][n_in], d [rows][nb], bsums
