@@ -205,11 +205,11 @@ static void test_matmul_large(void) {
                                      {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}, {8, 0, 0}, {9, 0, 0},
                                      {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0}, {14, 0, 0}, {15, 0, 0},
                                      {16, 0, 0}, {3, 0, 0}};
-    /* k_mmq with each shape (MUSER_CUDA_MMQ 2..11: 1, 2, 4 warps per tile, activations from global or shared
+    /* k_mmq with each shape (MUSER_CUDA_MMQ 2..12: 1, 2, 4 warps per tile, activations from global or shared
      * memory, 2 or 3 blocks in flight, CTAs of 4 or 8 warps; 1 by shape): n_out with partial tiles, 5 to 78 blocks, 1 to 8 rows
      * (row 2 with an all-zero block, row 1 with a block whose largest magnitude repeats) */
     mucu_mmt_min_rows = 1;
-    for (int mv = 1; mv <= 11; mv++) {
+    for (int mv = 1; mv <= 12; mv++) {
         mucu_mmq_variant = mv;
         static const wspec qs4[] = {{"Q4_K", MU_TYPE_Q4_K, false, false}, {"Q5_K", MU_TYPE_Q5_K, false, false},
                                     {"Q6_K", MU_TYPE_Q6_K, false, false}, {"Q4_K+scale", MU_TYPE_Q4_K, true, false}};
@@ -357,7 +357,7 @@ static void bench_mmv(void) {
     static const int variants[][3] = {{3, 0, 0},  {9, 0, 0},  {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0},
                                       {14, 0, 0}, {15, 0, 0}, {16, 0, 0}, {22, 0, 0}, {23, 0, 0}, {24, 0, 0},
                                       {25, 0, 0}, {26, 0, 0}, {27, 0, 0}, {28, 0, 0}, {29, 0, 0}, {30, 0, 0},
-                                      {31, 0, 0}};
+                                      {31, 0, 0}, {32, 0, 0}};
     static const int rowss[] = {1, 2, 4, 8, 16};
     char msg[MUCU_ERR_LEN];
     printf("%-12s %-5s %6s %6s %6s %4s %10s %9s\n", "weight", "type", "n_in", "n_out", "mmv", "rows", "us/call", "GB/s");
@@ -386,7 +386,7 @@ static void bench_mmv(void) {
             for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++) {
                 const int v = variants[vi][0];
                 mucu_set_mmv_variant(v == 9 || v >= 20 ? 3 : v);
-                /* 3: the default (k_mmq up to 8 rows, k_mmt above); 9: k_mmt; 22..31: k_mmq's shapes 2..11 */
+                /* 3: the default (k_mmq up to 8 rows, k_mmt above); 9: k_mmt; 22..32: k_mmq's shapes 2..12 */
                 mucu_mmt_min_rows = v == 9 || v >= 20 ? 1 : v == 3 ? -1 : 0;
                 mucu_mmq_variant = v >= 20 ? v - 20 : v == 9 ? 0 : -1;
                 mucu_set_mmv3(variants[vi][1], variants[vi][2]);
@@ -474,9 +474,9 @@ static void bench_mmv(void) {
         for (int i = 0; i < 4; i++) dy[i] = cu->alloc(cu, (size_t)(16 * 19968) * 4);
         for (int ri = 0; ri < 5; ri++) {
             const int rows = rowss[ri];
-            for (int setv = 0; setv < 23; setv += setv == 0 ? 5 : 1) { /* one launch (the default), one per
+            for (int setv = 0; setv < 24; setv += setv == 0 ? 5 : 1) { /* one launch (the default), one per
                     weight (MMV 6), k_mmv3_set with 1, 2, 4 warps per output, k_mmt, 1 row: 10..16 (4 + setv),
-                    2 to 8 rows: k_mmq's shapes 2..11 (setv - 11, bench variants 22..31) */
+                    2 to 8 rows: k_mmq's shapes 2..12 (setv - 11, bench variants 22..32) */
                 if (setv > 5 && setv < 13 && rows != 1) continue;
                 if (setv >= 13 && (rows == 1 || rows > 8)) continue;
                 const int bv = setv == 5 ? 9 : setv == 0 ? 3 : setv >= 13 ? setv + 9 : setv > 5 ? 4 + setv : setv == 1 ? 6 : 7;
@@ -504,7 +504,7 @@ static void bench_mmv(void) {
                 static const char *const sv[] = {"3",  "6",  "7/1", "7/2", "7/4", "mmt", "10",
                                                  "11", "12", "13",  "14",  "15",  "16",  "q2",
                                                  "q3", "q4", "q5",  "q6",  "q7",  "q8",  "q9",
-                                                 "q10", "q11"};
+                                                 "q10", "q11", "q12"};
                 printf("%-12s %-5s %6lld %6s %6s %4d %10.2f %9.1f  (%s)\n", sets[si].what, "set",
                        (long long)sets[si].n_in, "-", sv[setv], rows, t[4], (double)bytes / (t[4] * 1e3),
                        setv == 1 ? "a launch per weight" : "one launch");
@@ -1462,8 +1462,8 @@ int main(int argc, char **argv) {
     test_matmul_fp4();
     test_matmul_large();
     const int mmt_saved = mucu_mmt_min_rows_get();
-    /* k_mmv3_set: 1, 2, 4 warps per output; k_mmt (k_mmq off); then the default; then k_mmq's shapes 2..11 */
-    for (int k = 0; k < 15; k++) {
+    /* k_mmv3_set: 1, 2, 4 warps per output; k_mmt (k_mmq off); then the default; then k_mmq's shapes 2..12 */
+    for (int k = 0; k < 16; k++) {
         mucu_set_mmv_variant(k < 3 ? 7 : 3);
         mucu_set_mmv3(k < 3 ? 1 << k : 0, 0);
         mucu_mmt_min_rows = k == 3 ? 1 : k >= 4 ? mmt_saved : 0;

@@ -800,7 +800,7 @@ static bool launch_mmq(const mq_args &a, cudaStream_t st) {
 
 /* k_mmq's shape for a call (MUSER_CUDA_MMQ: 0 off; 1 by shape; forced: 2..4 WPR 1, 2, 4 with activations
  * from global memory, 5..7 the same from shared memory, 8 WPR 1 and 9 WPR 4 with 3 blocks in flight, 10
- * and 11 as 5 and 2 in CTAs of 8 warps). By shape (test_cuda_backend --bench-mmv, H200, 4 and 8 rows,
+ * and 11 as 5 and 2 in CTAs of 8 warps, 12 as 5 with 3 blocks in flight). By shape (test_cuda_backend --bench-mmv, H200, 4 and 8 rows,
  * docs/benchmarks.md): a set with a Q6_K weight stays on k_mmt (k_mmq's Q6_K lanes make 28 loads a block:
  * ffn_down Q6_K at 4 rows 60.91 us against 55.07); large grids take a warp per tile with the activations
  * in shared memory (ffn gate+up at 4 rows 59.07 us against k_mmt's 74.68), the rest 4 warps per tile from
@@ -827,6 +827,7 @@ static bool mmq_launch(const mq_args &a, cudaStream_t st) {
     case 9: return launch_mmq<3, 4, 0>(a, st);
     case 10: return launch_mmq<2, 1, 1, 8>(a, st);
     case 11: return launch_mmq<2, 1, 0, 8>(a, st);
+    case 12: return launch_mmq<3, 1, 1>(a, st);
     default: return false;
     }
 }

@@ -22,7 +22,7 @@ extern int mucu_mmt_stages;
 int mucu_mmt_min_rows_get(void);
 /* MUSER_CUDA_MMQ: k_mmq (the weight stream straight into registers) for
  * the calls of up to 8 rows: 0 off (k_mmt), 1 (the default) shaped by the
- * grid, 2..11 a shape forced (cuda_mmt.cu mmq_launch); -1 until first read */
+ * grid, 2..12 a shape forced (cuda_mmt.cu mmq_launch); -1 until first read */
 extern int mucu_mmq_variant;
 int mucu_mmq_variant_get(void);
 
