@@ -798,23 +798,31 @@ static bool launch_mmq(const mq_args &a, cudaStream_t st) {
     return true;
 }
 
-/* k_mmq's shape for a call (MUSER_CUDA_MMQ: 0 off; 1 by shape; forced: 2..4 WPR 1, 2, 4 with activations
- * from global memory, 5..7 the same from shared memory, 8 WPR 1 and 9 WPR 4 with 3 blocks in flight, 10
- * and 11 as 5 and 2 in CTAs of 8 warps, 12 as 5 with 3 blocks in flight). By shape (test_cuda_backend --bench-mmv, H200, 4 and 8 rows,
- * docs/benchmarks.md): a set with a Q6_K weight stays on k_mmt (k_mmq's Q6_K lanes make 28 loads a block:
- * ffn_down Q6_K at 4 rows 60.91 us against 55.07); large grids take a warp per tile with the activations
- * in shared memory (ffn gate+up at 4 rows 59.07 us against k_mmt's 74.68), the rest 4 warps per tile from
- * global memory (ffn_down Q4_K at 4 rows 36.17 against 45.29, attn_output 11.71 against 14.10). false:
- * the call is k_mmt's. */
+/* k_mmq's shape for a call (MUSER_CUDA_MMQ: 0 off; 1 by shape; forced, for calls of up to 8 rows: 2..4 WPR
+ * 1, 2, 4 with activations from global memory, 5..7 the same from shared memory, 8 WPR 1 and 9 WPR 4 with 3
+ * blocks in flight, 10 and 11 as 5 and 2 in CTAs of 8 warps, 12 as 5 with 3 blocks in flight). By shape
+ * (test_cuda_backend --bench-mmv and the whole model, H200, docs/benchmarks.md "Few rows, k_mmq"): calls
+ * of up to MUSER_CUDA_MMQ_ROWS rows (default 4: at 8 sequences the whole model decoded slower with k_mmq,
+ * 4.46x-4.53x one sequence against 4.96x, though each product alone was as fast or faster); a set with a
+ * Q6_K weight stays on k_mmt (k_mmq's Q6_K lanes make 28 loads a block: ffn_down Q6_K at 4 rows 60.91 us
+ * against 55.07); grids of >= 1,500 tiles (the ffn gate+up set, the output matrix) take a warp per tile,
+ * 3 blocks in flight, the activations in shared memory (the gate+up set at 2 / 4 rows 54.19 / 60.55 us
+ * against k_mmt's 71.40 / 74.10), the rest 4 warps per tile reading the activations from global memory
+ * (ffn_down Q4_K at 4 rows 36.17 against 45.29, attn_output 11.71 against 14.10). false: k_mmt's call. */
+extern "C" {
+int mucu_mmq_rows = -1;
+}
+
 static bool mmq_launch(const mq_args &a, cudaStream_t st) {
     const int v = mucu_mmq_variant_get();
     if (v <= 0 || a.nr > 8) return false;
     int code = v;
     if (v == 1) {
+        if (a.nr > env_setting(&mucu_mmq_rows, "MUSER_CUDA_MMQ_ROWS", 4)) return false;
         for (int i = 0; i < a.set.n; i++)
             if (a.set.type[i] == M_Q6_K) return false;
         const int n_tiles = a.set.first[a.set.n];
-        code = n_tiles >= 1500 && mq_xs_bytes(a.nr, a.nb) <= 100 * 1024 ? 5 : 4;
+        code = n_tiles >= 1500 && mq_xs_bytes(a.nr, a.nb) <= 100 * 1024 ? 12 : 4;
     }
     switch (code) {
     case 2: return launch_mmq<2, 1, 0>(a, st);
