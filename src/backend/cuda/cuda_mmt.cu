@@ -411,8 +411,8 @@ __global__ static void __launch_bounds__(128) k_mmt(mmt_set set, int nb, int sta
 }
 
 /* ------------------------------------------------------------------ k_mmq
- * The same products for 2 to 8 rows with k_mmv4's weight stream
- * (docs/cuda.md "Few rows on the tensor cores"): no cp.async ring and no
+ * The same products for up to 8 rows (by default 2 to 4: mmq_launch) with
+ * k_mmv4's weight stream (docs/cuda.md "2 to 4 rows: k_mmq"): no cp.async ring and no
  * barrier in the block loop. A warp owns a 16-output tile; each lane loads
  * its own A fragments of the tile's outputs g and g + 8 straight from
  * global memory into registers (U blocks in flight, the first before
@@ -801,9 +801,9 @@ static bool launch_mmq(const mq_args &a, cudaStream_t st) {
 /* k_mmq's shape for a call (MUSER_CUDA_MMQ: 0 off; 1 by shape; forced, for calls of up to 8 rows: 2..4 WPR
  * 1, 2, 4 with activations from global memory, 5..7 the same from shared memory, 8 WPR 1 and 9 WPR 4 with 3
  * blocks in flight, 10 and 11 as 5 and 2 in CTAs of 8 warps, 12 as 5 with 3 blocks in flight). By shape
- * (test_cuda_backend --bench-mmv and the whole model, H200, docs/benchmarks.md "Few rows, k_mmq"): calls
+ * (test_cuda_backend --bench-mmv and the whole model, H200, docs/benchmarks.md "Few rows: k_mmq"): calls
  * of up to MUSER_CUDA_MMQ_ROWS rows (default 4: at 8 sequences the whole model decoded slower with k_mmq,
- * 4.46x-4.53x one sequence against 4.96x, though each product alone was as fast or faster); a set with a
+ * 4.46x-4.59x one sequence against 4.96x-4.99x, though most products alone were as fast or faster); a set with a
  * Q6_K weight stays on k_mmt (k_mmq's Q6_K lanes make 28 loads a block: ffn_down Q6_K at 4 rows 60.91 us
  * against 55.07); grids of >= 1,500 tiles (the ffn gate+up set, the output matrix) take a warp per tile,
  * 3 blocks in flight, the activations in shared memory (the gate+up set at 2 / 4 rows 54.19 / 60.55 us
