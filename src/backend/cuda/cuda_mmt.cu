@@ -152,6 +152,59 @@ __device__ static inline void mmt_load_act(uint8_t *sa, int nr, int b, int nb, c
     if (lane < nr) cp4(sb + 32 * nr + 4 * lane, xd + (int64_t)lane * nb + b, 4);
 }
 
+/* The arithmetic k_mmt and k_mmq share (the same expressions, so the same
+ * bits). A Q4_K/Q5_K header (d|dmin|12 scale bytes) unpacked: the 8 scales
+ * and the 8 mins four to a word: sc0..3 = q[0..3] & 63, m0..3 = q[4..7] &
+ * 63, sc4..7 = (q[8..11] & 15) | (q[0..3] >> 6) << 4, m4..7 = (q[8..11] >>
+ * 4) | (q[4..7] >> 6) << 4 (q: the 12 scale bytes). */
+__device__ static inline void kq_header(uint4 hd, float &d, float &dmin, uint32_t sc[2], uint32_t mn[2]) {
+    const uint32_t dm = hd.x, w0 = hd.y, w1 = hd.z, w2 = hd.w;
+    d = h2f((uint16_t)(dm & 0xFFFF));
+    dmin = h2f((uint16_t)(dm >> 16));
+    sc[0] = w0 & 0x3F3F3F3Fu;
+    mn[0] = w1 & 0x3F3F3F3Fu;
+    sc[1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+    mn[1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+}
+
+/* The mins as dp2a operands: mp[k] holds bytes (m_2k, m_2k, m_2k+1, m_2k+1). */
+__device__ static inline void kq_min_pairs(const uint32_t mn[2], uint32_t mp[4]) {
+    mp[0] = __byte_perm(mn[0], 0, 0x1100);
+    mp[1] = __byte_perm(mn[0], 0, 0x3322);
+    mp[2] = __byte_perm(mn[1], 0, 0x1100);
+    mp[3] = __byte_perm(mn[1], 0, 0x3322);
+}
+
+/* Q4_K/Q5_K f_b of one (output, row): summ = sum_j m_j * (bs[2j] + bs[2j+1])
+ * by dp2a (word j of the row's bsums w0|w1 holds bs[2j], bs[2j+1]), then
+ * the formula. */
+__device__ static inline float kq_fb(float d, float dmin, float xdv, int32_t sumi, uint4 w0, uint4 w1,
+                                     const uint32_t mp[4]) {
+    int32_t s = 0;
+    s = __dp2a_lo((int)w0.x, (int)mp[0], s);
+    s = __dp2a_hi((int)w0.y, (int)mp[0], s);
+    s = __dp2a_lo((int)w0.z, (int)mp[1], s);
+    s = __dp2a_hi((int)w0.w, (int)mp[1], s);
+    s = __dp2a_lo((int)w1.x, (int)mp[2], s);
+    s = __dp2a_hi((int)w1.y, (int)mp[2], s);
+    s = __dp2a_lo((int)w1.z, (int)mp[3], s);
+    s = __dp2a_hi((int)w1.w, (int)mp[3], s);
+    return (d * xdv) * (float)sumi - (dmin * xdv) * (float)s;
+}
+
+/* Q4_K/Q5_K: 4 codes of nibble half sh of word q, with Q5_K's fifth bits
+ * (bit j of each byte of qh) */
+template <int TYPE> __device__ static inline uint32_t kq_codes(uint32_t q, int sh, uint32_t qh, int j) {
+    uint32_t a = (q >> sh) & 0x0F0F0F0Fu;
+    if (TYPE == M_Q5_K) a |= ((qh >> j) & 0x01010101u) << 4;
+    return a;
+}
+
+/* Q6_K: 4 values, nibble at nsh of ql word q with 2 bits at hsh of qh word h above it, minus 32. */
+__device__ static inline uint32_t q6_codes(uint32_t q, uint32_t h, int nsh, int hsh) {
+    return __vsub4(((q >> nsh) & 0x0F0F0F0Fu) | (((h >> hsh) & 0x03030303u) << 4), 0x20202020u);
+}
+
 /* f[nt][e] for this lane's elements of block b: output g + 8 (e >> 1), row
  * 8 nt + 2t + (e & 1). Rows >= nr give unused values. */
 template <int TYPE, int NT>
@@ -169,23 +222,14 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
         for (int e = 0; e < 4; e++) sumi[nt][e] = 0;
     float d[2], dmin[2] = {0.0f, 0.0f};
     if (TYPE != M_Q6_K) {
-        /* scales and mins of outputs g (h = 0) and g + 8 (h = 1), four bytes to a word:
-         * sc0..3 = q[0..3] & 63, m0..3 = q[4..7] & 63, sc4..7 = (q[8..11] & 15) | (q[0..3] >> 6) << 4,
-         * m4..7 = (q[8..11] >> 4) | (q[4..7] >> 6) << 4 (q: the 12 scale bytes) */
+        /* scales and mins of outputs g (h = 0) and g + 8 (h = 1) */
         uint32_t sc[2][2], mn[2][2];
-        uint2 qh[2];
+        uint2 qh[2] = {make_uint2(0, 0), make_uint2(0, 0)};
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const uint8_t *p = h ? pb : pa;
             /* one 16-byte load: at 4 bytes, outputs g and g + 4 share banks */
-            const uint4 hd = *(const uint4 *)p;
-            const uint32_t dm = hd.x, w0 = hd.y, w1 = hd.z, w2 = hd.w;
-            d[h] = h2f((uint16_t)(dm & 0xFFFF));
-            dmin[h] = h2f((uint16_t)(dm >> 16));
-            sc[h][0] = w0 & 0x3F3F3F3Fu;
-            mn[h][0] = w1 & 0x3F3F3F3Fu;
-            sc[h][1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
-            mn[h][1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+            kq_header(*(const uint4 *)p, d[h], dmin[h], sc[h], mn[h]);
             if (TYPE == M_Q5_K) qh[h] = *(const uint2 *)(p + 16 + 8 * t); /* bit j of qh[l]: value 32j + l */
         }
         /* activation codes of row 8 nt + g: values 8t..8t+7 of each sub-block */
@@ -204,14 +248,8 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) {
                 const int j = 2 * i + hb, sh = 4 * hb;
-                uint32_t a0 = (qa.x >> sh) & 0x0F0F0F0Fu, a2 = (qa.y >> sh) & 0x0F0F0F0Fu;
-                uint32_t a1 = (qb.x >> sh) & 0x0F0F0F0Fu, a3 = (qb.y >> sh) & 0x0F0F0F0Fu;
-                if (TYPE == M_Q5_K) {
-                    a0 |= ((qh[0].x >> j) & 0x01010101u) << 4;
-                    a2 |= ((qh[0].y >> j) & 0x01010101u) << 4;
-                    a1 |= ((qh[1].x >> j) & 0x01010101u) << 4;
-                    a3 |= ((qh[1].y >> j) & 0x01010101u) << 4;
-                }
+                const uint32_t a0 = kq_codes<TYPE>(qa.x, sh, qh[0].x, j), a2 = kq_codes<TYPE>(qa.y, sh, qh[0].y, j);
+                const uint32_t a1 = kq_codes<TYPE>(qb.x, sh, qh[1].x, j), a3 = kq_codes<TYPE>(qb.y, sh, qh[1].y, j);
                 const int32_t sa = (int32_t)((sc[0][j >> 2] >> (8 * (j & 3))) & 0xFF);
                 const int32_t sb = (int32_t)((sc[1][j >> 2] >> (8 * (j & 3))) & 0xFF);
 #pragma unroll
@@ -225,17 +263,9 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
                 }
             }
         }
-        /* summ per (output, row): sum_j m_j * (bs[2j] + bs[2j+1]); word j of the
-         * row's bsums holds bs[2j], bs[2j+1], and dp2a multiplies its two int16
-         * halves by two bytes (m_j, m_j) of a word (m0 m0 m1 m1 | m2 m2 m3 m3) */
         uint32_t mp[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mp[h][0] = __byte_perm(mn[h][0], 0, 0x1100);
-            mp[h][1] = __byte_perm(mn[h][0], 0, 0x3322);
-            mp[h][2] = __byte_perm(mn[h][1], 0, 0x1100);
-            mp[h][3] = __byte_perm(mn[h][1], 0, 0x3322);
-        }
+        kq_min_pairs(mn[0], mp[0]);
+        kq_min_pairs(mn[1], mp[1]);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -249,19 +279,8 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
                     w1 = bp[1];
                 }
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int32_t s = 0;
-                    s = __dp2a_lo((int)w0.x, (int)mp[h][0], s);
-                    s = __dp2a_hi((int)w0.y, (int)mp[h][0], s);
-                    s = __dp2a_lo((int)w0.z, (int)mp[h][1], s);
-                    s = __dp2a_hi((int)w0.w, (int)mp[h][1], s);
-                    s = __dp2a_lo((int)w1.x, (int)mp[h][2], s);
-                    s = __dp2a_hi((int)w1.y, (int)mp[h][2], s);
-                    s = __dp2a_lo((int)w1.z, (int)mp[h][3], s);
-                    s = __dp2a_hi((int)w1.w, (int)mp[h][3], s);
-                    const int e = 2 * h + rr;
-                    f[nt][e] = (d[h] * xdv) * (float)sumi[nt][e] - (dmin[h] * xdv) * (float)s;
-                }
+                for (int h = 0; h < 2; h++)
+                    f[nt][2 * h + rr] = kq_fb(d[h], dmin[h], xdv, sumi[nt][2 * h + rr], w0, w1, mp[h]);
             }
     } else {
         /* Q6_K: group s (values 16s..16s+15, scale s), value 128h + lv (h = s >> 3,
@@ -290,8 +309,7 @@ __device__ static inline void mmt_block(const uint8_t *st, const uint8_t *sa, in
             const int nsh = l0 >= 64 ? 4 : 0, hsh = 2 * (l0 >> 5);
             const uint32_t qa = *(const uint32_t *)(pa + qlo), ha = *(const uint32_t *)(pa + qho);
             const uint32_t qb = *(const uint32_t *)(pb + qlo), hb = *(const uint32_t *)(pb + qho);
-            const uint32_t a0 = __vsub4(((qa >> nsh) & 0x0F0F0F0Fu) | (((ha >> hsh) & 0x03030303u) << 4), 0x20202020u);
-            const uint32_t a1 = __vsub4(((qb >> nsh) & 0x0F0F0F0Fu) | (((hb >> hsh) & 0x03030303u) << 4), 0x20202020u);
+            const uint32_t a0 = q6_codes(qa, ha, nsh, hsh), a1 = q6_codes(qb, hb, nsh, hsh);
             const int32_t sa = (int32_t)(int8_t)(sca[s >> 2] >> (8 * (s & 3)));
             const int32_t sb = (int32_t)(int8_t)(scb[s >> 2] >> (8 * (s & 3)));
 #pragma unroll
@@ -500,15 +518,7 @@ __device__ static inline void mq_block(const mqw &w, const mqx &x, int t, int nr
         float d[2], dmin[2];
         uint32_t sc[2][2], mn[2][2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint32_t dm = w.hd[h].x, w0 = w.hd[h].y, w1 = w.hd[h].z, w2 = w.hd[h].w;
-            d[h] = h2f((uint16_t)(dm & 0xFFFF));
-            dmin[h] = h2f((uint16_t)(dm >> 16));
-            sc[h][0] = w0 & 0x3F3F3F3Fu;
-            mn[h][0] = w1 & 0x3F3F3F3Fu;
-            sc[h][1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
-            mn[h][1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
-        }
+        for (int h = 0; h < 2; h++) kq_header(w.hd[h], d[h], dmin[h], sc[h], mn[h]);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             /* activation codes of row g, values 8t..8t+7 of sub-blocks 2i and 2i + 1 */
@@ -517,14 +527,10 @@ __device__ static inline void mq_block(const mqw &w, const mqx &x, int t, int nr
 #pragma unroll
             for (int hb = 0; hb < 2; hb++) {
                 const int j = 2 * i + hb, sh = 4 * hb;
-                uint32_t a0 = (w.c[0][2 * i] >> sh) & 0x0F0F0F0Fu, a2 = (w.c[0][2 * i + 1] >> sh) & 0x0F0F0F0Fu;
-                uint32_t a1 = (w.c[1][2 * i] >> sh) & 0x0F0F0F0Fu, a3 = (w.c[1][2 * i + 1] >> sh) & 0x0F0F0F0Fu;
-                if (TYPE == M_Q5_K) {
-                    a0 |= ((w.c[0][8] >> j) & 0x01010101u) << 4;
-                    a2 |= ((w.c[0][9] >> j) & 0x01010101u) << 4;
-                    a1 |= ((w.c[1][8] >> j) & 0x01010101u) << 4;
-                    a3 |= ((w.c[1][9] >> j) & 0x01010101u) << 4;
-                }
+                const uint32_t a0 = kq_codes<TYPE>(w.c[0][2 * i], sh, w.c[0][8], j);
+                const uint32_t a2 = kq_codes<TYPE>(w.c[0][2 * i + 1], sh, w.c[0][9], j);
+                const uint32_t a1 = kq_codes<TYPE>(w.c[1][2 * i], sh, w.c[1][8], j);
+                const uint32_t a3 = kq_codes<TYPE>(w.c[1][2 * i + 1], sh, w.c[1][9], j);
                 const int32_t sa = (int32_t)((sc[0][j >> 2] >> (8 * (j & 3))) & 0xFF);
                 const int32_t sb = (int32_t)((sc[1][j >> 2] >> (8 * (j & 3))) & 0xFF);
                 const uint2 xv = hb ? x1 : x0;
@@ -537,13 +543,8 @@ __device__ static inline void mq_block(const mqw &w, const mqx &x, int t, int nr
             }
         }
         uint32_t mp[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mp[h][0] = __byte_perm(mn[h][0], 0, 0x1100);
-            mp[h][1] = __byte_perm(mn[h][0], 0, 0x3322);
-            mp[h][2] = __byte_perm(mn[h][1], 0, 0x1100);
-            mp[h][3] = __byte_perm(mn[h][1], 0, 0x3322);
-        }
+        kq_min_pairs(mn[0], mp[0]);
+        kq_min_pairs(mn[1], mp[1]);
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             const bool in = 2 * t + rr < nr;
@@ -554,19 +555,7 @@ __device__ static inline void mq_block(const mqw &w, const mqx &x, int t, int nr
                 w1 = mq_x<XS, uint4>(x.bsr[rr] + 8);
             }
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int32_t s = 0;
-                s = __dp2a_lo((int)w0.x, (int)mp[h][0], s);
-                s = __dp2a_hi((int)w0.y, (int)mp[h][0], s);
-                s = __dp2a_lo((int)w0.z, (int)mp[h][1], s);
-                s = __dp2a_hi((int)w0.w, (int)mp[h][1], s);
-                s = __dp2a_lo((int)w1.x, (int)mp[h][2], s);
-                s = __dp2a_hi((int)w1.y, (int)mp[h][2], s);
-                s = __dp2a_lo((int)w1.z, (int)mp[h][3], s);
-                s = __dp2a_hi((int)w1.w, (int)mp[h][3], s);
-                const int e = 2 * h + rr;
-                f[e] = (d[h] * xdv) * (float)sumi[e] - (dmin[h] * xdv) * (float)s;
-            }
+            for (int h = 0; h < 2; h++) f[2 * h + rr] = kq_fb(d[h], dmin[h], xdv, sumi[2 * h + rr], w0, w1, mp[h]);
         }
     } else {
         const uint32_t sca[4] = {w.hd[0].x, w.hd[0].y, w.hd[0].z, w.hd[0].w};
@@ -580,8 +569,7 @@ __device__ static inline void mq_block(const mqw &w, const mqx &x, int t, int nr
             const int hb = s >> 3, m = s & 3, nsh = (s & 7) >= 4 ? 4 : 0, hsh = 2 * ((s & 7) >> 1);
             const uint32_t qa = w.c[0][4 * hb + m], ha = w.c[0][8 + 2 * hb + (s & 1)];
             const uint32_t qb = w.c[1][4 * hb + m], hbw = w.c[1][8 + 2 * hb + (s & 1)];
-            const uint32_t a0 = __vsub4(((qa >> nsh) & 0x0F0F0F0Fu) | (((ha >> hsh) & 0x03030303u) << 4), 0x20202020u);
-            const uint32_t a1 = __vsub4(((qb >> nsh) & 0x0F0F0F0Fu) | (((hbw >> hsh) & 0x03030303u) << 4), 0x20202020u);
+            const uint32_t a0 = q6_codes(qa, ha, nsh, hsh), a1 = q6_codes(qb, hbw, nsh, hsh);
             const int32_t sa = (int32_t)(int8_t)(sca[s >> 2] >> (8 * (s & 3)));
             const int32_t sb = (int32_t)(int8_t)(scb[s >> 2] >> (8 * (s & 3)));
             const uint32_t xv = x.xg ? mq_x<XS, uint32_t>(x.xg + 16 * s) : 0u;
