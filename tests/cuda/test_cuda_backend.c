@@ -186,6 +186,13 @@ static void compare_matmul(const mu_weight *w, float *x, int64_t rows, const cha
     cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
 }
 
+/* k_mmq's shapes (MUSER_CUDA_MMQ, cuda_mmt.cu mmq_launch): 4 four warps per
+ * tile reading the activations from global memory, 5 one warp per tile with
+ * them in shared memory, 10 as 5 in CTAs of 8 warps, 12 as 5 with 3 blocks
+ * in flight. */
+static const int MMQ_SHAPES[] = {4, 5, 10, 12};
+enum { N_MMQ_SHAPES = sizeof MMQ_SHAPES / sizeof *MMQ_SHAPES };
+
 /* The weight-streaming kernels: many blocks (n_in 5120, 6656), n_out not a
  * multiple of the 4 outputs of a CTA, 1 to 33 rows (chunks of 16 rows,
  * partial last chunks). */
@@ -205,11 +212,11 @@ static void test_matmul_large(void) {
                                      {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}, {8, 0, 0}, {9, 0, 0},
                                      {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0}, {14, 0, 0}, {15, 0, 0},
                                      {16, 0, 0}, {3, 0, 0}};
-    /* k_mmq with each shape (MUSER_CUDA_MMQ 2..12: 1, 2, 4 warps per tile, activations from global or shared
-     * memory, 2 or 3 blocks in flight, CTAs of 4 or 8 warps; 1 by shape): n_out with partial tiles, 5 to 78 blocks, 1 to 8 rows
-     * (row 2 with an all-zero block, row 1 with a block whose largest magnitude repeats) */
+    /* k_mmq by shape (MUSER_CUDA_MMQ=1) and in each of its shapes: n_out with partial tiles, 5 to 78 blocks,
+     * 1 to 8 rows (row 2 with an all-zero block, row 1 with a block whose largest magnitude repeats) */
     mucu_mmt_min_rows = 1;
-    for (int mv = 1; mv <= 12; mv++) {
+    for (int si = -1; si < N_MMQ_SHAPES; si++) {
+        const int mv = si < 0 ? 1 : MMQ_SHAPES[si];
         mucu_mmq_variant = mv;
         static const wspec qs4[] = {{"Q4_K", MU_TYPE_Q4_K, false, false}, {"Q5_K", MU_TYPE_Q5_K, false, false},
                                     {"Q6_K", MU_TYPE_Q6_K, false, false}, {"Q4_K+scale", MU_TYPE_Q4_K, true, false}};
@@ -355,9 +362,8 @@ static void bench_mmv(void) {
     };
     /* variant, k_mmv3's warps per output and steps (0: by shape) */
     static const int variants[][3] = {{3, 0, 0},  {9, 0, 0},  {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0},
-                                      {14, 0, 0}, {15, 0, 0}, {16, 0, 0}, {22, 0, 0}, {23, 0, 0}, {24, 0, 0},
-                                      {25, 0, 0}, {26, 0, 0}, {27, 0, 0}, {28, 0, 0}, {29, 0, 0}, {30, 0, 0},
-                                      {31, 0, 0}, {32, 0, 0}};
+                                      {14, 0, 0}, {15, 0, 0}, {16, 0, 0}, {24, 0, 0}, {25, 0, 0}, {30, 0, 0},
+                                      {32, 0, 0}};
     static const int rowss[] = {1, 2, 4, 8, 16};
     char msg[MUCU_ERR_LEN];
     printf("%-12s %-5s %6s %6s %6s %4s %10s %9s\n", "weight", "type", "n_in", "n_out", "mmv", "rows", "us/call", "GB/s");
@@ -386,7 +392,7 @@ static void bench_mmv(void) {
             for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++) {
                 const int v = variants[vi][0];
                 mucu_set_mmv_variant(v == 9 || v >= 20 ? 3 : v);
-                /* 3: the default (k_mmq up to 8 rows, k_mmt above); 9: k_mmt; 22..32: k_mmq's shapes 2..12 */
+                /* 3: the default (k_mmq up to 8 rows, k_mmt above); 9: k_mmt; 20 + N: k_mmq's shape N (MMQ_SHAPES) */
                 mucu_mmt_min_rows = v == 9 || v >= 20 ? 1 : v == 3 ? -1 : 0;
                 mucu_mmq_variant = v >= 20 ? v - 20 : v == 9 ? 0 : -1;
                 mucu_set_mmv3(variants[vi][1], variants[vi][2]);
@@ -476,9 +482,12 @@ static void bench_mmv(void) {
             const int rows = rowss[ri];
             for (int setv = 0; setv < 24; setv += setv == 0 ? 5 : 1) { /* one launch (the default), one per
                     weight (MMV 6), k_mmv3_set with 1, 2, 4 warps per output, k_mmt, 1 row: 10..16 (4 + setv),
-                    2 to 8 rows: k_mmq's shapes 2..12 (setv - 11, bench variants 22..32) */
+                    2 to 8 rows: k_mmq's shapes (setv - 11 when in MMQ_SHAPES, bench variants 20 + shape) */
                 if (setv > 5 && setv < 13 && rows != 1) continue;
                 if (setv >= 13 && (rows == 1 || rows > 8)) continue;
+                bool kept = setv < 13;
+                for (int q = 0; q < N_MMQ_SHAPES; q++) kept = kept || MMQ_SHAPES[q] == setv - 11;
+                if (!kept) continue;
                 const int bv = setv == 5 ? 9 : setv == 0 ? 3 : setv >= 13 ? setv + 9 : setv > 5 ? 4 + setv : setv == 1 ? 6 : 7;
                 if (!bench_wants(bv) || !bench_shape(sets[si].what, rows)) continue;
                 mucu_set_mmv_variant(setv == 0 || setv == 5 || setv >= 13 ? 3 : setv == 1 ? 6 : setv > 5 ? 4 + setv : 7);
@@ -1462,12 +1471,12 @@ int main(int argc, char **argv) {
     test_matmul_fp4();
     test_matmul_large();
     const int mmt_saved = mucu_mmt_min_rows_get();
-    /* k_mmv3_set: 1, 2, 4 warps per output; k_mmt (k_mmq off); then the default; then k_mmq's shapes 2..12 */
-    for (int k = 0; k < 16; k++) {
+    /* k_mmv3_set: 1, 2, 4 warps per output; k_mmt (k_mmq off); then the default; then k_mmq's shapes */
+    for (int k = 0; k < 5 + N_MMQ_SHAPES; k++) {
         mucu_set_mmv_variant(k < 3 ? 7 : 3);
         mucu_set_mmv3(k < 3 ? 1 << k : 0, 0);
         mucu_mmt_min_rows = k == 3 ? 1 : k >= 4 ? mmt_saved : 0;
-        mucu_mmq_variant = k == 3 ? 0 : k >= 5 ? k - 3 : -1;
+        mucu_mmq_variant = k == 3 ? 0 : k >= 5 ? MMQ_SHAPES[k - 5] : -1;
         test_matmul_multi();
     }
     mucu_mmq_variant = -1;

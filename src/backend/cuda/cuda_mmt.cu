@@ -77,6 +77,13 @@ struct mmt_set {
     int n;
 };
 
+/* The weight of the set that 16-output tile `tile` belongs to. */
+__device__ static inline int mmt_weight_of(const mmt_set &set, int tile) {
+    int i = 0;
+    while (i + 1 < set.n && tile >= set.first[i + 1]) i++;
+    return i;
+}
+
 /* A lane's share of a tile's weight copies: chunk i = lane + 32m (m < PER)
  * is output i / CH's 16-byte chunk i % CH; per block only the block's
  * base moves, so the plan holds each chunk's offsets from it (the chunk
@@ -414,8 +421,7 @@ __global__ static void __launch_bounds__(128) k_mmt(mmt_set set, int nb, int sta
                                                    const int8_t *__restrict__ qs, const float *__restrict__ xd,
                                                    const int16_t *__restrict__ bs, int nr) {
     extern __shared__ __align__(16) uint8_t sm[];
-    int i = 0;
-    while (i + 1 < set.n && (int)blockIdx.x >= set.first[i + 1]) i++;
+    const int i = mmt_weight_of(set, (int)blockIdx.x);
     const int64_t o0 = 16 * (int64_t)((int)blockIdx.x - set.first[i]);
     if (set.type[i] == M_Q4_K)
         mmt_tile<M_Q4_K, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
@@ -426,6 +432,16 @@ __global__ static void __launch_bounds__(128) k_mmt(mmt_set set, int nb, int sta
     else
         mmt_tile<M_Q6_K, NT, ST>(sm, stage_bytes, xoff, set.W[i], set.n_out[i], o0, nb, qs, xd, bs, nr, set.y[i],
                                  set.has_scale[i], set.scale[i]);
+}
+
+/* Raise a kernel's dynamic shared memory limit to smem when *allowed (the
+ * limit set so far, 48 KiB at first) is below it; false: CUDA refused (the
+ * error stays for the caller's cudaGetLastError). */
+static bool smem_allow(const void *fn, size_t smem, size_t *allowed) {
+    if (smem <= *allowed) return true;
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) return false;
+    *allowed = smem;
+    return true;
 }
 
 /* ------------------------------------------------------------------ k_mmq
@@ -619,13 +635,20 @@ __device__ static inline mqx mq_where(const uint8_t *xs_sm, int b, int nb, const
     return x;
 }
 
+/* The outputs whose weights lane group g loads: o0 + g and o0 + g + 8, or
+ * past the end the last output (loaded, never stored). */
+__device__ static inline void mq_outs(int64_t o0, int64_t n_out, int g, int64_t &oa, int64_t &ob) {
+    oa = o0 + g < n_out ? o0 + g : n_out - 1;
+    ob = o0 + g + 8 < n_out ? o0 + g + 8 : n_out - 1;
+}
+
 /* The first U blocks of a warp's share (blocks wi, wi + WPR, ...) into w,
  * before the kernel waits for its predecessors (weights are never written). */
 template <int TYPE, int U, int WPR>
 __device__ static inline void mq_first(const uint8_t *W, int64_t n_out, int nb, int64_t o0, int wi, mqw w[U]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    /* past the end: load a real output, store nothing */
-    const int64_t oa = o0 + g < n_out ? o0 + g : n_out - 1, ob = o0 + g + 8 < n_out ? o0 + g + 8 : n_out - 1;
+    int64_t oa, ob;
+    mq_outs(o0, n_out, g, oa, ob);
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int b = wi + WPR * u;
@@ -641,7 +664,8 @@ __device__ static inline void mq_part(const uint8_t *W, int64_t n_out, int nb, i
                                       const uint8_t *xs_sm, const int8_t *qs, const float *xd, const int16_t *bs,
                                       int nr, float *fs, float tot[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int64_t oa = o0 + g < n_out ? o0 + g : n_out - 1, ob = o0 + g + 8 < n_out ? o0 + g + 8 : n_out - 1;
+    int64_t oa, ob;
+    mq_outs(o0, n_out, g, oa, ob);
     const int K = (nb - wi + WPR - 1) / WPR;
     for (int k0 = 0; k0 < K; k0 += U) {
 #pragma unroll
@@ -709,8 +733,7 @@ __global__ static void __launch_bounds__(32 * NW, (U == 2 ? 16 : 12) / NW) k_mmq
     const int tl = warp / WPR, wi = warp % WPR;
     const int tile = (int)blockIdx.x * (NW / WPR) + tl;
     const int n_tiles = a.set.first[a.set.n];
-    int i = 0;
-    while (i + 1 < a.set.n && tile >= a.set.first[i + 1]) i++;
+    const int i = mmt_weight_of(a.set, tile);
     const int64_t o0 = 16 * (int64_t)(tile - a.set.first[i]);
     const int ty = a.set.type[i];
     const uint8_t *W = a.set.W[i];
@@ -745,11 +768,10 @@ __global__ static void __launch_bounds__(32 * NW, (U == 2 ? 16 : 12) / NW) k_mmq
     const int q = threadIdx.x, oq = q >> 3, r = q & 7;
     if (r >= nr) return;
 #pragma unroll
-    for (int s = 0; s < 4 / WPR; s++) {
+    for (int s = 0; s < NW / WPR; s++) {
         const int tile2 = (int)blockIdx.x * (NW / WPR) + s;
         if (tile2 >= n_tiles) break;
-        int j = 0;
-        while (j + 1 < a.set.n && tile2 >= a.set.first[j + 1]) j++;
+        const int j = mmt_weight_of(a.set, tile2);
         const int64_t o = 16 * (int64_t)(tile2 - a.set.first[j]) + oq;
         if (o >= a.set.n_out[j]) continue;
         const float *p = fsm + (size_t)s * nb * 128 + q;
@@ -765,14 +787,6 @@ int mucu_mmq_variant = -1;
 
 extern "C" int mucu_mmq_variant_get(void) { return env_setting(&mucu_mmq_variant, "MUSER_CUDA_MMQ", 1); }
 
-/* Raise a kernel's dynamic shared memory limit to smem when *allowed is below it. */
-static bool mq_allow(const void *fn, size_t smem, size_t *allowed) {
-    if (smem <= *allowed) return true;
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) return false;
-    *allowed = smem;
-    return true;
-}
-
 template <int U, int WPR, int XS, int NW = 4>
 static bool launch_mmq(const mq_args &a, cudaStream_t st) {
     const int tpc = NW / WPR, n_tiles = a.set.first[a.set.n];
@@ -780,15 +794,16 @@ static bool launch_mmq(const mq_args &a, cudaStream_t st) {
     const size_t smem = xsb + (WPR > 1 ? (size_t)tpc * a.nb * 128 * 4 : 0);
     if (smem > 227 * 1024) return false;
     static size_t allowed = 48 * 1024; /* per instance: the dynamic shared memory allowed so far */
-    if (!mq_allow((const void *)k_mmq<U, WPR, XS, NW>, smem, &allowed))
+    if (!smem_allow((const void *)k_mmq<U, WPR, XS, NW>, smem, &allowed))
         return true; /* the error stays for the caller's cudaGetLastError */
     k_mmq<U, WPR, XS, NW><<<(n_tiles + tpc - 1) / tpc, 32 * NW, smem, st>>>(a);
     return true;
 }
 
-/* k_mmq's shape for a call (MUSER_CUDA_MMQ: 0 off; 1 by shape; forced, for calls of up to 8 rows: 2..4 WPR
- * 1, 2, 4 with activations from global memory, 5..7 the same from shared memory, 8 WPR 1 and 9 WPR 4 with 3
- * blocks in flight, 10 and 11 as 5 and 2 in CTAs of 8 warps, 12 as 5 with 3 blocks in flight). By shape
+/* k_mmq's shape for a call (MUSER_CUDA_MMQ: 0 off; 1 by shape; forced, for calls of up to 8 rows: 4 four
+ * warps per tile with the activations from global memory, 5 one warp per tile with them in shared memory,
+ * 10 as 5 in CTAs of 8 warps, 12 as 5 with 3 blocks in flight; the numbers are those of docs/benchmarks.md,
+ * whose other shapes lost, where this rule sends calls, to k_mmt or to these and were removed). By shape
  * (test_cuda_backend --bench-mmv and the whole model, H200, docs/benchmarks.md "Few rows: k_mmq"): calls
  * of up to MUSER_CUDA_MMQ_ROWS rows (default 4: at 8 sequences the whole model decoded slower with k_mmq,
  * 4.46x-4.59x one sequence against 4.96x-4.99x, though most products alone were as fast or faster); a set with a
@@ -813,16 +828,9 @@ static bool mmq_launch(const mq_args &a, cudaStream_t st) {
         code = n_tiles >= 1500 && mq_xs_bytes(a.nr, a.nb) <= 100 * 1024 ? 12 : 4;
     }
     switch (code) {
-    case 2: return launch_mmq<2, 1, 0>(a, st);
-    case 3: return launch_mmq<2, 2, 0>(a, st);
     case 4: return launch_mmq<2, 4, 0>(a, st);
     case 5: return launch_mmq<2, 1, 1>(a, st);
-    case 6: return launch_mmq<2, 2, 1>(a, st);
-    case 7: return launch_mmq<2, 4, 1>(a, st);
-    case 8: return launch_mmq<3, 1, 0>(a, st);
-    case 9: return launch_mmq<3, 4, 0>(a, st);
     case 10: return launch_mmq<2, 1, 1, 8>(a, st);
-    case 11: return launch_mmq<2, 1, 0, 8>(a, st);
     case 12: return launch_mmq<3, 1, 1>(a, st);
     default: return false;
     }
@@ -839,12 +847,8 @@ template <int NT, int ST>
 static void launch_mmt(const mmt_set &set, int nb, int sb, int xoff, const int8_t *qs, const float *d,
                        const int16_t *bs, int rows, cudaStream_t st) {
     const size_t smem = (size_t)MMT_NW * ST * sb + (size_t)2 * MMT_NW * 16 * 8 * NT * 4;
-    static size_t allowed = 48 * 1024; /* per instance: the dynamic shared memory allowed so far */
-    if (smem > allowed) {
-        if (cudaFuncSetAttribute(k_mmt<NT, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
-            return; /* the error stays for the caller's cudaGetLastError */
-        allowed = smem;
-    }
+    static size_t allowed = 48 * 1024; /* per instance */
+    if (!smem_allow((const void *)k_mmt<NT, ST>, smem, &allowed)) return;
     k_mmt<NT, ST><<<set.first[set.n], 128, smem, st>>>(set, nb, sb, xoff, qs, d, bs, rows);
 }
 

@@ -23,8 +23,8 @@ int mucu_mmt_min_rows_get(void);
 /* MUSER_CUDA_MMQ: k_mmq (the weight stream straight into registers) for
  * calls of few rows: 0 off (k_mmt), 1 (the default) shaped by the grid for
  * calls of up to MUSER_CUDA_MMQ_ROWS rows (mucu_mmq_rows, default 4, at
- * most 8), 2..12 a shape forced for every call of up to 8 rows (cuda_mmt.cu
- * mmq_launch); -1 until first read */
+ * most 8), 4, 5, 10 or 12 a shape forced for every call of up to 8 rows
+ * (cuda_mmt.cu mmq_launch); -1 until first read */
 extern int mucu_mmq_variant;
 extern int mucu_mmq_rows;
 int mucu_mmq_variant_get(void);
