@@ -16,6 +16,9 @@
 #include <stdlib.h>
 #include "testutil.h"
 #include "model_fixture.h"
+#include "gguf/gguf.h"
+#include "quant/quant.h"
+#include <math.h>
 #include "muser.h"
 
 #define N_SEQ 8
@@ -267,6 +270,95 @@ static void run_type_cuda(const char *type) {
     muser_model_free(cu);
 }
 
+/* A non-finite logit poisons its own session only, with a message naming
+ * the token and the position (the engine's one scan of a forward's logits
+ * rows, backend.h first_nonfinite, then the host scan of the session that
+ * has one). The model: F32 glimmer-tiny weights whose token_embd row of
+ * BAD_TOKEN holds +inf, so a row fed that token turns NaN throughout. One
+ * engine step decodes three sessions, the middle one fed BAD_TOKEN: the
+ * other two complete with their solo runs' logits, the middle one is
+ * refused until reset, and after the reset decodes like a fresh session. */
+#define BAD_TOKEN 7
+static const char *inf_embd_model(void) {
+    static char path[320];
+    if (path[0]) return path;
+    const char *src = fx_synth("F32", 11, WINDOW);
+    snprintf(path, sizeof path, "%s/tiny-F32-inf-embd.gguf", fx_tmpdir());
+    mu_error err;
+    gguf_file *f = gguf_open(src, &err);
+    CHECK_MSG(f, "%s", err.msg);
+    const gguf_tensor *t = f ? gguf_find_tensor(f, "token_embd.weight") : NULL;
+    CHECK(t && t->type == MU_TYPE_F32);
+    FILE *out = fopen(path, "wb");
+    CHECK(out && t);
+    if (out && t) {
+        float inf = INFINITY;
+        CHECK(fwrite(f->base, 1, f->size, out) == f->size);
+        CHECK(!fseek(out, (long)(t->file_offset + ((uint64_t)BAD_TOKEN * t->ne[0] + 3) * sizeof(float)), SEEK_SET));
+        CHECK(fwrite(&inf, sizeof inf, 1, out) == 1);
+    }
+    if (out) fclose(out);
+    gguf_close(f);
+    return path;
+}
+
+static float *solo_logits(muser_model *m, const int32_t *t, int64_t n, int64_t V) {
+    muser_error err;
+    muser_session_params sp = {.n_ctx = 64};
+    muser_session *s = muser_session_create(m, &sp, &err);
+    CHECK_MSG(s, "%s", err.msg);
+    float *row = calloc((size_t)V, sizeof(float));
+    if (s && muser_session_feed(s, t, n, &err)) memcpy(row, muser_session_logits(s), (size_t)V * sizeof(float));
+    else CHECK_MSG(false, "solo feed: %s", s ? err.msg : "no session");
+    muser_session_free(s);
+    return row;
+}
+
+static void test_nonfinite(muser_backend_kind backend, const char *label) {
+    muser_error err;
+    muser_model_params mp = {.backend = backend, .n_threads = 2};
+    muser_model *m = muser_model_load(inf_embd_model(), &mp, &err);
+    CHECK_MSG(m, "%s: %s", label, m ? "" : err.msg);
+    if (!m) return;
+    muser_model_info info;
+    muser_model_get_info(m, &info);
+    const int64_t V = info.n_vocab;
+    const int32_t pa[6] = {1, 2, 3, 4, 5, 11}, pb[5] = {9, 8, 6, 5, BAD_TOKEN}, pc[7] = {3, 3, 1, 20, 21, 22, 12};
+    float *want_a = solo_logits(m, pa, 6, V), *want_c = solo_logits(m, pc, 7, V), *want_b = solo_logits(m, pb, 4, V);
+    muser_engine_params ep = {.n_seq_max = 3, .n_ctx = 64, .n_batch = 16};
+    muser_engine *e = muser_engine_create(m, &ep, &err);
+    CHECK_MSG(e, "%s", err.msg);
+    muser_session *s[3] = {0};
+    for (int i = 0; e && i < 3; i++) CHECK_MSG((s[i] = muser_engine_session(e, &err)), "%s", err.msg);
+    if (e && s[0] && s[1] && s[2]) {
+        CHECK_MSG(muser_session_feed(s[0], pa, 5, &err), "%s", err.msg);
+        CHECK_MSG(muser_session_feed(s[1], pb, 4, &err), "%s", err.msg);
+        CHECK_MSG(muser_session_feed(s[2], pc, 6, &err), "%s", err.msg);
+        CHECK(muser_session_submit(s[0], &pa[5], 1, NULL, &err));
+        CHECK(muser_session_submit(s[1], &pb[4], 1, NULL, &err));
+        CHECK(muser_session_submit(s[2], &pc[6], 1, NULL, &err));
+        muser_step_info si;
+        const int32_t done = muser_engine_step(e, &si, &err);
+        CHECK_MSG(done == 2 && si.rows == 3, "%s: step completed %d of 3 rows %lld", label, done, (long long)si.rows);
+        const float *la = muser_session_logits(s[0]), *lc = muser_session_logits(s[2]);
+        CHECK_MSG(la && !memcmp(la, want_a, (size_t)V * sizeof(float)), "%s: session 0's logits beside a NaN row", label);
+        CHECK_MSG(lc && !memcmp(lc, want_c, (size_t)V * sizeof(float)), "%s: session 2's logits beside a NaN row", label);
+        CHECK_MSG(!muser_session_logits(s[1]), "%s: the poisoned session still offers logits", label);
+        const char *msg = muser_session_error(s[1]);
+        CHECK_MSG(!strncmp(msg, "non-finite logit ", 17) && strstr(msg, " for token 0 at position 4 (refusing to sample)"),
+                  "%s: message '%s'", label, msg);
+        CHECK_MSG(!muser_session_submit(s[1], pa, 1, NULL, &err) && strstr(err.msg, "poisoned"),
+                  "%s: a poisoned session took input (%s)", label, err.msg);
+        muser_session_reset(s[1]);
+        CHECK_MSG(muser_session_feed(s[1], pb, 4, &err), "%s: after reset: %s", label, err.msg);
+        const float *lb = muser_session_logits(s[1]);
+        CHECK_MSG(lb && !memcmp(lb, want_b, (size_t)V * sizeof(float)), "%s: logits after the reset", label);
+    }
+    muser_engine_free(e);
+    free(want_a), free(want_b), free(want_c);
+    muser_model_free(m);
+}
+
 static void run_type(const char *type) {
     if (getenv("MUSER_TEST_CUDA")) {
         run_type_cuda(type);
@@ -301,6 +393,14 @@ static void run_type(const char *type) {
 int main(void) {
     const char *types[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "q4_k_xl", "nvfp4", "nvfp4_ggml"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) run_type(types[i]);
+    if (getenv("MUSER_TEST_CUDA")) {
+        /* short rows: the host scans them (cuda_backend.c first_nonfinite_min); then on the device */
+        test_nonfinite(MUSER_BACKEND_CUDA, "cuda, scan on the host");
+        setenv("MUSER_CUDA_SCAN_MIN", "1", 1);
+        test_nonfinite(MUSER_BACKEND_CUDA, "cuda, scan on the device");
+        unsetenv("MUSER_CUDA_SCAN_MIN");
+    }
+    else test_nonfinite(MUSER_BACKEND_CPU, "cpu"), test_nonfinite(MUSER_BACKEND_REF, "ref");
     fx_cleanup();
     TEST_MAIN_END();
 }

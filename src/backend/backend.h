@@ -107,6 +107,14 @@ struct mu_backend {
     void (*softmax)(mu_backend *b, float *x, float scale, int64_t n, int64_t n_valid, int64_t rows);
     /* out[r] (host) = index of the largest x[r][i], the lowest on ties. */
     void (*argmax)(mu_backend *b, const float *x, int64_t n, int64_t rows, int32_t *out);
+    /* The index of the first non-finite value (NaN, +inf, -inf) of x[0..n),
+     * n when there is none (util/common.h mu_first_nonfinite's answer), or
+     * -1: not scanned here, the caller scans what it downloads. The engine
+     * asks once per forward for all its logits rows, so a device backend
+     * scans many rows where they are and sends back 8 bytes (and answers -1
+     * for a few short rows, where its launch and round trip cost more than
+     * the host's scan). */
+    int64_t (*first_nonfinite)(mu_backend *b, const float *x, int64_t n);
     /* Head rows into per-head slot planes: for row r, head h < n_head,
      * src[(r * n_head + h) * D ...] goes to slot slots[r] (host) of plane h:
      * dst[(h * S + slot) * D + d], or transposed, dst[(h * D + d) * S + slot]. */
@@ -152,6 +160,13 @@ struct mu_backend {
      * (e.g. the buffer does not fit). For muser bench's % figures. */
     bool (*read_bandwidth)(mu_backend *b, size_t bytes, int reps, double *gbs);
 
+    /* Optional (NULL: malloc and free): host memory that download writes
+     * straight into (cuda: page-locked, so no copy through a staging
+     * buffer). The engine keeps each session's logits row there. NULL when
+     * it cannot be had. */
+    void *(*host_alloc)(mu_backend *b, size_t bytes);
+    void (*host_free)(mu_backend *b, void *p, size_t bytes);
+
     /* ---- load time ---- */
     /* Optional (NULL: none), called once per weight at load before any op
      * reads it: wants_repack says whether this backend has a faster layout
@@ -167,7 +182,8 @@ struct mu_backend {
 mu_backend *mu_backend_ref_create(int n_threads);
 
 /* The host-memory implementations that ref and cpu share (host_ops.c):
- * memory, embed, rope_table, kv_store, softmax, argmax, store_heads. They
+ * memory, embed, rope_table, kv_store, softmax, argmax, first_nonfinite,
+ * store_heads. They
  * are the reference for these ops. */
 void mu_backend_set_host_ops(mu_backend *b);
 /* kv_store's save step on host planes (ref and cpu). */

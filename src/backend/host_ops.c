@@ -151,6 +151,11 @@ static void host_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, 
     }
 }
 
+static int64_t host_first_nonfinite(mu_backend *b, const float *x, int64_t n) {
+    (void)b;
+    return mu_first_nonfinite(x, n);
+}
+
 static void host_store_heads(mu_backend *b, float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                              const float *src, int64_t rows, bool transposed) {
     (void)b;
@@ -194,6 +199,7 @@ void mu_backend_set_host_ops(mu_backend *b) {
     b->kv_store = host_kv_store;
     b->softmax = host_softmax;
     b->argmax = host_argmax;
+    b->first_nonfinite = host_first_nonfinite;
     b->store_heads = host_store_heads;
 }
 

@@ -49,6 +49,7 @@ struct muser_session {
     mu_kv_cache kv;
     int64_t pos;
     float *logits;              /* host [n_vocab], last row */
+    bool logits_backend;        /* logits came from the backend's host_alloc */
     bool has_logits;
     /* the tokens at positions [0, n_hist): what a durable pack records
      * (src/kvpack/); n_hist < pos when rows came from elsewhere (the
@@ -167,6 +168,20 @@ void muser_engine_free(muser_engine *e) {
     free(e);
 }
 
+/* A session's logits row, in host memory the backend downloads straight
+ * into where it has such (backend.h host_alloc: no staging copy). */
+static void logits_alloc(muser_engine *e, muser_session *s) {
+    const size_t bytes = (size_t)e->model->m->cfg.n_vocab * sizeof(float);
+    s->logits = e->be->host_alloc ? e->be->host_alloc(e->be, bytes) : NULL;
+    s->logits_backend = s->logits != NULL;
+    if (!s->logits) s->logits = mu_xmalloc(bytes);
+}
+
+static void logits_free(muser_engine *e, muser_session *s) {
+    if (s->logits_backend) e->be->host_free(e->be, s->logits, (size_t)e->model->m->cfg.n_vocab * sizeof(float));
+    else free(s->logits);
+}
+
 muser_session *muser_engine_session(muser_engine *e, muser_error *err) {
     lock(e);
     int32_t id = 0;
@@ -189,7 +204,7 @@ muser_session *muser_engine_session(muser_engine *e, muser_error *err) {
     }
     s->e = e;
     s->id = id;
-    s->logits = mu_xmalloc((size_t)c->n_vocab * sizeof(float));
+    logits_alloc(e, s);
     e->seqs[id] = s;
     e->kvs[id] = &s->kv;
     unlock(e);
@@ -235,7 +250,7 @@ static void session_destroy(muser_session *s) {
     e->seqs[s->id] = NULL;
     e->kvs[s->id] = NULL;
     mu_kv_free(&s->kv);
-    free(s->logits);
+    logits_free(e, s);
     free(s->hist);
     free(s->q);
     free(s);
@@ -419,6 +434,14 @@ static bool run_batch(muser_engine *e, seq_run *runs, int n_runs, int64_t rows, 
         for (int i = 0; i < n_runs; i++) poison(runs[i].s, err->msg);
         return false;
     }
+    /* Every logits row of this forward (rows [0, n_out) of e->logits) is
+     * scanned once, where it lies; only when that finds a non-finite value
+     * (or the backend left the scan to the host: -1) does each session scan
+     * its own rows, for the message (check_finite). */
+    int64_t n_out = 0;
+    for (int i = 0; i < n_runs; i++) n_out += runs[i].n_logits;
+    const int64_t first_bad = n_out > 0 ? e->be->first_nonfinite(e->be, e->logits, n_out * V) : 0;
+    const bool any_bad = n_out > 0 && (first_bad < 0 || first_bad < n_out * V);
     for (int i = 0; i < n_runs; i++) {
         seq_run *run = &runs[i];
         muser_session *s = run->s;
@@ -433,7 +456,7 @@ static bool run_batch(muser_engine *e, seq_run *runs, int n_runs, int64_t rows, 
         s->pos += run->n;
         if (run->n_logits) {
             e->be->download(e->be, run->out, e->logits + run->logit_row * V, (size_t)(run->n_logits * V) * sizeof(float));
-            if (!check_finite(s, run->out, run->n_logits, pos0 + run->n - run->n_logits)) continue;
+            if (any_bad && !check_finite(s, run->out, run->n_logits, pos0 + run->n - run->n_logits)) continue;
         }
     }
     return true;

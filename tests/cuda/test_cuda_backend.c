@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_prefill.h"
 #include "util/common.h"
 #include "util/mumath.h"
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1150,6 +1151,87 @@ static void test_store_heads_and_memory(void) {
     cu->free(cu, d, 0), cu->free(cu, d2, 0), free(h);
 }
 
+/* first_nonfinite against the host scan (ref's): none, one NaN / +inf /
+ * -inf / NaN with a payload or the sign set at element 0, the last element,
+ * the scalar tail and inside the float4 part, two bad values (the first
+ * wins), finite extremes (FLT_MAX, subnormals, -0) that must not count;
+ * aligned and unaligned starts, lengths 1 to 5 and a vocabulary's 8 rows.
+ * Then download into host_alloc's page-locked memory (copied directly) and
+ * into malloc'd memory (through the staging buffer). */
+static void test_first_nonfinite(void) {
+    const int64_t N = 8 * 202048 + 3;
+    float *x = rnd_vec((size_t)N + 1, 30.0f);
+    x[5] = FLT_MAX, x[6] = -FLT_MAX, x[7] = 1e-42f, x[8] = -0.0f, x[N - 2] = -1e-45f;
+    float *dx = dev(x, (size_t)(N + 1) * 4);
+    const uint32_t bads[5] = {0x7FC00000u, 0x7F800000u, 0xFF800000u, 0x7F800001u, 0xFFC12345u};
+    for (int start = 0; start < 2; start++) {
+        const int64_t n = N - start, at[7] = {0, 1, 2, 1000003, n / 2 + 1, n - 2, n - 1};
+        const float *xs = x + start;
+        const float *dxs = dx + start;
+        n_checks++;
+        int64_t want = ref->first_nonfinite(ref, xs, n), got = cu->first_nonfinite(cu, dxs, n);
+        if (want != n || got != want)
+            n_fail++, fprintf(stderr, "MISMATCH first_nonfinite (none, start %d): ref %lld cuda %lld\n", start,
+                              (long long)want, (long long)got);
+        for (int k = 0; k < 7; k++)
+            for (int v = 0; v < 5; v++) {
+                const int64_t i = at[k], j = at[(k + 3) % 7];
+                float bad, keep_i = xs[i], keep_j = xs[j];
+                memcpy(&bad, &bads[v], 4);
+                /* one bad value at i; with v odd a second one at j too */
+                cu->upload(cu, (float *)dxs + i, &bad, 4);
+                ((float *)xs)[i] = bad;
+                if (v & 1) {
+                    cu->upload(cu, (float *)dxs + j, &bad, 4);
+                    ((float *)xs)[j] = bad;
+                }
+                want = ref->first_nonfinite(ref, xs, n), got = cu->first_nonfinite(cu, dxs, n);
+                const int64_t expect = (v & 1) && j < i ? j : i;
+                n_checks++;
+                if (got != want || want != expect)
+                    n_fail++, fprintf(stderr, "MISMATCH first_nonfinite (bad 0x%08X at %lld%s, start %d): ref %lld cuda %lld\n",
+                                      bads[v], (long long)i, v & 1 ? " and another" : "", start, (long long)want,
+                                      (long long)got);
+                ((float *)xs)[i] = keep_i, ((float *)xs)[j] = keep_j;
+                cu->upload(cu, (float *)dxs + i, &keep_i, 4);
+                cu->upload(cu, (float *)dxs + j, &keep_j, 4);
+            }
+    }
+    /* short lengths: the op leaves them to the host (-1); the kernel itself answers exactly */
+    unsigned long long *dbest = cu->alloc(cu, 8);
+    char msg[MUCU_ERR_LEN];
+    for (int64_t n = 1; n <= 5; n++) {
+        float nan = NAN;
+        cu->upload(cu, dx + 1 + (n - 1), &nan, 4);
+        unsigned long long v[2] = {0, 0};
+        for (int k = 0; k < 2; k++)
+            if (!mucu_first_nonfinite(dx + 1, n - k, dbest, msg) || !mucu_memcpy(&v[k], dbest, 8, "test", msg))
+                fprintf(stderr, "test_first_nonfinite: %s\n", msg), exit(1);
+        n_checks++;
+        if ((int64_t)(n - v[0]) != n - 1 || (n > 1 && (int64_t)(n - 1 - v[1]) != n - 1) || cu->first_nonfinite(cu, dx + 1, n) != -1)
+            n_fail++, fprintf(stderr, "MISMATCH first_nonfinite (length %lld): %lld, without the last %lld\n",
+                              (long long)n, (long long)(n - v[0]), (long long)(n - 1 - v[1]));
+        cu->upload(cu, dx + 1 + (n - 1), x + 1 + (n - 1), 4);
+    }
+    cu->free(cu, dbest, 8);
+    /* downloads: page-locked (direct) and malloc'd (staged), whole and offset */
+    const size_t bytes = (size_t)202048 * 4;
+    float *pin = cu->host_alloc ? cu->host_alloc(cu, bytes + 64) : NULL, *plain = mu_xmalloc(bytes + 64);
+    n_checks++;
+    if (!pin) n_fail++, fprintf(stderr, "MISMATCH host_alloc gave no memory\n");
+    for (int k = 0; pin && k < 2; k++) {
+        memset(pin, 0, bytes + 64), memset(plain, 0, bytes + 64);
+        cu->download(cu, pin + k, dx + 3 * k, bytes);
+        cu->download(cu, plain + k, dx + 3 * k, bytes);
+        n_checks++;
+        if (memcmp(pin + k, x + 3 * k, bytes) || memcmp(plain + k, x + 3 * k, bytes))
+            n_fail++, fprintf(stderr, "MISMATCH download into %s memory (offset %d)\n", "page-locked or malloc'd", k);
+    }
+    if (pin) cu->host_free(cu, pin, bytes + 64);
+    free(plain);
+    cu->free(cu, dx, 0), free(x);
+}
+
 /* ------------------------------------------------------- benchmarks */
 
 static void *dev_raw(const void *host, size_t bytes) {
@@ -1494,6 +1576,7 @@ int main(int argc, char **argv) {
     test_fused();
     test_dense_attention();
     test_store_heads_and_memory();
+    test_first_nonfinite();
     printf("test_cuda_backend: %d checks, %d mismatches\n", n_checks, n_fail);
     cu->destroy(cu);
     ref->destroy(ref);

@@ -534,12 +534,14 @@ static void cuda_upload(mu_backend *b, void *dst, const void *host_src, size_t b
     if (!mucu_memcpy(dst, host_src, bytes, "upload", err)) die("upload", err);
 }
 
-/* Downloads up to 16 MiB (a logits row, a few) go through a pinned buffer. */
+/* Into page-locked memory (host_alloc's: the sessions' logits rows)
+ * directly; other downloads of up to 16 MiB (a logits row, a few) through a
+ * pinned staging buffer. */
 static void cuda_download(mu_backend *b, void *host_dst, const void *src, size_t bytes) {
     cuda_ctx *c = ctx_of(b);
     char err[MUCU_ERR_LEN];
     graph_sync_point(b);
-    if (bytes > ((size_t)16 << 20)) {
+    if (bytes > ((size_t)16 << 20) || mucu_is_pinned(host_dst)) {
         if (!mucu_memcpy(host_dst, src, bytes, "download", err)) die("download", err);
         return;
     }
@@ -856,6 +858,43 @@ static void cuda_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, 
     CHECK("argmax", mucu_memcpy(out, d, (size_t)rows * sizeof *out, "argmax result", err));
 }
 
+/* Below 128 Ki values (glimmer-tiny's 8,192-token rows, up to 16 of them)
+ * the host scans what it downloads: a memset, a launch and a round trip
+ * for 8 bytes cost more than that (H200: glimmer-tiny tg256 3,506-3,698
+ * against 3,747-3,761 tokens/s with every scan here; docs/benchmarks.md).
+ * MUSER_CUDA_SCAN_MIN=N moves the bound (read at every call: the engine
+ * test runs its non-finite case with 1, so on the small test model too the
+ * scan happens here). */
+static int64_t first_nonfinite_min(void) {
+    const char *e = getenv("MUSER_CUDA_SCAN_MIN");
+    return e && *e ? strtoll(e, NULL, 10) : (int64_t)1 << 17;
+}
+
+static int64_t cuda_first_nonfinite(mu_backend *b, const float *x, int64_t n) {
+    q8_clear(b);
+    if (n <= 0) return n < 0 ? 0 : n;
+    if (n < first_nonfinite_min()) return -1;
+    graph_sync_point(b); /* the result goes to the host */
+    unsigned long long *d = buf_reserve_c(ctx_of(b), &ctx_of(b)->out, sizeof *d, "first_nonfinite");
+    unsigned long long v = 0;
+    CHECK("first_nonfinite", mucu_first_nonfinite(x, n, d, err));
+    CHECK("first_nonfinite", mucu_memcpy(&v, d, sizeof v, "first_nonfinite result", err));
+    return n - (int64_t)v;
+}
+
+/* Page-locked host memory: download copies into it directly. */
+static void *cuda_host_alloc(mu_backend *b, size_t bytes) {
+    (void)b;
+    void *p = NULL;
+    char err[MUCU_ERR_LEN];
+    return mucu_host_alloc(&p, bytes, err) ? p : NULL;
+}
+
+static void cuda_host_free(mu_backend *b, void *p, size_t bytes) {
+    (void)b, (void)bytes;
+    CHECK("host_free", mucu_host_free(p, err));
+}
+
 static void cuda_store_heads(mu_backend *b, float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                              const float *src, int64_t rows, bool transposed) {
     q8_clear(b);
@@ -956,6 +995,9 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->logit_tail = cuda_logit_tail;
     b->softmax = cuda_softmax;
     b->argmax = cuda_argmax;
+    b->first_nonfinite = cuda_first_nonfinite;
+    b->host_alloc = cuda_host_alloc;
+    b->host_free = cuda_host_free;
     b->store_heads = cuda_store_heads;
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;

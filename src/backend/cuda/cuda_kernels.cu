@@ -1152,6 +1152,30 @@ __global__ static void k_argmax(const float *x, int64_t n, int32_t *out) {
     out[blockIdx.x] = l[0] != l[0] || bi < 0 ? 0 : (int32_t)bi;
 }
 
+/* The first non-finite value of x[0..n): every thread keeps the smallest
+ * bad index of its own elements (loads independent of each other: no early
+ * exit) and offers n - index with atomicMax to *best, zeroed before; the
+ * largest offer is the smallest index. Threads that find nothing (the
+ * usual case) make no atomic at all. */
+__global__ static void k_first_nonfinite(const float *x, int64_t n, unsigned long long *best) {
+    grid_dep_wait();
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t mine = n;
+    const int64_t n4 = ((uintptr_t)x & 15) ? 0 : n / 4;
+    const float4 *x4 = (const float4 *)x;
+#pragma unroll 4
+    for (int64_t i = t; i < n4; i += stride) {
+        const float4 v = x4[i];
+        const uint32_t e = 0x7F800000u;
+        const bool b0 = (__float_as_uint(v.x) & e) == e, b1 = (__float_as_uint(v.y) & e) == e;
+        const bool b2 = (__float_as_uint(v.z) & e) == e, b3 = (__float_as_uint(v.w) & e) == e;
+        if ((b0 | b1 | b2 | b3) && 4 * i < mine) mine = 4 * i + (b0 ? 0 : b1 ? 1 : b2 ? 2 : 3);
+    }
+    for (int64_t i = 4 * n4 + t; i < n; i += stride)
+        if ((__float_as_uint(x[i]) & 0x7F800000u) == 0x7F800000u && i < mine) mine = i;
+    if (mine < n) atomicMax(best, (unsigned long long)(n - mine));
+}
+
 __global__ static void k_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                                      const float *src, int64_t rows, bool transposed) {
     grid_dep_wait();
@@ -3393,6 +3417,21 @@ extern "C" bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *ou
     if (rows <= 0) return true;
     k_argmax<<<(unsigned)rows, 256, 0, g_s>>>(x, n, out);
     return launched("k_argmax", err);
+}
+extern "C" bool mucu_first_nonfinite(const float *x, int64_t n, unsigned long long *best, char *err) {
+    if (n <= 0) return true;
+    if (!cu_ok(cudaMemsetAsync(best, 0, sizeof *best, g_s), "cudaMemsetAsync", "first_nonfinite", err)) return false;
+    const int64_t want = (n / 4 + 255) / 256;
+    k_first_nonfinite<<<(unsigned)(want < 1 ? 1 : want > 1056 ? 1056 : want), 256, 0, g_s>>>(x, n, best);
+    return launched("k_first_nonfinite", err);
+}
+extern "C" bool mucu_is_pinned(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError(); /* a plain host pointer on an old runtime: not an error worth keeping */
+        return false;
+    }
+    return a.type == cudaMemoryTypeHost;
 }
 extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D,
                                      const float *k, const float *v, int64_t slots, int64_t n_keys,

@@ -171,6 +171,10 @@ bool mucu_add(float *x, const float *y, int64_t n, char *err);
 bool mucu_logit_tail(float *l, float scale, float cap, int64_t n, char *err);
 bool mucu_softmax(float *x, float scale, int64_t n, const int64_t *n_valid, int64_t rows, char *err);
 bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *out, char *err);
+/* *best = n - (index of the first non-finite value of x[0..n)), 0 when none (device memory). */
+bool mucu_first_nonfinite(const float *x, int64_t n, unsigned long long *best, char *err);
+/* Whether p is page-locked host memory (cudaHostAlloc or registered). */
+bool mucu_is_pinned(const void *p);
 bool mucu_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head, const float *src,
                       int64_t rows, bool transposed, char *err);
 /* backend.h dense_attention; n_valid in device memory. */
