@@ -101,30 +101,41 @@ static bool same(const outcome *a, const outcome *b) {
            !memcmp(a->lp, b->lp, (size_t)a->n * sizeof(float)) && !strcmp(a->text, b->text) && a->stop == b->stop;
 }
 
-static void test_batched_equals_solo(void) {
+/* draw_threads: 0 the default (on the CPU backend the scheduler thread
+ * draws alone), 4 the draws of the slots on four threads: the same tokens
+ * either way (sched.c take_rows). Jobs 8-11 sample (seeded), so each
+ * slot's random stream matters. */
+static void test_batched_equals_solo(int32_t draw_threads) {
     muser_error err;
-    srv_sched_params sp = {.n_slots = 4, .n_ctx = N_CTX, .prefill_chunk = 8};
+    srv_sched_params sp = {.n_slots = 4, .n_ctx = N_CTX, .prefill_chunk = 8, .draw_threads = draw_threads};
     srv_sched *s = srv_sched_create(model, &sp, &err);
     CHECK_MSG(s, "%s", err.msg);
     if (!s) return;
-    const muser_sampling_params greedy = params(0, 1, 3), seeded = params(0.8f, 42, 2);
-    outcome want[9], got[9];
+    enum { NJ = 12 };
+    const muser_sampling_params greedy = params(0, 1, 3);
+    outcome want[NJ], got[NJ];
+    muser_sampling_params seeded[4];
+    for (int i = 0; i < 4; i++) seeded[i] = params(0.8f, 42 + 7 * (uint32_t)i, 2);
     for (int i = 0; i < 8; i++) solo(PROMPTS[i], &greedy, 24 + 3 * i, &want[i]);
-    solo(PROMPTS[0], &seeded, 32, &want[8]);
-    srv_job *jobs[9];
+    for (int i = 0; i < 4; i++) solo(PROMPTS[2 * i], &seeded[i], 32, &want[8 + i]);
+    srv_job *jobs[NJ];
     for (int i = 0; i < 8; i++) jobs[i] = submit(s, PROMPTS[i], &greedy, 24 + 3 * i);
-    jobs[8] = submit(s, PROMPTS[0], &seeded, 32);
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < 4; i++) jobs[8 + i] = submit(s, PROMPTS[2 * i], &seeded[i], 32);
+    for (int i = 0; i < NJ; i++) {
         if (!jobs[i]) continue;
         collect(jobs[i], &got[i]);
-        CHECK_MSG(same(&got[i], &want[i]), "job %d: %lld tokens '%s' against solo %lld '%s'", i,
-                  (long long)got[i].n, got[i].text, (long long)want[i].n, want[i].text);
+        CHECK_MSG(same(&got[i], &want[i]), "draw threads %d, job %d: %lld tokens '%s' against solo %lld '%s'",
+                  draw_threads, i, (long long)got[i].n, got[i].text, (long long)want[i].n, want[i].text);
         srv_job_free(jobs[i]);
     }
     srv_stats st;
     srv_sched_stats(s, &st);
-    CHECK(st.requests_finished == 9 && st.running == 0 && st.waiting == 0 && st.ttft.n == 9);
-    CHECK(st.generation_tokens_total > 0 && st.steps_total > 0);
+    CHECK(st.requests_finished == NJ && st.running == 0 && st.waiting == 0 && st.ttft.n == NJ);
+    CHECK(st.generation_tokens_total > 0 && st.steps_total > 0 && st.step_seconds > 0 && st.take_seconds > 0);
+    if (draw_threads > 1) {
+        srv_sched_free(s, true);
+        return;
+    }
 
     /* a prompt that extends a finished one: the slot's prefix is reused */
     char longer[256];
@@ -259,7 +270,8 @@ int main(void) {
     model = muser_model_load(path, &mp, &err);
     CHECK_MSG(model, "%s", err.msg);
     if (!model) TEST_MAIN_END();
-    test_batched_equals_solo();
+    test_batched_equals_solo(0);
+    test_batched_equals_solo(4);
     test_queue_full();
     snprintf(path, sizeof path, "%s/models/glimmer-tiny-dflash-q4_k_xl.gguf", src ? src : ".");
     test_speculation(path);

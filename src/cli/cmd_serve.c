@@ -41,6 +41,9 @@ static void serve_usage(FILE *f) {
             "  --spec-always           speculate every step of a lone request (no gate)\n"
             "  --backend NAME          ref | cpu | cuda | auto (default auto)\n"
             "  -t, --threads N         threads (default: all cores)\n"
+            "  --sampling-threads N    threads drawing the slots' tokens after each step (default: on\n"
+            "                          CUDA with rows of 65,536+ logits one per slot up to the cores\n"
+            "                          and 8; else 1)\n"
             "  --slot-save-path DIR    where POST /slots/{id}?action=save|restore keep slot files: kvpack\n"
             "                          packs (docs/kvpack.md; key $MUSER_KVPACK_KEY or DIR/kvpack.key)\n"
             "  --prompt-cache DIR      kvpack store of prompt prefixes shared across restarts and processes:\n"
@@ -114,6 +117,9 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_i64("serve", a, v, 1, 1024, &x);
             p.n_threads = (int)x;
+        } else if (!strcmp(a, "--sampling-threads")) {
+            ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_i64("serve", a, v, 1, 256, &x);
+            p.sampling_threads = (int32_t)x;
         } else if (!strcmp(a, "--backend")) {
             ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_backend("serve", v, &p.backend);
         } else {
@@ -192,7 +198,8 @@ int cmd_serve(int argc, char **argv) {
                            .prefill_budget = srv.p.prefill_budget,
                            .max_queue = srv.p.max_queue, .draft = draft, .verify_len = (int)verify_len,
                            .spec_always = spec_always, .zstd_level = zstd_level,
-                           .prompt_cache = srv.p.prompt_cache, .prompt_cache_quota = srv.p.prompt_cache_quota};
+                           .prompt_cache = srv.p.prompt_cache, .prompt_cache_quota = srv.p.prompt_cache_quota,
+                           .draw_threads = srv.p.sampling_threads};
     srv.sched = srv_sched_create(srv.model, &sp, &err);
     if (!srv.sched) {
         cli_error("serve", err.msg);

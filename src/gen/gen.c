@@ -32,6 +32,11 @@ struct mu_gen {
     char error[1024];
     mu_gen_result res;
     muser_kvstore *cache;     /* prompt cache, NULL = none */
+    /* mu_gen_draw's result for the next mu_gen_take_row with draw_row */
+    bool drawn;
+    const float *draw_row;
+    int32_t draw_tok;
+    muser_error draw_err;
 };
 
 const char *mu_gen_stop_name(mu_gen_stop st) {
@@ -177,6 +182,7 @@ bool mu_gen_start(mu_gen *g, const mu_gen_request *req, mu_gen_callback cb, void
     g->user = user;
     g->dt = muser_model_has_tokenizer(g->m) ? muser_detok_new(g->m, false) : NULL;
     g->res.stop = MU_GEN_RUNNING;
+    g->drawn = false; /* a draw of an earlier request never carries over (rows are reused buffers) */
     g->t_start = g->t_decode0 = mu_now();
     return true;
 }
@@ -320,7 +326,22 @@ static mu_gen_stop take_all(mu_gen *g, const int32_t *toks, const float *const *
     return g->res.stop;
 }
 
+/* Whether mu_gen_take_row would draw (the checks it makes before it does). */
+static bool will_draw(const mu_gen *g) {
+    return g->res.stop == MU_GEN_RUNNING && !(g->n_predict >= 0 && g->n_out >= g->n_predict);
+}
+
+void mu_gen_draw(mu_gen *g, const float *row) {
+    g->drawn = false;
+    if (!will_draw(g)) return;
+    g->draw_tok = muser_sampler_sample(g->smp, row, &g->draw_err);
+    g->draw_row = row;
+    g->drawn = true;
+}
+
 mu_gen_stop mu_gen_take_row(mu_gen *g, const float *row, int32_t *next) {
+    const bool drawn = g->drawn && g->draw_row == row;
+    g->drawn = false;
     if (g->res.stop != MU_GEN_RUNNING) return g->res.stop;
     if (g->first_row_taken) g->res.n_decoded++; /* the previous pending token was fed */
     g->first_row_taken = true;
@@ -329,7 +350,9 @@ mu_gen_stop mu_gen_take_row(mu_gen *g, const float *row, int32_t *next) {
         return g->res.stop;
     }
     muser_error err;
-    int32_t tok = muser_sampler_sample(g->smp, row, &err);
+    int32_t tok;
+    if (drawn) tok = g->draw_tok, err = g->draw_err;
+    else tok = muser_sampler_sample(g->smp, row, &err);
     if (tok < 0 && muser_sampler_grammar_complete(g->smp)) {
         mu_gen_finish(g, MU_GEN_STOP_GRAMMAR, NULL);
         return g->res.stop;

@@ -131,6 +131,13 @@ void mu_gen_prefilled(mu_gen *g, int64_t n);
  * first) and handle it. MU_GEN_RUNNING: feed *next and call again with its
  * row; anything else: the request is finished. */
 mu_gen_stop mu_gen_take_row(mu_gen *g, const float *row, int32_t *next);
+/* The draw of the mu_gen_take_row(g, row, ...) that must come next, done
+ * ahead (nothing when that call would not draw): it touches only g's
+ * sampler, so a caller holding rows of several requests draws them on
+ * several threads, one thread per mu_gen, then takes the rows in any order
+ * (src/server/sched.c). The same token and sampler state as drawing inside
+ * mu_gen_take_row. */
+void mu_gen_draw(mu_gen *g, const float *row);
 /* muser_spec_next's result as is: n tokens it drew with mu_gen_sampler(g)
  * from rows[i] (the pending token and toks[0..n-1) are fed), or n = 0 when
  * the grammar is complete (the pending token fed). *next as above. */

@@ -79,6 +79,9 @@ void srv_metrics(srv_server *srv, const srv_request *rq) {
             (double)st.cached_tokens_total);
     counter(&p, "muser_generation_tokens_total", "Tokens generated.", (double)st.generation_tokens_total);
     counter(&p, "muser_steps_total", "Batched forward steps of the engine.", (double)st.steps_total);
+    counter(&p, "muser_step_seconds_total", "Time in the engine's batched forward steps.", st.step_seconds);
+    counter(&p, "muser_take_seconds_total",
+            "Time after the steps handing rows to requests: sampling, detokenizing, events.", st.take_seconds);
     gauge(&p, "muser_slots_total", "Slots (sequences generating at once).", st.n_slots);
     gauge(&p, "muser_slots_busy", "Slots running a job.", st.running);
     gauge(&p, "muser_slot_occupancy_ratio", "Busy slots over all slots.", st.n_slots ? (double)st.running / st.n_slots : 0);

@@ -45,6 +45,8 @@ typedef struct srv_sched_params {
                                  * a new prompt restores its longest stored prefix, prefilled prompts
                                  * publish their packs (by a writer thread) */
     uint64_t prompt_cache_quota; /* its size quota (LRU eviction after each pack written); 0 = none */
+    int32_t draw_threads;       /* threads drawing the slots' tokens after a step; 0 = auto (sched.c
+                                 * draw_pool_size), 1 = the scheduler thread alone */
 } srv_sched_params;
 
 srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *p, muser_error *err);
@@ -132,6 +134,8 @@ typedef struct srv_stats {
     uint64_t requests_total, requests_finished, requests_cancelled, requests_refused;
     uint64_t prompt_tokens_total, cached_tokens_total, generation_tokens_total;
     uint64_t steps_total;
+    double step_seconds;        /* in the engine's steps (the forwards) */
+    double take_seconds;        /* after them, handing the rows to the jobs (the draws, detokenizing, events) */
     srv_hist ttft, itl, e2e;    /* time to first token, inter-token latency, request latency (s) */
     uint64_t spec_drafted, spec_accepted; /* speculative proposals (0 without an assistant) */
     /* --prompt-cache: prompts that restored a stored prefix, the tokens restored, packs

@@ -34,6 +34,7 @@ typedef struct srv_params {
     size_t max_body;            /* bytes of a request body before 413 (default 8 MiB) */
     muser_backend_kind backend;
     int n_threads;
+    int32_t sampling_threads;   /* --sampling-threads: threads drawing the slots' tokens, 0 = by backend */
     const char *slot_save_path; /* --slot-save-path: kvpack files of POST /slots/{id}?action=save|restore */
     const char *prompt_cache;   /* --prompt-cache: a kvpack store of prompt prefixes (docs/kvpack.md) */
     uint64_t prompt_cache_quota; /* --prompt-cache-max-size, 0 = none */
