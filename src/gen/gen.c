@@ -39,6 +39,9 @@ struct mu_gen {
     muser_error draw_err;
 };
 
+/* n_predict tokens are out (n_predict < 0: no limit). */
+static bool length_reached(const mu_gen *g) { return g->n_predict >= 0 && g->n_out >= g->n_predict; }
+
 const char *mu_gen_stop_name(mu_gen_stop st) {
     switch (st) {
     case MU_GEN_RUNNING: return "running";
@@ -311,7 +314,7 @@ static mu_gen_stop take_token(mu_gen *g, const float *row, int32_t tok) {
         if (release(g, false, &ev.text, &ev.text_len)) st = MU_GEN_STOP_STRING;
     }
     bool go_on = !g->cb || g->cb(g->user, &ev);
-    if (st == MU_GEN_RUNNING && g->n_predict >= 0 && g->n_out >= g->n_predict) st = MU_GEN_STOP_LENGTH;
+    if (st == MU_GEN_RUNNING && length_reached(g)) st = MU_GEN_STOP_LENGTH;
     if (st == MU_GEN_RUNNING && !go_on) st = MU_GEN_STOP_CANCELLED;
     return st;
 }
@@ -328,7 +331,7 @@ static mu_gen_stop take_all(mu_gen *g, const int32_t *toks, const float *const *
 
 /* Whether mu_gen_take_row would draw (the checks it makes before it does). */
 static bool will_draw(const mu_gen *g) {
-    return g->res.stop == MU_GEN_RUNNING && !(g->n_predict >= 0 && g->n_out >= g->n_predict);
+    return g->res.stop == MU_GEN_RUNNING && !length_reached(g);
 }
 
 void mu_gen_draw(mu_gen *g, const float *row) {
@@ -345,7 +348,7 @@ mu_gen_stop mu_gen_take_row(mu_gen *g, const float *row, int32_t *next) {
     if (g->res.stop != MU_GEN_RUNNING) return g->res.stop;
     if (g->first_row_taken) g->res.n_decoded++; /* the previous pending token was fed */
     g->first_row_taken = true;
-    if (g->n_predict >= 0 && g->n_out >= g->n_predict) {
+    if (length_reached(g)) {
         mu_gen_finish(g, MU_GEN_STOP_LENGTH, NULL);
         return g->res.stop;
     }
