@@ -195,10 +195,10 @@ static bool spawn(bs_server *s, char *const argv[], int out_fd, mu_error *err) {
 
 /* The command line both servers share (llama-server's flag names): -m
  * FILE --host H --port P -np N -c CTX [-t T]; muser's adds "serve" first and
- * its --prefill-budget. */
+ * its --prefill-budget and --sampling-threads. */
 typedef struct bs_argv {
     char *argv[24];
-    char np[16], ctx[24], th[16], pb[16];
+    char np[16], ctx[24], th[16], pb[16], st[16];
 } bs_argv;
 
 static void server_args(bs_argv *v, const bs_spawn *sp, bool muser, const char *port, long long ctx) {
@@ -206,6 +206,7 @@ static void server_args(bs_argv *v, const bs_spawn *sp, bool muser, const char *
     snprintf(v->ctx, sizeof v->ctx, "%lld", ctx);
     snprintf(v->th, sizeof v->th, "%d", sp->n_threads);
     snprintf(v->pb, sizeof v->pb, "%d", sp->prefill_budget);
+    snprintf(v->st, sizeof v->st, "%d", sp->sampling_threads);
     int a = 0;
     v->argv[a++] = (char *)sp->exe;
     if (muser) v->argv[a++] = "serve";
@@ -226,6 +227,10 @@ static void server_args(bs_argv *v, const bs_spawn *sp, bool muser, const char *
     if (muser && sp->prefill_budget >= 0) {
         v->argv[a++] = "--prefill-budget";
         v->argv[a++] = v->pb;
+    }
+    if (muser && sp->sampling_threads > 0) {
+        v->argv[a++] = "--sampling-threads";
+        v->argv[a++] = v->st;
     }
     v->argv[a] = NULL;
 }

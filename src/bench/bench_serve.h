@@ -25,6 +25,7 @@ typedef struct bs_spawn {
     const char *host;       /* loopback */
     int n_parallel, n_ctx_per_slot, n_threads; /* n_threads 0: the server's default */
     int prefill_budget;     /* muser serve --prefill-budget; -1: its default */
+    int sampling_threads;   /* muser serve --sampling-threads; 0: its default */
 } bs_spawn;
 
 /* Start `muser serve` (exe: the muser binary) on port 0 and read the URL it

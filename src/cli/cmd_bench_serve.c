@@ -36,6 +36,7 @@ static void usage(FILE *f) {
             "  --pause SECONDS        idle before each timed repetition (VMs that throttle sustained load)\n"
             "  -t, --threads N        threads of each server (default: theirs, all cores)\n"
             "  --prefill-budget N     muser serve's --prefill-budget (default: its own)\n"
+            "  --sampling-threads N   muser serve's --sampling-threads (default: its own)\n"
             "  --host ADDR            loopback address to serve on (default 127.0.0.1)\n"
             "  --json FILE            write the results as JSON ('-' = stdout)\n"
             "  -q, --quiet            no progress lines\n");
@@ -45,7 +46,7 @@ typedef struct opts {
     const char *model, *llama, *json, *host;
     int32_t *conc;
     int64_t n_conc;
-    int64_t duration, requests, max_tokens, parallel, ctx, reps, warmup, threads, budget;
+    int64_t duration, requests, max_tokens, parallel, ctx, reps, warmup, threads, budget, sampling_threads;
     double pause;
     bool chat, quiet, duration_given, logprobs;
 } opts;
@@ -92,6 +93,9 @@ static int parse(int argc, char **argv, opts *o) {
             ok = cli_value("bench serve", argc, argv, &i, &v) && cli_parse_i64("bench serve", a, v, 1, 1024, &o->threads);
         else if (!strcmp(a, "--prefill-budget"))
             ok = cli_value("bench serve", argc, argv, &i, &v) && cli_parse_i64("bench serve", a, v, 0, 65536, &o->budget);
+        else if (!strcmp(a, "--sampling-threads"))
+            ok = cli_value("bench serve", argc, argv, &i, &v) &&
+                 cli_parse_i64("bench serve", a, v, 1, 256, &o->sampling_threads);
         else if (!strcmp(a, "--pause")) {
             float secs = 0;
             ok = cli_value("bench serve", argc, argv, &i, &v) && cli_parse_f32("bench serve", a, v, &secs);
@@ -196,6 +200,7 @@ static bool write_json(const opts *o, const char *const *names, int n_srv, level
             (long long)o->reps, (long long)o->warmup, (long long)o->threads, (long long)o->parallel, (long long)o->ctx);
     fprintf(f, "  \"logprobs\": %s,\n", o->logprobs ? "true" : "false");
     fprintf(f, "  \"prefill_budget\": %lld,\n", (long long)o->budget);
+    fprintf(f, "  \"sampling_threads\": %lld,\n", (long long)o->sampling_threads);
     fprintf(f, "  \"pause_s\": %.3f,\n  \"llama_server\": ", o->pause);
     if (o->llama) cli_json_str(f, o->llama);
     else fprintf(f, "null");
@@ -281,7 +286,7 @@ int cmd_bench_serve(int argc, char **argv) {
     for (int s = 0; s < 2; s++) srv[s].out_fd = -1;
     bs_spawn sp = {.model_path = o.model, .host = o.host, .n_parallel = (int)o.parallel,
                    .n_ctx_per_slot = (int)o.ctx, .n_threads = (int)o.threads,
-                   .prefill_budget = (int)o.budget};
+                   .prefill_budget = (int)o.budget, .sampling_threads = (int)o.sampling_threads};
     mu_error err = {{0}};
     sp.exe = self;
     if (!o.quiet) fprintf(stderr, "[bench serve] starting muser serve (%lld slots of %lld tokens)\n", (long long)o.parallel, (long long)o.ctx);
