@@ -992,8 +992,9 @@ static void test_dense_attention(void) {
  * that reads their Q8_K quantization right after them (prequantized). */
 static void test_fused(void) {
     static const wspec q4 = {"Q4_K", MU_TYPE_Q4_K, false, false}, q6 = {"Q6_K", MU_TYPE_Q6_K, false, false};
-    const int64_t ns[] = {6656, 1024, 12288, 1000, 768, 512}, rows = 3;
-    for (int i = 0; i < 6; i++)
+    /* 1001: rows that start off 16-byte alignment; 8448 and 12032: two blocks a warp */
+    const int64_t ns[] = {6656, 1024, 12288, 1000, 768, 512, 1001, 8448, 12032}, rows = 3;
+    for (int i = 0; i < 9; i++)
         for (int with_h = 0; with_h < 2; with_h++) {
             const int64_t n = ns[i], N = n * rows;
             float *x = rnd_vec((size_t)N, 3.0f), *o = rnd_vec((size_t)N, 5.0f), *h = mu_xmalloc((size_t)N * 4);

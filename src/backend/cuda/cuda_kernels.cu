@@ -2555,19 +2555,37 @@ __global__ static void k_rmsnorm_warp(const float *x, const float *w, float eps,
 }
 
 /* The 32-lane sum of squares of a row held in shared memory, by warp 0;
- * every thread gets inv = 1/sqrt(mean + eps). */
+ * every thread gets inv = 1/sqrt(mean + eps). The row is zero-padded to a
+ * multiple of 256 values, so each lane runs whole groups of 8: a +0 term
+ * leaves a lane's sum as it is (the sum starts at +0 and adds squares, so it
+ * is never -0), and the next group's loads are in flight while the FMA
+ * chain runs over this one (the chain of n/32 dependent FMAs is what the
+ * step waits for). */
 __device__ static inline float cta_inv_rms(const float *xs, int64_t n, float eps, float *inv_s) {
     if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        float p = 0.0f;
-#pragma unroll 8
-        for (int64_t i = lane; i < n; i += 32) p = fmaf(xs[i], xs[i], p);
+        const int lane = threadIdx.x, J = (int)((n + 255) / 256) * 8;
+        float cur[8], nxt[8], p = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 8; t++) cur[t] = xs[lane + 32 * t];
+        for (int j = 8; j < J; j += 8) {
+#pragma unroll
+            for (int t = 0; t < 8; t++) nxt[t] = xs[lane + 32 * (j + t)];
+#pragma unroll
+            for (int t = 0; t < 8; t++) p = fmaf(cur[t], cur[t], p);
+#pragma unroll
+            for (int t = 0; t < 8; t++) cur[t] = nxt[t];
+        }
+#pragma unroll
+        for (int t = 0; t < 8; t++) p = fmaf(cur[t], cur[t], p);
         const float mean = warp_fold_lane0(p) / (float)n;
         if (lane == 0) *inv_s = 1.0f / sqrtf(mean + eps);
     }
     __syncthreads();
     return *inv_s;
 }
+
+/* Shared memory of a CTA that holds one row for cta_inv_rms. */
+static size_t cta_row_bytes(int64_t n) { return (size_t)((n + 255) / 256 * 256) * sizeof(float); }
 
 /* The row's values (in shared memory) quantized to Q8_K blocks, a warp
  * per block; row r's blocks are r * n/256 .. in the split layout. */
@@ -2594,7 +2612,8 @@ __global__ static void __launch_bounds__(1024) k_rmsnorm_cta(const float *x, con
     const int64_t r = blockIdx.x;
     const float *xr = x + r * n;
     float *yr = y + r * n;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xs[i] = xr[i];
+    const int64_t npad = (n + 255) / 256 * 256;
+    for (int64_t i = threadIdx.x; i < npad; i += blockDim.x) xs[i] = i < n ? xr[i] : 0.0f;
     __syncthreads();
     const float inv = cta_inv_rms(xs, n, eps, &inv_s);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -2608,66 +2627,108 @@ __global__ static void __launch_bounds__(1024) k_rmsnorm_cta(const float *x, con
     }
 }
 
+/* 8 consecutive values of a row from element i0 (zeros past n): two 16-byte
+ * loads where the address allows. */
+__device__ static inline void ld8(const float *p, int64_t i0, int64_t n, float v[8]) {
+    if (i0 + 8 <= n && ((uintptr_t)(p + i0) & 15) == 0) {
+        const float4 a = *(const float4 *)(p + i0), b = *(const float4 *)(p + i0 + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        return;
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++) v[t] = i0 + t < n ? p[i0 + t] : 0.0f;
+}
+
+__device__ static inline void st8(float *p, int64_t i0, int64_t n, const float v[8]) {
+    if (i0 + 8 <= n && ((uintptr_t)(p + i0) & 15) == 0) {
+        *(float4 *)(p + i0) = make_float4(v[0], v[1], v[2], v[3]);
+        *(float4 *)(p + i0 + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        return;
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+        if (i0 + t < n) p[i0 + t] = v[t];
+}
+
+/* The residual step's norm weights (no kernel writes them, so they are read
+ * before the wait, while the kernel before this one drains), then the wait. */
+template <int RB>
+__device__ static inline void res_weights(const float *w_o, const float *w_h, int64_t n, int64_t nb, float wo[RB][8],
+                                          float wh[RB][8]) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int k = 0; k < RB; k++) {
+        const int64_t b = wid + (int64_t)nw * k, i0 = b * 256 + lane * 8;
+        if (b < nb) {
+            ld8(w_o, i0, n, wo[k]);
+            if (w_h) ld8(w_h, i0, n, wh[k]);
+        }
+    }
+    grid_dep_wait();
+}
+
 /* The sandwich residual step, a CTA per row: x += rmsnorm(o, eps_o) * w_o,
  * then (h != NULL) h = rmsnorm(x, eps_h) * w_h, quantized to Q8_K with
- * QUANT. The same operations in the same order as rmsnorm, add, rmsnorm. */
-template <bool QUANT>
+ * QUANT. The same operations in the same order as rmsnorm, add, rmsnorm.
+ * Lane l of warp w holds elements 256 b + 8 l .. + 7 of the blocks b = w +
+ * k * warps (k < RB): the 8 consecutive values quantize_block_warp takes,
+ * so the quantization reads registers. Shared memory holds the row for the
+ * two 32-lane sums (cta_inv_rms), zero-padded to whole blocks. */
+template <bool QUANT, int RB>
 __global__ static void __launch_bounds__(1024) k_residual(float *x, const float *o, const float *w_o, float eps_o,
                                                         float *h, const float *w_h, float eps_h, int64_t n,
                                                         q8split q8) {
-    grid_dep_wait();
-    extern __shared__ float xs[];
+    float wo[RB][8], wh[RB][8], xv[RB][8];
+    const int64_t nb = (n + 255) / 256;
+    res_weights<RB>(w_o, h ? w_h : NULL, n, nb, wo, wh);
+    extern __shared__ __align__(16) float res_xs[];
+    float *xs = res_xs;
     __shared__ float inv_s[2];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t r = blockIdx.x;
     float *xr = x + r * n;
     const float *orow = o + r * n;
-    /* every global load first (one memory latency, not four): this thread's
-     * elements i = tid + k * blockDim (at most 12 for n <= 12288) */
-    enum { KMAX = 12 };
-    float xv[KMAX], wo[KMAX], wh[KMAX];
 #pragma unroll
-    for (int k = 0; k < KMAX; k++) {
-        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
-        if (i < n) {
-            xs[i] = orow[i];
-            xv[k] = xr[i];
-            wo[k] = w_o[i];
-            wh[k] = h ? w_h[i] : 0.0f;
+    for (int k = 0; k < RB; k++) {
+        const int64_t b = wid + (int64_t)nw * k, i0 = b * 256 + lane * 8;
+        if (b < nb) {
+            float ov[8];
+            ld8(orow, i0, n, ov);
+            ld8(xr, i0, n, xv[k]);
+            *(float4 *)(xs + i0) = make_float4(ov[0], ov[1], ov[2], ov[3]);
+            *(float4 *)(xs + i0 + 4) = make_float4(ov[4], ov[5], ov[6], ov[7]);
         }
     }
     __syncthreads();
     const float inv_o = cta_inv_rms(xs, n, eps_o, &inv_s[0]);
+    /* each thread reads and rewrites only its own elements of xs (warp 0's
+     * reads ended at cta_inv_rms's barrier) */
 #pragma unroll
-    for (int k = 0; k < KMAX; k++) {
-        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
-        if (i < n) {
-            const float v = xv[k] + (xs[i] * inv_o) * wo[k];
-            xr[i] = v;
-            xv[k] = v;
+    for (int k = 0; k < RB; k++) {
+        const int64_t b = wid + (int64_t)nw * k, i0 = b * 256 + lane * 8;
+        if (b < nb) {
+#pragma unroll
+            for (int t = 0; t < 8; t++) {
+                const float v = i0 + t < n ? xv[k][t] + (xs[i0 + t] * inv_o) * wo[k][t] : 0.0f;
+                xv[k][t] = v;
+                xs[i0 + t] = v;
+            }
+            st8(xr, i0, n, xv[k]);
         }
     }
     if (!h) return;
-    __syncthreads(); /* every thread has read xs (o) */
-#pragma unroll
-    for (int k = 0; k < KMAX; k++) {
-        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
-        if (i < n) xs[i] = xv[k];
-    }
     __syncthreads();
     const float inv_h = cta_inv_rms(xs, n, eps_h, &inv_s[1]);
     float *hr = h + r * n;
 #pragma unroll
-    for (int k = 0; k < KMAX; k++) {
-        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
-        if (i < n) {
-            const float v = (xv[k] * inv_h) * wh[k];
-            hr[i] = v;
-            if (QUANT) xs[i] = v; /* own elements only: cta_inv_rms's reads ended at its barrier */
+    for (int k = 0; k < RB; k++) {
+        const int64_t b = wid + (int64_t)nw * k, i0 = b * 256 + lane * 8;
+        if (b < nb) {
+#pragma unroll
+            for (int t = 0; t < 8; t++) xv[k][t] = (xv[k][t] * inv_h) * wh[k][t];
+            st8(hr, i0, n, xv[k]);
+            if (QUANT) quantize_block_warp(xv[k], q8, r * nb + b, lane);
         }
-    }
-    if (QUANT) {
-        __syncthreads();
-        cta_quantize_row(xs, n, r, q8);
     }
 }
 
@@ -3284,7 +3345,7 @@ extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y
                              char *err) {
     if (rows <= 0) return true;
     if (cta_row_ok(n)) {
-        const size_t sm = (size_t)n * sizeof(float);
+        const size_t sm = cta_row_bytes(n);
         if (q8 && n % 256 == 0) {
             k_rmsnorm_cta<true><<<(unsigned)rows, cta_threads(rows, n), sm, g_s>>>(x, w, eps, y, n, rows, q8split_at(q8, n, rows));
             return launched("k_rmsnorm_cta+q8", err);
@@ -3301,15 +3362,20 @@ extern "C" bool mucu_residual_ok(int64_t n) { return cta_row_ok(n); }
 extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h,
                               float eps_h, int64_t n, int64_t rows, void *q8, char *err) {
     if (rows <= 0) return true;
-    const size_t sm = (size_t)n * sizeof(float);
-    /* up to 1024 threads: a thread holds at most 12 elements of a row in registers (n <= 12288) */
-    const unsigned t = cta_cap(1024, n);
-    if (h && q8 && n % 256 == 0) {
-        k_residual<true><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, q8split_at(q8, n, rows));
-        return launched("k_residual+q8", err);
+    const size_t sm = cta_row_bytes(n);
+    /* a warp per 256-value block, at most 32 warps: two blocks a warp past 8,192 values */
+    const int64_t nb = (n + 255) / 256;
+    const unsigned t = (unsigned)(32 * (nb < 32 ? nb : 32));
+    const bool quant = h && q8 && n % 256 == 0;
+    const q8split o8 = quant ? q8split_at(q8, n, rows) : q8split{};
+    if (nb <= 32) {
+        if (quant) k_residual<true, 1><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8);
+        else k_residual<false, 1><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8);
+    } else {
+        if (quant) k_residual<true, 2><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8);
+        else k_residual<false, 2><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8);
     }
-    k_residual<false><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, q8split{});
-    return launched("k_residual", err);
+    return launched(quant ? "k_residual+q8" : "k_residual", err);
 }
 
 extern "C" bool mucu_qk_norm_rope_ok(int64_t head_dim) {
