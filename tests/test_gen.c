@@ -157,7 +157,9 @@ static void test_context_full(void) {
 }
 
 /* Drive the state machine by hand, as a server's scheduler would. */
-static void drive_by_hand(mu_gen *g, muser_session *s, const mu_gen_request *req, seen *w) {
+/* draw_ahead: each row's draw (and its logprobs) by mu_gen_draw first, as
+ * the server's drawing threads do. */
+static void drive_by_hand(mu_gen *g, muser_session *s, const mu_gen_request *req, seen *w, bool draw_ahead) {
     muser_error err;
     CHECK_MSG(mu_gen_start(g, req, record, w, &err), "%s", err.msg);
     int64_t n;
@@ -166,6 +168,7 @@ static void drive_by_hand(mu_gen *g, muser_session *s, const mu_gen_request *req
     CHECK_MSG(muser_session_feed(s, prompt, n, &err), "%s", err.msg);
     mu_gen_prefilled(g, n);
     int32_t next;
+    if (draw_ahead) mu_gen_draw(g, muser_session_logits(s));
     mu_gen_stop st = mu_gen_take_row(g, muser_session_logits(s), &next);
     while (st == MU_GEN_RUNNING) {
         if (muser_session_pos(s) == muser_session_n_ctx(s)) {
@@ -173,6 +176,7 @@ static void drive_by_hand(mu_gen *g, muser_session *s, const mu_gen_request *req
             break;
         }
         CHECK_MSG(muser_session_feed(s, &next, 1, &err), "%s", err.msg);
+        if (draw_ahead) mu_gen_draw(g, muser_session_logits(s));
         st = mu_gen_take_row(g, muser_session_logits(s), &next);
     }
 }
@@ -194,11 +198,22 @@ static void test_state_machine_and_logprobs(void) {
     seen wa = {0}, wb = {0};
     seen_init(&wa, 3);
     seen_init(&wb, 3);
-    drive_by_hand(a, s, &req, &wa);
+    drive_by_hand(a, s, &req, &wa, false);
     muser_error err;
     CHECK_MSG(mu_gen_run(b, s, NULL, NULL, &req, record, &wb, &err), "%s", err.msg);
     const mu_gen_result *ra = mu_gen_get_result(a), *rb = mu_gen_get_result(b);
     CHECK(ra->n_tokens > 0 && same_result(ra, rb));
+    /* drawn ahead (the logprobs computed with the draw): the same tokens,
+     * logprobs and alternatives (record compares each event's) */
+    mu_gen *c = new_gen(0.9f, 7, 3);
+    seen wc = {0};
+    seen_init(&wc, 3);
+    drive_by_hand(c, s, &req, &wc, true);
+    const mu_gen_result *rc = mu_gen_get_result(c);
+    CHECK(same_result(ra, rc) && wc.logprobs_ok && wc.n_events == ra->n_tokens);
+    CHECK(!memcmp(ra->top, rc->top, (size_t)ra->n_tokens * 3 * sizeof *ra->top));
+    free(wc.text.p);
+    mu_gen_free(c);
     CHECK(wa.logprobs_ok && wb.logprobs_ok && wa.n_events == ra->n_tokens);
     for (int64_t i = 0; i < ra->n_tokens && i < 2048; i++) CHECK(ra->logprobs[i].id == ra->tokens[i]);
     CHECK(ra->logprobs[0].logprob <= 0 && ra->top[0].logprob >= ra->top[1].logprob);

@@ -1031,6 +1031,55 @@ static void test_logprobs(void) {
     for (int i = 0; i < N; i++) sum += exp((double)all[i].logprob);
     CHECK_NEAR(sum, 1.0, 1e-5);
     CHECK(all[N - 1].id == 17);
+
+    /* Every n_top against the brute-force ranking on rows of heavy ties,
+     * +0 beside -0 as the largest value, -inf and whole 64-value blocks
+     * that tie the weakest kept token (skipped blocks must lose ties). */
+    enum { M = 4099 };
+    static float big[M];
+    static mu_token_logprob got[64];
+    const int tops[] = {1, 2, 5, 20, 64};
+    for (int v = 0; v < 3; v++) {
+        for (int i = 0; i < M; i++) big[i] = roundf(tu_rng_normal(&st) * 3.0f) / 2.0f - (v == 1 ? 20.0f : 0.0f);
+        if (v == 1) big[700] = -0.0f, big[2100] = 0.0f, big[3000] = -0.0f; /* the largest: a tie of zeros */
+        if (v == 2) for (int i = 0; i < M; i++) big[i] = i % 5 == 0 ? -INFINITY : (float)(i % 7 == 0) - 1.0f;
+        for (int t = 0; t < 5; t++) {
+            const int K2 = tops[t];
+            CHECK(mu_logprobs(big, M, 5, &chosen, (size_t)K2, got, &err));
+            bool used2[M];
+            memset(used2, 0, sizeof used2);
+            for (int k = 0; k < K2; k++) {
+                int pick = -1;
+                for (int i = 0; i < M; i++)
+                    if (!used2[i] && (pick < 0 || big[i] > big[pick])) pick = i;
+                used2[pick] = true;
+                CHECK_MSG(got[k].id == pick, "variant %d n_top %d rank %d: %d vs %d", v, K2, k, got[k].id, pick);
+            }
+        }
+    }
+    CHECK(mu_logprobs(big, M, 5, &chosen, 1, got, &err) && got[0].id == 7);
+
+    /* A full-vocabulary row against libm in double: the chosen and the top
+     * logprobs within a few float ulps of log-probabilities near -10. */
+    enum { NV = 202048 };
+    float *wide = malloc(NV * sizeof *wide);
+    for (int i = 0; i < NV; i++) wide[i] = 20.0f * tanhf(tu_rng_normal(&st) * 0.15f);
+    wide[4242] = -INFINITY;
+    float mx = -INFINITY;
+    for (int i = 0; i < NV; i++) mx = wide[i] > mx ? wide[i] : mx;
+    double z = 0.0;
+    for (int i = 0; i < NV; i++) z += exp((double)wide[i] - (double)mx);
+    const double log_z = (double)mx + log(z);
+    CHECK(mu_logprobs(wide, NV, 99, &chosen, 5, got, &err));
+    CHECK_NEAR(chosen.logprob, (double)wide[99] - log_z, 4e-6);
+    for (int k = 0; k < 5; k++) CHECK_NEAR(got[k].logprob, (double)wide[got[k].id] - log_z, 4e-6);
+    CHECK(got[0].logprob >= got[1].logprob && wide[got[0].id] == mx);
+    CHECK(mu_logprobs(wide, NV, 4242, &chosen, 0, NULL, &err) && chosen.logprob == -INFINITY);
+    wide[150000] = INFINITY;
+    CHECK(!mu_logprobs(wide, NV, 0, &chosen, 1, got, &err) && strstr(err.msg, "token 150000 is +inf"));
+    wide[150000] = 0.0f, wide[201999] = -NAN;
+    CHECK(!mu_logprobs(wide, NV, 0, &chosen, 1, got, &err) && strstr(err.msg, "token 201999 is NaN"));
+    free(wide);
 }
 
 /* ----------------------------------------------------------- full vocab */

@@ -92,28 +92,60 @@ static bool send_all(int fd, const char *p, size_t n) {
     return true;
 }
 
-/* Status code of GET path, or -1 when there is no answer. */
-static int http_get_status(const char *host, int port, const char *path) {
+/* GET path: the status code (-1 when there is no answer); with buf, the
+ * response (headers and body, up to cap - 1 bytes, NUL-terminated). */
+static int http_get(const char *host, int port, const char *path, char *buf, size_t cap) {
     int fd = tcp_connect(host, port);
     if (fd < 0) return -1;
     struct timeval tv = {5, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    char req[512], buf[256];
+    char req[512], line[256];
+    if (!buf) buf = line, cap = sizeof line;
     int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n", path, host, port);
     int code = -1;
     if (send_all(fd, req, (size_t)n)) {
         size_t got = 0;
         ssize_t r;
-        while (got < sizeof buf - 1 && (r = recv(fd, buf + got, sizeof buf - 1 - got, 0)) > 0) {
+        while (got < cap - 1 && (r = recv(fd, buf + got, cap - 1 - got, 0)) > 0) {
             got += (size_t)r;
             buf[got] = 0;
-            if (strchr(buf, '\n')) break;
+            if (buf == line && strchr(buf, '\n')) break; /* the status line is all that is wanted */
         }
         buf[got] = 0;
         if (!strncmp(buf, "HTTP/1.", 7) && strlen(buf) > 12) code = atoi(buf + 9);
     }
     close(fd);
     return code;
+}
+
+static int http_get_status(const char *host, int port, const char *path) { return http_get(host, port, path, NULL, 0); }
+
+/* A counter of muser's /metrics text ("name{labels} value" or "name value"). */
+static bool metric_value(const char *text, const char *name, double *v) {
+    const size_t len = strlen(name);
+    for (const char *p = text; (p = strstr(p, name)); p += len) {
+        const bool line_start = p == text || p[-1] == '\n';
+        if (!line_start || (p[len] != '{' && p[len] != ' ')) continue;
+        const char *e = strchr(p, '\n'), *sp = p;
+        for (const char *q = p; *q && q != e; q++)
+            if (*q == ' ') sp = q;
+        if (sp == p) return false;
+        *v = strtod(sp + 1, NULL);
+        return true;
+    }
+    return false;
+}
+
+bool bs_engine_counters(const bs_server *s, bs_counters *c) {
+    enum { CAP = 1 << 16 };
+    char *buf = mu_xmalloc(CAP);
+    bool ok = http_get(s->host, s->port, "/metrics", buf, CAP) == 200 &&
+              metric_value(buf, "muser_steps_total", &c->steps) &&
+              metric_value(buf, "muser_step_seconds_total", &c->step_s) &&
+              metric_value(buf, "muser_take_seconds_total", &c->take_s) &&
+              metric_value(buf, "muser_generation_tokens_total", &c->tokens);
+    free(buf);
+    return ok;
 }
 
 /* ------------------------------------------------------------ server processes */
@@ -663,6 +695,8 @@ static void *client_main(void *arg) {
 
 bool bs_run_load(const bs_server *s, const bs_load *l, bs_run *out) {
     memset(out, 0, sizeof *out);
+    bs_counters c0 = {0}, c1 = {0};
+    const bool counted = !strcmp(s->name, "muser") && bs_engine_counters(s, &c0);
     int nc = l->concurrency > 0 ? l->concurrency : 1;
     client *cs = mu_xcalloc((size_t)nc, sizeof *cs);
     pthread_t *th = mu_xcalloc((size_t)nc, sizeof *th);
@@ -693,6 +727,12 @@ bool bs_run_load(const bs_server *s, const bs_load *l, bs_run *out) {
     if (out->wall_s > 0) {
         out->req_per_s = out->n_ok / out->wall_s;
         out->tok_per_s = (double)out->tokens / out->wall_s;
+    }
+    if (counted && bs_engine_counters(s, &c1) && c1.steps > c0.steps) {
+        const double steps = c1.steps - c0.steps;
+        out->step_ms = 1e3 * (c1.step_s - c0.step_s) / steps;
+        out->take_ms = 1e3 * (c1.take_s - c0.take_s) / steps;
+        out->tokens_per_step = (c1.tokens - c0.tokens) / steps;
     }
     out->ttft_p50_ms = 1e3 * bs_percentile(ttft.v, ttft.n, 50);
     out->ttft_p99_ms = 1e3 * bs_percentile(ttft.v, ttft.n, 99);

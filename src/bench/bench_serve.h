@@ -56,8 +56,18 @@ typedef struct bs_run {
     double wall_s;       /* first request sent to last response ended */
     double req_per_s, tok_per_s;
     double ttft_p50_ms, ttft_p99_ms, itl_p50_ms, itl_p99_ms;
+    /* muser only (its /metrics before and after the run; 0 when unknown):
+     * per engine step, ms in the batched forward, ms handing rows to the
+     * requests (sampling, detokenizing, events), tokens generated */
+    double step_ms, take_ms, tokens_per_step;
     char first_error[256];
 } bs_run;
+
+/* muser serve's engine counters (/metrics). */
+typedef struct bs_counters {
+    double steps, step_s, take_s, tokens;
+} bs_counters;
+bool bs_engine_counters(const bs_server *s, bs_counters *c);
 
 bool bs_run_load(const bs_server *s, const bs_load *l, bs_run *out);
 

@@ -56,7 +56,7 @@ typedef struct level_result {
     bs_run *runs; /* reps */
     int n_ok, n_err;
     char first_error[256];
-    mu_bench_stats req_s, tok_s, ttft50, ttft99, itl50, itl99;
+    mu_bench_stats req_s, tok_s, ttft50, ttft99, itl50, itl99, step_ms, take_ms, tok_step;
 } level_result;
 
 static int parse(int argc, char **argv, opts *o) {
@@ -176,6 +176,9 @@ static void finish_level(level_result *lr, int reps) {
     stats_of(&lr->ttft99, lr->runs, reps, offsetof(bs_run, ttft_p99_ms));
     stats_of(&lr->itl50, lr->runs, reps, offsetof(bs_run, itl_p50_ms));
     stats_of(&lr->itl99, lr->runs, reps, offsetof(bs_run, itl_p99_ms));
+    stats_of(&lr->step_ms, lr->runs, reps, offsetof(bs_run, step_ms));
+    stats_of(&lr->take_ms, lr->runs, reps, offsetof(bs_run, take_ms));
+    stats_of(&lr->tok_step, lr->runs, reps, offsetof(bs_run, tokens_per_step));
 }
 
 static void json_stats(FILE *f, const char *key, const mu_bench_stats *s, bool last) {
@@ -219,7 +222,13 @@ static bool write_json(const opts *o, const char *const *names, int n_srv, level
             json_stats(f, "ttft_p50_ms", &lr->ttft50, false);
             json_stats(f, "ttft_p99_ms", &lr->ttft99, false);
             json_stats(f, "itl_p50_ms", &lr->itl50, false);
-            json_stats(f, "itl_p99_ms", &lr->itl99, true);
+            const bool eng = lr->step_ms.median > 0;
+            json_stats(f, "itl_p99_ms", &lr->itl99, !eng);
+            if (eng) {
+                json_stats(f, "engine_step_ms", &lr->step_ms, false);
+                json_stats(f, "engine_take_ms", &lr->take_ms, false);
+                json_stats(f, "engine_tokens_per_step", &lr->tok_step, true);
+            }
             fprintf(f, "      }\n    }%s\n", li == o->n_conc - 1 && s == n_srv - 1 ? "" : ",");
         }
     fprintf(f, "  ]\n}\n");
@@ -353,6 +362,9 @@ int cmd_bench_serve(int argc, char **argv) {
                             names[s], c, (long long)rep + 1, (long long)o.reps, r->n_ok, r->wall_s, r->req_per_s,
                             r->tok_per_s, r->ttft_p50_ms, r->ttft_p99_ms, r->itl_p50_ms, r->itl_p99_ms,
                             r->n_err ? ", errors: " : "", r->n_err ? r->first_error : "");
+                if (!o.quiet && r->step_ms > 0)
+                    fprintf(stderr, "[bench serve] %s engine: %.2f ms a step in the forward, %.2f ms handing rows out, "
+                            "%.2f tokens a step\n", names[s], r->step_ms, r->take_ms, r->tokens_per_step);
                 if (!ok && !r->n_ok) {
                     fprintf(stderr, "muser bench serve: %s at %d streams: %s\n", names[s], c,
                             r->first_error[0] ? r->first_error : "no request completed");
@@ -383,6 +395,13 @@ int cmd_bench_serve(int argc, char **argv) {
                        lr->req_s.median, 100 * lr->req_s.cv, lr->tok_s.median, 100 * lr->tok_s.cv, lr->ttft50.median,
                        lr->ttft99.median, lr->itl50.median, lr->itl99.median, lr->n_err);
             }
+        for (int64_t li = 0; li < o.n_conc; li++) {
+            const level_result *m = &res[0][li];
+            if (m->step_ms.median > 0)
+                printf("muser engine, %d streams (its /metrics, medians): %.2f ms a step in the batched forward, "
+                       "%.2f ms handing rows to requests, %.2f tokens a step\n",
+                       m->concurrency, m->step_ms.median, m->take_ms.median, m->tok_step.median);
+        }
         if (n_srv == 2)
             for (int64_t li = 0; li < o.n_conc; li++) {
                 const level_result *m = &res[0][li], *l = &res[1][li];

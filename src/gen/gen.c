@@ -37,6 +37,12 @@ struct mu_gen {
     const float *draw_row;
     int32_t draw_tok;
     muser_error draw_err;
+    /* and, when logprobs are asked for, those of draw_tok in draw_row (the
+     * pass over the vocabulary runs on the drawing thread too) */
+    bool draw_has_lp;
+    int32_t draw_n_top;   /* -1: failed, draw_lp_err says why */
+    muser_logprob draw_lp, *draw_top;
+    muser_error draw_lp_err;
 };
 
 /* n_predict tokens are out (n_predict < 0: no limit). */
@@ -81,6 +87,7 @@ static void clear_request(mu_gen *g) {
     g->n_prompt = 0;
     muser_detok_free(g->dt);
     g->dt = NULL;
+    g->drawn = g->draw_has_lp = false;
 }
 
 void mu_gen_free(mu_gen *g) {
@@ -90,6 +97,7 @@ void mu_gen_free(mu_gen *g) {
     free(g->out);
     free(g->lp);
     free(g->top);
+    free(g->draw_top);
     free(g->text.p);
     free(g);
 }
@@ -296,9 +304,19 @@ static mu_gen_stop take_token(mu_gen *g, const float *row, int32_t tok) {
     mu_gen_event ev = {.token = tok, .index = g->n_out, .row = row, .text = ""};
     if (g->n_probs) {
         muser_error err;
-        ev.logprob = &g->lp[g->n_out];
-        ev.top = &g->top[g->n_out * g->n_probs];
-        ev.n_top = muser_sampler_logprobs(g->smp, row, tok, &g->lp[g->n_out], &g->top[g->n_out * g->n_probs], &err);
+        muser_logprob *lp = &g->lp[g->n_out], *top = &g->top[g->n_out * g->n_probs];
+        ev.logprob = lp;
+        ev.top = top;
+        if (g->draw_has_lp && g->draw_row == row && g->draw_tok == tok) { /* computed by mu_gen_draw */
+            ev.n_top = g->draw_n_top;
+            err = g->draw_lp_err;
+            if (ev.n_top >= 0) {
+                *lp = g->draw_lp;
+                memcpy(top, g->draw_top, (size_t)ev.n_top * sizeof *top);
+            }
+        } else
+            ev.n_top = muser_sampler_logprobs(g->smp, row, tok, lp, top, &err);
+        g->draw_has_lp = false;
         if (ev.n_top < 0) {
             fail(g, err.msg);
             return MU_GEN_STOP_ERROR;
@@ -340,6 +358,12 @@ void mu_gen_draw(mu_gen *g, const float *row) {
     g->draw_tok = muser_sampler_sample(g->smp, row, &g->draw_err);
     g->draw_row = row;
     g->drawn = true;
+    g->draw_has_lp = false;
+    if (g->n_probs && g->draw_tok >= 0) {
+        if (!g->draw_top) g->draw_top = mu_xmalloc((size_t)g->n_probs * sizeof *g->draw_top);
+        g->draw_n_top = muser_sampler_logprobs(g->smp, row, g->draw_tok, &g->draw_lp, g->draw_top, &g->draw_lp_err);
+        g->draw_has_lp = true;
+    }
 }
 
 mu_gen_stop mu_gen_take_row(mu_gen *g, const float *row, int32_t *next) {

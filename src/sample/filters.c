@@ -342,29 +342,27 @@ void mu_sample_mirostat_v2(mu_candidates *c, float tau, float eta, float *mu, mu
     *mu = surprise_update(*mu, tau, eta, c->data[idx].p);
 }
 
-/* A finite float's bits as an int32 in the floats' order (-0 just below
- * +0), so that the maximum is an integer maximum the compiler vectorizes. */
-static inline int32_t order_key(float f) {
-    const uint32_t b = mu_f32_bits(f);
-    return (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) & 0x7FFFFFFFu));
-}
-
-int32_t mu_sample_argmax_unique(const float *x, size_t n) {
+size_t mu_sample_first_max(const float *x, size_t n) {
     enum { BLK = 64 };
-    if (n == 0 || mu_first_nonfinite(x, (int64_t)n) < (int64_t)n) return -1;
     int32_t best = INT32_MIN;
     size_t best_blk = 0;
     for (size_t b0 = 0; b0 < n; b0 += BLK) { /* block maxima; the first block holding the largest */
         const size_t e = b0 + BLK < n ? b0 + BLK : n;
         int32_t m = INT32_MIN;
         for (size_t i = b0; i < e; i++) {
-            const int32_t k = order_key(x[i]);
+            const int32_t k = mu_f32_order_key(x[i]);
             m = k > m ? k : m;
         }
         if (m > best) best = m, best_blk = b0;
     }
     size_t id = best_blk;
-    while (order_key(x[id]) != best) id++;
+    while (id + 1 < n && mu_f32_order_key(x[id]) != best) id++;
+    return id;
+}
+
+int32_t mu_sample_argmax_unique(const float *x, size_t n) {
+    if (n == 0 || mu_first_nonfinite(x, (int64_t)n) < (int64_t)n) return -1;
+    const size_t id = mu_sample_first_max(x, n);
     const float top = x[id];
     size_t eq = 0; /* float equality: +0 and -0 tie, as in the chain */
     for (size_t i = 0; i < n; i++) eq += x[i] == top;

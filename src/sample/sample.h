@@ -142,6 +142,9 @@ int32_t mu_sample_argmax(const float *logits, size_t n, const int32_t *banned, s
 /* The index of the row's largest value when it is the only one equal to it
  * (+0 and -0 are equal) and every value is finite; -1 otherwise. */
 int32_t mu_sample_argmax_unique(const float *x, size_t n);
+/* The index of the first largest value of x[0..n), n >= 1, no NaN (-0 counts
+ * below +0 here); vectorized: an integer maximum over the floats' order. */
+size_t mu_sample_first_max(const float *x, size_t n);
 
 /* Repetition penalties over the last `last_n` accepted tokens (llama
  * "penalties"). last_n must be >= 0; 0 disables. */

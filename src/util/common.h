@@ -66,6 +66,13 @@ float mu_bf16_to_f32(uint16_t h);
 
 static inline uint32_t mu_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float mu_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+/* A float's bits as an int32 in the floats' order (-0 just below +0, -inf
+ * lowest, NaN outside it), so that a maximum over floats is an integer
+ * maximum the compiler vectorizes. */
+static inline int32_t mu_f32_order_key(float f) {
+    const uint32_t b = mu_f32_bits(f);
+    return (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) & 0x7FFFFFFFu));
+}
 
 /* Index of the first non-finite value of x[0..n), n when every one is
  * finite: one pass over the exponent bits without an early exit (the

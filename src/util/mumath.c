@@ -101,6 +101,56 @@ MU_FMA_CLONES float mu_expf(float x) {
     return scale_pow2f(p, n);
 }
 
+/* ---------- sums of exponentials (log-sum-exp of a logits row) ---------- */
+
+static double fold8(const double *acc) {
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+double mu_sum_expf_ref(const float *x, size_t n, float shift) {
+    double acc[8] = {0};
+    for (size_t i = 0; i < n; i++) acc[i % 8] += (double)mu_expf(x[i] - shift);
+    return fold8(acc);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#include "util/mumath_avx2.h"
+
+/* Lane j of each 8-value step is lane j of the reference; the tail is one
+ * more step padded with -inf (mu_expf(-inf) = 0 adds +0.0, which changes
+ * no sum). */
+static double sum_expf_avx2(const float *x, size_t n, float shift) {
+    const __m256 s = _mm256_set1_ps(shift);
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = mu_exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    if (i < n) {
+        float t[8];
+        for (size_t j = 0; j < 8; j++) t[j] = i + j < n ? x[i + j] : -INFINITY;
+        const __m256 e = mu_exp_ps(_mm256_sub_ps(_mm256_loadu_ps(t), s));
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double acc[8];
+    _mm256_storeu_pd(acc, lo);
+    _mm256_storeu_pd(acc + 4, hi);
+    return fold8(acc);
+}
+#pragma GCC pop_options
+
+double mu_sum_expf(const float *x, size_t n, float shift) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? sum_expf_avx2(x, n, shift) : mu_sum_expf_ref(x, n, shift);
+}
+#else
+double mu_sum_expf(const float *x, size_t n, float shift) { return mu_sum_expf_ref(x, n, shift); }
+#endif
+
 /* ---------- f32 tanh, sigmoid, silu ---------- */
 
 /* Below 0.875 the odd polynomial; above it 1 - 2/(e^2x + 1), whose error

@@ -15,6 +15,7 @@
 #pragma GCC target("avx2,fma,f16c")
 #include "backend/cpu/cpu_avx2.h"
 #include "backend/cpu/cpu_repack.h"
+#include "util/mumath_avx2.h"
 
 /* ======================================================== helpers */
 
@@ -362,42 +363,11 @@ static void avx2_fmatmul(const mu_weight *w, int64_t o0, int64_t o1, const float
 
 /* ======================================================== mumath, lane-wise */
 
-static inline __m256 pow2_ps(__m256i e) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
-}
-
-static inline __m256 exp_ps(__m256 x) {
-    const __m256 magic = _mm256_set1_ps(0x1.8p23f);
-    __m256 nf = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(0x1.715476p+0f)), magic), magic);
-    __m256i n = _mm256_cvttps_epi32(nf);
-    __m256 r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(0x1.62e430p-1f), x);
-    r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(-0x1.05c610p-29f), r);
-    __m256 q = _mm256_fmadd_ps(_mm256_set1_ps(0x1.6da798p-10f), r, _mm256_set1_ps(0x1.123db2p-7f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0x1.555470p-5f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0x1.55547cp-3f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0.5f));
-    q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.0f));
-    __m256 p = _mm256_fmadd_ps(r, q, _mm256_set1_ps(1.0f));
-    __m256 y = _mm256_mul_ps(p, pow2_ps(n));
-    __m256i over = _mm256_cmpgt_epi32(n, _mm256_set1_epi32(127));
-    __m256i under = _mm256_cmpgt_epi32(_mm256_set1_epi32(-126), n);
-    if (!_mm256_testz_si256(_mm256_or_si256(over, under), _mm256_or_si256(over, under))) {
-        __m256 yo = _mm256_mul_ps(_mm256_mul_ps(p, pow2_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(1)))), _mm256_set1_ps(2.0f));
-        __m256 yu = _mm256_mul_ps(_mm256_mul_ps(p, pow2_ps(_mm256_add_epi32(n, _mm256_set1_epi32(100)))),
-                                  _mm256_set1_ps(0x1p-100f));
-        y = _mm256_blendv_ps(y, yo, _mm256_castsi256_ps(over));
-        y = _mm256_blendv_ps(y, yu, _mm256_castsi256_ps(under));
-    }
-    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-0x1.9fe368p+6f), _CMP_LT_OQ));
-    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(0x1.62e42ep+6f), _CMP_GT_OQ));
-    return _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-}
-
 static inline __m256 neg_ps(__m256 x) { return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)); }
 
 static inline __m256 sigmoid_ps(__m256 x) {
     const __m256 one = _mm256_set1_ps(1.0f);
-    return _mm256_div_ps(one, _mm256_add_ps(one, exp_ps(neg_ps(x))));
+    return _mm256_div_ps(one, _mm256_add_ps(one, mu_exp_ps(neg_ps(x))));
 }
 
 static inline __m256 tanh_ps(__m256 x) {
@@ -413,7 +383,7 @@ static inline __m256 tanh_ps(__m256 x) {
     g = _mm256_fmadd_ps(g, x2, _mm256_set1_ps(-0x1.555556p-2f));
     __m256 poly = _mm256_fmadd_ps(_mm256_mul_ps(x, x2), g, x);
     const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
-    __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(exp_ps(_mm256_mul_ps(two, ax)), one)));
+    __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(mu_exp_ps(_mm256_mul_ps(two, ax)), one)));
     t = _mm256_blendv_ps(t, one, _mm256_cmp_ps(ax, _mm256_set1_ps(0x1.233334p+3f), _CMP_GT_OQ));
     __m256 y = _mm256_blendv_ps(_mm256_or_ps(t, sign), poly, _mm256_cmp_ps(ax, _mm256_set1_ps(0.875f), _CMP_LT_OQ));
     y = _mm256_blendv_ps(y, x, _mm256_cmp_ps(ax, _mm256_setzero_ps(), _CMP_EQ_OQ));
@@ -598,11 +568,11 @@ static void avx2_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t start,
         for (int64_t p = 0; p < n; p++) m_b = s[p] > m_b ? s[p] : m_b;
         const __m256 m = _mm256_set1_ps(m_b);
         int64_t p = 0;
-        for (; p + 8 <= n; p += 8) _mm256_storeu_ps(s + p, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + p), m)));
+        for (; p + 8 <= n; p += 8) _mm256_storeu_ps(s + p, mu_exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + p), m)));
         if (p < n) {
             float t[8] = {0};
             memcpy(t, s + p, (size_t)(n - p) * 4);
-            _mm256_storeu_ps(t, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(t), m)));
+            _mm256_storeu_ps(t, mu_exp_ps(_mm256_sub_ps(_mm256_loadu_ps(t), m)));
             memcpy(s + p, t, (size_t)(n - p) * 4);
         }
         float l_b = 0.0f;
