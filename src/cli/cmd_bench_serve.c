@@ -424,6 +424,9 @@ int cmd_bench_serve(int argc, char **argv) {
             free(lr->ttft99.samples);
             free(lr->itl50.samples);
             free(lr->itl99.samples);
+            free(lr->step_ms.samples);
+            free(lr->take_ms.samples);
+            free(lr->tok_step.samples);
             free(lr->runs);
         }
         free(res[s]);
