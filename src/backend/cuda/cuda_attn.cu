@@ -67,35 +67,51 @@ __device__ static inline float half_at(uint4 r, int i) {
     return h2f((uint16_t)(i & 1 ? w >> 16 : w & 0xFFFF));
 }
 
+/* The row's cache description and the L2 requests for the block's V rows
+ * (read last), before the wait: the descriptions come with the step's
+ * arguments, copied in before any kernel of the step runs, and a prefetch
+ * is only a hint (a line the kernel before this one still writes is
+ * updated in L2 all the same). Then the wait. */
+template <int D>
+__device__ static inline mucu_attn_row ad_begin(const mucu_attn_row *__restrict__ desc, int64_t r, int64_t j,
+                                                int64_t kh) {
+    const mucu_attn_row a = desc[r];
+    const int64_t start = a.first + 256 * j;
+    if (start <= a.pos) {
+        const int nk = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
+        const uint16_t *vb = a.v + kh * a.cap * D;
+        const int64_t phys0 = start % a.cap;
+        constexpr int LINES = D * 2 / 128;
+        for (int i = threadIdx.x; i < nk * LINES; i += AD_NT) {
+            int64_t ph = phys0 + i / LINES;
+            if (ph >= a.cap) ph -= a.cap;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + ph * D + (i % LINES) * 64));
+        }
+    }
+    grid_dep_wait();
+    return a;
+}
+
 template <int DC, int HG>
 __global__ static void __launch_bounds__(AD_NT, 2)
     k_attn_dec(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t n_head_kv, float scale,
                const float *__restrict__ q, float *__restrict__ part, int64_t nbmax, float *__restrict__ final_out) {
-    grid_dep_wait();
     typedef ad_cfg<DC, HG> C;
     constexpr int D = C::D;
+    const int64_t j = blockIdx.x, r = blockIdx.z;
+    const int64_t G = n_head / n_head_kv, ngr = G / HG;
+    const int64_t kh = blockIdx.y / ngr, h0 = kh * G + (blockIdx.y % ngr) * HG;
+    const mucu_attn_row a = ad_begin<D>(desc, r, j, kh);
     extern __shared__ __align__(16) uint8_t sm[];
     uint32_t *ks = (uint32_t *)sm;
     float *qs = (float *)(sm + C::SM_K), *S = (float *)(sm + C::SM_K + C::SM_Q);
     __shared__ float mw[AD_NT / 32][HG], m_s[HG], l_s[HG];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t j = blockIdx.x, r = blockIdx.z;
-    const int64_t G = n_head / n_head_kv, ngr = G / HG;
-    const int64_t kh = blockIdx.y / ngr, h0 = kh * G + (blockIdx.y % ngr) * HG;
-    const mucu_attn_row a = desc[r];
     const int64_t start = a.first + 256 * j;
     if (start > a.pos) return;
     const int nk = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
     const uint16_t *kb = a.k + kh * a.cap * D, *vb = a.v + kh * a.cap * D;
     const int64_t phys0 = start % a.cap;
-
-    /* V is read last: ask L2 for it now */
-    constexpr int LINES = D * 2 / 128;
-    for (int i = tid; i < nk * LINES; i += AD_NT) {
-        int64_t ph = phys0 + i / LINES;
-        if (ph >= a.cap) ph -= a.cap;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + ph * D + (i % LINES) * 64));
-    }
     /* q of the group's heads, by quarter: qs[(g*4 + j)*QJS + i] = q_g[j + 4i] */
     const float *qr = q + (r * n_head + h0) * D;
     for (int e = tid; e < HG * D; e += AD_NT) {

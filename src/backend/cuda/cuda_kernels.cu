@@ -1266,6 +1266,29 @@ __device__ static inline void quantize_block_warp(const float v[8], q8split o, i
     if (lane == 0) o.d[b] = 1.0f / iscale;
 }
 
+/* 8 consecutive values of a row from element i0 (zeros past n): two 16-byte
+ * loads where the address allows. */
+__device__ static inline void ld8(const float *p, int64_t i0, int64_t n, float v[8]) {
+    if (i0 + 8 <= n && ((uintptr_t)(p + i0) & 15) == 0) {
+        const float4 a = *(const float4 *)(p + i0), b = *(const float4 *)(p + i0 + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        return;
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++) v[t] = i0 + t < n ? p[i0 + t] : 0.0f;
+}
+
+__device__ static inline void st8(float *p, int64_t i0, int64_t n, const float v[8]) {
+    if (i0 + 8 <= n && ((uintptr_t)(p + i0) & 15) == 0) {
+        *(float4 *)(p + i0) = make_float4(v[0], v[1], v[2], v[3]);
+        *(float4 *)(p + i0 + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        return;
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+        if (i0 + t < n) p[i0 + t] = v[t];
+}
+
 /* One warp per 256-value block. */
 __global__ static void k_quantize_q8split(const float *x, q8split o, int64_t n_blocks) {
     grid_dep_wait();
@@ -1288,13 +1311,15 @@ __global__ static void k_gate_q8(float *x, const float *g, q8split o, int64_t n_
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;
-    float *xp = x + b * 256 + lane * 8;
-    const float *gp = g + b * 256 + lane * 8;
-    float v[8];
-    for (int i = 0; i < 8; i++) {
-        v[i] = SWIGLU ? d_siluf(xp[i]) * gp[i] : xp[i] * d_sigmoidf(gp[i]);
-        xp[i] = v[i];
-    }
+    /* all 16 loads first: x may alias g for all the compiler knows, so a
+     * store between them made each value wait for its own round trip */
+    const int64_t n = n_blocks * 256, i0 = b * 256 + lane * 8;
+    float xv[8], gv[8], v[8];
+    ld8(x, i0, n, xv);
+    ld8(g, i0, n, gv);
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = SWIGLU ? d_siluf(xv[i]) * gv[i] : xv[i] * d_sigmoidf(gv[i]);
+    st8(x, i0, n, v);
     quantize_block_warp(v, o, b, lane);
 }
 
@@ -2627,29 +2652,6 @@ __global__ static void __launch_bounds__(1024) k_rmsnorm_cta(const float *x, con
     }
 }
 
-/* 8 consecutive values of a row from element i0 (zeros past n): two 16-byte
- * loads where the address allows. */
-__device__ static inline void ld8(const float *p, int64_t i0, int64_t n, float v[8]) {
-    if (i0 + 8 <= n && ((uintptr_t)(p + i0) & 15) == 0) {
-        const float4 a = *(const float4 *)(p + i0), b = *(const float4 *)(p + i0 + 4);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        return;
-    }
-#pragma unroll
-    for (int t = 0; t < 8; t++) v[t] = i0 + t < n ? p[i0 + t] : 0.0f;
-}
-
-__device__ static inline void st8(float *p, int64_t i0, int64_t n, const float v[8]) {
-    if (i0 + 8 <= n && ((uintptr_t)(p + i0) & 15) == 0) {
-        *(float4 *)(p + i0) = make_float4(v[0], v[1], v[2], v[3]);
-        *(float4 *)(p + i0 + 4) = make_float4(v[4], v[5], v[6], v[7]);
-        return;
-    }
-#pragma unroll
-    for (int t = 0; t < 8; t++)
-        if (i0 + t < n) p[i0 + t] = v[t];
-}
-
 /* The residual step's norm weights (no kernel writes them, so they are read
  * before the wait, while the kernel before this one drains), then the wait. */
 template <int RB>
@@ -2736,17 +2738,37 @@ __global__ static void __launch_bounds__(1024) k_residual(float *x, const float 
  * the first n_rot dims: a warp per (row, head), q heads first. Lane l holds
  * dims l + 32k (the 32-lane sumsq order); a pair's partner is the next
  * lane. The same operations as rmsnorm then rope. */
+/* The q/k norm weights of this warp's head (no kernel writes them, so they
+ * are read before the wait, while the kernel before this one drains), then
+ * the wait. Warps of V heads and past the end read none. */
+template <int K>
+__device__ static inline void qkn_weights(const float *wq, int64_t nq, const float *wk, int64_t nk, int64_t rows,
+                                          bool with_v, float wv[K]) {
+    const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    const int64_t per_row = nq + nk + (with_v ? nk : 0), hh = wid % per_row;
+    if (wid < rows * per_row && hh < nq + nk) {
+        const float *w = hh < nq ? wq : wk;
+#pragma unroll
+        for (int j = 0; j < K; j++) wv[j] = w[lane + 32 * j];
+    }
+    grid_dep_wait();
+}
+
 template <int K>
 __global__ static void k_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                                       float eps, const float *cs, int64_t n_rot, int64_t rows,
                                       const mucu_kv_dst *dst, const float *vsrc) {
-    grid_dep_wait();
+    float wv[K];
+    qkn_weights<K>(wq, nq, wk, nk, rows, dst != nullptr, wv);
     const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     const int64_t per_row = nq + nk + (dst ? nk : 0); /* with dst, a warp per V head too */
-    if (wid >= rows * per_row) return;
+    const bool live = wid < rows * per_row;
     const int64_t r = wid / per_row, hh = wid % per_row;
-    if (hh >= nq + nk) { /* V head hh - nq - nk of row r: stored as given */
+    const bool is_q = hh < nq, is_v = hh >= nq + nk;
+    if (!live) return;
+    if (is_v) { /* V head hh - nq - nk of row r: stored as given */
         const mucu_kv_dst d = dst[r];
         const int64_t hv = hh - nq - nk;
         const float *vr = vsrc + (r * nk + hv) * (32 * K);
@@ -2754,36 +2776,39 @@ __global__ static void k_qk_norm_rope(float *q, const float *wq, int64_t nq, flo
         for (int j = 0; j < K; j++) kv_put(d.v, d.jk ? d.jv : NULL, d, hv, 32 * K, lane + 32 * j, vr[lane + 32 * j]);
         return;
     }
-    const bool is_q = hh < nq;
     float *v = is_q ? q + (r * nq + hh) * (32 * K) : k + (r * nk + (hh - nq)) * (32 * K);
-    const float *w = is_q ? wq : wk;
-    float x[K];
+    float x[K], c[K], sn[K];
+#pragma unroll
+    for (int j = 0; j < K; j++) x[j] = v[lane + 32 * j];
+    mucu_kv_dst d; /* a K head's cache destination, asked for with x */
+    if (dst && !is_q) d = dst[r];
+    if (cs) { /* the row's angles, loaded with x (lanes past n_rot read pair 0 and ignore it) */
+        const float *csr = cs + r * n_rot;
+#pragma unroll
+        for (int j = 0; j < K; j++) {
+            const int e = lane + 32 * j, pe = e < n_rot ? 2 * (e / 2) : 0;
+            c[j] = csr[pe];
+            sn[j] = csr[pe + 1];
+        }
+    }
     float p = 0.0f;
 #pragma unroll
-    for (int j = 0; j < K; j++) {
-        x[j] = v[lane + 32 * j];
-        p = fmaf(x[j], x[j], p);
-    }
+    for (int j = 0; j < K; j++) p = fmaf(x[j], x[j], p);
     const float mean = warp_fold_lane0(p) / (float)(32 * K);
     const float inv = 1.0f / sqrtf(mean + eps);
 #pragma unroll
-    for (int j = 0; j < K; j++) x[j] = (x[j] * inv) * w[lane + 32 * j];
+    for (int j = 0; j < K; j++) x[j] = (x[j] * inv) * wv[j];
     if (cs) {
-        const float *csr = cs + r * n_rot;
 #pragma unroll
         for (int j = 0; j < K; j++) {
             const int e = lane + 32 * j;
             const float other = __shfl_xor_sync(FULL_MASK, x[j], 1);
-            if (e < n_rot) {
-                const float c = csr[2 * (e / 2)], sn = csr[2 * (e / 2) + 1];
-                x[j] = (e & 1) ? other * sn + x[j] * c : x[j] * c - other * sn;
-            }
+            if (e < n_rot) x[j] = (e & 1) ? other * sn[j] + x[j] * c[j] : x[j] * c[j] - other * sn[j];
         }
     }
 #pragma unroll
     for (int j = 0; j < K; j++) v[lane + 32 * j] = x[j];
     if (dst && !is_q) { /* K head hh - nq of row r into the cache */
-        const mucu_kv_dst d = dst[r];
 #pragma unroll
         for (int j = 0; j < K; j++) kv_put(d.k, d.jk, d, hh - nq, 32 * K, lane + 32 * j, x[j]);
     }
