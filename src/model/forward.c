@@ -137,14 +137,18 @@ static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *cons
     return true;
 }
 
-/* Leaves h = rmsnorm(x) * the next layer's attn_norm (nothing after the last). */
-static void ffn_block(const mu_model *m, mu_backend *be, mu_forward_scratch *s, int il, int64_t rows) {
+/* Leaves h = rmsnorm(x) * the next layer's attn_norm; after the last
+ * layer, rmsnorm(x) * last_norm (the output norm, when every row wants
+ * logits: the residual step's second norm is the same operation, so the
+ * logits need no launch of their own for it), or nothing. */
+static void ffn_block(const mu_model *m, mu_backend *be, mu_forward_scratch *s, int il, int64_t rows,
+                      const float *last_norm) {
     const mu_model_config *c = &m->cfg;
     const mu_layer_weights *lw = &m->layers[il];
     mu_matmuls(be, 2, (const mu_weight *[]){&lw->ffn_gate, &lw->ffn_up}, s->h, (float *[]){s->fg, s->fu}, rows);
     be->swiglu(be, s->fg, s->fu, rows * c->n_ff);
     be->matmul(be, &lw->ffn_down, s->fg, s->o, rows);
-    residual(c, be, s, lw->post_ffw_norm, il + 1 < c->n_layer ? m->layers[il + 1].attn_norm : NULL, rows);
+    residual(c, be, s, lw->post_ffw_norm, il + 1 < c->n_layer ? m->layers[il + 1].attn_norm : last_norm, rows);
 }
 
 /* Copy the residual rows entering layer il into their capture rows. */
@@ -161,9 +165,8 @@ static void capture_boundary(mu_backend *be, const mu_capture *cap, const mu_bat
     }
 }
 
-/* The rows that want logits, *n of them: x itself when every row does
- * (decode, verification: no copy, which on cuda is a node between two
- * kernels of a step), else dst with the runs of consecutive rows gathered. */
+/* The rows that want logits, *n of them: x itself when every row does,
+ * else dst with the runs of consecutive rows gathered. */
 static const float *logit_rows(mu_backend *be, const mu_batch *b, const float *x, float *dst, int64_t E, int64_t *n) {
     *n = 0;
     for (int64_t r0 = 0, r1; r0 < b->n; r0 = r1) {
@@ -192,17 +195,21 @@ bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_fo
     be->rmsnorm(be, s->x, NULL, c->rms_eps, s->x, E, rows);
     if (c->n_swa_layers) be->rope_table(be, inv_freq, c->n_rot / 2, b->pos, rows, s->cs);
     be->rmsnorm(be, s->x, m->layers[0].attn_norm, c->rms_eps, s->h, E, rows);
+    bool all_logits = logits && b->logits; /* decode, verification: the output norm inside the last residual step */
+    for (int64_t r = 0; all_logits && r < rows; r++) all_logits = b->logits[r];
     for (int il = 0; il < c->n_layer; il++) {
         if (cap) capture_boundary(be, cap, b, il, s->x, E);
         if (!attention_block(m, be, kv, s, b, il, err)) return false;
-        ffn_block(m, be, s, il, rows);
+        ffn_block(m, be, s, il, rows, all_logits ? m->output_norm : NULL);
     }
     if (cap) capture_boundary(be, cap, b, (int)c->n_layer, s->x, E);
     if (!logits || !b->logits) return true;
-    int64_t n_logits;
-    const float *xl = logit_rows(be, b, s->x, s->o, E, &n_logits);
-    if (!n_logits) return true;
-    be->rmsnorm(be, xl, m->output_norm, c->rms_eps, s->h, E, n_logits);
+    int64_t n_logits = rows;
+    if (!all_logits) {
+        const float *xl = logit_rows(be, b, s->x, s->o, E, &n_logits);
+        if (!n_logits) return true;
+        be->rmsnorm(be, xl, m->output_norm, c->rms_eps, s->h, E, n_logits);
+    }
     be->matmul(be, &m->output, s->h, logits, n_logits);
     be->logit_tail(be, logits, c->logit_scale, c->softcap, n_logits * c->n_vocab);
     return true;
