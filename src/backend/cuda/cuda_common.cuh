@@ -28,7 +28,9 @@ __device__ static inline float bits_f32(uint32_t u) { return __uint_as_float(u);
  * and its weight loads in flight while the predecessor drains. Every kernel
  * of this backend therefore calls grid_dep_wait() before it reads anything
  * an earlier kernel wrote or writes anything an earlier kernel reads (only
- * weights, which no kernel writes, may be touched before it); the call
+ * what no kernel writes may be read before it: weights, and the step's
+ * arguments, copied in before any kernel of the step starts; a kernel
+ * writes nothing before it); the call
  * returns once every earlier grid has completed and its writes are
  * visible. Without a programmatic dependency it returns at once.
  * tests/cuda/pdl_check.py checks that every kernel calls it (or, for kernels
