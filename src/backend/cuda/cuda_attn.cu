@@ -286,16 +286,32 @@ __global__ static void __launch_bounds__(AD_NT, 2)
     }
 }
 
+/* The row's cache description (the step's uploaded arguments, which no
+ * kernel writes) before the wait, then the wait. */
+template <int UNUSED>
+__device__ static inline mucu_attn_row merge_begin(const mucu_attn_row *__restrict__ desc, int64_t r) {
+    const mucu_attn_row a = desc[r];
+    grid_dep_wait();
+    return a;
+}
+
 __global__ static void __launch_bounds__(512)
     k_attn_merge_scan(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t D,
                       const float *__restrict__ part, int64_t nbmax, float *__restrict__ out) {
-    grid_dep_wait();
     extern __shared__ float4 fs[]; /* per block: ca, cb, l_b */
     const int64_t rh = blockIdx.x;
-    const mucu_attn_row a = desc[rh / n_head];
+    const mucu_attn_row a = merge_begin<0>(desc, rh / n_head);
     const int64_t nbr = a.pos >= a.first ? (a.pos - a.first) / 256 + 1 : 0;
     const float *pr = part + rh * nbmax * (D + 2);
     const int tid = threadIdx.x, lane = tid & 31;
+    /* this thread's first values of the chain below, asked for before the scan */
+    constexpr int U = 8;
+    float L = 0.0f, A = 0.0f, cur[U], nxt[U];
+    if (tid < D) {
+        if (nbr > 0) L = pr[1], A = pr[2 + tid];
+#pragma unroll
+        for (int u = 0; u < U; u++) cur[u] = 1 + u < nbr ? pr[(1 + u) * (D + 2) + 2 + tid] : 0.0f;
+    }
     if (tid < 32) {
         float carry = 0.0f; /* M after the blocks before this chunk */
         for (int64_t j0 = 0; j0 < nbr; j0 += 32) {
@@ -316,12 +332,6 @@ __global__ static void __launch_bounds__(512)
     }
     __syncthreads();
     if (tid >= D) return;
-    float L = 0.0f, A = 0.0f;
-    if (nbr > 0) L = pr[1], A = pr[2 + tid];
-    constexpr int U = 8;
-    float cur[U], nxt[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) cur[u] = 1 + u < nbr ? pr[(1 + u) * (D + 2) + 2 + tid] : 0.0f;
     for (int64_t j0 = 1; j0 < nbr; j0 += U) {
 #pragma unroll
         for (int u = 0; u < U; u++) nxt[u] = j0 + U + u < nbr ? pr[(j0 + U + u) * (D + 2) + 2 + tid] : 0.0f;

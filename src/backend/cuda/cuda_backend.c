@@ -73,6 +73,13 @@ typedef struct cuda_ctx {
     long n_replayed, n_captured, n_bailed;
     bool skip;                 /* REPLAY: the current op matched; it launches nothing */
     int bail_at;               /* MUSER_CUDA_GRAPH_BAIL_AT=N: replays fail at op N (tests); -1 none */
+    /* MUSER_CUDA_STEP_TIMES=1: where a replayed step's time goes (printed at the end) */
+    struct {
+        bool on;
+        void *ev[2];
+        long n;
+        double t_begin, t_done, walk, launch, gpu, wait, after, period;
+    } st;
 } cuda_ctx;
 
 enum { G_DIRECT, G_CAPTURE, G_REPLAY, G_CACHE = 32 };
@@ -271,6 +278,8 @@ static void cuda_forward_begin(mu_backend *b, uint64_t key) {
         const char *e = getenv("MUSER_CUDA_GRAPH"), *p = getenv("MUSER_CUDA_PROF"), *y = getenv("MUSER_CUDA_SYNC");
         const bool prof = (p && *p && strcmp(p, "0")) || (y && *y && strcmp(y, "0"));
         c->graphs = (e && !strcmp(e, "0")) || prof ? 0 : 1;
+        const char *stt = getenv("MUSER_CUDA_STEP_TIMES");
+        c->st.on = stt && *stt && strcmp(stt, "0");
         const char *ba = getenv("MUSER_CUDA_GRAPH_BAIL_AT");
         c->bail_at = ba && *ba ? atoi(ba) : -1;
         c->cache = mu_xcalloc(G_CACHE, sizeof *c->cache);
@@ -289,6 +298,11 @@ static void cuda_forward_begin(mu_backend *b, uint64_t key) {
         return;
     }
     e->used = c->tick;
+    if (c->st.on && e->state == 2) { /* a replay: the host's time since the last one ended */
+        const double t = mu_now();
+        if (c->st.t_done > 0) c->st.after += t - c->st.t_done, c->st.period += t - c->st.t_begin;
+        c->st.t_begin = t;
+    }
     /* all work enqueued so far is done (a decode step has already waited for
      * its logits): the argument ring restarts at 0, deferred buffers go */
     if (!mucu_mark(&c->fwd_done, err) || !mucu_mark_wait(c->fwd_done, err)) die("forward_begin", err);
@@ -334,7 +348,18 @@ static void cuda_forward_end(mu_backend *b, bool ok) {
          * forward must have written exactly those (the ops' signatures hold each
          * one's offset; this also holds the last op's size) */
         if (ok && c->replay_i == e->n && c->ring_pos == e->ring_end) {
+            const double t1 = c->st.on ? mu_now() : 0.0;
+            if (c->st.on && !mucu_mark_timed(&c->st.ev[0], err)) die("graph", err);
             if (!mucu_graph_launch(e->exec, err)) die("graph", err);
+            if (c->st.on) { /* waits for the graph: the download after it then only copies */
+                const double t2 = mu_now();
+                double ms = 0.0;
+                if (!mucu_mark_timed(&c->st.ev[1], err) || !mucu_elapsed_ms(c->st.ev[0], c->st.ev[1], &ms, err))
+                    die("graph", err);
+                c->st.t_done = mu_now();
+                c->st.walk += t1 - c->st.t_begin, c->st.launch += t2 - t1, c->st.gpu += ms / 1e3;
+                c->st.wait += c->st.t_done - t2, c->st.n++;
+            }
             c->n_replayed++;
             c->gmode = G_DIRECT;
             c->cur = NULL;
@@ -944,6 +969,15 @@ static void cuda_destroy(mu_backend *b) {
     free(c->cache);
     for (int i = 0; i < c->n_deferred; i++) (void)mucu_free(c->deferred[i], err);
     free(c->deferred);
+    if (c->st.on && c->st.n > 1) {
+        const double k = 1e6 / (double)c->st.n, k1 = 1e6 / (double)(c->st.n - 1);
+        fprintf(stderr,
+                "muser: cuda step times, %ld replays (us a step): period %.1f = host before the launch %.1f + "
+                "launch call %.1f + waiting for the graph %.1f + host after it %.1f; the graph on the GPU "
+                "(events around it) %.1f\n",
+                c->st.n, c->st.period * k1, c->st.walk * k, c->st.launch * k, c->st.wait * k, c->st.after * k1,
+                c->st.gpu * k);
+    }
     if (getenv("MUSER_CUDA_GRAPH_STATS")) {
         long flat = 0, prog = 0, merged = 0;
         mucu_graph_chain_stats(&flat, &prog, &merged);

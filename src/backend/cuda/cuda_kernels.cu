@@ -387,6 +387,26 @@ extern "C" bool mucu_mark(void **ev, char *err) {
     return cu_ok(cudaEventRecord((cudaEvent_t)*ev, g_s), "cudaEventRecord", "mark", err);
 }
 
+/* A timing event after the work enqueued so far (MUSER_CUDA_STEP_TIMES),
+ * and the ms between two such events once the second has happened. */
+extern "C" bool mucu_mark_timed(void **ev, char *err) {
+    if (!*ev) {
+        cudaEvent_t e;
+        if (!cu_ok(cudaEventCreate(&e), "cudaEventCreate", "step timer", err)) return false;
+        *ev = e;
+    }
+    return cu_ok(cudaEventRecord((cudaEvent_t)*ev, g_s), "cudaEventRecord", "step timer", err);
+}
+
+extern "C" bool mucu_elapsed_ms(void *e0, void *e1, double *ms, char *err) {
+    float f = 0.0f;
+    if (!cu_ok(cudaEventSynchronize((cudaEvent_t)e1), "cudaEventSynchronize", "step timer", err) ||
+        !cu_ok(cudaEventElapsedTime(&f, (cudaEvent_t)e0, (cudaEvent_t)e1), "cudaEventElapsedTime", "step timer", err))
+        return false;
+    *ms = f;
+    return true;
+}
+
 extern "C" bool mucu_mark_wait(void *ev, char *err) {
     return !ev || cu_ok(cudaEventSynchronize((cudaEvent_t)ev), "cudaEventSynchronize", "mark", err);
 }

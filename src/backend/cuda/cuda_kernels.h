@@ -78,6 +78,8 @@ void mucu_exec_free(void *exec);
  * wait for it on the host. */
 bool mucu_mark(void **ev, char *err);
 bool mucu_mark_wait(void *ev, char *err);
+bool mucu_mark_timed(void **ev, char *err);
+bool mucu_elapsed_ms(void *e0, void *e1, double *ms, char *err);
 bool mucu_host_alloc(void **p, size_t bytes, char *err); /* pinned */
 bool mucu_host_free(void *p, char *err);
 /* Stream-ordered upload from pinned memory (no host wait). */
