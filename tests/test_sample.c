@@ -568,6 +568,28 @@ static void test_argmax(void) {
             }
         }
     }
+    /* mu_sample_scan against brute force on tie-heavy rows of 1 to 300 values drawn from a few
+     * values (+0 and -0 among them), with -inf, +inf or NaN in some */
+    const float pool[] = {-2.0f, -0.0f, 0.0f, 1.5f, 1.5f, -7.25f, 3.0f, -INFINITY};
+    for (int n = 1; n <= 300; n += n < 70 ? 1 : 17)
+        for (int v = 0; v < 4; v++) {
+            for (int i = 0; i < n; i++) r[i] = pool[tu_rng_next(&st) % 8] - (v == 1 ? 10.0f : 0.0f);
+            if (v == 2) r[tu_rng_next(&st) % (uint64_t)n] = INFINITY;
+            if (v == 3) r[tu_rng_next(&st) % (uint64_t)n] = NAN;
+            mu_row_scan sc;
+            mu_sample_scan(r, (size_t)n, &sc);
+            bool nan_pinf = false, ninf = false;
+            for (int i = 0; i < n; i++) nan_pinf |= isnan(r[i]) || r[i] == INFINITY, ninf |= r[i] == -INFINITY;
+            CHECK_MSG(sc.nan_or_posinf == nan_pinf && sc.neginf == ninf, "scan flags n %d v %d", n, v);
+            if (v == 3) continue;
+            int at = 0; /* the first largest in the order with -0 below +0 */
+            for (int i = 1; i < n; i++)
+                if (r[i] > r[at] || (r[i] == 0.0f && r[at] == 0.0f && !signbit(r[i]) && signbit(r[at]))) at = i;
+            size_t same = 0;
+            for (int i = 0; i < n; i++) same += !memcmp(&r[i], &r[at], sizeof r[i]);
+            CHECK_MSG(sc.at == (size_t)at && sc.n_at == same, "scan n %d v %d: at %zu (%d), %zu (%zu) alike", n, v,
+                      sc.at, at, sc.n_at, same);
+        }
 }
 
 /* ------------------------------------------------------ order and print */

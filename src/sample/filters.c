@@ -342,32 +342,57 @@ void mu_sample_mirostat_v2(mu_candidates *c, float tau, float eta, float *mu, mu
     *mu = surprise_update(*mu, tau, eta, c->data[idx].p);
 }
 
-size_t mu_sample_first_max(const float *x, size_t n) {
+/* Integer maxima and flags: the same answer from any vector width, so the
+ * AVX2 clone (8 lanes where the build's baseline has 4) is chosen at load
+ * time where the CPU has it. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void mu_sample_scan(const float *x, size_t n, mu_row_scan *out) {
     enum { BLK = 64 };
     int32_t best = INT32_MIN;
-    size_t best_blk = 0;
+    size_t best_blk = 0, n_best = 0;
+    uint32_t nan_posinf = 0, neginf = 0;
     for (size_t b0 = 0; b0 < n; b0 += BLK) { /* block maxima; the first block holding the largest */
         const size_t e = b0 + BLK < n ? b0 + BLK : n;
         int32_t m = INT32_MIN;
         for (size_t i = b0; i < e; i++) {
+            const uint32_t u = mu_f32_bits(x[i]);
+            nan_posinf |= ((u & 0x7FFFFFFFu) > 0x7F800000u) | (u == 0x7F800000u);
+            neginf |= u == 0xFF800000u;
             const int32_t k = mu_f32_order_key(x[i]);
             m = k > m ? k : m;
         }
-        if (m > best) best = m, best_blk = b0;
+        if (m < best) continue;
+        size_t c = 0; /* the block's values at its maximum (it is in L1 now) */
+        for (size_t i = b0; i < e; i++) c += mu_f32_order_key(x[i]) == m;
+        if (m > best) best = m, best_blk = b0, n_best = c;
+        else n_best += c;
     }
     size_t id = best_blk;
     while (id + 1 < n && mu_f32_order_key(x[id]) != best) id++;
-    return id;
+    *out = (mu_row_scan){.at = id, .n_at = n_best, .nan_or_posinf = nan_posinf != 0, .neginf = neginf != 0};
+}
+
+size_t mu_sample_first_max(const float *x, size_t n) {
+    mu_row_scan sc;
+    mu_sample_scan(x, n, &sc);
+    return sc.at;
 }
 
 int32_t mu_sample_argmax_unique(const float *x, size_t n) {
-    if (n == 0 || mu_first_nonfinite(x, (int64_t)n) < (int64_t)n) return -1;
-    const size_t id = mu_sample_first_max(x, n);
-    const float top = x[id];
-    size_t eq = 0; /* float equality: +0 and -0 tie, as in the chain */
-    for (size_t i = 0; i < n; i++) eq += x[i] == top;
+    if (n == 0) return -1;
+    mu_row_scan sc; /* one pass: finiteness, the first maximum and how many share its bits */
+    mu_sample_scan(x, n, &sc);
+    if (sc.nan_or_posinf || sc.neginf) return -1;
+    const float top = x[sc.at];
+    size_t eq = sc.n_at;
+    if (top == 0.0f) { /* float equality: +0 and -0 tie, as in the chain */
+        eq = 0;
+        for (size_t i = 0; i < n; i++) eq += x[i] == top;
+    }
     if (eq != 1) return -1;
-    return (int32_t)id;
+    return (int32_t)sc.at;
 }
 
 int32_t mu_sample_argmax(const float *logits, size_t n, const int32_t *banned, size_t n_banned) {

@@ -84,20 +84,15 @@ bool mu_logprobs(const float *logits, size_t n_vocab, int32_t chosen,
                    n_vocab);
         return false;
     }
-    /* NaN and +inf by their bits, in one pass the compiler vectorizes; the
-     * culprit is looked for only when there is one */
-    uint32_t bad = 0;
-    for (size_t i = 0; i < n_vocab; i++) {
-        const uint32_t b = mu_f32_bits(logits[i]);
-        bad |= (b & 0x7FFFFFFFu) > 0x7F800000u || b == 0x7F800000u;
-    }
-    if (bad)
+    mu_row_scan sc; /* NaN and +inf, and the maximum, in one pass; the culprit only when there is one */
+    mu_sample_scan(logits, n_vocab, &sc);
+    if (sc.nan_or_posinf)
         for (size_t i = 0; i < n_vocab; i++)
             if (isnan(logits[i]) || logits[i] == INFINITY) {
                 mu_err_set(err, "logprobs: logit of token %zu is %s", i, isnan(logits[i]) ? "NaN" : "+inf");
                 return false;
             }
-    const size_t at_max = mu_sample_first_max(logits, n_vocab);
+    const size_t at_max = sc.at;
     const float max = logits[at_max];
     if (max == -INFINITY) {
         mu_err_set(err, "logprobs: every logit is -inf");

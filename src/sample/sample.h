@@ -142,8 +142,17 @@ int32_t mu_sample_argmax(const float *logits, size_t n, const int32_t *banned, s
 /* The index of the row's largest value when it is the only one equal to it
  * (+0 and -0 are equal) and every value is finite; -1 otherwise. */
 int32_t mu_sample_argmax_unique(const float *x, size_t n);
-/* The index of the first largest value of x[0..n), n >= 1, no NaN (-0 counts
- * below +0 here); vectorized: an integer maximum over the floats' order. */
+/* One pass over x[0..n), n >= 1, vectorized (integer maxima over the
+ * floats' order in 64-value blocks): the index of the first largest value
+ * (-0 counts below +0 here; meaningless when a NaN is present), how many
+ * values have exactly its bits, and whether any value is NaN or +inf, or
+ * -inf. */
+typedef struct mu_row_scan {
+    size_t at, n_at;
+    bool nan_or_posinf, neginf;
+} mu_row_scan;
+void mu_sample_scan(const float *x, size_t n, mu_row_scan *out);
+/* mu_sample_scan's index alone (no NaN in x). */
 size_t mu_sample_first_max(const float *x, size_t n);
 
 /* Repetition penalties over the last `last_n` accepted tokens (llama

@@ -144,10 +144,54 @@ static double sum_expf_avx2(const float *x, size_t n, float shift) {
 }
 #pragma GCC pop_options
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx2,fma")
+#include "util/mumath_avx512.h"
+
+/* 16 values a step: the low 8 are lanes 0-7 of the reference, the high 8
+ * the next 8 values of the same lanes, added after them (as the reference
+ * adds element i + 8 after element i); the tail masked in as -inf. */
+static double sum_expf_avx512(const float *x, size_t n, float shift) {
+    const __m512 s = _mm512_set1_ps(shift);
+    __m512d acc = _mm512_setzero_pd();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 e = mu_exp_ps512(_mm512_sub_ps(_mm512_loadu_ps(x + i), s));
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+    }
+    if (i < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, x + i);
+        const __m512 e = mu_exp_ps512(_mm512_sub_ps(v, s));
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        if (n - i > 8) acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+    }
+    double a[8];
+    _mm512_storeu_pd(a, acc);
+    return fold8(a);
+}
+#pragma GCC pop_options
+
+static bool has_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+static bool has_avx512(void) { return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"); }
+
+bool mu_sum_expf_isa(int isa, const float *x, size_t n, float shift, double *out) {
+    if (isa == 1 && has_avx2()) *out = sum_expf_avx2(x, n, shift);
+    else if (isa == 2 && has_avx512()) *out = sum_expf_avx512(x, n, shift);
+    else return false;
+    return true;
+}
+
 double mu_sum_expf(const float *x, size_t n, float shift) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? sum_expf_avx2(x, n, shift) : mu_sum_expf_ref(x, n, shift);
+    if (has_avx512()) return sum_expf_avx512(x, n, shift);
+    return has_avx2() ? sum_expf_avx2(x, n, shift) : mu_sum_expf_ref(x, n, shift);
 }
 #else
+bool mu_sum_expf_isa(int isa, const float *x, size_t n, float shift, double *out) {
+    (void)isa, (void)x, (void)n, (void)shift, (void)out;
+    return false;
+}
 double mu_sum_expf(const float *x, size_t n, float shift) { return mu_sum_expf_ref(x, n, shift); }
 #endif
 

@@ -5,16 +5,20 @@
  * The same source compiles for CUDA device code later. */
 #ifndef MUSER_MUMATH_H
 #define MUSER_MUMATH_H
+#include <stdbool.h>
 #include <stddef.h>
 
 /* exp(x) for f32; < 2 ulp over the finite range; exp(-inf) = 0, overflow -> inf, NaN -> NaN. */
 float mu_expf(float x);
 /* sum over i of (double)mu_expf(x[i] - shift), in 8 double lanes (lane
  * i mod 8, each in index order) folded (0+4, 2+6), (1+5, 3+7) at the end.
- * Vectorized where the CPU has AVX2 and FMA; mu_sum_expf_ref is the scalar
- * twin, the same bits (tests/test_mumath.c). */
+ * Vectorized where the CPU has AVX-512 or AVX2 and FMA; mu_sum_expf_ref is
+ * the scalar twin, the same bits (tests/test_mumath.c). */
 double mu_sum_expf(const float *x, size_t n, float shift);
 double mu_sum_expf_ref(const float *x, size_t n, float shift);
+/* One vector path alone (tests): isa 1 AVX2+FMA, 2 AVX-512; false where
+ * this CPU or build has none. */
+bool mu_sum_expf_isa(int isa, const float *x, size_t n, float shift, double *out);
 /* tanh via mu_expf with a small-|x| polynomial branch; odd, |result| <= 1. */
 float mu_tanhf(float x);
 /* 1 / (1 + mu_expf(-x)). */

@@ -16,6 +16,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 #include "backend/cpu/cpu_avx512.h"
+#include "util/mumath_avx512.h"
 
 /* ======================================================== float dots */
 
@@ -103,44 +104,11 @@ static void avx512_fmatmul(const mu_weight *w, int64_t o0, int64_t o1, const flo
 
 /* ======================================================== mumath, lane-wise */
 
-static inline __m512 pow2_ps(__m512i e) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
-}
-
-/* mu_expf: same reduction, polynomial and scaling, specials by mask. */
-static inline __m512 exp_ps(__m512 x) {
-    const __m512 magic = _mm512_set1_ps(0x1.8p23f);
-    __m512 nf = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(0x1.715476p+0f)), magic), magic);
-    __m512i n = _mm512_cvttps_epi32(nf);
-    __m512 r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(0x1.62e430p-1f), x);
-    r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(-0x1.05c610p-29f), r);
-    __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(0x1.6da798p-10f), r, _mm512_set1_ps(0x1.123db2p-7f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0x1.555470p-5f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0x1.55547cp-3f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.5f));
-    q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f));
-    __m512 p = _mm512_fmadd_ps(r, q, _mm512_set1_ps(1.0f));
-    __m512 y = _mm512_mul_ps(p, pow2_ps(n));
-    __mmask16 over = _mm512_cmpgt_epi32_mask(n, _mm512_set1_epi32(127));
-    __mmask16 under = _mm512_cmplt_epi32_mask(n, _mm512_set1_epi32(-126));
-    if (over | under) {
-        __m512 yo = _mm512_mul_ps(_mm512_mul_ps(p, pow2_ps(_mm512_sub_epi32(n, _mm512_set1_epi32(1)))), _mm512_set1_ps(2.0f));
-        __m512 yu = _mm512_mul_ps(_mm512_mul_ps(p, pow2_ps(_mm512_add_epi32(n, _mm512_set1_epi32(100)))),
-                                  _mm512_set1_ps(0x1p-100f));
-        y = _mm512_mask_mov_ps(y, over, yo);
-        y = _mm512_mask_mov_ps(y, under, yu);
-    }
-    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-0x1.9fe368p+6f), _CMP_LT_OQ), _mm512_setzero_ps());
-    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(0x1.62e42ep+6f), _CMP_GT_OQ),
-                           _mm512_set1_ps(INFINITY));
-    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_add_ps(x, x));
-}
-
 static inline __m512 neg_ps(__m512 x) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))); }
 
 static inline __m512 sigmoid_ps(__m512 x) {
     const __m512 one = _mm512_set1_ps(1.0f);
-    return _mm512_div_ps(one, _mm512_add_ps(one, exp_ps(neg_ps(x))));
+    return _mm512_div_ps(one, _mm512_add_ps(one, mu_exp_ps512(neg_ps(x))));
 }
 
 /* mu_tanhf: odd polynomial below 0.875, 1 - 2/(e^2|x| + 1) up to 9.1, then 1. */
@@ -158,7 +126,7 @@ static inline __m512 tanh_ps(__m512 x) {
     g = _mm512_fmadd_ps(g, x2, _mm512_set1_ps(-0x1.555556p-2f));
     __m512 poly = _mm512_fmadd_ps(_mm512_mul_ps(x, x2), g, x);
     const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f);
-    __m512 t = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(exp_ps(_mm512_mul_ps(two, ax)), one)));
+    __m512 t = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(mu_exp_ps512(_mm512_mul_ps(two, ax)), one)));
     t = _mm512_mask_mov_ps(t, _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0x1.233334p+3f), _CMP_GT_OQ), one);
     __m512 big = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
     __m512 y = _mm512_mask_mov_ps(big, _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.875f), _CMP_LT_OQ), poly);
@@ -378,7 +346,7 @@ static void avx512_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t star
         const __m512 m = _mm512_set1_ps(m_b);
         for (int64_t p = 0; p < n; p += 16) {
             __mmask16 k = tail_mask(n - p);
-            _mm512_mask_storeu_ps(s + p, k, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + p), m)));
+            _mm512_mask_storeu_ps(s + p, k, mu_exp_ps512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + p), m)));
         }
         part->m[g] = m_b;
     }
