@@ -1,7 +1,7 @@
 /* OpenAI-style logprobs straight from the raw logits row. */
 #include "sample/sample.h"
-#include <math.h>
 #include "util/mumath.h"
+#include <math.h>
 #include <stdint.h>
 
 /* a ranks before b: higher logit, then lower id. */
@@ -105,14 +105,9 @@ bool mu_logprobs(const float *logits, size_t n_vocab, int32_t chosen,
     chosen_out->id = chosen;
     chosen_out->logprob = (float)((double)logits[chosen] - log_z);
     if (n_top == 0) return true;
-    if (n_top == 1) { /* the common case (a request's logprobs without alternatives): the first maximum */
-        size_t i = 0;
-        while (logits[i] != max) i++;
-        top[0] = (mu_token_logprob){(int32_t)i, max};
-    } else
-        if (n_top == 1) { /* a request's logprobs without alternatives: the first largest */
+    if (n_top == 1) { /* a request's logprobs without alternatives: the first largest */
         size_t i = at_max;
-        if (max == 0.0f) /* +0 and -0 tie here, not in the order of mu_sample_first_max */
+        if (max == 0.0f) /* +0 and -0 tie here, not in the scan's order */
             for (i = 0; logits[i] != max;) i++;
         top[0] = (mu_token_logprob){(int32_t)i, max};
     } else
