@@ -374,12 +374,6 @@ void mu_sample_scan(const float *x, size_t n, mu_row_scan *out) {
     *out = (mu_row_scan){.at = id, .n_at = n_best, .nan_or_posinf = nan_posinf != 0, .neginf = neginf != 0};
 }
 
-size_t mu_sample_first_max(const float *x, size_t n) {
-    mu_row_scan sc;
-    mu_sample_scan(x, n, &sc);
-    return sc.at;
-}
-
 int32_t mu_sample_argmax_unique(const float *x, size_t n) {
     if (n == 0) return -1;
     mu_row_scan sc; /* one pass: finiteness, the first maximum and how many share its bits */

@@ -152,8 +152,6 @@ typedef struct mu_row_scan {
     bool nan_or_posinf, neginf;
 } mu_row_scan;
 void mu_sample_scan(const float *x, size_t n, mu_row_scan *out);
-/* mu_sample_scan's index alone (no NaN in x). */
-size_t mu_sample_first_max(const float *x, size_t n);
 
 /* Repetition penalties over the last `last_n` accepted tokens (llama
  * "penalties"). last_n must be >= 0; 0 disables. */
