@@ -134,6 +134,13 @@ struct mu_backend {
     void (*qk_norm_rope)(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                          int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
                          const mu_kv_dst *dst, const float *v);
+    /* The forward's entry: embed(w, tokens, rows, x), rmsnorm(x, NULL, eps,
+     * x, w->n_in, rows), rmsnorm(x, w_h, eps, h, w->n_in, rows). */
+    void (*embed_norm)(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float eps,
+                       const float *w_h, float *x, float *h);
+    /* attention(a, q, out), then sigmoid_gate(out, g, rows * n_head *
+     * head_dim) (the same bits, in one launch where the backend can). */
+    void (*attention_gate)(mu_backend *b, const mu_attn_batch *a, const float *q, const float *g, float *out);
     /* The DFlash assistant's attention (src/spec/dflash_forward.c), for query
      * rows r < rows and heads h < n_head, KV head g = h / (n_head / n_head_kv):
      * s[j] = dot(k[g][j], q[r][h]) for keys j < n_valid (the float dot of

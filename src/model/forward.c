@@ -130,8 +130,11 @@ static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *cons
         .rows = rows, .kv = s->kvl, .pos = b->pos, .window = c->is_swa[il] ? c->sliding_window : 0,
         .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = D, .scale = 1.0f / sqrtf((float)D),
     };
-    be->attention(be, &a, s->q, s->att);
-    be->sigmoid_gate(be, s->att, s->g, rows * Q);
+    if (be->attention_gate) be->attention_gate(be, &a, s->q, s->g, s->att);
+    else {
+        be->attention(be, &a, s->q, s->att);
+        be->sigmoid_gate(be, s->att, s->g, rows * Q);
+    }
     be->matmul(be, &lw->attn_output, s->att, s->o, rows);
     residual(c, be, s, lw->post_attention_norm, lw->ffn_norm, rows);
     return true;
@@ -191,10 +194,14 @@ bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_fo
         return false;
     }
     if (cap && (cap->n == 0 || !b->cap_row)) cap = NULL;
-    be->embed(be, &m->token_embd, b->token, rows, s->x);
-    be->rmsnorm(be, s->x, NULL, c->rms_eps, s->x, E, rows);
     if (c->n_swa_layers) be->rope_table(be, inv_freq, c->n_rot / 2, b->pos, rows, s->cs);
-    be->rmsnorm(be, s->x, m->layers[0].attn_norm, c->rms_eps, s->h, E, rows);
+    if (be->embed_norm)
+        be->embed_norm(be, &m->token_embd, b->token, rows, c->rms_eps, m->layers[0].attn_norm, s->x, s->h);
+    else {
+        be->embed(be, &m->token_embd, b->token, rows, s->x);
+        be->rmsnorm(be, s->x, NULL, c->rms_eps, s->x, E, rows);
+        be->rmsnorm(be, s->x, m->layers[0].attn_norm, c->rms_eps, s->h, E, rows);
+    }
     bool all_logits = logits && b->logits; /* decode, verification: the output norm inside the last residual step */
     for (int64_t r = 0; all_logits && r < rows; r++) all_logits = b->logits[r];
     for (int il = 0; il < c->n_layer; il++) {

@@ -153,6 +153,28 @@ static void test_matmul_embed(void) {
                 char what[128];
                 snprintf(what, sizeof what, "embed %s n_in=%lld", w.name, (long long)n_in);
                 check(what, e, de, (size_t)(6 * n_in) * 4);
+                /* the fused entry (k_embed_norm from 512 values, the three ops below), then a product
+                 * that reads h's fused quantization */
+                if (c == 1) {
+                    /* wh stays allocated: the backend caches uploads by host pointer */
+                    float *wh = rnd_vec((size_t)n_in, 2.0f), *h = mu_xmalloc((size_t)(6 * n_in) * 4);
+                    float *dh = cu->alloc(cu, (size_t)(6 * n_in) * 4);
+                    ref->rmsnorm(ref, e, NULL, 1e-6f, e, n_in, 6);
+                    ref->rmsnorm(ref, e, wh, 1e-6f, h, n_in, 6);
+                    cu->zero(cu, de, (size_t)(6 * n_in) * 4);
+                    cu->embed_norm(cu, &w, tok, 6, 1e-6f, wh, de, dh);
+                    snprintf(what, sizeof what, "embed_norm %s n_in=%lld: x", w.name, (long long)n_in);
+                    check(what, e, de, (size_t)(6 * n_in) * 4);
+                    snprintf(what, sizeof what, "embed_norm %s n_in=%lld: h", w.name, (long long)n_in);
+                    check(what, h, dh, (size_t)(6 * n_in) * 4);
+                    mu_weight wq = make_weight(&WSPECS[5], n_in, 40);
+                    float *y = mu_xmalloc(6 * 40 * 4), *dy = cu->alloc(cu, 6 * 40 * 4);
+                    ref->matmul(ref, &wq, h, y, 6);
+                    cu->matmul(cu, &wq, dh, dy, 6);
+                    snprintf(what, sizeof what, "embed_norm %s n_in=%lld + matmul", w.name, (long long)n_in);
+                    check(what, y, dy, 6 * 40 * 4);
+                    cu->free(cu, dh, 0), cu->free(cu, dy, 0), free(h), free(y);
+                }
                 cu->free(cu, de, 0);
                 free(e);
             }
@@ -661,13 +683,23 @@ static void test_rope(void) {
 /* Attention of batch a (host planes) on ref against the cuda backend over
  * the device planes dk, under each (mucu_attn_kernel, mucu_attn_dec_hg) of
  * kern/hgs (a head group that does not divide the GQA group is skipped);
- * q is random; the settings are restored. */
+ * q is random; the settings are restored. Each variant also runs gated
+ * (attention_gate against ref's attention then sigmoid_gate; the decode
+ * kernels fuse it where a CTA holds whole Q8_K blocks), then, where the
+ * rows are whole blocks, a Q4_K product that reads the fused quantization. */
 static void check_attention(mu_attn_batch a, const mu_kv_layer **dk, const int *kern, const int *hgs, int nv,
                             const char *label) {
-    const size_t n = (size_t)(a.rows * a.n_head * a.head_dim);
-    float *q = rnd_vec(n, 2.0f), *o = mu_xmalloc(n * 4);
-    float *dq = dev(q, n * 4), *dout = cu->alloc(cu, n * 4);
+    const int64_t n_in = a.n_head * a.head_dim, n_out = 24;
+    const size_t n = (size_t)(a.rows * n_in), ny = (size_t)(a.rows * n_out);
+    float *q = rnd_vec(n, 2.0f), *o = mu_xmalloc(n * 4), *g = rnd_vec(n, 6.0f), *og = mu_xmalloc(n * 4);
+    float *y = mu_xmalloc(ny * 4);
+    float *dq = dev(q, n * 4), *dg = dev(g, n * 4), *dout = cu->alloc(cu, n * 4), *dy = cu->alloc(cu, ny * 4);
     ref->attention(ref, &a, q, o);
+    memcpy(og, o, n * 4);
+    ref->sigmoid_gate(ref, og, g, (int64_t)n);
+    const bool product = n_in % 256 == 0;
+    mu_weight w = product ? make_weight(&WSPECS[5], n_in, n_out) : (mu_weight){0};
+    if (product) ref->matmul(ref, &w, og, y, a.rows);
     a.kv = dk;
     const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg;
     for (int v = 0; v < nv; v++) {
@@ -675,12 +707,22 @@ static void check_attention(mu_attn_batch a, const mu_kv_layer **dk, const int *
         mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v];
         cu->zero(cu, dout, n * 4);
         cu->attention(cu, &a, dq, dout);
-        char what[192];
+        char what[224];
         snprintf(what, sizeof what, "%s, kernel %d hg %d", label, kern[v], hgs[v]);
         check(what, o, dout, n * 4);
+        cu->zero(cu, dout, n * 4);
+        cu->attention_gate(cu, &a, dq, dg, dout);
+        snprintf(what, sizeof what, "%s, kernel %d hg %d, gated", label, kern[v], hgs[v]);
+        check(what, og, dout, n * 4);
+        if (product) {
+            cu->matmul(cu, &w, dout, dy, a.rows);
+            snprintf(what, sizeof what, "%s, kernel %d hg %d, gated + matmul", label, kern[v], hgs[v]);
+            check(what, y, dy, ny * 4);
+        }
     }
     mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg;
-    cu->free(cu, dq, 0), cu->free(cu, dout, 0), free(q), free(o);
+    cu->free(cu, dq, 0), cu->free(cu, dg, 0), cu->free(cu, dout, 0), cu->free(cu, dy, 0);
+    free(q), free(o), free(g), free(og), free(y);
 }
 
 /* kv_store into a ring, then attention over it (GQA, windows, several
@@ -1382,7 +1424,7 @@ static bool time_attention(const mucu_attn_row *dd, int64_t rows, int64_t H, int
     for (int i = -2; i < reps; i++) {
         double ms = 0;
         if (!mucu_timer_begin(msg) ||
-            !mucu_attention(dd, rows, H, Hkv, D, 1.0f / sqrtf((float)D), dq, dout, part, nbmax, msg) ||
+            !mucu_attention(dd, rows, H, Hkv, D, 1.0f / sqrtf((float)D), dq, dout, part, nbmax, NULL, NULL, msg) ||
             !mucu_timer_end(&ms, msg)) {
             fprintf(stderr, "bench: %s\n", msg);
             return false;

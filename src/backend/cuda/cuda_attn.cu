@@ -32,7 +32,6 @@
 #include <stdlib.h>
 
 #define AD_NT 256
-#define AD_FULL 0xFFFFFFFFu
 
 template <int DC, int HG> struct ad_cfg {
     static constexpr int D = 32 * DC;
@@ -92,12 +91,13 @@ __device__ static inline mucu_attn_row ad_begin(const mucu_attn_row *__restrict_
     return a;
 }
 
-template <int DC, int HG>
+template <int DC, int HG, bool GATE>
 __global__ static void __launch_bounds__(AD_NT, 2)
     k_attn_dec(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t n_head_kv, float scale,
-               const float *__restrict__ q, float *__restrict__ part, int64_t nbmax, float *__restrict__ final_out) {
+               const float *__restrict__ q, float *__restrict__ part, int64_t nbmax, float *__restrict__ final_out,
+               const float *__restrict__ gate, q8split o) {
     typedef ad_cfg<DC, HG> C;
-    constexpr int D = C::D;
+    constexpr int D = C::D, DPT = C::DPT, HGT = C::HGT;
     const int64_t j = blockIdx.x, r = blockIdx.z;
     const int64_t G = n_head / n_head_kv, ngr = G / HG;
     const int64_t kh = blockIdx.y / ngr, h0 = kh * G + (blockIdx.y % ngr) * HG;
@@ -107,8 +107,18 @@ __global__ static void __launch_bounds__(AD_NT, 2)
     float *qs = (float *)(sm + C::SM_K), *S = (float *)(sm + C::SM_K + C::SM_Q);
     __shared__ float mw[AD_NT / 32][HG], m_s[HG], l_s[HG];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int dq = tid % C::NDQ, hq = tid / C::NDQ;
     const int64_t start = a.first + 256 * j;
     if (start > a.pos) return;
+    /* GATE (one block: the output is final): this thread's gate values,
+     * asked for now so that they are here when the weighted sums end */
+    float gv[HGT][DPT];
+    if (GATE && tid < C::NPV) {
+#pragma unroll
+        for (int h = 0; h < HGT; h++)
+#pragma unroll
+            for (int d = 0; d < DPT; d++) gv[h][d] = gate[(r * n_head + h0 + hq * HGT + h) * D + dq * DPT + d];
+    }
     const int nk = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
     const uint16_t *kb = a.k + kh * a.cap * D, *vb = a.v + kh * a.cap * D;
     const int64_t phys0 = start % a.cap;
@@ -181,8 +191,8 @@ __global__ static void __launch_bounds__(AD_NT, 2)
                 const float a0 = pp[0] + pp[4], a1 = pp[1] + pp[5], a2 = pp[2] + pp[6], a3 = pp[3] + pp[7];
                 const float b0 = a0 + a2, b1 = a1 + a3;
                 const float c = b0 + b1;
-                const float d2 = c + __shfl_xor_sync(AD_FULL, c, 2);
-                const float e = d2 + __shfl_xor_sync(AD_FULL, d2, 1);
+                const float d2 = c + __shfl_xor_sync(FULL_MASK, c, 2);
+                const float e = d2 + __shfl_xor_sync(FULL_MASK, d2, 1);
                 if (p < nk && jq == (g & 3)) S[p * HG + g] = e * scale;
             }
         }
@@ -210,7 +220,7 @@ __global__ static void __launch_bounds__(AD_NT, 2)
             }
         }
         for (int off = HG; off < 32; off *= 2) {
-            const float o = __shfl_down_sync(AD_FULL, m, off);
+            const float o = __shfl_down_sync(FULL_MASK, m, off);
             if (o > m) m = o;
         }
         if (lane < HG) mw[warp][lane] = m;
@@ -229,8 +239,6 @@ __global__ static void __launch_bounds__(AD_NT, 2)
     cp_wait<0>();
     __syncthreads();
 
-    constexpr int DPT = C::DPT, HGT = C::HGT;
-    const int dq = tid % C::NDQ, hq = tid / C::NDQ;
     float acc[HGT][DPT];
     if (tid < C::NPV) {
 #pragma unroll
@@ -268,13 +276,21 @@ __global__ static void __launch_bounds__(AD_NT, 2)
             pb[0] = m_s[g], pb[1] = l;
         }
     }
-    if (final_out) __syncthreads(); /* l_s (final_out is the same for the whole grid) */
+    if (final_out) __syncthreads(); /* l_s (final_out is the same for the whole grid); K/V's region is free */
+    float *stage = (float *)sm; /* GATE with o.qs: the gated rows of the CTA's heads, for their quantization */
     if (tid < C::NPV) {
 #pragma unroll
         for (int h = 0; h < HGT; h++) {
             const int g = hq * HGT + h;
             const int64_t rh = r * n_head + h0 + g;
-            if (final_out) {
+            if (GATE) { /* k_gate_q8's operations on the values attention would have written */
+#pragma unroll
+                for (int d = 0; d < DPT; d++) {
+                    const float v = (acc[h][d] / l_s[g]) * d_sigmoidf(gv[h][d]);
+                    final_out[rh * D + dq * DPT + d] = v;
+                    if (o.qs) stage[g * D + dq * DPT + d] = v;
+                }
+            } else if (final_out) {
 #pragma unroll
                 for (int d = 0; d < DPT; d++) final_out[rh * D + dq * DPT + d] = acc[h][d] / l_s[g];
             } else {
@@ -282,6 +298,15 @@ __global__ static void __launch_bounds__(AD_NT, 2)
 #pragma unroll
                 for (int d = 0; d < DPT; d++) pb[d] = acc[h][d];
             }
+        }
+    }
+    if (GATE && o.qs) { /* HG * D is a multiple of 256 (mucu_attn_dec), and so is h0 * D */
+        __syncthreads();
+        for (int b = warp; b < HG * D / 256; b += AD_NT / 32) {
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = stage[b * 256 + lane * 8 + i];
+            quantize_block_warp(v, o, ((r * n_head + h0) * D) / 256 + b, lane);
         }
     }
 }
@@ -295,57 +320,85 @@ __device__ static inline mucu_attn_row merge_begin(const mucu_attn_row *__restri
     return a;
 }
 
+/* A CTA per (row, HB consecutive heads), a thread per (head, dim); with
+ * GATE (HB * D = 256: the CTA's values are one Q8_K block) the result is
+ * gated and, with o.qs, quantized as k_gate_q8 would. */
+template <bool GATE>
 __global__ static void __launch_bounds__(512)
-    k_attn_merge_scan(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t D,
-                      const float *__restrict__ part, int64_t nbmax, float *__restrict__ out) {
-    extern __shared__ float4 fs[]; /* per block: ca, cb, l_b */
-    const int64_t rh = blockIdx.x;
-    const mucu_attn_row a = merge_begin<0>(desc, rh / n_head);
+    k_attn_merge_scan(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t D, int HB,
+                      const float *__restrict__ part, int64_t nbmax, float *__restrict__ out,
+                      const float *__restrict__ gate, q8split o) {
+    extern __shared__ float4 fs[]; /* per head and block: ca, cb, l_b */
+    const int64_t rh0 = (int64_t)blockIdx.x * HB;
+    const mucu_attn_row a = merge_begin<0>(desc, rh0 / n_head);
     const int64_t nbr = a.pos >= a.first ? (a.pos - a.first) / 256 + 1 : 0;
-    const float *pr = part + rh * nbmax * (D + 2);
-    const int tid = threadIdx.x, lane = tid & 31;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const bool mine = tid < HB * D; /* a (head, dim) of this CTA */
+    const int hb = mine ? tid / (int)D : 0, d = tid % (int)D;
+    const float *pr = part + (rh0 + hb) * nbmax * (D + 2);
+    float4 *fh = fs + hb * nbmax;
     /* this thread's first values of the chain below, asked for before the scan */
     constexpr int U = 8;
-    float L = 0.0f, A = 0.0f, cur[U], nxt[U];
-    if (tid < D) {
-        if (nbr > 0) L = pr[1], A = pr[2 + tid];
+    float L = 0.0f, A = 0.0f, cur[U], nxt[U], gv = 0.0f;
+    if (mine) {
+        if (GATE) gv = gate[rh0 * D + tid];
+        if (nbr > 0) L = pr[1], A = pr[2 + d];
 #pragma unroll
-        for (int u = 0; u < U; u++) cur[u] = 1 + u < nbr ? pr[(1 + u) * (D + 2) + 2 + tid] : 0.0f;
+        for (int u = 0; u < U; u++) cur[u] = 1 + u < nbr ? pr[(1 + u) * (D + 2) + 2 + d] : 0.0f;
     }
-    if (tid < 32) {
+    if (warp < HB) { /* warp w scans head w's blocks */
+        const float *pw = part + (rh0 + warp) * nbmax * (D + 2);
+        float4 *fw = fs + warp * nbmax;
         float carry = 0.0f; /* M after the blocks before this chunk */
         for (int64_t j0 = 0; j0 < nbr; j0 += 32) {
             const int64_t jl = j0 + lane;
             const bool ok = jl < nbr;
-            const float mb = ok ? pr[jl * (D + 2)] : -INFINITY, lb = ok ? pr[jl * (D + 2) + 1] : 0.0f;
+            const float mb = ok ? pw[jl * (D + 2)] : -INFINITY, lb = ok ? pw[jl * (D + 2) + 1] : 0.0f;
             float pm = mb; /* inclusive scan; of equal values the earlier block's wins */
             for (int off = 1; off < 32; off *= 2) {
-                const float o = __shfl_up_sync(AD_FULL, pm, off);
-                if (lane >= off && !(pm > o)) pm = o;
+                const float ov = __shfl_up_sync(FULL_MASK, pm, off);
+                if (lane >= off && !(pm > ov)) pm = ov;
             }
             const float Mj = j0 == 0 ? pm : (pm > carry ? pm : carry);
-            float Mp = __shfl_up_sync(AD_FULL, Mj, 1);
+            float Mp = __shfl_up_sync(FULL_MASK, Mj, 1);
             if (lane == 0) Mp = carry;
-            if (ok) fs[jl] = make_float4(d_expf(Mp - Mj), d_expf(mb - Mj), lb, 0.0f);
-            carry = __shfl_sync(AD_FULL, Mj, 31);
+            if (ok) fw[jl] = make_float4(d_expf(Mp - Mj), d_expf(mb - Mj), lb, 0.0f);
+            carry = __shfl_sync(FULL_MASK, Mj, 31);
         }
     }
     __syncthreads();
-    if (tid >= D) return;
-    for (int64_t j0 = 1; j0 < nbr; j0 += U) {
+    if (mine) {
+        for (int64_t j0 = 1; j0 < nbr; j0 += U) {
 #pragma unroll
-        for (int u = 0; u < U; u++) nxt[u] = j0 + U + u < nbr ? pr[(j0 + U + u) * (D + 2) + 2 + tid] : 0.0f;
+            for (int u = 0; u < U; u++) nxt[u] = j0 + U + u < nbr ? pr[(j0 + U + u) * (D + 2) + 2 + d] : 0.0f;
 #pragma unroll
-        for (int u = 0; u < U; u++)
-            if (j0 + u < nbr) {
-                const float4 f = fs[j0 + u];
-                L = L * f.x + f.z * f.y;
-                A = A * f.x + cur[u] * f.y;
-            }
+            for (int u = 0; u < U; u++)
+                if (j0 + u < nbr) {
+                    const float4 f = fh[j0 + u];
+                    L = L * f.x + f.z * f.y;
+                    A = A * f.x + cur[u] * f.y;
+                }
 #pragma unroll
-        for (int u = 0; u < U; u++) cur[u] = nxt[u];
+            for (int u = 0; u < U; u++) cur[u] = nxt[u];
+        }
     }
-    out[rh * D + tid] = A / L;
+    if (!GATE) {
+        if (mine) out[rh0 * D + tid] = A / L;
+        return;
+    }
+    const float v = (A / L) * d_sigmoidf(gv); /* every thread is mine: HB * D = blockDim.x = 256 */
+    out[rh0 * D + tid] = v;
+    if (!o.qs) return;
+    __syncthreads(); /* the scan's values are read: fs holds the block now */
+    float *stage = (float *)fs;
+    stage[tid] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float w[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = stage[lane * 8 + i];
+        quantize_block_warp(w, o, rh0 * D / 256, lane);
+    }
 }
 
 extern "C" {
@@ -363,31 +416,36 @@ extern "C" bool mucu_attn_dec_takes(int64_t rows, int64_t n_head, int64_t n_head
            (f == 0 || ((f == 1 || f == 2 || f == 4 || f == 8 || f == 16) && (n_head / n_head_kv) % f == 0));
 }
 
-template <int DC, int HG>
+template <int DC, int HG, bool GATE>
 static void launch_dec(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv, float scale,
-                       const float *q, float *part, int64_t nbmax, float *final_out, cudaStream_t st) {
+                       const float *q, float *part, int64_t nbmax, float *final_out, const float *gate, q8split o,
+                       cudaStream_t st) {
     typedef ad_cfg<DC, HG> C;
     static bool attr_set = false;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(k_attn_dec<DC, HG>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::TOTAL) !=
+        if (cudaFuncSetAttribute(k_attn_dec<DC, HG, GATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::TOTAL) !=
             cudaSuccess)
             return; /* the launch then fails, and the caller names it */
         attr_set = true;
     }
     const dim3 grid((unsigned)nbmax, (unsigned)(n_head_kv * (n_head / n_head_kv / HG)), (unsigned)rows);
-    k_attn_dec<DC, HG><<<grid, AD_NT, C::TOTAL, st>>>(desc, n_head, n_head_kv, scale, q, part, nbmax, final_out);
+    k_attn_dec<DC, HG, GATE><<<grid, AD_NT, C::TOTAL, st>>>(desc, n_head, n_head_kv, scale, q, part, nbmax, final_out,
+                                                             gate, o);
 }
 
-template <int DC>
+template <int DC, bool GATE>
 static void launch_dec_d(int hg, const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
-                         float scale, const float *q, float *part, int64_t nbmax, float *final_out, cudaStream_t st) {
+                         float scale, const float *q, float *part, int64_t nbmax, float *final_out, const float *gate,
+                         q8split o, cudaStream_t st) {
+#define AD_ARGS desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, gate, o, st
     switch (hg) {
-    case 16: launch_dec<DC, 16>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st); break;
-    case 8: launch_dec<DC, 8>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st); break;
-    case 4: launch_dec<DC, 4>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st); break;
-    case 2: launch_dec<DC, 2>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st); break;
-    default: launch_dec<DC, 1>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st); break;
+    case 16: launch_dec<DC, 16, GATE>(AD_ARGS); break;
+    case 8: launch_dec<DC, 8, GATE>(AD_ARGS); break;
+    case 4: launch_dec<DC, 4, GATE>(AD_ARGS); break;
+    case 2: launch_dec<DC, 2, GATE>(AD_ARGS); break;
+    default: launch_dec<DC, 1, GATE>(AD_ARGS); break;
     }
+#undef AD_ARGS
 }
 
 /* Heads per CTA: the most (the fewest conversions of each key) that still
@@ -395,12 +453,14 @@ static void launch_dec_d(int hg, const mucu_attn_row *desc, int64_t rows, int64_
  * test_cuda_backend --bench-attn-dec (docs/benchmarks.md, the decode
  * attention table): at one row over 2,048 keys 2 heads per CTA (128 CTAs)
  * beat 1 (256) by 9-13 %, over 16k keys 16 (128 CTAs) lose 2 % to 8
- * (256); the sliding layers, the common case, decide. */
+ * (256); the sliding layers, the common case, decide. A gated call of one
+ * block (the output is final) takes at least 256 / head_dim heads, so that
+ * each CTA owns whole Q8_K blocks of the gated output. */
 #define AD_MIN_CTAS 120
 
-extern "C" void mucu_attn_dec(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
+extern "C" bool mucu_attn_dec(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                               int64_t head_dim, float scale, const float *q, float *part, int64_t nbmax,
-                              float *final_out, void *stream) {
+                              float *final_out, const float *gate, void *q8, void *stream) {
     const int64_t G = n_head / n_head_kv, base = nbmax * n_head_kv * rows;
     int hg = dec_hg_forced();
     if (hg == 0) {
@@ -410,11 +470,17 @@ extern "C" void mucu_attn_dec(const mucu_attn_row *desc, int64_t rows, int64_t n
                 hg = c;
                 break;
             }
+        if (gate && final_out && hg * head_dim < 256 && G % (256 / head_dim) == 0) hg = (int)(256 / head_dim);
     }
+    const bool gated = gate && final_out && (hg * head_dim) % 256 == 0;
+    const q8split o = gated && q8 ? q8split_at(q8, rows * n_head * head_dim, 1) : q8split{NULL, NULL, NULL};
     const cudaStream_t st = (cudaStream_t)stream;
-    if (head_dim == 64) launch_dec_d<2>(hg, desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
-    else if (head_dim == 128) launch_dec_d<4>(hg, desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
-    else launch_dec_d<8>(hg, desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
+#define AD_ARGS hg, desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, gated ? gate : NULL, o, st
+    if (head_dim == 64) gated ? launch_dec_d<2, true>(AD_ARGS) : launch_dec_d<2, false>(AD_ARGS);
+    else if (head_dim == 128) gated ? launch_dec_d<4, true>(AD_ARGS) : launch_dec_d<4, false>(AD_ARGS);
+    else gated ? launch_dec_d<8, true>(AD_ARGS) : launch_dec_d<8, false>(AD_ARGS);
+#undef AD_ARGS
+    return gated;
 }
 
 extern "C" bool mucu_attn_merge_scan_takes(int64_t head_dim, int64_t nbmax) {
@@ -422,9 +488,20 @@ extern "C" bool mucu_attn_merge_scan_takes(int64_t head_dim, int64_t nbmax) {
     return k != 0 && k != 4 && head_dim <= 512 && nbmax * 16 <= 48 * 1024;
 }
 
-extern "C" void mucu_attn_merge_scan(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t head_dim,
-                                     const float *part, int64_t nbmax, float *out, void *stream) {
+extern "C" bool mucu_attn_merge_scan(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t head_dim,
+                                     const float *part, int64_t nbmax, float *out, const float *gate, void *q8,
+                                     void *stream) {
+    const cudaStream_t st = (cudaStream_t)stream;
+    const int64_t hb = 256 / head_dim;
+    if (gate && 256 % head_dim == 0 && head_dim >= 32 && n_head % hb == 0 && (size_t)(hb * nbmax) * 16 <= 48 * 1024) {
+        const q8split o = q8 ? q8split_at(q8, rows * n_head * head_dim, 1) : q8split{NULL, NULL, NULL};
+        const size_t sm = (size_t)(hb * nbmax) * 16 > 1024 ? (size_t)(hb * nbmax) * 16 : 1024;
+        k_attn_merge_scan<true><<<(unsigned)(rows * n_head / hb), 256, sm, st>>>(desc, n_head, head_dim, (int)hb, part,
+                                                                                  nbmax, out, gate, o);
+        return true;
+    }
     const unsigned threads = (unsigned)((head_dim + 31) / 32 * 32);
-    k_attn_merge_scan<<<(unsigned)(rows * n_head), threads < 32 ? 32 : threads, (size_t)nbmax * 16,
-                        (cudaStream_t)stream>>>(desc, n_head, head_dim, part, nbmax, out);
+    k_attn_merge_scan<false><<<(unsigned)(rows * n_head), threads < 32 ? 32 : threads, (size_t)nbmax * 16, st>>>(
+        desc, n_head, head_dim, 1, part, nbmax, out, NULL, q8split{NULL, NULL, NULL});
+    return false;
 }

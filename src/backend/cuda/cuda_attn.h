@@ -21,15 +21,22 @@ extern int mucu_attn_dec_hg;
 /* Does mucu_attention take k_attn_dec for this call (mucu_attn_kernel 1
  * below 64 rows, or 3)? head_dim 64, 128 or 256, whole GQA groups. */
 bool mucu_attn_dec_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim);
-void mucu_attn_dec(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
-                   float scale, const float *q, float *part, int64_t nbmax, float *final_out, void *stream);
+/* With gate and final_out (one block): out = attention * sigmoid(gate),
+ * and with q8 its Q8_K quantization (split layout over rows * n_head *
+ * head_dim values), where the head group allows (whole Q8_K blocks per
+ * CTA); true when it did. */
+bool mucu_attn_dec(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                   float scale, const float *q, float *part, int64_t nbmax, float *final_out, const float *gate,
+                   void *q8, void *stream);
 /* Benchmarks only: 1 launches only the per-block pass of mucu_attention,
  * 2 only the merge (over the partials an earlier call left); 0 both. */
 extern int mucu_attn_bench_pass;
 /* Does the merge take k_attn_merge_scan (every kernel choice but 0 and 4)? */
 bool mucu_attn_merge_scan_takes(int64_t head_dim, int64_t nbmax);
-void mucu_attn_merge_scan(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t head_dim,
-                          const float *part, int64_t nbmax, float *out, void *stream);
+/* With gate: gated (and quantized into q8) as mucu_attn_dec, where 256 /
+ * head_dim heads fit a CTA; true when it did. */
+bool mucu_attn_merge_scan(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t head_dim,
+                          const float *part, int64_t nbmax, float *out, const float *gate, void *q8, void *stream);
 
 #ifdef __cplusplus
 }

@@ -633,6 +633,28 @@ static void cuda_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens,
     if (launch) CHECK("embed", mucu_embed(&d, t, rows, x, err));
 }
 
+static void cuda_rmsnorm(mu_backend *b, const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows);
+
+/* One launch for the forward's entry (mucu_embed_norm), where the rows fit
+ * the row kernels; else the three ops. */
+static void cuda_embed_norm(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float eps,
+                            const float *w_h, float *x, float *h) {
+    const int64_t n = w->n_in;
+    if (rows <= 0 || !mucu_residual_ok(n)) {
+        cuda_embed(b, w, tokens, rows, x);
+        cuda_rmsnorm(b, x, NULL, eps, x, n, rows);
+        cuda_rmsnorm(b, x, w_h, eps, h, n, rows);
+        return;
+    }
+    mucu_weight d = dev_weight(b, w, "embed", false);
+    tell_footprint(b);
+    const float *dwh = dev_bytes(b, w_h, (size_t)n * sizeof *w_h, "embed_norm: norm weight");
+    void *q8 = n % 256 == 0 ? q8_produce(b, h, n * rows) : (q8_clear(b), NULL);
+    const bool launch = go(b, sig_of("embed_norm", 6, P(d.data), I(rows), F(eps), P(dwh), P(x), P(h)));
+    const int32_t *t = upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed_norm");
+    if (launch) CHECK("embed_norm", mucu_embed_norm(&d, t, rows, eps, x, dwh, h, q8, err));
+}
+
 /* After a product wrote y (n floats): the tag no longer holds if y overlaps its values. */
 static void q8_written(mu_backend *b, const float *y, int64_t n) {
     cuda_ctx *c = ctx_of(b);
@@ -813,8 +835,11 @@ static void cuda_kv_store(mu_backend *b, int64_t rows, const mu_kv_dst *dst, con
     if (launch) CHECK("kv_store", mucu_kv_store(p, rows, H, D, k, v, err));
 }
 
-static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
-    q8_clear(b);
+/* out = attention(q); with g, times sigmoid(g), quantized for the product
+ * that reads it next (mucu_attention fuses both into the decode kernels). */
+static void attention_op(mu_backend *b, const mu_attn_batch *ab, const float *q, const float *g, float *out) {
+    const int64_t n = ab->rows * ab->n_head * ab->head_dim;
+    void *q8 = g && n > 0 && n % 256 == 0 ? q8_produce(b, out, n) : (q8_clear(b), NULL);
     if (ab->rows <= 0) return;
     mucu_attn_row one, *desc = ab->rows == 1 ? &one : mu_xmalloc((size_t)ab->rows * sizeof *desc);
     int64_t nbmax = 0;
@@ -828,13 +853,21 @@ static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *
     }
     float *part = buf_reserve_c(ctx_of(b), &ctx_of(b)->part,
                                 mucu_attn_part_bytes(ab->rows, ab->n_head, ab->head_dim, nbmax) + 16, "attention");
-    const bool launch = go(b, sig_of("attention", 8, I(ab->rows), I(ab->n_head), I(ab->n_head_kv), I(ab->head_dim),
-                                     F(ab->scale), P(q), P(out), I(nbmax)));
+    const bool launch = go(b, sig_of("attention", 9, I(ab->rows), I(ab->n_head), I(ab->n_head_kv), I(ab->head_dim),
+                                     F(ab->scale), P(q), P(out), I(nbmax), P(g)));
     const mucu_attn_row *d = upload_arg(b, desc, (size_t)ab->rows * sizeof *desc, "attention");
     if (desc != &one) free(desc);
     if (launch)
         CHECK("attention", mucu_attention(d, ab->rows, ab->n_head, ab->n_head_kv, ab->head_dim, ab->scale, q, out, part,
-                                          nbmax, err));
+                                          nbmax, g, q8, err));
+}
+
+static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
+    attention_op(b, ab, q, NULL, out);
+}
+
+static void cuda_attention_gate(mu_backend *b, const mu_attn_batch *ab, const float *q, const float *g, float *out) {
+    attention_op(b, ab, q, g, out);
 }
 
 static bool cuda_read_bandwidth(mu_backend *b, size_t bytes, int reps, double *gbs) {
@@ -1035,6 +1068,12 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->store_heads = cuda_store_heads;
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;
+    /* MUSER_CUDA_FUSE=0: the forward's entry and the gate as separate ops (measurements) */
+    const char *fuse = getenv("MUSER_CUDA_FUSE");
+    if (!fuse || strcmp(fuse, "0") != 0) {
+        b->attention_gate = cuda_attention_gate;
+        b->embed_norm = cuda_embed_norm;
+    }
     b->dense_attention = cuda_dense_attention;
     b->read_bandwidth = cuda_read_bandwidth;
     b->forward_begin = cuda_forward_begin;

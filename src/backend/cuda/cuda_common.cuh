@@ -1,8 +1,9 @@
 /* Device helpers shared by the backend's .cu files (`static inline`, so a
  * file that does not use one is not warned): float bits, f16, cp.async
- * and the int8 mma, and the engine's expf
- * (src/util/mumath.c mu_expf), compiled with the exactness flags of
- * CMakeLists.txt (-fmad=false: every fma here is an explicit fmaf). */
+ * and the int8 mma, the engine's expf and sigmoid (src/util/mumath.c
+ * mu_expf), and the Q8_K activation blocks the products read (q8k.c),
+ * compiled with the exactness flags of CMakeLists.txt (-fmad=false: every
+ * fma here is an explicit fmaf). */
 #ifndef MUSER_CUDA_COMMON_CUH
 #define MUSER_CUDA_COMMON_CUH
 #include <cuda_fp16.h>
@@ -107,4 +108,74 @@ __device__ static inline float d_expf(float x) {
     return scale_pow2f(p, n);
 }
 
+__device__ static inline float d_sigmoidf(float x) { return 1.0f / (1.0f + d_expf(-x)); }
+__device__ static inline float d_siluf(float x) { return x * d_sigmoidf(x); }
+
+/* ------------------------------------------------ Q8_K activations (q8k.c) */
+
+#define FULL_MASK 0xFFFFFFFFu
+
+/* Q8_K activations in a split layout (the same values as q8k_block): qs
+ * [rows][n_in] int8, d [rows][nb] f32, bsums [rows][nb][16] int16. */
+static inline size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+struct q8split {
+    int8_t *qs;
+    float *d;
+    int16_t *bs;
+};
+static inline q8split q8split_at(void *base, int64_t n_in, int64_t rows) {
+    const int64_t nb = n_in / 256;
+    q8split s;
+    s.qs = (int8_t *)base;
+    s.d = (float *)((uint8_t *)base + al256((size_t)(rows * n_in)));
+    s.bs = (int16_t *)((uint8_t *)s.d + al256((size_t)(rows * nb) * 4));
+    return s;
+}
+
+/* One 256-value block by one warp (lane l holds values 8l..8l+7 in v):
+ * ggml's Q8_K rule (q8k.c) exactly, into block b of the split layout. */
+__device__ static inline void quantize_block_warp(const float v[8], q8split o, int64_t b, int lane) {
+    float amax = 0.0f, mx = 0.0f;
+    int idx = 0x7FFFFFFF;
+    for (int i = 0; i < 8; i++) {
+        float a = fabsf(v[i]);
+        if (a > amax) { /* first (lowest index) element of largest magnitude */
+            amax = a;
+            mx = v[i];
+            idx = lane * 8 + i;
+        }
+    }
+    for (int h = 16; h >= 1; h /= 2) {
+        float oa = __shfl_xor_sync(FULL_MASK, amax, h), om = __shfl_xor_sync(FULL_MASK, mx, h);
+        int oi = __shfl_xor_sync(FULL_MASK, idx, h);
+        if (oa > amax || (oa == amax && oi < idx)) {
+            amax = oa;
+            mx = om;
+            idx = oi;
+        }
+    }
+    int8_t *qs = o.qs + b * 256 + lane * 8;
+    if (amax == 0.0f) {
+        *(int2 *)qs = make_int2(0, 0);
+        if ((lane & 1) == 0) o.bs[b * 16 + lane / 2] = 0;
+        if (lane == 0) o.d[b] = 0.0f;
+        return;
+    }
+    const float iscale = -127.0f / mx;
+    int32_t s = 0;
+    uint32_t packed[2] = {0, 0};
+    for (int i = 0; i < 8; i++) {
+        float t = fmaf(iscale, v[i], 12582912.0f);
+        int32_t q = (int32_t)(f32_bits(t) & 0x7FFFFF) - 0x400000;
+        q = q < 127 ? q : 127;
+        s += q;
+        packed[i / 4] |= ((uint32_t)q & 0xFF) << (8 * (i % 4));
+    }
+    *(int2 *)qs = make_int2((int)packed[0], (int)packed[1]);
+    s += __shfl_xor_sync(FULL_MASK, s, 1);
+    if ((lane & 1) == 0) o.bs[b * 16 + lane / 2] = (int16_t)s;
+    if (lane == 0) o.d[b] = 1.0f / iscale;
+}
+
 #endif
+

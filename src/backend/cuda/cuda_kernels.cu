@@ -569,8 +569,6 @@ __device__ static float d_tanhf(float x) {
     return bits_f32(f32_bits(t) | sign);
 }
 
-__device__ static inline float d_sigmoidf(float x) { return 1.0f / (1.0f + d_expf(-x)); }
-__device__ static inline float d_siluf(float x) { return x * d_sigmoidf(x); }
 
 __device__ static inline void two_sum(double a, double b, double *s, double *e) {
     double sum = a + b;
@@ -806,17 +804,21 @@ __device__ static float dequant_elem(const mucu_weight &w, const uint8_t *row, c
     return __int_as_float(0x7FC00000);
 }
 
-__global__ static void k_embed(mucu_weight w, const int32_t *tokens, int64_t rows, float *x) {
-    grid_dep_wait();
-    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= rows * w.n_in) return;
-    int64_t r = t / w.n_in, i = t % w.n_in, tok = tokens[r];
+/* Element i of token tok's embedding row. */
+__device__ static inline float embed_value(const mucu_weight &w, int64_t tok, int64_t i) {
     const bool native = w.type == T_NVFP4_NATIVE;
     const uint8_t *row = w.data + (native ? tok * (w.n_in / 2) : (int64_t)((uint64_t)tok * w.row_bytes));
     const uint8_t *srow = native ? w.scales + tok * (w.n_in / 16) : NULL;
     float v = dequant_elem(w, row, srow, i);
     if (!native && w.has_scale) v = v * w.scale;
-    x[t] = v;
+    return v;
+}
+
+__global__ static void k_embed(mucu_weight w, const int32_t *tokens, int64_t rows, float *x) {
+    grid_dep_wait();
+    int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows * w.n_in) return;
+    x[t] = embed_value(w, tokens[t / w.n_in], t % w.n_in);
 }
 
 /* ------------------------------------------------ Q8_K activations (q8k.c) */
@@ -1215,75 +1217,12 @@ __global__ static void k_store_heads(float *dst, const int64_t *slots, int64_t S
  * xor butterfly, lane 0's value is the reference's p[0]).
  * ==================================================================== */
 
-#define FULL_MASK 0xFFFFFFFFu
 
 /* The 32-lane fold of docs/numerics.md: lane 0 ends with the reference's
  * p[0] ((p0+p16)+(p8+p24))...; the other lanes' values are discarded. */
 __device__ static inline float warp_fold_lane0(float p) {
     for (int h = 16; h >= 1; h /= 2) p = p + __shfl_xor_sync(FULL_MASK, p, h);
     return __shfl_sync(FULL_MASK, p, 0);
-}
-
-/* Q8_K activations in a split layout (the same values as q8k_block): qs
- * [rows][n_in] int8, d [rows][nb] f32, bsums [rows][nb][16] int16. */
-static inline size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
-struct q8split {
-    int8_t *qs;
-    float *d;
-    int16_t *bs;
-};
-static q8split q8split_at(void *base, int64_t n_in, int64_t rows) {
-    const int64_t nb = n_in / 256;
-    q8split s;
-    s.qs = (int8_t *)base;
-    s.d = (float *)((uint8_t *)base + al256((size_t)(rows * n_in)));
-    s.bs = (int16_t *)((uint8_t *)s.d + al256((size_t)(rows * nb) * 4));
-    return s;
-}
-
-/* One 256-value block by one warp (lane l holds values 8l..8l+7 in v):
- * ggml's Q8_K rule (q8k.c) exactly, into block b of the split layout. */
-__device__ static inline void quantize_block_warp(const float v[8], q8split o, int64_t b, int lane) {
-    float amax = 0.0f, mx = 0.0f;
-    int idx = 0x7FFFFFFF;
-    for (int i = 0; i < 8; i++) {
-        float a = fabsf(v[i]);
-        if (a > amax) { /* first (lowest index) element of largest magnitude */
-            amax = a;
-            mx = v[i];
-            idx = lane * 8 + i;
-        }
-    }
-    for (int h = 16; h >= 1; h /= 2) {
-        float oa = __shfl_xor_sync(FULL_MASK, amax, h), om = __shfl_xor_sync(FULL_MASK, mx, h);
-        int oi = __shfl_xor_sync(FULL_MASK, idx, h);
-        if (oa > amax || (oa == amax && oi < idx)) {
-            amax = oa;
-            mx = om;
-            idx = oi;
-        }
-    }
-    int8_t *qs = o.qs + b * 256 + lane * 8;
-    if (amax == 0.0f) {
-        *(int2 *)qs = make_int2(0, 0);
-        if ((lane & 1) == 0) o.bs[b * 16 + lane / 2] = 0;
-        if (lane == 0) o.d[b] = 0.0f;
-        return;
-    }
-    const float iscale = -127.0f / mx;
-    int32_t s = 0;
-    uint32_t packed[2] = {0, 0};
-    for (int i = 0; i < 8; i++) {
-        float t = fmaf(iscale, v[i], 12582912.0f);
-        int32_t q = (int32_t)(f32_bits(t) & 0x7FFFFF) - 0x400000;
-        q = q < 127 ? q : 127;
-        s += q;
-        packed[i / 4] |= ((uint32_t)q & 0xFF) << (8 * (i % 4));
-    }
-    *(int2 *)qs = make_int2((int)packed[0], (int)packed[1]);
-    s += __shfl_xor_sync(FULL_MASK, s, 1);
-    if ((lane & 1) == 0) o.bs[b * 16 + lane / 2] = (int16_t)s;
-    if (lane == 0) o.d[b] = 1.0f / iscale;
 }
 
 /* 8 consecutive values of a row from element i0 (zeros past n): two 16-byte
@@ -2672,6 +2611,39 @@ __global__ static void __launch_bounds__(1024) k_rmsnorm_cta(const float *x, con
     }
 }
 
+/* The forward's entry, a CTA per row: x = rmsnorm(embed(token), eps)
+ * (weightless), h = rmsnorm(x, eps) * w_h, quantized to Q8_K with QUANT:
+ * k_embed, k_rmsnorm_cta and k_rmsnorm_cta's operations in one launch. */
+template <bool QUANT>
+__global__ static void __launch_bounds__(1024) k_embed_norm(mucu_weight w, const int32_t *tokens, float eps, float *x,
+                                                          const float *w_h, float *h, int64_t n, q8split o) {
+    grid_dep_wait();
+    extern __shared__ float xs[];
+    __shared__ float inv_s[2];
+    const int64_t r = blockIdx.x, tok = tokens[r];
+    const int64_t npad = (n + 255) / 256 * 256;
+    for (int64_t i = threadIdx.x; i < npad; i += blockDim.x) xs[i] = i < n ? embed_value(w, tok, i) : 0.0f;
+    __syncthreads();
+    const float inv = cta_inv_rms(xs, n, eps, &inv_s[0]);
+    /* each thread rewrites only its own elements (warp 0's reads ended at cta_inv_rms's barrier) */
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xs[i] * inv;
+        x[r * n + i] = v;
+        xs[i] = v;
+    }
+    __syncthreads();
+    const float inv_h = cta_inv_rms(xs, n, eps, &inv_s[1]);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = (xs[i] * inv_h) * w_h[i];
+        h[r * n + i] = v;
+        if (QUANT) xs[i] = v;
+    }
+    if (QUANT) {
+        __syncthreads();
+        cta_quantize_row(xs, n, r, o);
+    }
+}
+
 /* The residual step's norm weights (no kernel writes them, so they are read
  * before the wait, while the kernel before this one drains), then the wait. */
 template <int RB>
@@ -3404,6 +3376,24 @@ extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y
 
 extern "C" bool mucu_residual_ok(int64_t n) { return cta_row_ok(n); }
 
+extern "C" bool mucu_embed_norm(const mucu_weight *w, const int32_t *tokens, int64_t rows, float eps, float *x,
+                                const float *w_h, float *h, void *q8, char *err) {
+    if (rows <= 0) return true;
+    const int64_t n = w->n_in;
+    if (!cta_row_ok(n)) {
+        snprintf(err, MUCU_ERR_LEN, "k_embed_norm: rows of %lld values (mucu_residual_ok)", (long long)n);
+        return false;
+    }
+    const size_t sm = cta_row_bytes(n);
+    if (q8 && n % 256 == 0) {
+        k_embed_norm<true><<<(unsigned)rows, cta_threads(rows, n), sm, g_s>>>(*w, tokens, eps, x, w_h, h, n,
+                                                                            q8split_at(q8, n, rows));
+        return launched("k_embed_norm+q8", err);
+    }
+    k_embed_norm<false><<<(unsigned)rows, cta_threads(rows, n), sm, g_s>>>(*w, tokens, eps, x, w_h, h, n, q8split{});
+    return launched("k_embed_norm", err);
+}
+
 extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h,
                               float eps_h, int64_t n, int64_t rows, void *q8, char *err) {
     if (rows <= 0) return true;
@@ -3462,21 +3452,24 @@ extern "C" size_t mucu_attn_part_bytes(int64_t rows, int64_t n_head, int64_t hea
 
 extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                                int64_t head_dim, float scale, const float *q, float *out, float *part, int64_t nbmax,
-                               char *err) {
+                               const float *gate, void *q8, char *err) {
     if (head_dim > MUCU_MAX_HEAD_DIM) {
         snprintf(err, MUCU_ERR_LEN, "k_attn_blocks: head_dim %lld exceeds %d", (long long)head_dim, MUCU_MAX_HEAD_DIM);
         return false;
     }
     if (rows <= 0 || n_head <= 0) return true;
     const int64_t D = head_dim, rh = rows * n_head;
+    /* the gate (and q8's quantization) where no kernel below took it */
+#define GATE_AFTER() (gate ? mucu_sigmoid_gate(out, gate, rh * D, q8, err) : true)
     if (nbmax > 0 && mucu_attn_bench_pass != 2) {
         const unsigned g1 = (unsigned)(rh * nbmax);
         float *fin = nbmax == 1 ? out : NULL;
+        bool gated = false;
         if (mucu_attn_prefill_takes(rows, n_head, n_head_kv, D)) { /* cuda_prefill.cu */
             mucu_attn_prefill(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin, g_s);
             if (!launched("k_attn_prefill", err)) return false;
         } else if (mucu_attn_dec_takes(rows, n_head, n_head_kv, D)) { /* cuda_attn.cu */
-            mucu_attn_dec(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin, g_s);
+            gated = mucu_attn_dec(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin, gate, q8, g_s);
             if (!launched("k_attn_dec", err)) return false;
         } else {
             if (D <= 128) k_attn_blocks<1><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
@@ -3484,12 +3477,12 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
             else k_attn_blocks<4><<<g1, 128, 0, g_s>>>(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin);
             if (!launched("k_attn_blocks", err)) return false;
         }
-        if (fin) return true;
+        if (fin) return gated || GATE_AFTER();
     }
     if (mucu_attn_bench_pass == 1) return true;
     if (mucu_attn_merge_scan_takes(D, nbmax)) {
-        mucu_attn_merge_scan(desc, rows, n_head, D, part, nbmax, out, g_s);
-        return launched("k_attn_merge_scan", err);
+        const bool gated = mucu_attn_merge_scan(desc, rows, n_head, D, part, nbmax, out, gate, q8, g_s);
+        return launched("k_attn_merge_scan", err) && (gated || GATE_AFTER());
     }
     const unsigned g2 = grid_for(rh, 4);
     if (D <= 32) k_attn_merge<1><<<g2, 128, 0, g_s>>>(desc, rows, n_head, D, part, nbmax, out);
@@ -3497,7 +3490,8 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
     else if (D <= 128) k_attn_merge<4><<<g2, 128, 0, g_s>>>(desc, rows, n_head, D, part, nbmax, out);
     else if (D <= 256) k_attn_merge<8><<<g2, 128, 0, g_s>>>(desc, rows, n_head, D, part, nbmax, out);
     else k_attn_merge<16><<<g2, 128, 0, g_s>>>(desc, rows, n_head, D, part, nbmax, out);
-    return launched("k_attn_merge", err);
+    return launched("k_attn_merge", err) && GATE_AFTER();
+#undef GATE_AFTER
 }
 
 /* With q8 (n a multiple of 256): also the Q8_K quantization of the result. */

@@ -157,6 +157,11 @@ bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const fl
                        float eps, const float *cs, int64_t n_rot, int64_t rows, const mucu_kv_dst *dst,
                        const float *v, char *err);
 bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs, char *err);
+/* x = rmsnorm(embed(tokens), eps) (weightless), h = rmsnorm(x, eps) * w_h
+ * (and h's Q8_K quantization into q8, where not NULL), rows of w->n_in
+ * values (mucu_residual_ok). */
+bool mucu_embed_norm(const mucu_weight *w, const int32_t *tokens, int64_t rows, float eps, float *x, const float *w_h,
+                     float *h, void *q8, char *err);
 bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows, bool neox,
                char *err);
 /* dst: device [rows]; every row n_head x head_dim */
@@ -165,8 +170,12 @@ bool mucu_kv_store(const mucu_kv_dst *dst, int64_t rows, int64_t n_head, int64_t
 /* part: scratch of mucu_attn_part_bytes for the most 256-key blocks of
  * any row (nbmax). */
 size_t mucu_attn_part_bytes(int64_t rows, int64_t n_head, int64_t head_dim, int64_t nbmax);
+/* With gate (device [rows][n_head * head_dim]): out = attention *
+ * sigmoid(gate), as mucu_sigmoid_gate after it, q8 likewise (fused into
+ * the decode kernels where they allow, else that launch). */
 bool mucu_attention(const mucu_attn_row *rows_desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
-                    float scale, const float *q, float *out, float *part, int64_t nbmax, char *err);
+                    float scale, const float *q, float *out, float *part, int64_t nbmax, const float *gate, void *q8,
+                    char *err);
 bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, void *q8, char *err);
 bool mucu_swiglu(float *gate, const float *up, int64_t n, void *q8, char *err);
 bool mucu_add(float *x, const float *y, int64_t n, char *err);

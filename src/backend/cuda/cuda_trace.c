@@ -1,8 +1,10 @@
 /* MUSER_CUDA_TRACE=1: every kernel's start and end as the GPU saw them
  * (CUPTI's activity records, kernels inside replayed graphs included), and
- * at exit a table per kernel: calls, time, and the gap before it (from the
+ * at exit a table per kernel: calls, time, the gap before it (from the
  * end of everything that started earlier; negative where a programmatic
- * launch overlapped its predecessor). MUSER_CUDA_TRACE_CSV=path also writes
+ * launch overlapped its predecessor), and the time it adds (how far its end
+ * lies past the end of everything that started earlier: its share of the
+ * time the GPU was busy, the table's order). MUSER_CUDA_TRACE_CSV=path also writes
  * one line per kernel (start_ns,end_ns,graph_id,name) for a timeline.
  * Why: the device machine has no Nsight Systems, and Nsight Compute times
  * each kernel alone with cold caches and fixed clocks; this shows where a
@@ -119,12 +121,12 @@ static int by_start(const void *a, const void *b) {
 typedef struct kstat {
     uint32_t name;
     uint64_t calls;
-    double busy, gap; /* ns */
+    double busy, gap, adds; /* ns */
 } kstat;
 
-static int by_busy(const void *a, const void *b) {
+static int by_adds(const void *a, const void *b) {
     const kstat *x = a, *y = b;
-    return x->busy + x->gap < y->busy + y->gap ? 1 : x->busy + x->gap > y->busy + y->gap ? -1 : 0;
+    return x->adds < y->adds ? 1 : x->adds > y->adds ? -1 : 0;
 }
 
 void mucu_trace_end(void) {
@@ -153,7 +155,7 @@ void mucu_trace_end(void) {
         if (i) s->gap += gap;
         if (i && gap > 0) gaps += gap;
         const uint64_t from = r->start > horizon ? r->start : horizon;
-        if (r->end > from) busy_union += r->end - from;
+        if (r->end > from) busy_union += r->end - from, s->adds += (double)(r->end - from);
         if (r->end > horizon) horizon = r->end;
         if (f) fprintf(f, "%llu,%llu,%u,%s\n", (unsigned long long)r->start, (unsigned long long)r->end, r->graph,
                        T.names[r->name]);
@@ -162,13 +164,14 @@ void mucu_trace_end(void) {
     const double span = (double)(horizon - T.rec[0].start);
     fprintf(stderr,
             "muser: cuda trace: %zu kernels over %.3f ms: the GPU ran some kernel %.3f ms, none %.3f ms (gaps)\n"
-            "%-56s %8s %10s %9s %11s\n",
+            "%-56s %8s %10s %9s %11s %12s\n",
             T.n, span / 1e6, (double)busy_union / 1e6, gaps / 1e6, "kernel", "calls", "total ms", "mean us",
-            "gap mean us");
-    qsort(st, T.n_names, sizeof *st, by_busy);
+            "gap mean us", "adds mean us");
+    qsort(st, T.n_names, sizeof *st, by_adds);
     for (size_t i = 0; i < T.n_names && st[i].calls; i++)
-        fprintf(stderr, "%-56.56s %8llu %10.3f %9.2f %11.2f\n", T.names[st[i].name], (unsigned long long)st[i].calls,
-                st[i].busy / 1e6, st[i].busy / 1e3 / (double)st[i].calls, st[i].gap / 1e3 / (double)st[i].calls);
+        fprintf(stderr, "%-56.56s %8llu %10.3f %9.2f %11.2f %12.2f\n", T.names[st[i].name],
+                (unsigned long long)st[i].calls, st[i].busy / 1e6, st[i].busy / 1e3 / (double)st[i].calls,
+                st[i].gap / 1e3 / (double)st[i].calls, st[i].adds / 1e3 / (double)st[i].calls);
     free(st);
 }
 
