@@ -2669,7 +2669,7 @@ __device__ static inline void res_weights(const float *w_o, const float *w_h, in
  * so the quantization reads registers. Shared memory holds the row for the
  * two 32-lane sums (cta_inv_rms), zero-padded to whole blocks. */
 template <bool QUANT, int RB>
-__global__ static void __launch_bounds__(1024) k_residual(float *x, const float *o, const float *w_o, float eps_o,
+__global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024) k_residual(float *x, const float *o, const float *w_o, float eps_o,
                                                         float *h, const float *w_h, float eps_h, int64_t n,
                                                         q8split q8) {
     float wo[RB][8], wh[RB][8], xv[RB][8];
@@ -3398,18 +3398,21 @@ extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float 
                               float eps_h, int64_t n, int64_t rows, void *q8, char *err) {
     if (rows <= 0) return true;
     const size_t sm = cta_row_bytes(n);
-    /* a warp per 256-value block, at most 32 warps: two blocks a warp past 8,192 values */
-    const int64_t nb = (n + 255) / 256;
-    const unsigned t = (unsigned)(32 * (nb < 32 ? nb : 32));
+    /* a warp per 256-value block, at most 32 warps (MUSER_CUDA_RES_WARPS: at most 8 or 16, for
+     * measurements): RB blocks a warp */
+    static int cap = -1;
+    const int64_t wmax = env_setting(&cap, "MUSER_CUDA_RES_WARPS", 32) == 8 ? 8 : cap == 16 ? 16 : 32;
+    const int64_t nb = (n + 255) / 256, w0 = nb < wmax ? nb : wmax, warps = nb > 4 * w0 ? (nb + 3) / 4 : w0;
+    const int64_t rb = (nb + warps - 1) / warps;
+    const unsigned t = (unsigned)(32 * warps);
     const bool quant = h && q8 && n % 256 == 0;
     const q8split o8 = quant ? q8split_at(q8, n, rows) : q8split{};
-    if (nb <= 32) {
-        if (quant) k_residual<true, 1><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8);
-        else k_residual<false, 1><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8);
-    } else {
-        if (quant) k_residual<true, 2><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8);
-        else k_residual<false, 2><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8);
-    }
+#define RES(RBV) (quant ? k_residual<true, RBV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8) \
+                        : k_residual<false, RBV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8))
+    if (rb <= 1) RES(1);
+    else if (rb <= 2) RES(2);
+    else RES(4);
+#undef RES
     return launched(quant ? "k_residual+q8" : "k_residual", err);
 }
 
