@@ -4,7 +4,8 @@
 # then run.sh (build + every exactness check), then the device read
 # bandwidth and `muser bench` of the full synthetic q4_k_xl model.
 #   STAGES  subset of "check bench mmvbench kbench prof nsys pdl" (default "check
-#           bench"; mmvbench: test_cuda_backend --bench-mmv; kbench:
+#           bench"; mmvbench: test_cuda_backend --bench-mmv and --bench-res (the
+#           weight-streaming kernels, the residual step); kbench:
 #           --bench-gemm, --bench-attn and --bench-attn-dec (prefill and
 #           decode attention kernels); prof:
 #           a per-kernel profile of a short run, MUSER_CUDA_PROF=1; nsys:
@@ -78,7 +79,8 @@ case " $STAGES " in *" bench "*)
     BW=$(awk '{print $4}' /tmp/muser-membw.txt)
     case " $STAGES " in *" mmvbench "*)
         echo "== weight-streaming kernels on the full model's shapes"
-        "$BUILD/test_cuda_backend" --bench-mmv ;;
+        "$BUILD/test_cuda_backend" --bench-mmv
+        "$BUILD/test_cuda_backend" --bench-res || rc=1 ;;
     esac
     case " $STAGES " in *" kbench "*)
         echo "== prefill kernels, old against new, on the full model's shapes"

@@ -1491,6 +1491,71 @@ static int bench_attn(int reps) {
     return bad ? 1 : 0;
 }
 
+/* --bench-res: mucu_residual (k_residual, with h and its quantization) alone
+ * at glimmer-tiny's and the full model's rows (512 and 6,656 values; 1 and
+ * 8 rows) with at most 32 (the default), 16 and 8 warps a CTA: us per call
+ * (median of reps after 2 warm-up calls, cudaEvents; x grows call by call,
+ * which the timing does not see), and one call from the same inputs under
+ * each setting compared bit for bit with the default's x and h. */
+static int bench_res(int reps) {
+    char msg[MUCU_ERR_LEN];
+    const int64_t ns[2] = {512, 6656}, rowss[2] = {1, 8};
+    const int warps[3] = {32, 16, 8};
+    const int saved = mucu_res_warps;
+    int bad = 0;
+    if (reps < 1 || reps > 64) reps = 21;
+    printf("%-22s %10s %10s %10s\n", "residual step", "32 warps", "16", "8");
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++) {
+            const int64_t n = ns[a], rows = rowss[b], N = n * rows;
+            const size_t bytes = (size_t)N * 4;
+            float *x = rnd_vec((size_t)N, 3.0f), *o = rnd_vec((size_t)N, 5.0f);
+            float *wo = rnd_vec((size_t)n, 2.0f), *wh = rnd_vec((size_t)n, 2.0f);
+            float *gx[3], *gh[3];
+            float *dx = dev_raw(NULL, bytes), *dox = dev_raw(NULL, bytes), *dh = dev_raw(NULL, bytes);
+            float *dwo = dev_raw(wo, (size_t)n * 4), *dwh = dev_raw(wh, (size_t)n * 4);
+            void *q8 = dev_raw(NULL, mucu_q8k_bytes(n, rows) + 1);
+            double med[3];
+            for (int v = 0; v < 3; v++) {
+                mucu_res_warps = warps[v];
+                gx[v] = mu_xmalloc(bytes), gh[v] = mu_xmalloc(bytes);
+                if (!mucu_memcpy(dx, x, bytes, "bench upload", msg) || !mucu_memcpy(dox, o, bytes, "bench upload", msg) ||
+                    !mucu_residual(dx, dox, dwo, 1e-8f, dh, dwh, 1e-6f, n, rows, q8, msg)) {
+                    fprintf(stderr, "bench: %s\n", msg);
+                    return 1;
+                }
+                cu->download(cu, gx[v], dx, bytes);
+                cu->download(cu, gh[v], dh, bytes);
+                if (v && (memcmp(gx[v], gx[0], bytes) || memcmp(gh[v], gh[0], bytes))) {
+                    fprintf(stderr, "MISMATCH residual n=%lld rows=%lld: %d warps against 32\n", (long long)n,
+                            (long long)rows, warps[v]);
+                    bad = 1;
+                }
+                double t[64];
+                for (int i = -2; i < reps; i++) {
+                    double ms = 0;
+                    if (!mucu_timer_begin(msg) || !mucu_residual(dx, dox, dwo, 1e-8f, dh, dwh, 1e-6f, n, rows, q8, msg) ||
+                        !mucu_timer_end(&ms, msg)) {
+                        fprintf(stderr, "bench: %s\n", msg);
+                        return 1;
+                    }
+                    if (i >= 0) t[i] = ms;
+                }
+                qsort(t, (size_t)reps, sizeof *t, cmp_d);
+                med[v] = t[reps / 2] * 1e3;
+            }
+            char what[64];
+            snprintf(what, sizeof what, "n=%lld rows=%lld", (long long)n, (long long)rows);
+            printf("%-22s %10.2f %10.2f %10.2f\n", what, med[0], med[1], med[2]);
+            for (int v = 0; v < 3; v++) free(gx[v]), free(gh[v]);
+            mucu_free(dx, msg), mucu_free(dox, msg), mucu_free(dh, msg), mucu_free(dwo, msg), mucu_free(dwh, msg);
+            mucu_free(q8, msg);
+            free(x), free(o), free(wo), free(wh);
+        }
+    mucu_res_warps = saved;
+    return bad;
+}
+
 /* --bench-attn-dec: mucu_attention (the per-block pass and the merge) for
  * decode shapes of the full model (32 query heads over 2 KV heads, D 128):
  * 1 row under a 2,048-key window (a sliding layer), 1 row over 2k, 16k
@@ -1588,6 +1653,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "--bench-gemm")) return bench_gemm(argc >= 3 ? atoi(argv[2]) : 9);
     if (argc >= 2 && !strcmp(argv[1], "--bench-attn")) return bench_attn(argc >= 3 ? atoi(argv[2]) : 9);
     if (argc >= 2 && !strcmp(argv[1], "--bench-attn-dec")) return bench_attn_dec(argc >= 3 ? atoi(argv[2]) : 9);
+    if (argc >= 2 && !strcmp(argv[1], "--bench-res")) return bench_res(argc >= 3 ? atoi(argv[2]) : 21);
     if (argc == 2 && !strcmp(argv[1], "--bench-mmv")) {
         bench_mmv();
         return 0;

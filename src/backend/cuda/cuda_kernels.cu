@@ -3394,14 +3394,16 @@ extern "C" bool mucu_embed_norm(const mucu_weight *w, const int32_t *tokens, int
     return launched("k_embed_norm", err);
 }
 
+extern "C" int mucu_res_warps = -1;
+
 extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h,
                               float eps_h, int64_t n, int64_t rows, void *q8, char *err) {
     if (rows <= 0) return true;
     const size_t sm = cta_row_bytes(n);
-    /* a warp per 256-value block, at most 32 warps (MUSER_CUDA_RES_WARPS: at most 8 or 16, for
+    /* a warp per 256-value block, at most 32 warps (mucu_res_warps: at most 8 or 16, for
      * measurements): RB blocks a warp */
-    static int cap = -1;
-    const int64_t wmax = env_setting(&cap, "MUSER_CUDA_RES_WARPS", 32) == 8 ? 8 : cap == 16 ? 16 : 32;
+    const int cap = env_setting(&mucu_res_warps, "MUSER_CUDA_RES_WARPS", 32);
+    const int64_t wmax = cap == 8 ? 8 : cap == 16 ? 16 : 32;
     const int64_t nb = (n + 255) / 256, w0 = nb < wmax ? nb : wmax, warps = nb > 4 * w0 ? (nb + 3) / 4 : w0;
     const int64_t rb = (nb + warps - 1) / warps;
     const unsigned t = (unsigned)(32 * warps);
