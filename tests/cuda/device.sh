@@ -12,7 +12,8 @@
 #           Nsight Systems kernel and API summaries, where nsys is installed;
 #           pdl: glimmer-tiny and full-model decode under each of PDL_ENVS,
 #           space-separated settings, a setting's variables joined by commas;
-#           ncu: each kernel's duration alone (Nsight Compute); trace:
+#           ncu: each kernel's duration alone (Nsight Compute); ncuk: one kernel
+#           (NCU_KERNEL, default k_residual) with NCU_SECTIONS; trace:
 #           each kernel's time inside the replayed graphs (CUPTI); kvpack:
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
 #           speculate` statistics under each of SPEC_ENVS and a kernel profile;
@@ -102,6 +103,23 @@ case " $STAGES " in *" bench "*)
             "$NCU" --metrics gpu__time_duration.sum --print-summary per-kernel "$M" run -m $F --backend cuda \
                 --tokens 1,2,3,4 -n 3 --temp 0 >/tmp/ncu.txt 2>&1
             grep -E "^  [^ ]|gpu__time_duration|Invocations" /tmp/ncu.txt | cut -c1-150 | head -120
+        else
+            echo "no ncu here"
+        fi ;;
+    esac
+    case " $STAGES " in *" ncuk "*)
+        # one kernel in depth: NCU_KERNEL (a regex of its name, default k_residual), the 41st launch
+        # of it in the full model's run, with Nsight Compute's sections NCU_SECTIONS
+        NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+        if [ -n "$NCU" ]; then
+            echo "== Nsight Compute: ${NCU_KERNEL:-k_residual} in depth, full model"
+            secs=""
+            for sct in ${NCU_SECTIONS:-SpeedOfLight WarpStateStats LaunchStats Occupancy MemoryWorkloadAnalysis}; do
+                secs="$secs --section $sct"
+            done
+            timeout 120 "$NCU" --kernel-name "regex:${NCU_KERNEL:-k_residual}" --launch-skip 40 --launch-count 1 $secs \
+                "$M" run -m $F --backend cuda --tokens 1,2,3,4 -n 3 --temp 0 2>&1 |
+                grep -v "^==PROF==\|^ *$\|----" | cut -c1-130 | head -150
         else
             echo "no ncu here"
         fi ;;
