@@ -18,12 +18,17 @@
  *    thread per (DPT dims, up to 4 heads), V asked of L2 at the start and
  *    copied into K's shared memory once the scores are done; l_b summed in
  *    key order by a thread per head.
- * k_attn_merge_scan: a CTA per (row, head). The reference merges blocks
+ * k_attn_merge_scan: a CTA per (row, head), or per (row, 256 / D heads)
+ * when it also applies the gate. The reference merges blocks
  * in order, M' = max(M, m_b), ca = mu_expf(M - M'), cb = mu_expf(m_b -
- * M'); M after block j is the maximum of m_0..m_j, so one warp computes
- * every M_j by a scan and every (ca, cb) at once; each thread then runs
- * only the multiply-add chain L = L*ca + l_b*cb, A[d] = A[d]*ca +
- * acc_b[d]*cb over the blocks in order. */
+ * M'); M after block j is the maximum of m_0..m_j, so one warp per head
+ * computes every M_j by a scan and every (ca, cb) at once; each thread
+ * then runs only the multiply-add chain L = L*ca + l_b*cb, A[d] = A[d]*ca
+ * + acc_b[d]*cb over the blocks in order.
+ * With a gate (attention_gate, backend.h), the kernel that writes the
+ * final values multiplies them by sigmoid(g) and quantizes whole Q8_K
+ * blocks of them for the product after it: k_gate_q8's operations, so a
+ * CTA must hold whole 256-value blocks (mucu_attn_dec's head groups). */
 #include "backend/cuda/cuda_attn.h"
 #include "backend/cuda/cuda_prefill.h"
 #include "backend/cuda/cuda_common.cuh"
