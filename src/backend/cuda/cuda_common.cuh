@@ -178,4 +178,3 @@ __device__ static inline void quantize_block_warp(const float v[8], q8split o, i
 }
 
 #endif
-

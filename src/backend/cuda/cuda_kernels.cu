@@ -569,7 +569,6 @@ __device__ static float d_tanhf(float x) {
     return bits_f32(f32_bits(t) | sign);
 }
 
-
 __device__ static inline void two_sum(double a, double b, double *s, double *e) {
     double sum = a + b;
     double b_virtual = sum - a;
@@ -1216,7 +1215,6 @@ __global__ static void k_store_heads(float *dst, const int64_t *slots, int64_t S
  * float dots in the 32-lane order (one warp: lane l owns i = l mod 32,
  * xor butterfly, lane 0's value is the reference's p[0]).
  * ==================================================================== */
-
 
 /* The 32-lane fold of docs/numerics.md: lane 0 ends with the reference's
  * p[0] ((p0+p16)+(p8+p24))...; the other lanes' values are discarded. */
@@ -2669,9 +2667,9 @@ __device__ static inline void res_weights(const float *w_o, const float *w_h, in
  * so the quantization reads registers. Shared memory holds the row for the
  * two 32-lane sums (cta_inv_rms), zero-padded to whole blocks. */
 template <bool QUANT, int RB>
-__global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024) k_residual(float *x, const float *o, const float *w_o, float eps_o,
-                                                        float *h, const float *w_h, float eps_h, int64_t n,
-                                                        q8split q8) {
+__global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
+    k_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h, float eps_h,
+               int64_t n, q8split q8) {
     float wo[RB][8], wh[RB][8], xv[RB][8];
     const int64_t nb = (n + 255) / 256;
     res_weights<RB>(w_o, h ? w_h : NULL, n, nb, wo, wh);
