@@ -2536,29 +2536,45 @@ __global__ static void k_rmsnorm_warp(const float *x, const float *w, float eps,
         for (int64_t i = lane; i < n; i += 32) yr[i] = xr[i] * inv;
 }
 
+/* Lane l's values of 256-value block g of a row in shared memory: l + 32 t
+ * for t < 8 (the 32-lane sum's order), and their squares added to p. */
+__device__ static inline void rms_group_load(const float *xs, int lane, int g, float v[8]) {
+#pragma unroll
+    for (int t = 0; t < 8; t++) v[t] = xs[256 * g + lane + 32 * t];
+}
+__device__ static inline float rms_group_fma(const float v[8], float p) {
+#pragma unroll
+    for (int t = 0; t < 8; t++) p = fmaf(v[t], v[t], p);
+    return p;
+}
+
 /* The 32-lane sum of squares of a row held in shared memory, by warp 0;
  * every thread gets inv = 1/sqrt(mean + eps). The row is zero-padded to a
- * multiple of 256 values, so each lane runs whole groups of 8: a +0 term
- * leaves a lane's sum as it is (the sum starts at +0 and adds squares, so it
- * is never -0), and the next group's loads are in flight while the FMA
- * chain runs over this one (the chain of n/32 dependent FMAs is what the
- * step waits for). */
+ * multiple of 256 values, so each lane runs whole blocks of 8 values: a +0
+ * term leaves a lane's sum as it is (the sum starts at +0 and adds squares,
+ * so it is never -0). The chain of n/32 dependent FMAs is what the step
+ * waits for, so no FMA may wait on its load: three register buffers rotate,
+ * each block's loads issued two blocks before its FMAs, in a loop kept
+ * rolled (written as one buffer refilled while the other is summed, nvcc
+ * unrolled the loop by two and put the second half's loads right before
+ * their FMAs). */
 __device__ static inline float cta_inv_rms(const float *xs, int64_t n, float eps, float *inv_s) {
     if (threadIdx.x < 32) {
-        const int lane = threadIdx.x, J = (int)((n + 255) / 256) * 8;
-        float cur[8], nxt[8], p = 0.0f;
-#pragma unroll
-        for (int t = 0; t < 8; t++) cur[t] = xs[lane + 32 * t];
-        for (int j = 8; j < J; j += 8) {
-#pragma unroll
-            for (int t = 0; t < 8; t++) nxt[t] = xs[lane + 32 * (j + t)];
-#pragma unroll
-            for (int t = 0; t < 8; t++) p = fmaf(cur[t], cur[t], p);
-#pragma unroll
-            for (int t = 0; t < 8; t++) cur[t] = nxt[t];
+        const int lane = threadIdx.x, G = (int)((n + 255) / 256);
+        float a[8], b[8], c[8], p = 0.0f;
+        rms_group_load(xs, lane, 0, a);
+        if (G > 1) rms_group_load(xs, lane, 1, b);
+#pragma unroll 1
+        for (int g = 0; g < G; g += 3) {
+            if (g + 2 < G) rms_group_load(xs, lane, g + 2, c);
+            p = rms_group_fma(a, p);
+            if (g + 1 >= G) break;
+            if (g + 3 < G) rms_group_load(xs, lane, g + 3, a);
+            p = rms_group_fma(b, p);
+            if (g + 2 >= G) break;
+            if (g + 4 < G) rms_group_load(xs, lane, g + 4, b);
+            p = rms_group_fma(c, p);
         }
-#pragma unroll
-        for (int t = 0; t < 8; t++) p = fmaf(cur[t], cur[t], p);
         const float mean = warp_fold_lane0(p) / (float)n;
         if (lane == 0) *inv_s = 1.0f / sqrtf(mean + eps);
     }
@@ -2699,12 +2715,15 @@ __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
     for (int k = 0; k < RB; k++) {
         const int64_t b = wid + (int64_t)nw * k, i0 = b * 256 + lane * 8;
         if (b < nb) {
+            /* two 16-byte accesses a lane, as the row was stored (8 scalar ones
+             * at an 8-value stride were 8-way bank conflicts each: 26 warps'
+             * worth of them on the full model's rows) */
+            const float4 a = *(const float4 *)(xs + i0), c = *(const float4 *)(xs + i0 + 4);
+            const float ov[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
 #pragma unroll
-            for (int t = 0; t < 8; t++) {
-                const float v = i0 + t < n ? xv[k][t] + (xs[i0 + t] * inv_o) * wo[k][t] : 0.0f;
-                xv[k][t] = v;
-                xs[i0 + t] = v;
-            }
+            for (int t = 0; t < 8; t++) xv[k][t] = i0 + t < n ? xv[k][t] + (ov[t] * inv_o) * wo[k][t] : 0.0f;
+            *(float4 *)(xs + i0) = make_float4(xv[k][0], xv[k][1], xv[k][2], xv[k][3]);
+            *(float4 *)(xs + i0 + 4) = make_float4(xv[k][4], xv[k][5], xv[k][6], xv[k][7]);
             st8(xr, i0, n, xv[k]);
         }
     }
