@@ -132,8 +132,12 @@ static inline q8split q8split_at(void *base, int64_t n_in, int64_t rows) {
     return s;
 }
 
-/* One 256-value block by one warp (lane l holds values 8l..8l+7 in v):
- * ggml's Q8_K rule (q8k.c) exactly, into block b of the split layout. */
+/* One 256-value block by one warp: ggml's Q8_K rule (q8k.c) exactly, into
+ * block b of the split layout. Lane l holds in v values 8l..8l+7, or with
+ * HALVES values 4l..4l+3 and 128+4l..128+4l+3: then each 16-byte access of
+ * the warp to the block covers 512 contiguous bytes (whole sectors), where 8
+ * consecutive values a lane make each access touch 32 half-filled sectors. */
+template <bool HALVES = false>
 __device__ static inline void quantize_block_warp(const float v[8], q8split o, int64_t b, int lane) {
     float amax = 0.0f, mx = 0.0f;
     int idx = 0x7FFFFFFF;
@@ -142,7 +146,7 @@ __device__ static inline void quantize_block_warp(const float v[8], q8split o, i
         if (a > amax) { /* first (lowest index) element of largest magnitude */
             amax = a;
             mx = v[i];
-            idx = lane * 8 + i;
+            idx = HALVES ? (i < 4 ? lane * 4 + i : 128 + lane * 4 + i - 4) : lane * 8 + i;
         }
     }
     for (int h = 16; h >= 1; h /= 2) {
@@ -154,26 +158,46 @@ __device__ static inline void quantize_block_warp(const float v[8], q8split o, i
             idx = oi;
         }
     }
-    int8_t *qs = o.qs + b * 256 + lane * 8;
+    int8_t *qs = o.qs + b * 256;
     if (amax == 0.0f) {
-        *(int2 *)qs = make_int2(0, 0);
-        if ((lane & 1) == 0) o.bs[b * 16 + lane / 2] = 0;
+        if (HALVES) {
+            *(int *)(qs + lane * 4) = 0;
+            *(int *)(qs + 128 + lane * 4) = 0;
+            if ((lane & 3) == 0) o.bs[b * 16 + lane / 4] = o.bs[b * 16 + 8 + lane / 4] = 0;
+        } else {
+            *(int2 *)(qs + lane * 8) = make_int2(0, 0);
+            if ((lane & 1) == 0) o.bs[b * 16 + lane / 2] = 0;
+        }
         if (lane == 0) o.d[b] = 0.0f;
         return;
     }
     const float iscale = -127.0f / mx;
-    int32_t s = 0;
+    int32_t s[2] = {0, 0};
     uint32_t packed[2] = {0, 0};
     for (int i = 0; i < 8; i++) {
         float t = fmaf(iscale, v[i], 12582912.0f);
         int32_t q = (int32_t)(f32_bits(t) & 0x7FFFFF) - 0x400000;
         q = q < 127 ? q : 127;
-        s += q;
+        s[HALVES ? i / 4 : 0] += q;
         packed[i / 4] |= ((uint32_t)q & 0xFF) << (8 * (i % 4));
     }
-    *(int2 *)qs = make_int2((int)packed[0], (int)packed[1]);
-    s += __shfl_xor_sync(FULL_MASK, s, 1);
-    if ((lane & 1) == 0) o.bs[b * 16 + lane / 2] = (int16_t)s;
+    /* the 16-value sums: over lane pairs, or (HALVES) over 4 lanes for each half */
+    if (HALVES) {
+        *(int *)(qs + lane * 4) = (int)packed[0];
+        *(int *)(qs + 128 + lane * 4) = (int)packed[1];
+        for (int k = 0; k < 2; k++) {
+            s[k] += __shfl_xor_sync(FULL_MASK, s[k], 1);
+            s[k] += __shfl_xor_sync(FULL_MASK, s[k], 2);
+        }
+        if ((lane & 3) == 0) {
+            o.bs[b * 16 + lane / 4] = (int16_t)s[0];
+            o.bs[b * 16 + 8 + lane / 4] = (int16_t)s[1];
+        }
+    } else {
+        *(int2 *)(qs + lane * 8) = make_int2((int)packed[0], (int)packed[1]);
+        s[0] += __shfl_xor_sync(FULL_MASK, s[0], 1);
+        if ((lane & 1) == 0) o.bs[b * 16 + lane / 2] = (int16_t)s[0];
+    }
     if (lane == 0) o.d[b] = 1.0f / iscale;
 }
 

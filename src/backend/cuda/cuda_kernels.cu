@@ -1223,27 +1223,38 @@ __device__ static inline float warp_fold_lane0(float p) {
     return __shfl_sync(FULL_MASK, p, 0);
 }
 
-/* 8 consecutive values of a row from element i0 (zeros past n): two 16-byte
- * loads where the address allows. */
-__device__ static inline void ld8(const float *p, int64_t i0, int64_t n, float v[8]) {
-    if (i0 + 8 <= n && ((uintptr_t)(p + i0) & 15) == 0) {
-        const float4 a = *(const float4 *)(p + i0), b = *(const float4 *)(p + i0 + 4);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+/* 4 consecutive values from element i0 (zeros past n), one 16-byte access
+ * where the address allows; and the store of them (none past n). */
+__device__ static inline void ld4(const float *p, int64_t i0, int64_t n, float v[4]) {
+    if (i0 + 4 <= n && ((uintptr_t)(p + i0) & 15) == 0) {
+        const float4 a = *(const float4 *)(p + i0);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
         return;
     }
 #pragma unroll
-    for (int t = 0; t < 8; t++) v[t] = i0 + t < n ? p[i0 + t] : 0.0f;
+    for (int t = 0; t < 4; t++) v[t] = i0 + t < n ? p[i0 + t] : 0.0f;
+}
+__device__ static inline void st4(float *p, int64_t i0, int64_t n, const float v[4]) {
+    if (i0 + 4 <= n && ((uintptr_t)(p + i0) & 15) == 0) {
+        *(float4 *)(p + i0) = make_float4(v[0], v[1], v[2], v[3]);
+        return;
+    }
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+        if (i0 + t < n) p[i0 + t] = v[t];
 }
 
-__device__ static inline void st8(float *p, int64_t i0, int64_t n, const float v[8]) {
-    if (i0 + 8 <= n && ((uintptr_t)(p + i0) & 15) == 0) {
-        *(float4 *)(p + i0) = make_float4(v[0], v[1], v[2], v[3]);
-        *(float4 *)(p + i0 + 4) = make_float4(v[4], v[5], v[6], v[7]);
-        return;
-    }
-#pragma unroll
-    for (int t = 0; t < 8; t++)
-        if (i0 + t < n) p[i0 + t] = v[t];
+/* Lane l's 8 values of 256-value block b in quantize_block_warp<true>'s
+ * layout: element hx(b, l, t) = 256 b + 4 l + t, + 124 for t >= 4 (each
+ * access of the warp covers 512 contiguous bytes). */
+__device__ static inline int64_t hx(int64_t b, int lane, int t) { return b * 256 + lane * 4 + (t < 4 ? t : 124 + t); }
+__device__ static inline void ld8h(const float *p, int64_t b, int lane, int64_t n, float v[8]) {
+    ld4(p, hx(b, lane, 0), n, v);
+    ld4(p, hx(b, lane, 4), n, v + 4);
+}
+__device__ static inline void st8h(float *p, int64_t b, int lane, int64_t n, const float v[8]) {
+    st4(p, hx(b, lane, 0), n, v);
+    st4(p, hx(b, lane, 4), n, v + 4);
 }
 
 /* One warp per 256-value block. */
@@ -1270,14 +1281,14 @@ __global__ static void k_gate_q8(float *x, const float *g, q8split o, int64_t n_
     if (b >= n_blocks) return;
     /* all 16 loads first: x may alias g for all the compiler knows, so a
      * store between them made each value wait for its own round trip */
-    const int64_t n = n_blocks * 256, i0 = b * 256 + lane * 8;
+    const int64_t n = n_blocks * 256;
     float xv[8], gv[8], v[8];
-    ld8(x, i0, n, xv);
-    ld8(g, i0, n, gv);
+    ld8h(x, b, lane, n, xv);
+    ld8h(g, b, lane, n, gv);
 #pragma unroll
     for (int i = 0; i < 8; i++) v[i] = SWIGLU ? d_siluf(xv[i]) * gv[i] : xv[i] * d_sigmoidf(gv[i]);
-    st8(x, i0, n, v);
-    quantize_block_warp(v, o, b, lane);
+    st8h(x, b, lane, n, v);
+    quantize_block_warp<true>(v, o, b, lane);
 }
 
 __device__ static inline uint32_t byte_of3(uint32_t w0, uint32_t w1, uint32_t w2, int k) {
@@ -2666,10 +2677,10 @@ __device__ static inline void res_weights(const float *w_o, const float *w_h, in
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
 #pragma unroll
     for (int k = 0; k < RB; k++) {
-        const int64_t b = wid + (int64_t)nw * k, i0 = b * 256 + lane * 8;
+        const int64_t b = wid + (int64_t)nw * k;
         if (b < nb) {
-            ld8(w_o, i0, n, wo[k]);
-            if (w_h) ld8(w_h, i0, n, wh[k]);
+            ld8h(w_o, b, lane, n, wo[k]);
+            if (w_h) ld8h(w_h, b, lane, n, wh[k]);
         }
     }
     grid_dep_wait();
@@ -2678,10 +2689,13 @@ __device__ static inline void res_weights(const float *w_o, const float *w_h, in
 /* The sandwich residual step, a CTA per row: x += rmsnorm(o, eps_o) * w_o,
  * then (h != NULL) h = rmsnorm(x, eps_h) * w_h, quantized to Q8_K with
  * QUANT. The same operations in the same order as rmsnorm, add, rmsnorm.
- * Lane l of warp w holds elements 256 b + 8 l .. + 7 of the blocks b = w +
- * k * warps (k < RB): the 8 consecutive values quantize_block_warp takes,
- * so the quantization reads registers. Shared memory holds the row for the
- * two 32-lane sums (cta_inv_rms), zero-padded to whole blocks. */
+ * Lane l of warp w holds elements hx(b, l, 0..7) of the blocks b = w + k *
+ * warps (k < RB): quantize_block_warp<true>'s layout, so the quantization
+ * reads registers and every 16-byte access of a warp covers 512 contiguous
+ * bytes. (With 8 consecutive values a lane, each access touched 32
+ * half-filled sectors; on the full model's rows the 26 warps' stores queued
+ * on the SM's path to L2 for most of the step.) Shared memory holds the row
+ * for the two 32-lane sums (cta_inv_rms), zero-padded to whole blocks. */
 template <bool QUANT, int RB>
 __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
     k_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h, float eps_h,
@@ -2698,13 +2712,13 @@ __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
     const float *orow = o + r * n;
 #pragma unroll
     for (int k = 0; k < RB; k++) {
-        const int64_t b = wid + (int64_t)nw * k, i0 = b * 256 + lane * 8;
+        const int64_t b = wid + (int64_t)nw * k;
         if (b < nb) {
             float ov[8];
-            ld8(orow, i0, n, ov);
-            ld8(xr, i0, n, xv[k]);
-            *(float4 *)(xs + i0) = make_float4(ov[0], ov[1], ov[2], ov[3]);
-            *(float4 *)(xs + i0 + 4) = make_float4(ov[4], ov[5], ov[6], ov[7]);
+            ld8h(orow, b, lane, n, ov);
+            ld8h(xr, b, lane, n, xv[k]);
+            *(float4 *)(xs + hx(b, lane, 0)) = make_float4(ov[0], ov[1], ov[2], ov[3]);
+            *(float4 *)(xs + hx(b, lane, 4)) = make_float4(ov[4], ov[5], ov[6], ov[7]);
         }
     }
     __syncthreads();
@@ -2713,18 +2727,18 @@ __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
      * reads ended at cta_inv_rms's barrier) */
 #pragma unroll
     for (int k = 0; k < RB; k++) {
-        const int64_t b = wid + (int64_t)nw * k, i0 = b * 256 + lane * 8;
+        const int64_t b = wid + (int64_t)nw * k;
         if (b < nb) {
-            /* two 16-byte accesses a lane, as the row was stored (8 scalar ones
-             * at an 8-value stride were 8-way bank conflicts each: 26 warps'
-             * worth of them on the full model's rows) */
-            const float4 a = *(const float4 *)(xs + i0), c = *(const float4 *)(xs + i0 + 4);
+            /* 16-byte accesses, as the row was stored (8 scalar ones at an
+             * 8-value stride were 8-way bank conflicts each) */
+            const float4 a = *(const float4 *)(xs + hx(b, lane, 0)), c = *(const float4 *)(xs + hx(b, lane, 4));
             const float ov[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
 #pragma unroll
-            for (int t = 0; t < 8; t++) xv[k][t] = i0 + t < n ? xv[k][t] + (ov[t] * inv_o) * wo[k][t] : 0.0f;
-            *(float4 *)(xs + i0) = make_float4(xv[k][0], xv[k][1], xv[k][2], xv[k][3]);
-            *(float4 *)(xs + i0 + 4) = make_float4(xv[k][4], xv[k][5], xv[k][6], xv[k][7]);
-            st8(xr, i0, n, xv[k]);
+            for (int t = 0; t < 8; t++)
+                xv[k][t] = hx(b, lane, t) < n ? xv[k][t] + (ov[t] * inv_o) * wo[k][t] : 0.0f;
+            *(float4 *)(xs + hx(b, lane, 0)) = make_float4(xv[k][0], xv[k][1], xv[k][2], xv[k][3]);
+            *(float4 *)(xs + hx(b, lane, 4)) = make_float4(xv[k][4], xv[k][5], xv[k][6], xv[k][7]);
+            st8h(xr, b, lane, n, xv[k]);
         }
     }
     if (!h) return;
@@ -2733,12 +2747,12 @@ __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
     float *hr = h + r * n;
 #pragma unroll
     for (int k = 0; k < RB; k++) {
-        const int64_t b = wid + (int64_t)nw * k, i0 = b * 256 + lane * 8;
+        const int64_t b = wid + (int64_t)nw * k;
         if (b < nb) {
 #pragma unroll
             for (int t = 0; t < 8; t++) xv[k][t] = (xv[k][t] * inv_h) * wh[k][t];
-            st8(hr, i0, n, xv[k]);
-            if (QUANT) quantize_block_warp(xv[k], q8, r * nb + b, lane);
+            st8h(hr, b, lane, n, xv[k]);
+            if (QUANT) quantize_block_warp<true>(xv[k], q8, r * nb + b, lane);
         }
     }
 }
