@@ -2566,9 +2566,7 @@ __device__ static inline float rms_group_fma(const float v[8], float p) {
  * so it is never -0). The chain of n/32 dependent FMAs is what the step
  * waits for, so no FMA may wait on its load: three register buffers rotate,
  * each block's loads issued two blocks before its FMAs, in a loop kept
- * rolled (written as one buffer refilled while the other is summed, nvcc
- * unrolled the loop by two and put the second half's loads right before
- * their FMAs). */
+ * rolled (unrolled, nvcc may place loads right before their FMAs). */
 __device__ static inline float cta_inv_rms(const float *xs, int64_t n, float eps, float *inv_s) {
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x, G = (int)((n + 255) / 256);
@@ -2692,10 +2690,9 @@ __device__ static inline void res_weights(const float *w_o, const float *w_h, in
  * Lane l of warp w holds elements hx(b, l, 0..7) of the blocks b = w + k *
  * warps (k < RB): quantize_block_warp<true>'s layout, so the quantization
  * reads registers and every 16-byte access of a warp covers 512 contiguous
- * bytes. (With 8 consecutive values a lane, each access touched 32
- * half-filled sectors; on the full model's rows the 26 warps' stores queued
- * on the SM's path to L2 for most of the step.) Shared memory holds the row
- * for the two 32-lane sums (cta_inv_rms), zero-padded to whole blocks. */
+ * bytes: one SM sends the whole row to L2, so its stores must fill whole
+ * sectors. Shared memory holds the row for the two 32-lane sums
+ * (cta_inv_rms), zero-padded to whole blocks. */
 template <bool QUANT, int RB>
 __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
     k_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h, float eps_h,
