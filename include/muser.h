@@ -160,6 +160,28 @@ bool muser_session_feed(muser_session *s, const int32_t *tokens, int64_t n, muse
 /* As feed, but writes every row's logits to out[n][n_vocab] (speculative verify). */
 bool muser_session_feed_all(muser_session *s, const int32_t *tokens, int64_t n, float *out, muser_error *err);
 const float *muser_session_logits(const muser_session *s);
+/* Greedy decoding with the tokens chosen where the logits lie (a GPU keeps
+ * them there; docs/cuda.md "The greedy chain"): feeds `first`, then each
+ * new row's first maximum, several forwards ahead of the host, at most
+ * max_feed tokens in all (< 0: no limit; no forward runs past it). For every
+ * row, in order, next(user, token, row) is called with the backend's pick
+ * (row NULL), or, when that row's maximum is not unique or a value is not
+ * finite, with token -1 and the row itself (host memory, as feed leaves
+ * it). It returns the token to feed next, or -1 to stop. The session then
+ * holds exactly the tokens fed up to that row (`first` and every token
+ * next returned before the stop; rows computed past it are dropped), as a
+ * loop of feed calls would leave it, with the same bits. Also stops when
+ * the context is full (the last next() value is then not fed). Returns the
+ * number of next() calls, -1 with err (a failed forward, a non-finite row:
+ * the session is poisoned as feed would); after max_feed tokens, the
+ * last next() value is not fed either. Needs a backend that has a
+ * chain (muser_session_can_chain), no checkpoint and no capture. next runs
+ * with the engine's lock held: it must not call into the engine. */
+int64_t muser_session_decode_chain(muser_session *s, int32_t first, int64_t max_feed,
+                                   int32_t (*next)(void *user, int32_t token, const float *row), void *user,
+                                   muser_error *err);
+/* Whether the session's backend can run muser_session_decode_chain. */
+bool muser_session_can_chain(const muser_session *s);
 /* Queue tokens for muser_engine_step (checked now as feed checks them;
  * all_out as in feed_all, or NULL for the last row's logits only; it must
  * stay valid until the input completes). One submission at a time. */
@@ -338,6 +360,12 @@ int32_t muser_sampler_sample(muser_sampler *s, const float *logits, muser_error 
 bool muser_sampler_accept(muser_sampler *s, int32_t token, muser_error *err);
 /* True when no grammar is set or the grammar's root rule is complete. */
 bool muser_sampler_grammar_complete(const muser_sampler *s);
+/* True when every draw is the row's maximum whenever that maximum is unique
+ * and the row finite (a greedy chain: temperature <= 0 with only top-k,
+ * top-p, min-p beside it; no logit bias, banned tokens, grammar, mirostat,
+ * penalties or DRY), and accepting a token changes no later draw: what
+ * muser_session_decode_chain needs to choose tokens on the backend. */
+bool muser_sampler_is_argmax(const muser_sampler *s);
 /* Start over: clear histories, restart the grammar, reseed every stream
  * from the configured seed (a new random one under MUSER_SEED_RANDOM). */
 void muser_sampler_reset(muser_sampler *s);

@@ -319,6 +319,132 @@ static void test_speculative_equals_plain(void) {
     muser_session_free(s);
 }
 
+/* The greedy chain (muser_session_decode_chain) against feeding one token
+ * at a time: the same tokens, stops and session (the next row's logits
+ * bits), with every row handed back undecided now and then
+ * (MUSER_CHAIN_UNDECIDED) and with next() going its own way. */
+typedef struct chain_rec {
+    int64_t calls, undecided, stop_at, deviate_at;
+    int32_t out[256];
+} chain_rec;
+
+static int32_t n_vocab(void) {
+    muser_model_info info;
+    muser_model_get_info(model, &info);
+    return (int32_t)info.n_vocab;
+}
+
+static int32_t first_max(const float *row) {
+    const int32_t V = n_vocab();
+    int32_t best = 0;
+    for (int32_t i = 1; i < V; i++)
+        if (row[i] > row[best]) best = i;
+    return best;
+}
+
+static int32_t chain_decide(chain_rec *c, int32_t tok) {
+    const int64_t i = c->calls++;
+    if (i == c->stop_at) return -1;
+    if (i == c->deviate_at) tok = (tok + 1) % n_vocab();
+    c->out[i] = tok;
+    return tok;
+}
+
+static int32_t chain_next(void *user, int32_t tok, const float *row) {
+    chain_rec *c = user;
+    if (row) c->undecided++, tok = first_max(row);
+    return chain_decide(c, tok);
+}
+
+static void test_chain_equals_plain(void) {
+    muser_error err;
+    int32_t *ids = NULL;
+    const int64_t n_prompt = muser_tokenize(model, P, strlen(P), true, true, &ids, &err);
+    const int32_t V = n_vocab();
+    static const struct { int64_t stop_at, deviate_at, n_ctx; const char *undecided; int64_t max_feed; } cases[] = {
+        {40, -1, 512, NULL, -1}, {40, 7, 512, NULL, -1}, {0, -1, 512, NULL, -1}, {1, 0, 512, "2", -1},
+        {30, 11, 512, "3", -1},  {100, -1, 0, NULL, -1}, {100, 2, 0, "4", -1},  {100, -1, 512, NULL, 10},
+        {100, 3, 512, "3", 7},   {100, -1, 512, NULL, 1},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t n_ctx = cases[c].n_ctx ? cases[c].n_ctx : n_prompt + 6; /* 0: the context fills first */
+        muser_session *a = new_session(n_ctx), *b = new_session(n_ctx);
+        CHECK(muser_session_can_chain(b));
+        CHECK_MSG(muser_session_feed(a, ids, n_prompt, &err) && muser_session_feed(b, ids, n_prompt, &err), "%s",
+                  err.msg);
+        /* by hand: feed, look at the row, decide */
+        chain_rec ra = {.stop_at = cases[c].stop_at, .deviate_at = cases[c].deviate_at};
+        int32_t t = first_max(muser_session_logits(a)), first = t;
+        for (int64_t fed = 1;; fed++) {
+            CHECK_MSG(muser_session_feed(a, &t, 1, &err), "%s", err.msg);
+            t = chain_decide(&ra, first_max(muser_session_logits(a)));
+            if (t < 0 || muser_session_pos(a) == n_ctx || fed == cases[c].max_feed) break;
+        }
+        if (cases[c].undecided) setenv("MUSER_CHAIN_UNDECIDED", cases[c].undecided, 1);
+        chain_rec rb = {.stop_at = cases[c].stop_at, .deviate_at = cases[c].deviate_at};
+        const int64_t calls = muser_session_decode_chain(b, first, cases[c].max_feed, chain_next, &rb, &err);
+        unsetenv("MUSER_CHAIN_UNDECIDED");
+        CHECK_MSG(calls == ra.calls && calls == rb.calls, "case %zu: %lld calls, by hand %lld (%s)", c,
+                  (long long)calls, (long long)ra.calls, calls < 0 ? err.msg : "");
+        CHECK_MSG(!memcmp(ra.out, rb.out, (size_t)(ra.calls < 256 ? ra.calls : 256) * sizeof(int32_t)),
+                  "case %zu: other tokens", c);
+        CHECK_MSG(muser_session_pos(a) == muser_session_pos(b), "case %zu: position %lld, by hand %lld", c,
+                  (long long)muser_session_pos(b), (long long)muser_session_pos(a));
+        if (cases[c].undecided) CHECK_MSG(rb.undecided > 0, "case %zu: no row was handed back", c);
+        else CHECK_EQ_INT(rb.undecided, 0);
+        CHECK(muser_session_logits(b) == NULL);
+        if (muser_session_pos(a) < n_ctx) { /* the same session: the next row's bits */
+            const int32_t x = 5 % V;
+            CHECK_MSG(muser_session_feed(a, &x, 1, &err) && muser_session_feed(b, &x, 1, &err), "%s", err.msg);
+            CHECK_MSG(!memcmp(muser_session_logits(a), muser_session_logits(b), (size_t)V * sizeof(float)),
+                      "case %zu: the next row differs", c);
+        }
+        muser_session_free(a);
+        muser_session_free(b);
+    }
+    /* refusals: a token outside the vocabulary, a full context */
+    muser_session *s = new_session(n_prompt + 1);
+    chain_rec r = {.stop_at = 5, .deviate_at = -1};
+    CHECK(muser_session_decode_chain(s, V, -1, chain_next, &r, &err) < 0 && strstr(err.msg, "outside the vocabulary"));
+    CHECK(muser_session_feed(s, ids, n_prompt, &err) && muser_session_decode_chain(s, 1, -1, chain_next, &r, &err) == 1);
+    CHECK(muser_session_decode_chain(s, 1, -1, chain_next, &r, &err) < 0 && strstr(err.msg, "context full"));
+    muser_session_free(s);
+    free(ids);
+    /* mu_gen_run on the chain (greedy: the default here) against MUSER_CHAIN=0 */
+    static const struct { const char *stop; int64_t n, n_ctx; } runs[] = {{NULL, 48, 512}, {"said", 64, 512}, {NULL, 1, 512},
+                                                                          {NULL, -1, 0}};
+    for (size_t c = 0; c < sizeof runs / sizeof runs[0]; c++) {
+        const int64_t n_ctx = runs[c].n_ctx ? runs[c].n_ctx : n_prompt + 7;
+        muser_session *sa = new_session(n_ctx), *sb = new_session(n_ctx);
+        mu_gen *a = new_gen(0.0f, 1, 0), *b = new_gen(0.0f, 1, 0);
+        const char *stops[] = {runs[c].stop};
+        mu_gen_request req = {.text = P, .n_predict = runs[c].n, .stops = stops, .n_stops = runs[c].stop != NULL};
+        setenv("MUSER_CHAIN", "0", 1);
+        CHECK(!mu_gen_can_chain(a, sa));
+        CHECK_MSG(mu_gen_run(a, sa, NULL, NULL, &req, NULL, NULL, &err), "%s", err.msg);
+        unsetenv("MUSER_CHAIN");
+        CHECK(mu_gen_can_chain(b, sb));
+        CHECK_MSG(mu_gen_run(b, sb, NULL, NULL, &req, NULL, NULL, &err), "%s", err.msg);
+        const mu_gen_result *ra = mu_gen_get_result(a), *rb = mu_gen_get_result(b);
+        CHECK_MSG(same_result(ra, rb) && ra->n_decoded == rb->n_decoded &&
+                      muser_session_pos(sa) == muser_session_pos(sb),
+                  "run %zu: chain (%lld tokens, %s, position %lld) != plain (%lld, %s, %lld)", c,
+                  (long long)rb->n_tokens, mu_gen_stop_name(rb->stop), (long long)muser_session_pos(sb),
+                  (long long)ra->n_tokens, mu_gen_stop_name(ra->stop), (long long)muser_session_pos(sa));
+        mu_gen_free(a);
+        mu_gen_free(b);
+        muser_session_free(sa);
+        muser_session_free(sb);
+    }
+    /* not for a sampler that is not an argmax */
+    muser_session *s2 = new_session(64);
+    mu_gen *hot = new_gen(0.8f, 1, 0), *lp = new_gen(0.0f, 1, 2);
+    CHECK(!mu_gen_can_chain(hot, s2) && !mu_gen_can_chain(lp, s2));
+    mu_gen_free(hot);
+    mu_gen_free(lp);
+    muser_session_free(s2);
+}
+
 static void test_refusals_and_messages(void) {
     mu_gen *g = new_gen(0, 1, 0);
     muser_error err;
@@ -370,6 +496,7 @@ int main(void) {
     test_prefix_reuse();
     test_speculative_equals_plain();
     test_refusals_and_messages();
+    test_chain_equals_plain();
     muser_draft_free(draft);
     muser_model_free(model);
     TEST_MAIN_END();

@@ -15,6 +15,11 @@
 
 typedef struct mu_backend mu_backend;
 
+/* A token id in the host token arrays of embed and embed_norm that stands
+ * for the backend's chained token: the one the last chain_pick chose
+ * (engine.c, the greedy chain). Only in a forward of one row. */
+#define MU_TOKEN_CHAINED (-1)
+
 /* One query row of attention: keys are those of `kv` with logical
  * positions in [pos - window + 1, pos] (window 0 = all held positions <= pos). */
 typedef struct mu_attn_args {
@@ -173,6 +178,22 @@ struct mu_backend {
      * it cannot be had. */
     void *(*host_alloc)(mu_backend *b, size_t bytes);
     void (*host_free)(mu_backend *b, void *p, size_t bytes);
+
+    /* Optional (NULL: no greedy chain; engine.c muser_session_decode_chain):
+     * chain_pick looks at the logits row x[0..n) where it lies: its first
+     * maximum (the lowest index among equal maxima, float equality) becomes
+     * the chained token (MU_TOKEN_CHAINED) of the next forward, and slot
+     * (2 int32 of host_alloc memory; slot[1] zeroed by the caller) gets,
+     * once the work before it has run, {token, 1} when that maximum is
+     * unique and every value finite (then it is exactly the draw of a
+     * greedy chain, docs/sampling.md), else {0, 2}: the caller must look at
+     * the row itself. A forward of few rows may end with it (inside
+     * forward_begin / forward_end: it is replayed with the forward).
+     * chain_wait returns once slot[1] is not 0; false, with err, when the
+     * backend failed or finished its work without writing it. */
+    void (*chain_pick)(mu_backend *b, const float *x, int64_t n, int32_t *slot);
+    bool (*chain_wait)(mu_backend *b, volatile int32_t *slot, mu_error *err);
+    int32_t chained; /* host backends: the chained token */
 
     /* ---- load time ---- */
     /* Optional (NULL: none), called once per weight at load before any op

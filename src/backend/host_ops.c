@@ -77,8 +77,8 @@ void *mu_backend_xalloc(mu_backend *b, size_t bytes, const char *what) {
 /* ---------- ops ---------- */
 
 static void host_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float *x) {
-    (void)b;
-    for (int64_t r = 0; r < rows; r++) mu_weight_dequant_row(w, tokens[r], x + r * w->n_in);
+    for (int64_t r = 0; r < rows; r++)
+        mu_weight_dequant_row(w, tokens[r] == MU_TOKEN_CHAINED ? b->chained : tokens[r], x + r * w->n_in);
 }
 
 static void host_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
@@ -151,6 +151,29 @@ static void host_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, 
     }
 }
 
+/* backend.h chain_pick, at once: the first maximum, and whether it is the
+ * only value equal to it in a row of finite values. */
+static void host_chain_pick(mu_backend *b, const float *x, int64_t n, int32_t *slot) {
+    int64_t best = 0, eq = 0;
+    bool finite = true;
+    for (int64_t i = 0; i < n; i++) {
+        finite &= isfinite(x[i]) != 0;
+        if (x[i] > x[best]) best = i, eq = 1;
+        else if (x[i] == x[best]) eq++;
+    }
+    const bool unique = finite && n > 0 && eq == 1;
+    b->chained = unique ? (int32_t)best : 0;
+    slot[0] = b->chained;
+    slot[1] = unique ? 1 : 2;
+}
+
+static bool host_chain_wait(mu_backend *b, volatile int32_t *slot, mu_error *err) {
+    (void)b;
+    if (slot[1]) return true;
+    mu_err_set(err, "chain_wait: the row's pick was never made");
+    return false;
+}
+
 static int64_t host_first_nonfinite(mu_backend *b, const float *x, int64_t n) {
     (void)b;
     return mu_first_nonfinite(x, n);
@@ -201,6 +224,8 @@ void mu_backend_set_host_ops(mu_backend *b) {
     b->argmax = host_argmax;
     b->first_nonfinite = host_first_nonfinite;
     b->store_heads = host_store_heads;
+    b->chain_pick = host_chain_pick;
+    b->chain_wait = host_chain_wait;
 }
 
 mu_weight mu_f32_matrix(const float *data, int64_t n_in, int64_t n_out, int64_t stride) {

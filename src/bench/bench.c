@@ -123,13 +123,30 @@ void mu_bench_pause(double seconds) {
     nanosleep(&ts, NULL);
 }
 
-/* One timed run: prefill of n_prompt tokens, or n_gen single-token feeds. */
+/* The greedy chain's next(): every pick is fed, and an undecided row's
+ * first maximum (the pick's own rule); the chain's max_feed ends it. */
+static int32_t chain_take(void *user, int32_t tok, const float *row) {
+    if (tok >= 0) return tok;
+    const int64_t V = *(const int64_t *)user;
+    int32_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (row[i] > row[best]) best = (int32_t)i;
+    return best;
+}
+
+/* One timed run: prefill of n_prompt tokens, or n_gen single-token feeds
+ * (or, with opts.chain, n_gen tokens of the greedy chain from the first). */
 static bool timed_run(runner *r, bool decode, double *tok_s, mu_error *err) {
     if (!back_to_depth(r, err)) return false;
     const int64_t n = decode ? r->o->n_gen : r->o->n_prompt;
     const int32_t *t = r->tokens + (decode ? r->o->n_prompt : 0);
     double t0 = mu_now();
-    if (decode) {
+    if (decode && r->o->chain) {
+        muser_model_info info;
+        muser_model_get_info(muser_session_model(r->s), &info);
+        int64_t V = info.n_vocab;
+        if (muser_session_decode_chain(r->s, t[0], n, chain_take, &V, (muser_error *)err) < 0) return false;
+    } else if (decode) {
         for (int64_t i = 0; i < n; i++)
             if (!session_feed(r->s, t + i, 1, err)) return false;
     } else if (!session_feed(r->s, t, n, err)) {

@@ -25,6 +25,8 @@ typedef struct mu_bench_opts {
     int reps;                 /* timed repetitions per test (>= 1) */
     int warmup;               /* untimed runs before them */
     int64_t chunk;            /* prefill rows per forward call (0 = 512) */
+    bool chain;               /* decode on the greedy chain (muser_session_decode_chain): the first
+                                 token fed, then each row's pick, no host round trip per token */
     bool prefill_depth;       /* fill depth by real prefill (default: synthetic K/V) */
     double membw_gbs;         /* machine read bandwidth for the % figures (0 = unknown) */
     size_t paired_membw_bytes; /* > 0: also a bandwidth pass over a buffer this large right

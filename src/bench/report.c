@@ -83,7 +83,8 @@ bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_benc
         }
         if (d->decode.n) {
             const double gbs = d->decode.median * (double)m->weight_bytes_per_token / 1e9;
-            fprintf(f, ",\n      \"decode\": {\n        \"tokens\": %lld,\n", (long long)o->n_gen);
+            fprintf(f, ",\n      \"decode\": {\n        \"tokens\": %lld,\n        \"chain\": %s,\n",
+                    (long long)o->n_gen, o->chain ? "true" : "false");
             json_stats(f, "        ", &d->decode);
             fprintf(f, ",\n        \"weight_gbs\": %.3f,\n        \"pct_membw\": %.2f", gbs,
                     r->membw_gbs > 0 ? 100.0 * gbs / r->membw_gbs : 0.0);

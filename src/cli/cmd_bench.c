@@ -31,6 +31,8 @@ static void bench_usage(FILE *f) {
             "  --pause SECONDS        idle before each timed repetition (VMs that throttle sustained load;\n"
             "                         docs/benchmarks.md)\n"
             "  --chunk N              prefill rows per forward call (default 512)\n"
+            "  --chain                decode on the greedy chain: the first token fed, then each row's\n"
+            "                         first maximum, picked where the logits lie (no host round trip)\n"
             "  --draft FILE           also time greedy generation of -n tokens after a text prompt, plain\n"
             "                         and speculative with this DFlash assistant (outputs must match)\n"
             "  --spec-prompt TEXT     that prompt (default: Genesis 1:1)\n"
@@ -134,6 +136,7 @@ static int parse(int argc, char **argv, bench_cli *c) {
         else if (!strcmp(a, "--membw")) c->membw_only = true;
         else if (!strcmp(a, "--grammar")) c->grammar = true;
         else if (!strcmp(a, "--no-membw")) c->no_membw = true;
+        else if (!strcmp(a, "--chain")) c->o.chain = true;
         else if (!strcmp(a, "--no-paired-membw")) c->no_paired = true;
         else if (!strcmp(a, "--prefill-depth")) c->o.prefill_depth = true;
         else if (!strcmp(a, "--interleave")) c->o.interleave = true;
@@ -275,7 +278,8 @@ static void print_table(const bench_cli *c, const mu_bench_result *r) {
         const mu_bench_depth *d = &r->depths[i];
         if (d->prefill.n) print_row(d->depth, "pp", c->o.n_prompt, &d->prefill, 0, 0);
         if (d->decode.n)
-            print_row(d->depth, "tg", c->o.n_gen, &d->decode, (double)r->info.weight_bytes_per_token, r->membw_gbs);
+            print_row(d->depth, c->o.chain ? "chain" : "tg", c->o.n_gen, &d->decode,
+                      (double)r->info.weight_bytes_per_token, r->membw_gbs);
     }
     for (int i = 0; i < r->n_parallel; i++) {
         const mu_bench_parallel *p = &r->parallel[i];

@@ -294,7 +294,7 @@ static void print_json(const run_state *r) {
 static int run_once(run_state *r) {
     const run_opts *o = r->o;
     mu_gen_request req = {.n_predict = o->n_predict, .stops = o->stops, .n_stops = o->n_stops,
-                          .speculate = r->sp != NULL};
+                          .speculate = r->sp != NULL, .rows_needed = r->dump != NULL};
     mu_buf msgs = {0};
     char *text = NULL;
     if (o->tokens) {
@@ -380,7 +380,7 @@ static bool chat_start(run_state *r, chat_state *c, const char *line, size_t n) 
     int64_t room = n_ctx / 4 < o->n_predict ? n_ctx / 4 : o->n_predict;
     if (room < 1) room = 1;
     mu_gen_request req = {.n_predict = o->n_predict, .stops = o->stops, .n_stops = o->n_stops,
-                          .speculate = r->sp != NULL};
+                          .speculate = r->sp != NULL, .rows_needed = r->dump != NULL};
     for (int first = 0;; first++) {
         char *msgs = chat_messages(o, c, first, line, n);
         req.messages_json = msgs;

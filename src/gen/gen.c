@@ -17,6 +17,7 @@ struct mu_gen {
     /* the request */
     int64_t n_predict;
     bool speculate;
+    bool rows_needed;
     char *stops[MU_GEN_MAX_STOPS];
     int n_stops;
     int32_t *prompt;
@@ -189,6 +190,7 @@ bool mu_gen_start(mu_gen *g, const mu_gen_request *req, mu_gen_callback cb, void
     g->n_prompt = n;
     g->n_predict = req->n_predict;
     g->speculate = req->speculate;
+    g->rows_needed = req->rows_needed;
     g->cb = cb;
     g->user = user;
     g->dt = muser_model_has_tokenizer(g->m) ? muser_detok_new(g->m, false) : NULL;
@@ -366,8 +368,9 @@ void mu_gen_draw(mu_gen *g, const float *row) {
     }
 }
 
-mu_gen_stop mu_gen_take_row(mu_gen *g, const float *row, int32_t *next) {
-    const bool drawn = g->drawn && g->draw_row == row;
+/* mu_gen_take_row, or with picked >= 0 mu_gen_take_picked. */
+static mu_gen_stop take_one(mu_gen *g, const float *row, int32_t picked, int32_t *next) {
+    const bool drawn = picked < 0 && g->drawn && g->draw_row == row;
     g->drawn = false;
     if (g->res.stop != MU_GEN_RUNNING) return g->res.stop;
     if (g->first_row_taken) g->res.n_decoded++; /* the previous pending token was fed */
@@ -378,7 +381,8 @@ mu_gen_stop mu_gen_take_row(mu_gen *g, const float *row, int32_t *next) {
     }
     muser_error err;
     int32_t tok;
-    if (drawn) tok = g->draw_tok, err = g->draw_err;
+    if (picked >= 0) tok = picked;
+    else if (drawn) tok = g->draw_tok, err = g->draw_err;
     else tok = muser_sampler_sample(g->smp, row, &err);
     if (tok < 0 && muser_sampler_grammar_complete(g->smp)) {
         mu_gen_finish(g, MU_GEN_STOP_GRAMMAR, NULL);
@@ -389,6 +393,24 @@ mu_gen_stop mu_gen_take_row(mu_gen *g, const float *row, int32_t *next) {
         return g->res.stop;
     }
     return take_all(g, &tok, &row, 1, next);
+}
+
+mu_gen_stop mu_gen_take_row(mu_gen *g, const float *row, int32_t *next) { return take_one(g, row, -1, next); }
+
+mu_gen_stop mu_gen_take_picked(mu_gen *g, int32_t tok, int32_t *next) {
+    if (tok < 0 && g->res.stop == MU_GEN_RUNNING) {
+        mu_gen_finish(g, MU_GEN_STOP_ERROR, "mu_gen_take_picked: no token");
+        return g->res.stop;
+    }
+    return take_one(g, NULL, tok, next);
+}
+
+int64_t mu_gen_left(const mu_gen *g) { return g->n_predict < 0 ? -1 : g->n_predict - g->n_out; }
+
+bool mu_gen_can_chain(const mu_gen *g, const muser_session *s) {
+    const char *e = getenv("MUSER_CHAIN");
+    return !(e && *e && atoi(e) == 0) && !g->speculate && !g->rows_needed && !g->n_probs && muser_sampler_is_argmax(g->smp) &&
+           muser_session_can_chain(s);
 }
 
 mu_gen_stop mu_gen_take_drawn(mu_gen *g, const int32_t *toks, const float *const *rows, int n, int32_t *next) {

@@ -76,6 +76,7 @@ typedef struct mu_gen_request {
     const char *const *stops;    /* non-empty strings, at most MU_GEN_MAX_STOPS */
     int n_stops;
     bool speculate;              /* mu_gen_run: use the muser_spec it is given */
+    bool rows_needed;            /* the callback reads ev->row: mu_gen_run never uses the greedy chain */
 } mu_gen_request;
 
 /* One drawn token (token >= 0), or the text released at the end (token -1).
@@ -138,6 +139,17 @@ mu_gen_stop mu_gen_take_row(mu_gen *g, const float *row, int32_t *next);
  * (src/server/sched.c). The same token and sampler state as drawing inside
  * mu_gen_take_row. */
 void mu_gen_draw(mu_gen *g, const float *row);
+/* mu_gen_take_row for a token drawn elsewhere from a row the host does not
+ * hold (muser_session_decode_chain's pick, valid only under
+ * muser_sampler_is_argmax): the same checks, events (row NULL) and state. */
+mu_gen_stop mu_gen_take_picked(mu_gen *g, int32_t tok, int32_t *next);
+/* Whether mu_gen_run may decode on the session's greedy chain: the sampler
+ * is an argmax (muser_sampler_is_argmax), no logprobs are asked, the
+ * request does not need rows or speculation, and the backend has one
+ * (MUSER_CHAIN=0 turns it off). */
+bool mu_gen_can_chain(const mu_gen *g, const muser_session *s);
+/* Tokens the request may still draw (n_predict minus those out), -1: no limit. */
+int64_t mu_gen_left(const mu_gen *g);
 /* muser_spec_next's result as is: n tokens it drew with mu_gen_sampler(g)
  * from rows[i] (the pending token and toks[0..n-1) are fed), or n = 0 when
  * the grammar is complete (the pending token fed). *next as above. */

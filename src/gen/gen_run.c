@@ -54,6 +54,49 @@ static int64_t feed_prompt(muser_session *s, muser_spec *sp, mu_gen_seq *seq, co
     return n - common;
 }
 
+/* The rows of a greedy request on the session's chain
+ * (muser_session_decode_chain): each pick goes through mu_gen_take_picked
+ * (a row the backend left undecided, through mu_gen_take_row), and the
+ * token it says comes next is what the chain feeds. On return the request
+ * has stopped, or is still running with a full context (the caller's loop
+ * then finishes it). Since the pending token counts as drawn, at most the
+ * tokens left + 1 are fed: that many rows hold every draw and the row at
+ * which mu_gen stops for the length, as the feed loop has. */
+typedef struct chain_ctx {
+    mu_gen *g;
+    int32_t *fed;             /* every token next() returned, in order */
+    int64_t n, cap;
+} chain_ctx;
+
+static int32_t chain_next(void *user, int32_t tok, const float *row) {
+    chain_ctx *c = user;
+    int32_t next;
+    const mu_gen_stop st = row ? mu_gen_take_row(c->g, row, &next) : mu_gen_take_picked(c->g, tok, &next);
+    if (st != MU_GEN_RUNNING) return -1;
+    if (c->n == c->cap) {
+        c->cap = c->cap * 2 + 64;
+        c->fed = mu_xrealloc(c->fed, (size_t)c->cap * sizeof *c->fed);
+    }
+    c->fed[c->n++] = next;
+    return next;
+}
+
+static bool drive_chain(mu_gen *g, muser_session *s, mu_gen_seq *seq, int32_t first, muser_error *err) {
+    if (muser_session_pos(s) >= muser_session_n_ctx(s)) return true; /* the caller's loop stops it ("context") */
+    const int64_t pos0 = muser_session_pos(s);
+    chain_ctx c = {.g = g};
+    /* the tokens left to draw are fed, and the first row past them only ends the request */
+    const int64_t left = mu_gen_left(g);
+    const int64_t calls = muser_session_decode_chain(s, first, left < 0 ? -1 : left + 1, chain_next, &c, err);
+    if (calls >= 0) { /* the session holds first and the returned tokens it had room for */
+        const int64_t fed = muser_session_pos(s) - pos0;
+        seq_push(seq, &first, fed > 0 ? 1 : 0);
+        seq_push(seq, c.fed, fed - 1);
+    }
+    free(c.fed);
+    return calls >= 0;
+}
+
 bool mu_gen_run(mu_gen *g, muser_session *s, muser_spec *sp, mu_gen_seq *seq, const mu_gen_request *req,
                 mu_gen_callback cb, void *user, muser_error *err) {
     return mu_gen_start(g, req, cb, user, err) && mu_gen_drive(g, s, sp, seq, err);
@@ -88,6 +131,10 @@ bool mu_gen_drive(mu_gen *g, muser_session *s, muser_spec *sp, mu_gen_seq *seq, 
     if (sp) muser_spec_reset_stats(sp); /* statistics of this request's decoding only */
     int32_t next;
     mu_gen_stop st = mu_gen_take_row(g, muser_session_logits(s), &next);
+    if (st == MU_GEN_RUNNING && !sp && mu_gen_can_chain(g, s)) {
+        if (!drive_chain(g, s, seq, next, &e)) return failed(g, e.msg, err);
+        st = mu_gen_get_result(g)->stop;
+    }
     while (st == MU_GEN_RUNNING) {
         if (muser_session_pos(s) >= muser_session_n_ctx(s)) {
             mu_gen_finish(g, MU_GEN_STOP_CONTEXT, NULL);

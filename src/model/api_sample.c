@@ -346,6 +346,10 @@ bool muser_sampler_grammar_complete(const muser_sampler *s) {
     return !s->gstate || mu_grammar_is_complete(s->gstate);
 }
 
+bool muser_sampler_is_argmax(const muser_sampler *s) {
+    return s && !s->gstate && !s->n_banned && !s->has_logit_bias && mu_sampler_is_greedy(s->chain);
+}
+
 /* ------------------------------------------------------- sample/accept */
 
 static bool check_token(const muser_sampler *s, int32_t token, mu_error *err) {

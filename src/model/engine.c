@@ -17,6 +17,7 @@
 #include <string.h>
 
 #define STEP_DECODE_MAX 16  /* queued rows that count as decode / verification, not prompt */
+#define CHAIN_AHEAD 3       /* decode_chain's forwards in flight (at most the ring's slack + 2, kv.h) */
 #define MAX_SEQ 4096
 
 struct muser_engine {
@@ -68,6 +69,7 @@ struct muser_session {
     float *q_all_out;
     uint64_t q_order;
     bool q_prompt;              /* submitted as a prompt: chunked and budgeted at any length */
+    int32_t *chain_slots;       /* decode_chain's picks: [CHAIN_AHEAD][2], backend host memory */
     muser_spec *spec;           /* the speculation state bound to it (src/spec), whose assistant
                                  * context a durable pack carries too (docs/kvpack.md) */
 };
@@ -251,6 +253,10 @@ static void session_destroy(muser_session *s) {
     e->kvs[s->id] = NULL;
     mu_kv_free(&s->kv);
     logits_free(e, s);
+    if (s->chain_slots) {
+        if (e->be->host_free) e->be->host_free(e->be, s->chain_slots, CHAIN_AHEAD * 2 * sizeof(int32_t));
+        else free(s->chain_slots);
+    }
     free(s->hist);
     free(s->q);
     free(s);
@@ -398,6 +404,19 @@ static void hist_append(muser_session *s, int64_t pos0, const int32_t *t, int64_
     s->n_hist += n;
 }
 
+/* The name of a batch's shape for forward_begin: rows, and per row its
+ * sequence, its position's 256-key block, logits and capture row; chained:
+ * a forward that ends with chain_pick. */
+static uint64_t batch_key(const muser_engine *e, int64_t rows, int64_t n_cap_rows, bool chained) {
+    uint64_t key = 0xCBF29CE484222325ull ^ (uint64_t)rows;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint64_t v[4] = {(uint64_t)e->b_seq[r], (uint64_t)(e->b_pos[r] >> 8), (uint64_t)e->b_logits[r],
+                               (uint64_t)(n_cap_rows ? e->b_cap[r] : -1)};
+        for (int i = 0; i < 4; i++) key = (key ^ v[i]) * 0x100000001B3ull;
+    }
+    return chained ? (key ^ 0x636861696Eull) * 0x100000001B3ull : key;
+}
+
 /* Run the batch of `rows` rows made of runs[0..n_runs): forward, logits
  * read back, captured rows moved to each session, positions advanced.
  * false only when the forward itself failed (every session in it is then
@@ -418,15 +437,7 @@ static bool run_batch(muser_engine *e, seq_run *runs, int n_runs, int64_t rows, 
      * launches (forward_begin). The key: rows, and per row its sequence,
      * its position's 256-key block, logits and capture row. */
     const bool bracket = e->be->forward_begin && rows <= 16;
-    if (bracket) {
-        uint64_t key = 0xCBF29CE484222325ull ^ (uint64_t)rows;
-        for (int64_t r = 0; r < rows; r++) {
-            const uint64_t v[4] = {(uint64_t)e->b_seq[r], (uint64_t)(e->b_pos[r] >> 8), (uint64_t)e->b_logits[r],
-                                   (uint64_t)(n_cap_rows ? e->b_cap[r] : -1)};
-            for (int i = 0; i < 4; i++) key = (key ^ v[i]) * 0x100000001B3ull;
-        }
-        e->be->forward_begin(e->be, key);
-    }
+    if (bracket) e->be->forward_begin(e->be, batch_key(e, rows, n_cap_rows, false));
     const bool fwd_ok =
         mu_forward(m, e->be, e->kvs, &e->scratch, e->inv_freq, &b, e->logits, n_cap_rows ? &e->capture : NULL, err);
     if (bracket) e->be->forward_end(e->be, fwd_ok);
@@ -511,6 +522,154 @@ bool muser_session_feed_all(muser_session *s, const int32_t *tokens, int64_t n, 
 }
 
 /* ------------------------------------------------------------------ submit and step */
+
+/* ------------------------------------------------------------------ the greedy chain */
+
+bool muser_session_can_chain(const muser_session *s) { return s->e->be->chain_pick && s->e->be->chain_wait; }
+
+static bool truncate_locked(muser_session *s, int64_t n, mu_error *err) {
+    if (s->q_done < s->q_len) {
+        mu_err_set(err, "truncate: the session has queued input");
+        return false;
+    }
+    if (n < 0) {
+        mu_err_set(err, "truncate to %lld: negative", (long long)n);
+        return false;
+    }
+    if (n >= s->pos) return true;
+    if (!mu_kv_truncate(&s->kv, n, err)) return false;
+    s->pos = n;
+    if (s->n_hist > n) s->n_hist = n;
+    s->has_logits = false;
+    s->captured_rows = 0;
+    return true;
+}
+
+/* One forward of one row, token (a host id or MU_TOKEN_CHAINED) at s->pos,
+ * ending with chain_pick into slot: the logits stay on the backend. A
+ * chained token enters the record as MU_TOKEN_CHAINED until the pick
+ * that made it is confirmed (chain_confirm). */
+static bool chain_forward(muser_session *s, int32_t token, int32_t *slot, mu_error *err) {
+    muser_engine *e = s->e;
+    const mu_model *m = e->model->m;
+    e->b_token[0] = token, e->b_seq[0] = s->id, e->b_pos[0] = s->pos, e->b_logits[0] = true, e->b_cap[0] = -1;
+    mu_batch b = {.n = 1, .token = e->b_token, .seq = e->b_seq, .pos = e->b_pos, .logits = e->b_logits};
+    slot[1] = 0;
+    if (e->be->forward_begin) e->be->forward_begin(e->be, batch_key(e, 1, 0, true));
+    const bool ok = mu_forward(m, e->be, e->kvs, &e->scratch, e->inv_freq, &b, e->logits, NULL, err);
+    if (ok) e->be->chain_pick(e->be, e->logits, m->cfg.n_vocab, slot);
+    if (e->be->forward_end) e->be->forward_end(e->be, ok);
+    if (!ok) {
+        poison(s, err->msg);
+        return false;
+    }
+    hist_append(s, s->pos, &token, 1);
+    s->pos++;
+    return true;
+}
+
+/* Wait for the picks of the forwards still in flight (their slots are
+ * about to be reused or dropped). */
+static bool chain_drain(muser_session *s, int head, int n_q, mu_error *err) {
+    for (int i = 0; i < n_q; i++)
+        if (!s->e->be->chain_wait(s->e->be, s->chain_slots + 2 * ((head + i) % CHAIN_AHEAD), err)) return false;
+    return true;
+}
+
+/* include/muser.h. The host stays up to CHAIN_AHEAD forwards ahead of the
+ * rows it has looked at: q[] holds the positions of the forwards in
+ * flight, oldest at head; cur is the token at the oldest one's position. A
+ * next() value other than the pick those forwards assumed (or a row the
+ * backend could not decide) drops them: the session goes back to right
+ * after that row, and the chain starts again from the host's token. */
+static int64_t decode_chain_locked(muser_session *s, int32_t first, int64_t max_feed,
+                                   int32_t (*next)(void *, int32_t, const float *), void *user, mu_error *err) {
+    muser_engine *e = s->e;
+    mu_backend *be = e->be;
+    const int64_t V = e->model->m->cfg.n_vocab;
+    if (!muser_session_can_chain(s)) {
+        mu_err_set(err, "decode_chain: the %s backend has no greedy chain", be->name);
+        return -1;
+    }
+    if (s->capture_on || s->kv.ckpt_active) {
+        mu_err_set(err, "decode_chain: the session has %s", s->capture_on ? "capture on" : "an active checkpoint");
+        return -1;
+    }
+    if (!check_input(s, &first, 1, err)) return -1;
+    if (!s->chain_slots) {
+        const size_t bytes = CHAIN_AHEAD * 2 * sizeof(int32_t);
+        s->chain_slots = be->host_alloc ? be->host_alloc(be, bytes) : mu_xmalloc(bytes);
+        if (!s->chain_slots) {
+            mu_err_set(err, "decode_chain: no page-locked memory for %zu bytes", bytes);
+            return -1;
+        }
+    }
+    s->has_logits = false;
+    s->captured_rows = 0;
+    /* MUSER_CHAIN_UNDECIDED=N: every Nth row goes to next() as undecided (tests of that way) */
+    const char *und = getenv("MUSER_CHAIN_UNDECIDED");
+    const int64_t every = und && *und ? strtoll(und, NULL, 10) : 0;
+    const int64_t end = max_feed >= 0 && max_feed < e->n_ctx - s->pos ? s->pos + max_feed : e->n_ctx;
+    int64_t q[CHAIN_AHEAD], calls = 0;
+    int head = 0, n_q = 0;
+    int32_t feed = first, cur = first;
+    bool host_token = true;
+    for (;;) {
+        while (n_q < CHAIN_AHEAD && s->pos < end) {
+            const int k = (head + n_q) % CHAIN_AHEAD;
+            q[k] = s->pos;
+            if (!chain_forward(s, host_token ? feed : MU_TOKEN_CHAINED, s->chain_slots + 2 * k, err)) {
+                mu_error ignored;
+                chain_drain(s, head, n_q, &ignored); /* poisoned already: only the slots matter */
+                return -1;
+            }
+            n_q++;
+            host_token = false;
+        }
+        if (n_q == 0) break; /* the context is full, or max_feed tokens are in */
+        int32_t *slot = s->chain_slots + 2 * head;
+        const int64_t p = q[head];
+        if (!be->chain_wait(be, slot, err)) {
+            poison(s, err->msg);
+            return -1;
+        }
+        head = (head + 1) % CHAIN_AHEAD, n_q--;
+        int32_t pick = slot[1] == 1 && !(every > 0 && (calls + 1) % every == 0) ? slot[0] : -1;
+        const float *row = NULL;
+        if (pick < 0) { /* the row itself: back before it, and its token fed again the usual way */
+            if (!chain_drain(s, head, n_q, err) || !truncate_locked(s, p, err)) return -1;
+            n_q = 0;
+            if (!feed_locked(s, &cur, 1, NULL, err)) return -1;
+            row = s->logits;
+        }
+        calls++;
+        const int32_t r = next(user, pick, row);
+        if (r >= 0 && r == pick) { /* the forward after it fed r already */
+            cur = r;
+            if (s->n_hist > p + 1 && s->hist[p + 1] == MU_TOKEN_CHAINED) s->hist[p + 1] = r;
+            continue;
+        }
+        if (!chain_drain(s, head, n_q, err) || !truncate_locked(s, p + 1, err)) return -1;
+        n_q = 0;
+        if (r >= V) {
+            mu_err_set(err, "decode_chain: next() returned token %d, outside the vocabulary [0, %lld)", r, (long long)V);
+            return -1;
+        }
+        if (r < 0) break;
+        feed = cur = r, host_token = true;
+    }
+    s->has_logits = false;
+    return calls;
+}
+
+int64_t muser_session_decode_chain(muser_session *s, int32_t first, int64_t max_feed,
+                                   int32_t (*next)(void *user, int32_t token, const float *row), void *user,
+                                   muser_error *err) {
+    lock(s->e);
+    const int64_t n = decode_chain_locked(s, first, max_feed, next, user, ERR(err));
+    unlock(s->e);
+    return n;
+}
 
 static bool submit(muser_session *s, const int32_t *tokens, int64_t n, float *all_out, bool prompt, muser_error *err) {
     muser_engine *e = s->e;
@@ -632,16 +791,7 @@ int32_t muser_engine_step(muser_engine *e, muser_step_info *info, muser_error *e
 
 bool muser_session_truncate(muser_session *s, int64_t n, muser_error *err) {
     lock(s->e);
-    bool ok = false;
-    if (s->q_done < s->q_len) mu_err_set(ERR(err), "truncate: the session has queued input");
-    else if (n < 0) mu_err_set(ERR(err), "truncate to %lld: negative", (long long)n);
-    else if (n >= s->pos) ok = true;
-    else if ((ok = mu_kv_truncate(&s->kv, n, ERR(err)))) {
-        s->pos = n;
-        if (s->n_hist > n) s->n_hist = n;
-        s->has_logits = false;
-        s->captured_rows = 0;
-    }
+    const bool ok = truncate_locked(s, n, ERR(err));
     unlock(s->e);
     return ok;
 }

@@ -318,6 +318,9 @@ void mu_sampler_accept(mu_sampler *s, int32_t token);
 void mu_sampler_reset(mu_sampler *s);
 /* Seed actually used by the final draw (dist or mirostat stream). */
 uint32_t mu_sampler_seed(const mu_sampler *s);
+/* A greedy chain (greedy_chain in sampler.c): every draw is the row's
+ * maximum when it is unique and finite, and no draw reads the history. */
+bool mu_sampler_is_greedy(const mu_sampler *s);
 /* The candidate array of the last pass (after the chain), like
  * common_sampler_get_candidates without sorting. Valid until the next call. */
 const mu_candidates *mu_sampler_candidates(const mu_sampler *s);

@@ -406,6 +406,7 @@ void mu_sampler_reset(mu_sampler *s) {
 }
 
 uint32_t mu_sampler_seed(const mu_sampler *s) { return s->seed_cur; }
+bool mu_sampler_is_greedy(const mu_sampler *s) { return s->greedy; }
 
 const mu_candidates *mu_sampler_candidates(const mu_sampler *s) { return &s->cand; }
 

@@ -8,6 +8,8 @@
 #     weight type, for prefill chunks 512, 7 and 1
 #  5. tests/test_engine.c with MUSER_TEST_CUDA=1: 8 sequences under random
 #     batch schedules on cuda against solo cpu runs, every weight type
+#  (before 5: glimmer-tiny greedy and DFlash against ref and cpu, and the
+#  greedy chain against one-by-one feeding, with tests/test_gen.c on cuda)
 # SKIP_SANITIZER=1 skips step 3, SKIP_ENGINE=1 step 5; KBENCH=1 adds the
 # prefill kernel benchmarks after step 2 (test_cuda_backend --bench-gemm,
 # --bench-attn, --bench-attn-dec: old against new kernels, outputs compared bit for bit; not
@@ -23,7 +25,7 @@ say() { printf '%s\n' "$*"; }
 say "== configure + build ($BUILD)"
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
     { cat "$BUILD.configure.log"; say "FAIL configure"; exit 1; }
-cmake --build "$BUILD" -j "$JOBS" --target muser test_cuda_backend test_engine >"$BUILD.build.log" 2>&1 ||
+cmake --build "$BUILD" -j "$JOBS" --target muser test_cuda_backend test_engine test_gen >"$BUILD.build.log" 2>&1 ||
     { tail -50 "$BUILD.build.log"; say "FAIL build"; exit 1; }
 nvidia-smi -L 2>/dev/null | head -2
 
@@ -109,6 +111,26 @@ if [ $ok = 1 ] && cmp -s "$T/plain.bin" "$T/spec_cuda.bin" && cmp -s "$T/spec_cp
     say "PASS DFlash on cuda: logits of 96 drawn tokens identical to plain cuda and to speculative cpu ($(grep -o '"\(drafted\|accepted\|rounds\)":[0-9]*' "$T/spec_cuda.json" | tr '\n' ' '))"
 else
     say "FAIL DFlash on cuda: $(tail -3 "$T/err")"; fail=1
+fi
+# the greedy chain (tokens picked on the GPU, the host forwards ahead;
+# docs/cuda.md "The greedy chain"): 600 tokens across three 256-key blocks
+# (new graphs on the way) equal to feeding them one by one, also with every
+# 5th row handed back undecided, and with every replay left at op 40 (the
+# graph's way out from the second argument half); then tests/test_gen.c, whose chain cases
+# run on cuda here (backend auto)
+ok=1
+"$M" run -m "$TM" --backend cuda -p "$P" -n 600 --temp 0 --ignore-eos >"$T/chain.txt" 2>"$T/err" || ok=0
+MUSER_CHAIN=0 "$M" run -m "$TM" --backend cuda -p "$P" -n 600 --temp 0 --ignore-eos >"$T/plain600.txt" 2>>"$T/err" || ok=0
+MUSER_CHAIN_UNDECIDED=5 "$M" run -m "$TM" --backend cuda -p "$P" -n 600 --temp 0 --ignore-eos >"$T/chain5.txt" \
+    2>>"$T/err" || ok=0
+MUSER_CUDA_GRAPH_BAIL_AT=40 MUSER_CUDA_GRAPH_STATS=1 "$M" run -m "$TM" --backend cuda -p "$P" -n 600 --temp 0 \
+    --ignore-eos >"$T/chainb.txt" 2>>"$T/err" || ok=0
+if [ $ok = 1 ] && cmp -s "$T/chain.txt" "$T/plain600.txt" && cmp -s "$T/chain.txt" "$T/chain5.txt" &&
+    cmp -s "$T/chain.txt" "$T/chainb.txt" &&
+    MUSER_SOURCE_DIR="$SRC" "$BUILD/test_gen" >"$T/gen.log" 2>&1; then
+    say "PASS greedy chain on cuda: 600 tokens identical to one-by-one feeding (also with every 5th row undecided, and with replays left at op 40: $(grep -o '[0-9]* forwards began.*' "$T/err")); test_gen"
+else
+    say "FAIL greedy chain on cuda: $(tail -3 "$T/err") $(tail -5 "$T/gen.log" 2>/dev/null)"; fail=1
 fi
 rm -rf "$T"
 

@@ -44,6 +44,14 @@ typedef struct cuda_ctx {
     size_t weight_bytes;
     uint8_t *ring_h, *ring_d; /* per-call host arrays: pinned staging -> device, stream-ordered */
     size_t ring_cap, ring_pos;
+    /* The pinned staging is two halves of ring_cap bytes (ring_base); ring_h
+     * is the one in use. Replays alternate them, so that the host writes a
+     * step's arguments while the step before still runs (forward_begin). */
+    uint8_t *ring_base;
+    int half;
+    void *half_ev[2];          /* after the work that may still read each half */
+    int32_t *chain_d;          /* the chained token (backend.h chain_pick), then k_chain_pick's
+                                * counter and partials (mucu_chain_bytes) */
     dev_buf out;     /* argmax results */
     dev_buf q8;      /* Q8_K activation blocks */
     dev_buf tmp;     /* overlapping copies */
@@ -71,6 +79,8 @@ typedef struct cuda_ctx {
     void **deferred;           /* device buffers freed after fwd_done */
     int n_deferred, cap_deferred;
     long n_replayed, n_captured, n_bailed;
+    long n_ahead;              /* replays begun while the one before still ran (forward_begin) */
+    double ahead_wait;         /* seconds those waited for the replay two back */
     bool skip;                 /* REPLAY: the current op matched; it launches nothing */
     int bail_at;               /* MUSER_CUDA_GRAPH_BAIL_AT=N: replays fail at op N (tests); -1 none */
     /* MUSER_CUDA_STEP_TIMES=1: where a replayed step's time goes (printed at the end) */
@@ -94,7 +104,7 @@ typedef struct gentry {
     uint64_t *sig;
     void **seg;                /* segment graphs, [n] */
     int n, cap;
-    void *exec;                /* the chain of all segments */
+    void *exec[2];             /* the chain of all segments, uploading from half 0 / 1 (NULL: none) */
     size_t ring_end;           /* the argument ring's bytes this forward wrote (from 0) */
 } gentry;
 
@@ -178,7 +188,8 @@ static void capture_pause(cuda_ctx *c) {
 
 static void entry_clear(gentry *e) {
     for (int i = 0; i < e->n; i++) mucu_graph_free(e->seg[i]);
-    mucu_exec_free(e->exec);
+    mucu_exec_free(e->exec[0]);
+    mucu_exec_free(e->exec[1]);
     free(e->sig);
     free(e->seg);
     memset(e, 0, sizeof *e);
@@ -193,6 +204,12 @@ static void graph_bail(cuda_ctx *c) {
     capture_pause(c);
     gentry *e = c->cur;
     const int done = c->gmode == G_REPLAY ? c->replay_i : e->n;
+    if (c->half == 1) { /* the segments upload from half 0, where their capture wrote */
+        if (!mucu_sync("graph bail", err)) die("graph bail", err);
+        memcpy(c->ring_base, c->ring_h, c->ring_pos);
+        c->half = 0;
+        c->ring_h = c->ring_base;
+    }
     for (int i = 0; i < done; i++) {
         void *x = NULL;
         if (!e->seg[i]) continue;
@@ -219,7 +236,7 @@ static bool go(mu_backend *b, uint64_t sig) {
     if (c->gmode == G_DIRECT) return true;
     sig = mix64(sig, (uint64_t)c->ring_pos);
     sig = mix64(sig, (uint64_t)(uintptr_t)c->ring_d);
-    sig = mix64(sig, (uint64_t)(uintptr_t)c->ring_h);
+    sig = mix64(sig, (uint64_t)(uintptr_t)c->ring_base); /* either half: the replay uploads from the one in use */
     sig = mix64(sig, (uint64_t)(uintptr_t)c->q8_x);
     sig = mix64(sig, (uint64_t)c->q8_n);
     sig = mix64(sig, (uint64_t)(uintptr_t)c->q8.p);
@@ -303,12 +320,26 @@ static void cuda_forward_begin(mu_backend *b, uint64_t key) {
         if (c->st.t_done > 0) c->st.after += t - c->st.t_done, c->st.period += t - c->st.t_begin;
         c->st.t_begin = t;
     }
-    /* all work enqueued so far is done (a decode step has already waited for
-     * its logits): the argument ring restarts at 0, deferred buffers go */
-    if (!mucu_mark(&c->fwd_done, err) || !mucu_mark_wait(c->fwd_done, err)) die("forward_begin", err);
-    for (int i = 0; i < c->n_deferred; i++)
-        if (!mucu_free(c->deferred[i], err)) die("forward_begin", err);
-    c->n_deferred = 0;
+    /* The argument ring restarts at 0. A replay after which nothing else
+     * waits (the greedy chain runs steps ahead) takes the other half once
+     * the work that read it is done; else all work enqueued so far must be
+     * done (a decode step has already waited for its logits), and deferred
+     * buffers go. */
+    if (e->state == 2 && e->exec[1] && !c->n_deferred && !c->st.on) {
+        if (!mucu_mark(&c->half_ev[c->half], err)) die("forward_begin", err);
+        c->half ^= 1;
+        const double t0 = mu_now();
+        if (!mucu_mark_wait(c->half_ev[c->half], err)) die("forward_begin", err);
+        c->ahead_wait += mu_now() - t0;
+        c->n_ahead++;
+    } else {
+        if (!mucu_mark(&c->fwd_done, err) || !mucu_mark_wait(c->fwd_done, err)) die("forward_begin", err);
+        for (int i = 0; i < c->n_deferred; i++)
+            if (!mucu_free(c->deferred[i], err)) die("forward_begin", err);
+        c->n_deferred = 0;
+        c->half = 0;
+    }
+    c->ring_h = c->ring_base ? c->ring_base + (size_t)c->half * c->ring_cap : NULL;
     c->ring_pos = 0;
     c->cur = e;
     if (e->state == 1) {
@@ -332,11 +363,12 @@ static void cuda_forward_end(mu_backend *b, bool ok) {
             int k = 0;
             for (int i = 0; i < e->n; i++)
                 if (e->seg[i]) segs[k++] = e->seg[i];
-            const mucu_ring ring = {c->ring_h, c->ring_d, c->ring_pos};
+            /* captured in half 0 (forward_begin waited for everything) */
+            const mucu_ring ring = {c->ring_h, c->ring_d, c->ring_pos, c->ring_base + c->ring_cap};
             e->ring_end = c->ring_pos;
-            if (!mucu_graph_chain(segs, k, &ring, &e->exec, err)) die("graph", err);
+            if (!mucu_graph_chain(segs, k, &ring, e->exec, err)) die("graph", err);
             free(segs);
-            if (!mucu_graph_launch(e->exec, err)) die("graph", err);
+            if (!mucu_graph_launch(e->exec[0], err)) die("graph", err);
             c->gmode = G_DIRECT;
             c->cur = NULL;
         } else {
@@ -350,7 +382,7 @@ static void cuda_forward_end(mu_backend *b, bool ok) {
         if (ok && c->replay_i == e->n && c->ring_pos == e->ring_end) {
             const double t1 = c->st.on ? mu_now() : 0.0;
             if (c->st.on && !mucu_mark_timed(&c->st.ev[0], err)) die("graph", err);
-            if (!mucu_graph_launch(e->exec, err)) die("graph", err);
+            if (!mucu_graph_launch(e->exec[c->half], err)) die("graph", err);
             if (c->st.on) { /* waits for the graph: the download after it then only copies */
                 const double t2 = mu_now();
                 double ms = 0.0;
@@ -393,12 +425,14 @@ static void *upload_arg(mu_backend *b, const void *host, size_t bytes, const cha
         if (n > c->ring_cap) {
             size_t cap = c->ring_cap ? c->ring_cap : (size_t)8 << 20;
             while (cap < n) cap *= 2;
-            if (!mucu_host_free(c->ring_h, err) || !mucu_free(c->ring_d, err)) die(op, err);
-            c->ring_h = NULL, c->ring_d = NULL, c->ring_cap = 0;
-            if (!mucu_host_alloc((void **)&c->ring_h, cap, err) || !mucu_malloc((void **)&c->ring_d, cap, err))
+            if (!mucu_host_free(c->ring_base, err) || !mucu_free(c->ring_d, err)) die(op, err);
+            c->ring_base = c->ring_h = NULL, c->ring_d = NULL, c->ring_cap = 0;
+            if (!mucu_host_alloc((void **)&c->ring_base, 2 * cap, err) || !mucu_malloc((void **)&c->ring_d, cap, err))
                 die(op, err);
             c->ring_cap = cap;
+            c->half = 0;
         }
+        c->ring_h = c->ring_base + (size_t)c->half * c->ring_cap;
     }
     uint8_t *h = c->ring_h + c->ring_pos, *d = c->ring_d + c->ring_pos;
     memcpy(h, host, bytes);
@@ -623,13 +657,31 @@ static void tell_footprint(mu_backend *b) {
             (double)c->weight_bytes / 1073741824.0);
 }
 
+/* A forward of one row whose token is MU_TOKEN_CHAINED reads it from
+ * chain_d, where the last chain_pick left it (no upload: the host does not
+ * know it yet). */
+static bool is_chained(mu_backend *b, const int32_t *tokens, int64_t rows, const char *op) {
+    bool any = false;
+    for (int64_t r = 0; r < rows; r++) any |= tokens[r] == MU_TOKEN_CHAINED;
+    if (!any) return false;
+    if (rows != 1) die(op, "a chained token in a forward of more than one row");
+    cuda_ctx *c = ctx_of(b);
+    char err[MUCU_ERR_LEN];
+    if (!c->chain_d) {
+        graph_sync_point(b); /* allocation: not inside a graph forward */
+        if (!mucu_malloc((void **)&c->chain_d, mucu_chain_bytes(), err)) die(op, err);
+    }
+    return true;
+}
+
 static void cuda_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float *x) {
     q8_clear(b);
     if (rows <= 0) return;
     mucu_weight d = dev_weight(b, w, "embed", false);
     tell_footprint(b);
-    const bool launch = go(b, sig_of("embed", 3, P(d.data), I(rows), P(x)));
-    const int32_t *t = upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed");
+    const bool chained = is_chained(b, tokens, rows, "embed");
+    const bool launch = go(b, sig_of("embed", 4, P(d.data), I(rows), P(x), I(chained)));
+    const int32_t *t = chained ? ctx_of(b)->chain_d : upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed");
     if (launch) CHECK("embed", mucu_embed(&d, t, rows, x, err));
 }
 
@@ -650,8 +702,10 @@ static void cuda_embed_norm(mu_backend *b, const mu_weight *w, const int32_t *to
     tell_footprint(b);
     const float *dwh = dev_bytes(b, w_h, (size_t)n * sizeof *w_h, "embed_norm: norm weight");
     void *q8 = n % 256 == 0 ? q8_produce(b, h, n * rows) : (q8_clear(b), NULL);
-    const bool launch = go(b, sig_of("embed_norm", 6, P(d.data), I(rows), F(eps), P(dwh), P(x), P(h)));
-    const int32_t *t = upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed_norm");
+    const bool chained = is_chained(b, tokens, rows, "embed_norm");
+    const bool launch = go(b, sig_of("embed_norm", 7, P(d.data), I(rows), F(eps), P(dwh), P(x), P(h), I(chained)));
+    const int32_t *t =
+        chained ? ctx_of(b)->chain_d : upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed_norm");
     if (launch) CHECK("embed_norm", mucu_embed_norm(&d, t, rows, eps, x, dwh, h, q8, err));
 }
 
@@ -916,6 +970,46 @@ static void cuda_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, 
     CHECK("argmax", mucu_memcpy(out, d, (size_t)rows * sizeof *out, "argmax result", err));
 }
 
+static void cuda_chain_pick(mu_backend *b, const float *x, int64_t n, int32_t *slot) {
+    cuda_ctx *c = ctx_of(b);
+    q8_clear(b);
+    char err[MUCU_ERR_LEN];
+    if (!mucu_is_pinned(slot)) die("chain_pick", "the slot is not page-locked memory (host_alloc)");
+    if (!c->chain_d) {
+        graph_sync_point(b); /* allocation: not inside a graph forward */
+        if (!mucu_malloc((void **)&c->chain_d, mucu_chain_bytes(), err)) die("chain_pick", err);
+    }
+    const bool launch = go(b, sig_of("chain_pick", 3, P(x), I(n), P(c->chain_d)));
+    int32_t *const *dslot = upload_arg(b, &slot, sizeof slot, "chain_pick"); /* data: a replay writes its own */
+    if (launch) CHECK("chain_pick", mucu_chain_pick(x, n, c->chain_d, dslot, err));
+}
+
+/* The kernel writes the slot straight into page-locked memory; the host
+ * polls it, and asks the stream now and then whether it failed or ended
+ * without writing (never a silent hang). */
+static bool cuda_chain_wait(mu_backend *b, volatile int32_t *slot, mu_error *err) {
+    (void)b;
+    char msg[MUCU_ERR_LEN];
+    for (unsigned long spin = 0;; spin++) {
+        if (slot[1]) return true;
+        if (spin % 4096 != 4095) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+            continue;
+        }
+        const int st = mucu_stream_state(msg);
+        if (st < 0) {
+            mu_err_set(err, "chain_wait: %s", msg);
+            return false;
+        }
+        if (st == 1 && !slot[1]) {
+            mu_err_set(err, "chain_wait: the device finished its work without writing the pick");
+            return false;
+        }
+    }
+}
+
 /* Below 128 Ki values (glimmer-tiny's 8,192-token rows, up to 16 of them)
  * the host scans what it downloads: a memset, a launch and a round trip
  * for 8 bytes cost more than that (H200: glimmer-tiny tg256 3,506-3,698
@@ -989,7 +1083,8 @@ static void cuda_destroy(mu_backend *b) {
     char err[MUCU_ERR_LEN];
     for (size_t i = 0; i < c->cap_copies; i++)
         if (c->copies[i].host) (void)mucu_free(c->copies[i].dev, err);
-    (void)mucu_host_free(c->ring_h, err);
+    (void)mucu_host_free(c->ring_base, err);
+    (void)mucu_free(c->chain_d, err);
     (void)mucu_host_free(c->pinned, err);
     (void)mucu_free(c->ring_d, err);
     (void)mucu_free(c->out.p, err);
@@ -1016,8 +1111,10 @@ static void cuda_destroy(mu_backend *b) {
         mucu_graph_chain_stats(&flat, &prog, &merged);
         fprintf(stderr,
                 "muser: cuda graphs: %ld captured, %ld replayed, %ld left (replay mismatch or sync); %ld flat, "
-                "%ld programmatic kernel edges, %ld argument copies merged\n",
-                c->n_captured, c->n_replayed, c->n_bailed, flat, prog, merged);
+                "%ld programmatic kernel edges, %ld argument copies merged; %ld forwards began with the one before "
+                "in flight (%.1f us each waiting for the one before that)\n",
+                c->n_captured, c->n_replayed, c->n_bailed, flat, prog, merged, c->n_ahead,
+                c->n_ahead ? c->ahead_wait * 1e6 / (double)c->n_ahead : 0.0);
     }
     free(c->copies);
     free(c);
@@ -1066,6 +1163,8 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->host_alloc = cuda_host_alloc;
     b->host_free = cuda_host_free;
     b->store_heads = cuda_store_heads;
+    b->chain_pick = cuda_chain_pick;
+    b->chain_wait = cuda_chain_wait;
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;
     /* MUSER_CUDA_FUSE=0: the forward's entry and the gate as separate ops (measurements) */

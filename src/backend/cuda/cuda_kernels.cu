@@ -320,7 +320,7 @@ static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, cons
 /* One executable graph running the given graphs one after another. */
 extern "C" bool mucu_graph_chain(void *const *graphs, int n, const mucu_ring *ring, void **exec, char *err) {
     cudaGraph_t g = NULL;
-    *exec = NULL;
+    exec[0] = exec[1] = NULL;
     env_setting(&g_pdl, "MUSER_CUDA_PDL", 1);
     env_setting(&g_one_upload, "MUSER_CUDA_ONE_UPLOAD", 1);
     bool flat = false;
@@ -350,10 +350,27 @@ extern "C" bool mucu_graph_chain(void *const *graphs, int n, const mucu_ring *ri
             prev = node;
         }
     }
-    cudaGraphExec_t e = NULL;
-    const bool ok = cu_ok(cudaGraphInstantiate(&e, g, 0), "cudaGraphInstantiate", "graph chain", err);
+    cudaGraphExec_t e = NULL, e2 = NULL;
+    bool ok = cu_ok(cudaGraphInstantiate(&e, g, 0), "cudaGraphInstantiate", "graph chain", err);
+    exec[1] = NULL;
+    if (ok && flat && g_one_upload && ring && ring->used && ring->h2) {
+        /* the head node is the ring's upload (chain_flat): the same graph from the other half */
+        size_t nr = 0;
+        cudaGraphNode_t head = NULL;
+        ok = cu_ok(cudaGraphGetRootNodes(g, NULL, &nr), "cudaGraphGetRootNodes", "graph chain", err) && nr == 1 &&
+             cu_ok(cudaGraphGetRootNodes(g, &head, &nr), "cudaGraphGetRootNodes", "graph chain", err) &&
+             cu_ok(cudaGraphMemcpyNodeSetParams1D(head, ring->d, ring->h2, ring->used, cudaMemcpyHostToDevice),
+                   "cudaGraphMemcpyNodeSetParams1D", "graph chain", err) &&
+             cu_ok(cudaGraphInstantiate(&e2, g, 0), "cudaGraphInstantiate", "graph chain", err);
+        if (!ok && nr != 1) snprintf(err, MUCU_ERR_LEN, "graph chain: %zu root nodes, not the ring's upload", nr);
+    }
     cudaGraphDestroy(g);
-    *exec = ok ? e : NULL;
+    if (!ok) {
+        if (e) cudaGraphExecDestroy(e);
+        e = NULL;
+    }
+    exec[0] = e;
+    exec[1] = ok ? e2 : NULL;
     return ok;
 }
 
@@ -1171,6 +1188,89 @@ __global__ static void k_argmax(const float *x, int64_t n, int32_t *out) {
     for (unsigned w = 1; w < blockDim.x / 32; w++)
         if (wi[w] >= 0 && (bi < 0 || wv[w] > bv || (wv[w] == bv && wi[w] < bi))) bv = wv[w], bi = wi[w];
     out[blockIdx.x] = l[0] != l[0] || bi < 0 ? 0 : (int32_t)bi;
+}
+
+/* backend.h chain_pick. A thread keeps its first maximum, how many of its
+ * values equal it (float equality: +0 and -0 tie, as in the sampler) and
+ * whether one is not finite; two such summaries merge to the larger value
+ * (equal: the smaller index, the counts added), which is associative, so
+ * any grouping gives the same result. Each CTA takes CHAIN_SPAN values and
+ * leaves its summary in the partials; the last CTA to finish (a counter
+ * after a fence) merges them and writes the token to *reg, for the next
+ * forward's entry, and to the host slot before its status. */
+#define CHAIN_SPAN 4096
+#define CHAIN_MAX_CTAS 256
+struct chain_sum {
+    float v;
+    int32_t i, cnt, bad;
+};
+
+__device__ static chain_sum chain_merge(chain_sum a, chain_sum b) {
+    a.bad |= b.bad;
+    if (b.i < 0) return a;
+    if (a.i < 0 || b.v > a.v) return {b.v, b.i, b.cnt, a.bad};
+    if (b.v == a.v) a.i = b.i < a.i ? b.i : a.i, a.cnt += b.cnt;
+    return a;
+}
+
+__device__ static chain_sum chain_warp(chain_sum a) {
+    for (int o = 16; o; o >>= 1) {
+        chain_sum t;
+        t.v = __shfl_xor_sync(0xffffffffu, a.v, o);
+        t.i = __shfl_xor_sync(0xffffffffu, a.i, o);
+        t.cnt = __shfl_xor_sync(0xffffffffu, a.cnt, o);
+        t.bad = __shfl_xor_sync(0xffffffffu, a.bad, o);
+        a = chain_merge(a, t);
+    }
+    return a;
+}
+
+__global__ static void __launch_bounds__(1024) k_chain_pick(const float *x, int64_t n, int32_t *reg,
+                                                            int32_t *const *slot) {
+    grid_dep_wait();
+    __shared__ chain_sum ws[32];
+    __shared__ bool last;
+    unsigned *counter = (unsigned *)(reg + 1);
+    chain_sum *part = (chain_sum *)(reg + 4);
+    chain_sum m = {-INFINITY, -1, 0, 0};
+    const int64_t end = min(n, (int64_t)(blockIdx.x + 1) * CHAIN_SPAN);
+#pragma unroll 4
+    for (int64_t j = (int64_t)blockIdx.x * CHAIN_SPAN + threadIdx.x; j < end; j += blockDim.x) {
+        const float v = x[j];
+        m.bad |= (__float_as_uint(v) & 0x7F800000u) == 0x7F800000u;
+        if (m.i < 0 || v > m.v) m.v = v, m.i = (int32_t)j, m.cnt = 1;
+        else if (v == m.v) m.cnt++;
+    }
+    m = chain_warp(m);
+    if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        m = threadIdx.x < blockDim.x / 32 ? ws[threadIdx.x] : chain_sum{-INFINITY, -1, 0, 0};
+        m = chain_warp(m);
+    }
+    if (gridDim.x > 1) {
+        if (threadIdx.x == 0) {
+            part[blockIdx.x] = m;
+            __threadfence();
+            last = atomicAdd(counter, 1u) == gridDim.x - 1;
+        }
+        __syncthreads();
+        if (!last || threadIdx.x >= 32) return;
+        __threadfence();
+        m = {-INFINITY, -1, 0, 0};
+        for (unsigned b = threadIdx.x; b < gridDim.x; b += 32) /* other CTAs' writes: past L1 */
+            m = chain_merge(m, {__ldcg(&part[b].v), __ldcg(&part[b].i), __ldcg(&part[b].cnt), __ldcg(&part[b].bad)});
+        m = chain_warp(m);
+        if (threadIdx.x == 0) *counter = 0; /* for the next launch (stream order) */
+    }
+    if (threadIdx.x) return;
+    const bool unique = !m.bad && m.i >= 0 && m.cnt == 1;
+    const int32_t tok = unique ? m.i : 0;
+    *reg = tok;
+    volatile int32_t *h = *slot;
+    h[0] = tok;
+    __threadfence_system();
+    h[1] = unique ? 1 : 2;
 }
 
 /* The first non-finite value of x[0..n): every thread keeps the smallest
@@ -3555,6 +3655,31 @@ extern "C" bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *ou
     if (rows <= 0) return true;
     k_argmax<<<(unsigned)rows, 256, 0, g_s>>>(x, n, out);
     return launched("k_argmax", err);
+}
+extern "C" bool mucu_chain_pick(const float *x, int64_t n, int32_t *reg, int32_t *const *slot, char *err) {
+    if (n <= 0) {
+        snprintf(err, MUCU_ERR_LEN, "k_chain_pick: an empty row");
+        return false;
+    }
+    const int64_t ctas = (n + CHAIN_SPAN - 1) / CHAIN_SPAN;
+    if (ctas > CHAIN_MAX_CTAS) {
+        snprintf(err, MUCU_ERR_LEN, "k_chain_pick: a row of %lld values (at most %d)", (long long)n,
+                 CHAIN_SPAN * CHAIN_MAX_CTAS);
+        return false;
+    }
+    k_chain_pick<<<(unsigned)ctas, 1024, 0, g_s>>>(x, n, reg, slot);
+    return launched("k_chain_pick", err);
+}
+extern "C" size_t mucu_chain_bytes(void) { return 16 + CHAIN_MAX_CTAS * sizeof(chain_sum); }
+extern "C" int mucu_stream_state(char *err) {
+    const cudaError_t e = cudaStreamQuery(g_s);
+    if (e == cudaSuccess) return 1;
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* not an error: nothing may report it later */
+        return 0;
+    }
+    cu_ok(e, "cudaStreamQuery", "the backend's stream", err);
+    return -1;
 }
 extern "C" bool mucu_first_nonfinite(const float *x, int64_t n, unsigned long long *best, char *err) {
     if (n <= 0) return true;

@@ -64,7 +64,10 @@ typedef struct mucu_ring {
     const void *h;
     void *d;
     size_t used;
+    const void *h2; /* NULL, or a second host copy: exec[1] then uploads from it */
 } mucu_ring;
+/* exec[0]; and exec[1], the same chain uploading from ring->h2, when h2 is
+ * set and the chain is flat with one upload (else exec[1] = NULL). */
 bool mucu_graph_chain(void *const *graphs, int n, const mucu_ring *ring, void **exec, char *err);
 /* Chained graphs so far that were flattened, their kernel-to-kernel
  * programmatic dependencies (MUSER_CUDA_PDL) and the per-op ring copies
@@ -186,6 +189,14 @@ bool mucu_add(float *x, const float *y, int64_t n, char *err);
 bool mucu_logit_tail(float *l, float scale, float cap, int64_t n, char *err);
 bool mucu_softmax(float *x, float scale, int64_t n, const int64_t *n_valid, int64_t rows, char *err);
 bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *out, char *err);
+/* backend.h chain_pick: the first maximum of x[0..n) into *reg and, with
+ * its status, into the host slot whose address is at *slot (device memory:
+ * an uploaded argument). reg is the start of mucu_chain_bytes() of device
+ * memory, zero-filled at allocation (the kernel's counter and partials). */
+bool mucu_chain_pick(const float *x, int64_t n, int32_t *reg, int32_t *const *slot, char *err);
+size_t mucu_chain_bytes(void);
+/* The stream's state: 1 all work done, 0 still running, -1 failed (err). */
+int mucu_stream_state(char *err);
 /* *best = n - (index of the first non-finite value of x[0..n)), 0 when none (device memory). */
 bool mucu_first_nonfinite(const float *x, int64_t n, unsigned long long *best, char *err);
 /* Whether p is page-locked host memory (cudaHostAlloc or registered). */
