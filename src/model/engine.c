@@ -405,16 +405,16 @@ static void hist_append(muser_session *s, int64_t pos0, const int32_t *t, int64_
 }
 
 /* The name of a batch's shape for forward_begin: rows, and per row its
- * sequence, its position's 256-key block, logits and capture row; chained:
- * a forward that ends with chain_pick. */
-static uint64_t batch_key(const muser_engine *e, int64_t rows, int64_t n_cap_rows, bool chained) {
+ * sequence, its position's 256-key block, logits and capture row; chained
+ * (1: a host token, 2: the chained one): a forward that ends with chain_pick. */
+static uint64_t batch_key(const muser_engine *e, int64_t rows, int64_t n_cap_rows, int chained) {
     uint64_t key = 0xCBF29CE484222325ull ^ (uint64_t)rows;
     for (int64_t r = 0; r < rows; r++) {
         const uint64_t v[4] = {(uint64_t)e->b_seq[r], (uint64_t)(e->b_pos[r] >> 8), (uint64_t)e->b_logits[r],
                                (uint64_t)(n_cap_rows ? e->b_cap[r] : -1)};
         for (int i = 0; i < 4; i++) key = (key ^ v[i]) * 0x100000001B3ull;
     }
-    return chained ? (key ^ 0x636861696Eull) * 0x100000001B3ull : key;
+    return chained ? (key ^ (0x636861696Eull + (uint64_t)chained)) * 0x100000001B3ull : key;
 }
 
 /* Run the batch of `rows` rows made of runs[0..n_runs): forward, logits
@@ -437,7 +437,7 @@ static bool run_batch(muser_engine *e, seq_run *runs, int n_runs, int64_t rows, 
      * launches (forward_begin). The key: rows, and per row its sequence,
      * its position's 256-key block, logits and capture row. */
     const bool bracket = e->be->forward_begin && rows <= 16;
-    if (bracket) e->be->forward_begin(e->be, batch_key(e, rows, n_cap_rows, false));
+    if (bracket) e->be->forward_begin(e->be, batch_key(e, rows, n_cap_rows, 0));
     const bool fwd_ok =
         mu_forward(m, e->be, e->kvs, &e->scratch, e->inv_freq, &b, e->logits, n_cap_rows ? &e->capture : NULL, err);
     if (bracket) e->be->forward_end(e->be, fwd_ok);
@@ -555,7 +555,8 @@ static bool chain_forward(muser_session *s, int32_t token, int32_t *slot, mu_err
     e->b_token[0] = token, e->b_seq[0] = s->id, e->b_pos[0] = s->pos, e->b_logits[0] = true, e->b_cap[0] = -1;
     mu_batch b = {.n = 1, .token = e->b_token, .seq = e->b_seq, .pos = e->b_pos, .logits = e->b_logits};
     slot[1] = 0;
-    if (e->be->forward_begin) e->be->forward_begin(e->be, batch_key(e, 1, 0, true));
+    /* a host token and a chained one are launched differently (an upload or none) */
+    if (e->be->forward_begin) e->be->forward_begin(e->be, batch_key(e, 1, 0, token == MU_TOKEN_CHAINED ? 2 : 1));
     const bool ok = mu_forward(m, e->be, e->kvs, &e->scratch, e->inv_freq, &b, e->logits, NULL, err);
     if (ok) e->be->chain_pick(e->be, e->logits, m->cfg.n_vocab, slot);
     if (e->be->forward_end) e->be->forward_end(e->be, ok);
