@@ -167,7 +167,9 @@ const float *muser_session_logits(const muser_session *s);
  * row, in order, next(user, token, row) is called with the backend's pick
  * (row NULL), or, when that row's maximum is not unique or a value is not
  * finite, with token -1 and the row itself (host memory, as feed leaves
- * it). It returns the token to feed next, or -1 to stop. The session then
+ * it). It returns the token to feed next, -1 to stop, or, given a pick,
+ * MUSER_CHAIN_ROW to be called again for that row with the row itself
+ * (e.g. for a pick the sampler bans). The session then
  * holds exactly the tokens fed up to that row (`first` and every token
  * next returned before the stop; rows computed past it are dropped), as a
  * loop of feed calls would leave it, with the same bits. Also stops when
@@ -177,6 +179,7 @@ const float *muser_session_logits(const muser_session *s);
  * last next() value is not fed either. Needs a backend that has a
  * chain (muser_session_can_chain), no checkpoint and no capture. next runs
  * with the engine's lock held: it must not call into the engine. */
+#define MUSER_CHAIN_ROW (-2)
 int64_t muser_session_decode_chain(muser_session *s, int32_t first, int64_t max_feed,
                                    int32_t (*next)(void *user, int32_t token, const float *row), void *user,
                                    muser_error *err);
@@ -360,12 +363,16 @@ int32_t muser_sampler_sample(muser_sampler *s, const float *logits, muser_error 
 bool muser_sampler_accept(muser_sampler *s, int32_t token, muser_error *err);
 /* True when no grammar is set or the grammar's root rule is complete. */
 bool muser_sampler_grammar_complete(const muser_sampler *s);
-/* True when every draw is the row's maximum whenever that maximum is unique
- * and the row finite (a greedy chain: temperature <= 0 with only top-k,
- * top-p, min-p beside it; no logit bias, banned tokens, grammar, mirostat,
- * penalties or DRY), and accepting a token changes no later draw: what
- * muser_session_decode_chain needs to choose tokens on the backend. */
+/* True when every draw is the row's maximum whenever that maximum is unique,
+ * the row finite and the maximum not banned (a greedy chain: temperature
+ * <= 0 with only top-k, top-p, min-p beside it; no logit bias, grammar,
+ * mirostat, penalties or DRY; ignore_eos allowed), and accepting a token
+ * changes no later draw: what muser_session_decode_chain needs to choose
+ * tokens on the backend. */
 bool muser_sampler_is_argmax(const muser_sampler *s);
+/* Whether the sampler never draws this token (end-of-generation ids under
+ * ignore_eos). */
+bool muser_sampler_bans(const muser_sampler *s, int32_t token);
 /* Start over: clear histories, restart the grammar, reseed every stream
  * from the configured seed (a new random one under MUSER_SEED_RANDOM). */
 void muser_sampler_reset(muser_sampler *s);

@@ -324,7 +324,7 @@ static void test_speculative_equals_plain(void) {
  * bits), with every row handed back undecided now and then
  * (MUSER_CHAIN_UNDECIDED) and with next() going its own way. */
 typedef struct chain_rec {
-    int64_t calls, undecided, stop_at, deviate_at;
+    int64_t calls, undecided, stop_at, deviate_at, row_at;
     int32_t out[256];
 } chain_rec;
 
@@ -352,6 +352,10 @@ static int32_t chain_decide(chain_rec *c, int32_t tok) {
 
 static int32_t chain_next(void *user, int32_t tok, const float *row) {
     chain_rec *c = user;
+    if (!row && c->calls == c->row_at) {
+        c->row_at = -1; /* asked once: next comes the row */
+        return MUSER_CHAIN_ROW;
+    }
     if (row) c->undecided++, tok = first_max(row);
     return chain_decide(c, tok);
 }
@@ -364,7 +368,7 @@ static void test_chain_equals_plain(void) {
     static const struct { int64_t stop_at, deviate_at, n_ctx; const char *undecided; int64_t max_feed; } cases[] = {
         {40, -1, 512, NULL, -1}, {40, 7, 512, NULL, -1}, {0, -1, 512, NULL, -1}, {1, 0, 512, "2", -1},
         {30, 11, 512, "3", -1},  {100, -1, 0, NULL, -1}, {100, 2, 0, "4", -1},  {100, -1, 512, NULL, 10},
-        {100, 3, 512, "3", 7},   {100, -1, 512, NULL, 1},
+        {100, 3, 512, "3", 7},   {100, -1, 512, NULL, 1},  {20, -1, 512, NULL, -1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t n_ctx = cases[c].n_ctx ? cases[c].n_ctx : n_prompt + 6; /* 0: the context fills first */
@@ -373,7 +377,7 @@ static void test_chain_equals_plain(void) {
         CHECK_MSG(muser_session_feed(a, ids, n_prompt, &err) && muser_session_feed(b, ids, n_prompt, &err), "%s",
                   err.msg);
         /* by hand: feed, look at the row, decide */
-        chain_rec ra = {.stop_at = cases[c].stop_at, .deviate_at = cases[c].deviate_at};
+        chain_rec ra = {.stop_at = cases[c].stop_at, .deviate_at = cases[c].deviate_at, .row_at = -1};
         int32_t t = first_max(muser_session_logits(a)), first = t;
         for (int64_t fed = 1;; fed++) {
             CHECK_MSG(muser_session_feed(a, &t, 1, &err), "%s", err.msg);
@@ -381,7 +385,8 @@ static void test_chain_equals_plain(void) {
             if (t < 0 || muser_session_pos(a) == n_ctx || fed == cases[c].max_feed) break;
         }
         if (cases[c].undecided) setenv("MUSER_CHAIN_UNDECIDED", cases[c].undecided, 1);
-        chain_rec rb = {.stop_at = cases[c].stop_at, .deviate_at = cases[c].deviate_at};
+        const bool last = c + 1 == sizeof cases / sizeof cases[0]; /* and next() asks for row 9 itself */
+        chain_rec rb = {.stop_at = cases[c].stop_at, .deviate_at = cases[c].deviate_at, .row_at = last ? 9 : -1};
         const int64_t calls = muser_session_decode_chain(b, first, cases[c].max_feed, chain_next, &rb, &err);
         unsetenv("MUSER_CHAIN_UNDECIDED");
         CHECK_MSG(calls == ra.calls && calls == rb.calls, "case %zu: %lld calls, by hand %lld (%s)", c,
@@ -391,7 +396,7 @@ static void test_chain_equals_plain(void) {
         CHECK_MSG(muser_session_pos(a) == muser_session_pos(b), "case %zu: position %lld, by hand %lld", c,
                   (long long)muser_session_pos(b), (long long)muser_session_pos(a));
         if (cases[c].undecided) CHECK_MSG(rb.undecided > 0, "case %zu: no row was handed back", c);
-        else CHECK_EQ_INT(rb.undecided, 0);
+        else CHECK_EQ_INT(rb.undecided, last ? 1 : 0);
         CHECK(muser_session_logits(b) == NULL);
         if (muser_session_pos(a) < n_ctx) { /* the same session: the next row's bits */
             const int32_t x = 5 % V;
@@ -404,19 +409,25 @@ static void test_chain_equals_plain(void) {
     }
     /* refusals: a token outside the vocabulary, a full context */
     muser_session *s = new_session(n_prompt + 1);
-    chain_rec r = {.stop_at = 5, .deviate_at = -1};
+    chain_rec r = {.stop_at = 5, .deviate_at = -1, .row_at = -1};
     CHECK(muser_session_decode_chain(s, V, -1, chain_next, &r, &err) < 0 && strstr(err.msg, "outside the vocabulary"));
     CHECK(muser_session_feed(s, ids, n_prompt, &err) && muser_session_decode_chain(s, 1, -1, chain_next, &r, &err) == 1);
     CHECK(muser_session_decode_chain(s, 1, -1, chain_next, &r, &err) < 0 && strstr(err.msg, "context full"));
     muser_session_free(s);
     free(ids);
     /* mu_gen_run on the chain (greedy: the default here) against MUSER_CHAIN=0 */
-    static const struct { const char *stop; int64_t n, n_ctx; } runs[] = {{NULL, 48, 512}, {"said", 64, 512}, {NULL, 1, 512},
-                                                                          {NULL, -1, 0}};
+    static const struct { const char *stop; int64_t n, n_ctx; bool ignore_eos; } runs[] = {
+        {NULL, 48, 512, false}, {"said", 64, 512, false}, {NULL, 1, 512, false}, {NULL, -1, 0, false},
+        {NULL, 200, 512, true},
+    };
     for (size_t c = 0; c < sizeof runs / sizeof runs[0]; c++) {
         const int64_t n_ctx = runs[c].n_ctx ? runs[c].n_ctx : n_prompt + 7;
         muser_session *sa = new_session(n_ctx), *sb = new_session(n_ctx);
-        mu_gen *a = new_gen(0.0f, 1, 0), *b = new_gen(0.0f, 1, 0);
+        muser_sampling_params sp;
+        muser_sampling_params_default(&sp);
+        sp.temp = 0;
+        sp.ignore_eos = runs[c].ignore_eos;
+        mu_gen *a = mu_gen_new(model, &sp, &err), *b = mu_gen_new(model, &sp, &err);
         const char *stops[] = {runs[c].stop};
         mu_gen_request req = {.text = P, .n_predict = runs[c].n, .stops = stops, .n_stops = runs[c].stop != NULL};
         setenv("MUSER_CHAIN", "0", 1);

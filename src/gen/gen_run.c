@@ -70,6 +70,7 @@ typedef struct chain_ctx {
 
 static int32_t chain_next(void *user, int32_t tok, const float *row) {
     chain_ctx *c = user;
+    if (!row && muser_sampler_bans(mu_gen_sampler(c->g), tok)) return MUSER_CHAIN_ROW; /* the chain decides */
     int32_t next;
     const mu_gen_stop st = row ? mu_gen_take_row(c->g, row, &next) : mu_gen_take_picked(c->g, tok, &next);
     if (st != MU_GEN_RUNNING) return -1;

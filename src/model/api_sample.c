@@ -347,7 +347,13 @@ bool muser_sampler_grammar_complete(const muser_sampler *s) {
 }
 
 bool muser_sampler_is_argmax(const muser_sampler *s) {
-    return s && !s->gstate && !s->n_banned && !s->has_logit_bias && mu_sampler_is_greedy(s->chain);
+    return s && !s->gstate && !s->has_logit_bias && mu_sampler_is_greedy(s->chain);
+}
+
+bool muser_sampler_bans(const muser_sampler *s, int32_t token) {
+    for (size_t i = 0; i < s->n_banned; i++)
+        if (s->banned[i] == token) return true;
+    return false;
 }
 
 /* ------------------------------------------------------- sample/accept */

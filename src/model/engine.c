@@ -636,15 +636,19 @@ static int64_t decode_chain_locked(muser_session *s, int32_t first, int64_t max_
         }
         head = (head + 1) % CHAIN_AHEAD, n_q--;
         int32_t pick = slot[1] == 1 && !(every > 0 && (calls + 1) % every == 0) ? slot[0] : -1;
-        const float *row = NULL;
-        if (pick < 0) { /* the row itself: back before it, and its token fed again the usual way */
+        int32_t r = pick >= 0 ? next(user, pick, NULL) : MUSER_CHAIN_ROW;
+        if (r == MUSER_CHAIN_ROW) { /* the row itself: back before it, and its token fed again the usual way */
             if (!chain_drain(s, head, n_q, err) || !truncate_locked(s, p, err)) return -1;
             n_q = 0;
             if (!feed_locked(s, &cur, 1, NULL, err)) return -1;
-            row = s->logits;
+            pick = -1;
+            r = next(user, -1, s->logits);
+            if (r == MUSER_CHAIN_ROW) {
+                mu_err_set(err, "decode_chain: next() asked again for the row it was given");
+                return -1;
+            }
         }
         calls++;
-        const int32_t r = next(user, pick, row);
         if (r >= 0 && r == pick) { /* the forward after it fed r already */
             cur = r;
             if (s->n_hist > p + 1 && s->hist[p + 1] == MU_TOKEN_CHAINED) s->hist[p + 1] = r;
