@@ -217,8 +217,36 @@ static long g_flat, g_prog, g_merged;
  * programmatic launch across it) plus a copy engine's round trip. The
  * bytes are the same: a graph is launched only after the host has written
  * all of its forward's arguments (cuda_backend.c, forward_end), and no
- * kernel writes the ring. */
+ * kernel writes the ring. 2: that one upload is a kernel (k_ring_upload)
+ * reading the page-locked ring where it lies, not a copy engine's copy.
+ * Either way the first kernel after it depends on it fully: kernels read
+ * uploaded arguments before their grid_dep_wait. */
 static int g_one_upload = -1;
+
+__global__ static void k_ring_upload(uint4 *d, const uint4 *h, int64_t n16) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n16) d[i] = __ldcv(h + i); /* host memory: never a cached copy of an earlier step's bytes */
+}
+
+/* The ring's upload at the head of a flat chain: a copy node, or with
+ * MUSER_CUDA_ONE_UPLOAD=2 a k_ring_upload node (from host copy h). */
+static cudaError_t ring_upload_node(cudaGraphNode_t *node, cudaGraph_t g, const mucu_ring *ring, const void *h,
+                                    bool set) {
+    if (g_one_upload != 2) {
+        return set ? cudaGraphMemcpyNodeSetParams1D(*node, ring->d, h, ring->used, cudaMemcpyHostToDevice)
+                   : cudaGraphAddMemcpyNode1D(node, g, NULL, 0, ring->d, h, ring->used, cudaMemcpyHostToDevice);
+    }
+    void *d = ring->d;
+    int64_t n16 = (int64_t)(ring->used / 16);
+    void *args[] = {&d, (void *)&h, &n16};
+    cudaKernelNodeParams p;
+    memset(&p, 0, sizeof p);
+    p.func = (void *)k_ring_upload;
+    p.gridDim = dim3((unsigned)((n16 + 255) / 256));
+    p.blockDim = dim3(256);
+    p.kernelParams = args;
+    return set ? cudaGraphKernelNodeSetParams(*node, &p) : cudaGraphAddKernelNode(node, g, NULL, 0, &p);
+}
 
 extern "C" void mucu_graph_chain_stats(long *flat, long *programmatic, long *merged) {
     *flat = g_flat, *programmatic = g_prog, *merged = g_merged;
@@ -247,8 +275,11 @@ static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, cons
     *n_prog = 0;
     *n_merged = 0;
     if (ring && ring->used) { /* the whole ring's used bytes first (MUSER_CUDA_ONE_UPLOAD) */
-        if (!cu_ok(cudaGraphAddMemcpyNode1D(&prev, g, NULL, 0, ring->d, ring->h, ring->used, cudaMemcpyHostToDevice),
-                   "cudaGraphAddMemcpyNode1D", "graph flatten", err))
+        if (ring->used % 16 || (uintptr_t)ring->h % 16 || (ring->h2 && (uintptr_t)ring->h2 % 16)) {
+            snprintf(err, MUCU_ERR_LEN, "graph flatten: the argument ring is not in 16-byte pieces");
+            return false;
+        }
+        if (!cu_ok(ring_upload_node(&prev, g, ring, ring->h, false), "the ring's upload node", "graph flatten", err))
             return false;
     }
     for (int i = 0; i < n; i++) {
@@ -359,8 +390,7 @@ extern "C" bool mucu_graph_chain(void *const *graphs, int n, const mucu_ring *ri
         cudaGraphNode_t head = NULL;
         ok = cu_ok(cudaGraphGetRootNodes(g, NULL, &nr), "cudaGraphGetRootNodes", "graph chain", err) && nr == 1 &&
              cu_ok(cudaGraphGetRootNodes(g, &head, &nr), "cudaGraphGetRootNodes", "graph chain", err) &&
-             cu_ok(cudaGraphMemcpyNodeSetParams1D(head, ring->d, ring->h2, ring->used, cudaMemcpyHostToDevice),
-                   "cudaGraphMemcpyNodeSetParams1D", "graph chain", err) &&
+             cu_ok(ring_upload_node(&head, g, ring, ring->h2, true), "the ring's upload node", "graph chain", err) &&
              cu_ok(cudaGraphInstantiate(&e2, g, 0), "cudaGraphInstantiate", "graph chain", err);
         if (!ok && nr != 1) snprintf(err, MUCU_ERR_LEN, "graph chain: %zu root nodes, not the ring's upload", nr);
     }
