@@ -1275,6 +1275,72 @@ static void test_first_nonfinite(void) {
     cu->free(cu, dx, 0), free(x);
 }
 
+/* chain_pick against the host's (ref's), slot and chained token: random
+ * rows of 1 to 262,144 values (one CTA and up to 64, a partial last CTA),
+ * with the maximum unique, tied at a later and at an earlier index (in
+ * another CTA), +0 against -0 as the only maximum, a NaN / inf anywhere;
+ * then the chained token into embed (MU_TOKEN_CHAINED) against ref's embed
+ * of the same id. */
+static void test_chain_pick(void) {
+    static const int64_t lens[] = {1, 7, 1000, 4096, 4097, 12289, 202048, 262144};
+    int32_t *hs = cu->host_alloc(cu, 8), rs[2];
+    if (!hs) fprintf(stderr, "test_chain_pick: no page-locked memory\n"), exit(1);
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+        const int64_t n = lens[li];
+        float *x = rnd_vec((size_t)n, 20.0f);
+        for (int v = 0; v < 7; v++) {
+            float *y = mu_xmalloc((size_t)n * 4);
+            memcpy(y, x, (size_t)n * 4);
+            int64_t best = 0;
+            for (int64_t i = 1; i < n; i++)
+                if (y[i] > y[best]) best = i;
+            const int64_t other = (best + n / 2 + 1) % n;
+            if (v == 1 && n > 1) y[other] = y[best];                       /* a tie (later or earlier) */
+            if (v == 2 && n > 1) y[(best + 4097) % n] = y[best];           /* a tie across CTAs */
+            if (v == 3) {                                                   /* +0 and -0 the maxima */
+                for (int64_t i = 0; i < n; i++) y[i] = -fabsf(y[i]) - 1.0f;
+                y[n / 3] = 0.0f;
+                if (n > 1) y[n - 1] = -0.0f;
+            }
+            if (v == 4) y[n - 1] = NAN;
+            if (v == 5) y[n / 2] = INFINITY;
+            if (v == 6) y[0] = -INFINITY;
+            float *dy = dev(y, (size_t)n * 4);
+            ref->chain_pick(ref, y, n, rs);
+            hs[1] = 0;
+            cu->chain_pick(cu, dy, n, hs);
+            mu_error err;
+            n_checks++;
+            if (!cu->chain_wait(cu, hs, &err)) n_fail++, fprintf(stderr, "MISMATCH chain_wait: %s\n", err.msg);
+            else if (hs[0] != rs[0] || hs[1] != rs[1])
+                n_fail++, fprintf(stderr, "MISMATCH chain_pick (%lld values, variant %d): ref {%d, %d} cuda {%d, %d}\n",
+                                  (long long)n, v, rs[0], rs[1], hs[0], hs[1]);
+            cu->free(cu, dy, 0);
+            free(y);
+        }
+        free(x);
+    }
+    /* the chained token enters embed as the id it stands for */
+    const wspec *ws = &WSPECS[0];
+    mu_weight w = make_weight(ws, 256, 300);
+    float *x = rnd_vec(300, 5.0f);
+    x[123] = 99.0f;
+    float *dx = dev(x, 300 * 4), want[256];
+    hs[1] = 0;
+    cu->chain_pick(cu, dx, 300, hs);
+    mu_error err;
+    const int32_t id = 123, chained = MU_TOKEN_CHAINED;
+    ref->embed(ref, &w, &id, 1, want);
+    float *dout = cu->alloc(cu, 256 * 4);
+    cu->embed(cu, &w, &chained, 1, dout);
+    n_checks++;
+    if (!cu->chain_wait(cu, hs, &err) || hs[0] != 123 || hs[1] != 1)
+        n_fail++, fprintf(stderr, "MISMATCH chain_pick before embed: {%d, %d}\n", hs[0], hs[1]);
+    check("embed of the chained token", want, dout, 256 * 4);
+    cu->free(cu, dout, 0), cu->free(cu, dx, 0), free(x);
+    cu->host_free(cu, hs, 8);
+}
+
 /* ------------------------------------------------------- benchmarks */
 
 static void *dev_raw(const void *host, size_t bytes) {
@@ -1686,6 +1752,7 @@ int main(int argc, char **argv) {
     test_dense_attention();
     test_store_heads_and_memory();
     test_first_nonfinite();
+    test_chain_pick();
     printf("test_cuda_backend: %d checks, %d mismatches\n", n_checks, n_fail);
     cu->destroy(cu);
     ref->destroy(ref);

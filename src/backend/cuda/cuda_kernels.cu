@@ -209,7 +209,7 @@ extern "C" bool mucu_capture_end(void **graph, char *err) {
  * child graphs, one after another. */
 static int g_pdl = -1;
 static long g_flat, g_prog, g_merged;
-/* MUSER_CUDA_ONE_UPLOAD: 1 (default) a flat chain uploads the argument
+/* MUSER_CUDA_ONE_UPLOAD: 1 a flat chain uploads the argument
  * ring's bytes with one copy at its head instead of one copy node before
  * each op that uploaded arguments (2 per layer of a decode step: the K/V
  * destinations and the attention rows); 0 keeps the per-op copies. Why: a
@@ -217,8 +217,10 @@ static long g_flat, g_prog, g_merged;
  * programmatic launch across it) plus a copy engine's round trip. The
  * bytes are the same: a graph is launched only after the host has written
  * all of its forward's arguments (cuda_backend.c, forward_end), and no
- * kernel writes the ring. 2: that one upload is a kernel (k_ring_upload)
- * reading the page-locked ring where it lies, not a copy engine's copy.
+ * kernel writes the ring. 2 (default): that one upload is a kernel
+ * (k_ring_upload) reading the page-locked ring where it lies, not a copy
+ * engine's copy: on glimmer-tiny's greedy chain the gap between two steps'
+ * graphs went from about 15 to 6 us (docs/benchmarks.md).
  * Either way the first kernel after it depends on it fully: kernels read
  * uploaded arguments before their grid_dep_wait. */
 static int g_one_upload = -1;
@@ -353,7 +355,7 @@ extern "C" bool mucu_graph_chain(void *const *graphs, int n, const mucu_ring *ri
     cudaGraph_t g = NULL;
     exec[0] = exec[1] = NULL;
     env_setting(&g_pdl, "MUSER_CUDA_PDL", 1);
-    env_setting(&g_one_upload, "MUSER_CUDA_ONE_UPLOAD", 1);
+    env_setting(&g_one_upload, "MUSER_CUDA_ONE_UPLOAD", 2);
     bool flat = false;
     if (g_pdl) {
         static int warned;
