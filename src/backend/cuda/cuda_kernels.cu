@@ -226,6 +226,7 @@ static long g_flat, g_prog, g_merged;
 static int g_one_upload = -1;
 
 __global__ static void k_ring_upload(uint4 *d, const uint4 *h, int64_t n16) {
+    grid_dep_wait(); /* a graph's head: no programmatic predecessor, so it returns at once */
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n16) d[i] = __ldcv(h + i); /* host memory: never a cached copy of an earlier step's bytes */
 }
