@@ -5,7 +5,8 @@
  *  - a prompt extending a finished one reuses the slot's cached prefix and
  *    still gives the solo result;
  *  - a cancelled job ends "cancelled" and frees its slot at once;
- *  - a full queue refuses with 429, bad input with 400. */
+ *  - a full queue refuses with 429, bad input with 400;
+ *  - a greedy job alone decodes on the greedy chain with the same output. */
 #include "testutil.h"
 #include "server/sched.h"
 #include <unistd.h>
@@ -261,6 +262,102 @@ static void test_speculation(const char *draft_path) {
     muser_draft_free(d);
 }
 
+/* A greedy job alone (no logprobs) decodes on the greedy chain in bursts
+ * (sched.c chain_burst): the same tokens, text and stop as the prompt run
+ * alone with the chain off (MUSER_CHAIN=0), for a length, a stop string
+ * (a burst cut back), ignore_eos; then a prompt extending the stopped
+ * one's text reuses the slot's cached tokens and still matches (the
+ * slot's record of its tokens stayed the session's); a cancel ends one. */
+static void solo_plain(const char *prompt, const muser_sampling_params *sp, int64_t n_predict, const char *stop,
+                       outcome *o, int64_t *pos) {
+    setenv("MUSER_CHAIN", "0", 1);
+    muser_error err;
+    muser_session_params ps = {.n_ctx = N_CTX};
+    muser_session *s = muser_session_create(model, &ps, &err);
+    mu_gen *g = mu_gen_new(model, sp, &err);
+    const char *stops[] = {stop};
+    mu_gen_request req = {.text = prompt, .n_predict = n_predict, .stops = stops, .n_stops = stop != NULL};
+    CHECK_MSG(s && g && mu_gen_run(g, s, NULL, NULL, &req, NULL, NULL, &err), "%s", err.msg);
+    const mu_gen_result *r = mu_gen_get_result(g);
+    memset(o, 0, sizeof *o);
+    o->n = r->n_tokens;
+    for (int64_t i = 0; i < r->n_tokens && i < 64; i++) o->toks[i] = r->tokens[i];
+    snprintf(o->text, sizeof o->text, "%s", r->text);
+    o->stop = r->stop;
+    *pos = muser_session_pos(s);
+    mu_gen_free(g);
+    muser_session_free(s);
+    unsetenv("MUSER_CHAIN");
+}
+
+static void test_chain_alone(void) {
+    muser_error err;
+    srv_sched_params sp = {.n_slots = 2, .n_ctx = N_CTX, .prefill_chunk = 8};
+    srv_sched *s = srv_sched_create(model, &sp, &err);
+    CHECK_MSG(s, "%s", err.msg);
+    if (!s) return;
+    muser_sampling_params greedy = params(0, 1, 0), no_eos = greedy;
+    no_eos.ignore_eos = true;
+    static const struct { int prompt; int64_t n; const char *stop; bool no_eos; } cases[] = {
+        {0, 40, NULL, false}, {7, 60, " the", false}, {1, 48, NULL, true}, {3, 1, NULL, false}, {5, 30, "of", false},
+    };
+    setenv("MUSER_CHAIN_BURST", "5", 1); /* bursts of 5 here, whatever this machine's speed */
+    char last_prompt[2048] = "";
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const muser_sampling_params *smp = cases[c].no_eos ? &no_eos : &greedy;
+        outcome want, got;
+        int64_t want_pos;
+        solo_plain(PROMPTS[cases[c].prompt], smp, cases[c].n, cases[c].stop, &want, &want_pos);
+        const char *stops[] = {cases[c].stop};
+        srv_job_params p = {.req = {.text = PROMPTS[cases[c].prompt], .n_predict = cases[c].n, .stops = stops,
+                                    .n_stops = cases[c].stop != NULL},
+                            .sampling = *smp, .slot = 0, .cache_prompt = true};
+        srv_refusal why;
+        srv_job *j = srv_sched_submit(s, &p, &why, &err);
+        CHECK_MSG(j, "submit: %s", err.msg);
+        if (!j) continue;
+        collect(j, &got);
+        CHECK_MSG(same(&got, &want), "case %zu: %lld tokens '%s' (%s) against %lld '%s' (%s)", c, (long long)got.n,
+                  got.text, mu_gen_stop_name(got.stop), (long long)want.n, want.text, mu_gen_stop_name(want.stop));
+        if (c == 1) CHECK_MSG(got.stop == MU_GEN_STOP_STRING, "case %zu: stop %s", c, mu_gen_stop_name(got.stop));
+        srv_slot_info si[2]; /* the slot holds what the loop of feeds left: no token past the stop */
+        CHECK(srv_sched_slots(s, si, 2) == 2);
+        CHECK_MSG(si[0].n_cached == want_pos, "case %zu: the slot holds %lld tokens, the solo session %lld", c,
+                  (long long)si[0].n_cached, (long long)want_pos);
+        if (c == 1) snprintf(last_prompt, sizeof last_prompt, "%s%s and", PROMPTS[cases[c].prompt], got.text);
+        srv_job_free(j);
+        if (c == 1) { /* the slot holds the stopped job's tokens: extend them */
+            outcome w2, g2;
+            int64_t pos2;
+            solo_plain(last_prompt, &greedy, 24, NULL, &w2, &pos2);
+            srv_job_params p2 = {.req = {.text = last_prompt, .n_predict = 24}, .sampling = greedy, .slot = 0,
+                                 .cache_prompt = true};
+            srv_job *j2 = srv_sched_submit(s, &p2, &why, &err);
+            CHECK_MSG(j2, "submit: %s", err.msg);
+            if (!j2) continue;
+            collect(j2, &g2);
+            CHECK_MSG(srv_job_cached(j2) > 8, "cached %lld", (long long)srv_job_cached(j2));
+            CHECK_MSG(same(&g2, &w2), "after the stop: '%s' against '%s'", g2.text, w2.text);
+            srv_job_free(j2);
+        }
+    }
+    srv_stats st;
+    srv_sched_stats(s, &st);
+    CHECK_MSG(st.chain_tokens > 100, "%llu tokens on the chain", (unsigned long long)st.chain_tokens);
+    /* a cancel in the middle of bursts */
+    srv_job *j = submit(s, PROMPTS[2], &no_eos, 400);
+    if (j) {
+        srv_event ev;
+        for (int k = 0; k < 20; k++) CHECK(srv_job_next(j, &ev, 30000) && ev.kind == SRV_EV_TOKEN);
+        srv_job_cancel(j);
+        do CHECK(srv_job_next(j, &ev, 30000)); while (ev.kind != SRV_EV_DONE);
+        CHECK(ev.stop == MU_GEN_STOP_CANCELLED);
+        srv_job_free(j);
+    }
+    unsetenv("MUSER_CHAIN_BURST");
+    srv_sched_free(s, true);
+}
+
 int main(void) {
     const char *src = getenv("MUSER_SOURCE_DIR");
     char path[512];
@@ -273,6 +370,7 @@ int main(void) {
     test_batched_equals_solo(0);
     test_batched_equals_solo(4);
     test_queue_full();
+    test_chain_alone();
     snprintf(path, sizeof path, "%s/models/glimmer-tiny-dflash-q4_k_xl.gguf", src ? src : ".");
     test_speculation(path);
     muser_model_free(model);

@@ -59,9 +59,7 @@ static int64_t feed_prompt(muser_session *s, muser_spec *sp, mu_gen_seq *seq, co
  * (a row the backend left undecided, through mu_gen_take_row), and the
  * token it says comes next is what the chain feeds. On return the request
  * has stopped, or is still running with a full context (the caller's loop
- * then finishes it). Since the pending token counts as drawn, at most the
- * tokens left + 1 are fed: that many rows hold every draw and the row at
- * which mu_gen stops for the length, as the feed loop has. */
+ * then finishes it). */
 typedef struct chain_ctx {
     mu_gen *g;
     int32_t *fed;             /* every token next() returned, in order */
@@ -86,9 +84,8 @@ static bool drive_chain(mu_gen *g, muser_session *s, mu_gen_seq *seq, int32_t fi
     if (muser_session_pos(s) >= muser_session_n_ctx(s)) return true; /* the caller's loop stops it ("context") */
     const int64_t pos0 = muser_session_pos(s);
     chain_ctx c = {.g = g};
-    /* the tokens left to draw are fed, and the first row past them only ends the request */
-    const int64_t left = mu_gen_left(g);
-    const int64_t calls = muser_session_decode_chain(s, first, left < 0 ? -1 : left + 1, chain_next, &c, err);
+    /* as many tokens as are left to draw are fed: the last draw ends the request at once (mu_gen's length stop) */
+    const int64_t calls = muser_session_decode_chain(s, first, mu_gen_left(g), chain_next, &c, err);
     if (calls >= 0) { /* the session holds first and the returned tokens it had room for */
         const int64_t fed = muser_session_pos(s) - pos0;
         seq_push(seq, &first, fed > 0 ? 1 : 0);

@@ -94,6 +94,8 @@ void srv_metrics(srv_server *srv, const srv_request *rq) {
     counter(&p, "muser_spec_drafted_tokens_total", "Tokens proposed by the speculative assistant.",
             (double)st.spec_drafted);
     counter(&p, "muser_spec_accepted_tokens_total", "Proposed tokens the target accepted.", (double)st.spec_accepted);
+    counter(&p, "muser_chain_tokens_total", "Tokens a lone greedy request decoded on the greedy chain.",
+            (double)st.chain_tokens);
     gauge(&p, "muser_spec_acceptance_ratio", "Accepted over proposed speculative tokens (0 without proposals).",
           spec_rate);
     counter(&p, "muser_prompt_cache_store_hits_total",

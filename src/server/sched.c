@@ -103,6 +103,7 @@ struct srv_sched {
     srv_job **ready;
     const float **ready_row;
     cpu_pool *draw_pool;        /* NULL: the scheduler thread draws alone */
+    double chain_tok_s;         /* chain_burst's seconds per token so far (0: none yet) */
 };
 
 /* ------------------------------------------------------------------ events */
@@ -309,6 +310,94 @@ static void speculate(srv_sched *s, slot *sl, srv_job *j) {
     if (st != MU_GEN_RUNNING) finish_job(s, j);
 }
 
+/* A greedy job alone on the server (no assistant) decodes on the greedy
+ * chain (docs/cuda.md "The greedy chain"): a burst of tokens outside the
+ * step, without s->mu. Its events need s->mu, which the chain's next()
+ * must not take (the engine's lock is held there, and other threads take
+ * s->mu before the engine's lock), so next() only records the picks
+ * (drawing from a row itself where the chain hands one back) and they are
+ * taken afterwards; a stop among them cuts the session back to its row. A
+ * burst lasts about CHAIN_BURST_S, so a new job, a cancel or a stop string
+ * waits no longer than that, and at most that much work past a stop is
+ * dropped. */
+#define CHAIN_BURST_S 0.002
+#define CHAIN_BURST_MAX 16 /* a stop truncates at most this far back: within every ring's slack (kv.h) */
+
+typedef struct burst {
+    muser_sampler *smp;
+    int32_t tok[CHAIN_BURST_MAX];
+    int n;
+} burst;
+
+static int32_t burst_next(void *user, int32_t tok, const float *row) {
+    burst *b = user;
+    if (!row && muser_sampler_bans(b->smp, tok)) return MUSER_CHAIN_ROW;
+    if (row) {
+        muser_error err;
+        tok = muser_sampler_sample(b->smp, row, &err); /* an argmax sampler: no state moves */
+        if (tok < 0) return -1; /* the row goes through mu_gen_take_row again, for its error */
+    }
+    b->tok[b->n++] = tok;
+    return b->n < CHAIN_BURST_MAX ? tok : -1;
+}
+
+/* The burst's length: at most the tokens left to draw (the last draw ends
+ * the job at once), and about CHAIN_BURST_S of forwards; 0 where a burst
+ * would not pay.
+ * MUSER_CHAIN_BURST=N sets N (tests: the same bursts on any machine). */
+static int64_t burst_len(const srv_sched *s, const srv_job *j) {
+    const char *e = getenv("MUSER_CHAIN_BURST");
+    int64_t n = e && *e ? strtoll(e, NULL, 10) : s->chain_tok_s > 0 ? (int64_t)(CHAIN_BURST_S / s->chain_tok_s) : 4;
+    if (n > CHAIN_BURST_MAX) n = CHAIN_BURST_MAX;
+    const int64_t left = mu_gen_left(j->g);
+    if (left >= 0 && left < n) n = left;
+    return n >= 2 ? n : 0;
+}
+
+static void chain_burst(srv_sched *s, slot *sl, srv_job *j, int64_t max_feed) {
+    burst b = {.smp = mu_gen_sampler(j->g)};
+    const int64_t pos0 = muser_session_pos(sl->sess);
+    const int32_t first = j->next;
+    muser_error err = {{0}};
+    pthread_mutex_unlock(&s->mu);
+    const double t0 = mu_now();
+    const int64_t calls = muser_session_decode_chain(sl->sess, first, max_feed, burst_next, &b, &err);
+    const double dt = mu_now() - t0;
+    pthread_mutex_lock(&s->mu);
+    if (calls < 0) {
+        mu_gen_finish(j->g, MU_GEN_STOP_ERROR, err.msg);
+        slot_reset(sl);
+        finish_job(s, j);
+        return;
+    }
+    if (calls > 0) s->chain_tok_s = s->chain_tok_s > 0 ? 0.8 * s->chain_tok_s + 0.2 * dt / (double)calls : dt / (double)calls;
+    const int64_t fed = muser_session_pos(sl->sess) - pos0; /* first, then b.tok[0 .. fed - 1) */
+    s->st.steps_total += (uint64_t)calls; /* a forward a row: /metrics' steps stay forwards */
+    s->st.step_seconds += dt;
+    slot_push_tokens(sl, &first, fed > 0 ? 1 : 0);
+    if (fed > 1) slot_push_tokens(sl, b.tok, fed - 1);
+    mu_gen_stop st = MU_GEN_RUNNING;
+    int i = 0;
+    while (i < b.n && st == MU_GEN_RUNNING && !j->cancel) st = mu_gen_take_picked(j->g, b.tok[i++], &j->next);
+    s->st.chain_tokens += (uint64_t)i;
+    /* the session keeps the tokens up to the last row taken; a fed token whose row was not taken is pending again */
+    const int64_t keep = pos0 + (i < fed ? i : fed);
+    if (muser_session_pos(sl->sess) > keep) {
+        if (!muser_session_truncate(sl->sess, keep, &err)) {
+            mu_gen_finish(j->g, MU_GEN_STOP_ERROR, err.msg);
+            slot_reset(sl);
+            finish_job(s, j);
+            return;
+        }
+        sl->n_toks -= pos0 + fed - keep;
+    }
+    if (j->cancel && st == MU_GEN_RUNNING) {
+        mu_gen_finish(j->g, MU_GEN_STOP_CANCELLED, NULL);
+        st = MU_GEN_STOP_CANCELLED;
+    }
+    if (st != MU_GEN_RUNNING) finish_job(s, j);
+}
+
 /* ------------------------------------------------------------------ prompt cache store */
 
 /* The slot's session holds a prefilled piece of a prompt with its logits
@@ -449,6 +538,12 @@ static int32_t queue_inputs(srv_sched *s, bool *progress) {
             }
             if (sl->sp && alone && !j->cancel) {
                 speculate(s, sl, j);
+                *progress = true;
+                continue;
+            }
+            const int64_t burst = !sl->sp && alone && !j->cancel && mu_gen_can_chain(j->g, sl->sess) ? burst_len(s, j) : 0;
+            if (burst) {
+                chain_burst(s, sl, j, burst);
                 *progress = true;
                 continue;
             }

@@ -138,6 +138,7 @@ typedef struct srv_stats {
     double take_seconds;        /* after them, handing the rows to the jobs (the draws, detokenizing, events) */
     srv_hist ttft, itl, e2e;    /* time to first token, inter-token latency, request latency (s) */
     uint64_t spec_drafted, spec_accepted; /* speculative proposals (0 without an assistant) */
+    uint64_t chain_tokens;      /* tokens a lone greedy job decoded on the greedy chain (sched.c chain_burst) */
     /* --prompt-cache: prompts that restored a stored prefix, the tokens restored, packs
      * written, packs not written (the writer's queue full), restores or writes refused */
     uint64_t store_hits, store_tokens, store_written, store_dropped, store_errors;
