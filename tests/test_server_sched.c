@@ -43,13 +43,18 @@ static muser_sampling_params params(float temp, uint32_t seed, int n_probs) {
     return sp;
 }
 
-/* The reference: the prompt alone on a fresh session. */
-static void solo(const char *prompt, const muser_sampling_params *sp, int64_t n_predict, outcome *o) {
+/* The reference: the prompt alone on a fresh session (with a stop string
+ * or none; plain: with the greedy chain off, MUSER_CHAIN=0); *pos, when
+ * asked, the session's length at the end. */
+static void solo_run(const char *prompt, const muser_sampling_params *sp, int64_t n_predict, const char *stop,
+                     bool plain, outcome *o, int64_t *pos) {
+    if (plain) setenv("MUSER_CHAIN", "0", 1);
     muser_error err;
     muser_session_params ps = {.n_ctx = N_CTX};
     muser_session *s = muser_session_create(model, &ps, &err);
     mu_gen *g = mu_gen_new(model, sp, &err);
-    mu_gen_request req = {.text = prompt, .n_predict = n_predict};
+    const char *stops[] = {stop};
+    mu_gen_request req = {.text = prompt, .n_predict = n_predict, .stops = stops, .n_stops = stop != NULL};
     CHECK_MSG(s && g && mu_gen_run(g, s, NULL, NULL, &req, NULL, NULL, &err), "%s", err.msg);
     const mu_gen_result *r = mu_gen_get_result(g);
     memset(o, 0, sizeof *o);
@@ -60,8 +65,14 @@ static void solo(const char *prompt, const muser_sampling_params *sp, int64_t n_
     }
     snprintf(o->text, sizeof o->text, "%s", r->text);
     o->stop = r->stop;
+    if (pos) *pos = muser_session_pos(s);
     mu_gen_free(g);
     muser_session_free(s);
+    if (plain) unsetenv("MUSER_CHAIN");
+}
+
+static void solo(const char *prompt, const muser_sampling_params *sp, int64_t n_predict, outcome *o) {
+    solo_run(prompt, sp, n_predict, NULL, false, o, NULL);
 }
 
 static srv_job *submit(srv_sched *s, const char *prompt, const muser_sampling_params *sp, int64_t n_predict) {
@@ -100,6 +111,15 @@ static void collect(srv_job *j, outcome *o) {
 static bool same(const outcome *a, const outcome *b) {
     return a->n == b->n && !memcmp(a->toks, b->toks, (size_t)a->n * sizeof(int32_t)) &&
            !memcmp(a->lp, b->lp, (size_t)a->n * sizeof(float)) && !strcmp(a->text, b->text) && a->stop == b->stop;
+}
+
+/* Cancel job j after its first k tokens: it ends "cancelled". */
+static void cancel_after(srv_job *j, int k) {
+    srv_event ev;
+    for (int i = 0; i < k; i++) CHECK(srv_job_next(j, &ev, 30000) && ev.kind == SRV_EV_TOKEN);
+    srv_job_cancel(j);
+    do CHECK(srv_job_next(j, &ev, 30000)); while (ev.kind != SRV_EV_DONE);
+    CHECK(ev.stop == MU_GEN_STOP_CANCELLED);
 }
 
 /* draw_threads: 0 the default (on the CPU backend the scheduler thread
@@ -156,11 +176,7 @@ static void test_batched_equals_solo(int32_t draw_threads) {
     forever.ignore_eos = true;
     j = submit(s, PROMPTS[1], &forever, 400);
     if (j) {
-        srv_event ev;
-        for (int k = 0; k < 3; k++) CHECK(srv_job_next(j, &ev, 30000) && ev.kind == SRV_EV_TOKEN);
-        srv_job_cancel(j);
-        do CHECK(srv_job_next(j, &ev, 30000)); while (ev.kind != SRV_EV_DONE);
-        CHECK(ev.stop == MU_GEN_STOP_CANCELLED);
+        cancel_after(j, 3);
         srv_job_free(j);
         srv_slot_info slots[4];
         CHECK(srv_sched_slots(s, slots, 4) == 4);
@@ -268,28 +284,6 @@ static void test_speculation(const char *draft_path) {
  * (a burst cut back), ignore_eos; then a prompt extending the stopped
  * one's text reuses the slot's cached tokens and still matches (the
  * slot's record of its tokens stayed the session's); a cancel ends one. */
-static void solo_plain(const char *prompt, const muser_sampling_params *sp, int64_t n_predict, const char *stop,
-                       outcome *o, int64_t *pos) {
-    setenv("MUSER_CHAIN", "0", 1);
-    muser_error err;
-    muser_session_params ps = {.n_ctx = N_CTX};
-    muser_session *s = muser_session_create(model, &ps, &err);
-    mu_gen *g = mu_gen_new(model, sp, &err);
-    const char *stops[] = {stop};
-    mu_gen_request req = {.text = prompt, .n_predict = n_predict, .stops = stops, .n_stops = stop != NULL};
-    CHECK_MSG(s && g && mu_gen_run(g, s, NULL, NULL, &req, NULL, NULL, &err), "%s", err.msg);
-    const mu_gen_result *r = mu_gen_get_result(g);
-    memset(o, 0, sizeof *o);
-    o->n = r->n_tokens;
-    for (int64_t i = 0; i < r->n_tokens && i < 64; i++) o->toks[i] = r->tokens[i];
-    snprintf(o->text, sizeof o->text, "%s", r->text);
-    o->stop = r->stop;
-    *pos = muser_session_pos(s);
-    mu_gen_free(g);
-    muser_session_free(s);
-    unsetenv("MUSER_CHAIN");
-}
-
 static void test_chain_alone(void) {
     muser_error err;
     srv_sched_params sp = {.n_slots = 2, .n_ctx = N_CTX, .prefill_chunk = 8};
@@ -307,7 +301,7 @@ static void test_chain_alone(void) {
         const muser_sampling_params *smp = cases[c].no_eos ? &no_eos : &greedy;
         outcome want, got;
         int64_t want_pos;
-        solo_plain(PROMPTS[cases[c].prompt], smp, cases[c].n, cases[c].stop, &want, &want_pos);
+        solo_run(PROMPTS[cases[c].prompt], smp, cases[c].n, cases[c].stop, true, &want, &want_pos);
         const char *stops[] = {cases[c].stop};
         srv_job_params p = {.req = {.text = PROMPTS[cases[c].prompt], .n_predict = cases[c].n, .stops = stops,
                                     .n_stops = cases[c].stop != NULL},
@@ -328,8 +322,7 @@ static void test_chain_alone(void) {
         srv_job_free(j);
         if (c == 1) { /* the slot holds the stopped job's tokens: extend them */
             outcome w2, g2;
-            int64_t pos2;
-            solo_plain(last_prompt, &greedy, 24, NULL, &w2, &pos2);
+            solo_run(last_prompt, &greedy, 24, NULL, true, &w2, NULL);
             srv_job_params p2 = {.req = {.text = last_prompt, .n_predict = 24}, .sampling = greedy, .slot = 0,
                                  .cache_prompt = true};
             srv_job *j2 = srv_sched_submit(s, &p2, &why, &err);
@@ -347,11 +340,7 @@ static void test_chain_alone(void) {
     /* a cancel in the middle of bursts */
     srv_job *j = submit(s, PROMPTS[2], &no_eos, 400);
     if (j) {
-        srv_event ev;
-        for (int k = 0; k < 20; k++) CHECK(srv_job_next(j, &ev, 30000) && ev.kind == SRV_EV_TOKEN);
-        srv_job_cancel(j);
-        do CHECK(srv_job_next(j, &ev, 30000)); while (ev.kind != SRV_EV_DONE);
-        CHECK(ev.stop == MU_GEN_STOP_CANCELLED);
+        cancel_after(j, 20);
         srv_job_free(j);
     }
     unsetenv("MUSER_CHAIN_BURST");

@@ -205,6 +205,13 @@ static void slot_reset(slot *sl) {
     sl->n_toks = 0;
 }
 
+/* End a job with an error; its slot's KV is no longer what its record says. */
+static void fail_job(srv_sched *s, slot *sl, srv_job *j, const char *msg) {
+    mu_gen_finish(j->g, MU_GEN_STOP_ERROR, msg);
+    slot_reset(sl);
+    finish_job(s, j);
+}
+
 static int64_t common_prefix(const slot *sl, const int32_t *p, int64_t n) {
     int64_t k = 0;
     while (k < sl->n_toks && k < n && sl->toks[k] == p[k]) k++;
@@ -296,9 +303,7 @@ static void speculate(srv_sched *s, slot *sl, srv_job *j) {
     const int n = muser_spec_next(sl->sp, pending, mu_gen_sampler(j->g), mu_gen_max_draw(j->g), out, rows, &err);
     pthread_mutex_lock(&s->mu);
     if (n < 0) {
-        mu_gen_finish(j->g, MU_GEN_STOP_ERROR, err.msg);
-        slot_reset(sl);
-        finish_job(s, j);
+        fail_job(s, sl, j, err.msg);
         return;
     }
     muser_spec_get_stats(sl->sp, &after);
@@ -365,9 +370,7 @@ static void chain_burst(srv_sched *s, slot *sl, srv_job *j, int64_t max_feed) {
     const double dt = mu_now() - t0;
     pthread_mutex_lock(&s->mu);
     if (calls < 0) {
-        mu_gen_finish(j->g, MU_GEN_STOP_ERROR, err.msg);
-        slot_reset(sl);
-        finish_job(s, j);
+        fail_job(s, sl, j, err.msg);
         return;
     }
     if (calls > 0) s->chain_tok_s = s->chain_tok_s > 0 ? 0.8 * s->chain_tok_s + 0.2 * dt / (double)calls : dt / (double)calls;
@@ -384,9 +387,7 @@ static void chain_burst(srv_sched *s, slot *sl, srv_job *j, int64_t max_feed) {
     const int64_t keep = pos0 + (i < fed ? i : fed);
     if (muser_session_pos(sl->sess) > keep) {
         if (!muser_session_truncate(sl->sess, keep, &err)) {
-            mu_gen_finish(j->g, MU_GEN_STOP_ERROR, err.msg);
-            slot_reset(sl);
-            finish_job(s, j);
+            fail_job(s, sl, j, err.msg);
             return;
         }
         sl->n_toks -= pos0 + fed - keep;
@@ -579,9 +580,7 @@ static void take_rows(srv_sched *s) {
         srv_job *j = sl->job;
         if (!j || muser_session_queued(sl->sess) > 0 || !(j->prompt_queued || j->token_queued)) continue;
         if (muser_session_error(sl->sess)[0]) {
-            mu_gen_finish(j->g, MU_GEN_STOP_ERROR, muser_session_error(sl->sess));
-            slot_reset(sl);
-            finish_job(s, j);
+            fail_job(s, sl, j, muser_session_error(sl->sess));
             continue;
         }
         const float *row = muser_session_logits(sl->sess);
@@ -603,9 +602,7 @@ static void take_rows(srv_sched *s) {
         }
         mu_error serr;
         if (sl->sp && !mu_spec_take_fed(sl->sp, n_rows, &serr)) {
-            mu_gen_finish(j->g, MU_GEN_STOP_ERROR, serr.msg);
-            slot_reset(sl);
-            finish_job(s, j);
+            fail_job(s, sl, j, serr.msg);
             continue;
         }
         if (prompt_rows) {
