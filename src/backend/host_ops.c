@@ -4,6 +4,7 @@
  * like the rest): for the ops here this is the reference a device backend
  * reproduces (docs/numerics.md). */
 #include "backend/backend.h"
+#include "sample/sample.h"
 #include "util/hugemap.h"
 #include "util/mumath.h"
 #include <math.h>
@@ -151,20 +152,13 @@ static void host_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, 
     }
 }
 
-/* backend.h chain_pick, at once: the first maximum, and whether it is the
- * only value equal to it in a row of finite values. */
+/* backend.h chain_pick, at once: the greedy shortcut's own rule
+ * (mu_sample_argmax_unique: a unique, finite maximum, or none). */
 static void host_chain_pick(mu_backend *b, const float *x, int64_t n, int32_t *slot) {
-    int64_t best = 0, eq = 0;
-    bool finite = true;
-    for (int64_t i = 0; i < n; i++) {
-        finite &= isfinite(x[i]) != 0;
-        if (x[i] > x[best]) best = i, eq = 1;
-        else if (x[i] == x[best]) eq++;
-    }
-    const bool unique = finite && n > 0 && eq == 1;
-    b->chained = unique ? (int32_t)best : 0;
+    const int32_t id = n > 0 ? mu_sample_argmax_unique(x, (size_t)n) : -1;
+    b->chained = id >= 0 ? id : 0;
     slot[0] = b->chained;
-    slot[1] = unique ? 1 : 2;
+    slot[1] = id >= 0 ? 1 : 2;
 }
 
 static bool host_chain_wait(mu_backend *b, volatile int32_t *slot, mu_error *err) {

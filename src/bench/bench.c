@@ -5,6 +5,7 @@
 #include "bench/bench.h"
 #include "backend/cpu/cpu_backend.h"
 #include "model/api_internal.h"
+#include "sample/sample.h"
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -126,12 +127,7 @@ void mu_bench_pause(double seconds) {
 /* The greedy chain's next(): every pick is fed, and an undecided row's
  * first maximum (the pick's own rule); the chain's max_feed ends it. */
 static int32_t chain_take(void *user, int32_t tok, const float *row) {
-    if (tok >= 0) return tok;
-    const int64_t V = *(const int64_t *)user;
-    int32_t best = 0;
-    for (int64_t i = 1; i < V; i++)
-        if (row[i] > row[best]) best = (int32_t)i;
-    return best;
+    return tok >= 0 ? tok : mu_sample_argmax(row, (size_t)*(const int64_t *)user, NULL, 0);
 }
 
 /* One timed run: prefill of n_prompt tokens, or n_gen single-token feeds
