@@ -308,8 +308,9 @@ static void test_matmul_large(void) {
     }
 }
 
-/* NVFP4 (ggml, ggml with .scale, native W4A16) on k_mmv_fp4, Q8_0 and
- * Q4_0 on k_mmv_q0, and all on the kernel before them (MUSER_CUDA_FP4=0),
+/* NVFP4 (ggml, ggml with .scale, native W4A16) in the split layout (k_mmv4
+ * at 1 row, k_mmv2 above), Q8_0 and Q4_0 on k_mmv_q0, and all on the kernel
+ * before them (MUSER_CUDA_FP4=0),
  * row counts across the 16-row chunks; rows 3 with an all-zero block and a
  * repeated largest magnitude. */
 static void test_matmul_fp4(void) {
@@ -342,6 +343,25 @@ static void test_matmul_fp4(void) {
             }
     }
     mucu_set_fp4(1);
+    /* scale bytes the quantizer does not write: ggml's 0x7F (read as 0), 0xFF and sign bits (ignored); native
+     * negative scales and zero; then the split layout's products against ref at 1, 5 and 17 rows */
+    for (int nat = 0; nat < 2; nat++) {
+        mu_weight w = make_weight(&fp4[nat ? 2 : 0], 1536, 37);
+        static const uint8_t gg[] = {0x7F, 0xFF, 0x85, 0x00, 0xB8, 0x3A};
+        static const uint8_t nn[] = {0xB8, 0x85, 0x00, 0xC0, 0x01, 0x81};
+        uint8_t *p = (uint8_t *)(nat ? w.nvfp4_scales : w.data);
+        for (int64_t o = 0; o < 37; o++)
+            for (int64_t k = 0; k < 1536 / (nat ? 16 : 64); k++)
+                if ((o * 7 + k * 3) % 5 == 0) {
+                    if (nat) p[o * 96 + k] = nn[(o + k) % 6];
+                    else p[(uint64_t)o * w.row_bytes + k * 36 + (o + k) % 4] = gg[(o + k) % 6];
+                }
+        for (int64_t rows = 1; rows <= 17; rows += rows == 1 ? 4 : 12) {
+            char what[96];
+            snprintf(what, sizeof what, "matmul %s edge scales rows=%lld", w.name, (long long)rows);
+            compare_matmul(&w, rnd_vec((size_t)(rows * 1536), 3.0f), rows, what);
+        }
+    }
 }
 
 /* --bench-mmv: the weight-streaming kernels (3: the default, k_mmv4 at 1 row, k_mmt above; 9: k_mmt; 10: the
@@ -409,7 +429,7 @@ static void bench_mmv(void) {
         const int64_t n_in = shapes[si].n_in, n_out = shapes[si].n_out;
         float *x = rnd_vec((size_t)(16 * n_in), 2.0f), *dx = dev(x, (size_t)(16 * n_in) * 4);
         float *dy = cu->alloc(cu, (size_t)(16 * n_out) * 4);
-        /* k_mmv_fp4 / k_mmv_q0 ("fast") against k_matmul_warp ("warp") */
+        /* NVFP4 split / k_mmv_q0 ("fast") against k_matmul_warp ("warp") */
         const bool fp4 = shapes[si].type == MU_TYPE_NVFP4 || shapes[si].type == MU_TYPE_Q8_0;
         for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
             for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++) {
@@ -551,28 +571,37 @@ static void bench_mmv(void) {
     mucu_mmq_variant = -1;
 }
 
-/* matmul_multi: weights of the fast kernel sharing one quantization of x,
+/* matmul_multi: weights of the fast kernel sharing one quantization of x
+ * (NVFP4 sets among them: native ones quantize x rounded through f16, and a
+ * set mixing kinds quantizes per kind),
  * and a mix that falls back to one matmul each. */
 static void test_matmul_multi(void) {
-    const wspec specs[3][3] = {
+    enum { NS = 6 };
+    const wspec specs[NS][3] = {
         {{"Q4_K", MU_TYPE_Q4_K, false, false}, {"Q6_K", MU_TYPE_Q6_K, false, false}, {"Q5_K", MU_TYPE_Q5_K, false, false}},
         {{"Q4_K", MU_TYPE_Q4_K, false, false}, {"Q8_0", MU_TYPE_Q8_0, false, false}, {"F16", MU_TYPE_F16, false, false}},
         {{"Q6_K", MU_TYPE_Q6_K, false, false}, {"Q4_K+scale", MU_TYPE_Q4_K, true, false}, {"Q4_K", MU_TYPE_Q4_K, false, false}},
+        {{"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false}, {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false},
+         {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false}},
+        {{"NVFP4_ggml", MU_TYPE_NVFP4, false, false}, {"NVFP4_ggml+scale", MU_TYPE_NVFP4, true, false},
+         {"NVFP4_ggml", MU_TYPE_NVFP4, false, false}},
+        {{"NVFP4_ggml", MU_TYPE_NVFP4, false, false}, {"Q4_K", MU_TYPE_Q4_K, false, false},
+         {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false}},
     };
     const int64_t n_in = 1536, n_outs[3] = {29, 64, 8};
     /* at 1 row also k_mmv4 with each shape (11..16: 1, 2, 4 warps per slot, 2 or 4 blocks in flight; the
      * weights' slots share CTAs) and the kernels before it (10) */
     static const int v1[] = {10, 11, 12, 13, 14, 15, 16};
-    for (int set = 0; set < 9 + 3 * 7; set++) {
-        const int64_t rows = set < 9 ? (int64_t[]){1, 5, 16}[set / 3] : 1; /* one launch for the set up to 16 rows */
-        const int variant = set < 9 ? 3 : v1[(set - 9) / 3];
+    for (int set = 0; set < NS * 3 + NS * 7; set++) {
+        const int64_t rows = set < NS * 3 ? (int64_t[]){1, 5, 16}[set / NS] : 1; /* one launch for the set up to 16 rows */
+        const int variant = set < NS * 3 ? 3 : v1[(set - NS * 3) / NS];
         mucu_set_mmv_variant(variant);
         mu_weight w[3];
         const mu_weight *wp[3];
         float *y[3], *dy[3];
         float *x = rnd_vec((size_t)(rows * n_in), 2.0f), *dx = dev(x, (size_t)(rows * n_in) * 4);
         for (int i = 0; i < 3; i++) {
-            w[i] = make_weight(&specs[set % 3][i], n_in, n_outs[i]);
+            w[i] = make_weight(&specs[set % NS][i], n_in, n_outs[i]);
             wp[i] = &w[i];
             y[i] = mu_xmalloc((size_t)(rows * n_outs[i]) * 4);
             dy[i] = cu->alloc(cu, (size_t)(rows * n_outs[i]) * 4);
@@ -581,8 +610,8 @@ static void test_matmul_multi(void) {
         cu->matmul_multi(cu, 3, wp, dx, dy, rows);
         for (int i = 0; i < 3; i++) {
             char what[96];
-            snprintf(what, sizeof what, "matmul_multi set %d rows %lld weight %d (%s) mmv %d mmq %d", set % 3,
-                     (long long)rows, i, specs[set % 3][i].label, variant, mucu_mmq_variant);
+            snprintf(what, sizeof what, "matmul_multi set %d rows %lld weight %d (%s) mmv %d mmq %d", set % NS,
+                     (long long)rows, i, specs[set % NS][i].label, variant, mucu_mmq_variant);
             check(what, y[i], dy[i], (size_t)(rows * n_outs[i]) * 4);
             cu->free(cu, dy[i], 0), free(y[i]);
         }
@@ -1069,6 +1098,24 @@ static void test_fused(void) {
                     ref->matmul(ref, &w[0], h, y0, rows);
                     cu->matmul(cu, &w[0], dh, dy0, rows);
                     snprintf(what, sizeof what, "rmsnorm + matmul n=%lld", (long long)n);
+                    check(what, y0, dy0, (size_t)(rows * 40) * 4);
+                    /* native NVFP4 after the fused quantization (it must quantize h rounded through f16
+                     * itself), a native set reading that, then Q4_K again (the values as they are) */
+                    static const wspec nat = {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false};
+                    mu_weight wn[2] = {make_weight(&nat, n, 40), make_weight(&nat, n, 24)};
+                    const mu_weight *wnp[2] = {&wn[0], &wn[1]};
+                    ref->matmul(ref, &wn[0], h, y0, rows);
+                    cu->matmul(cu, &wn[0], dh, dy0, rows);
+                    snprintf(what, sizeof what, "rmsnorm + matmul NVFP4 native n=%lld", (long long)n);
+                    check(what, y0, dy0, (size_t)(rows * 40) * 4);
+                    ref->matmul(ref, &wn[1], h, y1, rows);
+                    cu->matmul_multi(cu, 2, wnp, dh, (float *[]){dy0, dy1}, rows);
+                    snprintf(what, sizeof what, "rmsnorm + matmul NVFP4 native + set n=%lld", (long long)n);
+                    check(what, y0, dy0, (size_t)(rows * 40) * 4);
+                    check(what, y1, dy1, (size_t)(rows * 24) * 4);
+                    ref->matmul(ref, &w[0], h, y0, rows);
+                    cu->matmul(cu, &w[0], dh, dy0, rows);
+                    snprintf(what, sizeof what, "rmsnorm + matmul NVFP4 native + Q4_K n=%lld", (long long)n);
                     check(what, y0, dy0, (size_t)(rows * 40) * 4);
                     cu->free(cu, dy0, 0), cu->free(cu, dy1, 0), free(y0), free(y1);
                 }

@@ -64,9 +64,12 @@ typedef struct cuda_ctx {
      * values at device address q8_x, written by the op that produced them
      * (rmsnorm, residual, gate, swiglu), for the matrix products that read
      * them next. Every other op clears it (q8_clear), so it never outlives
-     * the values it describes. */
+     * the values it describes. q8_f16: of the values rounded through f16
+     * (native NVFP4 W4A16 products, mucu_matmul_f16_acts), which only those
+     * products quantize. */
     const float *q8_x;
     int64_t q8_n;
+    bool q8_f16;
     /* Decode graphs (docs/cuda.md "Graphs"): see forward_begin below. */
     int gmode;                 /* G_DIRECT, G_CAPTURE, G_REPLAY */
     int graphs;                /* -1 not decided; 0 off; 1 on */
@@ -112,6 +115,7 @@ static void q8_clear(mu_backend *b) {
     cuda_ctx *c = (cuda_ctx *)b->ctx;
     c->q8_x = NULL;
     c->q8_n = 0;
+    c->q8_f16 = false;
 }
 
 /* The q8 buffer, sized for n values, to be filled with x's quantization. */
@@ -238,7 +242,7 @@ static bool go(mu_backend *b, uint64_t sig) {
     sig = mix64(sig, (uint64_t)(uintptr_t)c->ring_d);
     sig = mix64(sig, (uint64_t)(uintptr_t)c->ring_base); /* either half: the replay uploads from the one in use */
     sig = mix64(sig, (uint64_t)(uintptr_t)c->q8_x);
-    sig = mix64(sig, (uint64_t)c->q8_n);
+    sig = mix64(sig, (uint64_t)c->q8_n + ((uint64_t)c->q8_f16 << 63));
     sig = mix64(sig, (uint64_t)(uintptr_t)c->q8.p);
     sig = mix64(sig, (uint64_t)(uintptr_t)c->part.p);
     sig = mix64(sig, (uint64_t)(uintptr_t)c->tmp.p);
@@ -470,12 +474,16 @@ static const dev_copy *copies_get(const cuda_ctx *c, const void *host, int kind,
     return NULL;
 }
 
-/* The device copy of `bytes` host bytes at `host` (uploaded on first use;
- * kind 1 with q6k_blocks > 0: in the Q6_K split layout), or host itself
- * when it already is device memory (activations viewed as a weight,
- * mu_f32_matrix). Host bytes seen here must stay alive and unchanged while
- * the backend lives (model weights and norm vectors are). */
-static const void *dev_bytes_kind(mu_backend *b, const void *host, size_t bytes, int kind, int64_t q6k_blocks,
+enum { KIND_BYTES, KIND_Q6K_SPLIT, KIND_FP4_SPLIT };
+
+/* The device copy of `bytes` host bytes at `host` (uploaded on first use),
+ * or host itself when it already is device memory (activations viewed as a
+ * weight, mu_f32_matrix). KIND_Q6K_SPLIT: w's Q6_K blocks in the split
+ * layout; KIND_FP4_SPLIT: w's NVFP4 rows (and native scales) in the fast
+ * kernels' layout, `bytes` of it (mucu_fp4_split). Host bytes seen here
+ * must stay alive and unchanged while the backend lives (model weights and
+ * norm vectors are). */
+static const void *dev_bytes_kind(mu_backend *b, const void *host, size_t bytes, int kind, const mu_weight *w,
                                   const char *what) {
     cuda_ctx *c = ctx_of(b);
     const dev_copy *hit = copies_get(c, host, kind, bytes);
@@ -487,11 +495,20 @@ static const void *dev_bytes_kind(mu_backend *b, const void *host, size_t bytes,
     /* 16 zero bytes past the end: the tensor-core kernel reads the split
      * Q6_K d array in aligned 4-byte pairs (cuda_prefill.cu) */
     if (!mucu_malloc(&d, bytes + 16, err)) die(what, err);
-    if (kind == 1 && q6k_blocks > 0) {
+    if (kind == KIND_Q6K_SPLIT) {
         uint8_t *t = mu_xmalloc(bytes);
-        mucu_q6k_split(host, t, q6k_blocks);
+        mucu_q6k_split(host, t, w->n_out * (w->n_in / 256));
         if (!mucu_memcpy(d, t, bytes, what, err)) die(what, err);
         free(t);
+    } else if (kind == KIND_FP4_SPLIT) { /* the rows as they are, then the kernel that rearranges them */
+        const bool native = w->type == MU_TYPE_NVFP4_E2M1;
+        const size_t raw = (size_t)w->n_out * (native ? (size_t)w->n_in / 2 : w->row_bytes);
+        const size_t sc = native ? (size_t)w->n_out * (size_t)(w->n_in / 16) : 0;
+        void *t = NULL;
+        if (!mucu_malloc(&t, raw + sc, err) || !mucu_memcpy(t, host, raw, what, err) ||
+            (sc && !mucu_memcpy((uint8_t *)t + raw, w->nvfp4_scales, sc, what, err)) ||
+            !mucu_fp4_split(t, sc ? (uint8_t *)t + raw : NULL, d, w->n_in, w->n_out, native, err) || !mucu_free(t, err))
+            die(what, err);
     } else if (!mucu_memcpy(d, host, bytes, what, err)) {
         die(what, err);
     }
@@ -501,7 +518,7 @@ static const void *dev_bytes_kind(mu_backend *b, const void *host, size_t bytes,
 }
 
 static const void *dev_bytes(mu_backend *b, const void *host, size_t bytes, const char *what) {
-    return dev_bytes_kind(b, host, bytes, 0, 0, what);
+    return dev_bytes_kind(b, host, bytes, KIND_BYTES, NULL, what);
 }
 
 static bool cuda_type_ok(uint32_t t) {
@@ -531,9 +548,16 @@ static mucu_weight dev_weight(mu_backend *b, const mu_weight *w, const char *op,
                      .input_scale_inv = w->input_scale_inv, .n_in = w->n_in, .n_out = w->n_out,
                      .row_bytes = w->row_bytes};
     const size_t data_bytes = native ? (size_t)w->n_out * (size_t)(w->n_in / 2) : (size_t)w->n_out * w->row_bytes;
-    if (for_matmul && w->type == MU_TYPE_Q6_K && true) {
-        d.data = dev_bytes_kind(b, w->data, data_bytes, 1, w->n_out * (w->n_in / 256), name);
+    /* NVFP4 W4A16 / ggml on the fast kernels (MUSER_CUDA_FP4=0: the rows as they are, k_matmul_warp) */
+    const bool fp4 = (w->type == MU_TYPE_NVFP4 || (native && !(w->input_scale_inv > 0.0f))) && w->n_in % 256 == 0 &&
+                     mucu_fp4_on();
+    if (for_matmul && w->type == MU_TYPE_Q6_K) {
+        d.data = dev_bytes_kind(b, w->data, data_bytes, KIND_Q6K_SPLIT, w, name);
         d.q6_split = d.data != w->data; /* device activations are never Q6_K; kept for safety */
+    } else if (for_matmul && fp4) {
+        d.data = dev_bytes_kind(b, w->data, mucu_fp4_split_bytes(w->n_in, w->n_out), KIND_FP4_SPLIT, w, name);
+        d.fp4_split = 1;
+        return d;
     } else {
         d.data = dev_bytes(b, w->data, data_bytes, name);
     }
@@ -715,10 +739,17 @@ static void q8_written(mu_backend *b, const float *y, int64_t n) {
     if (c->q8_x && y < c->q8_x + c->q8_n && c->q8_x < y + n) q8_clear(b);
 }
 
-/* Is the q8 buffer x's quantization, for rows of n_in? */
-static bool q8_holds(mu_backend *b, const float *x, int64_t n_in, int64_t rows) {
+/* Is the q8 buffer x's quantization, for rows of n_in, of the values as
+ * they are or (f16) rounded through f16? */
+static bool q8_holds(mu_backend *b, const float *x, int64_t n_in, int64_t rows, bool f16) {
     const cuda_ctx *c = ctx_of(b);
-    return c->q8_x && c->q8_x == x && c->q8_n == n_in * rows;
+    return c->q8_x && c->q8_x == x && c->q8_n == n_in * rows && c->q8_f16 == f16;
+}
+
+/* After a product quantized x itself (rows of n_in): the buffer holds it. */
+static void q8_tag(mu_backend *b, const float *x, int64_t n, bool f16) {
+    cuda_ctx *c = ctx_of(b);
+    c->q8_x = x, c->q8_n = n, c->q8_f16 = f16;
 }
 
 /* The scratch of the products that split over their blocks (the largest
@@ -737,7 +768,8 @@ static void cuda_matmul(mu_backend *b, const mu_weight *w, const float *x, float
     mucu_weight d = dev_weight(b, w, "matmul", true);
     const mucu_weight *dp = &d;
     float *sp = gemm_split(b, &dp, 1, rows);
-    if (mucu_matmul_fast(&d) && q8_holds(b, x, w->n_in, rows)) {
+    const bool f16 = mucu_matmul_f16_acts(&d);
+    if (mucu_matmul_fast(&d) && q8_holds(b, x, w->n_in, rows, f16)) {
         if (go(b, sig_of("matmul q8", 6, P(d.data), P(x), P(y), I(rows), I(w->n_in), P(sp))))
             CHECK("matmul", mucu_matmul(&d, x, y, rows, ctx_of(b)->q8.p, 1, sp, err));
         q8_written(b, y, rows * w->n_out);
@@ -748,8 +780,7 @@ static void cuda_matmul(mu_backend *b, const mu_weight *w, const float *x, float
     if (go(b, sig_of("matmul", 6, P(d.data), P(x), P(y), I(rows), I(w->n_in), P(sp))))
         CHECK("matmul", mucu_matmul(&d, x, y, rows, q8, 0, sp, err));
     if (mucu_matmul_fast(&d)) { /* the buffer now holds x's split quantization */
-        ctx_of(b)->q8_x = x;
-        ctx_of(b)->q8_n = w->n_in * rows;
+        q8_tag(b, x, w->n_in * rows, f16);
         q8_written(b, y, rows * w->n_out);
     }
 }
@@ -767,13 +798,16 @@ static void cuda_matmul_multi(mu_backend *b, int n, const mu_weight *const *w, c
             break;
         }
         d[i] = dev_weight(b, w[i], "matmul", true);
-        shared = mucu_matmul_fast(&d[i]);
+        /* one quantization for all: the same kind of fast weight (K-quant, NVFP4 ggml, NVFP4 native) */
+        shared = mucu_matmul_fast(&d[i]) && mucu_matmul_f16_acts(&d[i]) == mucu_matmul_f16_acts(&d[0]) &&
+                 (d[i].fp4_split != 0) == (d[0].fp4_split != 0);
     }
     if (!shared) {
         for (int i = 0; i < n; i++) cuda_matmul(b, w[i], x, y[i], rows);
         return;
     }
-    const bool have = q8_holds(b, x, w[0]->n_in, rows);
+    const bool f16 = mucu_matmul_f16_acts(&d[0]);
+    const bool have = q8_holds(b, x, w[0]->n_in, rows, f16);
     if (!have) q8_clear(b);
     void *q8 = buf_reserve_c(ctx_of(b), &ctx_of(b)->q8, mucu_q8k_bytes(w[0]->n_in, rows) + 1, "matmul");
     uint64_t sig = sig_of("matmul_multi", 4, P(x), I(rows), I(n), I(have));
@@ -783,8 +817,7 @@ static void cuda_matmul_multi(mu_backend *b, int n, const mu_weight *const *w, c
     float *sp = gemm_split(b, dp, n, rows);
     sig = mix64(sig, P(sp));
     if (go(b, sig)) CHECK("matmul", mucu_matmul_set(dp, n, x, y, rows, q8, have, sp, err));
-    ctx_of(b)->q8_x = x;
-    ctx_of(b)->q8_n = w[0]->n_in * rows;
+    q8_tag(b, x, w[0]->n_in * rows, f16);
     for (int i = 0; i < n; i++) q8_written(b, y[i], rows * w[i]->n_out);
 }
 

@@ -1390,15 +1390,16 @@ __device__ static inline void st8h(float *p, int64_t b, int lane, int64_t n, con
     st4(p, hx(b, lane, 4), n, v + 4);
 }
 
-/* One warp per 256-value block. */
-__global__ static void k_quantize_q8split(const float *x, q8split o, int64_t n_blocks) {
+/* One warp per 256-value block; via_f16 (native NVFP4 W4A16): each value
+ * rounded through f16 first, as k_quantize_q8k does. */
+__global__ static void k_quantize_q8split(const float *x, q8split o, int64_t n_blocks, bool via_f16) {
     grid_dep_wait();
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;
     const float *src = x + b * 256 + lane * 8;
     float v[8];
-    for (int i = 0; i < 8; i++) v[i] = src[i];
+    for (int i = 0; i < 8; i++) v[i] = via_f16 ? round_f16(src[i]) : src[i];
     quantize_block_warp(v, o, b, lane);
 }
 
@@ -1446,6 +1447,57 @@ __device__ static inline int32_t sum8(int32_t v) { /* over the 8 lanes of a grou
 /* Q6_K on the device: blocks split into ql|qh (192 bytes, 16-aligned),
  * the 16 int8 scales and the f16 d, each array [n_out * nb] (the upload
  * repacks; cuda_backend.c). */
+extern "C" size_t mucu_fp4_split_bytes(int64_t n_in, int64_t n_out) { return (size_t)(n_in / 256) * 144 * (size_t)n_out; }
+
+/* The layout is load_wq2's (NVFP4), a thread per (output, 256-value block),
+ * on the device (a host loop over a 27.85B-value model took minutes); a
+ * ggml UE4M3 scale byte becomes the E4M3FN byte of the same value (0x7F
+ * is 0, the sign bit is ignored), so one table serves both. Runs once, at
+ * upload: no grid_dep_wait needed, but every kernel calls it. */
+__global__ static void k_fp4_split(const uint8_t *src, const uint8_t *scales, uint8_t *dst, int64_t n_in, int64_t n_out,
+                                   int native) {
+    grid_dep_wait();
+    const int64_t nb = n_in / 256, row_bytes = native ? n_in / 2 : n_in / 64 * 36;
+    const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= n_out * nb) return;
+    const int64_t o = id / nb, b = id % nb;
+    const uint8_t *row = src + o * row_bytes;
+    auto code = [&](int v) -> uint32_t {
+        if (native) return (row[(b * 256 + v) / 2] >> (4 * (v & 1))) & 15;
+        const uint8_t *blk = row + (b * 4 + v / 64) * 36;
+        const int w = v % 64, r = w % 16;
+        const uint8_t q = blk[4 + 8 * (w / 16) + r % 8];
+        return r >= 8 ? q >> 4 : q & 15;
+    };
+    auto scale = [&](int g) -> uint32_t {
+        if (native) return scales[o * (n_in / 16) + b * 16 + g];
+        const uint8_t u = row[(b * 4 + g / 4) * 36 + g % 4];
+        return u == 0x7F ? 0 : u & 0x7F;
+    };
+    uint32_t *out = (uint32_t *)(dst + id * 144);
+    for (int t = 0; t < 4; t++) {
+        const int g = 4 * (t >> 1) + (t & 1);
+        out[t] = scale(g) | scale(g + 2) << 8 | scale(g + 8) << 16 | scale(g + 10) << 24;
+    }
+    for (int pc = 0; pc < 8; pc++) {
+        const int L = 64 * (pc >> 1) + 16 * (pc & 1);
+        for (int k = 0; k < 4; k++) {
+            uint32_t wd = 0;
+            for (int i = 0; i < 4; i++) wd |= code(L + 4 * k + i) << (4 * i) | code(L + 32 + 4 * k + i) << (16 + 4 * i);
+            out[4 + 4 * pc + k] = wd;
+        }
+    }
+}
+
+extern "C" bool mucu_fp4_split(const uint8_t *src, const uint8_t *scales, uint8_t *dst, int64_t n_in, int64_t n_out,
+                               int native, char *err) {
+    const int64_t n = n_out * (n_in / 256);
+    if (n <= 0) return true;
+    k_fp4_split<<<(unsigned)((n + 255) / 256), 256, 0, g_s>>>(src, scales, dst, n_in, n_out, native);
+    if (!launched("k_fp4_split", err)) return false;
+    return mucu_sync("k_fp4_split", err);
+}
+
 extern "C" size_t mucu_q6k_split_bytes(int64_t n_blocks) { return (size_t)n_blocks * 210; }
 extern "C" void mucu_q6k_split(const uint8_t *src, uint8_t *dst, int64_t n_blocks) {
     uint8_t *q = dst, *sc = dst + (size_t)n_blocks * 192, *d = sc + (size_t)n_blocks * 16;
@@ -1642,10 +1694,26 @@ struct wq2 {
     uint32_t d6;  /* Q6_K: f16 d */
 };
 
+/* NVFP4 (ggml type 40 and native W4A16) in the device's split layout
+ * (mucu_fp4_split): 144 bytes per 256 values, Q4_K's block size, so a
+ * lane reads what it reads of Q4_K: header word t, the 4 E4M3 scales of
+ * its 4 groups of 16 values, and code pieces [16t, 16t+16) and
+ * [64+16t, 64+16t+16) (pieces t and t + 4). Piece p holds the values of
+ * Q4_K's piece p: word k's low half-word the codes of values L + 4k ..
+ * L + 4k + 3 (L = 64(p >> 1) + 16(p & 1)), its high half-word those of
+ * L + 32 + 4k ..; one code a nibble, so a half-word is a byte-permute
+ * selector as it stands. */
+__host__ __device__ constexpr bool is_fp4(int type) { return type == T_NVFP4 || type == T_NVFP4_NATIVE; }
+
 template <int TYPE>
 __device__ static inline void load_wq2(const uint8_t *W, const uint8_t *q6sc, const uint16_t *q6d, int64_t item, int t,
                                        wq2 &s) {
-    if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+    if (is_fp4(TYPE)) {
+        const uint8_t *blk = W + item * 144;
+        s.hdr.x = __ldg((const uint32_t *)blk + t);
+        s.a = __ldg((const uint4 *)(blk + 16 + 16 * t));
+        s.b = __ldg((const uint4 *)(blk + 80 + 16 * t));
+    } else if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
         const bool q5 = TYPE == T_Q5_K;
         const uint8_t *blk = W + item * (q5 ? 176 : 144);
         const uint8_t *qs = blk + (q5 ? 48 : 16);
@@ -1691,12 +1759,68 @@ __device__ static inline uint4 q6_vals(uint4 v, uint4 h, int sh) {
                       __vsub4(v.w | (((h.w >> sh) & 0x03030303u) << 4), 0x20202020u));
 }
 
+/* Eight E2M1 codes (a word of the split layout: nibble i the code of
+ * value i) as int8 values x2 (e2m1_q1: 0, 1, 2, 3, 4, 6, 8, 12 and their
+ * negatives): lo the values of nibbles 0-3, hi of nibbles 4-7. A byte
+ * permute looks up the magnitudes' table and the negated table with each
+ * nibble's low 3 bits; a third picks, per byte, the negated one where the
+ * nibble's bit 3 is set. Exact: a table lookup. */
+__device__ static inline void e2m1x8_q1(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    const uint32_t s7 = w & 0x77777777u, sg = ((w >> 1) & 0x44444444u) | 0x32103210u;
+    const uint32_t P0 = 0x03020100u, P1 = 0x0C080604u, N0 = 0xFDFEFF00u, N1 = 0xF4F8FAFCu;
+    lo = __byte_perm(__byte_perm(P0, P1, s7), __byte_perm(N0, N1, s7), sg);
+    const uint32_t s7h = s7 >> 16;
+    hi = __byte_perm(__byte_perm(P0, P1, s7h), __byte_perm(N0, N1, s7h), sg >> 16);
+}
+
+/* A piece's two 16-value groups against their activations: dot of the low
+ * half-words (x16 lo) and of the high ones (x16 hi). */
+__device__ static inline void fp4_piece(uint4 q, uint4 xl, uint4 xh, int32_t &dl, int32_t &dh) {
+    uint32_t l0, h0, l1, h1, l2, h2, l3, h3;
+    e2m1x8_q1(q.x, l0, h0), e2m1x8_q1(q.y, l1, h1), e2m1x8_q1(q.z, l2, h2), e2m1x8_q1(q.w, l3, h3);
+    dl = dp4a_u4(make_uint4(l0, l1, l2, l3), xl, 0);
+    dh = dp4a_u4(make_uint4(h0, h1, h2, h3), xh, 0);
+}
+
+/* e4m3fn_q9 of every byte, for the NVFP4 products' scales: filled by the
+ * CTA's threads, then a barrier (every thread must reach it). */
+__device__ static inline void fp4_table(int32_t *q9) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) q9[i] = e4m3fn_q9((uint8_t)i);
+    __syncthreads();
+}
+
 /* This lane's f_b share for rows r < nr: integer sums folded over the 4
- * lanes of the block, then the formula (every lane of the group holds it). */
+ * lanes of the block, then the formula (every lane of the group holds it).
+ * NVFP4 (is_fp4): q9 is fp4_table's table in shared memory; native: the
+ * block's f_b times s2 (scale2), as dot_nvfp4_native's caller does. */
 template <int TYPE, int R>
-__device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const q8split &xq, int nr, float *f) {
+__device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const q8split &xq, int nr, float *f,
+                                       const int32_t *q9 = nullptr, float s2 = 1.0f) {
     const int64_t n_in = (int64_t)nb * 256;
-    if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+    if (is_fp4(TYPE)) {
+        /* lane t: groups of values offa .. +15 (piece a low), offa + 32 (a high), offa + 128, offa + 160 (b) */
+        const int offa = 64 * (t >> 1) + 16 * (t & 1);
+        const uint32_t sc = s.hdr.x;
+        const int64_t qa = q9[sc & 0xFF], qb = q9[(sc >> 8) & 0xFF], qc = q9[(sc >> 16) & 0xFF], qd = q9[sc >> 24];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            f[r] = 0.0f;
+            if (r < nr) {
+                const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
+                const uint4 xal = __ldg((const uint4 *)(xr + offa)), xah = __ldg((const uint4 *)(xr + offa + 32));
+                const uint4 xbl = __ldg((const uint4 *)(xr + offa + 128)), xbh = __ldg((const uint4 *)(xr + offa + 160));
+                int32_t da, db, dc, dd;
+                fp4_piece(s.a, xal, xah, da, db);
+                fp4_piece(s.b, xbl, xbh, dc, dd);
+                /* |dot| <= 16 * 12 * 127 and q9 <= 15 << 14: each product needs 64 bits (docs/numerics.md) */
+                long long it = (long long)da * qa + (long long)db * qb + (long long)dc * qc + (long long)dd * qd;
+                it += __shfl_xor_sync(FULL_MASK, it, 1);
+                it += __shfl_xor_sync(FULL_MASK, it, 2);
+                f[r] = ((float)it * 0x1p-10f) * __ldg(xq.d + (int64_t)r * nb + b);
+                if (TYPE == T_NVFP4_NATIVE) f[r] = f[r] * s2;
+            }
+        }
+    } else if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
         /* piece a: qs bytes [16t, 16t+16) = pair ja = t>>1 (sub-blocks 2ja, 2ja+1), l = 16(t&1)..;
          * piece b: the same l in pair ja + 2. Low nibbles: values 64j + l, high: 64j + 32 + l. */
         uint4 alo = nib_lo(s.a), ahi = nib_hi(s.a), blo = nib_lo(s.b), bhi = nib_hi(s.b);
@@ -1766,6 +1890,13 @@ __device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const
     }
 }
 
+/* A row total as the product writes it: native NVFP4 rounds it through f16
+ * (its f_b carry scale2), the others apply the optional per-tensor scale. */
+template <int TYPE> __device__ static inline float fp4_out(float total, int has_scale, float scale) {
+    if (TYPE == T_NVFP4_NATIVE) return round_f16(total);
+    return has_scale ? total * scale : total;
+}
+
 /* One output o of one weight, by one warp. The first step's weights are
  * loaded before grid_dep_wait (they are never written), so in a replayed
  * graph they are in flight while the previous kernels finish. Each step's
@@ -1775,7 +1906,7 @@ __device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const
  * and adds per lane instead of 8 R shuffles and adds in every lane). */
 template <int TYPE, int R, int U>
 __device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, const q8split &xq, int nr, int64_t o,
-                                       float *y, int has_scale, float scale) {
+                                       float *y, int has_scale, float scale, const int32_t *q9 = nullptr) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     __shared__ float fs[4][8][R > 1 ? R : 1]; /* [warp][group][row]: blockDim 128 */
     float (*fw)[R > 1 ? R : 1] = fs[threadIdx.x >> 5];
@@ -1799,7 +1930,7 @@ __device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, 
         for (int u = 0; u < U; u++) {
             const int bu = b0 + 8 * u + g;
             float f[R];
-            block_f2<TYPE, R>(sh[u], bu < nb ? bu : nb - 1, nb, t, xq, nr, f);
+            block_f2<TYPE, R>(sh[u], bu < nb ? bu : nb - 1, nb, t, xq, nr, f, q9, scale);
             if (R == 1) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
@@ -1823,18 +1954,20 @@ __device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, 
         if (b0 + 8 * U < nb) load_step(b0 + 8 * U);
     }
     if (R == 1) {
-        if (lane == 0) y[o] = has_scale ? total[0] * scale : total[0];
+        if (lane == 0) y[o] = fp4_out<TYPE>(total[0], has_scale, scale);
     } else if (lane < nr && lane < R) {
-        y[lane * n_out + o] = has_scale ? mine * scale : mine;
+        y[lane * n_out + o] = fp4_out<TYPE>(mine, has_scale, scale);
     }
 }
 
 template <int TYPE, int R, int U>
 __global__ static void __launch_bounds__(128) k_mmv2(const uint8_t *W, int64_t n_out, int nb, q8split xq, int nr,
                                                     float *y, int has_scale, float scale) {
+    __shared__ int32_t q9[is_fp4(TYPE) ? 256 : 1];
+    if (is_fp4(TYPE)) fp4_table(q9);
     const int64_t o = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (o >= n_out) return; /* touches nothing: no grid_dep_wait needed */
-    mmv2_out<TYPE, R, U>(W, n_out, nb, xq, nr, o, y, has_scale, scale);
+    mmv2_out<TYPE, R, U>(W, n_out, nb, xq, nr, o, y, has_scale, scale, q9);
 }
 
 /* Several weights reading the same activations (q/k/v/gate, ffn gate/up)
@@ -1990,7 +2123,7 @@ __global__ static void __launch_bounds__(128) k_mmv3_set(mmv_set set, int nb, q8
  * reference does. Slots are numbered across the weights of a set. */
 template <int TYPE, int U, int WPR>
 __device__ static inline float mmv4_part(const uint8_t *W, int64_t n_out, int nb, const q8split &xq, int64_t o, int wi,
-                                         float *fs) {
+                                         float *fs, const int32_t *q9 = nullptr, float s2 = 1.0f) {
     const int t = threadIdx.x & 3;
     const int64_t oc = o < n_out ? o : n_out - 1; /* past the end: load a real row, store nothing */
     const uint8_t *q6sc = W + (size_t)n_out * nb * 192;
@@ -2011,7 +2144,7 @@ __device__ static inline float mmv4_part(const uint8_t *W, int64_t n_out, int nb
             if (k < K) { /* the same for the whole warp: block_f2's shuffles see every lane */
                 const int b = wi + WPR * k;
                 float f[1];
-                block_f2<TYPE, 1>(sh[u], b, nb, t, xq, 1, f);
+                block_f2<TYPE, 1>(sh[u], b, nb, t, xq, 1, f, q9, s2);
                 if (WPR == 1) total = total + f[0];
                 else if (t == 0) fs[b] = f[0];
                 if (k + U < K) load_wq2<TYPE>(W, q6sc, q6d, oc * nb + wi + WPR * (k + U), t, sh[u]);
@@ -2021,10 +2154,14 @@ __device__ static inline float mmv4_part(const uint8_t *W, int64_t n_out, int nb
     return total;
 }
 
-/* set.first: the first slot (8 outputs) of each weight */
-template <int U, int WPR>
+/* set.first: the first slot (8 outputs) of each weight. FP4: every weight
+ * of the set is NVFP4 in the split layout (ggml or native), else every
+ * one a K-quant. */
+template <int U, int WPR, bool FP4>
 __global__ static void __launch_bounds__(128) k_mmv4_set(mmv_set set, int nb, q8split xq) {
     extern __shared__ float fsm[]; /* WPR > 1: [4 / WPR slots][8 outputs][nb] */
+    __shared__ int32_t q9[FP4 ? 256 : 1];
+    if (FP4) fp4_table(q9);
     const int warp = threadIdx.x >> 5, g = (threadIdx.x >> 2) & 7, sl = warp / WPR;
     const int64_t slot = (int64_t)blockIdx.x * (4 / WPR) + sl;
     const int i = set_weight(set.first, set.n, slot);
@@ -2034,12 +2171,17 @@ __global__ static void __launch_bounds__(128) k_mmv4_set(mmv_set set, int nb, q8
     if (slot >= set.first[set.n]) {
         if (WPR == 1) return; /* touches nothing: no grid_dep_wait needed */
         grid_dep_wait();
+    } else if (FP4) {
+        if (set.type[i] == T_NVFP4_NATIVE)
+            total = mmv4_part<T_NVFP4_NATIVE, U, WPR>(set.W[i], set.n_out[i], nb, xq, o, warp % WPR, fs, q9, set.scale[i]);
+        else total = mmv4_part<T_NVFP4, U, WPR>(set.W[i], set.n_out[i], nb, xq, o, warp % WPR, fs, q9);
     } else if (set.type[i] == T_Q4_K) total = mmv4_part<T_Q4_K, U, WPR>(set.W[i], set.n_out[i], nb, xq, o, warp % WPR, fs);
     else if (set.type[i] == T_Q5_K) total = mmv4_part<T_Q5_K, U, WPR>(set.W[i], set.n_out[i], nb, xq, o, warp % WPR, fs);
     else total = mmv4_part<T_Q6_K, U, WPR>(set.W[i], set.n_out[i], nb, xq, o, warp % WPR, fs);
     if (WPR == 1) {
         if ((threadIdx.x & 3) == 0 && slot < set.first[set.n] && o < set.n_out[i])
-            set.y[i][o] = set.has_scale[i] ? total * set.scale[i] : total;
+            set.y[i][o] = FP4 && set.type[i] == T_NVFP4_NATIVE ? round_f16(total)
+                                                              : set.has_scale[i] ? total * set.scale[i] : total;
         return;
     }
     __syncthreads();
@@ -2054,7 +2196,7 @@ __global__ static void __launch_bounds__(128) k_mmv4_set(mmv_set set, int nb, q8
     const float *p = fsm + l * nb;
     float sum = 0.0f;
     for (int b = 0; b < nb; b++) sum = sum + p[b];
-    set.y[j][o2] = set.has_scale[j] ? sum * set.scale[j] : sum;
+    set.y[j][o2] = FP4 && set.type[j] == T_NVFP4_NATIVE ? round_f16(sum) : set.has_scale[j] ? sum * set.scale[j] : sum;
 }
 
 /* Benchmarks only (test_cuda_backend --bench-mmv): k_mmv2's Q4_K weight
@@ -2415,113 +2557,9 @@ __global__ static void k_matmul_warp(mucu_weight w, const q8k_block *xq, float *
     else y[wid] = w.has_scale ? total * w.scale : total;
 }
 
-/* Four E2M1 codes (the low nibble of each byte; the high nibbles zero) as
- * four int8 values x2 (e2m1_q1: 0, 1, 2, 3, 4, 6, 8, 12 and their
- * negatives): the magnitudes pick bytes of the table by a byte permute, the
- * sign bits negate bytes ((v ^ m) - m per byte, m = 0xFF where negative). */
-__device__ static inline uint32_t e2m1x4_q1(uint32_t c) {
-    const uint32_t t = c & 0x07070707u, u = t | (t >> 4);
-    const uint32_t pos = __byte_perm(0x03020100u, 0x0C080604u, (u & 0xFFu) | ((u >> 8) & 0xFF00u));
-    const uint32_t m = ((c >> 3) & 0x01010101u) * 0xFFu;
-    return __vsub4(pos ^ m, m);
-}
-
-/* One lane's 64 values of block b (k_mmv_fp4): 8 code words and the 4 scale bytes. */
-template <bool NATIVE>
-__device__ static inline void fp4_load(const mucu_weight &w, int64_t oc, int64_t b, int t, uint32_t code[8], uint32_t &sc) {
-    if (NATIVE) {
-        const uint4 *p = (const uint4 *)(w.data + oc * (w.n_in / 2) + b * 128 + 32 * t);
-        const uint4 c0 = __ldg(p), c1 = __ldg(p + 1);
-        code[0] = c0.x, code[1] = c0.y, code[2] = c0.z, code[3] = c0.w;
-        code[4] = c1.x, code[5] = c1.y, code[6] = c1.z, code[7] = c1.w;
-        sc = __ldg((const uint32_t *)(w.scales + oc * (w.n_in / 16) + b * 16 + 4 * t));
-    } else {
-        const uint32_t *p = (const uint32_t *)(w.data + (uint64_t)oc * w.row_bytes + b * 144 + 36 * t);
-        sc = __ldg(p);
-#pragma unroll
-        for (int i = 0; i < 8; i++) code[i] = __ldg(p + 1 + i);
-    }
-}
-
-/* NVFP4, ggml type 40 and native W4A16, up to R rows: a warp takes 8
+/* Q8_0 and Q4_0 (ggml's 32-value blocks) up to R rows: a warp takes 8
  * outputs (lane group g = lane / 4, output 8 * warp + g) and steps over the
- * 256-value blocks in order; lane t of a group holds 64 of the block's
- * values (ggml: the block's NVFP4 block t, its 4 scale bytes and 32 code
- * bytes; native: payload bytes 32t..32t+31, scale bytes 4t..4t+3), decoded
- * by e2m1x4_q1 and summed against the Q8_K codes by dp4a. The block's
- * integer total is exact, so any order gives dot_nvfp4_ggml's /
- * dot_nvfp4_native's; folded over the group's 4 lanes, then f_b by their
- * formula and the row total in block order, as k_matmul_warp does. Why: in
- * k_matmul_warp a lane reads its block byte by byte, so each warp load
- * touches 32 lines. */
-template <bool NATIVE, int R, int U>
-__global__ static void __launch_bounds__(128) k_mmv_fp4(mucu_weight w, const q8k_block *xq, float *y, int nr) {
-    grid_dep_wait();
-    const int lane = threadIdx.x & 31, t = lane & 3;
-    const int64_t o = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * 8 + lane / 4;
-    const int64_t oc = o < w.n_out ? o : w.n_out - 1; /* past the end: read a real row, store nothing */
-    const int64_t nb = w.n_in / 256;
-    float total[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) total[r] = 0.0f;
-    /* U blocks in flight: slot u holds block k0 + u, reloaded with block k + U once used */
-    uint32_t code[U][8], sc[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) fp4_load<NATIVE>(w, oc, u < nb ? u : nb - 1, t, code[u], sc[u]);
-    for (int64_t k0 = 0; k0 < nb; k0 += U) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t b = k0 + u;
-            if (b >= nb) break;
-            /* group s (16 values): int8 x2 weights wq[4 * s .. 4 * s + 3] in the activations' order */
-            uint32_t wq[16];
-#pragma unroll
-            for (int s = 0; s < 4; s++) {
-                const uint32_t c0 = code[u][2 * s], c1 = code[u][2 * s + 1];
-                const uint32_t lo0 = e2m1x4_q1(c0 & 0x0F0F0F0Fu), hi0 = e2m1x4_q1((c0 >> 4) & 0x0F0F0F0Fu);
-                const uint32_t lo1 = e2m1x4_q1(c1 & 0x0F0F0F0Fu), hi1 = e2m1x4_q1((c1 >> 4) & 0x0F0F0F0Fu);
-                if (NATIVE) { /* byte p: values 2p (low nibble) and 2p + 1 (high) */
-                    wq[4 * s] = __byte_perm(lo0, hi0, 0x5140), wq[4 * s + 1] = __byte_perm(lo0, hi0, 0x7362);
-                    wq[4 * s + 2] = __byte_perm(lo1, hi1, 0x5140), wq[4 * s + 3] = __byte_perm(lo1, hi1, 0x7362);
-                } else { /* byte j: values j (low nibble) and j + 8 (high) */
-                    wq[4 * s] = lo0, wq[4 * s + 1] = lo1, wq[4 * s + 2] = hi0, wq[4 * s + 3] = hi1;
-                }
-            }
-            const uint32_t scb = sc[u];
-            if (b + U < nb) fp4_load<NATIVE>(w, oc, b + U, t, code[u], sc[u]);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (r >= nr) break;
-                const q8k_block *xb = xq + (int64_t)r * nb + b;
-                const uint32_t *xa = (const uint32_t *)(xb->qs + 64 * t);
-                long long it = 0;
-#pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    int dot = 0;
-#pragma unroll
-                    for (int k = 0; k < 4; k++) dot = __dp4a((int)wq[4 * s + k], (int)__ldg(xa + 4 * s + k), dot);
-                    const uint8_t sb = (uint8_t)(scb >> (8 * s));
-                    it += (long long)dot * (NATIVE ? e4m3fn_q9(sb) : ue4m3_q9(sb));
-                }
-                it += __shfl_xor_sync(FULL_MASK, it, 1);
-                it += __shfl_xor_sync(FULL_MASK, it, 2);
-                float f = ((float)it * 0x1p-10f) * __ldg(&xb->d);
-                if (NATIVE) f = f * w.scale;
-                total[r] = total[r] + f;
-            }
-        }
-    }
-    if (t || o >= w.n_out) return;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        if (r >= nr) break;
-        if (NATIVE) y[(int64_t)r * w.n_out + o] = round_f16(total[r]);
-        else y[(int64_t)r * w.n_out + o] = w.has_scale ? total[r] * w.scale : total[r];
-    }
-}
-
-/* Q8_0 and Q4_0 (ggml's 32-value blocks) up to R rows, the shape of
- * k_mmv_fp4: a lane group of 4 per 256-value block, lane t the 32-value
+ * 256-value blocks in order, a lane group of 4 per 256-value block, lane t the 32-value
  * blocks 2t and 2t + 1 (Q8_0: 68 bytes, Q4_0: 36 bytes, 4-byte aligned
  * since a row is a whole number of 256-value groups; the codes sit 2 bytes
  * past the word boundary after each f16 d, realigned by a funnel shift).
@@ -3223,20 +3261,28 @@ static int mmv4_pick(int nb, int64_t slots) {
 static bool launch_mmv4(const mucu_weight *const *w, int n, float *const *y, q8split xq, int nr, bool *taken,
                         char *err) {
     *taken = false;
-    if (nr != 1 || !(mmv_variant == 3 || (mmv_variant >= 11 && mmv_variant <= 16)) || n > MMV_SET_MAX) return true;
+    const bool fp4 = is_fp4((int)w[0]->type); /* NVFP4 takes k_mmv4 at 1 row under every variant */
+    if (nr != 1 || !(fp4 || mmv_variant == 3 || (mmv_variant >= 11 && mmv_variant <= 16)) || n > MMV_SET_MAX) return true;
     if (mmv_variant == 3 && n == 1 && w[0]->type == T_Q6_K) return true;
     const mmv_set set = mmv_set_of(w, n, y, 8);
     const int nb = (int)(w[0]->n_in / 256);
-    int wpr = mmv_variant == 3 ? mmv4_pick(nb, set.first[n]) : 1 << ((mmv_variant - 11) % 3);
+    const bool v11 = mmv_variant >= 11 && mmv_variant <= 16;
+    int wpr = v11 ? 1 << ((mmv_variant - 11) % 3) : mmv4_pick(nb, set.first[n]);
     if ((size_t)(4 / wpr) * 8 * nb * 4 > 48 * 1024) wpr = 1;
-    const bool u4 = mmv_variant >= 14;
+    const bool u4 = v11 && mmv_variant >= 14;
     const unsigned grid = grid_for(set.first[n], 4 / wpr);
     const size_t sm = wpr > 1 ? (size_t)(4 / wpr) * 8 * nb * 4 : 0;
-#define MMV4(UU, WW) k_mmv4_set<UU, WW><<<grid, 128, sm, g_s>>>(set, nb, xq)
+#define MMV4F(UU, WW, F) k_mmv4_set<UU, WW, F><<<grid, 128, sm, g_s>>>(set, nb, xq)
+#define MMV4(UU, WW)                                                                                                \
+    do {                                                                                                            \
+        if (fp4) MMV4F(UU, WW, true);                                                                               \
+        else MMV4F(UU, WW, false);                                                                                  \
+    } while (0)
     if (wpr == 4) { if (u4) MMV4(4, 4); else MMV4(2, 4); }
     else if (wpr == 2) { if (u4) MMV4(4, 2); else MMV4(2, 2); }
     else { if (u4) MMV4(4, 1); else MMV4(2, 1); }
 #undef MMV4
+#undef MMV4F
     *taken = true;
     return launched(prof_on && n == 1 ? mmv_name(w[0]) : "k_mmv4_set", err);
 }
@@ -3247,6 +3293,20 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
     q8split x = xq;
     x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
     float *yr = y + r0 * w->n_out;
+    if (is_fp4((int)w->type)) { /* NVFP4 in the split layout: k_mmv4 at 1 row, k_mmv2 above */
+        if (nr == 1) {
+            bool taken;
+            const mucu_weight *one[1] = {w};
+            float *ys[1] = {yr};
+            return launch_mmv4(one, 1, ys, x, nr, &taken, err);
+        }
+        const unsigned grid = grid_for(w->n_out, 4);
+#define FP4(T, R) k_mmv2<T, R, 1><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
+        if (w->type == T_NVFP4_NATIVE) ROW_BUCKET(nr, FP4, T_NVFP4_NATIVE);
+        else ROW_BUCKET(nr, FP4, T_NVFP4);
+#undef FP4
+        return launched(mmv_name(w), err);
+    }
     const int mmt = mucu_mmt_min_rows_get();
     if (mmt > 0 && nr >= mmt && mmv_variant >= 3) { /* cuda_mmt.cu */
         const mucu_weight *one[1] = {w};
@@ -3371,8 +3431,11 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
     if (rows <= 0) return true;
     env_setting(&mmv_variant, "MUSER_CUDA_MMV", 3);
     const int gmin = gemm_min_rows();
-    const bool one = n <= MMV_SET_MAX && (v3like(mmv_variant) || mmv_variant == 7 || mmv_variant == 8) && rows <= 16 &&
-                     !(gmin > 0 && rows >= gmin);
+    /* NVFP4 (every weight of a set is, or none: cuda_backend.c): one k_mmv4 launch at 1 row, else per weight */
+    const bool fp4 = is_fp4((int)w[0]->type);
+    const bool one = n <= MMV_SET_MAX && rows <= 16 &&
+                     (fp4 ? rows == 1
+                          : (v3like(mmv_variant) || mmv_variant == 7 || mmv_variant == 8) && !(gmin > 0 && rows >= gmin));
     if (!one) {
         for (int i = 0; i < n; i++)
             if (!mucu_matmul(w[i], x, y[i], rows, q8, prequantized || i > 0, split, err)) return false;
@@ -3381,13 +3444,13 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
     const int64_t n_in = w[0]->n_in, nb = rows * (n_in / 256);
     q8split xq = q8split_at(q8, n_in, rows);
     if (nb > 0 && !prequantized) {
-        k_quantize_q8split<<<grid_for(nb, 4), 128, 0, g_s>>>(x, xq, nb);
+        k_quantize_q8split<<<grid_for(nb, 4), 128, 0, g_s>>>(x, xq, nb, mucu_matmul_f16_acts(w[0]));
         if (!launched("k_quantize_q8split", err)) return false;
     }
     const mmv_set set = mmv_set_of(w, n, y, 1);
     const int nr = (int)rows, kb = (int)(n_in / 256);
     const int mmt = mucu_mmt_min_rows_get();
-    if (mmt > 0 && nr >= mmt) { /* cuda_mmt.cu */
+    if (!fp4 && mmt > 0 && nr >= mmt) { /* cuda_mmt.cu */
         mucu_mmt(w, n, y, xq.qs, xq.d, xq.bs, nr, g_s);
         return launched("k_mmt_set", err);
     }
@@ -3429,20 +3492,24 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
 }
 
 extern "C" bool mucu_matmul_fast(const mucu_weight *w) {
-    return w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split);
+    return w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split) ||
+           (is_fp4((int)w->type) && w->fp4_split);
 }
+
+extern "C" bool mucu_matmul_f16_acts(const mucu_weight *w) { return w->type == T_NVFP4_NATIVE && w->fp4_split; }
 
 extern "C" size_t mucu_matmul_split_bytes(const mucu_weight *w, int64_t rows) {
     const int gmin = gemm_min_rows();
-    if (!mucu_matmul_fast(w) || gmin <= 0 || rows < gmin || !mucu_gemm_kq2_takes(rows)) return 0;
+    if (!mucu_matmul_fast(w) || is_fp4((int)w->type) || gmin <= 0 || rows < gmin || !mucu_gemm_kq2_takes(rows)) return 0;
     return mucu_gemm_split_bytes(w, rows); /* cuda_prefill.cu */
 }
 
-/* MUSER_CUDA_FP4=0: NVFP4, Q8_0 and Q4_0 weights on k_matmul_warp (the kernel before k_mmv_fp4 and
+/* MUSER_CUDA_FP4=0: NVFP4, Q8_0 and Q4_0 weights on k_matmul_warp (the kernel before the split NVFP4 layout and
  * k_mmv_q0). */
 static int fp4_v = -1;
 static bool fp4_fast(void) { return env_setting(&fp4_v, "MUSER_CUDA_FP4", 1) != 0; }
 extern "C" void mucu_set_fp4(int v) { fp4_v = v; }
+extern "C" bool mucu_fp4_on(void) { return fp4_fast(); }
 
 extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, int prequantized,
                             float *split, char *err) {
@@ -3450,15 +3517,15 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
     const bool native = w->type == T_NVFP4_NATIVE;
     const bool is_float = w->type == T_F32 || w->type == T_F16 || w->type == T_BF16;
     const bool uses_q8 = native ? !(w->input_scale_inv > 0.0f) : !is_float;
-    const bool kq = w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split);
+    const bool kq = mucu_matmul_fast(w), fp4s = kq && is_fp4((int)w->type);
     const int64_t nb = rows * (w->n_in / 256);
     if (kq) { /* the fast path: split Q8_K activations, weight-streaming kernel */
         q8split xq = q8split_at(q8, w->n_in, rows);
         if (nb > 0 && !prequantized) {
-            k_quantize_q8split<<<grid_for(nb, 4), 128, 0, g_s>>>(x, xq, nb);
+            k_quantize_q8split<<<grid_for(nb, 4), 128, 0, g_s>>>(x, xq, nb, mucu_matmul_f16_acts(w));
             if (!launched("k_quantize_q8split", err)) return false;
         }
-        const int gmin = gemm_min_rows();
+        const int gmin = fp4s ? 0 : gemm_min_rows(); /* no many-row kernel for NVFP4 yet: 16-row chunks */
         if (gmin > 0 && rows >= gmin && mucu_gemm_kq2_takes(rows)) {
             mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y, split, g_s); /* cuda_prefill.cu */
             return launched("k_gemm_kq2", err);
@@ -3484,22 +3551,18 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
         k_quantize_q8k<<<grid_for(nb, 128), 128, 0, g_s>>>(x, xq, nb, native);
         if (!launched("k_quantize_q8k", err)) return false;
     }
-    const bool fp4 = w->type == T_NVFP4 || native, q0 = w->type == T_Q8_0 || w->type == T_Q4_0;
-    if (uses_q8 && (fp4 || q0) && fp4_fast() && w->n_in % 256 == 0) { /* k_mmv_fp4, k_mmv_q0: 16 rows a launch */
+    const bool q0 = w->type == T_Q8_0 || w->type == T_Q4_0;
+    if (uses_q8 && q0 && fp4_fast() && w->n_in % 256 == 0) { /* k_mmv_q0: 16 rows a launch */
         const unsigned grid = grid_for(w->n_out, 32);
         for (int64_t r0 = 0; r0 < rows; r0 += 16) {
             const int nr = (int)(rows - r0 < 16 ? rows - r0 : 16);
             const q8k_block *xr = xq + r0 * (w->n_in / 256);
             float *yr = y + r0 * w->n_out;
-#define FP4(NAT, RR) k_mmv_fp4<NAT, RR, (RR <= 2 ? 4 : 2)><<<grid, 128, 0, g_s>>>(*w, xr, yr, nr)
 #define Q0(T, RR) k_mmv_q0<T, RR><<<grid, 128, 0, g_s>>>(*w, xr, yr, nr)
-            if (fp4 && native) ROW_BUCKET(nr, FP4, true);
-            else if (fp4) ROW_BUCKET(nr, FP4, false);
-            else if (w->type == T_Q8_0) ROW_BUCKET(nr, Q0, T_Q8_0);
+            if (w->type == T_Q8_0) ROW_BUCKET(nr, Q0, T_Q8_0);
             else ROW_BUCKET(nr, Q0, T_Q4_0);
 #undef Q0
-#undef FP4
-            if (!launched(fp4 ? "k_mmv_fp4" : "k_mmv_q0", err)) return false;
+            if (!launched("k_mmv_q0", err)) return false;
         }
         return true;
     }

@@ -27,6 +27,7 @@ typedef struct mucu_weight {
     int64_t n_in, n_out;
     uint64_t row_bytes;
     int q6_split;              /* Q6_K in the device's split layout (mucu_q6k_split) */
+    int fp4_split;             /* NVFP4 (ggml, native W4A16) in the device's split layout (mucu_fp4_split) */
 } mucu_weight;
 
 /* One query row of attention: its sequence's planes and key range. */
@@ -95,6 +96,17 @@ bool mucu_read_bandwidth(size_t bytes, int reps, double *gbs, char *err);
  * ql|qh, then [n] x 16 scales, then [n] f16 d (same total size). */
 size_t mucu_q6k_split_bytes(int64_t n_blocks);
 void mucu_q6k_split(const uint8_t *src, uint8_t *dst, int64_t n_blocks);
+/* NVFP4 rows (device memory) into the device layout of the fast kernels
+ * (device memory, mucu_fp4_split_bytes): per 256 values 144 bytes, 16 of
+ * E4M3 group scales (word t: the scales of lane t's four 16-value groups)
+ * and 128 of codes in Q4_K's value order, one nibble a code, four
+ * consecutive values a half-word (cuda_kernels.cu, load_wq2). native: src
+ * the payload (n_in/2 bytes a row) and scales the E4M3FN scales (n_in/16
+ * a row); else src ggml type 40 blocks (scales NULL), whose UE4M3 scales
+ * become the E4M3FN byte of the same value. n_in % 256 == 0. Synchronizes. */
+size_t mucu_fp4_split_bytes(int64_t n_in, int64_t n_out);
+bool mucu_fp4_split(const uint8_t *src, const uint8_t *scales, uint8_t *dst, int64_t n_in, int64_t n_out, int native,
+                    char *err);
 /* Is p device memory (cudaPointerGetAttributes)? */
 bool mucu_is_device(const void *p);
 
@@ -107,6 +119,10 @@ size_t mucu_q8k_bytes(int64_t n_in, int64_t rows);
  * product split over its blocks, or NULL (no split). */
 bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int64_t rows, void *q8, int prequantized,
                  float *split, char *err);
+/* Do w's products read the Q8_K quantization of f16-rounded activations
+ * (native NVFP4 W4A16 on the fast path)? Only a quantization made that way
+ * may be passed as prequantized to them. */
+bool mucu_matmul_f16_acts(const mucu_weight *w);
 /* n weights that all take the fast kernels, with the same n_in, reading the
  * same x (one quantization; rows <= 16: one launch for all of them). */
 bool mucu_matmul_set(const mucu_weight *const *w, int n, const float *x, float *const *y, int64_t rows, void *q8,
@@ -116,9 +132,13 @@ bool mucu_matmul_fast(const mucu_weight *w);
 /* The split scratch a mucu_matmul of `rows` needs: 0 unless the call takes
  * the many-row kernel and that splits it (mucu_gemm_split_bytes). */
 size_t mucu_matmul_split_bytes(const mucu_weight *w, int64_t rows);
-/* 0: NVFP4 weights on the generic kernel (k_matmul_warp) instead of
- * k_mmv_fp4 (tests; MUSER_CUDA_FP4 at the first call otherwise). */
+/* 0: NVFP4, Q8_0 and Q4_0 weights on the generic kernel (k_matmul_warp)
+ * instead of the fast ones (NVFP4 in its split layout on k_mmv4 / k_mmv2,
+ * k_mmv_q0) (tests; MUSER_CUDA_FP4 at the first call otherwise). */
 void mucu_set_fp4(int v);
+/* NVFP4 W4A16 / ggml weights on the fast kernels (their split layout)?
+ * MUSER_CUDA_FP4=0 or mucu_set_fp4(0): no, the rows as they are. */
+bool mucu_fp4_on(void);
 /* The weight-streaming kernel for Q4_K/Q5_K/Q6_K calls of <= 16 rows: 3
  * k_mmv2 (default), 0 k_mmv_kq, 1 k_mmv_kq with shared-memory activations,
  * 2 k_mmv_lpb (tests and benchmarks compare them; MUSER_CUDA_MMV sets it). */
