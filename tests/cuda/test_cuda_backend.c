@@ -309,8 +309,9 @@ static void test_matmul_large(void) {
 }
 
 /* NVFP4 (ggml, ggml with .scale, native W4A16) in the split layout (k_mmv4
- * at 1 row, k_mmv2 above), Q8_0 and Q4_0 on k_mmv_q0, and all on the kernel
- * before them (MUSER_CUDA_FP4=0),
+ * at 1 row, k_mmv2 to 16, k_gemm_fp4 above), Q8_0 and Q4_0 on k_mmv_q0,
+ * F16 / BF16 / F32 on k_mmv_float, and all on the kernels before them
+ * (MUSER_CUDA_FP4=0),
  * row counts across the 16-row chunks; rows 3 with an all-zero block and a
  * repeated largest magnitude. */
 static void test_matmul_fp4(void) {
@@ -320,9 +321,12 @@ static void test_matmul_fp4(void) {
         {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false},
         {"Q8_0", MU_TYPE_Q8_0, false, false},
         {"Q4_0", MU_TYPE_Q4_0, false, false},
+        {"F16", MU_TYPE_F16, false, false},
+        {"BF16", MU_TYPE_BF16, false, false},
+        {"F32", MU_TYPE_F32, false, false},
     };
     const int64_t shapes[][2] = {{1536, 37}, {6656, 130}, {512, 1}};
-    const int64_t rowss[] = {1, 2, 3, 5, 8, 16, 17, 33};
+    const int64_t rowss[] = {1, 2, 3, 5, 8, 16, 17, 33, 100};
     for (int fast = 1; fast >= 0; fast--) {
         mucu_set_fp4(fast);
         for (size_t t = 0; t < sizeof fp4 / sizeof *fp4; t++)
@@ -401,7 +405,7 @@ static void bench_mmv(void) {
         {"ffn_gate/up", MU_TYPE_Q4_K, 6656, 19968}, {"ffn_down", MU_TYPE_Q4_K, 19968, 6656},
         {"ffn_down", MU_TYPE_Q6_K, 19968, 6656},  {"output/8", MU_TYPE_Q5_K, 6656, 25256},
         {"attn_output", MU_TYPE_NVFP4, 4096, 6656}, {"ffn_gate/up", MU_TYPE_NVFP4, 6656, 19968},
-        {"attn_output", MU_TYPE_Q8_0, 4096, 6656},
+        {"attn_output", MU_TYPE_Q8_0, 4096, 6656}, {"output/8", MU_TYPE_F16, 6656, 25256},
     };
     /* variant, k_mmv3's warps per output and steps (0: by shape) */
     static const int variants[][3] = {{3, 0, 0},  {9, 0, 0},  {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0},
@@ -429,8 +433,8 @@ static void bench_mmv(void) {
         const int64_t n_in = shapes[si].n_in, n_out = shapes[si].n_out;
         float *x = rnd_vec((size_t)(16 * n_in), 2.0f), *dx = dev(x, (size_t)(16 * n_in) * 4);
         float *dy = cu->alloc(cu, (size_t)(16 * n_out) * 4);
-        /* NVFP4 split / k_mmv_q0 ("fast") against k_matmul_warp ("warp") */
-        const bool fp4 = shapes[si].type == MU_TYPE_NVFP4 || shapes[si].type == MU_TYPE_Q8_0;
+        /* NVFP4 split / k_mmv_q0 / k_mmv_float ("fast") against k_matmul_warp / k_matmul_fwarp ("warp") */
+        const bool fp4 = shapes[si].type == MU_TYPE_NVFP4 || shapes[si].type == MU_TYPE_Q8_0 || shapes[si].type == MU_TYPE_F16;
         for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
             for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++) {
                 const int v = variants[vi][0];

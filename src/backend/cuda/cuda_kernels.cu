@@ -1801,7 +1801,7 @@ __device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const
         /* lane t: groups of values offa .. +15 (piece a low), offa + 32 (a high), offa + 128, offa + 160 (b) */
         const int offa = 64 * (t >> 1) + 16 * (t & 1);
         const uint32_t sc = s.hdr.x;
-        const int64_t qa = q9[sc & 0xFF], qb = q9[(sc >> 8) & 0xFF], qc = q9[(sc >> 16) & 0xFF], qd = q9[sc >> 24];
+        const int32_t qa = q9[sc & 0xFF], qb = q9[(sc >> 8) & 0xFF], qc = q9[(sc >> 16) & 0xFF], qd = q9[sc >> 24];
 #pragma unroll
         for (int r = 0; r < R; r++) {
             f[r] = 0.0f;
@@ -2664,6 +2664,88 @@ __global__ static void k_matmul_fwarp(mucu_weight w, const float *x, float *y, i
     if (lane == 0) y[wid] = w.has_scale ? p * w.scale : p;
 }
 
+/* Float weights with rows of whole 32-value chunks, up to R activation
+ * rows: k_mmv4's shape. A warp takes 8 outputs (lane group g = lane / 4);
+ * lane t of a group runs the 32-lane order's chains l = 8t .. 8t + 7 of
+ * its output (fmaf over chunks k = 0, 1, ... in order, one 16-byte load of
+ * 8 f16 / bf16 or two of 4 f32 a chunk, 4 chunks in flight), then the
+ * fold's steps h = 16 and 8 take a partner lane's chains (xor 2, xor 1)
+ * and h = 4, 2, 1 the lane's own: each addition is k_matmul_fwarp's
+ * p[l] + p[l + h]. Why: k_matmul_fwarp's lanes read 2 bytes each, 64
+ * bytes a warp load, and the nvfp4 lane's F16 output matrix (2.7 GB) is
+ * read once a token. Half-precision weights are loaded before the wait
+ * (never written); f32 ones may be activations viewed as a matrix. */
+template <int TYPE, int R>
+__device__ static inline void mmvf_load(const uint8_t *row, int64_t k, int t, float v[8]) {
+    if (TYPE == T_F32) {
+        const float4 a = __ldg((const float4 *)row + 8 * k + 2 * t), b = __ldg((const float4 *)row + 8 * k + 2 * t + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+        const uint4 q = __ldg((const uint4 *)row + 4 * k + t);
+        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (TYPE == T_F16) v[2 * i] = h2f((uint16_t)(u[i] & 0xFFFF)), v[2 * i + 1] = h2f((uint16_t)(u[i] >> 16));
+            else v[2 * i] = bits_f32(u[i] << 16), v[2 * i + 1] = bits_f32(u[i] & 0xFFFF0000u);
+        }
+    }
+}
+
+template <int TYPE, int R>
+__device__ static inline void mmvf_first(const uint8_t *row, int64_t nk, int t, float v[4][8]) {
+    if (TYPE != T_F32)
+#pragma unroll
+        for (int u = 0; u < 4; u++) mmvf_load<TYPE, R>(row, u < nk ? u : nk - 1, t, v[u]);
+    grid_dep_wait();
+    if (TYPE == T_F32)
+#pragma unroll
+        for (int u = 0; u < 4; u++) mmvf_load<TYPE, R>(row, u < nk ? u : nk - 1, t, v[u]);
+}
+
+template <int TYPE, int R>
+__global__ static void __launch_bounds__(128) k_mmv_float(mucu_weight w, const float *x, float *y, int nr) {
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    const int64_t o = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * 8 + lane / 4;
+    const int64_t oc = o < w.n_out ? o : w.n_out - 1, nk = w.n_in / 32;
+    const uint8_t *row = w.data + (uint64_t)oc * w.row_bytes;
+    float acc[R][8], v[4][8];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[r][j] = 0.0f;
+    mmvf_first<TYPE, R>(row, nk, t, v);
+    for (int64_t k0 = 0; k0 < nk; k0 += 4) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int64_t k = k0 + u;
+            if (k < nk) {
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    if (r < nr) {
+                        const float4 *xr = (const float4 *)(x + (int64_t)r * w.n_in + 32 * k + 8 * t);
+                        const float4 a = xr[0], b = xr[1];
+                        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[r][j] = fmaf(v[u][j], xv[j], acc[r][j]);
+                    }
+                }
+                if (k + 4 < nk) mmvf_load<TYPE, R>(row, k + 4, t, v[u]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float p[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) p[j] = acc[r][j] + __shfl_xor_sync(FULL_MASK, acc[r][j], 2); /* h = 16 */
+#pragma unroll
+        for (int j = 0; j < 8; j++) p[j] = p[j] + __shfl_xor_sync(FULL_MASK, p[j], 1); /* h = 8 */
+        const float a0 = p[0] + p[4], a1 = p[1] + p[5], a2 = p[2] + p[6], a3 = p[3] + p[7]; /* h = 4 */
+        const float tot = (a0 + a2) + (a1 + a3);                                             /* h = 2, 1 */
+        if (t == 0 && r < nr && o < w.n_out) y[(int64_t)r * w.n_out + o] = w.has_scale ? tot * w.scale : tot;
+    }
+}
+
 /* The DFlash assistant's attention (backend.h dense_attention), a CTA per
  * (query row, head): the scores as k_matmul_fwarp computes them (a warp per
  * key, the 32-lane order), the softmax of k_softmax, then P V as
@@ -3491,6 +3573,153 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
     return launched("k_mmv2_set", err);
 }
 
+/* NVFP4 (split layout) for many rows: int8 tensor cores, m16n8k16 per
+ * 16-value group (its own E4M3 scale). A CTA of 4 warps takes 64 outputs
+ * (warp w: outputs 16w .. 16w + 15) x RT = 8 NT rows; per 256-block the
+ * rows' Q8_K codes and d go through a 2-stage cp.async ring in shared
+ * memory (rows 68 words apart: a warp's B-fragment loads hit 32 banks),
+ * while each lane loads the weights' A fragments itself, the next block's
+ * during this one's mma: lane (g, t) reads word t of the 8 code pieces and
+ * the 16-byte header of outputs g and g + 8 (word t of a piece holds
+ * values 4t .. 4t + 3 of its two groups, the mma's k = 4t .. 4t + 3 for
+ * A and B alike). Each group's mma result (an exact int32 over 16 values)
+ * times the group's e4m3fn_q9 is added in int64 (|dot| <= 16 * 12 * 127,
+ * q9 <= 15 << 14), exact in any order, as dot_nvfp4_* sum; then f_b by
+ * their formula and each (row, output) total adds f_b in block order. */
+struct fp4_wfr {
+    uint4 h;       /* the block's header: 16 E4M3 scales */
+    uint32_t w[8]; /* word t of each code piece */
+};
+
+/* Lane t's share of output o's block b (weights are never written). */
+__device__ static inline void fp4_wload(const uint8_t *W, int64_t o, int nb, int b, int t, fp4_wfr &f) {
+    const uint8_t *blk = W + (o * nb + b) * 144;
+    f.h = __ldg((const uint4 *)blk);
+#pragma unroll
+    for (int p = 0; p < 8; p++) f.w[p] = __ldg((const uint32_t *)(blk + 16 + 16 * p) + t);
+}
+
+/* The first block's weights of outputs oa and ob, then the wait. */
+template <int UNUSED>
+__device__ static inline void fp4_first(const uint8_t *W, int64_t oa, int64_t ob, int nb, int t, fp4_wfr &a, fp4_wfr &b) {
+    fp4_wload(W, oa, nb, 0, t, a);
+    fp4_wload(W, ob, nb, 0, t, b);
+    grid_dep_wait();
+}
+
+template <int TYPE, int NT>
+__global__ static void __launch_bounds__(128) k_gemm_fp4(const uint8_t *W, int64_t n_out, int nb, q8split xq,
+                                                        int64_t rows, float *y, int has_scale, float scale) {
+    constexpr int RT = 8 * NT, LD = 272;
+    __shared__ int32_t q9[256];
+    __shared__ __align__(16) int8_t xs[2][RT * LD];
+    __shared__ float xd[2][RT];
+    fp4_table(q9);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t r0 = (int64_t)blockIdx.x * RT, o0 = (int64_t)blockIdx.y * 64 + warp * 16;
+    const int64_t oa = o0 + g < n_out ? o0 + g : n_out - 1, ob = o0 + g + 8 < n_out ? o0 + g + 8 : n_out - 1;
+    const int64_t n_in = (int64_t)nb * 256;
+    auto xload = [&](int b, int buf) { /* rows past the call's: zeros */
+        for (int i = threadIdx.x; i < RT * 16; i += 128) {
+            const int r = i >> 4, c = i & 15;
+            const bool ok = r0 + r < rows;
+            cp16(&xs[buf][r * LD + c * 16], xq.qs + (ok ? (r0 + r) * n_in + (int64_t)b * 256 + c * 16 : 0), ok);
+        }
+        for (int i = threadIdx.x; i < RT; i += 128) {
+            const bool ok = r0 + i < rows;
+            cp4(&xd[buf][i], xq.d + (ok ? (r0 + i) * nb + b : 0), ok ? 4 : 0);
+        }
+        cp_commit();
+    };
+    fp4_wfr A0, B0, A1, B1; /* outputs g and g + 8, two stages (named: no local-memory arrays) */
+    fp4_first<0>(W, oa, ob, nb, t, A0, B0);
+    xload(0, 0);
+    float tot[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) tot[n][i] = 0.0f;
+    /* block b from stage cur (fa, fb), the next block's weights into (na, nbw) */
+    auto step = [&](int b, int cur, const fp4_wfr &fa, const fp4_wfr &fb, fp4_wfr &na, fp4_wfr &nbw) {
+        if (b + 1 < nb) {
+            xload(b + 1, cur ^ 1);
+            fp4_wload(W, oa, nb, b + 1, t, na);
+            fp4_wload(W, ob, nb, b + 1, t, nbw);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        long long acc[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[n][i] = 0;
+#pragma unroll
+        for (int p = 0; p < 8; p++) {
+            /* piece p: groups G (low half-words) and G + 2 (high); their scales: header word p & 3, bytes
+             * 0, 1 (p < 4) or 2, 3 (mucu_fp4_split) */
+            uint32_t al, ah, bl, bh;
+            e2m1x8_q1(fa.w[p], al, ah);
+            e2m1x8_q1(fb.w[p], bl, bh);
+            const uint32_t ha = (p & 3) == 0 ? fa.h.x : (p & 3) == 1 ? fa.h.y : (p & 3) == 2 ? fa.h.z : fa.h.w;
+            const uint32_t hb = (p & 3) == 0 ? fb.h.x : (p & 3) == 1 ? fb.h.y : (p & 3) == 2 ? fb.h.z : fb.h.w;
+            const int sh = p < 4 ? 0 : 16, G = 4 * (p >> 1) + (p & 1);
+            const int32_t qal = q9[(ha >> sh) & 0xFF], qah = q9[(ha >> (sh + 8)) & 0xFF];
+            const int32_t qbl = q9[(hb >> sh) & 0xFF], qbh = q9[(hb >> (sh + 8)) & 0xFF];
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const int8_t *xr = &xs[cur][(n * 8 + g) * LD + 16 * G + 4 * t];
+                const uint32_t xl = *(const uint32_t *)xr, xh = *(const uint32_t *)(xr + 32);
+                int32_t c[4];
+                mma_k16(c, al, bl, xl);
+                acc[n][0] += (long long)c[0] * qal, acc[n][1] += (long long)c[1] * qal;
+                acc[n][2] += (long long)c[2] * qbl, acc[n][3] += (long long)c[3] * qbl;
+                mma_k16(c, ah, bh, xh);
+                acc[n][0] += (long long)c[0] * qah, acc[n][1] += (long long)c[1] * qah;
+                acc[n][2] += (long long)c[2] * qbh, acc[n][3] += (long long)c[3] * qbh;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float f = ((float)acc[n][i] * 0x1p-10f) * xd[cur][n * 8 + 2 * t + (i & 1)];
+                if (TYPE == T_NVFP4_NATIVE) f = f * scale;
+                tot[n][i] = tot[n][i] + f;
+            }
+        __syncthreads(); /* this stage's buffers are read: the next round's copies may overwrite them */
+    };
+    for (int b = 0; b < nb; b += 2) {
+        step(b, 0, A0, B0, A1, B1);
+        if (b + 1 < nb) step(b + 1, 1, A1, B1, A0, B0);
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int64_t r = r0 + n * 8 + 2 * t + (i & 1), o = o0 + g + (i >= 2 ? 8 : 0);
+            if (r < rows && o < n_out) y[r * n_out + o] = fp4_out<TYPE>(tot[n][i], has_scale, scale);
+        }
+}
+
+static bool gemm_fp4(const mucu_weight *w, q8split xq, int64_t rows, float *y, char *err) {
+    const int nb = (int)(w->n_in / 256);
+    const unsigned gy = (unsigned)((w->n_out + 63) / 64);
+#define GF(T, NTT)                                                                                                   \
+    k_gemm_fp4<T, NTT><<<dim3((unsigned)((rows + 8 * NTT - 1) / (8 * NTT)), gy), 128, 0, g_s>>>(                     \
+        w->data, w->n_out, nb, xq, rows, y, w->has_scale, w->scale)
+    if (w->type == T_NVFP4_NATIVE) {
+        if (rows > 32) GF(T_NVFP4_NATIVE, 8);
+        else GF(T_NVFP4_NATIVE, 4);
+    } else {
+        if (rows > 32) GF(T_NVFP4, 8);
+        else GF(T_NVFP4, 4);
+    }
+#undef GF
+    return launched("k_gemm_fp4", err);
+}
+
 extern "C" bool mucu_matmul_fast(const mucu_weight *w) {
     return w->type == T_Q4_K || w->type == T_Q5_K || (w->type == T_Q6_K && w->q6_split) ||
            (is_fp4((int)w->type) && w->fp4_split);
@@ -3525,12 +3754,13 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
             k_quantize_q8split<<<grid_for(nb, 4), 128, 0, g_s>>>(x, xq, nb, mucu_matmul_f16_acts(w));
             if (!launched("k_quantize_q8split", err)) return false;
         }
-        const int gmin = fp4s ? 0 : gemm_min_rows(); /* no many-row kernel for NVFP4 yet: 16-row chunks */
-        if (gmin > 0 && rows >= gmin && mucu_gemm_kq2_takes(rows)) {
+        const int gmin = gemm_min_rows();
+        if (fp4s && gmin > 0 && rows >= gmin) return gemm_fp4(w, xq, rows, y, err);
+        if (!fp4s && gmin > 0 && rows >= gmin && mucu_gemm_kq2_takes(rows)) {
             mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y, split, g_s); /* cuda_prefill.cu */
             return launched("k_gemm_kq2", err);
         }
-        if (gmin > 0 && rows >= gmin) {
+        if (!fp4s && gmin > 0 && rows >= gmin) {
             const dim3 grid((unsigned)((rows + GT_M - 1) / GT_M), (unsigned)((w->n_out + GT_N - 1) / GT_N));
             const int nbk = (int)(w->n_in / 256);
             if (w->type == T_Q4_K) k_gemm_kq<T_Q4_K><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);
@@ -3540,6 +3770,30 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
         }
         for (int64_t r0 = 0; r0 < rows; r0 += 16)
             if (!launch_mmv(w, xq, r0, (int)(rows - r0 < 16 ? rows - r0 : 16), y, err)) return false;
+        return true;
+    }
+    if (is_float && w->n_in % 32 == 0 && ((uintptr_t)w->data & 15) == 0 && ((uintptr_t)x & 15) == 0 &&
+        (w->row_bytes & 15) == 0 && fp4_fast()) { /* k_mmv_float, 8 rows a launch */
+        const unsigned grid = grid_for(w->n_out, 32);
+        for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+            const int nr = (int)(rows - r0 < 8 ? rows - r0 : 8);
+            const float *xr = x + r0 * w->n_in;
+            float *yr = y + r0 * w->n_out;
+#define MF(T, RR) k_mmv_float<T, RR><<<grid, 128, 0, g_s>>>(*w, xr, yr, nr)
+#define MF_R(T)                                                                                                     \
+    do {                                                                                                            \
+        if (nr <= 1) MF(T, 1);                                                                                      \
+        else if (nr <= 2) MF(T, 2);                                                                                 \
+        else if (nr <= 4) MF(T, 4);                                                                                 \
+        else MF(T, 8);                                                                                              \
+    } while (0)
+            if (w->type == T_F16) MF_R(T_F16);
+            else if (w->type == T_BF16) MF_R(T_BF16);
+            else MF_R(T_F32);
+#undef MF_R
+#undef MF
+            if (!launched("k_mmv_float", err)) return false;
+        }
         return true;
     }
     if (is_float) {
