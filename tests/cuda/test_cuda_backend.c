@@ -327,15 +327,19 @@ static void test_matmul_fp4(void) {
     };
     const int64_t shapes[][2] = {{1536, 37}, {6656, 130}, {512, 1}};
     const int64_t rowss[] = {1, 2, 3, 5, 8, 16, 17, 33, 100};
-    for (int fast = 1; fast >= 0; fast--) {
-        mucu_set_fp4(fast);
+    /* fast 2: NVFP4's 2-16 rows on k_mmv2 (MUSER_CUDA_FP4_GEMM=0), 3: on k_gemm_fp4 from 2 rows */
+    for (int fast = 3; fast >= 0; fast--) {
+        mucu_set_fp4(fast != 0);
+        mucu_fp4_gemm_rows = fast == 2 ? 0 : fast == 3 ? 2 : -1;
         for (size_t t = 0; t < sizeof fp4 / sizeof *fp4; t++)
             for (int s = 0; s < 3; s++) {
+                if (fast >= 2 && t >= 3) continue; /* the NVFP4 routes only */
                 const int64_t n_in = shapes[s][0], n_out = shapes[s][1];
                 mu_weight w = make_weight(&fp4[t], n_in, n_out);
                 for (size_t r = 0; r < sizeof rowss / sizeof *rowss; r++) {
                     const int64_t rows = rowss[r];
                     if (!fast && rows != 1 && rows != 17) continue;
+                    if (fast >= 2 && (rows == 1 || rows > 16)) continue;
                     float *x = rnd_vec((size_t)(rows * n_in), 3.0f);
                     if (rows == 3)
                         for (int i = 0; i < 256; i++) x[n_in + i] = 0.0f, x[2 * n_in + i] = (i % 3) ? 1.5f : -1.5f;
@@ -347,6 +351,7 @@ static void test_matmul_fp4(void) {
             }
     }
     mucu_set_fp4(1);
+    mucu_fp4_gemm_rows = -1;
     /* scale bytes the quantizer does not write: ggml's 0x7F (read as 0), 0xFF and sign bits (ignored); native
      * negative scales and zero; then the split layout's products against ref at 1, 5 and 17 rows */
     for (int nat = 0; nat < 2; nat++) {

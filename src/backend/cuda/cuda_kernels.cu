@@ -3369,19 +3369,23 @@ static bool launch_mmv4(const mucu_weight *const *w, int n, float *const *y, q8s
     return launched(prof_on && n == 1 ? mmv_name(w[0]) : "k_mmv4_set", err);
 }
 
+static bool gemm_fp4(const mucu_weight *w, q8split xq, int64_t rows, float *y, char *err);
+static int fp4_gemm_rows(void);
+
 static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, float *y, char *err) {
     env_setting(&mmv_variant, "MUSER_CUDA_MMV", 3);
     const int nb = (int)(w->n_in / 256);
     q8split x = xq;
     x.qs += r0 * w->n_in, x.d += r0 * nb, x.bs += r0 * nb * 16;
     float *yr = y + r0 * w->n_out;
-    if (is_fp4((int)w->type)) { /* NVFP4 in the split layout: k_mmv4 at 1 row, k_mmv2 above */
+    if (is_fp4((int)w->type)) { /* NVFP4 in the split layout: k_mmv4 at 1 row, k_gemm_fp4 or k_mmv2 above */
         if (nr == 1) {
             bool taken;
             const mucu_weight *one[1] = {w};
             float *ys[1] = {yr};
             return launch_mmv4(one, 1, ys, x, nr, &taken, err);
         }
+        if (fp4_gemm_rows() > 0 && nr >= fp4_gemm_rows()) return gemm_fp4(w, x, nr, yr, err);
         const unsigned grid = grid_for(w->n_out, 4);
 #define FP4(T, R) k_mmv2<T, R, 1><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
         if (w->type == T_NVFP4_NATIVE) ROW_BUCKET(nr, FP4, T_NVFP4_NATIVE);
@@ -3703,19 +3707,30 @@ __global__ static void __launch_bounds__(128) k_gemm_fp4(const uint8_t *W, int64
         }
 }
 
+/* MUSER_CUDA_FP4_GEMM=N: NVFP4 calls of N to 16 rows on k_gemm_fp4 too (0: k_mmv2 up to 16 rows); calls of
+ * more rows always (unless MUSER_CUDA_GEMM=0). mucu_fp4_gemm_rows (tests) overrides it when >= 0. */
+extern "C" int mucu_fp4_gemm_rows = -1;
+static int fp4_gemm_v = -1;
+static int fp4_gemm_rows(void) {
+    return mucu_fp4_gemm_rows >= 0 ? mucu_fp4_gemm_rows : env_setting(&fp4_gemm_v, "MUSER_CUDA_FP4_GEMM", 2);
+}
+
 static bool gemm_fp4(const mucu_weight *w, q8split xq, int64_t rows, float *y, char *err) {
     const int nb = (int)(w->n_in / 256);
     const unsigned gy = (unsigned)((w->n_out + 63) / 64);
 #define GF(T, NTT)                                                                                                   \
     k_gemm_fp4<T, NTT><<<dim3((unsigned)((rows + 8 * NTT - 1) / (8 * NTT)), gy), 128, 0, g_s>>>(                     \
         w->data, w->n_out, nb, xq, rows, y, w->has_scale, w->scale)
-    if (w->type == T_NVFP4_NATIVE) {
-        if (rows > 32) GF(T_NVFP4_NATIVE, 8);
-        else GF(T_NVFP4_NATIVE, 4);
-    } else {
-        if (rows > 32) GF(T_NVFP4, 8);
-        else GF(T_NVFP4, 4);
-    }
+#define GF_R(T)                                                                                                     \
+    do {                                                                                                            \
+        if (rows > 32) GF(T, 8);                                                                                    \
+        else if (rows > 16) GF(T, 4);                                                                               \
+        else if (rows > 8) GF(T, 2);                                                                                \
+        else GF(T, 1);                                                                                              \
+    } while (0)
+    if (w->type == T_NVFP4_NATIVE) GF_R(T_NVFP4_NATIVE);
+    else GF_R(T_NVFP4);
+#undef GF_R
 #undef GF
     return launched("k_gemm_fp4", err);
 }
