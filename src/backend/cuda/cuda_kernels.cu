@@ -3370,7 +3370,7 @@ static bool launch_mmv4(const mucu_weight *const *w, int n, float *const *y, q8s
 }
 
 static bool gemm_fp4(const mucu_weight *w, q8split xq, int64_t rows, float *y, char *err);
-static int fp4_gemm_rows(void);
+static bool fp4_gemm_takes(int64_t rows, int64_t n_out);
 
 static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, float *y, char *err) {
     env_setting(&mmv_variant, "MUSER_CUDA_MMV", 3);
@@ -3385,7 +3385,7 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
             float *ys[1] = {yr};
             return launch_mmv4(one, 1, ys, x, nr, &taken, err);
         }
-        if (fp4_gemm_rows() > 0 && nr >= fp4_gemm_rows()) return gemm_fp4(w, x, nr, yr, err);
+        if (fp4_gemm_takes(nr, w->n_out)) return gemm_fp4(w, x, nr, yr, err);
         const unsigned grid = grid_for(w->n_out, 4);
 #define FP4(T, R) k_mmv2<T, R, 1><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nb, x, nr, yr, w->has_scale, w->scale)
         if (w->type == T_NVFP4_NATIVE) ROW_BUCKET(nr, FP4, T_NVFP4_NATIVE);
@@ -3707,12 +3707,21 @@ __global__ static void __launch_bounds__(128) k_gemm_fp4(const uint8_t *W, int64
         }
 }
 
-/* MUSER_CUDA_FP4_GEMM=N: NVFP4 calls of N to 16 rows on k_gemm_fp4 too (0: k_mmv2 up to 16 rows); calls of
- * more rows always (unless MUSER_CUDA_GEMM=0). mucu_fp4_gemm_rows (tests) overrides it when >= 0. */
+/* NVFP4 calls of 2-16 rows: k_gemm_fp4 where it measured faster than
+ * k_mmv2 (test_cuda_backend --bench-mmv, H200, docs/benchmarks.md): its
+ * grid is n_out / 64 CTAs, so narrow weights stay on k_mmv2 (the k/v
+ * products: 4 CTAs), and k_mmv2's cost grows with the rows (a dp4a per
+ * row): ffn gate/up (19,968 outputs) at 4 rows 62.86 against 104.53 us,
+ * attn_output (6,656) at 8 rows 28.92 against 37.24 but at 4 rows 28.85
+ * against 21.61. MUSER_CUDA_FP4_GEMM=N: every call of N to 16 rows (0:
+ * none); mucu_fp4_gemm_rows (tests) overrides both when >= 0. Calls of 17
+ * rows or more always take it (unless MUSER_CUDA_GEMM=0). */
 extern "C" int mucu_fp4_gemm_rows = -1;
 static int fp4_gemm_v = -1;
-static int fp4_gemm_rows(void) {
-    return mucu_fp4_gemm_rows >= 0 ? mucu_fp4_gemm_rows : env_setting(&fp4_gemm_v, "MUSER_CUDA_FP4_GEMM", 2);
+static bool fp4_gemm_takes(int64_t rows, int64_t n_out) {
+    const int n = mucu_fp4_gemm_rows >= 0 ? mucu_fp4_gemm_rows : env_setting(&fp4_gemm_v, "MUSER_CUDA_FP4_GEMM", -1);
+    if (n >= 0) return n > 0 && rows >= n;
+    return (rows >= 8 && n_out >= 2048) || (rows >= 4 && n_out >= 16384);
 }
 
 static bool gemm_fp4(const mucu_weight *w, q8split xq, int64_t rows, float *y, char *err) {

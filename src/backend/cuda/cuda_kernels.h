@@ -139,8 +139,8 @@ void mucu_set_fp4(int v);
 /* NVFP4 W4A16 / ggml weights on the fast kernels (their split layout)?
  * MUSER_CUDA_FP4=0 or mucu_set_fp4(0): no, the rows as they are. */
 bool mucu_fp4_on(void);
-/* >= 0: NVFP4 calls of that many rows (up to 16) on k_gemm_fp4, 0 none
- * (MUSER_CUDA_FP4_GEMM; tests). */
+/* >= 0: NVFP4 calls of that many rows (up to 16) on k_gemm_fp4, 0 none;
+ * -1: MUSER_CUDA_FP4_GEMM, else a rule by shape (cuda_kernels.cu). */
 extern int mucu_fp4_gemm_rows;
 /* The weight-streaming kernel for Q4_K/Q5_K/Q6_K calls of <= 16 rows: 3
  * k_mmv2 (default), 0 k_mmv_kq, 1 k_mmv_kq with shared-memory activations,
