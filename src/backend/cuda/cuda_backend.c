@@ -684,17 +684,24 @@ static void tell_footprint(mu_backend *b) {
 /* A forward of one row whose token is MU_TOKEN_CHAINED reads it from
  * chain_d, where the last chain_pick left it (no upload: the host does not
  * know it yet). */
+/* The chained token's device register (allocated on first use, outside any
+ * graph forward): k_chain_pick writes it, the next forward's entry reads it. */
+static int32_t *chain_reg(mu_backend *b, const char *op) {
+    cuda_ctx *c = ctx_of(b);
+    char err[MUCU_ERR_LEN];
+    if (!c->chain_d) {
+        graph_sync_point(b);
+        if (!mucu_malloc((void **)&c->chain_d, mucu_chain_bytes(), err)) die(op, err);
+    }
+    return c->chain_d;
+}
+
 static bool is_chained(mu_backend *b, const int32_t *tokens, int64_t rows, const char *op) {
     bool any = false;
     for (int64_t r = 0; r < rows; r++) any |= tokens[r] == MU_TOKEN_CHAINED;
     if (!any) return false;
     if (rows != 1) die(op, "a chained token in a forward of more than one row");
-    cuda_ctx *c = ctx_of(b);
-    char err[MUCU_ERR_LEN];
-    if (!c->chain_d) {
-        graph_sync_point(b); /* allocation: not inside a graph forward */
-        if (!mucu_malloc((void **)&c->chain_d, mucu_chain_bytes(), err)) die(op, err);
-    }
+    chain_reg(b, op);
     return true;
 }
 
@@ -1004,17 +1011,12 @@ static void cuda_argmax(mu_backend *b, const float *x, int64_t n, int64_t rows, 
 }
 
 static void cuda_chain_pick(mu_backend *b, const float *x, int64_t n, int32_t *slot) {
-    cuda_ctx *c = ctx_of(b);
     q8_clear(b);
-    char err[MUCU_ERR_LEN];
     if (!mucu_is_pinned(slot)) die("chain_pick", "the slot is not page-locked memory (host_alloc)");
-    if (!c->chain_d) {
-        graph_sync_point(b); /* allocation: not inside a graph forward */
-        if (!mucu_malloc((void **)&c->chain_d, mucu_chain_bytes(), err)) die("chain_pick", err);
-    }
-    const bool launch = go(b, sig_of("chain_pick", 3, P(x), I(n), P(c->chain_d)));
+    int32_t *reg = chain_reg(b, "chain_pick");
+    const bool launch = go(b, sig_of("chain_pick", 3, P(x), I(n), P(reg)));
     int32_t *const *dslot = upload_arg(b, &slot, sizeof slot, "chain_pick"); /* data: a replay writes its own */
-    if (launch) CHECK("chain_pick", mucu_chain_pick(x, n, c->chain_d, dslot, err));
+    if (launch) CHECK("chain_pick", mucu_chain_pick(x, n, reg, dslot, err));
 }
 
 /* The kernel writes the slot straight into page-locked memory; the host
@@ -1130,6 +1132,8 @@ static void cuda_destroy(mu_backend *b) {
     free(c->cache);
     for (int i = 0; i < c->n_deferred; i++) (void)mucu_free(c->deferred[i], err);
     free(c->deferred);
+    mucu_mark_free(c->half_ev[0]), mucu_mark_free(c->half_ev[1]), mucu_mark_free(c->fwd_done);
+    mucu_mark_free(c->st.ev[0]), mucu_mark_free(c->st.ev[1]);
     if (c->st.on && c->st.n > 1) {
         const double k = 1e6 / (double)c->st.n, k1 = 1e6 / (double)(c->st.n - 1);
         fprintf(stderr,

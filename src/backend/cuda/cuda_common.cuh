@@ -132,6 +132,11 @@ static inline q8split q8split_at(void *base, int64_t n_in, int64_t rows) {
     return s;
 }
 
+/* The block position of lane l's value i (0..7) in the HALVES layout below:
+ * 4l + i, then 128 + 4l + i - 4 (the one definition: k_residual and the
+ * gate kernels load and store their rows by it too, cuda_kernels.cu hx). */
+__host__ __device__ static inline int half_pos(int lane, int i) { return lane * 4 + (i < 4 ? i : 124 + i); }
+
 /* One 256-value block by one warp: ggml's Q8_K rule (q8k.c) exactly, into
  * block b of the split layout. Lane l holds in v values 8l..8l+7, or with
  * HALVES values 4l..4l+3 and 128+4l..128+4l+3: then each 16-byte access of
@@ -146,7 +151,7 @@ __device__ static inline void quantize_block_warp(const float v[8], q8split o, i
         if (a > amax) { /* first (lowest index) element of largest magnitude */
             amax = a;
             mx = v[i];
-            idx = HALVES ? (i < 4 ? lane * 4 + i : 128 + lane * 4 + i - 4) : lane * 8 + i;
+            idx = HALVES ? half_pos(lane, i) : lane * 8 + i;
         }
     }
     for (int h = 16; h >= 1; h /= 2) {
@@ -161,8 +166,8 @@ __device__ static inline void quantize_block_warp(const float v[8], q8split o, i
     int8_t *qs = o.qs + b * 256;
     if (amax == 0.0f) {
         if (HALVES) {
-            *(int *)(qs + lane * 4) = 0;
-            *(int *)(qs + 128 + lane * 4) = 0;
+            *(int *)(qs + half_pos(lane, 0)) = 0;
+            *(int *)(qs + half_pos(lane, 4)) = 0;
             if ((lane & 3) == 0) o.bs[b * 16 + lane / 4] = o.bs[b * 16 + 8 + lane / 4] = 0;
         } else {
             *(int2 *)(qs + lane * 8) = make_int2(0, 0);
@@ -183,8 +188,8 @@ __device__ static inline void quantize_block_warp(const float v[8], q8split o, i
     }
     /* the 16-value sums: over lane pairs, or (HALVES) over 4 lanes for each half */
     if (HALVES) {
-        *(int *)(qs + lane * 4) = (int)packed[0];
-        *(int *)(qs + 128 + lane * 4) = (int)packed[1];
+        *(int *)(qs + half_pos(lane, 0)) = (int)packed[0];
+        *(int *)(qs + half_pos(lane, 4)) = (int)packed[1];
         for (int k = 0; k < 2; k++) {
             s[k] += __shfl_xor_sync(FULL_MASK, s[k], 1);
             s[k] += __shfl_xor_sync(FULL_MASK, s[k], 2);

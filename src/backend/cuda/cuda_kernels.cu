@@ -437,6 +437,11 @@ extern "C" bool mucu_mark(void **ev, char *err) {
     return cu_ok(cudaEventRecord((cudaEvent_t)*ev, g_s), "cudaEventRecord", "mark", err);
 }
 
+/* An event of mucu_mark / mucu_mark_timed, destroyed (NULL: nothing). */
+extern "C" void mucu_mark_free(void *ev) {
+    if (ev) cudaEventDestroy((cudaEvent_t)ev);
+}
+
 /* A timing event after the work enqueued so far (MUSER_CUDA_STEP_TIMES),
  * and the ms between two such events once the second has happened. */
 extern "C" bool mucu_mark_timed(void **ev, char *err) {
@@ -1378,9 +1383,8 @@ __device__ static inline void st4(float *p, int64_t i0, int64_t n, const float v
 }
 
 /* Lane l's 8 values of 256-value block b in quantize_block_warp<true>'s
- * layout: element hx(b, l, t) = 256 b + 4 l + t, + 124 for t >= 4 (each
- * access of the warp covers 512 contiguous bytes). */
-__device__ static inline int64_t hx(int64_t b, int lane, int t) { return b * 256 + lane * 4 + (t < 4 ? t : 124 + t); }
+ * layout (half_pos: each access of the warp covers 512 contiguous bytes). */
+__device__ static inline int64_t hx(int64_t b, int lane, int t) { return b * 256 + half_pos(lane, t); }
 __device__ static inline void ld8h(const float *p, int64_t b, int lane, int64_t n, float v[8]) {
     ld4(p, hx(b, lane, 0), n, v);
     ld4(p, hx(b, lane, 4), n, v + 4);

@@ -83,6 +83,7 @@ void mucu_exec_free(void *exec);
 bool mucu_mark(void **ev, char *err);
 bool mucu_mark_wait(void *ev, char *err);
 bool mucu_mark_timed(void **ev, char *err);
+void mucu_mark_free(void *ev);
 bool mucu_elapsed_ms(void *e0, void *e1, double *ms, char *err);
 bool mucu_host_alloc(void **p, size_t bytes, char *err); /* pinned */
 bool mucu_host_free(void *p, char *err);
