@@ -1793,6 +1793,14 @@ __device__ static inline void fp4_table(int32_t *q9) {
     __syncthreads();
 }
 
+/* The activations of a lane's two code pieces (Q4_K / Q5_K / NVFP4 split):
+ * from p = the piece a's first value, values p, p + 32 (piece a's low and
+ * high nibbles), p + 128, p + 160 (piece b's), 16 each. */
+__device__ static inline void x_pieces(const int8_t *p, uint4 &al, uint4 &ah, uint4 &bl, uint4 &bh) {
+    al = __ldg((const uint4 *)p), ah = __ldg((const uint4 *)(p + 32));
+    bl = __ldg((const uint4 *)(p + 128)), bh = __ldg((const uint4 *)(p + 160));
+}
+
 /* This lane's f_b share for rows r < nr: integer sums folded over the 4
  * lanes of the block, then the formula (every lane of the group holds it).
  * NVFP4 (is_fp4): q9 is fp4_table's table in shared memory; native: the
@@ -1810,9 +1818,8 @@ __device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const
         for (int r = 0; r < R; r++) {
             f[r] = 0.0f;
             if (r < nr) {
-                const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
-                const uint4 xal = __ldg((const uint4 *)(xr + offa)), xah = __ldg((const uint4 *)(xr + offa + 32));
-                const uint4 xbl = __ldg((const uint4 *)(xr + offa + 128)), xbh = __ldg((const uint4 *)(xr + offa + 160));
+                uint4 xal, xah, xbl, xbh;
+                x_pieces(xq.qs + r * n_in + (int64_t)b * 256 + offa, xal, xah, xbl, xbh);
                 int32_t da, db, dc, dd;
                 fp4_piece(s.a, xal, xah, da, db);
                 fp4_piece(s.b, xbl, xbh, dc, dd);
@@ -1849,9 +1856,8 @@ __device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const
         for (int r = 0; r < R; r++) {
             f[r] = 0.0f;
             if (r < nr) {
-                const int8_t *xr = xq.qs + r * n_in + (int64_t)b * 256;
-                const uint4 xal = __ldg((const uint4 *)(xr + offa)), xah = __ldg((const uint4 *)(xr + offa + 32));
-                const uint4 xbl = __ldg((const uint4 *)(xr + offa + 128)), xbh = __ldg((const uint4 *)(xr + offa + 160));
+                uint4 xal, xah, xbl, xbh;
+                x_pieces(xq.qs + r * n_in + (int64_t)b * 256 + offa, xal, xah, xbl, xbh);
                 const int16_t *bs = xq.bs + ((int64_t)r * nb + b) * 16 + offa / 16;
                 int32_t sumi = sa_l * dp4a_u4(alo, xal, 0) + sa_h * dp4a_u4(ahi, xah, 0) +
                                sb_l * dp4a_u4(blo, xbl, 0) + sb_h * dp4a_u4(bhi, xbh, 0);
