@@ -52,7 +52,7 @@ def check(text, where):
         if first == "grid_dep_wait()":
             continue
         helper = PRE_WAIT.get(name)
-        if helper and helper + "<" in body and waits(text, helper):
+        if helper and re.search(r"\b%s\s*[<(]" % helper, body) and waits(text, helper):
             continue
         bad.append("%s: kernel %s does not start with grid_dep_wait()" % (where, name))
     return bad

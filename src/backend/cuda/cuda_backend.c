@@ -681,9 +681,6 @@ static void tell_footprint(mu_backend *b) {
             (double)c->weight_bytes / 1073741824.0);
 }
 
-/* A forward of one row whose token is MU_TOKEN_CHAINED reads it from
- * chain_d, where the last chain_pick left it (no upload: the host does not
- * know it yet). */
 /* The chained token's device register (allocated on first use, outside any
  * graph forward): k_chain_pick writes it, the next forward's entry reads it. */
 static int32_t *chain_reg(mu_backend *b, const char *op) {
@@ -696,6 +693,9 @@ static int32_t *chain_reg(mu_backend *b, const char *op) {
     return c->chain_d;
 }
 
+/* A forward of one row whose token is MU_TOKEN_CHAINED reads it from
+ * chain_d, where the last chain_pick left it (no upload: the host does not
+ * know it yet). */
 static bool is_chained(mu_backend *b, const int32_t *tokens, int64_t rows, const char *op) {
     bool any = false;
     for (int64_t r = 0; r < rows; r++) any |= tokens[r] == MU_TOKEN_CHAINED;

@@ -1448,9 +1448,6 @@ __device__ static inline int32_t sum8(int32_t v) { /* over the 8 lanes of a grou
     return v;
 }
 
-/* Q6_K on the device: blocks split into ql|qh (192 bytes, 16-aligned),
- * the 16 int8 scales and the f16 d, each array [n_out * nb] (the upload
- * repacks; cuda_backend.c). */
 extern "C" size_t mucu_fp4_split_bytes(int64_t n_in, int64_t n_out) { return (size_t)(n_in / 256) * 144 * (size_t)n_out; }
 
 /* The layout is load_wq2's (NVFP4), a thread per (output, 256-value block),
@@ -1502,6 +1499,9 @@ extern "C" bool mucu_fp4_split(const uint8_t *src, const uint8_t *scales, uint8_
     return mucu_sync("k_fp4_split", err);
 }
 
+/* Q6_K on the device: blocks split into ql|qh (192 bytes, 16-aligned),
+ * the 16 int8 scales and the f16 d, each array [n_out * nb] (the upload
+ * repacks; cuda_backend.c). */
 extern "C" size_t mucu_q6k_split_bytes(int64_t n_blocks) { return (size_t)n_blocks * 210; }
 extern "C" void mucu_q6k_split(const uint8_t *src, uint8_t *dst, int64_t n_blocks) {
     uint8_t *q = dst, *sc = dst + (size_t)n_blocks * 192, *d = sc + (size_t)n_blocks * 16;
@@ -1900,10 +1900,11 @@ __device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const
     }
 }
 
-/* A row total as the product writes it: native NVFP4 rounds it through f16
- * (its f_b carry scale2), the others apply the optional per-tensor scale. */
-template <int TYPE> __device__ static inline float fp4_out(float total, int has_scale, float scale) {
-    if (TYPE == T_NVFP4_NATIVE) return round_f16(total);
+/* A row total as a product of the weight-streaming kernels writes it:
+ * native NVFP4 rounds it through f16 (its f_b carry scale2), the others
+ * apply the optional per-tensor scale. */
+__device__ static inline float row_out(int type, float total, int has_scale, float scale) {
+    if (type == T_NVFP4_NATIVE) return round_f16(total);
     return has_scale ? total * scale : total;
 }
 
@@ -1964,9 +1965,9 @@ __device__ static inline void mmv2_out(const uint8_t *W, int64_t n_out, int nb, 
         if (b0 + 8 * U < nb) load_step(b0 + 8 * U);
     }
     if (R == 1) {
-        if (lane == 0) y[o] = fp4_out<TYPE>(total[0], has_scale, scale);
+        if (lane == 0) y[o] = row_out(TYPE, total[0], has_scale, scale);
     } else if (lane < nr && lane < R) {
-        y[lane * n_out + o] = fp4_out<TYPE>(mine, has_scale, scale);
+        y[lane * n_out + o] = row_out(TYPE, mine, has_scale, scale);
     }
 }
 
@@ -2190,8 +2191,7 @@ __global__ static void __launch_bounds__(128) k_mmv4_set(mmv_set set, int nb, q8
     else total = mmv4_part<T_Q6_K, U, WPR>(set.W[i], set.n_out[i], nb, xq, o, warp % WPR, fs);
     if (WPR == 1) {
         if ((threadIdx.x & 3) == 0 && slot < set.first[set.n] && o < set.n_out[i])
-            set.y[i][o] = FP4 && set.type[i] == T_NVFP4_NATIVE ? round_f16(total)
-                                                              : set.has_scale[i] ? total * set.scale[i] : total;
+            set.y[i][o] = row_out(set.type[i], total, set.has_scale[i], set.scale[i]);
         return;
     }
     __syncthreads();
@@ -2206,7 +2206,7 @@ __global__ static void __launch_bounds__(128) k_mmv4_set(mmv_set set, int nb, q8
     const float *p = fsm + l * nb;
     float sum = 0.0f;
     for (int b = 0; b < nb; b++) sum = sum + p[b];
-    set.y[j][o2] = FP4 && set.type[j] == T_NVFP4_NATIVE ? round_f16(sum) : set.has_scale[j] ? sum * set.scale[j] : sum;
+    set.y[j][o2] = row_out(set.type[j], sum, set.has_scale[j], set.scale[j]);
 }
 
 /* Benchmarks only (test_cuda_backend --bench-mmv): k_mmv2's Q4_K weight
@@ -2685,7 +2685,7 @@ __global__ static void k_matmul_fwarp(mucu_weight w, const float *x, float *y, i
  * bytes a warp load, and the nvfp4 lane's F16 output matrix (2.7 GB) is
  * read once a token. Half-precision weights are loaded before the wait
  * (never written); f32 ones may be activations viewed as a matrix. */
-template <int TYPE, int R>
+template <int TYPE>
 __device__ static inline void mmvf_load(const uint8_t *row, int64_t k, int t, float v[8]) {
     if (TYPE == T_F32) {
         const float4 a = __ldg((const float4 *)row + 8 * k + 2 * t), b = __ldg((const float4 *)row + 8 * k + 2 * t + 1);
@@ -2701,15 +2701,15 @@ __device__ static inline void mmvf_load(const uint8_t *row, int64_t k, int t, fl
     }
 }
 
-template <int TYPE, int R>
+template <int TYPE>
 __device__ static inline void mmvf_first(const uint8_t *row, int64_t nk, int t, float v[4][8]) {
     if (TYPE != T_F32)
 #pragma unroll
-        for (int u = 0; u < 4; u++) mmvf_load<TYPE, R>(row, u < nk ? u : nk - 1, t, v[u]);
+        for (int u = 0; u < 4; u++) mmvf_load<TYPE>(row, u < nk ? u : nk - 1, t, v[u]);
     grid_dep_wait();
     if (TYPE == T_F32)
 #pragma unroll
-        for (int u = 0; u < 4; u++) mmvf_load<TYPE, R>(row, u < nk ? u : nk - 1, t, v[u]);
+        for (int u = 0; u < 4; u++) mmvf_load<TYPE>(row, u < nk ? u : nk - 1, t, v[u]);
 }
 
 template <int TYPE, int R>
@@ -2723,7 +2723,7 @@ __global__ static void __launch_bounds__(128) k_mmv_float(mucu_weight w, const f
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[r][j] = 0.0f;
-    mmvf_first<TYPE, R>(row, nk, t, v);
+    mmvf_first<TYPE>(row, nk, t, v);
     for (int64_t k0 = 0; k0 < nk; k0 += 4) {
 #pragma unroll
         for (int u = 0; u < 4; u++) {
@@ -2739,7 +2739,7 @@ __global__ static void __launch_bounds__(128) k_mmv_float(mucu_weight w, const f
                         for (int j = 0; j < 8; j++) acc[r][j] = fmaf(v[u][j], xv[j], acc[r][j]);
                     }
                 }
-                if (k + 4 < nk) mmvf_load<TYPE, R>(row, k + 4, t, v[u]);
+                if (k + 4 < nk) mmvf_load<TYPE>(row, k + 4, t, v[u]);
             }
         }
     }
@@ -3614,7 +3614,6 @@ __device__ static inline void fp4_wload(const uint8_t *W, int64_t o, int nb, int
 }
 
 /* The first block's weights of outputs oa and ob, then the wait. */
-template <int UNUSED>
 __device__ static inline void fp4_first(const uint8_t *W, int64_t oa, int64_t ob, int nb, int t, fp4_wfr &a, fp4_wfr &b) {
     fp4_wload(W, oa, nb, 0, t, a);
     fp4_wload(W, ob, nb, 0, t, b);
@@ -3646,7 +3645,7 @@ __global__ static void __launch_bounds__(128) k_gemm_fp4(const uint8_t *W, int64
         cp_commit();
     };
     fp4_wfr A0, B0, A1, B1; /* outputs g and g + 8, two stages (named: no local-memory arrays) */
-    fp4_first<0>(W, oa, ob, nb, t, A0, B0);
+    fp4_first(W, oa, ob, nb, t, A0, B0);
     xload(0, 0);
     float tot[NT][4];
 #pragma unroll
@@ -3713,7 +3712,7 @@ __global__ static void __launch_bounds__(128) k_gemm_fp4(const uint8_t *W, int64
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int64_t r = r0 + n * 8 + 2 * t + (i & 1), o = o0 + g + (i >= 2 ? 8 : 0);
-            if (r < rows && o < n_out) y[r * n_out + o] = fp4_out<TYPE>(tot[n][i], has_scale, scale);
+            if (r < rows && o < n_out) y[r * n_out + o] = row_out(TYPE, tot[n][i], has_scale, scale);
         }
 }
 
@@ -3767,8 +3766,9 @@ extern "C" size_t mucu_matmul_split_bytes(const mucu_weight *w, int64_t rows) {
     return mucu_gemm_split_bytes(w, rows); /* cuda_prefill.cu */
 }
 
-/* MUSER_CUDA_FP4=0: NVFP4, Q8_0 and Q4_0 weights on k_matmul_warp (the kernel before the split NVFP4 layout and
- * k_mmv_q0). */
+/* MUSER_CUDA_FP4=0: NVFP4, Q8_0 and Q4_0 weights on k_matmul_warp and float
+ * weights on k_matmul_fwarp (the kernels before the split NVFP4 layout,
+ * k_mmv_q0 and k_mmv_float). */
 static int fp4_v = -1;
 static bool fp4_fast(void) { return env_setting(&fp4_v, "MUSER_CUDA_FP4", 1) != 0; }
 extern "C" void mucu_set_fp4(int v) { fp4_v = v; }
@@ -3789,12 +3789,13 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
             if (!launched("k_quantize_q8split", err)) return false;
         }
         const int gmin = gemm_min_rows();
-        if (fp4s && gmin > 0 && rows >= gmin) return gemm_fp4(w, xq, rows, y, err);
-        if (!fp4s && gmin > 0 && rows >= gmin && mucu_gemm_kq2_takes(rows)) {
+        const bool many = gmin > 0 && rows >= gmin;
+        if (many && fp4s) return gemm_fp4(w, xq, rows, y, err);
+        if (many && mucu_gemm_kq2_takes(rows)) {
             mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y, split, g_s); /* cuda_prefill.cu */
             return launched("k_gemm_kq2", err);
         }
-        if (!fp4s && gmin > 0 && rows >= gmin) {
+        if (many) {
             const dim3 grid((unsigned)((rows + GT_M - 1) / GT_M), (unsigned)((w->n_out + GT_N - 1) / GT_N));
             const int nbk = (int)(w->n_in / 256);
             if (w->type == T_Q4_K) k_gemm_kq<T_Q4_K><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);

@@ -128,14 +128,16 @@ bool mucu_matmul_f16_acts(const mucu_weight *w);
  * same x (one quantization; rows <= 16: one launch for all of them). */
 bool mucu_matmul_set(const mucu_weight *const *w, int n, const float *x, float *const *y, int64_t rows, void *q8,
                      int prequantized, float *split, char *err);
-/* Does w take the weight-streaming kernel (Q4_K, Q5_K, split Q6_K)? */
+/* Does w take the weight-streaming kernels (Q4_K, Q5_K, split Q6_K, split
+ * NVFP4)? */
 bool mucu_matmul_fast(const mucu_weight *w);
 /* The split scratch a mucu_matmul of `rows` needs: 0 unless the call takes
  * the many-row kernel and that splits it (mucu_gemm_split_bytes). */
 size_t mucu_matmul_split_bytes(const mucu_weight *w, int64_t rows);
-/* 0: NVFP4, Q8_0 and Q4_0 weights on the generic kernel (k_matmul_warp)
- * instead of the fast ones (NVFP4 in its split layout on k_mmv4 / k_mmv2,
- * k_mmv_q0) (tests; MUSER_CUDA_FP4 at the first call otherwise). */
+/* 0: NVFP4, Q8_0, Q4_0 and float weights on the generic kernels
+ * (k_matmul_warp, k_matmul_fwarp) instead of the fast ones (NVFP4 in its
+ * split layout, k_mmv_q0, k_mmv_float) (tests; MUSER_CUDA_FP4 at the first
+ * call otherwise). */
 void mucu_set_fp4(int v);
 /* NVFP4 W4A16 / ggml weights on the fast kernels (their split layout)?
  * MUSER_CUDA_FP4=0 or mucu_set_fp4(0): no, the rows as they are. */
