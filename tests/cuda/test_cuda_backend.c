@@ -629,8 +629,9 @@ static void test_matmul_multi(void) {
     mucu_set_mmv_variant(3);
 }
 
-/* The many-row tensor-core kernels, both (k_gemm_kq2, the default, with
- * each of its tile heights, and the first one, MUSER_CUDA_GEMM_KERNEL=0): row counts around the 64- and
+/* The many-row tensor-core kernels, all three (k_gemm_kq2 with each of its
+ * tile heights, k_gemm_wg for Q4_K / Q5_K, and the first one,
+ * MUSER_CUDA_GEMM_KERNEL=0): row counts around the 64- and
  * 128-row tiles, n_out around the 128-output tile (300: two full tiles and
  * a partial one; 130, 37, 1), several blocks; row 3 has an all-zero block
  * and row 5 a block whose largest magnitude repeats. */
@@ -654,15 +655,17 @@ static void test_gemm_tiles(void) {
                     x[3 * n_in + 256 + i] = 0.0f, x[5 * n_in + 512 + i] = (i % 5) ? 0.75f : -0.75f;
                 float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
                 ref->matmul(ref, &w, x, y, rows);
-                static const char *const kname[4] = {"k_gemm_kq", "k_gemm_kq2", "k_gemm_kq2 128-row tiles",
-                                                     "k_gemm_kq2 64-row tiles"};
+                static const char *const kname[5] = {"k_gemm_kq", "k_gemm_kq2", "k_gemm_kq2 128-row tiles",
+                                                     "k_gemm_kq2 64-row tiles", "k_gemm_wg"};
                 /* k_gemm_kq2 unsplit, split as the default plans it (these small
                  * grids all split) and split 3 ways (shares of 1-3 blocks, the
                  * last one short) */
                 static const int splits[3] = {0, 1, 3};
                 for (int sp = 0; sp < 3; sp++)
-                    for (int k = 3; k >= 0; k--) {
-                        if (k == 1 || (k == 0 && sp > 0)) continue; /* the automatic choice is one of 2 and 3 */
+                    for (int k = 4; k >= 0; k--) {
+                        if (k == 1 || (k == 0 && sp > 0)) continue; /* the automatic choice is one of 2, 3 and 4 */
+                        if (k == 4 && (sp > 0 || (w.type != MU_TYPE_Q4_K && w.type != MU_TYPE_Q5_K) || !mucu_gemm_wg_device()))
+                            continue; /* k_gemm_wg: Q4_K / Q5_K on a 9.0 device, never split */
                         mucu_gemm_kernel = k;
                         mucu_set_gemm_split(splits[sp]);
                         cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
@@ -1450,10 +1453,11 @@ static double time_matmul(const mucu_weight *w, const float *dx, float *dy, int6
     return t[reps / 2];
 }
 
-/* --bench-gemm: k_gemm_kq (old) against k_gemm_kq2 (new) on the full
- * model's shapes (hidden 6656, q 4096, k/v 256, ffn 19968), 32 (batched
- * decode; k_gemm_kq2 with 64-row tiles forced), 512 and 2048 rows; the
- * two kernels' outputs are also compared bit for bit. */
+/* --bench-gemm: k_gemm_kq2 ("kq2", MUSER_CUDA_GEMM_WG=0) against the
+ * default ("new": k_gemm_wg where it takes the call) on the full model's
+ * shapes (hidden 6656, q 4096, k/v 256, ffn 19968), 32 (batched decode;
+ * k_gemm_kq2 with 64-row tiles forced), 512 and 2048 rows; the two
+ * outputs are also compared bit for bit. */
 static int bench_gemm(int reps) {
     char msg[MUCU_ERR_LEN];
     static const struct {
@@ -1494,9 +1498,11 @@ static int bench_gemm(int reps) {
                 }
                 double ms[2];
                 for (int k = 0; k < 2; k++) {
-                    mucu_gemm_kernel = k ? knew : 0;
+                    mucu_gemm_kernel = knew;
+                    mucu_set_gemm_wg(k); /* old: k_gemm_kq2; new: the default (k_gemm_wg where it takes) */
                     ms[k] = time_matmul(&w, dx, dy[k], rows, q8, dsp, reps);
                 }
+                mucu_set_gemm_wg(-1);
                 const size_t yb = (size_t)(rows * n_out) * 4;
                 uint8_t *h0 = mu_xmalloc(yb), *h1 = mu_xmalloc(yb);
                 if (!mucu_memcpy(h0, dy[0], yb, "bench download", msg) || !mucu_memcpy(h1, dy[1], yb, "bench download", msg)) {
@@ -1507,7 +1513,7 @@ static int bench_gemm(int reps) {
                 bad += !same;
                 const double ops = 2.0 * (double)rows * (double)n_in * (double)n_out;
                 const double wbytes = (double)w.row_bytes * (double)n_out;
-                printf("gemm %-4s %-7s %5lld->%-5lld rows %4lld: old %8.3f ms %6.1f TOPS | new %8.3f ms %6.1f TOPS "
+                printf("gemm %-4s %-7s %5lld->%-5lld rows %4lld: kq2 %8.3f ms %6.1f TOPS | new %8.3f ms %6.1f TOPS "
                        "%6.0f GB/s weights | %.2fx %s\n",
                        types[ti].name, shapes[si].name, (long long)n_in, (long long)n_out, (long long)rows, ms[0],
                        ops / ms[0] * 1e-9, ms[1], ops / ms[1] * 1e-9, wbytes / ms[1] * 1e-6, ms[0] / ms[1],
@@ -1518,13 +1524,13 @@ static int bench_gemm(int reps) {
                 mucu_free(dx, msg), mucu_free(dy[0], msg), mucu_free(dy[1], msg), mucu_free(q8, msg), mucu_free(dsp, msg);
                 mucu_free((void *)w.data, msg);
             }
-        printf("gemm layer (all Q4_K: q k v o gate up down), rows %lld: old %.3f ms, new %.3f ms; 52 layers' "
-               "products alone: old %.0f tok/s, new %.0f tok/s\n",
+        printf("gemm layer (all Q4_K: q k v o gate up down), rows %lld: kq2 %.3f ms, new %.3f ms; 52 layers' "
+               "products alone: kq2 %.0f tok/s, new %.0f tok/s\n",
                (long long)rows, layer[0], layer[1], (double)rows / (52.0 * layer[0] * 1e-3),
                (double)rows / (52.0 * layer[1] * 1e-3));
     }
     mucu_gemm_kernel = saved;
-    printf("gemm benchmark: %s\n", bad ? "OUTPUTS DIFFER between the kernels" : "old and new outputs identical");
+    printf("gemm benchmark: %s\n", bad ? "OUTPUTS DIFFER between the kernels" : "kq2 and new outputs identical");
     return bad ? 1 : 0;
 }
 

@@ -403,7 +403,7 @@ static int sm_count(void) {
 static g2_plan g2_plan_of(int64_t rows, int64_t n_out, int nb) {
     g2_plan p;
     const int64_t ty = (n_out + G2_BN - 1) / G2_BN, tiles128 = ((rows + 127) / 128) * ty;
-    const int k = mucu_gemm_kernel_get(); /* 2, 3: 128- or 64-row tiles forced (tests) */
+    const int k = mucu_gemm_kernel_get(); /* 2, 3: 128- or 64-row tiles forced (tests); 4 as 1 */
     p.wm = (k == 2 || (k != 3 && rows > 64 && tiles128 >= 100)) ? 4 : 2;
     p.gx = (int)((rows + 32 * p.wm - 1) / (32 * p.wm));
     p.gy = (int)ty;
@@ -472,13 +472,31 @@ extern "C" bool mucu_gemm_kq2_takes(int64_t rows) {
     return k >= 1;
 }
 
+static int gemm_wg_v = -1;
+extern "C" void mucu_set_gemm_wg(int v) { gemm_wg_v = v; }
+
+extern "C" bool mucu_gemm_wg_takes(const mucu_weight *w, int64_t rows) {
+    if ((w->type != P_Q4_K && w->type != P_Q5_K) || !env_setting(&gemm_wg_v, "MUSER_CUDA_GEMM_WG", 1) ||
+        !mucu_gemm_wg_device())
+        return false;
+    const int k = mucu_gemm_kernel_get();
+    if (k == 4) return true;
+    const int64_t tiles = ((rows + 127) / 128) * ((w->n_out + 127) / 128);
+    return k == 1 && rows > 64 && tiles >= 100;
+}
+
 extern "C" size_t mucu_gemm_split_bytes(const mucu_weight *w, int64_t rows) {
+    if (mucu_gemm_wg_takes(w, rows)) return 0;
     return g2_plan_of(rows, w->n_out, (int)(w->n_in / 256)).split;
 }
 
 extern "C" void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
                               float *y, float *split, void *stream) {
     const cudaStream_t st = (cudaStream_t)stream;
+    if (mucu_gemm_wg_takes(w, rows)) {
+        mucu_gemm_wg(w, qs, d, bs, rows, y, stream); /* cuda_gemm_wg.cu */
+        return;
+    }
     if (w->type == P_Q4_K) launch_gemm_kq2_t<P_Q4_K>(w, qs, d, bs, rows, y, split, st);
     else if (w->type == P_Q5_K) launch_gemm_kq2_t<P_Q5_K>(w, qs, d, bs, rows, y, split, st);
     else launch_gemm_kq2_t<P_Q6_K>(w, qs, d, bs, rows, y, split, st);

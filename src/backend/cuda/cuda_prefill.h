@@ -16,10 +16,23 @@ extern "C" {
  * cuda_kernels.cu), 1 (the default) k_gemm_kq2 with its tiles picked by
  * shape (a layer's products at 32 rows: 1.090 ms against k_gemm_kq's 1.906,
  * docs/benchmarks.md), 2 and 3 k_gemm_kq2 with its 128- or 64-row tiles
- * forced (tests, benchmarks). -1
+ * forced (tests, benchmarks), 4 k_gemm_wg forced where it applies (below). -1
  * until first read from MUSER_CUDA_GEMM_KERNEL; tests may set it directly. */
 extern int mucu_gemm_kernel;
 int mucu_gemm_kernel_get(void);
+/* k_gemm_wg (cuda_gemm_wg.cu, built for sm_90a alone): the many-row
+ * product for Q4_K / Q5_K on wgmma, bit for bit k_gemm_kq2's outputs.
+ * mucu_gemm_kq2 hands it the calls it takes (mucu_gemm_wg_takes): with
+ * mucu_gemm_kernel 1 (the default) the Q4_K / Q5_K calls of more than 64
+ * rows whose 128 x 128 tiles number at least 100 (smaller grids keep
+ * k_gemm_kq2 and its split), with mucu_gemm_kernel 4 every Q4_K / Q5_K
+ * call (tests); only on a compute capability 9.0 device, and not with
+ * mucu_set_gemm_wg(0) (MUSER_CUDA_GEMM_WG=0; -1 until read from it). */
+bool mucu_gemm_wg_device(void);
+bool mucu_gemm_wg_takes(const mucu_weight *w, int64_t rows);
+void mucu_set_gemm_wg(int v);
+void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
+                  void *stream);
 /* Does a call of `rows` (>= MUSER_CUDA_GEMM) take k_gemm_kq2? */
 bool mucu_gemm_kq2_takes(int64_t rows);
 

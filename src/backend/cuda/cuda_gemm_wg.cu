@@ -1,0 +1,325 @@
+/* k_gemm_wg: the many-row product for Q4_K / Q5_K weights on Hopper's
+ * warpgroup tensor-core instructions (wgmma, sm_90a only: this file is
+ * compiled for sm_90a alone, CMakeLists.txt). Same exactness rules as
+ * cuda_prefill.cu's k_gemm_kq2 (docs/numerics.md): the integer block sums
+ * exact in any order, f_b by the written float formula, each (row, output)
+ * total adding f_b strictly in block order; the outputs equal k_gemm_kq2's
+ * bit for bit. Compiled with -fmad=false like every .cu file.
+ *
+ * Why another kernel: k_gemm_kq2 (mma.sync) multiplies every mma result by
+ * its sub-block scale on the CUDA cores (an IMAD per result element and
+ * 32-value sub-block) and builds its B fragments per warp; with one CTA of 8
+ * warps per SM it issues about 2 instructions a cycle and reaches 200-240
+ * TOPS. Here the sub-block scale goes into the weights before the tensor
+ * cores see them: s (6 bits, 0..63) = 8 s_hi + s_lo with s_hi, s_lo in
+ * 0..7, and code * s_hi, code * s_lo (code 0..15, Q5_K 0..31) are at most
+ * 217, one unsigned byte each, so the four codes of a 32-bit word times
+ * s_hi is one 32-bit multiply (no carry between bytes). Two accumulators
+ * per element, hi and lo, sum a whole 256-block in the tensor cores:
+ * sumi = 8 hi + lo, exactly sum_j s_j dot_j. The CUDA cores then only do
+ * the per-block f_b, once per element and block instead of eight times.
+ *
+ * A CTA of two warpgroups takes 128 outputs (the wgmma M: 64 a warpgroup)
+ * x 64 NS rows (the wgmma N: 64 per instruction, NS instructions sharing
+ * one A). A is the weights, built in registers (the m16n8k32 A layout per
+ * warp: lane (g, t) holds outputs g and g + 8, values 4t..4t+3 and
+ * 16+4t..+3 of the sub-block); B is the Q8_K activation codes, read by the
+ * tensor cores from shared memory through a matrix descriptor. The
+ * 256-blocks go through a 3-deep cp.async ring as in k_gemm_kq2; the
+ * activation codes land in the no-swizzle K-major layout of 8-row x
+ * 16-byte core matrices (core matrix (row group R, 16-byte chunk c) at
+ * (c * NR/8 + R) * 128, row r % 8 at + 16 (r % 8)). summ = sum_j m_j bsum_j
+ * comes from two m16n8k16 mma.sync per 8-row tile, as in k_gemm_kq2 (bsum
+ * split into int8 lo / hi parts). */
+#include "backend/cuda/cuda_prefill.h"
+#include "backend/cuda/cuda_common.cuh"
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+enum { W_Q4_K = 12, W_Q5_K = 13 };
+
+#define WG_BO 128 /* outputs a CTA */
+#define WG_STAGES 3
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_HAVE 1
+#else
+#define WG_HAVE 0
+#endif
+
+template <int TYPE, int NS> struct wg_smem {
+    static constexpr int NR = 64 * NS;                           /* rows a CTA */
+    static constexpr int LD = TYPE == W_Q4_K ? 144 : 176;        /* raw weight block bytes (and row stride) */
+    static constexpr int QOFF = TYPE == W_Q4_K ? 16 : 48;        /* the 4-bit codes inside a block */
+    static constexpr int X = 0;                                  /* int8 core matrices, NR x 256 */
+    static constexpr int XD = X + NR * 256;                      /* f32 [NR] */
+    static constexpr int XB = XD + NR * 4;                       /* int16 [NR][16] */
+    static constexpr int W = XB + NR * 32;                       /* raw [WG_BO][LD] */
+    static constexpr int STAGE = ((W + WG_BO * LD) + 127) / 128 * 128;
+    static constexpr int TS = WG_STAGES * STAGE;                 /* uint8 [WG_BO][16]: s_hi 0..7, s_lo 0..7 */
+    static constexpr int TD = TS + WG_BO * 16;                   /* f32 [WG_BO] d */
+    static constexpr int TDM = TD + WG_BO * 4;                   /* f32 [WG_BO] dmin */
+    static constexpr int TMIN = TDM + WG_BO * 4;                 /* int8 [WG_BO][8] mins */
+    static constexpr int TXB = TMIN + WG_BO * 8;                 /* int8 [NR][16] bsum parts lo_0..7, hi_0..7 */
+    static constexpr int TOTAL = TXB + NR * 16;
+};
+
+#if WG_HAVE
+__device__ static inline void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ static inline void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ static inline void wg_wait(void) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* keeps the compiler from moving a register's use across a wgmma fence or wait */
+__device__ static inline void wg_pin(int32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ static inline void wg_pin(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
+
+/* Matrix descriptor of a no-swizzle K-major operand: start address,
+ * leading byte offset (next core matrix along K), stride byte offset
+ * (next 8-row group). */
+__device__ static inline uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+
+/* d[64 x 64] (+)= a[64 x 32] (u8, registers) . b[32 x 64] (s8, shared memory) */
+__device__ static inline void wg_mma(int32_t d[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t desc,
+                                     int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
+                 "27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+                   "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]),
+                   "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]),
+                   "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]),
+                   "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(acc));
+}
+#endif
+
+template <int TYPE, int NS>
+__global__ static void __launch_bounds__(256, 1)
+    k_gemm_wg(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
+              const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
+              int has_scale, float scale) {
+    grid_dep_wait();
+#if WG_HAVE
+    typedef wg_smem<TYPE, NS> S;
+    constexpr int NR = S::NR, LD = S::LD, NT = 256;
+    extern __shared__ __align__(128) uint8_t sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int o0 = 16 * warp + g; /* this thread's outputs o0, o0 + 8 in the tile (warpgroup warp >> 2) */
+    const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * WG_BO;
+    const int64_t n_in = (int64_t)nb * 256;
+    uint8_t *ts = sm + S::TS, *tmin = sm + S::TMIN, *txb = sm + S::TXB;
+    float *td = (float *)(sm + S::TD), *tdm = (float *)(sm + S::TDM);
+    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm);
+
+    auto load_stage = [&](int s, int b) {
+        uint8_t *st = sm + s * S::STAGE;
+        for (int i = tid; i < NR * 16; i += NT) {
+            const int r = i >> 4, c = i & 15;
+            const int64_t gr = row0 + r;
+            const bool v = gr < rows;
+            cp16(st + S::X + (c * (NR / 8) + (r >> 3)) * 128 + 16 * (r & 7),
+                 v ? qs + gr * n_in + (int64_t)b * 256 + 16 * c : qs, v);
+        }
+        if (tid < NR) {
+            const int64_t gr = row0 + tid;
+            const bool v = gr < rows;
+            cp4(st + S::XD + 4 * tid, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
+            const int16_t *src = v ? bsp + (gr * nb + b) * 16 : bsp;
+            cp16(st + S::XB + 32 * tid, src, v);
+            cp16(st + S::XB + 32 * tid + 16, v ? src + 8 : bsp, v);
+        }
+        constexpr int CH = LD / 16;
+        for (int i = tid; i < WG_BO * CH; i += NT) {
+            const int o = i / CH, c = i % CH;
+            const int64_t go = out0 + o;
+            const bool v = go < n_out;
+            cp16(st + S::W + o * LD + 16 * c, v ? Wt + (go * nb + b) * LD + 16 * c : Wt, v);
+        }
+    };
+
+    int32_t hi[NS][32], lo[NS][32];
+    float total[NS][32];
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int e = 0; e < 32; e++) total[n][e] = 0.0f, hi[n][e] = 0, lo[n][e] = 0;
+
+#pragma unroll
+    for (int s = 0; s < WG_STAGES - 1; s++) {
+        if (s < nb) load_stage(s, s);
+        cp_commit();
+    }
+    for (int b = 0; b < nb; b++) {
+        const int s = b % WG_STAGES;
+        const uint8_t *st = sm + s * S::STAGE;
+        cp_wait<WG_STAGES - 2>();
+        /* the tensor cores read the activation codes through the async proxy */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        /* 1. a thread per output: its scales split into s_hi / s_lo, mins,
+         * d, dmin; a thread per row: the bsum split (as k_gemm_kq2) */
+        for (int i = tid; i < WG_BO + NR; i += NT) {
+            if (i < WG_BO) {
+                const int o = i;
+                const uint4 hq = *(const uint4 *)(st + S::W + o * LD);
+                const uint32_t w0 = hq.y, w1 = hq.z, w2 = hq.w;
+                const uint32_t sc03 = w0 & 0x3F3F3F3Fu, mn03 = w1 & 0x3F3F3F3Fu;
+                const uint32_t sc47 = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+                const uint32_t mn47 = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+                *(uint4 *)(ts + 16 * o) = make_uint4((sc03 >> 3) & 0x07070707u, (sc47 >> 3) & 0x07070707u,
+                                                     sc03 & 0x07070707u, sc47 & 0x07070707u);
+                *(uint2 *)(tmin + 8 * o) = make_uint2(mn03, mn47);
+                td[o] = h2f((uint16_t)(hq.x & 0xFFFF));
+                tdm[o] = h2f((uint16_t)(hq.x >> 16));
+            } else {
+                const int r = i - WG_BO;
+                const uint4 *bq = (const uint4 *)(st + S::XB + 32 * r);
+                const uint4 u0 = bq[0], u1 = bq[1];
+                const uint32_t bw[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+                uint32_t l2[2] = {0, 0}, h2[2] = {0, 0};
+#pragma unroll
+                for (int jj = 0; jj < 8; jj++) {
+                    const int32_t v = (int32_t)(int16_t)(bw[jj] & 0xFFFF) + ((int32_t)bw[jj] >> 16);
+                    l2[jj >> 2] |= (uint32_t)(v & 127) << (8 * (jj & 3));
+                    h2[jj >> 2] |= ((uint32_t)(v >> 7) & 0xFF) << (8 * (jj & 3));
+                }
+                *(uint4 *)(txb + 16 * r) = make_uint4(l2[0], l2[1], h2[0], h2[1]);
+            }
+        }
+        __syncthreads();
+        {
+            const int nx = b + WG_STAGES - 1;
+            if (nx < nb) load_stage(nx % WG_STAGES, nx);
+            cp_commit();
+        }
+        /* 2. the integer sums: per 32-value sub-block j, A = codes x s_hi
+         * and codes x s_lo of outputs o0, o0 + 8, one wgmma per 64 rows */
+        const uint4 sc0 = *(const uint4 *)(ts + 16 * o0), sc1 = *(const uint4 *)(ts + 16 * (o0 + 8));
+        const uint8_t *wr0 = st + S::W + o0 * LD + 4 * t, *wr1 = wr0 + 8 * LD;
+        const uint32_t xs = sm_base + (uint32_t)(s * S::STAGE + S::X);
+        uint32_t qh00 = 0, qh01 = 0, qh10 = 0, qh11 = 0;
+        if (TYPE == W_Q5_K) {
+            qh00 = *(const uint32_t *)(wr0 + 16), qh01 = *(const uint32_t *)(wr0 + 32);
+            qh10 = *(const uint32_t *)(wr1 + 16), qh11 = *(const uint32_t *)(wr1 + 32);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int p = j >> 1, sh = 4 * (j & 1);
+            uint32_t c00 = (*(const uint32_t *)(wr0 + S::QOFF + 32 * p) >> sh) & 0x0F0F0F0Fu;
+            uint32_t c10 = (*(const uint32_t *)(wr1 + S::QOFF + 32 * p) >> sh) & 0x0F0F0F0Fu;
+            uint32_t c01 = (*(const uint32_t *)(wr0 + S::QOFF + 32 * p + 16) >> sh) & 0x0F0F0F0Fu;
+            uint32_t c11 = (*(const uint32_t *)(wr1 + S::QOFF + 32 * p + 16) >> sh) & 0x0F0F0F0Fu;
+            if (TYPE == W_Q5_K) { /* bit j of qh[l]: the fifth bit of value 32j + l */
+                c00 |= ((qh00 >> j) & 0x01010101u) << 4;
+                c01 |= ((qh01 >> j) & 0x01010101u) << 4;
+                c10 |= ((qh10 >> j) & 0x01010101u) << 4;
+                c11 |= ((qh11 >> j) & 0x01010101u) << 4;
+            }
+            const uint32_t h0 = ((j < 4 ? sc0.x : sc0.y) >> (8 * (j & 3))) & 0xFF;
+            const uint32_t h1 = ((j < 4 ? sc1.x : sc1.y) >> (8 * (j & 3))) & 0xFF;
+            const uint32_t l0 = ((j < 4 ? sc0.z : sc0.w) >> (8 * (j & 3))) & 0xFF;
+            const uint32_t l1 = ((j < 4 ? sc1.z : sc1.w) >> (8 * (j & 3))) & 0xFF;
+            uint32_t ah[4] = {c00 * h0, c10 * h1, c01 * h0, c11 * h1}, al[4] = {c00 * l0, c10 * l1, c01 * l0, c11 * l1};
+#pragma unroll
+            for (int k = 0; k < 4; k++) wg_pin(ah[k]), wg_pin(al[k]);
+            wg_fence();
+#pragma unroll
+            for (int n = 0; n < NS; n++) {
+                /* rows 64n..64n+63: row groups 8n.., chunks 2j, 2j + 1 */
+                const uint64_t desc = wg_desc(xs + (uint32_t)((2 * j * (NR / 8) + 8 * n) * 128), (NR / 8) * 128, 128);
+                wg_mma(hi[n], ah[0], ah[1], ah[2], ah[3], desc, j > 0);
+                wg_mma(lo[n], al[0], al[1], al[2], al[3], desc, j > 0);
+            }
+            wg_commit();
+            wg_wait<1>();
+        }
+        wg_wait<0>();
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 32; e++) wg_pin(hi[n][e]), wg_pin(lo[n][e]);
+        /* 3. f_b and the ordered totals. Element (n, 4i + e) of this thread:
+         * output o0 + 8 (e >> 1), row 64n + 8i + 2t + (e & 1). summ by two
+         * k16 mma per 8-row tile: A row o = [m_0..7 | 0] and [0 | m_0..7],
+         * B column r = [lo_0..7 | hi_0..7] */
+        const uint32_t mw0 = *(const uint32_t *)(tmin + 8 * o0 + 4 * (t & 1));
+        const uint32_t mw1 = *(const uint32_t *)(tmin + 8 * (o0 + 8) + 4 * (t & 1));
+        const uint32_t al0 = t < 2 ? mw0 : 0u, al1 = t < 2 ? mw1 : 0u, ah0 = t < 2 ? 0u : mw0, ah1 = t < 2 ? 0u : mw1;
+        const float d0 = td[o0], d1 = td[o0 + 8], dm0 = tdm[o0], dm1 = tdm[o0 + 8];
+        const float *xdv = (const float *)(st + S::XD);
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int rb = 64 * n + 8 * i;
+                const uint32_t bx = *(const uint32_t *)(txb + 16 * (rb + g) + 4 * t);
+                int32_t cl[4], ch[4];
+                mma_k16(cl, al0, al1, bx);
+                mma_k16(ch, ah0, ah1, bx);
+                const float2 xd = *(const float2 *)(xdv + rb + 2 * t);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int32_t sumi = 8 * hi[n][4 * i + e] + lo[n][4 * i + e];
+                    const int32_t summ = cl[e] + 128 * ch[e];
+                    const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
+                    const float x = (e & 1) ? xd.y : xd.x;
+                    const float f = (d * x) * (float)sumi - (dmin * x) * (float)summ;
+                    total[n][4 * i + e] = total[n][4 * i + e] + f;
+                }
+            }
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t r = row0 + 64 * n + 8 * i + 2 * t + (e & 1), o = out0 + o0 + 8 * (e >> 1);
+                const float v = total[n][4 * i + e];
+                if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? v * scale : v;
+            }
+#endif
+}
+
+/* ---------------------------------------------------------------- launch */
+
+static int wg_dev_ok = -1; /* compute capability 9.0 (wgmma) */
+
+extern "C" bool mucu_gemm_wg_device(void) {
+    if (wg_dev_ok < 0) {
+        int dev = 0, ma = 0, mi = 0;
+        wg_dev_ok = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && ma == 9 &&
+                    mi == 0;
+    }
+    return wg_dev_ok == 1;
+}
+
+template <int TYPE, int NS>
+static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
+                      cudaStream_t st) {
+    typedef wg_smem<TYPE, NS> S;
+    static bool attr_set = false;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(k_gemm_wg<TYPE, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL) !=
+            cudaSuccess)
+            return; /* the error stays for the caller's cudaGetLastError */
+        attr_set = true;
+    }
+    const dim3 grid((unsigned)((rows + S::NR - 1) / S::NR), (unsigned)((w->n_out + WG_BO - 1) / WG_BO));
+    k_gemm_wg<TYPE, NS><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
+                                                     w->has_scale, w->scale);
+}
+
+extern "C" void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
+                             float *y, void *stream) {
+    const cudaStream_t st = (cudaStream_t)stream;
+    if (w->type == W_Q4_K) launch_wg<W_Q4_K, 2>(w, qs, d, bs, rows, y, st);
+    else launch_wg<W_Q5_K, 2>(w, qs, d, bs, rows, y, st);
+}
