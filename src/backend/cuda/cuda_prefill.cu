@@ -481,7 +481,7 @@ extern "C" bool mucu_gemm_wg_takes(const mucu_weight *w, int64_t rows) {
         return false;
     const int k = mucu_gemm_kernel_get();
     if (k == 4) return true;
-    const int64_t tiles = ((rows + 127) / 128) * ((w->n_out + 127) / 128);
+    const int64_t tiles = ((rows + 63) / 64) * ((w->n_out + 127) / 128); /* its 64-row x 128-output tiles */
     return k == 1 && rows > 64 && tiles >= 100;
 }
 

@@ -24,7 +24,7 @@ int mucu_gemm_kernel_get(void);
  * product for Q4_K / Q5_K on wgmma, bit for bit k_gemm_kq2's outputs.
  * mucu_gemm_kq2 hands it the calls it takes (mucu_gemm_wg_takes): with
  * mucu_gemm_kernel 1 (the default) the Q4_K / Q5_K calls of more than 64
- * rows whose 128 x 128 tiles number at least 100 (smaller grids keep
+ * rows whose 64-row x 128-output tiles number at least 100 (smaller grids keep
  * k_gemm_kq2 and its split), with mucu_gemm_kernel 4 every Q4_K / Q5_K
  * call (tests); only on a compute capability 9.0 device, and not with
  * mucu_set_gemm_wg(0) (MUSER_CUDA_GEMM_WG=0; -1 until read from it). */
