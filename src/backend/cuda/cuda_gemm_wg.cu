@@ -38,7 +38,6 @@
 
 enum { W_Q4_K = 12, W_Q5_K = 13 };
 
-#define WG_STAGES 4 /* blocks b + 1 and b + 2 in flight while b is read; b - 1 may still be read by wgmma */
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_HAVE 1
@@ -48,7 +47,8 @@ enum { W_Q4_K = 12, W_Q5_K = 13 };
 
 template <int TYPE, int WGS> struct wg_smem {
     static constexpr int BO = 64 * WGS;                          /* outputs a CTA (64 a warpgroup) */
-    static constexpr int NR = 64;                                /* rows a CTA */
+    static constexpr int NR = 128;                               /* rows a CTA: one m64n128k32 per sub-block */
+    static constexpr int ST = WGS == 2 ? 3 : 2;                  /* ring stages (two 1-warpgroup CTAs per SM) */
     static constexpr int LD = TYPE == W_Q4_K ? 144 : 176;        /* raw weight block bytes (and row stride) */
     static constexpr int QOFF = TYPE == W_Q4_K ? 16 : 48;        /* the 4-bit codes inside a block */
     static constexpr int X = 0;                                  /* int8 core matrices, NR x 256 */
@@ -56,17 +56,12 @@ template <int TYPE, int WGS> struct wg_smem {
     static constexpr int XB = XD + NR * 4;                       /* int16 [NR][16] */
     static constexpr int W = XB + NR * 32;                       /* raw [BO][LD] */
     static constexpr int STAGE = ((W + BO * LD) + 127) / 128 * 128;
-    /* the tables of one block, two copies (block parity): the epilogue of
-     * block b runs during block b + 1 */
-    static constexpr int TS = 0;                                 /* uint8 [BO][16]: s_hi 0..7, s_lo 0..7 */
+    static constexpr int TS = ST * STAGE;                        /* uint8 [BO][16]: s_hi 0..7, s_lo 0..7 */
     static constexpr int TD = TS + BO * 16;                      /* f32 [BO] d */
     static constexpr int TDM = TD + BO * 4;                      /* f32 [BO] dmin */
     static constexpr int TMIN = TDM + BO * 4;                    /* int8 [BO][8] mins */
     static constexpr int TXB = TMIN + BO * 8;                    /* int8 [NR][16] bsum parts lo_0..7, hi_0..7 */
-    static constexpr int TXD = TXB + NR * 16;                    /* f32 [NR] the rows' d */
-    static constexpr int TAB = (TXD + NR * 4 + 127) / 128 * 128;
-    static constexpr int TABS = WG_STAGES * STAGE;
-    static constexpr int TOTAL = TABS + 2 * TAB;
+    static constexpr int TOTAL = TXB + NR * 16;
 };
 
 #if WG_HAVE
@@ -86,40 +81,37 @@ __device__ static inline uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t
     return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
 }
 
-/* d[64 x 64] (+)= a[64 x 32] (u8, registers) . b[32 x 64] (s8, shared memory) */
-__device__ static inline void wg_mma(int32_t d[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t desc,
+/* d[64 x 128] (+)= a[64 x 32] (u8, registers) . b[32 x 128] (s8, shared memory) */
+__device__ static inline void wg_mma(int32_t d[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t desc,
                                      int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%"
-                 "27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p;\n}\n"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-                   "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]),
-                   "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]),
-                   "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]),
-                   "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(acc));
 }
 #endif
 
 template <int TYPE, int WGS>
-__global__ static void __launch_bounds__(128 * WGS, 1)
+__global__ static void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
     k_gemm_wg(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
               const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
               int has_scale, float scale) {
     grid_dep_wait();
 #if WG_HAVE
     typedef wg_smem<TYPE, WGS> S;
-    constexpr int NR = S::NR, LD = S::LD, BO = S::BO, NT = 128 * WGS;
+    constexpr int NR = S::NR, LD = S::LD, NT = 128 * WGS, BO = S::BO, NS = 2;
     extern __shared__ __align__(128) uint8_t sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int o0 = 16 * warp + g; /* this thread's outputs o0, o0 + 8 in the tile (warpgroup warp >> 2) */
     const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * BO;
     const int64_t n_in = (int64_t)nb * 256;
+    uint8_t *ts = sm + S::TS, *tmin = sm + S::TMIN, *txb = sm + S::TXB;
+    float *td = (float *)(sm + S::TD), *tdm = (float *)(sm + S::TDM);
     const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm);
 
-    auto load_stage = [&](int b) {
-        uint8_t *st = sm + (b % WG_STAGES) * S::STAGE;
+    auto load_stage = [&](int s, int b) {
+        uint8_t *st = sm + s * S::STAGE;
         for (int i = tid; i < NR * 16; i += NT) {
             const int r = i >> 4, c = i & 15;
             const int64_t gr = row0 + r;
@@ -144,60 +136,27 @@ __global__ static void __launch_bounds__(128 * WGS, 1)
         }
     };
 
-    int32_t hi[32], lo[32], sumi[32]; /* sumi: the block before, waiting for its epilogue */
-    float total[32];
+    int32_t hi[NS][32], lo[NS][32];
+    float total[NS][32];
 #pragma unroll
-    for (int e = 0; e < 32; e++) total[e] = 0.0f, hi[e] = lo[e] = sumi[e] = 0;
-    /* the per-output values of the block whose epilogue runs */
-    uint32_t al0 = 0, al1 = 0, ah0 = 0, ah1 = 0;
-    float d0 = 0, d1 = 0, dm0 = 0, dm1 = 0;
-
-    /* epilogue chunk i (rows 8i..8i+7) of the block whose tables are `tab`
-     * and sums `sumi`: f_b by the formula and the ordered totals. Element
-     * 4i + e of this thread: output o0 + 8 (e >> 1), row 8i + 2t + (e & 1).
-     * summ by two k16 mma: A row o = [m_0..7 | 0] and [0 | m_0..7], B column
-     * r = [lo_0..7 | hi_0..7]. */
-    auto epilogue = [&](const uint8_t *tab, int i) {
-        if (i == 0) {
-            const uint32_t mw0 = *(const uint32_t *)(tab + S::TMIN + 8 * o0 + 4 * (t & 1));
-            const uint32_t mw1 = *(const uint32_t *)(tab + S::TMIN + 8 * (o0 + 8) + 4 * (t & 1));
-            al0 = t < 2 ? mw0 : 0u, al1 = t < 2 ? mw1 : 0u, ah0 = t < 2 ? 0u : mw0, ah1 = t < 2 ? 0u : mw1;
-            const float *td = (const float *)(tab + S::TD), *tdm = (const float *)(tab + S::TDM);
-            d0 = td[o0], d1 = td[o0 + 8], dm0 = tdm[o0], dm1 = tdm[o0 + 8];
-        }
-        const uint32_t bx = *(const uint32_t *)(tab + S::TXB + 16 * (8 * i + g) + 4 * t);
-        int32_t cl[4], ch[4];
-        mma_k16(cl, al0, al1, bx);
-        mma_k16(ch, ah0, ah1, bx);
-        const float2 xd = *(const float2 *)(tab + S::TXD + 4 * (8 * i + 2 * t));
+    for (int n = 0; n < NS; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int32_t summ = cl[e] + 128 * ch[e];
-            const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
-            const float x = (e & 1) ? xd.y : xd.x;
-            const float f = (d * x) * (float)sumi[4 * i + e] - (dmin * x) * (float)summ;
-            total[4 * i + e] = total[4 * i + e] + f;
-        }
-    };
+        for (int e = 0; e < 32; e++) total[n][e] = 0.0f, hi[n][e] = 0, lo[n][e] = 0;
 
-    /* block b: its tables (the copy of b's parity), then per 32-value
-     * sub-block j one wgmma group (A = codes x s_hi and codes x s_lo of
-     * outputs o0, o0 + 8), each followed by chunk j of block b - 1's
-     * epilogue; at the end sumi = 8 hi + lo for block b + 1's epilogue.
-     * Before the first block, the parity-1 tables and sumi are zero, so
-     * that epilogue adds 0.0f + 0.0f. */
-    auto block = [&](int b) {
-        const uint8_t *st = sm + (b % WG_STAGES) * S::STAGE;
-        uint8_t *tab = sm + S::TABS + (b & 1) * S::TAB;
-        const uint8_t *tprev = sm + S::TABS + ((b & 1) ^ 1) * S::TAB;
-        cp_wait<WG_STAGES - 3>(); /* this thread's copies of block b have landed */
+#pragma unroll
+    for (int s = 0; s < S::ST - 1; s++) {
+        if (s < nb) load_stage(s, s);
+        cp_commit();
+    }
+    for (int b = 0; b < nb; b++) {
+        const int s = b % S::ST;
+        const uint8_t *st = sm + s * S::STAGE;
+        cp_wait<S::ST - 2>();
         /* the tensor cores read the activation codes through the async proxy */
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads(); /* everyone's have; block b - 2's stage is free (its wgmma completed in block b - 1) */
-        if (b + 2 < nb) load_stage(b + 2);
-        cp_commit();
+        __syncthreads();
         /* 1. a thread per output: its scales split into s_hi / s_lo, mins,
-         * d, dmin; a thread per row: the bsum split (as k_gemm_kq2) and d */
+         * d, dmin; a thread per row: the bsum split (as k_gemm_kq2) */
         for (int i = tid; i < BO + NR; i += NT) {
             if (i < BO) {
                 const int o = i;
@@ -206,11 +165,11 @@ __global__ static void __launch_bounds__(128 * WGS, 1)
                 const uint32_t sc03 = w0 & 0x3F3F3F3Fu, mn03 = w1 & 0x3F3F3F3Fu;
                 const uint32_t sc47 = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
                 const uint32_t mn47 = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
-                *(uint4 *)(tab + S::TS + 16 * o) = make_uint4((sc03 >> 3) & 0x07070707u, (sc47 >> 3) & 0x07070707u,
-                                                              sc03 & 0x07070707u, sc47 & 0x07070707u);
-                *(uint2 *)(tab + S::TMIN + 8 * o) = make_uint2(mn03, mn47);
-                ((float *)(tab + S::TD))[o] = h2f((uint16_t)(hq.x & 0xFFFF));
-                ((float *)(tab + S::TDM))[o] = h2f((uint16_t)(hq.x >> 16));
+                *(uint4 *)(ts + 16 * o) = make_uint4((sc03 >> 3) & 0x07070707u, (sc47 >> 3) & 0x07070707u,
+                                                     sc03 & 0x07070707u, sc47 & 0x07070707u);
+                *(uint2 *)(tmin + 8 * o) = make_uint2(mn03, mn47);
+                td[o] = h2f((uint16_t)(hq.x & 0xFFFF));
+                tdm[o] = h2f((uint16_t)(hq.x >> 16));
             } else {
                 const int r = i - BO;
                 const uint4 *bq = (const uint4 *)(st + S::XB + 32 * r);
@@ -223,14 +182,20 @@ __global__ static void __launch_bounds__(128 * WGS, 1)
                     l2[jj >> 2] |= (uint32_t)(v & 127) << (8 * (jj & 3));
                     h2[jj >> 2] |= ((uint32_t)(v >> 7) & 0xFF) << (8 * (jj & 3));
                 }
-                *(uint4 *)(tab + S::TXB + 16 * r) = make_uint4(l2[0], l2[1], h2[0], h2[1]);
-                ((float *)(tab + S::TXD))[r] = ((const float *)(st + S::XD))[r];
+                *(uint4 *)(txb + 16 * r) = make_uint4(l2[0], l2[1], h2[0], h2[1]);
             }
         }
         __syncthreads();
-        const uint4 sc0 = *(const uint4 *)(tab + S::TS + 16 * o0), sc1 = *(const uint4 *)(tab + S::TS + 16 * (o0 + 8));
+        {
+            const int nx = b + S::ST - 1;
+            if (nx < nb) load_stage(nx % S::ST, nx);
+            cp_commit();
+        }
+        /* 2. the integer sums: per 32-value sub-block j, A = codes x s_hi
+         * and codes x s_lo of outputs o0, o0 + 8, one wgmma per 64 rows */
+        const uint4 sc0 = *(const uint4 *)(ts + 16 * o0), sc1 = *(const uint4 *)(ts + 16 * (o0 + 8));
         const uint8_t *wr0 = st + S::W + o0 * LD + 4 * t, *wr1 = wr0 + 8 * LD;
-        const uint32_t xs = sm_base + (uint32_t)((b % WG_STAGES) * S::STAGE + S::X);
+        const uint32_t xs = sm_base + (uint32_t)(s * S::STAGE + S::X);
         uint32_t qh00 = 0, qh01 = 0, qh10 = 0, qh11 = 0;
         if (TYPE == W_Q5_K) {
             qh00 = *(const uint32_t *)(wr0 + 16), qh01 = *(const uint32_t *)(wr0 + 32);
@@ -257,42 +222,59 @@ __global__ static void __launch_bounds__(128 * WGS, 1)
 #pragma unroll
             for (int k = 0; k < 4; k++) wg_pin(ah[k]), wg_pin(al[k]);
             wg_fence();
-            /* chunks 2j, 2j + 1: 16-byte K chunks (NR / 8) * 128 bytes apart, 8-row groups 128 */
+            /* all 128 rows (16 row groups 128 bytes apart), chunks 2j, 2j + 1 */
             const uint64_t desc = wg_desc(xs + (uint32_t)(2 * j * (NR / 8) * 128), (NR / 8) * 128, 128);
-            wg_mma(hi, ah[0], ah[1], ah[2], ah[3], desc, j > 0);
-            wg_mma(lo, al[0], al[1], al[2], al[3], desc, j > 0);
+            wg_mma(&hi[0][0], ah[0], ah[1], ah[2], ah[3], desc, j > 0);
+            wg_mma(&lo[0][0], al[0], al[1], al[2], al[3], desc, j > 0);
             wg_commit();
-            wg_wait<1>(); /* the group before this one has completed: its A registers are free */
-            epilogue(tprev, j);
+            wg_wait<1>();
         }
         wg_wait<0>();
 #pragma unroll
-        for (int e = 0; e < 32; e++) {
-            wg_pin(hi[e]), wg_pin(lo[e]);
-            sumi[e] = 8 * hi[e] + lo[e];
-        }
-    };
-
+        for (int n = 0; n < NS; n++)
 #pragma unroll
-    for (int b = 0; b < WG_STAGES - 2; b++) {
-        if (b < nb) load_stage(b);
-        cp_commit();
+            for (int e = 0; e < 32; e++) wg_pin(hi[n][e]), wg_pin(lo[n][e]);
+        /* 3. f_b and the ordered totals. Element (n, 4i + e) of this thread:
+         * output o0 + 8 (e >> 1), row 64n + 8i + 2t + (e & 1). summ by two
+         * k16 mma per 8-row tile: A row o = [m_0..7 | 0] and [0 | m_0..7],
+         * B column r = [lo_0..7 | hi_0..7] */
+        const uint32_t mw0 = *(const uint32_t *)(tmin + 8 * o0 + 4 * (t & 1));
+        const uint32_t mw1 = *(const uint32_t *)(tmin + 8 * (o0 + 8) + 4 * (t & 1));
+        const uint32_t al0 = t < 2 ? mw0 : 0u, al1 = t < 2 ? mw1 : 0u, ah0 = t < 2 ? 0u : mw0, ah1 = t < 2 ? 0u : mw1;
+        const float d0 = td[o0], d1 = td[o0 + 8], dm0 = tdm[o0], dm1 = tdm[o0 + 8];
+        const float *xdv = (const float *)(st + S::XD);
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int rb = 64 * n + 8 * i;
+                const uint32_t bx = *(const uint32_t *)(txb + 16 * (rb + g) + 4 * t);
+                int32_t cl[4], ch[4];
+                mma_k16(cl, al0, al1, bx);
+                mma_k16(ch, ah0, ah1, bx);
+                const float2 xd = *(const float2 *)(xdv + rb + 2 * t);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int32_t sumi = 8 * hi[n][4 * i + e] + lo[n][4 * i + e];
+                    const int32_t summ = cl[e] + 128 * ch[e];
+                    const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
+                    const float x = (e & 1) ? xd.y : xd.x;
+                    const float f = (d * x) * (float)sumi - (dmin * x) * (float)summ;
+                    total[n][4 * i + e] = total[n][4 * i + e] + f;
+                }
+            }
     }
-    for (int i = tid; i < S::TAB / 16; i += NT) ((uint4 *)(sm + S::TABS + S::TAB))[i] = make_uint4(0, 0, 0, 0);
-    for (int b = 0; b < nb; b++) block(b);
-    /* the last block's epilogue */
-    const uint8_t *tlast = sm + S::TABS + ((nb - 1) & 1) * S::TAB;
-#pragma unroll
-    for (int i = 0; i < 8; i++) epilogue(tlast, i);
     cp_wait<0>();
 #pragma unroll
-    for (int i = 0; i < 8; i++)
+    for (int n = 0; n < NS; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int64_t r = row0 + 8 * i + 2 * t + (e & 1), o = out0 + o0 + 8 * (e >> 1);
-            const float v = total[4 * i + e];
-            if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? v * scale : v;
-        }
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t r = row0 + 64 * n + 8 * i + 2 * t + (e & 1), o = out0 + o0 + 8 * (e >> 1);
+                const float v = total[n][4 * i + e];
+                if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? v * scale : v;
+            }
 #endif
 }
 
@@ -330,6 +312,12 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
 extern "C" void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
                              float *y, void *stream) {
     const cudaStream_t st = (cudaStream_t)stream;
-    if (w->type == W_Q4_K) launch_wg<W_Q4_K, 2>(w, qs, d, bs, rows, y, st);
-    else launch_wg<W_Q5_K, 2>(w, qs, d, bs, rows, y, st);
+    static int var = -1;
+    if (env_setting(&var, "MUSER_CUDA_WG_CTA", 2) == 1) {
+        if (w->type == W_Q4_K) launch_wg<W_Q4_K, 1>(w, qs, d, bs, rows, y, st);
+        else launch_wg<W_Q5_K, 1>(w, qs, d, bs, rows, y, st);
+    } else {
+        if (w->type == W_Q4_K) launch_wg<W_Q4_K, 2>(w, qs, d, bs, rows, y, st);
+        else launch_wg<W_Q5_K, 2>(w, qs, d, bs, rows, y, st);
+    }
 }
