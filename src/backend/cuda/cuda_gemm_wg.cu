@@ -20,8 +20,8 @@
  * the per-block f_b, once per element and block instead of eight times.
  *
  * A CTA of two warpgroups takes 128 outputs (the wgmma M: 64 a warpgroup)
- * x 64 NS rows (the wgmma N: 64 per instruction, NS instructions sharing
- * one A). A is the weights, built in registers (the m16n8k32 A layout per
+ * x 128 rows (the wgmma N: one m64n128k32 per sub-block and accumulator;
+ * 245-247 registers, one CTA per SM). A is the weights, built in registers (the m16n8k32 A layout per
  * warp: lane (g, t) holds outputs g and g + 8, values 4t..4t+3 and
  * 16+4t..+3 of the sub-block); B is the Q8_K activation codes, read by the
  * tensor cores from shared memory through a matrix descriptor. The
@@ -30,7 +30,17 @@
  * 16-byte core matrices (core matrix (row group R, 16-byte chunk c) at
  * (c * NR/8 + R) * 128, row r % 8 at + 16 (r % 8)). summ = sum_j m_j bsum_j
  * comes from two m16n8k16 mma.sync per 8-row tile, as in k_gemm_kq2 (bsum
- * split into int8 lo / hi parts). */
+ * split into int8 lo / hi parts).
+ *
+ * Measured (docs/benchmarks.md "Prefill on wgmma"): 1.04-1.09x k_gemm_kq2
+ * on the big Q4_K shapes, 1.16-1.20x on Q5_K. The kernel is latency-bound,
+ * not tensor-bound (ncu: tensor pipe 27 %, 1.63 instructions a cycle, no
+ * eligible warp in 59 % of the cycles): every block runs its copies,
+ * scale tables, products and epilogue in lock step between two barriers.
+ * Measured slower, same call: 64-row tiles with each block's epilogue
+ * interleaved with the next block's wgmma groups (0.81x k_gemm_kq2); two
+ * 1-warpgroup CTAs per SM (0.84x); the two warpgroups in opposite order
+ * within a block (0.97x). */
 #include "backend/cuda/cuda_prefill.h"
 #include "backend/cuda/cuda_common.cuh"
 #include <cuda_runtime.h>
@@ -56,17 +66,12 @@ template <int TYPE> struct wg_smem {
     static constexpr int XB = XD + NR * 4;                       /* int16 [NR][16] */
     static constexpr int W = XB + NR * 32;                       /* raw [BO][LD] */
     static constexpr int STAGE = ((W + BO * LD) + 127) / 128 * 128;
-    /* the tables of one block, two copies (block parity): warpgroup 1 runs
-     * block b - 1's epilogue while the others of block b are written */
-    static constexpr int TS = 0;                                 /* uint8 [BO][16]: s_hi 0..7, s_lo 0..7 */
+    static constexpr int TS = ST * STAGE;                        /* uint8 [BO][16]: s_hi 0..7, s_lo 0..7 */
     static constexpr int TD = TS + BO * 16;                      /* f32 [BO] d */
     static constexpr int TDM = TD + BO * 4;                      /* f32 [BO] dmin */
     static constexpr int TMIN = TDM + BO * 4;                    /* int8 [BO][8] mins */
     static constexpr int TXB = TMIN + BO * 8;                    /* int8 [NR][16] bsum parts lo_0..7, hi_0..7 */
-    static constexpr int TXD = TXB + NR * 16;                    /* f32 [NR] the rows' d */
-    static constexpr int TAB = (TXD + NR * 4 + 127) / 128 * 128;
-    static constexpr int TABS = ST * STAGE;
-    static constexpr int TOTAL = TABS + 2 * TAB;
+    static constexpr int TOTAL = TXB + NR * 16;
 };
 
 #if WG_HAVE
@@ -105,17 +110,18 @@ __global__ static void __launch_bounds__(256, 1)
     grid_dep_wait();
 #if WG_HAVE
     typedef wg_smem<TYPE> S;
-    constexpr int NR = S::NR, LD = S::LD, NT = 256, BO = S::BO;
+    constexpr int NR = S::NR, LD = S::LD, NT = 256, BO = S::BO, NS = 2;
     extern __shared__ __align__(128) uint8_t sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int wg = warp >> 2;     /* warpgroup: outputs 64 wg .. 64 wg + 63 of the tile */
-    const int o0 = 16 * warp + g; /* this thread's outputs o0, o0 + 8 in the tile */
+    const int o0 = 16 * warp + g; /* this thread's outputs o0, o0 + 8 in the tile (warpgroup warp >> 2) */
     const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * BO;
     const int64_t n_in = (int64_t)nb * 256;
+    uint8_t *ts = sm + S::TS, *tmin = sm + S::TMIN, *txb = sm + S::TXB;
+    float *td = (float *)(sm + S::TD), *tdm = (float *)(sm + S::TDM);
     const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm);
 
-    auto load_stage = [&](int b) {
-        uint8_t *st = sm + (b % S::ST) * S::STAGE;
+    auto load_stage = [&](int s, int b) {
+        uint8_t *st = sm + s * S::STAGE;
         for (int i = tid; i < NR * 16; i += NT) {
             const int r = i >> 4, c = i & 15;
             const int64_t gr = row0 + r;
@@ -140,18 +146,66 @@ __global__ static void __launch_bounds__(256, 1)
         }
     };
 
-    int32_t hi[64], lo[64];
-    float total[64];
+    int32_t hi[NS][32], lo[NS][32];
+    float total[NS][32];
 #pragma unroll
-    for (int e = 0; e < 64; e++) total[e] = 0.0f, hi[e] = 0, lo[e] = 0;
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int e = 0; e < 32; e++) total[n][e] = 0.0f, hi[n][e] = 0, lo[n][e] = 0;
 
-    /* 2. block b's integer sums: per 32-value sub-block j, A = codes x s_hi
-     * and codes x s_lo of outputs o0, o0 + 8, one m64n128k32 each */
-    auto mma_block = [&](int b, const uint8_t *tab) {
-        const uint8_t *st = sm + (b % S::ST) * S::STAGE;
-        const uint4 sc0 = *(const uint4 *)(tab + S::TS + 16 * o0), sc1 = *(const uint4 *)(tab + S::TS + 16 * (o0 + 8));
+#pragma unroll
+    for (int s = 0; s < S::ST - 1; s++) {
+        if (s < nb) load_stage(s, s);
+        cp_commit();
+    }
+    for (int b = 0; b < nb; b++) {
+        const int s = b % S::ST;
+        const uint8_t *st = sm + s * S::STAGE;
+        cp_wait<S::ST - 2>();
+        /* the tensor cores read the activation codes through the async proxy */
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        /* 1. a thread per output: its scales split into s_hi / s_lo, mins,
+         * d, dmin; a thread per row: the bsum split (as k_gemm_kq2) */
+        for (int i = tid; i < BO + NR; i += NT) {
+            if (i < BO) {
+                const int o = i;
+                const uint4 hq = *(const uint4 *)(st + S::W + o * LD);
+                const uint32_t w0 = hq.y, w1 = hq.z, w2 = hq.w;
+                const uint32_t sc03 = w0 & 0x3F3F3F3Fu, mn03 = w1 & 0x3F3F3F3Fu;
+                const uint32_t sc47 = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+                const uint32_t mn47 = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+                *(uint4 *)(ts + 16 * o) = make_uint4((sc03 >> 3) & 0x07070707u, (sc47 >> 3) & 0x07070707u,
+                                                     sc03 & 0x07070707u, sc47 & 0x07070707u);
+                *(uint2 *)(tmin + 8 * o) = make_uint2(mn03, mn47);
+                td[o] = h2f((uint16_t)(hq.x & 0xFFFF));
+                tdm[o] = h2f((uint16_t)(hq.x >> 16));
+            } else {
+                const int r = i - BO;
+                const uint4 *bq = (const uint4 *)(st + S::XB + 32 * r);
+                const uint4 u0 = bq[0], u1 = bq[1];
+                const uint32_t bw[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+                uint32_t l2[2] = {0, 0}, h2[2] = {0, 0};
+#pragma unroll
+                for (int jj = 0; jj < 8; jj++) {
+                    const int32_t v = (int32_t)(int16_t)(bw[jj] & 0xFFFF) + ((int32_t)bw[jj] >> 16);
+                    l2[jj >> 2] |= (uint32_t)(v & 127) << (8 * (jj & 3));
+                    h2[jj >> 2] |= ((uint32_t)(v >> 7) & 0xFF) << (8 * (jj & 3));
+                }
+                *(uint4 *)(txb + 16 * r) = make_uint4(l2[0], l2[1], h2[0], h2[1]);
+            }
+        }
+        __syncthreads();
+        {
+            const int nx = b + S::ST - 1;
+            if (nx < nb) load_stage(nx % S::ST, nx);
+            cp_commit();
+        }
+        /* 2. the integer sums: per 32-value sub-block j, A = codes x s_hi
+         * and codes x s_lo of outputs o0, o0 + 8, one wgmma per 64 rows */
+        const uint4 sc0 = *(const uint4 *)(ts + 16 * o0), sc1 = *(const uint4 *)(ts + 16 * (o0 + 8));
         const uint8_t *wr0 = st + S::W + o0 * LD + 4 * t, *wr1 = wr0 + 8 * LD;
-        const uint32_t xs = sm_base + (uint32_t)((b % S::ST) * S::STAGE + S::X);
+        const uint32_t xs = sm_base + (uint32_t)(s * S::STAGE + S::X);
         uint32_t qh00 = 0, qh01 = 0, qh10 = 0, qh11 = 0;
         if (TYPE == W_Q5_K) {
             qh00 = *(const uint32_t *)(wr0 + 16), qh01 = *(const uint32_t *)(wr0 + 32);
@@ -180,114 +234,57 @@ __global__ static void __launch_bounds__(256, 1)
             wg_fence();
             /* all 128 rows (16 row groups 128 bytes apart), chunks 2j, 2j + 1 */
             const uint64_t desc = wg_desc(xs + (uint32_t)(2 * j * (NR / 8) * 128), (NR / 8) * 128, 128);
-            wg_mma(hi, ah[0], ah[1], ah[2], ah[3], desc, j > 0);
-            wg_mma(lo, al[0], al[1], al[2], al[3], desc, j > 0);
+            wg_mma(&hi[0][0], ah[0], ah[1], ah[2], ah[3], desc, j > 0);
+            wg_mma(&lo[0][0], al[0], al[1], al[2], al[3], desc, j > 0);
             wg_commit();
-            wg_wait<1>(); /* the group before has completed: its A registers are free */
+            wg_wait<1>();
         }
         wg_wait<0>();
 #pragma unroll
-        for (int e = 0; e < 64; e++) wg_pin(hi[e]), wg_pin(lo[e]);
-    };
-
-    /* 3. f_b and the ordered totals of the block whose tables are `tab`.
-     * Element 4i + e of this thread: output o0 + 8 (e >> 1), row 8i + 2t +
-     * (e & 1). summ by two k16 mma per 8-row tile: A row o = [m_0..7 | 0]
-     * and [0 | m_0..7], B column r = [lo_0..7 | hi_0..7] */
-    auto epilogue = [&](const uint8_t *tab) {
-        const uint32_t mw0 = *(const uint32_t *)(tab + S::TMIN + 8 * o0 + 4 * (t & 1));
-        const uint32_t mw1 = *(const uint32_t *)(tab + S::TMIN + 8 * (o0 + 8) + 4 * (t & 1));
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 32; e++) wg_pin(hi[n][e]), wg_pin(lo[n][e]);
+        /* 3. f_b and the ordered totals. Element (n, 4i + e) of this thread:
+         * output o0 + 8 (e >> 1), row 64n + 8i + 2t + (e & 1). summ by two
+         * k16 mma per 8-row tile: A row o = [m_0..7 | 0] and [0 | m_0..7],
+         * B column r = [lo_0..7 | hi_0..7] */
+        const uint32_t mw0 = *(const uint32_t *)(tmin + 8 * o0 + 4 * (t & 1));
+        const uint32_t mw1 = *(const uint32_t *)(tmin + 8 * (o0 + 8) + 4 * (t & 1));
         const uint32_t al0 = t < 2 ? mw0 : 0u, al1 = t < 2 ? mw1 : 0u, ah0 = t < 2 ? 0u : mw0, ah1 = t < 2 ? 0u : mw1;
-        const float *td = (const float *)(tab + S::TD), *tdm = (const float *)(tab + S::TDM);
         const float d0 = td[o0], d1 = td[o0 + 8], dm0 = tdm[o0], dm1 = tdm[o0 + 8];
-        const float *xdv = (const float *)(tab + S::TXD);
+        const float *xdv = (const float *)(st + S::XD);
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const uint32_t bx = *(const uint32_t *)(tab + S::TXB + 16 * (8 * i + g) + 4 * t);
-            int32_t cl[4], ch[4];
-            mma_k16(cl, al0, al1, bx);
-            mma_k16(ch, ah0, ah1, bx);
-            const float2 xd = *(const float2 *)(xdv + 8 * i + 2 * t);
+        for (int n = 0; n < NS; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int32_t sumi = 8 * hi[4 * i + e] + lo[4 * i + e];
-                const int32_t summ = cl[e] + 128 * ch[e];
-                const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
-                const float x = (e & 1) ? xd.y : xd.x;
-                const float f = (d * x) * (float)sumi - (dmin * x) * (float)summ;
-                total[4 * i + e] = total[4 * i + e] + f;
-            }
-        }
-    };
-
+            for (int i = 0; i < 8; i++) {
+                const int rb = 64 * n + 8 * i;
+                const uint32_t bx = *(const uint32_t *)(txb + 16 * (rb + g) + 4 * t);
+                int32_t cl[4], ch[4];
+                mma_k16(cl, al0, al1, bx);
+                mma_k16(ch, ah0, ah1, bx);
+                const float2 xd = *(const float2 *)(xdv + rb + 2 * t);
 #pragma unroll
-    for (int s = 0; s < S::ST - 1; s++) {
-        if (s < nb) load_stage(s);
-        cp_commit();
-    }
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *st = sm + (b % S::ST) * S::STAGE;
-        uint8_t *tab = sm + S::TABS + (b & 1) * S::TAB;
-        cp_wait<S::ST - 2>(); /* this thread's copies of block b have landed */
-        /* the tensor cores read the activation codes through the async proxy */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads(); /* everyone's have; block b - 1's wgmma (both warpgroups) have completed */
-        /* 1. a thread per output: its scales split into s_hi / s_lo, mins,
-         * d, dmin; a thread per row: the bsum split (as k_gemm_kq2), d */
-        for (int i = tid; i < BO + NR; i += NT) {
-            if (i < BO) {
-                const int o = i;
-                const uint4 hq = *(const uint4 *)(st + S::W + o * LD);
-                const uint32_t w0 = hq.y, w1 = hq.z, w2 = hq.w;
-                const uint32_t sc03 = w0 & 0x3F3F3F3Fu, mn03 = w1 & 0x3F3F3F3Fu;
-                const uint32_t sc47 = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
-                const uint32_t mn47 = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
-                *(uint4 *)(tab + S::TS + 16 * o) = make_uint4((sc03 >> 3) & 0x07070707u, (sc47 >> 3) & 0x07070707u,
-                                                              sc03 & 0x07070707u, sc47 & 0x07070707u);
-                *(uint2 *)(tab + S::TMIN + 8 * o) = make_uint2(mn03, mn47);
-                ((float *)(tab + S::TD))[o] = h2f((uint16_t)(hq.x & 0xFFFF));
-                ((float *)(tab + S::TDM))[o] = h2f((uint16_t)(hq.x >> 16));
-            } else {
-                const int r = i - BO;
-                const uint4 *bq = (const uint4 *)(st + S::XB + 32 * r);
-                const uint4 u0 = bq[0], u1 = bq[1];
-                const uint32_t bw[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-                uint32_t l2[2] = {0, 0}, h2[2] = {0, 0};
-#pragma unroll
-                for (int jj = 0; jj < 8; jj++) {
-                    const int32_t v = (int32_t)(int16_t)(bw[jj] & 0xFFFF) + ((int32_t)bw[jj] >> 16);
-                    l2[jj >> 2] |= (uint32_t)(v & 127) << (8 * (jj & 3));
-                    h2[jj >> 2] |= ((uint32_t)(v >> 7) & 0xFF) << (8 * (jj & 3));
+                for (int e = 0; e < 4; e++) {
+                    const int32_t sumi = 8 * hi[n][4 * i + e] + lo[n][4 * i + e];
+                    const int32_t summ = cl[e] + 128 * ch[e];
+                    const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
+                    const float x = (e & 1) ? xd.y : xd.x;
+                    const float f = (d * x) * (float)sumi - (dmin * x) * (float)summ;
+                    total[n][4 * i + e] = total[n][4 * i + e] + f;
                 }
-                *(uint4 *)(tab + S::TXB + 16 * r) = make_uint4(l2[0], l2[1], h2[0], h2[1]);
-                ((float *)(tab + S::TXD))[r] = ((const float *)(st + S::XD))[r];
             }
-        }
-        __syncthreads();
-        if (b + S::ST - 1 < nb) load_stage(b + S::ST - 1); /* into block b - 1's stage */
-        cp_commit();
-        /* the two warpgroups in opposite order, so that one's tensor-core
-         * phase runs beside the other's CUDA-core phase: warpgroup 0 block
-         * b's products then its epilogue, warpgroup 1 block b - 1's
-         * epilogue (its tables are the other copy) then block b's products */
-        if (wg == 0) {
-            mma_block(b, tab);
-            epilogue(tab);
-        } else {
-            if (b > 0) epilogue(sm + S::TABS + ((b & 1) ^ 1) * S::TAB);
-            mma_block(b, tab);
-        }
     }
-    if (wg == 1 && nb > 0) epilogue(sm + S::TABS + ((nb - 1) & 1) * S::TAB);
     cp_wait<0>();
 #pragma unroll
-    for (int i = 0; i < 16; i++)
+    for (int n = 0; n < NS; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int64_t r = row0 + 8 * i + 2 * t + (e & 1), o = out0 + o0 + 8 * (e >> 1);
-            const float v = total[4 * i + e];
-            if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? v * scale : v;
-        }
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t r = row0 + 64 * n + 8 * i + 2 * t + (e & 1), o = out0 + o0 + 8 * (e >> 1);
+                const float v = total[n][4 * i + e];
+                if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? v * scale : v;
+            }
 #endif
 }
 
@@ -312,13 +309,14 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
     typedef wg_smem<TYPE> S;
     static bool attr_set = false;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(k_gemm_wg<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL) != cudaSuccess)
+        if (cudaFuncSetAttribute(k_gemm_wg<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL) !=
+            cudaSuccess)
             return; /* the error stays for the caller's cudaGetLastError */
         attr_set = true;
     }
     const dim3 grid((unsigned)((rows + S::NR - 1) / S::NR), (unsigned)((w->n_out + S::BO - 1) / S::BO));
     k_gemm_wg<TYPE><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
-                                                 w->has_scale, w->scale);
+                                                     w->has_scale, w->scale);
 }
 
 extern "C" void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
