@@ -81,6 +81,41 @@ __device__ static inline void mma_k16(int32_t d[4], uint32_t a0, uint32_t a1, ui
         : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
+/* ------------------------------------- K-quant tables of the GEMMs */
+
+/* A Q4_K / Q5_K block's 12 packed scale bytes (header words w0, w1, w2
+ * after d and dmin) as its 8 six-bit scales and 8 mins, a byte each (bytes
+ * 0..3 of sc03 are scales 0..3, ...), in 8 mask-and-shift operations on
+ * whole words. */
+struct kq_scmin {
+    uint32_t sc03, sc47, mn03, mn47;
+};
+__device__ static inline kq_scmin kq_scales_mins(uint32_t w0, uint32_t w1, uint32_t w2) {
+    kq_scmin r;
+    r.sc03 = w0 & 0x3F3F3F3Fu, r.mn03 = w1 & 0x3F3F3F3Fu;
+    r.sc47 = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
+    r.mn47 = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+    return r;
+}
+
+/* A row's 16 int16 bsums of a 256-block (32 bytes at xb, 16-aligned) as
+ * its sub-block sums bsum_j = bs[2j] + bs[2j+1] (|bsum_j| <= 32*128) split
+ * into int8 lo_j = bsum_j & 127 and hi_j = bsum_j >> 7 (floor): bsum_j =
+ * 128 hi_j + lo_j, so summ = sum_j m_j lo_j + 128 sum_j m_j hi_j comes
+ * exactly from two k16 mma. Returns the bytes lo_0..7, hi_0..7. */
+__device__ static inline uint4 kq_bsum_split(const uint8_t *xb) {
+    const uint4 u0 = ((const uint4 *)xb)[0], u1 = ((const uint4 *)xb)[1];
+    const uint32_t bw[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++) {
+        const int32_t v = (int32_t)(int16_t)(bw[jj] & 0xFFFF) + ((int32_t)bw[jj] >> 16);
+        lo[jj >> 2] |= (uint32_t)(v & 127) << (8 * (jj & 3));
+        hi[jj >> 2] |= ((uint32_t)(v >> 7) & 0xFF) << (8 * (jj & 3));
+    }
+    return make_uint4(lo[0], lo[1], hi[0], hi[1]);
+}
+
 /* ------------------------------------------------ engine math (mumath.c) */
 
 __device__ static inline float pow2f(int32_t e) { return bits_f32((uint32_t)(e + 127) << 23); }

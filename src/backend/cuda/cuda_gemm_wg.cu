@@ -171,28 +171,15 @@ __global__ static void __launch_bounds__(256, 1)
             if (i < BO) {
                 const int o = i;
                 const uint4 hq = *(const uint4 *)(st + S::W + o * LD);
-                const uint32_t w0 = hq.y, w1 = hq.z, w2 = hq.w;
-                const uint32_t sc03 = w0 & 0x3F3F3F3Fu, mn03 = w1 & 0x3F3F3F3Fu;
-                const uint32_t sc47 = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
-                const uint32_t mn47 = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
-                *(uint4 *)(ts + 16 * o) = make_uint4((sc03 >> 3) & 0x07070707u, (sc47 >> 3) & 0x07070707u,
-                                                     sc03 & 0x07070707u, sc47 & 0x07070707u);
-                *(uint2 *)(tmin + 8 * o) = make_uint2(mn03, mn47);
+                const kq_scmin k = kq_scales_mins(hq.y, hq.z, hq.w);
+                *(uint4 *)(ts + 16 * o) = make_uint4((k.sc03 >> 3) & 0x07070707u, (k.sc47 >> 3) & 0x07070707u,
+                                                     k.sc03 & 0x07070707u, k.sc47 & 0x07070707u);
+                *(uint2 *)(tmin + 8 * o) = make_uint2(k.mn03, k.mn47);
                 td[o] = h2f((uint16_t)(hq.x & 0xFFFF));
                 tdm[o] = h2f((uint16_t)(hq.x >> 16));
             } else {
                 const int r = i - BO;
-                const uint4 *bq = (const uint4 *)(st + S::XB + 32 * r);
-                const uint4 u0 = bq[0], u1 = bq[1];
-                const uint32_t bw[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-                uint32_t l2[2] = {0, 0}, h2[2] = {0, 0};
-#pragma unroll
-                for (int jj = 0; jj < 8; jj++) {
-                    const int32_t v = (int32_t)(int16_t)(bw[jj] & 0xFFFF) + ((int32_t)bw[jj] >> 16);
-                    l2[jj >> 2] |= (uint32_t)(v & 127) << (8 * (jj & 3));
-                    h2[jj >> 2] |= ((uint32_t)(v >> 7) & 0xFF) << (8 * (jj & 3));
-                }
-                *(uint4 *)(txb + 16 * r) = make_uint4(l2[0], l2[1], h2[0], h2[1]);
+                *(uint4 *)(txb + 16 * r) = kq_bsum_split(st + S::XB + 32 * r);
             }
         }
         __syncthreads();

@@ -161,16 +161,13 @@ __global__ static void __launch_bounds__(64 * WM, 1)
                 const int o = i;
                 if (!Q6) {
                     const uint4 hq = *(const uint4 *)(st + S::W + o * F::LD); /* d, dmin, 12 scale bytes */
-                    const uint32_t w0 = hq.y, w1 = hq.z, w2 = hq.w;
-                    const uint32_t sc03 = w0 & 0x3F3F3F3Fu, mn03 = w1 & 0x3F3F3F3Fu;
-                    const uint32_t sc47 = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
-                    const uint32_t mn47 = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+                    const kq_scmin k = kq_scales_mins(hq.y, hq.z, hq.w);
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
-                        tsc[j * BN + o] = (int32_t)((sc03 >> (8 * j)) & 0xFF);
-                        tsc[(j + 4) * BN + o] = (int32_t)((sc47 >> (8 * j)) & 0xFF);
+                        tsc[j * BN + o] = (int32_t)((k.sc03 >> (8 * j)) & 0xFF);
+                        tsc[(j + 4) * BN + o] = (int32_t)((k.sc47 >> (8 * j)) & 0xFF);
                     }
-                    *(uint2 *)(tmin + 8 * o) = make_uint2(mn03, mn47); /* 0..63 each */
+                    *(uint2 *)(tmin + 8 * o) = make_uint2(k.mn03, k.mn47); /* 0..63 each */
                     td[o] = h2f((uint16_t)(hq.x & 0xFFFF));
                     tdm[o] = h2f((uint16_t)(hq.x >> 16));
                 } else {
@@ -183,22 +180,9 @@ __global__ static void __launch_bounds__(64 * WM, 1)
                     td[o] = h2f(h[item & 1]);
                 }
             } else {
-                /* the rows' sub-block sums bsum_j = bs[2j] + bs[2j+1] (|bsum_j| <= 32*128) as
-                 * lo_j = bsum_j & 127 and hi_j = bsum_j >> 7 (floor), both int8:
-                 * bsum_j = 128*hi_j + lo_j, so summ = sum_j m_j*lo_j + 128*sum_j m_j*hi_j
-                 * comes exactly from two k16 mma (step 3) */
+                /* the rows' sub-block sums split into int8 parts (kq_bsum_split) for summ's two k16 mma (step 3) */
                 const int r = i - BN;
-                const uint4 *bq = (const uint4 *)(st + S::XB + 32 * r);
-                const uint4 u0 = bq[0], u1 = bq[1];
-                const uint32_t bw[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-                uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
-#pragma unroll
-                for (int jj = 0; jj < 8; jj++) {
-                    const int32_t v = (int32_t)(int16_t)(bw[jj] & 0xFFFF) + ((int32_t)bw[jj] >> 16);
-                    lo[jj >> 2] |= (uint32_t)(v & 127) << (8 * (jj & 3));
-                    hi[jj >> 2] |= ((uint32_t)(v >> 7) & 0xFF) << (8 * (jj & 3));
-                }
-                *(uint4 *)(txb + 16 * r) = make_uint4(lo[0], lo[1], hi[0], hi[1]);
+                *(uint4 *)(txb + 16 * r) = kq_bsum_split(st + S::XB + 32 * r);
             }
         }
         __syncthreads();
