@@ -21,9 +21,10 @@
  *
  * A CTA of two warpgroups takes 128 outputs (the wgmma M: 64 a warpgroup)
  * x 128 rows (the wgmma N: one m64n128k32 per sub-block and accumulator;
- * 245-247 registers, one CTA per SM). A is the weights, built in registers (the m16n8k32 A layout per
- * warp: lane (g, t) holds outputs g and g + 8, values 4t..4t+3 and
- * 16+4t..+3 of the sub-block); B is the Q8_K activation codes, read by the
+ * 245-247 registers, one CTA per SM). A is the weights, built in registers
+ * (the m16n8k32 A layout per warp: lane (g, t) holds outputs g and g + 8,
+ * values 4t..4t+3 and 16+4t..+3 of the sub-block); B is the Q8_K
+ * activation codes, read by the
  * tensor cores from shared memory through a matrix descriptor. The
  * 256-blocks go through a 3-deep cp.async ring as in k_gemm_kq2; the
  * activation codes land in the no-swizzle K-major layout of 8-row x
@@ -110,7 +111,7 @@ __global__ static void __launch_bounds__(256, 1)
     grid_dep_wait();
 #if WG_HAVE
     typedef wg_smem<TYPE> S;
-    constexpr int NR = S::NR, LD = S::LD, NT = 256, BO = S::BO, NS = 2;
+    constexpr int NR = S::NR, LD = S::LD, NT = 256, BO = S::BO;
     extern __shared__ __align__(128) uint8_t sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int o0 = 16 * warp + g; /* this thread's outputs o0, o0 + 8 in the tile (warpgroup warp >> 2) */
@@ -146,12 +147,10 @@ __global__ static void __launch_bounds__(256, 1)
         }
     };
 
-    int32_t hi[NS][32], lo[NS][32];
-    float total[NS][32];
+    int32_t hi[64], lo[64];
+    float total[64];
 #pragma unroll
-    for (int n = 0; n < NS; n++)
-#pragma unroll
-        for (int e = 0; e < 32; e++) total[n][e] = 0.0f, hi[n][e] = 0, lo[n][e] = 0;
+    for (int e = 0; e < 64; e++) total[e] = 0.0f, hi[e] = 0, lo[e] = 0;
 
 #pragma unroll
     for (int s = 0; s < S::ST - 1; s++) {
@@ -221,18 +220,16 @@ __global__ static void __launch_bounds__(256, 1)
             wg_fence();
             /* all 128 rows (16 row groups 128 bytes apart), chunks 2j, 2j + 1 */
             const uint64_t desc = wg_desc(xs + (uint32_t)(2 * j * (NR / 8) * 128), (NR / 8) * 128, 128);
-            wg_mma(&hi[0][0], ah[0], ah[1], ah[2], ah[3], desc, j > 0);
-            wg_mma(&lo[0][0], al[0], al[1], al[2], al[3], desc, j > 0);
+            wg_mma(hi, ah[0], ah[1], ah[2], ah[3], desc, j > 0);
+            wg_mma(lo, al[0], al[1], al[2], al[3], desc, j > 0);
             wg_commit();
             wg_wait<1>();
         }
         wg_wait<0>();
 #pragma unroll
-        for (int n = 0; n < NS; n++)
-#pragma unroll
-            for (int e = 0; e < 32; e++) wg_pin(hi[n][e]), wg_pin(lo[n][e]);
-        /* 3. f_b and the ordered totals. Element (n, 4i + e) of this thread:
-         * output o0 + 8 (e >> 1), row 64n + 8i + 2t + (e & 1). summ by two
+        for (int e = 0; e < 64; e++) wg_pin(hi[e]), wg_pin(lo[e]);
+        /* 3. f_b and the ordered totals. Element 4i + e of this thread:
+         * output o0 + 8 (e >> 1), row 8i + 2t + (e & 1). summ by two
          * k16 mma per 8-row tile: A row o = [m_0..7 | 0] and [0 | m_0..7],
          * B column r = [lo_0..7 | hi_0..7] */
         const uint32_t mw0 = *(const uint32_t *)(tmin + 8 * o0 + 4 * (t & 1));
@@ -241,37 +238,32 @@ __global__ static void __launch_bounds__(256, 1)
         const float d0 = td[o0], d1 = td[o0 + 8], dm0 = tdm[o0], dm1 = tdm[o0 + 8];
         const float *xdv = (const float *)(st + S::XD);
 #pragma unroll
-        for (int n = 0; n < NS; n++)
+        for (int i = 0; i < 16; i++) {
+            const uint32_t bx = *(const uint32_t *)(txb + 16 * (8 * i + g) + 4 * t);
+            int32_t cl[4], ch[4];
+            mma_k16(cl, al0, al1, bx);
+            mma_k16(ch, ah0, ah1, bx);
+            const float2 xd = *(const float2 *)(xdv + 8 * i + 2 * t);
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int rb = 64 * n + 8 * i;
-                const uint32_t bx = *(const uint32_t *)(txb + 16 * (rb + g) + 4 * t);
-                int32_t cl[4], ch[4];
-                mma_k16(cl, al0, al1, bx);
-                mma_k16(ch, ah0, ah1, bx);
-                const float2 xd = *(const float2 *)(xdv + rb + 2 * t);
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int32_t sumi = 8 * hi[n][4 * i + e] + lo[n][4 * i + e];
-                    const int32_t summ = cl[e] + 128 * ch[e];
-                    const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
-                    const float x = (e & 1) ? xd.y : xd.x;
-                    const float f = (d * x) * (float)sumi - (dmin * x) * (float)summ;
-                    total[n][4 * i + e] = total[n][4 * i + e] + f;
-                }
+            for (int e = 0; e < 4; e++) {
+                const int32_t sumi = 8 * hi[4 * i + e] + lo[4 * i + e];
+                const int32_t summ = cl[e] + 128 * ch[e];
+                const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
+                const float x = (e & 1) ? xd.y : xd.x;
+                const float f = (d * x) * (float)sumi - (dmin * x) * (float)summ;
+                total[4 * i + e] = total[4 * i + e] + f;
             }
+        }
     }
     cp_wait<0>();
 #pragma unroll
-    for (int n = 0; n < NS; n++)
+    for (int i = 0; i < 16; i++)
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int64_t r = row0 + 64 * n + 8 * i + 2 * t + (e & 1), o = out0 + o0 + 8 * (e >> 1);
-                const float v = total[n][4 * i + e];
-                if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? v * scale : v;
-            }
+        for (int e = 0; e < 4; e++) {
+            const int64_t r = row0 + 8 * i + 2 * t + (e & 1), o = out0 + o0 + 8 * (e >> 1);
+            const float v = total[4 * i + e];
+            if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? v * scale : v;
+        }
 #endif
 }
 
