@@ -83,10 +83,12 @@ __device__ static inline void mma_k16(int32_t d[4], uint32_t a0, uint32_t a1, ui
 
 /* ------------------------------------- K-quant tables of the GEMMs */
 
-/* A Q4_K / Q5_K block's 12 packed scale bytes (header words w0, w1, w2
- * after d and dmin) as its 8 six-bit scales and 8 mins, a byte each (bytes
- * 0..3 of sc03 are scales 0..3, ...), in 8 mask-and-shift operations on
- * whole words. */
+/* A Q4_K / Q5_K block's 12 packed scale bytes q (header words w0, w1, w2
+ * after d and dmin) as its 8 six-bit scales and 8 mins, a byte each, in 8
+ * mask-and-shift operations on whole words (scale_min_k4's rule): sc0..3 =
+ * q[0..3] & 63, m0..3 = q[4..7] & 63, sc4..7 = (q[8..11] & 15) | (q[0..3]
+ * >> 6) << 4, m4..7 = (q[8..11] >> 4) | (q[4..7] >> 6) << 4. Every K-quant
+ * product kernel decodes its headers here. */
 struct kq_scmin {
     uint32_t sc03, sc47, mn03, mn47;
 };

@@ -1841,15 +1841,12 @@ __device__ static inline void block_f2(const wq2 &s, int b, int nb, int t, const
             blo = or_bit5(blo, s.h, 2 * ja + 4), bhi = or_bit5(bhi, s.h, 2 * ja + 5);
         }
         /* the 8 scales and mins, unpacked four to a word (scale_min_k4's rule) */
-        const uint32_t u0 = s.hdr.y, u1 = s.hdr.z, u2 = s.hdr.w;
-        const uint32_t sc03 = u0 & 0x3F3F3F3Fu, m03 = u1 & 0x3F3F3F3Fu;
-        const uint32_t sc47 = (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4);
-        const uint32_t m47 = ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4);
+        const kq_scmin k = kq_scales_mins(s.hdr.y, s.hdr.z, s.hdr.w);
         const int sh = 16 * ja;
-        const int32_t sa_l = (sc03 >> sh) & 0xFF, sa_h = (sc03 >> (sh + 8)) & 0xFF;
-        const int32_t sb_l = (sc47 >> sh) & 0xFF, sb_h = (sc47 >> (sh + 8)) & 0xFF;
-        const int32_t ma_l = (m03 >> sh) & 0xFF, ma_h = (m03 >> (sh + 8)) & 0xFF;
-        const int32_t mb_l = (m47 >> sh) & 0xFF, mb_h = (m47 >> (sh + 8)) & 0xFF;
+        const int32_t sa_l = (k.sc03 >> sh) & 0xFF, sa_h = (k.sc03 >> (sh + 8)) & 0xFF;
+        const int32_t sb_l = (k.sc47 >> sh) & 0xFF, sb_h = (k.sc47 >> (sh + 8)) & 0xFF;
+        const int32_t ma_l = (k.mn03 >> sh) & 0xFF, ma_h = (k.mn03 >> (sh + 8)) & 0xFF;
+        const int32_t mb_l = (k.mn47 >> sh) & 0xFF, mb_h = (k.mn47 >> (sh + 8)) & 0xFF;
         const float d = h2f((uint16_t)(s.hdr.x & 0xFFFF)), dmin = h2f((uint16_t)(s.hdr.x >> 16));
         const int offa = 64 * ja + 16 * (t & 1); /* values of piece a's low nibbles */
 #pragma unroll

@@ -160,18 +160,13 @@ __device__ static inline void mmt_load_act(uint8_t *sa, int nr, int b, int nb, c
 }
 
 /* The arithmetic k_mmt and k_mmq share (the same expressions, so the same
- * bits). A Q4_K/Q5_K header (d|dmin|12 scale bytes) unpacked: the 8 scales
- * and the 8 mins four to a word: sc0..3 = q[0..3] & 63, m0..3 = q[4..7] &
- * 63, sc4..7 = (q[8..11] & 15) | (q[0..3] >> 6) << 4, m4..7 = (q[8..11] >>
- * 4) | (q[4..7] >> 6) << 4 (q: the 12 scale bytes). */
+ * bits). A Q4_K/Q5_K header (d|dmin|12 scale bytes) unpacked: d, dmin, and
+ * the 8 scales and the 8 mins four to a word (kq_scales_mins). */
 __device__ static inline void kq_header(uint4 hd, float &d, float &dmin, uint32_t sc[2], uint32_t mn[2]) {
-    const uint32_t dm = hd.x, w0 = hd.y, w1 = hd.z, w2 = hd.w;
-    d = h2f((uint16_t)(dm & 0xFFFF));
-    dmin = h2f((uint16_t)(dm >> 16));
-    sc[0] = w0 & 0x3F3F3F3Fu;
-    mn[0] = w1 & 0x3F3F3F3Fu;
-    sc[1] = (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u);
-    mn[1] = ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u);
+    d = h2f((uint16_t)(hd.x & 0xFFFF));
+    dmin = h2f((uint16_t)(hd.x >> 16));
+    const kq_scmin k = kq_scales_mins(hd.y, hd.z, hd.w); /* cuda_common.cuh */
+    sc[0] = k.sc03, sc[1] = k.sc47, mn[0] = k.mn03, mn[1] = k.mn47;
 }
 
 /* The mins as dp2a operands: mp[k] holds bytes (m_2k, m_2k, m_2k+1, m_2k+1). */
