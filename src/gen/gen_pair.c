@@ -24,7 +24,9 @@ bool mu_gen_greedy(muser_session *s, const muser_draft *d, int verify_len, const
     greedy.temp = 0; /* argmax, lowest id on ties */
     mu_gen *g = mu_gen_new(muser_session_model(s), &greedy, err);
     if (!g) return false;
-    mu_gen_request req = {.tokens = prompt, .n_tokens = n_prompt, .n_predict = n_predict, .speculate = true};
+    /* the plain run is plain greedy decoding at its fastest: on the session's
+     * greedy chain where the backend has one (mu_gen_can_chain) */
+    mu_gen_request req = {.tokens = prompt, .n_tokens = n_prompt, .n_predict = n_predict, .speculate = d != NULL};
     /* the assistant exists only for its run: bound to s, it would capture the plain run's rows */
     muser_spec_params sp_params = {.verify_len = verify_len, .no_gate = true};
     muser_spec *sp = d ? muser_spec_create(s, d, &sp_params, err) : NULL;

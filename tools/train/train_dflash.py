@@ -1,6 +1,14 @@
 """Train the DFlash assistant of a trained glimmer-tiny on one GPU.
 
-    python3 tools/train/train_dflash.py --target RUN_DIR --data DIR --out DIR [--steps N]
+    python3 tools/train/train_dflash.py --target RUN_DIR|TARGET.gguf --data DIR --out DIR [--steps N]
+        [--init DRAFT.gguf] [--device cpu --threads N]
+
+The target is a trainer run directory (train.py) or a muse-glimmer GGUF with
+F32/F16 tensors: `muser quantize models/glimmer-tiny-q4_k_xl.gguf T.gguf f32`
+gives the shipped target's own weights (its greedy continuations are what the
+served model verifies). --init starts from an assistant GGUF (F32/F16, e.g.
+`muser quantize models/glimmer-tiny-dflash-q4_k_xl.gguf D.gguf f32`) instead
+of random weights; its configuration must be the one trained here.
 
 1. Training data: the target's own greedy continuations (what a T=0 verifier
    accepts) of prompts from the train split: plain-text windows and chat
@@ -11,8 +19,8 @@
 4. Acceptance: greedy speculative decoding simulated on the target's greedy
    continuations of held-out prompts (valid split + chat valid), verify lengths
    15, 7 and 3.  Reports tokens per verify step (accepted drafts + the bonus
-   token).  The first 64 held-out prompts pick the checkpoint; the rest
-   (n_eval - 64) measure the reported acceptance.
+   token).  The first --n-select (64) held-out prompts pick the checkpoint;
+   the rest (n_eval - n_select) measure the reported acceptance.
 Writes OUT/weights.partNN + OUT/index.json (config, losses, acceptance).
 """
 import argparse
@@ -28,10 +36,21 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import Config, Glimmer  # noqa: E402
 from dflash import Draft, DraftConfig, acceptance, greedy_generate, target_features  # noqa: E402
+from gguf_read import Reader  # noqa: E402
 import train as T  # noqa: E402
 
 
 def load_target(run_dir, dev):
+    if run_dir.endswith(".gguf"):
+        from golden_from_gguf import config_of, state_dict
+        r = Reader(run_dir)
+        cfg = config_of(r.kv)
+        model = Glimmer(cfg)
+        model.load_state_dict({k: v.float() for k, v in state_dict(r.tensors, cfg).items()})
+        model.eval().to(dev)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return model, cfg
     with open(os.path.join(run_dir, "index.json")) as f:
         index = json.load(f)
     blob = b"".join(open(os.path.join(run_dir, p), "rb").read() for p in index["parts"])
@@ -46,6 +65,35 @@ def load_target(run_dir, dev):
     for p in model.parameters():
         p.requires_grad_(False)
     return model, cfg
+
+
+def draft_from_gguf(path, c):
+    """An assistant GGUF's weights as Draft's state dict (export_dflash.py's
+    names undone); its hyperparameters must be c's."""
+    r = Reader(path)
+    kv, t, p = r.kv, r.tensors, "dflash."
+    if kv.get("general.architecture") != "dflash":
+        raise SystemExit("%s: general.architecture is %r, not dflash" % (path, kv.get("general.architecture")))
+    want = {"block_count": c.n_layer, "embedding_length": c.n_embd, "feed_forward_length": c.n_ff,
+            "attention.head_count": c.n_head, "attention.head_count_kv": c.n_head_kv,
+            "attention.key_length": c.head_dim, "block_size": c.block_size,
+            "target_layers": list(c.target_layers), "attention.sliding_window": c.sliding_window}
+    for k, v in want.items():
+        if kv.get(p + k) != v:
+            raise SystemExit("%s: %s%s is %r, the assistant trained here has %r" % (path, p, k, kv.get(p + k), v))
+    if kv.get("tokenizer.ggml.mask_token_id") != c.mask_token:
+        raise SystemExit("%s: tokenizer.ggml.mask_token_id is %r, not %d" % (
+            path, kv.get("tokenizer.ggml.mask_token_id"), c.mask_token))
+    sd = {"fc.weight": t["fc.weight"], "hidden_norm.weight": t["enc.output_norm.weight"],
+          "norm.weight": t["output_norm.weight"]}
+    names = {"input_layernorm": "attn_norm", "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v",
+             "o_proj": "attn_output", "q_norm": "attn_q_norm", "k_norm": "attn_k_norm",
+             "post_attention_layernorm": "ffn_norm", "gate_proj": "ffn_gate", "up_proj": "ffn_up",
+             "down_proj": "ffn_down"}
+    for il in range(c.n_layer):
+        for hf, gg in names.items():
+            sd["layers.%d.%s.weight" % (il, hf)] = t["blk.%d.%s.weight" % (il, gg)]
+    return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in sd.items()}
 
 
 def prompts(data_dir, split, n, plen, gen):
@@ -93,6 +141,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--n-train", type=int, default=10240)
     ap.add_argument("--n-eval", type=int, default=320)
+    ap.add_argument("--n-select", type=int, default=64, help="held-out prompts that pick the checkpoint")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--gen", type=int, default=192)
     ap.add_argument("--eval-gen", type=int, default=144)
@@ -100,7 +149,14 @@ def main():
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=4321)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--init", help="start from this assistant GGUF (F32/F16)")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch (0: its default)")
     args = ap.parse_args()
+    ns = args.n_select
+    if not 0 < ns < args.n_eval:
+        raise SystemExit("--n-select %d must be in 1..n_eval-1 (%d)" % (ns, args.n_eval - 1))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
     fh = open(os.path.join(args.out, "log.txt"), "w")
     dev = args.device
@@ -122,7 +178,11 @@ def main():
     eval_seqs = make_sequences(target, eval_p, args.eval_gen, 256, dev, False)   # f32 target
     eval_feats = features(target, eval_seqs, c.target_layers, 128, False)
 
-    draft = Draft(c).to(dev)
+    draft = Draft(c)
+    if args.init:
+        draft.load_state_dict(draft_from_gguf(args.init, c))
+        T.log(fh, "initial weights: %s" % args.init)
+    draft = draft.to(dev)
     n_params = sum(p.numel() for p in draft.parameters())
     T.log(fh, "draft config %s; %d params" % (json.dumps(c.to_dict()), n_params))
     opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.wd,
@@ -131,6 +191,13 @@ def main():
     wrow = torch.exp(-torch.arange(S - 1, device=dev, dtype=torch.float32) / 7.0)
     history = []
     best = (-1.0, 0, None)     # by acceptance on a held-out subset: the draft over-fits small data
+    if args.init:   # where the given weights stand: kept unless a later step beats them
+        draft.eval()
+        st, tk, ac = acceptance(draft, target, eval_seqs[:ns], eval_feats[:ns], args.prompt, 15)
+        draft.train()
+        history.append({"step": 0, "tokens_per_step_vl15_subset": tk / st})
+        T.log(fh, "step     0  (initial weights)  tokens/verify (%d prompts, VL 15) %.3f" % (ns, tk / st))
+        best = (tk / st, 0, {k: v.detach().clone() for k, v in draft.state_dict().items()})
     t0 = time.time()
     step = 0
     L = seqs.shape[1]
@@ -154,12 +221,12 @@ def main():
         last = step == args.steps or elapsed > args.minutes * 60
         if step % 250 == 0 or last or step == 1:
             draft.eval()
-            st, tk, ac = acceptance(draft, target, eval_seqs[:64], eval_feats[:64], args.prompt, 15)
+            st, tk, ac = acceptance(draft, target, eval_seqs[:ns], eval_feats[:ns], args.prompt, 15)
             draft.train()
             history.append({"step": step, "loss": loss.item(), "tokens_per_step_vl15_subset": tk / st,
                             "seconds": round(elapsed, 1)})
-            T.log(fh, "step %5d  loss %.4f  tokens/verify (64 prompts, VL 15) %.3f  %.0fs" % (
-                step, loss.item(), tk / st, elapsed))
+            T.log(fh, "step %5d  loss %.4f  tokens/verify (%d prompts, VL 15) %.3f  %.0fs" % (
+                step, loss.item(), ns, tk / st, elapsed))
             if tk / st > best[0]:
                 best = (tk / st, step, {k: v.detach().clone() for k, v in draft.state_dict().items()})
         if last:
@@ -175,7 +242,7 @@ def main():
     draft.eval()
     results = {}
     for vl in (15, 7, 3):
-        st, tk, ac = acceptance(draft, target, eval_seqs[64:], eval_feats[64:], args.prompt, vl)
+        st, tk, ac = acceptance(draft, target, eval_seqs[ns:], eval_feats[ns:], args.prompt, vl)
         results["vl%d" % vl] = {"verify_steps": st, "tokens": tk, "accepted_drafts": ac,
                                 "tokens_per_step": tk / st, "accepted_per_step": ac / st}
         T.log(fh, "held-out acceptance VL %2d: %d verify steps, %d tokens: %.3f tokens/step "

@@ -1,0 +1,87 @@
+#!/usr/bin/python3
+"""Acceptance of a DFlash assistant as the engine measures it: `muser
+speculate` (greedy, exact) on held-out prompts built as train_dflash.py builds
+its measurement prompts (valid split + chat valid, numpy seed 7; the first
+--n-select pick checkpoints there, the rest are measured here).
+
+    accept.py [--muser build/muser] [--target T.gguf] --draft D.gguf [--data build/tok]
+              [--n-eval 320] [--n-select 64] [--limit N] [--gen 144] [--vl 15,7] [-t 2]
+
+Prints, per verify length, verify steps, tokens and tokens per verify step
+over all prompts (a prompt's run stops at an end-of-generation token, where
+train_dflash.py's simulation runs on), and the prompt share that ended early.
+The statistics do not depend on the backend (every backend gives the same
+tokens), so a CPU run measures what the GPU will see.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def prompts(data_dir, split, n, plen, gen):
+    """train_dflash.py's prompts(): half plain-text windows, half chat prompts
+    ending right after an assistant header (the same draws for the same seed)."""
+    text = np.fromfile(os.path.join(data_dir, split + ".bin"), dtype=np.uint16).astype(np.int64)
+    chat = np.fromfile(os.path.join(data_dir, "chat_%s.bin" % split), dtype=np.uint16).astype(np.int64)
+    mask = np.fromfile(os.path.join(data_dir, "chat_%s.mask" % split), dtype=np.uint8)
+    starts = np.nonzero((mask[1:] == 1) & (mask[:-1] == 0))[0] + 1
+    starts = starts[starts >= plen]
+    n_text = n // 2
+    t0 = gen.integers(0, len(text) - plen, n_text)
+    c0 = gen.choice(starts, n - n_text, replace=len(starts) < n - n_text)
+    return [text[s:s + plen] for s in t0] + [chat[s - plen:s] for s in c0]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--muser", default=os.path.join(root, "build", "muser"))
+    ap.add_argument("--target", default=os.path.join(root, "models", "glimmer-tiny-q4_k_xl.gguf"))
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--data", default=os.path.join(root, "build", "tok"))
+    ap.add_argument("--n-eval", type=int, default=320)
+    ap.add_argument("--n-select", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--limit", type=int, default=0, help="measure only the first N prompts of each half")
+    ap.add_argument("--gen", type=int, default=144)
+    ap.add_argument("--vl", default="15,7")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--backend", default="cpu")
+    args = ap.parse_args()
+    ps = prompts(args.data, "valid", args.n_eval, args.prompt, np.random.default_rng(7))
+    measured = list(enumerate(ps))[args.n_select:]
+    if args.limit:   # keep both halves (plain text, chat) represented
+        half = args.n_eval // 2
+        measured = [m for m in measured if m[0] < half][:args.limit] + [m for m in measured if m[0] >= half][:args.limit]
+    for vl in [int(v) for v in args.vl.split(",")]:
+        tot = {"plain": [0, 0, 0], "chat": [0, 0, 0]}   # verify steps, tokens, runs ended early
+        for i, p in measured:
+            cmd = [args.muser, "speculate", "-m", args.target, "--draft", args.draft, "--tokens",
+                   ",".join(str(int(t)) for t in p), "-n", str(args.gen), "--verify-len", str(vl),
+                   "-t", str(args.threads), "--backend", args.backend, "--json"]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit("prompt %d: %s failed (%d): %s" % (i, " ".join(cmd[:2]), r.returncode, r.stderr.strip()))
+            d = json.loads(r.stdout)
+            if not d.get("exact"):
+                sys.exit("prompt %d: the speculative stream differs from plain greedy" % i)
+            k = "plain" if i < args.n_eval // 2 else "chat"
+            tot[k][0] += d["verify_steps"]
+            tot[k][1] += round(d["tokens_per_step"] * d["verify_steps"])
+            tot[k][2] += len(d["ids"]) < args.gen
+        s = [tot["plain"][j] + tot["chat"][j] for j in range(3)]
+        print(json.dumps({"draft": os.path.basename(args.draft), "verify_len": vl, "prompts": len(measured),
+                          "verify_steps": s[0], "tokens": s[1], "tokens_per_step": round(s[1] / s[0], 4),
+                          "plain_text": round(tot["plain"][1] / max(tot["plain"][0], 1), 4),
+                          "chat": round(tot["chat"][1] / max(tot["chat"][0], 1), 4),
+                          "ended_early": s[2]}))
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
