@@ -20,7 +20,8 @@
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
 #           llama-bench on the same model, LLAMA_BENCH, .llama-build/bin or a carried
 #           .llama-build/llama-bench.xz; llamabuild: build llama-bench and llama-server from the carried
-#           .llama-src/llama-src.tar.xz, for the llama stage)
+#           .llama-src/llama-src.tar.xz, for the llama stage; retrain: the DFlash
+#           assistant retrained on the GPU, tools/train/retrain_dflash.sh with RETRAIN_ARGS)
 #   BENCH   "quick" (short runs), "full" (default) or "none" (only the stages)
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -63,6 +64,16 @@ case " $STAGES " in *" check "*)
         MUSER_CUDA_GEMM=0 bash "$SRC/tests/cuda/run.sh" >/tmp/muser-gemm-check.log 2>&1 && GEMM_OK=1
         grep -v "^PASS .* chunk" /tmp/muser-gemm-check.log
     fi
+    ;;
+esac
+case " $STAGES " in *" retrain "*)
+    # the DFlash assistant retrained against the shipped target (tools/train/retrain_dflash.sh,
+    # RETRAIN_ARGS: train_dflash.py options; needs build/tok carried): the run, the quantized
+    # assistant and both assistants' acceptance land in $OUT/retrain
+    cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >/dev/null &&
+        cmake --build "$BUILD" -j "$JOBS" --target muser >/dev/null || exit 1
+    MUSER="$BUILD/muser" bash "$SRC/tools/train/retrain_dflash.sh" "${OUT:-/tmp/out}/retrain" ${RETRAIN_ARGS:-} ||
+        { echo "FAIL retrain"; rc=1; }
     ;;
 esac
 case " $STAGES " in *" bench "*)

@@ -5,7 +5,7 @@ its measurement prompts (valid split + chat valid, numpy seed 7; the first
 --n-select pick checkpoints there, the rest are measured here).
 
     accept.py [--muser build/muser] [--target T.gguf] --draft D.gguf [--data build/tok]
-              [--n-eval 320] [--n-select 64] [--limit N] [--gen 144] [--vl 15,7] [-t 2]
+              [--n-eval 320] [--n-select 64] [--limit N] [--gen 144] [--vl 15,7] [-t 2] [-j 1]
 
 Prints, per verify length, verify steps, tokens and tokens per verify step
 over all prompts (a prompt's run stops at an end-of-generation token, where
@@ -14,6 +14,7 @@ The statistics do not depend on the backend (every backend gives the same
 tokens), so a CPU run measures what the GPU will see.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -52,30 +53,35 @@ def main():
     ap.add_argument("--vl", default="15,7")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--backend", default="cpu")
+    ap.add_argument("-j", "--jobs", type=int, default=1, help="prompts run at once")
     args = ap.parse_args()
     ps = prompts(args.data, "valid", args.n_eval, args.prompt, np.random.default_rng(7))
     measured = list(enumerate(ps))[args.n_select:]
     if args.limit:   # keep both halves (plain text, chat) represented
         half = args.n_eval // 2
         measured = [m for m in measured if m[0] < half][:args.limit] + [m for m in measured if m[0] >= half][:args.limit]
+    def run(i, p, vl):
+        cmd = [args.muser, "speculate", "-m", args.target, "--draft", args.draft, "--tokens",
+               ",".join(str(int(t)) for t in p), "-n", str(args.gen), "--verify-len", str(vl),
+               "-t", str(args.threads), "--backend", args.backend, "--json"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit("prompt %d: muser speculate failed (%d): %s" % (i, r.returncode, r.stderr.strip()))
+        d = json.loads(r.stdout)
+        if not d.get("exact"):
+            raise SystemExit("prompt %d: the speculative stream differs from plain greedy" % i)
+        return i, d
+
     for vl in [int(v) for v in args.vl.split(",")]:
         tot = {"plain": [0, 0, 0], "chat": [0, 0, 0]}   # verify steps, tokens, runs ended early
-        for i, p in measured:
-            cmd = [args.muser, "speculate", "-m", args.target, "--draft", args.draft, "--tokens",
-                   ",".join(str(int(t)) for t in p), "-n", str(args.gen), "--verify-len", str(vl),
-                   "-t", str(args.threads), "--backend", args.backend, "--json"]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                sys.exit("prompt %d: %s failed (%d): %s" % (i, " ".join(cmd[:2]), r.returncode, r.stderr.strip()))
-            d = json.loads(r.stdout)
-            if not d.get("exact"):
-                sys.exit("prompt %d: the speculative stream differs from plain greedy" % i)
-            k = "plain" if i < args.n_eval // 2 else "chat"
-            tot[k][0] += d["verify_steps"]
-            tot[k][1] += round(d["tokens_per_step"] * d["verify_steps"])
-            tot[k][2] += len(d["ids"]) < args.gen
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            for i, d in pool.map(lambda m: run(m[0], m[1], vl), measured):
+                k = "plain" if i < args.n_eval // 2 else "chat"
+                tot[k][0] += d["verify_steps"]
+                tot[k][1] += round(d["tokens_per_step"] * d["verify_steps"])
+                tot[k][2] += len(d["ids"]) < args.gen
         s = [tot["plain"][j] + tot["chat"][j] for j in range(3)]
-        print(json.dumps({"draft": os.path.basename(args.draft), "verify_len": vl, "prompts": len(measured),
+        print(json.dumps({"draft": args.draft, "verify_len": vl, "prompts": len(measured),
                           "verify_steps": s[0], "tokens": s[1], "tokens_per_step": round(s[1] / s[0], 4),
                           "plain_text": round(tot["plain"][1] / max(tot["plain"][0], 1), 4),
                           "chat": round(tot["chat"][1] / max(tot["chat"][0], 1), 4),

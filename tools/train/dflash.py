@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model import rms as _target_rms, rope_tables, rotate_half
+
 SINK = 64  # DFLASH_CONTEXT_SINK_SIZE: part of the cache ABI, not GGUF metadata
 
 
@@ -173,11 +175,82 @@ def target_features(target, tokens, layers):
 
 
 @torch.no_grad()
-def greedy_generate(target, prompts, n_new):
+def greedy_generate_recompute(target, prompts, n_new):
+    """The reference: every step runs the whole sequence again."""
     seq = prompts
     for _ in range(n_new):
         logits = target(seq, last_only=True)
         seq = torch.cat([seq, logits[:, -1].float().argmax(-1, keepdim=True)], dim=1)
+    return seq
+
+
+def _cached_rows(target, ids, pos0, caches):
+    """Logits of the last of rows ids [B, T] at positions pos0.., with every
+    earlier row's K/V in caches (one (K, V) per layer, appended to here):
+    Glimmer.forward's arithmetic for these rows (model.py), so a greedy
+    step costs one row instead of the whole sequence."""
+    cfg = target.cfg
+    B, T = ids.shape
+    dev = ids.device
+    x = _target_rms(target.embed_tokens(ids), cfg.rms_eps)
+    cos, sin = rope_tables(cfg, pos0 + T, dev, x.dtype)
+    cos, sin = cos[pos0:, None, :], sin[pos0:, None, :]
+    qp = torch.arange(pos0, pos0 + T, device=dev)[:, None]
+    kp = torch.arange(pos0 + T, device=dev)[None, :]
+    causal = kp <= qp
+    sliding = causal & (qp - kp < cfg.sliding_window)
+    rep = cfg.n_head // cfg.n_head_kv
+    for il, layer in enumerate(target.layers):
+        at = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = at.q_proj(h).view(B, T, cfg.n_head, cfg.head_dim)
+        k = at.k_proj(h).view(B, T, cfg.n_head_kv, cfg.head_dim)
+        v = at.v_proj(h).view(B, T, cfg.n_head_kv, cfg.head_dim)
+        g = at.gate_proj(h)
+        q = _target_rms(q, cfg.rms_eps) * cfg.qk_scale_factor
+        k = _target_rms(k, cfg.rms_eps)
+        if at.swa:
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+        if cfg.kv_round_f16:
+            k = k.to(torch.float16).to(k.dtype)
+            v = v.to(torch.float16).to(v.dtype)
+        dt = v.dtype
+        k, v = k.to(dt), v
+        if caches[il] is not None:
+            k = torch.cat([caches[il][0], k], dim=1)
+            v = torch.cat([caches[il][1], v], dim=1)
+        caches[il] = (k, v)
+        qh, kh, vh = q.to(dt).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        kh, vh = kh.repeat_interleave(rep, dim=1), vh.repeat_interleave(rep, dim=1)
+        allowed = sliding if at.swa else causal
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        if hasattr(F, "scaled_dot_product_attention"):
+            a = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, scale=scale)
+        else:   # old PyTorch (CPU checks)
+            sc = (qh @ kh.transpose(-1, -2)) * scale
+            a = sc.masked_fill(~allowed, float("-inf")).softmax(-1) @ vh
+        a = a.transpose(1, 2).reshape(B, T, cfg.n_head * cfg.head_dim)
+        x = x + layer.post_attention_layernorm(at.o_proj(a * torch.sigmoid(g)))
+        x = x + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+    x = x[:, -1:]
+    x = _target_rms(x, cfg.rms_eps) * target.norm.to(x.dtype)
+    logits = target.lm_head(x) * cfg.logit_scale
+    return cfg.softcap * torch.tanh(logits / cfg.softcap)
+
+
+@torch.no_grad()
+def greedy_generate(target, prompts, n_new):
+    """The target's greedy continuation of prompts [B, P] by n_new tokens over
+    a K/V cache (the same tokens as greedy_generate_recompute up to float
+    rounding: tools/train/selftest_greedy.py compares them)."""
+    caches = [None] * target.cfg.n_layer
+    seq, ids, pos0 = prompts, prompts, 0
+    for _ in range(n_new):
+        logits = _cached_rows(target, ids, pos0, caches)
+        pos0 += ids.shape[1]
+        ids = logits[:, -1].float().argmax(-1, keepdim=True)
+        seq = torch.cat([seq, ids], dim=1)
     return seq
 
 
