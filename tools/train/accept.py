@@ -22,21 +22,10 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from heldout import prompt_rows  # noqa: E402
+
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def prompts(data_dir, split, n, plen, gen):
-    """train_dflash.py's prompts(): half plain-text windows, half chat prompts
-    ending right after an assistant header (the same draws for the same seed)."""
-    text = np.fromfile(os.path.join(data_dir, split + ".bin"), dtype=np.uint16).astype(np.int64)
-    chat = np.fromfile(os.path.join(data_dir, "chat_%s.bin" % split), dtype=np.uint16).astype(np.int64)
-    mask = np.fromfile(os.path.join(data_dir, "chat_%s.mask" % split), dtype=np.uint8)
-    starts = np.nonzero((mask[1:] == 1) & (mask[:-1] == 0))[0] + 1
-    starts = starts[starts >= plen]
-    n_text = n // 2
-    t0 = gen.integers(0, len(text) - plen, n_text)
-    c0 = gen.choice(starts, n - n_text, replace=len(starts) < n - n_text)
-    return [text[s:s + plen] for s in t0] + [chat[s - plen:s] for s in c0]
 
 
 def main():
@@ -55,7 +44,7 @@ def main():
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="prompts run at once")
     args = ap.parse_args()
-    ps = prompts(args.data, "valid", args.n_eval, args.prompt, np.random.default_rng(7))
+    ps = prompt_rows(args.data, "valid", args.n_eval, args.prompt, np.random.default_rng(7))
     measured = list(enumerate(ps))[args.n_select:]
     if args.limit:   # keep both halves (plain text, chat) represented
         half = args.n_eval // 2

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model import Config, Glimmer  # noqa: E402
 from dflash import Draft, DraftConfig, acceptance, greedy_generate, target_features  # noqa: E402
 from gguf_read import Reader  # noqa: E402
+from heldout import prompt_rows  # noqa: E402
 import train as T  # noqa: E402
 
 
@@ -97,17 +98,7 @@ def draft_from_gguf(path, c):
 
 
 def prompts(data_dir, split, n, plen, gen):
-    """Half plain-text windows, half chat prompts ending right after an assistant header."""
-    text = np.fromfile(os.path.join(data_dir, split + ".bin"), dtype=np.uint16).astype(np.int64)
-    chat = np.fromfile(os.path.join(data_dir, "chat_%s.bin" % split), dtype=np.uint16).astype(np.int64)
-    mask = np.fromfile(os.path.join(data_dir, "chat_%s.mask" % split), dtype=np.uint8)
-    starts = np.nonzero((mask[1:] == 1) & (mask[:-1] == 0))[0] + 1       # first reply token
-    starts = starts[starts >= plen]
-    n_text = n // 2
-    t0 = gen.integers(0, len(text) - plen, n_text)
-    c0 = gen.choice(starts, n - n_text, replace=len(starts) < n - n_text)
-    rows = [text[s:s + plen] for s in t0] + [chat[s - plen:s] for s in c0]
-    return torch.tensor(np.stack(rows))
+    return torch.tensor(np.stack(prompt_rows(data_dir, split, n, plen, gen)))
 
 
 def make_sequences(target, p, n_new, batch, dev, autocast):
