@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import rms as _target_rms, rope_tables, rotate_half
+from model import rms as _target_rms, rope_tables
 
 SINK = 64  # DFLASH_CONTEXT_SINK_SIZE: part of the cache ABI, not GGUF metadata
 
@@ -202,21 +202,9 @@ def _cached_rows(target, ids, pos0, caches):
     rep = cfg.n_head // cfg.n_head_kv
     for il, layer in enumerate(target.layers):
         at = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = at.q_proj(h).view(B, T, cfg.n_head, cfg.head_dim)
-        k = at.k_proj(h).view(B, T, cfg.n_head_kv, cfg.head_dim)
-        v = at.v_proj(h).view(B, T, cfg.n_head_kv, cfg.head_dim)
-        g = at.gate_proj(h)
-        q = _target_rms(q, cfg.rms_eps) * cfg.qk_scale_factor
-        k = _target_rms(k, cfg.rms_eps)
-        if at.swa:
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-        if cfg.kv_round_f16:
-            k = k.to(torch.float16).to(k.dtype)
-            v = v.to(torch.float16).to(v.dtype)
-        dt = v.dtype
-        k, v = k.to(dt), v
+        q, k, v, g = at.qkvg(layer.input_layernorm(x), cos, sin)
+        dt = v.dtype   # as Attention.forward: q/k in v's type
+        k = k.to(dt)
         if caches[il] is not None:
             k = torch.cat([caches[il][0], k], dim=1)
             v = torch.cat([caches[il][1], v], dim=1)

@@ -101,7 +101,10 @@ class Attention(nn.Module):
         self.gate_proj = nn.Linear(cfg.n_embd, q_dim, bias=False)
         self.o_proj = nn.Linear(q_dim, cfg.n_embd, bias=False)
 
-    def forward(self, h, cos, sin, swa_mask):
+    def qkvg(self, h, c, s):
+        """q, k (normed; rotated on sliding layers by the rows' tables c, s
+        [T, 1, head_dim]), v (K and V rounded as the engines' cache stores
+        them) and the gate of rows h [B, T, n_embd]."""
         cfg = self.cfg
         B, T, _ = h.shape
         q = self.q_proj(h).view(B, T, cfg.n_head, cfg.head_dim)
@@ -111,12 +114,17 @@ class Attention(nn.Module):
         q = rms(q, cfg.rms_eps) * cfg.qk_scale_factor
         k = rms(k, cfg.rms_eps)
         if self.swa:
-            c, s = cos[:T, None, :], sin[:T, None, :]
             q = q * c + rotate_half(q) * s
             k = k * c + rotate_half(k) * s
         if cfg.kv_round_f16:   # the engines' KV cache stores K (after RoPE) and V as f16
             k = k.to(torch.float16).to(k.dtype)
             v = v.to(torch.float16).to(v.dtype)
+        return q, k, v, g
+
+    def forward(self, h, cos, sin, swa_mask):
+        cfg = self.cfg
+        B, T, _ = h.shape
+        q, k, v, g = self.qkvg(h, cos[:T, None, :], sin[:T, None, :])
         dt = v.dtype   # under autocast RoPE promoted q/k to f32
         q, k, v = q.to(dt).transpose(1, 2), k.to(dt).transpose(1, 2), v.transpose(1, 2)
         rep = cfg.n_head // cfg.n_head_kv
