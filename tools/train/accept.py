@@ -67,7 +67,7 @@ def main():
             for i, d in pool.map(lambda m: run(m[0], m[1], vl), measured):
                 k = "plain" if i < args.n_eval // 2 else "chat"
                 tot[k][0] += d["verify_steps"]
-                tot[k][1] += round(d["tokens_per_step"] * d["verify_steps"])
+                tot[k][1] += d["verify_steps"] + d["accepted"]   # each step: its accepted drafts + one token
                 tot[k][2] += len(d["ids"]) < args.gen
         s = [tot["plain"][j] + tot["chat"][j] for j in range(3)]
         print(json.dumps({"draft": args.draft, "verify_len": vl, "prompts": len(measured),

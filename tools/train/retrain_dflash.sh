@@ -2,8 +2,9 @@
 # Retrain the DFlash assistant against the shipped target on one CUDA GPU
 # (docs/glimmer-tiny.md "Retraining the assistant"):
 #   tools/train/retrain_dflash.sh OUT_DIR [train_dflash.py options]
-# needs build/muser (cmake build; MUSER= another binary), PYTHON (default python3) with PyTorch, build/tok (tools/train/prepare.sh; copy it
-# along to a GPU machine without the network), PyTorch with CUDA.
+# needs build/muser (cmake build; MUSER= another binary), PYTHON (default
+# python3) with numpy and PyTorch with CUDA, and build/tok
+# (tools/train/prepare.sh; copy it along to a GPU machine without the network).
 # The target is models/glimmer-tiny-q4_k_xl.gguf's own weights (dequantized
 # to F32 by `muser quantize`), so the training data are the greedy
 # continuations of the model that is served. By default training starts from

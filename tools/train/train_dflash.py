@@ -42,25 +42,23 @@ import train as T  # noqa: E402
 
 
 def load_target(run_dir, dev):
+    """A trainer run directory (train.py's f16 shards) or a muse-glimmer GGUF
+    (golden_from_gguf.py's conversion), frozen, in eval mode on dev."""
     if run_dir.endswith(".gguf"):
         from golden_from_gguf import config_of, state_dict
         r = Reader(run_dir)
         cfg = config_of(r.kv)
-        model = Glimmer(cfg)
-        model.load_state_dict({k: v.float() for k, v in state_dict(r.tensors, cfg).items()})
-        model.eval().to(dev)
-        for p in model.parameters():
-            p.requires_grad_(False)
-        return model, cfg
-    with open(os.path.join(run_dir, "index.json")) as f:
-        index = json.load(f)
-    blob = b"".join(open(os.path.join(run_dir, p), "rb").read() for p in index["parts"])
-    cfg = Config(**{**index["config"], "dropout": 0.0})
+        sd = {k: v.float() for k, v in state_dict(r.tensors, cfg).items()}
+    else:
+        with open(os.path.join(run_dir, "index.json")) as f:
+            index = json.load(f)
+        blob = b"".join(open(os.path.join(run_dir, p), "rb").read() for p in index["parts"])
+        cfg = Config(**{**index["config"], "dropout": 0.0})
+        sd = {}
+        for t in index["tensors"]:
+            a = np.frombuffer(blob, dtype="<f2", count=t["nbytes"] // 2, offset=t["offset"]).reshape(t["shape"])
+            sd[t["name"]] = torch.from_numpy(a.astype(np.float32))
     model = Glimmer(cfg)
-    sd = {}
-    for t in index["tensors"]:
-        a = np.frombuffer(blob, dtype="<f2", count=t["nbytes"] // 2, offset=t["offset"]).reshape(t["shape"])
-        sd[t["name"]] = torch.from_numpy(a.astype(np.float32))
     model.load_state_dict(sd)
     model.eval().to(dev)
     for p in model.parameters():
