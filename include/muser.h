@@ -442,6 +442,9 @@ const char *muser_draft_name(const muser_draft *d);
 typedef struct muser_spec_params {
     int verify_len;             /* proposals per round: 3, 7 or 15; 0 = 7 */
     bool no_gate;               /* speculate every step (default: the adaptive gate decides) */
+    bool tree;                  /* verify a token tree of verify_len proposals instead of one chain
+                                 * (docs/speculative.md "Token trees"; backends whose attention takes
+                                 * tree rows: ref, cpu) */
 } muser_spec_params;
 
 typedef struct muser_spec_stats {

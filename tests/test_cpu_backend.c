@@ -629,7 +629,83 @@ static void test_attention_batch(bool swa, int64_t window, int64_t H, int64_t Hk
     free(q); free(want); free(got); free(layers); free(pos); free(k); free(v);
 }
 
+/* Rows [0, n) of k / v into a one-layer cache, in stores of 16 rows (a ring's slack). */
+static bool store_rows(mu_kv_cache *c, const float *k, const float *v, int64_t n, int64_t row, mu_error *err) {
+    for (int64_t p = 0; p < n; p += 16)
+        if (!mu_kv_store(c, 0, p, n - p < 16 ? n - p : 16, k + p * row, v + p * row, err)) return false;
+    return true;
+}
+
+/* Token-tree rows (backend.h mu_attn_tree): 16 rows with random parents
+ * stored after n0 committed keys. Each row must give the bits of a plain
+ * row at its own position in a cache holding the committed keys and then
+ * its ancestors' keys in depth order (what plain decoding stores), on the
+ * ref; and the cpu backends the ref's bits for the whole tree batch. */
+static void test_attention_tree(bool swa, int64_t window, int64_t n0, int64_t H, int64_t Hkv, int64_t D) {
+    enum { T = MU_TREE_MAX };
+    const int64_t KV = Hkv * D, n_ctx = n0 + T + 8;
+    mu_error err;
+    bool is_swa[1] = {swa};
+    float *k = rand_vec((n0 + T) * KV, 1.0f), *v = rand_vec((n0 + T) * KV, 1.0f); /* prefix, then the rows */
+    for (int64_t i = 0; i < KV; i++) k[(n0 + 5) * KV + i] *= 6.0f; /* a dominant key in the tree */
+    int32_t parent[T], depth[T];
+    mu_attn_tree tree[T];
+    int64_t tpos[T];
+    for (int i = 0; i < T; i++) {
+        parent[i] = i ? (int32_t)(tu_rng_next(&rng) % (uint64_t)i) : -1;
+        if (i == 3) parent[i] = 2; /* at least one deep path */
+        depth[i] = i ? depth[parent[i]] + 1 : 0;
+        tree[i].base = n0;
+        for (int32_t r = i, d = depth[i]; d >= 0; r = parent[r], d--) tree[i].anc[d] = r;
+        tpos[i] = n0 + depth[i];
+    }
+    mu_kv_cache kv;
+    if (!mu_kv_init(&kv, NULL, 1, is_swa, window, T - 1, n_ctx, Hkv, D, &err)) {
+        CHECK_MSG(false, "%s", err.msg);
+        return;
+    }
+    CHECK(store_rows(&kv, k, v, n0, KV, &err) && mu_kv_store(&kv, 0, n0, T, k + n0 * KV, v + n0 * KV, &err));
+    const mu_kv_layer *layers[T];
+    for (int i = 0; i < T; i++) layers[i] = &kv.layers[0];
+    float *q = rand_vec(T * H * D, 1.5f);
+    float *want = malloc((size_t)(T * H * D) * sizeof(float)), *got = malloc((size_t)(T * H * D) * sizeof(float));
+    mu_attn_batch a = {.rows = T, .kv = layers, .pos = tpos, .window = swa ? window : 0, .n_head = H,
+                       .n_head_kv = Hkv, .head_dim = D, .scale = 1.0f / sqrtf((float)D), .tree = tree};
+    ref->attention(ref, &a, q, want);
+    for (int i = 0; i < T; i++) { /* row i against a plain row over its path */
+        mu_kv_cache pk;
+        if (!mu_kv_init(&pk, NULL, 1, is_swa, window, T - 1, n_ctx, Hkv, D, &err)) {
+            CHECK_MSG(false, "%s", err.msg);
+            break;
+        }
+        CHECK(store_rows(&pk, k, v, n0, KV, &err));
+        for (int d = 1; d <= depth[i]; d++) /* the root first, as in the tree */
+            CHECK(mu_kv_store(&pk, 0, n0 + d - 1, 1, k + (n0 + tree[i].anc[d - 1]) * KV,
+                              v + (n0 + tree[i].anc[d - 1]) * KV, &err));
+        CHECK(mu_kv_store(&pk, 0, n0 + depth[i], 1, k + (n0 + i) * KV, v + (n0 + i) * KV, &err));
+        const mu_kv_layer *pl = &pk.layers[0];
+        mu_attn_batch b = {.rows = 1, .kv = &pl, .pos = &tpos[i], .window = a.window, .n_head = H, .n_head_kv = Hkv,
+                           .head_dim = D, .scale = a.scale};
+        ref->attention(ref, &b, q + i * H * D, got);
+        EXPECT_SAME(got, want + i * H * D, H * D, "tree row %d (depth %d) against its plain row, n0 %lld window %lld",
+                    i, depth[i], (long long)n0, (long long)window);
+        mu_kv_free(&pk);
+    }
+    for (int c = 0; c < n_cpus; c++) {
+        memset(got, 0, (size_t)(T * H * D) * sizeof(float));
+        cpus[c]->attention(cpus[c], &a, q, got);
+        EXPECT_SAME(got, want, T * H * D, "tree attention, n0 %lld window %lld H %lld/%lld D %lld on %s", (long long)n0,
+                    (long long)window, (long long)H, (long long)Hkv, (long long)D, label(cpus[c]));
+    }
+    mu_kv_free(&kv);
+    free(q); free(want); free(got); free(k); free(v);
+}
+
 static void test_attention(void) {
+    test_attention_tree(false, 0, 250, 24, 2, 128);  /* the tree crosses a 256-key block edge */
+    test_attention_tree(true, 300, 700, 24, 2, 128); /* a wrapped ring, the window cuts the prefix */
+    test_attention_tree(true, 64, 3, 6, 3, 40);      /* a short prefix, ragged head_dim */
+    test_attention_tree(false, 0, 510, 8, 1, 64);
     test_attention_case(false, 0, 700, 4, 2, 64, 600);   /* full plane, 3 blocks */
     test_attention_case(true, 300, 1000, 6, 2, 128, 650); /* ring of 300 wraps twice */
     test_attention_case(true, 64, 256, 3, 3, 40, 200);    /* no GQA, ragged head_dim */

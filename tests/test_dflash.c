@@ -559,22 +559,23 @@ static void test_speculation(void) {
     muser_session *s = muser_session_create(target, &sp, NULL);
     const int vls[3] = {3, 7, 15};
     bool saw_eog = false;
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 6; v++) { /* VL 3, 7, 15 as chains, then as token trees */
+        const muser_spec_params spp = {.verify_len = vls[v % 3], .tree = v >= 3};
         int64_t steps = 0, tokens = 0;
         for (size_t p = 0; p < sizeof prompts / sizeof prompts[0]; p++) {
             int64_t n_prompt;
             int32_t *ids = prompt_tokens(prompts[p].text, prompts[p].repeat, &n_prompt);
             mu_gen_pair pair = {0};
-            bool ok = mu_gen_greedy(s, NULL, 0, ids, n_prompt, prompts[p].n, &pair, &err) &&
-                      mu_gen_greedy(s, d, vls[v], ids, n_prompt, prompts[p].n, &pair, &err);
+            bool ok = mu_gen_greedy(s, NULL, NULL, ids, n_prompt, prompts[p].n, &pair, &err) &&
+                      mu_gen_greedy(s, d, &spp, ids, n_prompt, prompts[p].n, &pair, &err);
             const int64_t ng = pair.n_plain, ns = pair.n_spec;
             CHECK_MSG(ok && ng > 0 && mu_gen_pair_diff(&pair) < 0,
-                      "VL %d prompt %zu: speculative output (%lld tokens) != greedy (%lld): %s", vls[v], p,
-                      (long long)ns, (long long)ng, ok ? "" : err.msg);
+                      "VL %d%s prompt %zu: speculative output (%lld tokens) != greedy (%lld): %s", vls[v % 3],
+                      spp.tree ? " tree" : "", p, (long long)ns, (long long)ng, ok ? "" : err.msg);
             const muser_spec_stats *st = &pair.st;
             const int64_t verify_steps = st->rounds + st->plain_steps, step_tokens = st->round_tokens + st->plain_steps;
             CHECK(st->accepted <= st->drafted && st->accepted == step_tokens - verify_steps);
-            CHECK(ns <= 1 + step_tokens && st->drafted <= (int64_t)vls[v] * verify_steps);
+            CHECK(ns <= 1 + step_tokens && st->drafted <= (int64_t)vls[v % 3] * verify_steps);
             saw_eog |= ng > 0 && ng < prompts[p].n && muser_token_is_eog(target, pair.plain[ng - 1]);
             int64_t none;
             CHECK(mu_session_captured(s, &none) == NULL); /* capture is off again */
@@ -584,13 +585,15 @@ static void test_speculation(void) {
             free(ids);
         }
         double per_step = (double)tokens / (double)steps;
-        printf("VL %2d: %lld verify steps, %.2f tokens per verify step\n", vls[v], (long long)steps, per_step);
-        CHECK_MSG(per_step > 1.5, "VL %d: only %.2f tokens per verify step", vls[v], per_step);
+        printf("VL %2d%s: %lld verify steps, %.2f tokens per verify step\n", vls[v % 3], spp.tree ? " tree" : "",
+               (long long)steps, per_step);
+        CHECK_MSG(per_step > 1.5, "VL %d: only %.2f tokens per verify step", vls[v % 3], per_step);
     }
     CHECK_MSG(saw_eog, "no prompt stopped at an end-of-generation token");
     int32_t one = 5;
     mu_gen_pair pair = {0};
-    CHECK(!mu_gen_greedy(s, d, 5, &one, 1, 8, &pair, &err) && strstr(err.msg, "3, 7 or 15"));
+    CHECK(!mu_gen_greedy(s, d, &(muser_spec_params){.verify_len = 5}, &one, 1, 8, &pair, &err) &&
+          strstr(err.msg, "3, 7 or 15"));
     mu_gen_pair_free(&pair);
     muser_session_free(s);
     muser_draft_free(d);

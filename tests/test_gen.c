@@ -310,7 +310,8 @@ static void test_speculative_equals_plain(void) {
     int32_t *ids = NULL;
     int64_t n = muser_tokenize(model, P, strlen(P), true, true, &ids, &err);
     mu_gen_pair pr = {0};
-    CHECK(mu_gen_greedy(s, NULL, 0, ids, n, 40, &pr, &err) && mu_gen_greedy(s, draft, 7, ids, n, 40, &pr, &err));
+    CHECK(mu_gen_greedy(s, NULL, NULL, ids, n, 40, &pr, &err) &&
+          mu_gen_greedy(s, draft, &(muser_spec_params){.verify_len = 7}, ids, n, 40, &pr, &err));
     CHECK(pr.n_plain == 40 && mu_gen_pair_diff(&pr) == -1 && pr.st.rounds > 0);
     pr.spec[5] ^= 1;
     CHECK_EQ_INT(mu_gen_pair_diff(&pr), 5);

@@ -20,15 +20,36 @@ typedef struct mu_backend mu_backend;
  * (engine.c, the greedy chain). Only in a forward of one row. */
 #define MU_TOKEN_CHAINED (-1)
 
+/* The rows of a token tree (speculative verification, docs/speculative.md
+ * "Token trees"): one sequence's run of rows stored at consecutive cache
+ * positions base, base + 1, ... in row order (the root first, every parent
+ * before its children), each standing at position base + its depth. A
+ * query row at position pos sees the committed keys before base as usual
+ * and then its ancestors, root first, itself last: the key at position
+ * base + t (t = 0 .. pos - base) lies at cache position base + anc[t].
+ * So it sees the keys plain decoding would see at pos, in the same order. */
+#define MU_TREE_MAX 16
+typedef struct mu_attn_tree {
+    int64_t base;
+    int32_t anc[MU_TREE_MAX];
+} mu_attn_tree;
+
 /* One query row of attention: keys are those of `kv` with logical
- * positions in [pos - window + 1, pos] (window 0 = all held positions <= pos). */
+ * positions in [pos - window + 1, pos] (window 0 = all held positions <= pos),
+ * read from cache position mu_attn_key_pos. */
 typedef struct mu_attn_args {
     const mu_kv_layer *kv;
     int64_t pos;
     int64_t window;
     int64_t n_head, n_head_kv, head_dim;
     float scale;                 /* 1/sqrt(head_dim) */
+    const mu_attn_tree *tree;    /* NULL: a plain row (key p at cache position p) */
 } mu_attn_args;
+
+/* Where the key at position p of row a lies in its cache. */
+static inline int64_t mu_attn_key_pos(const mu_attn_args *a, int64_t p) {
+    return a->tree && p >= a->tree->base ? a->tree->base + a->tree->anc[p - a->tree->base] : p;
+}
 
 /* Attention over a batch: row r sees only its own sequence's keys
  * (kv[r]) up to its own position pos[r]. Query rows are already normed and
@@ -40,18 +61,21 @@ typedef struct mu_attn_batch {
     int64_t window;
     int64_t n_head, n_head_kv, head_dim;
     float scale;
+    const mu_attn_tree *tree;     /* host [rows] or NULL (no tree rows); entries with base < 0 are plain rows */
 } mu_attn_batch;
 
 /* The single-row description of batch row r. */
 static inline mu_attn_args mu_attn_row(const mu_attn_batch *b, int64_t r) {
     return (mu_attn_args){.kv = b->kv[r], .pos = b->pos[r], .window = b->window, .n_head = b->n_head,
-                          .n_head_kv = b->n_head_kv, .head_dim = b->head_dim, .scale = b->scale};
+                          .n_head_kv = b->n_head_kv, .head_dim = b->head_dim, .scale = b->scale,
+                          .tree = b->tree && b->tree[r].base >= 0 ? &b->tree[r] : NULL};
 }
 
 struct mu_backend {
     const char *name;
     void *ctx;
     int n_threads;
+    bool trees;                  /* attention takes token-tree rows (mu_attn_tree) */
     void (*destroy)(mu_backend *b);
 
     /* ---- memory ---- */
@@ -95,7 +119,8 @@ struct mu_backend {
      * journal slot, whose old bytes are saved first, kv.h mu_kv_dst). The
      * rows may go to different caches (one store for a batch's sequences). */
     void (*kv_store)(mu_backend *b, int64_t rows, const mu_kv_dst *dst, const float *k, const float *v);
-    /* out[r][n_head*head_dim] for every query row of the batch. */
+    /* out[r][n_head*head_dim] for every query row of the batch (rows of
+     * token trees only where `trees` is set). */
     void (*attention)(mu_backend *b, const mu_attn_batch *a, const float *q, float *out);
     /* x[i] *= sigmoid(g[i]) */
     void (*sigmoid_gate)(mu_backend *b, float *x, const float *g, int64_t n);
@@ -214,6 +239,11 @@ mu_backend *mu_backend_ref_create(int n_threads);
  * store_heads. They
  * are the reference for these ops. */
 void mu_backend_set_host_ops(mu_backend *b);
+/* The K and V rows of one head for the keys at positions [pos, pos + n)
+ * of row a (mu_kv_head_rows, with a token tree's keys taken from where they
+ * lie: mu_attn_key_pos). false, filling nothing, unless every key is held. */
+bool mu_attn_head_rows(const mu_attn_args *a, int64_t pos, int64_t n, int64_t head, const uint16_t **k,
+                       const uint16_t **v);
 /* kv_store's save step on host planes (ref and cpu). */
 void mu_host_kv_save(int64_t rows, const mu_kv_dst *dst);
 /* The NeoX rotation (rope with neox true) on host rows: ref and cpu both

@@ -93,6 +93,19 @@ static void host_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pai
         }
 }
 
+bool mu_attn_head_rows(const mu_attn_args *a, int64_t pos, int64_t n, int64_t head, const uint16_t **k,
+                       const uint16_t **v) {
+    if (!mu_kv_head_rows(a->kv, pos, n, head, k, v)) return false;
+    if (!a->tree) return true;
+    for (int64_t p = pos > a->tree->base ? pos : a->tree->base; p < pos + n; p++) {
+        const int64_t at = mu_attn_key_pos(a, p);
+        k[p - pos] = mu_kv_k(a->kv, at, head);
+        v[p - pos] = mu_kv_v(a->kv, at, head);
+        if (!k[p - pos]) return false;
+    }
+    return true;
+}
+
 /* The old bytes of the rows a journaled store overwrites (kv_store's save). */
 void mu_host_kv_save(int64_t rows, const mu_kv_dst *dst) {
     for (int64_t r = 0; r < rows; r++) {

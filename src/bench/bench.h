@@ -40,6 +40,7 @@ typedef struct mu_bench_opts {
     const char *draft_path;   /* DFlash assistant: also time greedy generation plain vs speculative */
     const char *spec_prompt;  /* its prompt text (NULL: a Genesis verse) */
     int verify_len;           /* 3, 7, 15 (0 = 7) */
+    bool spec_tree;           /* --spec-tree: verify token trees (docs/speculative.md) */
     /* progress lines (no newline), or NULL */
     void (*progress)(void *ctx, const char *line);
     void *progress_ctx;

@@ -31,9 +31,9 @@ bool mu_bench_spec_run(const mu_bench_opts *o, muser_model *mm, mu_bench_spec *r
     for (int i = 0; i < o->warmup + o->reps && ok; i++) {
         mu_gen_pair r = {0};
         if (i >= o->warmup) mu_bench_pause(o->pause_s);
-        ok = mu_gen_greedy(s, NULL, 0, prompt, n_prompt, n, &r, (muser_error *)err);
+        ok = mu_gen_greedy(s, NULL, NULL, prompt, n_prompt, n, &r, (muser_error *)err);
         if (ok && i >= o->warmup) mu_bench_pause(o->pause_s);
-        ok = ok && mu_gen_greedy(s, d, vl, prompt, n_prompt, n, &r, (muser_error *)err);
+        ok = ok && mu_gen_greedy(s, d, &(muser_spec_params){.verify_len = vl, .tree = o->spec_tree}, prompt, n_prompt, n, &r, (muser_error *)err);
         if (ok && mu_gen_pair_diff(&r) >= 0) {
             mu_err_set(err, "bench: speculative greedy output differs from plain greedy (repetition %d)", i);
             ok = false;

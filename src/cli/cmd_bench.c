@@ -37,6 +37,7 @@ static void bench_usage(FILE *f) {
             "                         and speculative with this DFlash assistant (outputs must match)\n"
             "  --spec-prompt TEXT     that prompt (default: Genesis 1:1)\n"
             "  --verify-len N         proposals per round: 3, 7 or 15 (default 7)\n"
+            "  --spec-tree            verify a token tree of that many proposals instead of a chain\n"
             "  --prefill-depth        fill the depth by real prefill (default: synthetic K/V rows)\n"
             "  --parallel N[,N...]    also decode -n tokens with N sequences of one engine together (one\n"
             "                         batched forward per step, after a 32-token prompt each); aggregate\n"
@@ -140,6 +141,7 @@ static int parse(int argc, char **argv, bench_cli *c) {
         else if (!strcmp(a, "--no-paired-membw")) c->no_paired = true;
         else if (!strcmp(a, "--prefill-depth")) c->o.prefill_depth = true;
         else if (!strcmp(a, "--interleave")) c->o.interleave = true;
+        else if (!strcmp(a, "--spec-tree")) c->o.spec_tree = true;
         else if (!strcmp(a, "--mlock")) c->o.use_mlock = true;
         else if (!strcmp(a, "--draft")) ok = cli_value("bench", argc, argv, &i, &c->o.draft_path);
         else if (!strcmp(a, "--spec-prompt")) ok = cli_value("bench", argc, argv, &i, &c->o.spec_prompt);

@@ -15,7 +15,7 @@ typedef struct spec_opts {
     int32_t *tokens;
     int64_t n_tokens, n_predict, verify_len, threads, ctx;
     muser_backend_kind backend;
-    bool json;
+    bool json, tree;
 } spec_opts;
 
 static void spec_usage(FILE *f) {
@@ -31,6 +31,8 @@ static void spec_usage(FILE *f) {
             "  --tokens IDS           prompt as comma-separated token ids\n"
             "  -n, --n-predict N      maximum tokens to generate (default 128)\n"
             "  --verify-len N         proposals verified per step: 3, 7 or 15 (default 7)\n"
+            "  --tree                 verify a token tree of that many proposals instead of one chain\n"
+            "                         (docs/speculative.md \"Token trees\"; ref and cpu backends)\n"
             "  -t, --threads N        threads (default: all cores)\n"
             "  --backend NAME         ref | cpu | cuda | auto (default auto)\n"
             "  -c, --ctx-size N       context length (default: model's, capped at 4096)\n"
@@ -47,6 +49,7 @@ static int parse(int argc, char **argv, spec_opts *o) {
         else if (!strcmp(a, "--draft")) ok = cli_value("speculate", argc, argv, &i, &o->draft);
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) ok = cli_value("speculate", argc, argv, &i, &o->prompt);
         else if (!strcmp(a, "--json")) o->json = true;
+        else if (!strcmp(a, "--tree")) o->tree = true;
         else if (!strcmp(a, "--tokens"))
             ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_ids("speculate", v, &o->tokens, &o->n_tokens);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict"))
@@ -80,8 +83,9 @@ static void print_stats(const spec_opts *o, const mu_dflash *d, const mu_gen_pai
     double steps = verify_steps ? (double)verify_steps : 1, t_verify = st->t_verify + st->t_plain;
     double plain = mu_gen_rate(r->n_plain, r->t_plain), spec = mu_gen_rate(r->n_spec, r->t_spec);
     if (o->json) {
-        printf("{\"prompt_tokens\": %lld, \"verify_len\": %lld, \"draft_sink\": %d, \"draft_window\": %lld, \"ids\": [",
-               (long long)n_prompt, (long long)o->verify_len, MU_DFLASH_SINK, (long long)d->cfg.sliding_window);
+        printf("{\"prompt_tokens\": %lld, \"verify_len\": %lld, \"tree\": %s, \"draft_sink\": %d, \"draft_window\": %lld, "
+               "\"ids\": [", (long long)n_prompt, (long long)o->verify_len, o->tree ? "true" : "false", MU_DFLASH_SINK,
+               (long long)d->cfg.sliding_window);
         for (int64_t i = 0; i < r->n_spec; i++) printf("%s%d", i ? ", " : "", r->spec[i]);
         printf("], \"text\": ");
         cli_json_str(stdout, text ? text : "");
@@ -93,9 +97,9 @@ static void print_stats(const spec_opts *o, const mu_dflash *d, const mu_gen_pai
                plain > 0 ? spec / plain : 0, st->t_draft, t_verify, exact ? "true" : "false");
         return;
     }
-    printf("\n\nprompt %lld tokens, generated %lld; draft %s (sink %d + window %lld), verify length %lld\n",
+    printf("\n\nprompt %lld tokens, generated %lld; draft %s (sink %d + window %lld), verify length %lld%s\n",
            (long long)n_prompt, (long long)r->n_spec, d->name, MU_DFLASH_SINK, (long long)d->cfg.sliding_window,
-           (long long)o->verify_len);
+           (long long)o->verify_len, o->tree ? " (a token tree)" : "");
     printf("verify steps: %lld, tokens per verify step: %.2f, accepted drafts per step: %.2f, acceptance: %.1f%% "
            "(%lld / %lld)\n",
            (long long)verify_steps, (double)step_tokens / steps, (double)st->accepted / steps,
@@ -143,8 +147,9 @@ int cmd_speculate(int argc, char **argv) {
     int32_t *prompt = NULL;
     int64_t n_prompt = s ? build_prompt(&o, m, &prompt) : -1;
     mu_gen_pair r = {0};
-    if (n_prompt > 0 && !(mu_gen_greedy(s, NULL, 0, prompt, n_prompt, o.n_predict, &r, &err) &&
-                          mu_gen_greedy(s, draft, (int)o.verify_len, prompt, n_prompt, o.n_predict, &r, &err)))
+    const muser_spec_params spp = {.verify_len = (int)o.verify_len, .tree = o.tree};
+    if (n_prompt > 0 && !(mu_gen_greedy(s, NULL, NULL, prompt, n_prompt, o.n_predict, &r, &err) &&
+                          mu_gen_greedy(s, draft, &spp, prompt, n_prompt, o.n_predict, &r, &err)))
         cli_error("speculate", err.msg);
     else if (n_prompt > 0) {
         char *text = muser_model_has_tokenizer(m) ? muser_detokenize(m, r.spec, (size_t)r.n_spec, false, NULL, &err)

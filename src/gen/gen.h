@@ -206,9 +206,10 @@ typedef struct mu_gen_pair {
     double t_plain, t_spec;      /* decode seconds after the prompt */
     muser_spec_stats st;         /* of the speculative run */
 } mu_gen_pair;
-/* One run into p: plain when d is NULL, else speculative with d. */
-bool mu_gen_greedy(muser_session *s, const muser_draft *d, int verify_len, const int32_t *prompt, int64_t n_prompt,
-                   int64_t n_predict, mu_gen_pair *p, muser_error *err);
+/* One run into p: plain when d is NULL, else speculative with d and spp
+ * (verify length, token trees; every step speculates). */
+bool mu_gen_greedy(muser_session *s, const muser_draft *d, const muser_spec_params *spp, const int32_t *prompt,
+                   int64_t n_prompt, int64_t n_predict, mu_gen_pair *p, muser_error *err);
 void mu_gen_pair_free(mu_gen_pair *p);
 /* Tokens per second after the first one (which comes from the prompt's row). */
 double mu_gen_rate(int64_t n, double seconds);

@@ -17,8 +17,8 @@ static bool run_greedy(mu_gen *g, muser_session *s, muser_spec *sp, const mu_gen
     return true;
 }
 
-bool mu_gen_greedy(muser_session *s, const muser_draft *d, int verify_len, const int32_t *prompt, int64_t n_prompt,
-                   int64_t n_predict, mu_gen_pair *p, muser_error *err) {
+bool mu_gen_greedy(muser_session *s, const muser_draft *d, const muser_spec_params *spp, const int32_t *prompt,
+                   int64_t n_prompt, int64_t n_predict, mu_gen_pair *p, muser_error *err) {
     muser_sampling_params greedy;
     muser_sampling_params_default(&greedy);
     greedy.temp = 0; /* argmax, lowest id on ties */
@@ -28,7 +28,8 @@ bool mu_gen_greedy(muser_session *s, const muser_draft *d, int verify_len, const
      * greedy chain where the backend has one (mu_gen_can_chain) */
     mu_gen_request req = {.tokens = prompt, .n_tokens = n_prompt, .n_predict = n_predict, .speculate = d != NULL};
     /* the assistant exists only for its run: bound to s, it would capture the plain run's rows */
-    muser_spec_params sp_params = {.verify_len = verify_len, .no_gate = true};
+    muser_spec_params sp_params = spp ? *spp : (muser_spec_params){0};
+    sp_params.no_gate = true;
     muser_spec *sp = d ? muser_spec_create(s, d, &sp_params, err) : NULL;
     bool ok = (!d || sp) && run_greedy(g, s, sp, &req, d ? &p->spec : &p->plain, d ? &p->n_spec : &p->n_plain,
                                         d ? &p->t_spec : &p->t_plain, err);

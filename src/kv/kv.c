@@ -492,6 +492,32 @@ bool mu_kv_rollback(mu_kv_cache *c, int64_t pos, mu_error *err) {
     return true;
 }
 
+bool mu_kv_move(mu_kv_cache *c, const int64_t *from, const int64_t *to, int n, mu_error *err) {
+    if (!c || !c->layers) { mu_err_set(err, "kv move: cache is not initialized"); return false; }
+    if (!c->ckpt_active) { mu_err_set(err, "kv move: no active checkpoint"); return false; }
+    for (int i = 0; i < n; i++) {
+        if (to[i] < c->ckpt_pos) {
+            mu_err_set(err, "kv move to %" PRId64 ": before the checkpoint at %" PRId64, to[i], c->ckpt_pos);
+            return false;
+        }
+        for (int il = 0; il < c->n_layers; il++)
+            if (!is_held(&c->layers[il], from[i]) || !is_held(&c->layers[il], to[i])) {
+                mu_err_set(err, "kv move %" PRId64 " -> %" PRId64 ": layer %d does not hold both", from[i], to[i], il);
+                return false;
+            }
+    }
+    for (int i = 0; i < n; i++) {
+        if (from[i] == to[i]) continue;
+        for (int il = 0; il < c->n_layers; il++) {
+            mu_kv_layer *l = &c->layers[il];
+            const int64_t src = physical_of(l, from[i]), dst = physical_of(l, to[i]);
+            copy_rows(c->be, l, l->k, l->cap, dst, l->k, l->cap, src, 1);
+            copy_rows(c->be, l, l->v, l->cap, dst, l->v, l->cap, src, 1);
+        }
+    }
+    return true;
+}
+
 void mu_kv_commit(mu_kv_cache *c) {
     if (!c) return;
     c->ckpt_active = false;

@@ -118,6 +118,14 @@ bool mu_kv_checkpoint(mu_kv_cache *c, mu_error *err);
 bool mu_kv_rollback(mu_kv_cache *c, int64_t pos, mu_error *err);
 void mu_kv_commit(mu_kv_cache *c);
 
+/* Copy the rows at positions from[i] to positions to[i] (every layer, K
+ * and V), i = 0 .. n-1 in order: a token tree's kept path moved to where
+ * plain decoding would have stored it (docs/speculative.md "Token trees").
+ * Needs an active checkpoint at or before every to[i] (whose old bytes the
+ * journal then holds, so a rollback still restores them) and every
+ * position held; refused otherwise, nothing moved. */
+bool mu_kv_move(mu_kv_cache *c, const int64_t *from, const int64_t *to, int n, mu_error *err);
+
 /* Make dst hold src's first n positions (everything attention at position
  * n onward reads: full planes [0, n), rings the n_ctx..window tail), as an
  * uninterrupted run to n would. Same geometry; fails when src no longer

@@ -5,6 +5,7 @@
 #define MUSER_CAPTURE_H
 #include "muser.h"
 #include "util/common.h"
+#include "backend/backend.h"
 
 /* From the next feed on, record for every fed row the residual stream
  * entering each of the n layer boundaries (b = input of layer b, 0-based;
@@ -24,5 +25,21 @@ void mu_session_set_spec(muser_session *s, muser_spec *sp);
  * after the rollback that dropped the rest, and a pack can be made of it. */
 void mu_session_set_logits(muser_session *s, const float *row);
 muser_spec *mu_session_spec(const muser_session *s);
+
+/* A token tree (docs/speculative.md "Token trees") in one forward: row i
+ * (token tokens[i]) is a child of row parent[i] < i, the root (parent -1)
+ * continues the session; every row's logits go to out [n][n_vocab] and
+ * its K/V to the cache at position pos + i, where pos is the session's
+ * position before the call (which then advances by n, as a feed would).
+ * Needs a checkpoint (the rows not kept are rolled back) and a backend
+ * with `trees`; n <= MU_TREE_MAX. */
+bool mu_session_feed_tree(muser_session *s, const int32_t *tokens, const int32_t *parent, int64_t n, float *out,
+                          mu_error *err);
+/* Keep a root-to-node path of the tree fed at pos0: rows path[0] = 0 <
+ * path[1] < ... < path[n-1] move to positions pos0 .. pos0 + n - 1 (where
+ * plain decoding stores them), the rest is rolled back, the session's
+ * position becomes pos0 + n and its token record the path's tokens. */
+bool mu_session_keep_path(muser_session *s, int64_t pos0, const int32_t *tokens, const int32_t *path, int n,
+                          mu_error *err);
 
 #endif

@@ -41,6 +41,9 @@ struct muser_engine {
     int64_t *b_pos, *b_cap;
     bool *b_logits;
     int32_t *b_sessions;        /* sessions in the batch, in row order */
+    bool b_is_tree;             /* the batch is one token tree (mu_session_feed_tree) */
+    int64_t b_tpos[MU_TREE_MAX];
+    mu_attn_tree b_tree[MU_TREE_MAX];
 };
 
 struct muser_session {
@@ -432,12 +435,13 @@ static bool run_batch(muser_engine *e, seq_run *runs, int n_runs, int64_t rows, 
         e->capture.cap = e->n_batch;
     }
     mu_batch b = {.n = rows, .token = e->b_token, .seq = e->b_seq, .pos = e->b_pos,
-                  .logits = any_logits ? e->b_logits : NULL, .cap_row = n_cap_rows ? e->b_cap : NULL};
+                  .logits = any_logits ? e->b_logits : NULL, .cap_row = n_cap_rows ? e->b_cap : NULL,
+                  .tpos = e->b_is_tree ? e->b_tpos : NULL, .tree = e->b_is_tree ? e->b_tree : NULL};
     /* Few rows (decode, verification): a backend may replay this shape's
      * launches (forward_begin). The key: rows, and per row its sequence,
      * its position's 256-key block, logits and capture row. */
     const bool bracket = e->be->forward_begin && rows <= 16;
-    if (bracket) e->be->forward_begin(e->be, batch_key(e, rows, n_cap_rows, 0));
+    if (bracket) e->be->forward_begin(e->be, batch_key(e, rows, n_cap_rows, e->b_is_tree ? 4 : 0));
     const bool fwd_ok =
         mu_forward(m, e->be, e->kvs, &e->scratch, e->inv_freq, &b, e->logits, n_cap_rows ? &e->capture : NULL, err);
     if (bracket) e->be->forward_end(e->be, fwd_ok);
@@ -501,6 +505,91 @@ static bool feed_locked(muser_session *s, const int32_t *tokens, int64_t n, floa
     if (all_out) memcpy(s->logits, all_out + (n - 1) * V, (size_t)V * sizeof(float));
     s->has_logits = true;
     return true;
+}
+
+/* A token tree in one forward (capture.h). */
+static bool feed_tree_locked(muser_session *s, const int32_t *tokens, const int32_t *parent, int64_t n, float *out,
+                             mu_error *err) {
+    muser_engine *e = s->e;
+    if (!check_input(s, tokens, n, err)) return false;
+    if (!e->be->trees) {
+        mu_err_set(err, "token tree: the %s backend's attention does not take tree rows", e->be->name);
+        return false;
+    }
+    if (n > MU_TREE_MAX || n > e->n_logits || n > e->chunk) {
+        mu_err_set(err, "token tree of %lld rows: at most %lld here", (long long)n,
+                   (long long)(MU_TREE_MAX < e->n_logits ? (MU_TREE_MAX < e->chunk ? MU_TREE_MAX : e->chunk)
+                                                          : (e->n_logits < e->chunk ? e->n_logits : e->chunk)));
+        return false;
+    }
+    int32_t depth[MU_TREE_MAX];
+    for (int64_t i = 0; i < n; i++) {
+        if (i == 0 ? parent[0] != -1 : parent[i] < 0 || parent[i] >= i) {
+            mu_err_set(err, "token tree: row %lld's parent %d (the root's must be -1, every other row's an earlier row)",
+                       (long long)i, parent[i]);
+            return false;
+        }
+        depth[i] = i ? depth[parent[i]] + 1 : 0;
+        mu_attn_tree *t = &e->b_tree[i];
+        t->base = s->pos;
+        for (int32_t r = (int32_t)i, d = depth[i]; d >= 0; r = parent[r], d--) t->anc[d] = r;
+        e->b_tpos[i] = s->pos + depth[i];
+    }
+    const int64_t V = e->model->m->cfg.n_vocab;
+    s->has_logits = false;
+    s->captured_rows = 0;
+    capture_reserve(s, n);
+    seq_run run = {.s = s, .n = n};
+    int64_t rows = 0, n_logit_rows = 0, n_cap = 0;
+    add_run(e, &run, &rows, &n_logit_rows, &n_cap, tokens, true, true, out);
+    e->b_is_tree = true;
+    const bool ok = run_batch(e, &run, 1, rows, n_cap, err);
+    e->b_is_tree = false;
+    if (!ok) return false;
+    if (s->poisoned) {
+        mu_err_set(err, "%s", s->error);
+        return false;
+    }
+    memcpy(s->logits, out + (n - 1) * V, (size_t)V * sizeof(float));
+    s->has_logits = true;
+    return true;
+}
+
+bool mu_session_feed_tree(muser_session *s, const int32_t *tokens, const int32_t *parent, int64_t n, float *out,
+                          mu_error *err) {
+    lock(s->e);
+    bool ok = feed_tree_locked(s, tokens, parent, n, out, err);
+    unlock(s->e);
+    return ok;
+}
+
+bool mu_session_keep_path(muser_session *s, int64_t pos0, const int32_t *tokens, const int32_t *path, int n,
+                          mu_error *err) {
+    int64_t from[MU_TREE_MAX], to[MU_TREE_MAX];
+    if (n < 1 || n > MU_TREE_MAX || path[0] != 0) {
+        mu_err_set(err, "tree path of %d rows: must start at the root and hold at most %d", n, MU_TREE_MAX);
+        return false;
+    }
+    for (int j = 0; j < n; j++) {
+        from[j] = pos0 + path[j];
+        to[j] = pos0 + j;
+        if (j && path[j] <= path[j - 1]) {
+            mu_err_set(err, "tree path: row %d follows row %d (a path's rows ascend)", path[j], path[j - 1]);
+            return false;
+        }
+    }
+    lock(s->e);
+    bool ok = s->q_done == s->q_len && mu_kv_move(&s->kv, from, to, n, err) && mu_kv_rollback(&s->kv, pos0 + n, err);
+    if (s->q_done < s->q_len) mu_err_set(err, "tree path: the session has queued input");
+    if (ok) {
+        s->pos = pos0 + n;
+        if (s->n_hist > pos0 + n) s->n_hist = pos0 + n;
+        for (int j = 1; j < n; j++)
+            if (pos0 + j < s->n_hist) s->hist[pos0 + j] = tokens[path[j]];
+        s->has_logits = false;
+    }
+    unlock(s->e);
+    return ok;
 }
 
 bool muser_session_feed(muser_session *s, const int32_t *tokens, int64_t n, muser_error *err) {

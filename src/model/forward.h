@@ -34,6 +34,12 @@ typedef struct mu_batch {
     const int64_t *pos;         /* [n] */
     const bool *logits;         /* [n]; NULL: none */
     const int64_t *cap_row;     /* [n]: capture row of each row, -1 = none; NULL: none */
+    /* Token trees (backend/backend.h mu_attn_tree; backends with `trees`):
+     * pos is then where a row is stored (consecutive, as above), tpos the
+     * position it stands at (RoPE, the window), tree its ancestors (base <
+     * 0: a plain row). NULL: every row stands where it is stored. */
+    const int64_t *tpos;        /* [n] */
+    const mu_attn_tree *tree;   /* [n] */
 } mu_batch;
 
 /* Optional capture of the residual stream entering chosen layers (the

@@ -22,6 +22,7 @@
 #include "model/api_internal.h"
 #include "model/capture.h"
 #include "sample/sample.h"
+#include "util/mumath.h"
 #include <stdlib.h>
 
 struct muser_draft {
@@ -118,8 +119,10 @@ struct muser_spec {
     const muser_draft *draft;
     mu_dflash_state *ds;
     int verify_len;
+    bool tree;                      /* rounds verify a token tree (tree_round) */
     int64_t n_vocab, feat_len;      /* floats per captured row */
     float *logits;                  /* verify rows [verify_len + 1][n_vocab] */
+    float *dlogits;                 /* tree rounds: the draft's rows [verify_len][n_vocab] (host) */
     float *feats;                   /* backend memory: captured rows not yet in the assistant's context */
     mu_backend *be;
     int64_t n_feats, cap_feats;
@@ -165,16 +168,25 @@ static void take_feats(muser_spec *sp, const float *rows, int64_t n) {
     }
 }
 
-/* The rows of the session's last feed, first `keep` of them. */
-static bool take_captured(muser_spec *sp, int64_t fed, int64_t keep, mu_error *err) {
+/* The rows of the session's last feed: the first `keep` of them, or with
+ * path, rows path[0 .. keep) (a token tree's kept path, ascending). */
+static bool take_captured_path(muser_spec *sp, int64_t fed, int64_t keep, const int32_t *path, mu_error *err) {
     int64_t n_rows = 0;
     const float *rows = mu_session_captured(sp->s, &n_rows);
     if (!rows || n_rows != fed) {
         mu_err_set(err, "hidden-state capture returned %lld rows for %lld fed", (long long)n_rows, (long long)fed);
         return false;
     }
-    take_feats(sp, rows, keep);
+    for (int64_t j = 0, j1; j < keep; j = j1) { /* runs of consecutive rows */
+        const int64_t r0 = path ? path[j] : j;
+        for (j1 = j + 1; j1 < keep && (path ? path[j1] : j1) == r0 + (j1 - j);) j1++;
+        take_feats(sp, rows + r0 * sp->feat_len, j1 - j);
+    }
     return true;
+}
+
+static bool take_captured(muser_spec *sp, int64_t fed, int64_t keep, mu_error *err) {
+    return take_captured_path(sp, fed, keep, NULL, err);
 }
 
 muser_draft *muser_draft_load(const char *path, const muser_model *target, muser_error *err) {
@@ -257,6 +269,11 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
         mu_err_set(ERR(err), "the session's model is not the target the assistant was loaded for");
         return NULL;
     }
+    if (p->tree && !target->be->trees) {
+        mu_err_set(ERR(err), "token trees: the %s backend's attention does not take tree rows (ref and cpu do)",
+                   target->be->name);
+        return NULL;
+    }
     const mu_dflash_config *c = &d->d->cfg;
     if (!mu_session_set_capture(s, c->target_layers, (int)c->n_target_layers, ERR(err))) return NULL;
     muser_spec *sp = mu_xcalloc(1, sizeof *sp);
@@ -268,6 +285,8 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     sp->n_vocab = target->m->cfg.n_vocab;
     sp->feat_len = c->n_target_layers * c->n_embd;
     sp->logits = mu_xmalloc((size_t)(vl + 1) * (size_t)sp->n_vocab * sizeof(float));
+    sp->tree = p->tree;
+    if (p->tree) sp->dlogits = mu_xmalloc((size_t)vl * (size_t)sp->n_vocab * sizeof(float));
     /* room for twice the assistant's context, at most 32 MiB */
     int64_t want = 2 * (MU_DFLASH_SINK + c->sliding_window), fit = ((int64_t)32 << 20) / (sp->feat_len * 4);
     sp->cap_feats = want < fit ? want : fit > 64 ? fit : 64;
@@ -286,6 +305,7 @@ void muser_spec_free(muser_spec *sp) {
     mu_session_set_capture(sp->s, NULL, 0, NULL);
     mu_dflash_state_free(sp->ds);
     free(sp->logits);
+    free(sp->dlogits);
     sp->be->free(sp->be, sp->feats, (size_t)(sp->cap_feats * sp->feat_len) * sizeof(float));
     free(sp);
 }
@@ -396,6 +416,136 @@ static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *sm
     return n;
 }
 
+/* ---------------------------------------------------------------- token trees
+ * (docs/speculative.md "Token trees"). The block's rows are drafted in one
+ * forward, each without seeing the others' choices, so a tree over them is
+ * a set of rank paths: a node at depth d takes the token of rank r in row
+ * d. It grows best first by the product of the draft's probabilities along
+ * the path, up to verify_len nodes under the pending token (the same rows
+ * as a chain of that length). Verification draws along the tree exactly as
+ * plain decoding draws: from the root's row, then from the row of the
+ * child holding the drawn token, while there is one. Which tree is built
+ * changes speed only, never tokens. */
+
+#define TREE_K 8 /* candidates per block row */
+
+typedef struct spec_tree {
+    int n;                                /* rows, the root included */
+    int32_t token[MU_TREE_MAX], parent[MU_TREE_MAX];
+    int8_t depth[MU_TREE_MAX], rank[MU_TREE_MAX], next[MU_TREE_MAX]; /* next: rank of its next child */
+    double score[MU_TREE_MAX];
+} spec_tree;
+
+/* Row d's TREE_K most likely tokens (value descending, the lowest id first
+ * among equals) and their probabilities (softmax over the whole row). */
+static void row_top(const float *l, int64_t V, int32_t *tok, double *prob) {
+    float val[TREE_K];
+    int n = 0;
+    for (int64_t i = 0; i < V; i++) {
+        const float x = l[i];
+        if (n == TREE_K && !(x > val[TREE_K - 1])) continue;
+        int j = n < TREE_K ? n++ : TREE_K - 1;
+        for (; j > 0 && x > val[j - 1]; j--) {
+            val[j] = val[j - 1];
+            tok[j] = tok[j - 1];
+        }
+        val[j] = x;
+        tok[j] = (int32_t)i;
+    }
+    const double sum = mu_sum_expf(l, (size_t)V, val[0]);
+    for (int j = 0; j < TREE_K; j++) prob[j] = (double)mu_expf(val[j] - val[0]) / sum;
+}
+
+/* The best-first tree over the draft's n_rows rows (host logits) under the
+ * pending token, n_rows + 1 rows in all; nothing grows under a proposed end
+ * of generation. Nodes are numbered in the order they are taken, so every
+ * parent comes before its children. */
+static void tree_build(const muser_spec *sp, int32_t pending, const float *dl, int n_rows, spec_tree *t) {
+    int32_t tok[MU_TREE_MAX][TREE_K];
+    double prob[MU_TREE_MAX][TREE_K];
+    for (int d = 0; d < n_rows; d++) row_top(dl + (int64_t)d * sp->n_vocab, sp->n_vocab, tok[d], prob[d]);
+    t->n = 1;
+    t->token[0] = pending;
+    t->parent[0] = -1;
+    t->depth[0] = 0;
+    t->next[0] = 0;
+    t->score[0] = 1.0;
+    while (t->n < n_rows + 1) {
+        int best = -1;
+        double best_q = -1;
+        for (int i = 0; i < t->n; i++) { /* each node's next child; the earliest node wins ties */
+            const int d = t->depth[i];
+            if (d >= n_rows || t->next[i] >= TREE_K || (i && muser_token_is_eog(sp->target, t->token[i]))) continue;
+            const double q = t->score[i] * prob[d][t->next[i]];
+            if (q > best_q) {
+                best_q = q;
+                best = i;
+            }
+        }
+        if (best < 0) break;
+        const int i = t->n++, d = t->depth[best];
+        t->parent[i] = best;
+        t->depth[i] = (int8_t)(d + 1);
+        t->rank[i] = t->next[best]++;
+        t->token[i] = tok[d][t->rank[i]];
+        t->next[i] = 0;
+        t->score[i] = best_q;
+    }
+}
+
+static int tree_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *smp, int32_t *out, const float **rows,
+                      muser_error *err) {
+    const int64_t V = sp->n_vocab, P = muser_session_pos(sp->s);
+    int32_t props[16];
+    double t0 = mu_now();
+    flush_feats(sp);
+    mu_dflash_draft(sp->ds, pending, vl, props, sp->dlogits);
+    spec_tree t;
+    tree_build(sp, pending, sp->dlogits, vl, &t);
+    double t1 = mu_now();
+    if (!muser_session_checkpoint(sp->s, err) ||
+        !mu_session_feed_tree(sp->s, t.token, t.parent, t.n, sp->logits, ERR(err)))
+        return -1;
+    int32_t path[MU_TREE_MAX] = {0};
+    int n = 0, cur = 0;
+    bool complete = false;
+    for (;;) {
+        const float *row = sp->logits + (int64_t)cur * V;
+        int32_t tok = draw(smp, row, V, &complete, err);
+        if (tok < 0) {
+            if (!complete) return -1;
+            break;
+        }
+        out[n] = tok;
+        if (rows) rows[n] = row;
+        n++;
+        if (muser_token_is_eog(sp->target, tok)) break;
+        int child = -1;
+        for (int i = cur + 1; i < t.n && child < 0; i++)
+            if (t.parent[i] == cur && t.token[i] == tok) child = i;
+        if (child < 0) break;
+        path[n] = child;
+        cur = child;
+    }
+    /* kept rows: the pending token and the nodes drawn after it */
+    const int keep = n ? n : 1;
+    if (!mu_session_keep_path(sp->s, P, t.token, path, keep, ERR(err)) ||
+        !take_captured_path(sp, t.n, keep, path, ERR(err)))
+        return -1;
+    muser_session_commit(sp->s);
+    mu_session_set_logits(sp->s, sp->logits + (int64_t)path[keep - 1] * V);
+    double t3 = mu_now();
+    int64_t accepted = n ? n - 1 : 0;
+    sp->st.rounds++;
+    sp->st.round_tokens += n;
+    sp->st.drafted += t.n - 1;
+    sp->st.accepted += accepted;
+    sp->st.t_draft += t1 - t0;
+    sp->st.t_verify += t3 - t1;
+    if (gate_round(&sp->gate, t.n - 1, accepted, n, t3 - t0)) sp->st.gate_closures++;
+    return n;
+}
+
 int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max_out, int32_t *out,
                     const float **rows, muser_error *err) {
     if (err) err->msg[0] = 0;
@@ -412,6 +562,7 @@ int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max
     if (vl > max_out - 1) vl = max_out - 1; /* never draw past max_out */
     if (vl > room) vl = room;
     if (!sp->gate.open || vl < 1) return plain_step(sp, pending, smp, out, rows, err);
+    if (sp->tree) return tree_round(sp, pending, (int)vl, smp, out, rows, err);
     return spec_round(sp, pending, (int)vl, smp, out, rows, err);
 }
 

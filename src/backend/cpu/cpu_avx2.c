@@ -545,7 +545,7 @@ static void avx2_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t start,
     const int64_t ss = CPU_ATTN_BLOCK + 16;
     float *row = scratch, *scores = scratch + 2 * (D + 16);
     const uint16_t **krow = (const uint16_t **)(scores + G * ss), **vrow = krow + CPU_ATTN_BLOCK;
-    mu_kv_head_rows(a->kv, start, n, kvh, krow, vrow); /* held: the driver takes [first, pos] from the layer */
+    mu_attn_head_rows(a, start, n, kvh, krow, vrow); /* held: the driver takes [first, pos] from the layer */
     const float *q = cpu_attn_q(job, kvh);
     int64_t p = 0;
     if (D % 32 == 0)

@@ -319,7 +319,7 @@ static void avx512_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t star
     const float *q = cpu_attn_q(job, kvh);
     float *kt = scratch, *e = scratch + 16 * ((D + 15) & ~(int64_t)15);
     const uint16_t **krow = (const uint16_t **)(e + G * E_STRIDE), **vrow = krow + CPU_ATTN_BLOCK;
-    mu_kv_head_rows(a->kv, start, n, kvh, krow, vrow); /* held: the driver takes [first, pos] from the layer */
+    mu_attn_head_rows(a, start, n, kvh, krow, vrow); /* held: the driver takes [first, pos] from the layer */
     const __m512 scale = _mm512_set1_ps(a->scale);
     for (int64_t p0 = 0; p0 < n; p0 += 16) {
         for (int64_t p = p0 + 16; p < p0 + 32 && p < n; p++) /* next tile's keys, this tile's values */

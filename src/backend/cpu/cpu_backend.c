@@ -568,6 +568,7 @@ mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
     b->residual = cpu_residual;
     b->rope = cpu_rope;
     b->attention = cpu_attention;
+    b->trees = true;
     b->kv_store = cpu_kv_store;
     b->sigmoid_gate = cpu_sigmoid_gate;
     b->swiglu = cpu_swiglu;

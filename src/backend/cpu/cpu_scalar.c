@@ -79,7 +79,7 @@ static void scalar_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t star
         const float *q = cpu_attn_q(job, kvh) + g * D;
         float m_b = -INFINITY;
         for (int64_t p = 0; p < n; p++) {
-            const uint16_t *k = mu_kv_k(a->kv, start + p, kvh);
+            const uint16_t *k = mu_kv_k(a->kv, mu_attn_key_pos(a, start + p), kvh);
             for (int64_t d = 0; d < D; d++) kbuf[d] = mu_f16_to_f32(k[d]);
             float s = mu_dot_f32(q, kbuf, D) * a->scale;
             scores[p] = s;
@@ -88,7 +88,7 @@ static void scalar_attn_block(const cpu_attn_job *job, int64_t kvh, int64_t star
         float l_b = 0.0f, *acc = part->acc + g * D;
         for (int64_t d = 0; d < D; d++) acc[d] = 0.0f;
         for (int64_t p = 0; p < n; p++) {
-            const uint16_t *v = mu_kv_v(a->kv, start + p, kvh);
+            const uint16_t *v = mu_kv_v(a->kv, mu_attn_key_pos(a, start + p), kvh);
             float e = mu_expf(scores[p] - m_b);
             l_b = l_b + e;
             for (int64_t d = 0; d < D; d++) acc[d] = fmaf(e, mu_f16_to_f32(v[d]), acc[d]);

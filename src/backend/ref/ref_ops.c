@@ -75,7 +75,7 @@ static void attend_head(const mu_attn_args *a, const float *q, int64_t kv_head, 
         int64_t end = start + MU_ATTN_BLOCK - 1 < a->pos ? start + MU_ATTN_BLOCK - 1 : a->pos;
         float m_b = -INFINITY;
         for (int64_t p = start; p <= end; p++) {
-            const uint16_t *k = mu_kv_k(a->kv, p, kv_head);
+            const uint16_t *k = mu_kv_k(a->kv, mu_attn_key_pos(a, p), kv_head);
             for (int64_t d = 0; d < D; d++) kbuf[d] = mu_f16_to_f32(k[d]);
             float s = mu_dot_f32(q, kbuf, D) * a->scale;
             scores[p - start] = s;
@@ -84,7 +84,7 @@ static void attend_head(const mu_attn_args *a, const float *q, int64_t kv_head, 
         float l_b = 0;
         for (int64_t d = 0; d < D; d++) acc_b[d] = 0;
         for (int64_t p = start; p <= end; p++) {
-            const uint16_t *v = mu_kv_v(a->kv, p, kv_head);
+            const uint16_t *v = mu_kv_v(a->kv, mu_attn_key_pos(a, p), kv_head);
             float e = mu_expf(scores[p - start] - m_b);
             l_b = l_b + e;
             for (int64_t d = 0; d < D; d++) acc_b[d] = fmaf(e, mu_f16_to_f32(v[d]), acc_b[d]);
@@ -161,6 +161,7 @@ mu_backend *mu_backend_ref_create(int n_threads) {
     b->rmsnorm = ref_rmsnorm;
     b->rope = ref_rope;
     b->attention = ref_attention;
+    b->trees = true;
     b->sigmoid_gate = ref_sigmoid_gate;
     b->swiglu = ref_swiglu;
     b->add = ref_add;
