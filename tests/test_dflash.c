@@ -669,8 +669,9 @@ static void test_spec_api(void) {
     int32_t *prompt = prompt_tokens("And God said, Let there be light: and there was light. And God saw", 1, &n_prompt);
     int32_t plain[96], spec[96];
     int64_t rounds = 0, plain_steps = 0, closures = 0;
-    for (int gate = 0; gate < 2; gate++) {
-        muser_spec_params p = {.verify_len = gate ? 7 : 3, .no_gate = !gate};
+    for (int cfg = 0; cfg < 3; cfg++) { /* every step VL 3; gated VL 7; every step, a token tree of 15 */
+        const int gate = cfg == 1;
+        muser_spec_params p = {.verify_len = cfg == 0 ? 3 : cfg == 1 ? 7 : 15, .no_gate = !gate, .tree = cfg == 2};
         muser_spec *sp = muser_spec_create(s, d, &p, &err);
         CHECK_MSG(sp != NULL, "%s", err.msg);
         if (!sp) continue;
@@ -688,7 +689,7 @@ static void test_spec_api(void) {
                 int64_t np = plain_sampled(s, smp, prompt, n_prompt, 96, plain);
                 int64_t ns = spec_sampled(sp, s, smp, prompt, n_prompt, 96, spec);
                 CHECK_MSG(np > 0 && ns == np && !memcmp(plain, spec, (size_t)np * sizeof(int32_t)),
-                          "gate %d temp %.1f seed %d schema %d: speculative %lld tokens != plain %lld", gate,
+                          "config %d temp %.1f seed %d schema %d: speculative %lld tokens != plain %lld", cfg,
                           (double)modes[m].temp, seed, modes[m].schema, (long long)ns, (long long)np);
                 muser_sampler_free(smp);
             }
@@ -755,6 +756,67 @@ static void test_spec_api(void) {
     muser_draft_free(d);
 }
 
+/* A token tree fed in one forward and its kept path moved into place
+ * (capture.h) leave the session exactly as feeding the path plainly does:
+ * the path rows' logits, every byte of the K/V planes (the rows not kept
+ * rolled back, the ring's unheld rows zero) and the next row's logits. */
+static void test_tree_feed(void) {
+    enum { T = MU_TREE_MAX };
+    muser_error err;
+    muser_session_params spp = {.n_ctx = 512};
+    muser_session *a = muser_session_create(target, &spp, &err), *b = muser_session_create(target, &spp, &err);
+    const int64_t V = target->m->cfg.n_vocab;
+    int32_t prompt[150], tok[T], parent[T];
+    uint64_t x = 12345;
+    for (int i = 0; i < 150; i++) prompt[i] = (int32_t)((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 8000;
+    for (int i = 0; i < T; i++) {
+        tok[i] = (int32_t)((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % 8000;
+        parent[i] = i ? (int32_t)((x >> 40) % (uint64_t)i) : -1;
+    }
+    parent[5] = 3, parent[3] = 1, parent[1] = 0, parent[9] = 5, parent[14] = 9; /* the kept path: 0 1 3 5 9 14 */
+    const int32_t path[6] = {0, 1, 3, 5, 9, 14};
+    float *ta = malloc((size_t)(T * V) * sizeof(float)), *pb = malloc((size_t)(6 * V) * sizeof(float));
+    float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
+    CHECK(muser_session_feed(a, prompt, 150, &err) && muser_session_feed(b, prompt, 150, &err));
+    /* refused: a bad parent, a backend without tree rows, a path that skips back */
+    int32_t bad[3] = {-1, 0, 2};
+    CHECK(muser_session_checkpoint(a, &err));
+    CHECK(!mu_session_feed_tree(a, tok, bad, 3, ta, ERR(&err)) && strstr(err.msg, "row 2's parent 2"));
+    target->be->trees = false;
+    CHECK(!mu_session_feed_tree(a, tok, parent, T, ta, ERR(&err)) && strstr(err.msg, "does not take tree rows"));
+    target->be->trees = true;
+    CHECK_MSG(mu_session_feed_tree(a, tok, parent, T, ta, ERR(&err)), "%s", err.msg);
+    CHECK(muser_session_pos(a) == 150 + T);
+    const int32_t back[3] = {0, 3, 1};
+    CHECK(!mu_session_keep_path(a, 150, tok, back, 3, ERR(&err)) && strstr(err.msg, "ascend"));
+    CHECK_MSG(mu_session_keep_path(a, 150, tok, path, 6, ERR(&err)), "%s", err.msg);
+    muser_session_commit(a);
+    CHECK(muser_session_pos(a) == 156);
+    int32_t ptoks[6];
+    for (int j = 0; j < 6; j++) ptoks[j] = tok[path[j]];
+    CHECK(muser_session_feed_all(b, ptoks, 6, pb, &err));
+    for (int j = 0; j < 6; j++)
+        CHECK_MSG(!memcmp(ta + (int64_t)path[j] * V, pb + (int64_t)j * V, (size_t)V * sizeof(float)),
+                  "tree row %d: logits differ from the plain row at depth %d", path[j], j);
+    const mu_kv_cache *ka = mu_session_kv(a), *kb = mu_session_kv(b);
+    for (int il = 0; il < ka->n_layers; il++) {
+        const mu_kv_layer *p = &ka->layers[il], *q = &kb->layers[il];
+        const size_t bytes = (size_t)(p->n_head * p->cap * p->head_dim) * sizeof(uint16_t);
+        CHECK_MSG(p->cap == q->cap && p->origin_logical == q->origin_logical && p->origin_physical == q->origin_physical &&
+                      p->len == q->len && !memcmp(p->k, q->k, bytes) && !memcmp(p->v, q->v, bytes),
+                  "layer %d (%s): K/V planes after the kept path differ from plain feeding", il, p->swa ? "ring" : "plane");
+    }
+    int64_t na = 0, nb = 0;
+    const int32_t *ha = mu_session_hist(a, &na), *hb = mu_session_hist(b, &nb);
+    CHECK(na == nb && na == 156 && !memcmp(ha, hb, (size_t)na * sizeof *ha));
+    const int32_t next = 77;
+    CHECK(muser_session_feed_all(a, &next, 1, la, &err) && muser_session_feed_all(b, &next, 1, lb, &err));
+    CHECK_MSG(!memcmp(la, lb, (size_t)V * sizeof(float)), "the row after the kept path differs");
+    muser_session_free(a);
+    muser_session_free(b);
+    free(ta); free(pb); free(la); free(lb);
+}
+
 int main(void) {
     const char *src = getenv("MUSER_SOURCE_DIR");
     snprintf(target_path, sizeof target_path, "%s/models/glimmer-tiny-q4_k_xl.gguf", src ? src : ".");
@@ -769,6 +831,7 @@ int main(void) {
     test_loader();
     test_capture();
     test_forward_oracle();
+    test_tree_feed();
     double t1 = mu_now();
     test_speculation();
     test_spec_api();

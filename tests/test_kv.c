@@ -335,6 +335,52 @@ static void test_rollback_multirow(void) {
     printf("rollback after multi-row stores: %d cases compared bitwise, %d failed\n", cases, failed);
 }
 
+/* A token tree's kept path (mu_kv_move, then rollback) gives the bytes of
+ * storing the path's rows in order; refusals change nothing. */
+static void test_move_path(void) {
+    static const int32_t path[] = {0, 2, 5, 11, 15};
+    enum { NP = sizeof path / sizeof *path, T = 16 };
+    const int64_t prefixes[] = {0, 5, 30};
+    int cases = 0;
+    for (size_t pi = 0; pi < sizeof prefixes / sizeof *prefixes; pi++) {
+        const int64_t prefix = prefixes[pi];
+        static model ma, mb;
+        mu_kv_cache a, b;
+        mu_error err = {{0}};
+        CHECK(mu_kv_init(&a, NULL, 4, KINDS, WINDOW, T - 1, N_CTX, HEADS, HEAD_DIM, &err));
+        CHECK(mu_kv_init(&b, NULL, 4, KINDS, WINDOW, T - 1, N_CTX, HEADS, HEAD_DIM, &err));
+        for (int64_t p = 0; p < prefix; p++) append_token(&a, &ma, p, 0), append_token(&b, &mb, p, 0);
+        int64_t from[NP], to[NP];
+        for (int j = 0; j < NP; j++) from[j] = prefix + path[j], to[j] = prefix + j;
+        CHECK(!mu_kv_move(&a, from, to, NP, &err) && contains(&err, "no active checkpoint"));
+        CHECK(mu_kv_checkpoint(&a, &err) && mu_kv_checkpoint(&b, &err));
+        clone at0 = clone_take(&a);
+        float k[T * ROW], v[T * ROW];
+        for (int l = 0; l < 4; l++) { /* the tree's rows: node i's row is made as position prefix + i's */
+            for (int i = 0; i < T; i++) make_row(l, prefix + i, 1, 0, k + i * ROW), make_row(l, prefix + i, 1, 1, v + i * ROW);
+            CHECK(mu_kv_store(&a, l, prefix, T, k, v, &err));
+            for (int j = 0; j < NP; j++) { /* plain: the path's rows at consecutive positions */
+                memcpy(k + j * ROW, k + path[j] * ROW, sizeof(float) * ROW);
+                memcpy(v + j * ROW, v + path[j] * ROW, sizeof(float) * ROW);
+            }
+            CHECK(mu_kv_store(&b, l, prefix, NP, k, v, &err));
+        }
+        clone before = clone_take(&a);
+        int64_t early[1] = {prefix - 1}, late[1] = {prefix + T};
+        if (prefix > 0) CHECK(!mu_kv_move(&a, from, early, 1, &err) && contains(&err, "before the checkpoint"));
+        CHECK(!mu_kv_move(&a, late, to, 1, &err) && contains(&err, "does not hold both"));
+        CHECK(clone_equal(&a, &before));
+        CHECK_MSG(mu_kv_move(&a, from, to, NP, &err) && mu_kv_rollback(&a, prefix + NP, &err), "%s", err.msg);
+        clone want = clone_take(&b);
+        CHECK_MSG(clone_equal(&a, &want), "prefix %lld: the moved path differs from plain stores", (long long)prefix);
+        CHECK(mu_kv_rollback(&a, prefix, &err) && clone_equal(&a, &at0)); /* the journal still restores all */
+        clone_free(&at0), clone_free(&before), clone_free(&want);
+        mu_kv_free(&a), mu_kv_free(&b);
+        cases++;
+    }
+    printf("kept tree paths: %d cases compared bitwise\n", cases);
+}
+
 static void test_rollback_limits(void) {
     mu_kv_cache c;
     static model m;
@@ -500,6 +546,7 @@ int main(void) {
     test_rollback_every_position();
     test_rollback_limits();
     test_rollback_multirow();
+    test_move_path();
     test_snapshots();
     test_full_planes_only();
     test_context_below_window();
