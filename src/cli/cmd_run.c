@@ -29,7 +29,7 @@ typedef struct run_opts {
     int zstd_level;                 /* --compress: the prompt cache's packs */
     uint64_t cache_quota;           /* --prompt-cache-max-size: LRU eviction after each pack (0: none) */
     run_sampling sampling;
-    bool chat, json, verbose, no_draft, spec_always, mlock;
+    bool chat, json, verbose, no_draft, spec_always, spec_tree, mlock;
     muser_backend_kind backend;
 } run_opts;
 
@@ -67,6 +67,8 @@ static void run_usage(FILE *f) {
             "                         else the shipped models/glimmer-tiny-dflash-q4_k_xl.gguf)\n"
             "  --no-draft             decode without the assistant\n"
             "  --verify-len N         proposals per round: 3, 7 or 15 (default 7)\n"
+            "  --spec-tree            verify a token tree of that many proposals instead of one chain\n"
+            "                         (ref and cpu backends; docs/speculative.md \"Token trees\")\n"
             "  --spec-always          speculate every step (default: an adaptive gate falls back to plain\n"
             "                         steps while speculation is slower or rarely accepted)\n",
             MAX_STOPS);
@@ -96,6 +98,7 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--draft")) ok = cli_value("run", argc, argv, &i, &o->draft);
         else if (!strcmp(a, "--no-draft")) o->no_draft = true;
         else if (!strcmp(a, "--spec-always")) o->spec_always = true;
+        else if (!strcmp(a, "--spec-tree")) o->spec_tree = true;
         else if (!strcmp(a, "--verify-len"))
             ok = cli_value("run", argc, argv, &i, &v) && cli_parse_verify_len("run", v, &o->verify_len);
         else if (!strcmp(a, "--chat")) o->chat = true;
@@ -469,7 +472,7 @@ static bool start_spec(run_state *r, muser_error *err) {
     const run_opts *o = r->o;
     r->draft = muser_draft_load(o->draft, r->m, err);
     if (!r->draft) return false;
-    muser_spec_params p = {.verify_len = (int)o->verify_len, .no_gate = o->spec_always};
+    muser_spec_params p = {.verify_len = (int)o->verify_len, .no_gate = o->spec_always, .tree = o->spec_tree};
     r->sp = muser_spec_create(r->s, r->draft, &p, err);
     if (r->sp && o->verbose) fprintf(stderr, "speculative decoding with %s (verify length %lld%s)\n",
                                      muser_draft_name(r->draft), (long long)o->verify_len,

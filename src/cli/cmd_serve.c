@@ -39,6 +39,7 @@ static void serve_usage(FILE *f) {
             "                          where it pays); requests side by side go through batched steps\n"
             "  --verify-len N          proposals per speculative round: 3, 7 or 15 (default 7; --draft-max)\n"
             "  --spec-always           speculate every step of a lone request (no gate)\n"
+            "  --spec-tree             verify token trees instead of chains (ref and cpu backends)\n"
             "  --backend NAME          ref | cpu | cuda | auto (default auto)\n"
             "  -t, --threads N         threads (default: all cores)\n"
             "  --sampling-threads N    threads drawing the slots' tokens after each step (default: on\n"
@@ -71,7 +72,7 @@ int cmd_serve(int argc, char **argv) {
     const char *key_file = NULL;
     char *key_buf = NULL;
     int64_t verify_len = 7;
-    bool spec_always = false;
+    bool spec_always = false, spec_tree = false;
     int zstd_level = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -108,6 +109,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--verify-len") || !strcmp(a, "--draft-max"))
             ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_verify_len("serve", v, &verify_len);
         else if (!strcmp(a, "--spec-always")) spec_always = true;
+        else if (!strcmp(a, "--spec-tree")) spec_tree = true;
         else if (!strcmp(a, "--slot-save-path")) ok = cli_value("serve", argc, argv, &i, &p.slot_save_path);
         else if (!strcmp(a, "--prompt-cache")) ok = cli_value("serve", argc, argv, &i, &p.prompt_cache);
         else if (!strcmp(a, "--prompt-cache-max-size"))
@@ -197,7 +199,7 @@ int cmd_serve(int argc, char **argv) {
     srv_sched_params sp = {.n_slots = srv.p.n_parallel, .n_ctx = srv.p.n_ctx, .n_batch = srv.p.n_batch,
                            .prefill_budget = srv.p.prefill_budget,
                            .max_queue = srv.p.max_queue, .draft = draft, .verify_len = (int)verify_len,
-                           .spec_always = spec_always, .zstd_level = zstd_level,
+                           .spec_always = spec_always, .spec_tree = spec_tree, .zstd_level = zstd_level,
                            .prompt_cache = srv.p.prompt_cache, .prompt_cache_quota = srv.p.prompt_cache_quota,
                            .draw_threads = srv.p.sampling_threads};
     srv.sched = srv_sched_create(srv.model, &sp, &err);

@@ -726,7 +726,7 @@ srv_sched *srv_sched_create(muser_model *m, const srv_sched_params *params, muse
     s->slots = mu_xcalloc((size_t)p.n_slots, sizeof *s->slots);
     for (int32_t i = 0; i < p.n_slots; i++) {
         s->slots[i].sess = muser_engine_session(e, err);
-        const muser_spec_params spp = {.verify_len = p.verify_len, .no_gate = p.spec_always};
+        const muser_spec_params spp = {.verify_len = p.verify_len, .no_gate = p.spec_always, .tree = p.spec_tree};
         if (s->slots[i].sess && p.draft && !(s->slots[i].sp = muser_spec_create(s->slots[i].sess, p.draft, &spp, err))) {
             for (int32_t k = 0; k < i; k++) muser_spec_free(s->slots[k].sp);
             s->slots[i].sess = NULL;

@@ -40,6 +40,7 @@ typedef struct srv_sched_params {
     const muser_draft *draft;   /* DFlash assistant (may be NULL): a job running alone speculates */
     int verify_len;             /* its proposals per round: 3, 7 or 15; 0 = 7 */
     bool spec_always;           /* speculate every step (default: the adaptive gate decides) */
+    bool spec_tree;             /* verify token trees (docs/speculative.md) */
     int zstd_level;             /* kvpack files the server writes: 0 raw, 1..19 zstd (docs/kvpack.md) */
     const char *prompt_cache;   /* a kvpack store shared with other processes (docs/kvpack.md), or NULL:
                                  * a new prompt restores its longest stored prefix, prefilled prompts

@@ -5,7 +5,7 @@ its measurement prompts (valid split + chat valid, numpy seed 7; the first
 --n-select pick checkpoints there, the rest are measured here).
 
     accept.py [--muser build/muser] [--target T.gguf] --draft D.gguf [--data build/tok]
-              [--n-eval 320] [--n-select 64] [--limit N] [--gen 144] [--vl 15,7] [-t 2] [-j 1]
+              [--n-eval 320] [--n-select 64] [--limit N] [--gen 144] [--vl 15,7] [--tree] [-t 2] [-j 1]
 
 Prints, per verify length, verify steps, tokens and tokens per verify step
 over all prompts (a prompt's run stops at an end-of-generation token, where
@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="measure only the first N prompts of each half")
     ap.add_argument("--gen", type=int, default=144)
     ap.add_argument("--vl", default="15,7")
+    ap.add_argument("--tree", action="store_true", help="verify token trees (muser speculate --tree)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="prompts run at once")
@@ -52,7 +53,7 @@ def main():
     def run(i, p, vl):
         cmd = [args.muser, "speculate", "-m", args.target, "--draft", args.draft, "--tokens",
                ",".join(str(int(t)) for t in p), "-n", str(args.gen), "--verify-len", str(vl),
-               "-t", str(args.threads), "--backend", args.backend, "--json"]
+               "-t", str(args.threads), "--backend", args.backend, "--json"] + (["--tree"] if args.tree else [])
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit("prompt %d: muser speculate failed (%d): %s" % (i, r.returncode, r.stderr.strip()))
@@ -70,7 +71,7 @@ def main():
                 tot[k][1] += d["verify_steps"] + d["accepted"]   # each step: its accepted drafts + one token
                 tot[k][2] += len(d["ids"]) < args.gen
         s = [tot["plain"][j] + tot["chat"][j] for j in range(3)]
-        print(json.dumps({"draft": args.draft, "verify_len": vl, "prompts": len(measured),
+        print(json.dumps({"draft": args.draft, "verify_len": vl, "tree": args.tree, "prompts": len(measured),
                           "verify_steps": s[0], "tokens": s[1], "tokens_per_step": round(s[1] / s[0], 4),
                           "plain_text": round(tot["plain"][1] / max(tot["plain"][0], 1), 4),
                           "chat": round(tot["chat"][1] / max(tot["chat"][0], 1), 4),
