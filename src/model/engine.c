@@ -413,7 +413,8 @@ static void hist_append(muser_session *s, int64_t pos0, const int32_t *t, int64_
 static uint64_t batch_key(const muser_engine *e, int64_t rows, int64_t n_cap_rows, int chained) {
     uint64_t key = 0xCBF29CE484222325ull ^ (uint64_t)rows;
     for (int64_t r = 0; r < rows; r++) {
-        const uint64_t v[4] = {(uint64_t)e->b_seq[r], (uint64_t)(e->b_pos[r] >> 8), (uint64_t)e->b_logits[r],
+        const int64_t at = e->b_is_tree ? e->b_tpos[r] : e->b_pos[r]; /* where its keys end */
+        const uint64_t v[4] = {(uint64_t)e->b_seq[r], (uint64_t)(at >> 8), (uint64_t)e->b_logits[r],
                                (uint64_t)(n_cap_rows ? e->b_cap[r] : -1)};
         for (int i = 0; i < 4; i++) key = (key ^ v[i]) * 0x100000001B3ull;
     }
