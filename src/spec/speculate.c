@@ -458,8 +458,10 @@ static void row_top(const float *l, int64_t V, int32_t *tok, double *prob) {
 
 /* The best-first tree over the draft's n_rows rows (host logits) under the
  * pending token, n_rows + 1 rows in all; nothing grows under a proposed end
- * of generation. Nodes are numbered in the order they are taken, so every
- * parent comes before its children. */
+ * of generation. Numbered for the verification: the chain of first choices
+ * under the root first (a kept path along it is already where plain
+ * decoding stores it: no rows to move), then the rest in the order they
+ * joined; so every parent comes before its children. */
 static void tree_build(const muser_spec *sp, int32_t pending, const float *dl, int n_rows, spec_tree *t) {
     int32_t tok[MU_TREE_MAX][TREE_K];
     double prob[MU_TREE_MAX][TREE_K];
@@ -491,6 +493,22 @@ static void tree_build(const muser_spec *sp, int32_t pending, const float *dl, i
         t->next[i] = 0;
         t->score[i] = best_q;
     }
+    int order[MU_TREE_MAX], at[MU_TREE_MAX], n = 0;
+    bool placed[MU_TREE_MAX] = {false};
+    for (int cur = 0, i = 1; cur >= 0; cur = i < t->n ? i : -1) { /* the first choices' chain */
+        order[n++] = cur, placed[cur] = true;
+        for (i = cur + 1; i < t->n && !(t->parent[i] == cur && t->rank[i] == 0); i++) {}
+    }
+    for (int i = 0; i < t->n; i++)
+        if (!placed[i]) order[n++] = i;
+    spec_tree o = *t;
+    for (int j = 0; j < t->n; j++) at[order[j]] = j;
+    for (int j = 0; j < t->n; j++) {
+        const int i = order[j];
+        o.token[j] = t->token[i], o.depth[j] = t->depth[i], o.rank[j] = t->rank[i], o.score[j] = t->score[i];
+        o.parent[j] = i ? at[t->parent[i]] : -1;
+    }
+    *t = o;
 }
 
 static int tree_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *smp, int32_t *out, const float **rows,
