@@ -372,50 +372,6 @@ static int plain_step(muser_spec *sp, int32_t pending, muser_sampler *smp, int32
     return 1;
 }
 
-static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *smp, int32_t *out, const float **rows,
-                      muser_error *err) {
-    const int64_t V = sp->n_vocab, P = muser_session_pos(sp->s);
-    int32_t block[16];
-    block[0] = pending;
-    double t0 = mu_now();
-    flush_feats(sp);
-    mu_dflash_draft(sp->ds, pending, vl, block + 1, NULL);
-    for (int i = 0; i < vl; i++) /* nothing after a proposed end of generation */
-        if (muser_token_is_eog(sp->target, block[i + 1])) { vl = i + 1; break; }
-    double t1 = mu_now();
-    if (!muser_session_checkpoint(sp->s, err) || !muser_session_feed_all(sp->s, block, vl + 1, sp->logits, err))
-        return -1;
-    int n = 0;
-    bool complete = false;
-    for (int i = 0; i <= vl; i++) {
-        const float *row = sp->logits + (int64_t)i * V;
-        int32_t tok = draw(smp, row, V, &complete, err);
-        if (tok < 0) {
-            if (!complete) return -1;
-            break;
-        }
-        out[n] = tok;
-        if (rows) rows[n] = row;
-        n++;
-        if (i == vl || tok != block[i + 1] || muser_token_is_eog(sp->target, tok)) break;
-    }
-    /* kept rows: the pending token and the proposals drawn after it */
-    int64_t keep = n ? n : 1;
-    if (!muser_session_rollback(sp->s, P + keep, err) || !take_captured(sp, vl + 1, keep, ERR(err))) return -1;
-    muser_session_commit(sp->s);
-    mu_session_set_logits(sp->s, sp->logits + (keep - 1) * V); /* the row of the last kept token */
-    double t3 = mu_now();
-    int64_t accepted = n ? n - 1 : 0;
-    sp->st.rounds++;
-    sp->st.round_tokens += n;
-    sp->st.drafted += vl;
-    sp->st.accepted += accepted;
-    sp->st.t_draft += t1 - t0;
-    sp->st.t_verify += t3 - t1;
-    if (gate_round(&sp->gate, vl, accepted, n, t3 - t0)) sp->st.gate_closures++;
-    return n;
-}
-
 /* ---------------------------------------------------------------- token trees
  * (docs/speculative.md "Token trees"). The block's rows are drafted in one
  * forward, each without seeing the others' choices, so a tree over them is
@@ -511,18 +467,42 @@ static void tree_build(const muser_spec *sp, int32_t pending, const float *dl, i
     *t = o;
 }
 
-static int tree_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *smp, int32_t *out, const float **rows,
+/* A chain: the draft's argmaxes (on the backend), nothing after a proposed
+ * end of generation; each node the first choice under the one before. */
+static void chain_build(const muser_spec *sp, int32_t pending, int vl, spec_tree *t) {
+    int32_t props[16];
+    mu_dflash_draft(sp->ds, pending, vl, props, NULL);
+    t->n = 1;
+    t->token[0] = pending;
+    t->parent[0] = -1;
+    for (int i = 0; i < vl; i++) {
+        t->token[t->n] = props[i];
+        t->parent[t->n] = t->n - 1;
+        t->n++;
+        if (muser_token_is_eog(sp->target, props[i])) break;
+    }
+}
+
+/* One round: draft, verify the chain or tree in one forward, draw along it
+ * as plain decoding draws, keep the path drawn (moved where plain decoding
+ * stores it), roll back the rest. */
+static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *smp, int32_t *out, const float **rows,
                       muser_error *err) {
     const int64_t V = sp->n_vocab, P = muser_session_pos(sp->s);
-    int32_t props[16];
     double t0 = mu_now();
     flush_feats(sp);
-    mu_dflash_draft(sp->ds, pending, vl, props, sp->dlogits);
     spec_tree t;
-    tree_build(sp, pending, sp->dlogits, vl, &t);
+    if (sp->tree) {
+        int32_t props[16];
+        mu_dflash_draft(sp->ds, pending, vl, props, sp->dlogits);
+        tree_build(sp, pending, sp->dlogits, vl, &t);
+    } else {
+        chain_build(sp, pending, vl, &t);
+    }
     double t1 = mu_now();
     if (!muser_session_checkpoint(sp->s, err) ||
-        !mu_session_feed_tree(sp->s, t.token, t.parent, t.n, sp->logits, ERR(err)))
+        !(sp->tree ? mu_session_feed_tree(sp->s, t.token, t.parent, t.n, sp->logits, ERR(err))
+                   : muser_session_feed_all(sp->s, t.token, t.n, sp->logits, err)))
         return -1;
     int32_t path[MU_TREE_MAX] = {0};
     int n = 0, cur = 0;
@@ -551,7 +531,7 @@ static int tree_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *sm
         !take_captured_path(sp, t.n, keep, path, ERR(err)))
         return -1;
     muser_session_commit(sp->s);
-    mu_session_set_logits(sp->s, sp->logits + (int64_t)path[keep - 1] * V);
+    mu_session_set_logits(sp->s, sp->logits + (int64_t)path[keep - 1] * V); /* the row of the last kept token */
     double t3 = mu_now();
     int64_t accepted = n ? n - 1 : 0;
     sp->st.rounds++;
@@ -580,7 +560,6 @@ int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max
     if (vl > max_out - 1) vl = max_out - 1; /* never draw past max_out */
     if (vl > room) vl = room;
     if (!sp->gate.open || vl < 1) return plain_step(sp, pending, smp, out, rows, err);
-    if (sp->tree) return tree_round(sp, pending, (int)vl, smp, out, rows, err);
     return spec_round(sp, pending, (int)vl, smp, out, rows, err);
 }
 
