@@ -594,6 +594,9 @@ static void test_speculation(void) {
     mu_gen_pair pair = {0};
     CHECK(!mu_gen_greedy(s, d, &(muser_spec_params){.verify_len = 5}, &one, 1, 8, &pair, &err) &&
           strstr(err.msg, "3, 7 or 15"));
+    target->be->trees = false; /* a backend whose attention takes no tree rows: trees refused up front */
+    CHECK(!muser_spec_create(s, d, &(muser_spec_params){.tree = true}, &err) && strstr(err.msg, "does not take tree rows"));
+    target->be->trees = true;
     mu_gen_pair_free(&pair);
     muser_session_free(s);
     muser_draft_free(d);
