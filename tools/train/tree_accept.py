@@ -5,7 +5,8 @@ the target's greedy continuations of the held-out prompts, then greedy
 speculative decoding simulated for a chain and for trees of the same row
 count (PyTorch, float32, the dequantized GGUFs).
 
-    tree_accept.py --target T.gguf --draft D.gguf [--data build/tok] [--limit N] [--nodes 15,31]
+    tree_accept.py --target T.gguf --draft D.gguf [--data build/tok] [--limit N] [--nodes 3,7,15,31]
+                   [--threads N] [--save STATS.npz]
 
 A tree of N nodes is verified in N + 1 rows (the bonus token's row first), as
 a chain of verify length N. The DFlash block predicts each row's token without
@@ -105,6 +106,7 @@ def main():
     ap.add_argument("--gen", type=int, default=144)
     ap.add_argument("--nodes", default="3,7,15,31")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--save", help="write the ranks and top-K probabilities here (.npz)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -131,7 +133,8 @@ def main():
         probs.append(q)
     ranks, probs = np.concatenate(ranks), np.concatenate(probs)
     print("draft rows at every anchor, %.0f s" % (time.time() - t0), flush=True)
-    np.savez_compressed("/tmp/ta/stats.npz", ranks=ranks, probs=probs, idx=np.array(idx))
+    if args.save:   # for other tree policies: simulate(ranks, probs, ...) over the saved arrays
+        np.savez_compressed(args.save, ranks=ranks, probs=probs, idx=np.array(idx))
     r1 = ranks[:, :, 0].ravel()
     print("row 1: truth at rank 0 %.3f, 1 %.3f, 2-3 %.3f, >= %d %.3f" % (
         (r1 == 0).mean(), (r1 == 1).mean(), ((r1 >= 2) & (r1 < 4)).mean(), K, (r1 >= K).mean()))
