@@ -138,7 +138,7 @@ cp "$T/body" "$T/pcd-a.json"
 stop
 check "$M" kvpack ls --store "$T/pcd" >"$T/pcd-ls.txt"
 check grep -q "DFlash context" "$T/pcd-ls.txt"
-start "$T/pcd-b.log" "${DR[@]}" --slot-save-path "$T/slots"
+start "$T/pcd-b.log" "${DR[@]}" --spec-tree --slot-save-path "$T/slots"
 req "${J[@]}" -d @"$T/pc1.json" "$B/completion"; is 200 "d['timings']['prompt_n']==0"
 cp "$T/body" "$T/pcd-b.json"
 check "$PY" -c "import json; a=json.load(open('$T/pcd-a.json')); b=json.load(open('$T/body')); assert a['content']==b['content'] and a['content']==json.load(open('$T/pc-a.json'))['content']"

@@ -89,6 +89,11 @@ check $PY -c "import json; r = json.load(open('$T/sp.json')); assert r['exact'] 
 # on a named backend: the same tokens from ref (the reference numerics)
 check "$M" speculate --backend ref -p "$P" -n 32 --json >"$T/sp_ref.json" 2>/dev/null
 check $PY -c "import json; a, b = (json.load(open(f)) for f in ('$T/sp.json', '$T/sp_ref.json')); assert a['ids'] == b['ids'] and b['exact'] is True, b"
+# a token tree of the same 15 proposals: the same tokens, fewer verify steps than the chain here
+check "$M" speculate --verify-len 15 -p "$P" -n 32 --json >"$T/sp15.json" 2>/dev/null
+check "$M" speculate --verify-len 15 --tree -p "$P" -n 32 --json >"$T/sp_tree.json" 2>/dev/null
+check $PY -c "import json; a, b = (json.load(open(f)) for f in ('$T/sp.json', '$T/sp_tree.json')); assert a['ids'] == b['ids'] and b['exact'] is True and b['tree'] is True, b"
+check $PY -c "import json; a, b = (json.load(open(f)) for f in ('$T/sp15.json', '$T/sp_tree.json')); print('chain', a['verify_steps'], 'tree', b['verify_steps']); assert b['verify_steps'] <= a['verify_steps'], (a, b)"
 expect_fail "unknown backend 'gpu'" "$M" speculate --backend gpu -p "$P" -n 4
 
 exit $fail
