@@ -392,24 +392,17 @@ typedef struct spec_tree {
     double score[MU_TREE_MAX];
 } spec_tree;
 
-/* Row d's TREE_K most likely tokens (value descending, the lowest id first
- * among equals) and their probabilities (softmax over the whole row). */
+/* Row d's TREE_K most likely tokens (the sampler's top-k of a row: value
+ * descending, its partial sort's order among equal values) and their
+ * probabilities (softmax over the whole row, the engine's own exp). */
 static void row_top(const float *l, int64_t V, int32_t *tok, double *prob) {
-    float val[TREE_K];
-    int n = 0;
-    for (int64_t i = 0; i < V; i++) {
-        const float x = l[i];
-        if (n == TREE_K && !(x > val[TREE_K - 1])) continue;
-        int j = n < TREE_K ? n++ : TREE_K - 1;
-        for (; j > 0 && x > val[j - 1]; j--) {
-            val[j] = val[j - 1];
-            tok[j] = tok[j - 1];
-        }
-        val[j] = x;
-        tok[j] = (int32_t)i;
+    mu_token_data top[TREE_K];
+    mu_cand_top_k_of_row(top, l, (size_t)V, TREE_K, NULL, 0);
+    const double sum = mu_sum_expf(l, (size_t)V, top[0].logit);
+    for (int j = 0; j < TREE_K; j++) {
+        tok[j] = top[j].id;
+        prob[j] = (double)mu_expf(top[j].logit - top[0].logit) / sum;
     }
-    const double sum = mu_sum_expf(l, (size_t)V, val[0]);
-    for (int j = 0; j < TREE_K; j++) prob[j] = (double)mu_expf(val[j] - val[0]) / sum;
 }
 
 /* The best-first tree over the draft's n_rows rows (host logits) under the
