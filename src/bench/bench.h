@@ -68,6 +68,7 @@ typedef struct mu_bench_spec {
     bool ran;
     char draft_name[128];
     int verify_len;
+    bool tree;                /* token trees (--spec-tree) */
     int64_t n_prompt, n_gen;
     mu_bench_stats plain, spec;
     int64_t rounds, round_tokens, drafted, accepted; /* summed over the timed repetitions */

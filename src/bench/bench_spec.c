@@ -54,6 +54,7 @@ bool mu_bench_spec_run(const mu_bench_opts *o, muser_model *mm, mu_bench_spec *r
         mu_bench_stats_compute(&res->spec, sb, o->reps);
         res->n_prompt = n_prompt;
         res->verify_len = vl;
+        res->tree = o->spec_tree;
         res->ran = true;
     }
     free(sa);

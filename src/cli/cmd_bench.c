@@ -299,9 +299,9 @@ static void print_table(const bench_cli *c, const mu_bench_result *r) {
     if (!sp->ran) return;
     print_row(0, "greedy", sp->n_gen, &sp->plain, 0, 0);
     print_row(0, "spec", sp->n_gen, &sp->spec, 0, 0);
-    printf("speculative (%s, verify length %d, %lld-token prompt): %.2fx plain greedy, %.2f tokens per round, "
+    printf("speculative (%s, verify length %d%s, %lld-token prompt): %.2fx plain greedy, %.2f tokens per round, "
            "acceptance %.1f%%, identical output\n",
-           sp->draft_name, sp->verify_len, (long long)sp->n_prompt,
+           sp->draft_name, sp->verify_len, sp->tree ? " as a tree" : "", (long long)sp->n_prompt,
            sp->plain.median > 0 ? sp->spec.median / sp->plain.median : 0.0,
            sp->rounds ? (double)sp->round_tokens / (double)sp->rounds : 0.0,
            sp->drafted ? 100.0 * (double)sp->accepted / (double)sp->drafted : 0.0);
