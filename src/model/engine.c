@@ -517,10 +517,11 @@ static bool feed_tree_locked(muser_session *s, const int32_t *tokens, const int3
         mu_err_set(err, "token tree: the %s backend's attention does not take tree rows", e->be->name);
         return false;
     }
-    if (n > MU_TREE_MAX || n > e->n_logits || n > e->chunk) {
-        mu_err_set(err, "token tree of %lld rows: at most %lld here", (long long)n,
-                   (long long)(MU_TREE_MAX < e->n_logits ? (MU_TREE_MAX < e->chunk ? MU_TREE_MAX : e->chunk)
-                                                          : (e->n_logits < e->chunk ? e->n_logits : e->chunk)));
+    int64_t most = MU_TREE_MAX; /* one forward, every row's logits */
+    if (e->n_logits < most) most = e->n_logits;
+    if (e->chunk < most) most = e->chunk;
+    if (n > most) {
+        mu_err_set(err, "token tree of %lld rows: at most %lld here", (long long)n, (long long)most);
         return false;
     }
     int32_t depth[MU_TREE_MAX];
