@@ -22,6 +22,7 @@
 #include "spec/dflash.h"
 #include "spec/speculate.h"
 #include "gen/gen.h"
+#include "sample/sample.h"
 #include <math.h>
 
 static char target_path[512], draft_path[512];
@@ -820,6 +821,90 @@ static void test_tree_feed(void) {
     free(ta); free(pb); free(la); free(lb);
 }
 
+/* Greedy rounds whose rows stay on the backend (speculate.c
+ * spec_round_picks) against the same rounds through the host
+ * (MUSER_SPEC_PICKS=0): the same tokens every round, the same statistics,
+ * the same logits row left in the session, at verify lengths 3, 7 and 15;
+ * with no sampler, and with an argmax sampler that bans end of generation
+ * (ignore_eos: a banned pick sends the round to the host). */
+static void test_spec_picks(void) {
+    muser_error err;
+    muser_draft *d = muser_draft_load(draft_path, target, &err);
+    CHECK_MSG(d != NULL, "%s", err.msg);
+    if (!d) return;
+    const int64_t V = target->m->cfg.n_vocab;
+    muser_session_params spp = {.n_ctx = 512};
+    muser_session *s[2] = {muser_session_create(target, &spp, NULL), muser_session_create(target, &spp, NULL)};
+    static const char *texts[] = {"And it came to pass, when the king",
+                                  "<|header_start|>user<|header_end|>\n\nWho are you?<|eot|>"
+                                  "<|header_start|>assistant<|header_end|>\n\n"};
+    int64_t picked = 0, host_rounds = 0;
+    for (int vi = 0; vi < 3; vi++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int with_smp = 0; with_smp < 2; with_smp++) {
+                muser_spec_params p = {.verify_len = vi == 0 ? 3 : vi == 1 ? 7 : 15, .no_gate = true};
+                muser_spec *sp[2];
+                muser_sampler *smp[2] = {NULL, NULL};
+                for (int k = 0; k < 2; k++) {
+                    if (k) setenv("MUSER_SPEC_PICKS", "0", 1);
+                    sp[k] = muser_spec_create(s[k], d, &p, &err);
+                    unsetenv("MUSER_SPEC_PICKS");
+                    if (with_smp) {
+                        muser_sampling_params sa;
+                        muser_sampling_params_default(&sa);
+                        sa.temp = 0;
+                        sa.ignore_eos = true;
+                        smp[k] = muser_sampler_create(target, &sa, &err);
+                    }
+                }
+                CHECK_MSG(sp[0] && sp[1] && (!with_smp || (smp[0] && smp[1])), "%s", err.msg);
+                if (!sp[0] || !sp[1]) return;
+                int64_t n_prompt;
+                int32_t *prompt = prompt_tokens(texts[ti], 1, &n_prompt);
+                int32_t pend[2];
+                for (int k = 0; k < 2; k++) {
+                    CHECK_MSG(muser_spec_feed(sp[k], prompt, n_prompt, &err), "%s", err.msg);
+                    pend[k] = mu_sample_argmax(muser_session_logits(s[k]), (size_t)V, NULL, 0);
+                    if (smp[k]) CHECK(muser_sampler_accept(smp[k], pend[k], &err));
+                }
+                int total = 0;
+                for (int r = 0; r < 40 && total < 160; r++) {
+                    int32_t out[2][16];
+                    int n[2];
+                    for (int k = 0; k < 2; k++) n[k] = muser_spec_next(sp[k], pend[k], smp[k], 16, out[k], NULL, &err);
+                    CHECK_MSG(n[0] > 0 && n[0] == n[1] && !memcmp(out[0], out[1], (size_t)n[0] * sizeof(int32_t)) &&
+                                  muser_session_pos(s[0]) == muser_session_pos(s[1]) &&
+                                  !memcmp(muser_session_logits(s[0]), muser_session_logits(s[1]), (size_t)V * sizeof(float)),
+                              "VL %d text %d sampler %d round %d: %d / %d tokens (%s)", p.verify_len, ti, with_smp, r, n[0],
+                              n[1], err.msg);
+                    if (n[0] <= 0 || n[0] != n[1]) break;
+                    total += n[0];
+                    pend[0] = out[0][n[0] - 1];
+                    pend[1] = out[1][n[1] - 1];
+                    if (!with_smp && muser_token_is_eog(target, pend[0])) break;
+                }
+                muser_spec_stats st[2];
+                for (int k = 0; k < 2; k++) muser_spec_get_stats(sp[k], &st[k]);
+                CHECK_MSG(st[0].rounds == st[1].rounds && st[0].accepted == st[1].accepted &&
+                              st[0].round_tokens == st[1].round_tokens && st[1].picked_rounds == 0,
+                          "VL %d text %d: rounds %lld / %lld, accepted %lld / %lld", p.verify_len, ti,
+                          (long long)st[0].rounds, (long long)st[1].rounds, (long long)st[0].accepted,
+                          (long long)st[1].accepted);
+                picked += st[0].picked_rounds;
+                host_rounds += st[0].rounds - st[0].picked_rounds;
+                free(prompt);
+                for (int k = 0; k < 2; k++) {
+                    muser_spec_free(sp[k]);
+                    muser_sampler_free(smp[k]);
+                }
+            }
+    printf("rounds on the backend: %lld picked there, %lld through the host\n", (long long)picked, (long long)host_rounds);
+    CHECK(picked > 0);
+    muser_session_free(s[0]);
+    muser_session_free(s[1]);
+    muser_draft_free(d);
+}
+
 int main(void) {
     const char *src = getenv("MUSER_SOURCE_DIR");
     snprintf(target_path, sizeof target_path, "%s/models/glimmer-tiny-q4_k_xl.gguf", src ? src : ".");
@@ -838,6 +923,7 @@ int main(void) {
     double t1 = mu_now();
     test_speculation();
     test_spec_api();
+    test_spec_picks();
     printf("checks %.1f s, speculation %.1f s\n", t1 - t0, mu_now() - t1);
     muser_model_free(target);
     fx_cleanup();

@@ -19,6 +19,12 @@ typedef struct mu_backend mu_backend;
  * for the backend's chained token: the one the last chain_pick chose
  * (engine.c, the greedy chain). Only in a forward of one row. */
 #define MU_TOKEN_CHAINED (-1)
+/* Token ids standing for the backend's token registers (argmax_reg):
+ * MU_TOKEN_REG(i) is register i < MU_TOKEN_REGS, in the host token arrays
+ * of embed and embed_norm (speculate.c: a verification fed the draft's
+ * proposals where they were picked). */
+#define MU_TOKEN_REGS 16
+#define MU_TOKEN_REG(i) (-2 - (i))
 
 /* The rows of a token tree (speculative verification, docs/speculative.md
  * "Token trees"): one sequence's run of rows stored at consecutive cache
@@ -219,6 +225,19 @@ struct mu_backend {
     void (*chain_pick)(mu_backend *b, const float *x, int64_t n, int32_t *slot);
     bool (*chain_wait)(mu_backend *b, volatile int32_t *slot, mu_error *err);
     int32_t chained; /* host backends: the chained token */
+    /* Optional (NULL both: a speculative round goes through the host,
+     * speculate.c): argmax_reg sets token register r (MU_TOKEN_REG(r)) to
+     * argmax's answer for row r of x [rows][n], rows <= MU_TOKEN_REGS,
+     * nothing to the host. pick_rows looks at rows r < rows of x [rows][n]
+     * where they lie and, once the work before it has run, writes slot[2r]
+     * = the first maximum of row r and slot[2r + 1] = 1 when that maximum
+     * is unique and the row finite (chain_pick's rule), else 2; before the
+     * flag of row 0, slot[2 rows + i] = register i for i < n_regs. slot is
+     * host_alloc memory, the flags zeroed by the caller; chain_wait(&slot[2r])
+     * waits for row r. Either may end a forward bracket (it is replayed). */
+    void (*argmax_reg)(mu_backend *b, const float *x, int64_t n, int64_t rows);
+    void (*pick_rows)(mu_backend *b, const float *x, int64_t n, int64_t rows, int n_regs, int32_t *slot);
+    int32_t regs[MU_TOKEN_REGS]; /* host backends: the token registers */
 
     /* ---- load time ---- */
     /* Optional (NULL: none), called once per weight at load before any op

@@ -78,8 +78,11 @@ void *mu_backend_xalloc(mu_backend *b, size_t bytes, const char *what) {
 /* ---------- ops ---------- */
 
 static void host_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float *x) {
-    for (int64_t r = 0; r < rows; r++)
-        mu_weight_dequant_row(w, tokens[r] == MU_TOKEN_CHAINED ? b->chained : tokens[r], x + r * w->n_in);
+    for (int64_t r = 0; r < rows; r++) {
+        const int32_t t = tokens[r];
+        mu_weight_dequant_row(w, t == MU_TOKEN_CHAINED ? b->chained : t < 0 ? b->regs[MU_TOKEN_REG(0) - t] : t,
+                              x + r * w->n_in);
+    }
 }
 
 static void host_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
@@ -174,6 +177,19 @@ static void host_chain_pick(mu_backend *b, const float *x, int64_t n, int32_t *s
     slot[1] = id >= 0 ? 1 : 2;
 }
 
+static void host_argmax_reg(mu_backend *b, const float *x, int64_t n, int64_t rows) {
+    host_argmax(b, x, n, rows, b->regs);
+}
+
+static void host_pick_rows(mu_backend *b, const float *x, int64_t n, int64_t rows, int n_regs, int32_t *slot) {
+    for (int i = 0; i < n_regs; i++) slot[2 * rows + i] = b->regs[i];
+    for (int64_t r = 0; r < rows; r++) {
+        const int32_t id = n > 0 ? mu_sample_argmax_unique(x + r * n, (size_t)n) : -1;
+        slot[2 * r] = id >= 0 ? id : 0;
+        slot[2 * r + 1] = id >= 0 ? 1 : 2;
+    }
+}
+
 static bool host_chain_wait(mu_backend *b, volatile int32_t *slot, mu_error *err) {
     (void)b;
     if (slot[1]) return true;
@@ -233,6 +249,8 @@ void mu_backend_set_host_ops(mu_backend *b) {
     b->store_heads = host_store_heads;
     b->chain_pick = host_chain_pick;
     b->chain_wait = host_chain_wait;
+    b->argmax_reg = host_argmax_reg;
+    b->pick_rows = host_pick_rows;
 }
 
 mu_weight mu_f32_matrix(const float *data, int64_t n_in, int64_t n_out, int64_t stride) {

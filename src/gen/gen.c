@@ -413,13 +413,17 @@ bool mu_gen_can_chain(const mu_gen *g, const muser_session *s) {
            muser_session_can_chain(s);
 }
 
+bool mu_gen_needs_rows(const mu_gen *g) { return g->rows_needed || g->n_probs; }
+
 mu_gen_stop mu_gen_take_drawn(mu_gen *g, const int32_t *toks, const float *const *rows, int n, int32_t *next) {
     if (g->res.stop != MU_GEN_RUNNING) return g->res.stop;
-    if (n < 0 || n > MU_GEN_MAX_DRAW || (n && (!toks || !rows))) {
+    if (n < 0 || n > MU_GEN_MAX_DRAW || (n && (!toks || (!rows && mu_gen_needs_rows(g))))) {
         mu_gen_finish(g, MU_GEN_STOP_ERROR, "mu_gen_take_drawn: bad token count or no rows");
         return g->res.stop;
     }
-    for (int i = 0; i < n; i++)
+    static const float *const none[MU_GEN_MAX_DRAW];
+    if (!rows) rows = none; /* nothing reads them (mu_gen_needs_rows) */
+    for (int i = 0; i < n && rows != none; i++)
         if (!rows[i]) {
             mu_gen_finish(g, MU_GEN_STOP_ERROR, "mu_gen_take_drawn: a token without its logits row");
             return g->res.stop;

@@ -165,6 +165,9 @@ void mu_gen_set_prompt_cache(mu_gen *g, muser_kvstore *st);
 muser_kvstore *mu_gen_prompt_cache(const mu_gen *g);
 /* The tokens restored for this request's prompt (mu_gen_drive). */
 void mu_gen_set_reused(mu_gen *g, int64_t n);
+/* Whether the started request reads the logits rows of its tokens
+ * (rows_needed or logprobs); if not, mu_gen_take_drawn takes rows NULL. */
+bool mu_gen_needs_rows(const mu_gen *g);
 /* The started request's `speculate`. */
 bool mu_gen_speculates(const mu_gen *g);
 /* End a running request from outside (context full, cancelled, error with

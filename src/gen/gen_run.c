@@ -141,12 +141,13 @@ bool mu_gen_drive(mu_gen *g, muser_session *s, muser_spec *sp, mu_gen_seq *seq, 
         if (sp) { /* the assistant must see every row, even when it does not propose */
             int32_t out[MU_GEN_MAX_DRAW];
             const float *rows[MU_GEN_MAX_DRAW];
-            int n = muser_spec_next(sp, next, mu_gen_sampler(g), mu_gen_speculates(g) ? mu_gen_max_draw(g) : 1, out, rows,
+            const float **want = mu_gen_needs_rows(g) ? rows : NULL; /* none: the rows may stay on the backend */
+            int n = muser_spec_next(sp, next, mu_gen_sampler(g), mu_gen_speculates(g) ? mu_gen_max_draw(g) : 1, out, want,
                                     &e);
             if (n < 0) return failed(g, e.msg, err);
             seq_push(seq, &next, 1);
             seq_push(seq, out, n - 1);
-            st = mu_gen_take_drawn(g, out, rows, n, &next);
+            st = mu_gen_take_drawn(g, out, want, n, &next);
         } else {
             if (!muser_session_feed(s, &next, 1, &e)) return failed(g, e.msg, err);
             seq_push(seq, &next, 1);

@@ -73,6 +73,7 @@ struct muser_session {
     uint64_t q_order;
     bool q_prompt;              /* submitted as a prompt: chunked and budgeted at any length */
     int32_t *chain_slots;       /* decode_chain's picks: [CHAIN_AHEAD][2], backend host memory */
+    float *vrows;               /* feed_picks' logits rows, backend [16][n_vocab] (capture.h) */
     muser_spec *spec;           /* the speculation state bound to it (src/spec), whose assistant
                                  * context a durable pack carries too (docs/kvpack.md) */
 };
@@ -260,6 +261,7 @@ static void session_destroy(muser_session *s) {
         if (e->be->host_free) e->be->host_free(e->be, s->chain_slots, CHAIN_AHEAD * 2 * sizeof(int32_t));
         else free(s->chain_slots);
     }
+    if (s->vrows) e->be->free(e->be, s->vrows, (size_t)(16 * e->model->m->cfg.n_vocab) * sizeof(float));
     free(s->hist);
     free(s->q);
     free(s);
@@ -307,7 +309,8 @@ static void poison(muser_session *s, const char *msg) {
     snprintf(s->error, sizeof s->error, "%s", msg);
 }
 
-static bool check_input(const muser_session *s, const int32_t *tokens, int64_t n, mu_error *err) {
+/* n_regs: token registers MU_TOKEN_REG(0 .. n_regs) may stand for tokens. */
+static bool check_input_regs(const muser_session *s, const int32_t *tokens, int64_t n, int n_regs, mu_error *err) {
     const int64_t n_vocab = s->e->model->m->cfg.n_vocab;
     if (s->poisoned) {
         mu_err_set(err, "session is poisoned (%.900s); reset it", s->error);
@@ -332,12 +335,17 @@ static bool check_input(const muser_session *s, const int32_t *tokens, int64_t n
         return false;
     }
     for (int64_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+        if ((tokens[i] < 0 && !(tokens[i] <= MU_TOKEN_REG(0) && tokens[i] > MU_TOKEN_REG(n_regs))) ||
+            tokens[i] >= n_vocab) {
             mu_err_set(err, "token %lld (index %lld) is outside the vocabulary [0, %lld)",
                        (long long)tokens[i], (long long)i, (long long)n_vocab);
             return false;
         }
     return true;
+}
+
+static bool check_input(const muser_session *s, const int32_t *tokens, int64_t n, mu_error *err) {
+    return check_input_regs(s, tokens, n, 0, err);
 }
 
 /* Room for n captured rows of this session's current input. */
@@ -609,6 +617,96 @@ bool muser_session_feed_all(muser_session *s, const int32_t *tokens, int64_t n, 
     lock(s->e);
     bool ok = feed_locked(s, tokens, n, out, ERR(err));
     unlock(s->e);
+    return ok;
+}
+
+/* capture.h: one forward of the tokens (host ids or token registers) with
+ * every row's logits left on the backend and pick_rows over them; the
+ * record holds the registers until mu_session_resolve_regs. */
+bool mu_session_feed_picks(muser_session *s, const int32_t *tokens, int64_t n, int n_regs, int32_t *slot,
+                           mu_error *err) {
+    muser_engine *e = s->e;
+    mu_backend *be = e->be;
+    lock(e);
+    bool ok = false;
+    if (!be->pick_rows || !be->argmax_reg) {
+        mu_err_set(err, "feed_picks: the %s backend has no token registers", be->name);
+    } else if (n > e->n_logits || n > 16 || n_regs > MU_TOKEN_REGS) {
+        mu_err_set(err, "feed_picks: %lld rows (%d registers) is more than one bracketed forward takes", (long long)n,
+                   n_regs);
+    } else if (check_input_regs(s, tokens, n, n_regs, err)) {
+        const mu_model *m = e->model->m;
+        s->has_logits = false;
+        s->captured_rows = 0;
+        capture_reserve(s, n);
+        seq_run run = {.s = s, .n = n};
+        int64_t rows = 0, n_logit_rows = 0, n_cap = 0;
+        add_run(e, &run, &rows, &n_logit_rows, &n_cap, tokens, true, true, NULL);
+        if (n_cap && !e->capture.rows) {
+            const size_t row = (size_t)(e->capture.n * m->cfg.n_embd) * sizeof(float);
+            e->capture.rows = mu_backend_xalloc(be, (size_t)e->n_batch * row, "the capture rows");
+            e->capture.cap = e->n_batch;
+        }
+        const int64_t V = m->cfg.n_vocab;
+        if (!s->vrows) s->vrows = mu_backend_xalloc(be, (size_t)(16 * V) * sizeof(float), "verification rows");
+        for (int64_t r = 0; r < n; r++) slot[2 * r + 1] = 0;
+        mu_batch b = {.n = rows, .token = e->b_token, .seq = e->b_seq, .pos = e->b_pos, .logits = e->b_logits,
+                      .cap_row = n_cap ? e->b_cap : NULL};
+        if (be->forward_begin) be->forward_begin(be, batch_key(e, rows, n_cap, 3));
+        ok = mu_forward(m, be, e->kvs, &e->scratch, e->inv_freq, &b, e->logits, n_cap ? &e->capture : NULL, err);
+        if (ok) { /* the rows move to the session's own buffer: a later forward of another session reuses e->logits */
+            be->copy(be, s->vrows, e->logits, (size_t)(n * V) * sizeof(float));
+            be->pick_rows(be, s->vrows, V, n, n_regs, slot);
+        }
+        if (be->forward_end) be->forward_end(be, ok);
+        if (!ok) {
+            poison(s, err->msg);
+        } else {
+            if (n_cap) {
+                const size_t row = (size_t)(e->capture.n * m->cfg.n_embd) * sizeof(float);
+                be->copy(be, s->cap_rows, e->capture.rows, (size_t)n * row);
+                s->captured_rows = n;
+            }
+            hist_append(s, s->pos, tokens, n);
+            s->pos += n;
+        }
+    }
+    unlock(e);
+    return ok;
+}
+
+int64_t mu_session_picks_max(const muser_session *s) {
+    const muser_engine *e = s->e;
+    return e->be->pick_rows && e->be->argmax_reg ? (e->n_logits < 16 ? e->n_logits : 16) : 0;
+}
+
+void mu_session_resolve_regs(muser_session *s, int64_t pos0, const int32_t *regs, int n_regs) {
+    lock(s->e);
+    for (int64_t p = pos0; p < s->n_hist; p++)
+        if (s->hist[p] <= MU_TOKEN_REG(0) && s->hist[p] > MU_TOKEN_REG(n_regs)) s->hist[p] = regs[MU_TOKEN_REG(0) - s->hist[p]];
+    unlock(s->e);
+}
+
+bool mu_session_fetch_row(muser_session *s, int64_t row, mu_error *err) {
+    muser_engine *e = s->e;
+    const int64_t V = e->model->m->cfg.n_vocab;
+    lock(e);
+    e->be->download(e->be, s->logits, s->vrows + row * V, (size_t)V * sizeof(float));
+    const bool ok = check_finite(s, s->logits, 1, s->pos - 1);
+    if (!ok) mu_err_set(err, "%s", s->error);
+    s->has_logits = ok;
+    unlock(e);
+    return ok;
+}
+
+bool mu_session_fetch_rows(muser_session *s, int64_t n, float *out, mu_error *err) {
+    muser_engine *e = s->e;
+    const int64_t V = e->model->m->cfg.n_vocab;
+    lock(e);
+    e->be->download(e->be, out, s->vrows, (size_t)(n * V) * sizeof(float));
+    const bool ok = check_finite(s, out, n, s->pos - n);
+    if (!ok) mu_err_set(err, "%s", s->error);
+    unlock(e);
     return ok;
 }
 

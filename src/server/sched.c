@@ -300,7 +300,8 @@ static void speculate(srv_sched *s, slot *sl, srv_job *j) {
     muser_spec_get_stats(sl->sp, &before);
     muser_error err = {{0}};
     pthread_mutex_unlock(&s->mu);
-    const int n = muser_spec_next(sl->sp, pending, mu_gen_sampler(j->g), mu_gen_max_draw(j->g), out, rows, &err);
+    const float **want = mu_gen_needs_rows(j->g) ? rows : NULL; /* none: the rows may stay on the backend */
+    const int n = muser_spec_next(sl->sp, pending, mu_gen_sampler(j->g), mu_gen_max_draw(j->g), out, want, &err);
     pthread_mutex_lock(&s->mu);
     if (n < 0) {
         fail_job(s, sl, j, err.msg);
@@ -310,7 +311,7 @@ static void speculate(srv_sched *s, slot *sl, srv_job *j) {
     add_spec_stats(s, &before, &after);
     slot_push_tokens(sl, &pending, 1); /* fed: the pending token and every drawn token but the last */
     if (n > 1) slot_push_tokens(sl, out, n - 1);
-    const mu_gen_stop st = j->cancel ? MU_GEN_STOP_CANCELLED : mu_gen_take_drawn(j->g, out, rows, n, &j->next);
+    const mu_gen_stop st = j->cancel ? MU_GEN_STOP_CANCELLED : mu_gen_take_drawn(j->g, out, want, n, &j->next);
     if (j->cancel) mu_gen_finish(j->g, MU_GEN_STOP_CANCELLED, NULL);
     if (st != MU_GEN_RUNNING) finish_job(s, j);
 }

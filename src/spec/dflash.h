@@ -86,7 +86,9 @@ void mu_dflash_append_context(mu_dflash_state *st, const float *features, int64_
 void mu_dflash_skip_context(mu_dflash_state *st, int64_t n);
 /* One block at anchor position rows(): writes the argmax (lowest id on
  * ties) of block rows 1..n_prop into proposals, and when logits is
- * non-NULL their logits [n_prop][n_vocab]. 1 <= n_prop < block_size. */
+ * non-NULL their logits [n_prop][n_vocab]. 1 <= n_prop < block_size.
+ * proposals NULL: into the backend's token registers 0 .. n_prop
+ * (argmax_reg, backend.h), nothing to the host. */
 void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *proposals, float *logits);
 
 /* The state as bytes (docs/kvpack.md, "DFlash context"): the held context

@@ -269,7 +269,8 @@ void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *p
     mu_backend *be = st->be;
     const int64_t E = c->n_embd, B = c->block_size, V = t->cfg.n_vocab;
     for (int64_t r = 0; r < B; r++) st->ids[r] = r ? c->mask_token : anchor;
-    bracket_begin(st, 0xDF1A5D0, n_prop, 0); /* the context length is data (attention) */
+    /* the context length is data (attention); proposals NULL: into the token registers, inside the bracket */
+    bracket_begin(st, 0xDF1A5D0, n_prop, proposals ? 0 : 1);
     be->embed(be, &t->token_embd, st->ids, B, st->h);
     rope_table(st, st->rows, B);
     for (int il = 0; il < c->n_layer; il++) {
@@ -279,6 +280,11 @@ void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *p
     /* rows 1..n_prop: final norm and the target's head (no logit scale, no soft-cap) */
     be->rmsnorm(be, st->h + E, st->d->output_norm, c->rms_eps, st->a, E, n_prop);
     be->matmul(be, &t->output, st->a, st->logits, n_prop);
+    if (!proposals) {
+        be->argmax_reg(be, st->logits, V, n_prop);
+        bracket_end(st);
+        return;
+    }
     bracket_end(st); /* before the argmax: its result goes to the host */
     be->argmax(be, st->logits, V, n_prop, proposals);
     if (logits) be->download(be, logits, st->logits, (size_t)n_prop * (size_t)V * sizeof(float));

@@ -113,6 +113,8 @@ static bool gate_round(spec_gate *g, int64_t proposals, int64_t accepted, int64_
 
 /* ---------------------------------------------------------------- state */
 
+#define SLOT_INTS (2 * 16 + MU_TOKEN_REGS) /* pick_rows: 16 rows' (pick, flag), then the proposals */
+
 struct muser_spec {
     muser_model *target;
     muser_session *s;
@@ -126,6 +128,8 @@ struct muser_spec {
     float *feats;                   /* backend memory: captured rows not yet in the assistant's context */
     mu_backend *be;
     int64_t n_feats, cap_feats;
+    int32_t *slots;                 /* the backend round's picks and proposals (pick_rows), host_alloc memory */
+    bool picks;                     /* greedy rounds may stay on the backend (spec_round_picks) */
     spec_gate gate;
     muser_spec_stats st;
 };
@@ -292,6 +296,14 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     sp->cap_feats = want < fit ? want : fit > 64 ? fit : 64;
     sp->be = target->be;
     sp->feats = mu_backend_xalloc(sp->be, (size_t)(sp->cap_feats * sp->feat_len) * sizeof(float), "the assistant's feature rows");
+    /* greedy rounds on the backend: proposals and picks stay there (MUSER_SPEC_PICKS=0: through the host) */
+    const char *pk = getenv("MUSER_SPEC_PICKS");
+    sp->picks = sp->be->argmax_reg && sp->be->pick_rows && sp->be->chain_wait && !(pk && *pk && atoi(pk) == 0);
+    if (sp->picks) {
+        const size_t bytes = SLOT_INTS * sizeof(int32_t);
+        sp->slots = sp->be->host_alloc ? sp->be->host_alloc(sp->be, bytes) : mu_xmalloc(bytes);
+        sp->picks = sp->slots != NULL;
+    }
     gate_init(&sp->gate, p->no_gate);
     muser_spec_reset(sp);
     if (!p->no_gate) gate_calibrate(sp);
@@ -307,6 +319,10 @@ void muser_spec_free(muser_spec *sp) {
     free(sp->logits);
     free(sp->dlogits);
     sp->be->free(sp->be, sp->feats, (size_t)(sp->cap_feats * sp->feat_len) * sizeof(float));
+    if (sp->slots) {
+        if (sp->be->host_free) sp->be->host_free(sp->be, sp->slots, SLOT_INTS * sizeof(int32_t));
+        else free(sp->slots);
+    }
     free(sp);
 }
 
@@ -537,6 +553,85 @@ static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *sm
     return n;
 }
 
+/* A greedy round that leaves its rows on the backend (smp NULL or an
+ * argmax sampler, no rows wanted): the draft's proposals go into the
+ * backend's token registers (argmax_reg), the verification feeds them
+ * from there and picks every row where it lies (pick_rows), and the host
+ * reads back only the picks and the proposals, one wait per round instead
+ * of the draft's round trip and the rows' download. The tokens are the
+ * ones spec_round draws: a row's pick is its draw when its maximum is
+ * unique and the row finite (chain_pick's rule, docs/sampling.md), and
+ * proposals after a proposed end of generation, which spec_round does not
+ * verify, never count (the kept run stops at it). When any row is not
+ * decided that way, or the sampler bans an emitted pick, every row comes
+ * to the host and spec_round's own loop draws (a non-finite row then
+ * poisons the session as a feed would). */
+static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampler *smp, int32_t *out,
+                            muser_error *err) {
+    const int64_t V = sp->n_vocab, P = muser_session_pos(sp->s);
+    mu_backend *be = sp->be;
+    int32_t block[16];
+    block[0] = pending;
+    for (int i = 0; i < vl; i++) block[i + 1] = MU_TOKEN_REG(i);
+    double t0 = mu_now();
+    flush_feats(sp);
+    mu_dflash_draft(sp->ds, pending, vl, NULL, NULL);
+    double t1 = mu_now();
+    if (!muser_session_checkpoint(sp->s, err) ||
+        !mu_session_feed_picks(sp->s, block, vl + 1, vl, sp->slots, ERR(err)))
+        return -1;
+    for (int r = 0; r <= vl; r++)
+        if (!be->chain_wait(be, sp->slots + 2 * r, ERR(err))) return -1;
+    const int32_t *props = sp->slots + 2 * (vl + 1);
+    mu_session_resolve_regs(sp->s, P, props, vl);
+    for (int i = 0; i < vl; i++) block[i + 1] = props[i];
+    /* the tokens spec_round would draw, if every row decides its own */
+    bool on_host = false;
+    int n = 0;
+    for (int r = 0; r <= vl && !on_host; r++) on_host = sp->slots[2 * r + 1] != 1;
+    for (int i = 0; i <= vl && !on_host; i++) {
+        const int32_t tok = sp->slots[2 * i];
+        if (smp && muser_sampler_bans(smp, tok)) on_host = true;
+        out[n++] = tok;
+        if (i == vl || tok != block[i + 1] || muser_token_is_eog(sp->target, tok)) break;
+    }
+    const float *last_row = NULL;
+    sp->st.picked_rounds += !on_host;
+    if (on_host) {
+        if (!mu_session_fetch_rows(sp->s, vl + 1, sp->logits, ERR(err))) return -1;
+        bool complete = false;
+        n = 0;
+        for (int i = 0; i <= vl; i++) {
+            int32_t tok = draw(smp, sp->logits + (int64_t)i * V, V, &complete, err);
+            if (tok < 0) {
+                if (!complete) return -1;
+                break;
+            }
+            out[n++] = tok;
+            if (i == vl || tok != block[i + 1] || muser_token_is_eog(sp->target, tok)) break;
+        }
+    } else {
+        for (int i = 0; i < n; i++)
+            if (smp && !muser_sampler_accept(smp, out[i], err)) return -1;
+    }
+    int64_t keep = n ? n : 1;
+    if (!muser_session_rollback(sp->s, P + keep, err) || !take_captured(sp, vl + 1, keep, ERR(err))) return -1;
+    muser_session_commit(sp->s);
+    if (on_host) last_row = sp->logits + (keep - 1) * V;
+    if (last_row) mu_session_set_logits(sp->s, last_row); /* the row of the last kept token */
+    else if (!mu_session_fetch_row(sp->s, keep - 1, ERR(err))) return -1;
+    double t3 = mu_now();
+    int64_t accepted = n ? n - 1 : 0;
+    sp->st.rounds++;
+    sp->st.round_tokens += n;
+    sp->st.drafted += vl;
+    sp->st.accepted += accepted;
+    sp->st.t_draft += t1 - t0;
+    sp->st.t_verify += t3 - t1;
+    if (gate_round(&sp->gate, vl, accepted, n, t3 - t0)) sp->st.gate_closures++;
+    return n;
+}
+
 int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max_out, int32_t *out,
                     const float **rows, muser_error *err) {
     if (err) err->msg[0] = 0;
@@ -553,6 +648,8 @@ int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max
     if (vl > max_out - 1) vl = max_out - 1; /* never draw past max_out */
     if (vl > room) vl = room;
     if (!sp->gate.open || vl < 1) return plain_step(sp, pending, smp, out, rows, err);
+    if (sp->picks && !sp->tree && !rows && (!smp || muser_sampler_is_argmax(smp)) && vl + 1 <= mu_session_picks_max(sp->s))
+        return spec_round_picks(sp, pending, (int)vl, smp, out, err);
     return spec_round(sp, pending, (int)vl, smp, out, rows, err);
 }
 
