@@ -91,10 +91,10 @@ static void print_stats(const spec_opts *o, const mu_dflash *d, const mu_gen_pai
         cli_json_str(stdout, text ? text : "");
         printf(", \"verify_steps\": %lld, \"tokens_per_step\": %.4f, \"drafted\": %lld, \"accepted\": %lld, "
                "\"acceptance\": %.4f, \"plain_tokens_per_s\": %.2f, \"spec_tokens_per_s\": %.2f, \"speedup\": %.4f, "
-               "\"draft_s\": %.4f, \"verify_s\": %.4f, \"exact\": %s}\n",
+               "\"draft_s\": %.4f, \"verify_s\": %.4f, \"picked_rounds\": %lld, \"exact\": %s}\n",
                (long long)verify_steps, (double)step_tokens / steps, (long long)st->drafted,
                (long long)st->accepted, st->drafted ? (double)st->accepted / (double)st->drafted : 0, plain, spec,
-               plain > 0 ? spec / plain : 0, st->t_draft, t_verify, exact ? "true" : "false");
+               plain > 0 ? spec / plain : 0, st->t_draft, t_verify, (long long)st->picked_rounds, exact ? "true" : "false");
         return;
     }
     printf("\n\nprompt %lld tokens, generated %lld; draft %s (sink %d + window %lld), verify length %lld%s\n",

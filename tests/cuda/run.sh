@@ -127,6 +127,28 @@ if [ $ok = 1 ] && cmp -s "$T/plain.bin" "$T/spec_cuda.bin" && cmp -s "$T/spec_cp
 else
     say "FAIL DFlash on cuda: $(tail -3 "$T/err")"; fail=1
 fi
+# greedy rounds whose rows stay on the GPU (speculate.c spec_round_picks:
+# proposals in token registers, the verification's rows picked there)
+# against the same rounds through the host (MUSER_SPEC_PICKS=0) and plain
+# greedy (muser speculate's own check), at verify lengths 3, 7 and 15
+ok=1 msg=""
+for vl in 3 7 15; do
+    for pk in 1 0; do
+        MUSER_SPEC_PICKS=$pk "$M" speculate -m "$TM" --draft "$D" --backend cuda -p "$P" -n 96 --verify-len $vl \
+            --json >"$T/picks_${vl}_$pk.json" 2>>"$T/err" || ok=0
+        grep -q '"exact": true' "$T/picks_${vl}_$pk.json" || ok=0
+    done
+    a=$(grep -o '"ids": \[[^]]*\]' "$T/picks_${vl}_1.json") b=$(grep -o '"ids": \[[^]]*\]' "$T/picks_${vl}_0.json")
+    [ -n "$a" ] && [ "$a" = "$b" ] || ok=0
+    grep -q '"picked_rounds": [1-9]' "$T/picks_${vl}_1.json" || ok=0
+    grep -q '"picked_rounds": 0' "$T/picks_${vl}_0.json" || ok=0
+    msg="$msg VL $vl: $(grep -o '"\(verify_steps\|picked_rounds\)": [0-9]*' "$T/picks_${vl}_1.json" | tr '\n' ' ')"
+done
+if [ $ok = 1 ]; then
+    say "PASS speculative rounds on the GPU's picks: the tokens of the host's rounds and of plain greedy ($msg)"
+else
+    say "FAIL speculative rounds on the GPU's picks: $(tail -3 "$T/err")$msg"; fail=1
+fi
 # the greedy chain (tokens picked on the GPU, the host forwards ahead;
 # docs/cuda.md "The greedy chain"): 600 tokens across three 256-key blocks
 # (new graphs on the way) equal to feeding them one by one, also with every

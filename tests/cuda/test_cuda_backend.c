@@ -1400,6 +1400,81 @@ static void test_chain_pick(void) {
     cu->host_free(cu, hs, 8);
 }
 
+/* argmax_reg and pick_rows against the host's (ref's): rows of random
+ * values with ties, signed zeros and non-finite values in some of them,
+ * the registers read back through pick_rows' copy, and embed / embed_norm
+ * of ids that are token registers (MU_TOKEN_REG). */
+static void test_pick_rows(void) {
+    static const int64_t lens[] = {7, 8192, 202048};
+    static const int64_t nrows[] = {1, 3, 16};
+    const size_t slot_bytes = (2 * 16 + MU_TOKEN_REGS) * sizeof(int32_t);
+    int32_t *hs = cu->host_alloc(cu, slot_bytes), rs[2 * 16 + MU_TOKEN_REGS];
+    if (!hs) fprintf(stderr, "test_pick_rows: no page-locked memory\n"), exit(1);
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+        for (size_t ri = 0; ri < sizeof nrows / sizeof *nrows; ri++) {
+            const int64_t n = lens[li], rows = nrows[ri];
+            float *y = rnd_vec((size_t)(n * rows), 20.0f);
+            for (int64_t r = 0; r < rows; r++) {
+                float *l = y + r * n;
+                int64_t best = 0;
+                for (int64_t i = 1; i < n; i++)
+                    if (l[i] > l[best]) best = i;
+                switch (r % 6) {
+                case 1: l[(best + n / 2 + 1) % n] = l[best]; break; /* a tie */
+                case 2: l[n - 1] = NAN; break;
+                case 3: l[n / 2] = INFINITY; break;
+                case 4: for (int64_t i = 0; i < n; i++) l[i] = -fabsf(l[i]) - 1.0f;
+                        l[n / 3] = 0.0f, l[n - 1] = -0.0f; break;      /* +0 and -0 the maxima */
+                default: break;
+                }
+            }
+            float *dy = dev(y, (size_t)(n * rows) * 4);
+            const int n_regs = (int)(rows < MU_TOKEN_REGS ? rows : MU_TOKEN_REGS);
+            ref->argmax_reg(ref, y, n, n_regs);
+            ref->pick_rows(ref, y, n, rows, n_regs, rs);
+            cu->argmax_reg(cu, dy, n, n_regs);
+            for (int64_t r = 0; r < rows; r++) hs[2 * r + 1] = 0;
+            cu->pick_rows(cu, dy, n, rows, n_regs, hs);
+            mu_error err;
+            bool ok = true;
+            for (int64_t r = 0; r < rows && ok; r++) ok = cu->chain_wait(cu, hs + 2 * r, &err);
+            n_checks++;
+            if (!ok) n_fail++, fprintf(stderr, "MISMATCH pick_rows wait: %s\n", err.msg);
+            else if (memcmp(hs, rs, (size_t)(2 * rows + n_regs) * sizeof(int32_t))) {
+                n_fail++;
+                fprintf(stderr, "MISMATCH pick_rows (%lld rows of %lld values):", (long long)rows, (long long)n);
+                for (int64_t i = 0; i < 2 * rows + n_regs; i++) fprintf(stderr, " %d/%d", rs[i], hs[i]);
+                fprintf(stderr, "\n");
+            }
+            cu->free(cu, dy, 0);
+            free(y);
+        }
+    /* ids from the registers: rows whose maxima sit at known places */
+    const wspec *ws = &WSPECS[0];
+    mu_weight w = make_weight(ws, 256, 300);
+    float *x = rnd_vec(3 * 300, 5.0f);
+    x[0 * 300 + 123] = 99.0f, x[1 * 300 + 7] = 99.0f, x[2 * 300 + 299] = 99.0f;
+    float *dx = dev(x, 3 * 300 * 4);
+    cu->argmax_reg(cu, dx, 300, 3);
+    const int32_t ids[5] = {5, 7, 123, 299, 7}, toks[5] = {5, MU_TOKEN_REG(1), MU_TOKEN_REG(0), MU_TOKEN_REG(2), 7};
+    float want[5 * 256], want_h[5 * 256], *g = rnd_vec(256, 1.0f);
+    ref->embed(ref, &w, ids, 5, want);
+    float *dout = cu->alloc(cu, 5 * 256 * 4), *dh = cu->alloc(cu, 5 * 256 * 4), *dg = dev(g, 256 * 4);
+    cu->embed(cu, &w, toks, 5, dout);
+    check("embed of token registers", want, dout, 5 * 256 * 4);
+    memcpy(want_h, want, sizeof want);
+    ref->rmsnorm(ref, want, NULL, 1e-6f, want, 256, 5);
+    ref->rmsnorm(ref, want, g, 1e-6f, want_h, 256, 5);
+    if (cu->embed_norm) {
+        cu->embed_norm(cu, &w, toks, 5, 1e-6f, dg, dout, dh);
+        check("embed_norm of token registers (x)", want, dout, 5 * 256 * 4);
+        check("embed_norm of token registers (h)", want_h, dh, 5 * 256 * 4);
+    }
+    cu->free(cu, dout, 0), cu->free(cu, dh, 0), cu->free(cu, dg, 0), cu->free(cu, dx, 0);
+    free(x), free(g);
+    cu->host_free(cu, hs, slot_bytes);
+}
+
 /* ------------------------------------------------------- benchmarks */
 
 static void *dev_raw(const void *host, size_t bytes) {
@@ -1815,6 +1890,7 @@ int main(int argc, char **argv) {
     test_store_heads_and_memory();
     test_first_nonfinite();
     test_chain_pick();
+    test_pick_rows();
     printf("test_cuda_backend: %d checks, %d mismatches\n", n_checks, n_fail);
     cu->destroy(cu);
     ref->destroy(ref);

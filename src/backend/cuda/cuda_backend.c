@@ -50,6 +50,7 @@ typedef struct cuda_ctx {
     uint8_t *ring_base;
     int half;
     void *half_ev[2];          /* after the work that may still read each half */
+    int32_t *regs_d;           /* the token registers (backend.h argmax_reg), MU_TOKEN_REGS */
     int32_t *chain_d;          /* the chained token (backend.h chain_pick), then k_chain_pick's
                                 * counter and partials (mucu_chain_bytes) */
     dev_buf out;     /* argmax results */
@@ -693,6 +694,34 @@ static int32_t *chain_reg(mu_backend *b, const char *op) {
     return c->chain_d;
 }
 
+/* The token registers (backend.h argmax_reg), allocated on first use like chain_d. */
+static int32_t *regs_reg(mu_backend *b, const char *op) {
+    cuda_ctx *c = ctx_of(b);
+    char err[MUCU_ERR_LEN];
+    if (!c->regs_d) {
+        graph_sync_point(b);
+        if (!mucu_malloc((void **)&c->regs_d, MU_TOKEN_REGS * sizeof(int32_t), err)) die(op, err);
+    }
+    return c->regs_d;
+}
+
+/* Whether a forward's ids name token registers (MU_TOKEN_REG). */
+static bool has_regs(const int32_t *tokens, int64_t rows) {
+    for (int64_t r = 0; r < rows; r++)
+        if (tokens[r] <= MU_TOKEN_REG(0)) return true;
+    return false;
+}
+
+/* Such ids on the device, an op of its own before the entry's: uploaded,
+ * then completed from the registers (k_tokens_regs). */
+static const int32_t *tokens_regs(mu_backend *b, const int32_t *tokens, int64_t rows, const char *op) {
+    int32_t *reg = regs_reg(b, op);
+    const bool launch = go(b, sig_of("tokens_regs", 2, I(rows), P(reg)));
+    int32_t *t = (int32_t *)upload_arg(b, tokens, (size_t)rows * sizeof *tokens, op);
+    if (launch) CHECK(op, mucu_tokens_regs(t, rows, reg, err));
+    return t;
+}
+
 /* A forward of one row whose token is MU_TOKEN_CHAINED reads it from
  * chain_d, where the last chain_pick left it (no upload: the host does not
  * know it yet). */
@@ -711,8 +740,9 @@ static void cuda_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens,
     mucu_weight d = dev_weight(b, w, "embed", false);
     tell_footprint(b);
     const bool chained = is_chained(b, tokens, rows, "embed");
-    const bool launch = go(b, sig_of("embed", 4, P(d.data), I(rows), P(x), I(chained)));
-    const int32_t *t = chained ? ctx_of(b)->chain_d : upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed");
+    const int32_t *t = !chained && has_regs(tokens, rows) ? tokens_regs(b, tokens, rows, "embed") : NULL;
+    const bool launch = go(b, sig_of("embed", 5, P(d.data), I(rows), P(x), I(chained), P(t)));
+    if (!t) t = chained ? ctx_of(b)->chain_d : upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed");
     if (launch) CHECK("embed", mucu_embed(&d, t, rows, x, err));
 }
 
@@ -734,9 +764,10 @@ static void cuda_embed_norm(mu_backend *b, const mu_weight *w, const int32_t *to
     const float *dwh = dev_bytes(b, w_h, (size_t)n * sizeof *w_h, "embed_norm: norm weight");
     void *q8 = n % 256 == 0 ? q8_produce(b, h, n * rows) : (q8_clear(b), NULL);
     const bool chained = is_chained(b, tokens, rows, "embed_norm");
-    const bool launch = go(b, sig_of("embed_norm", 7, P(d.data), I(rows), F(eps), P(dwh), P(x), P(h), I(chained)));
-    const int32_t *t =
-        chained ? ctx_of(b)->chain_d : upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed_norm");
+    const int32_t *t = !chained && has_regs(tokens, rows) ? tokens_regs(b, tokens, rows, "embed_norm") : NULL;
+    const bool launch =
+        go(b, sig_of("embed_norm", 8, P(d.data), I(rows), F(eps), P(dwh), P(x), P(h), I(chained), P(t)));
+    if (!t) t = chained ? ctx_of(b)->chain_d : upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed_norm");
     if (launch) CHECK("embed_norm", mucu_embed_norm(&d, t, rows, eps, x, dwh, h, q8, err));
 }
 
@@ -1019,6 +1050,24 @@ static void cuda_chain_pick(mu_backend *b, const float *x, int64_t n, int32_t *s
     if (launch) CHECK("chain_pick", mucu_chain_pick(x, n, reg, dslot, err));
 }
 
+static void cuda_argmax_reg(mu_backend *b, const float *x, int64_t n, int64_t rows) {
+    q8_clear(b);
+    if (rows <= 0) return;
+    if (rows > MU_TOKEN_REGS) die("argmax_reg", "more rows than token registers");
+    int32_t *reg = regs_reg(b, "argmax_reg");
+    if (go(b, sig_of("argmax_reg", 4, P(x), I(n), I(rows), P(reg)))) CHECK("argmax_reg", mucu_argmax(x, n, rows, reg, err));
+}
+
+static void cuda_pick_rows(mu_backend *b, const float *x, int64_t n, int64_t rows, int n_regs, int32_t *slot) {
+    q8_clear(b);
+    if (!mucu_is_pinned(slot)) die("pick_rows", "the slot is not page-locked memory (host_alloc)");
+    if (n_regs < 0 || n_regs > MU_TOKEN_REGS) die("pick_rows", "more registers than there are");
+    int32_t *reg = regs_reg(b, "pick_rows");
+    const bool launch = go(b, sig_of("pick_rows", 5, P(x), I(n), I(rows), I(n_regs), P(reg)));
+    int32_t *const *dslot = upload_arg(b, &slot, sizeof slot, "pick_rows"); /* data: a replay writes its own */
+    if (launch) CHECK("pick_rows", mucu_pick_rows(x, n, rows, n_regs, reg, dslot, err));
+}
+
 /* The kernel writes the slot straight into page-locked memory; the host
  * polls it, and asks the stream now and then whether it failed or ended
  * without writing (never a silent hang). */
@@ -1120,6 +1169,7 @@ static void cuda_destroy(mu_backend *b) {
         if (c->copies[i].host) (void)mucu_free(c->copies[i].dev, err);
     (void)mucu_host_free(c->ring_base, err);
     (void)mucu_free(c->chain_d, err);
+    (void)mucu_free(c->regs_d, err);
     (void)mucu_host_free(c->pinned, err);
     (void)mucu_free(c->ring_d, err);
     (void)mucu_free(c->out.p, err);
@@ -1202,6 +1252,8 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->store_heads = cuda_store_heads;
     b->chain_pick = cuda_chain_pick;
     b->chain_wait = cuda_chain_wait;
+    b->argmax_reg = cuda_argmax_reg;
+    b->pick_rows = cuda_pick_rows;
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;
     /* MUSER_CUDA_FUSE=0: the forward's entry and the gate as separate ops (measurements) */

@@ -1311,6 +1311,46 @@ __global__ static void __launch_bounds__(1024) k_chain_pick(const float *x, int6
     h[1] = unique ? 1 : 2;
 }
 
+/* backend.h pick_rows: a CTA per row, chain_pick's summary over the whole
+ * row (the same merge, so the same pick and status); CTA 0 first copies
+ * the token registers after the rows' entries, before its own status. */
+__global__ static void __launch_bounds__(1024) k_pick_rows(const float *x, int64_t n, int32_t n_regs,
+                                                           const int32_t *regs, int32_t *const *slot) {
+    grid_dep_wait();
+    __shared__ chain_sum ws[32];
+    const float *l = x + (int64_t)blockIdx.x * n;
+    chain_sum m = {-INFINITY, -1, 0, 0};
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const float v = l[j];
+        m.bad |= (__float_as_uint(v) & 0x7F800000u) == 0x7F800000u;
+        if (m.i < 0 || v > m.v) m.v = v, m.i = (int32_t)j, m.cnt = 1;
+        else if (v == m.v) m.cnt++;
+    }
+    m = chain_warp(m);
+    if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    m = threadIdx.x < blockDim.x / 32 ? ws[threadIdx.x] : chain_sum{-INFINITY, -1, 0, 0};
+    m = chain_warp(m);
+    if (threadIdx.x) return;
+    volatile int32_t *h = *slot;
+    if (blockIdx.x == 0)
+        for (int32_t i = 0; i < n_regs; i++) h[2 * gridDim.x + i] = regs[i];
+    const bool unique = !m.bad && m.i >= 0 && m.cnt == 1;
+    h[2 * blockIdx.x] = unique ? m.i : 0;
+    __threadfence_system();
+    h[2 * blockIdx.x + 1] = unique ? 1 : 2;
+}
+
+/* Token registers in a forward's uploaded ids (backend.h MU_TOKEN_REG):
+ * replaced by the ids the registers hold, before the entry reads them. */
+__global__ static void k_tokens_regs(int32_t *t, int64_t rows, const int32_t *regs) {
+    grid_dep_wait();
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < rows && t[r] <= -2) t[r] = regs[-2 - t[r]];
+}
+
 /* The first non-finite value of x[0..n): every thread keeps the smallest
  * bad index of its own elements (loads independent of each other: no early
  * exit) and offers n - index with atomicMax to *best, zeroed before; the
@@ -4051,6 +4091,18 @@ extern "C" bool mucu_chain_pick(const float *x, int64_t n, int32_t *reg, int32_t
     }
     k_chain_pick<<<(unsigned)ctas, 1024, 0, g_s>>>(x, n, reg, slot);
     return launched("k_chain_pick", err);
+}
+extern "C" bool mucu_pick_rows(const float *x, int64_t n, int64_t rows, int32_t n_regs, const int32_t *regs,
+                               int32_t *const *slot, char *err) {
+    if (n <= 0 || rows <= 0 || rows > 65535) {
+        snprintf(err, MUCU_ERR_LEN, "k_pick_rows: %lld rows of %lld values", (long long)rows, (long long)n);
+        return false;
+    }
+    k_pick_rows<<<(unsigned)rows, 1024, 0, g_s>>>(x, n, n_regs, regs, slot);
+    return launched("k_pick_rows", err);
+}
+extern "C" bool mucu_tokens_regs(int32_t *t, int64_t rows, const int32_t *regs, char *err) {
+    LAUNCH(k_tokens_regs, rows, t, rows, regs);
 }
 extern "C" size_t mucu_chain_bytes(void) { return 16 + CHAIN_MAX_CTAS * sizeof(chain_sum); }
 extern "C" int mucu_stream_state(char *err) {

@@ -220,6 +220,11 @@ bool mucu_argmax(const float *x, int64_t n, int64_t rows, int32_t *out, char *er
  * an uploaded argument). reg is the start of mucu_chain_bytes() of device
  * memory, zero-filled at allocation (the kernel's counter and partials). */
 bool mucu_chain_pick(const float *x, int64_t n, int32_t *reg, int32_t *const *slot, char *err);
+/* backend.h pick_rows (k_pick_rows, a CTA per row) and the token registers
+ * of a forward's uploaded ids (k_tokens_regs, MU_TOKEN_REG). */
+bool mucu_pick_rows(const float *x, int64_t n, int64_t rows, int32_t n_regs, const int32_t *regs,
+                    int32_t *const *slot, char *err);
+bool mucu_tokens_regs(int32_t *t, int64_t rows, const int32_t *regs, char *err);
 size_t mucu_chain_bytes(void);
 /* The stream's state: 1 all work done, 0 still running, -1 failed (err). */
 int mucu_stream_state(char *err);
