@@ -476,6 +476,20 @@ static void tree_build(const muser_spec *sp, int32_t pending, const float *dl, i
     *t = o;
 }
 
+/* A round's statistics and the gate's view of it (t0: start, t1: the
+ * draft launched or done, t3: end; vl proposals verified); returns n. */
+static int round_done(muser_spec *sp, int vl, int n, double t0, double t1, double t3) {
+    int64_t accepted = n ? n - 1 : 0;
+    sp->st.rounds++;
+    sp->st.round_tokens += n;
+    sp->st.drafted += vl;
+    sp->st.accepted += accepted;
+    sp->st.t_draft += t1 - t0;
+    sp->st.t_verify += t3 - t1;
+    if (gate_round(&sp->gate, vl, accepted, n, t3 - t0)) sp->st.gate_closures++;
+    return n;
+}
+
 /* A chain: the draft's argmaxes (on the backend), nothing after a proposed
  * end of generation; each node the first choice under the one before. */
 static void chain_build(const muser_spec *sp, int32_t pending, int vl, spec_tree *t) {
@@ -541,16 +555,7 @@ static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *sm
         return -1;
     muser_session_commit(sp->s);
     mu_session_set_logits(sp->s, sp->logits + (int64_t)path[keep - 1] * V); /* the row of the last kept token */
-    double t3 = mu_now();
-    int64_t accepted = n ? n - 1 : 0;
-    sp->st.rounds++;
-    sp->st.round_tokens += n;
-    sp->st.drafted += t.n - 1;
-    sp->st.accepted += accepted;
-    sp->st.t_draft += t1 - t0;
-    sp->st.t_verify += t3 - t1;
-    if (gate_round(&sp->gate, t.n - 1, accepted, n, t3 - t0)) sp->st.gate_closures++;
-    return n;
+    return round_done(sp, t.n - 1, n, t0, t1, mu_now());
 }
 
 /* A greedy round that leaves its rows on the backend (smp NULL or an
@@ -621,15 +626,7 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     if (last_row) mu_session_set_logits(sp->s, last_row); /* the row of the last kept token */
     else if (!mu_session_fetch_row(sp->s, keep - 1, ERR(err))) return -1;
     double t3 = mu_now();
-    int64_t accepted = n ? n - 1 : 0;
-    sp->st.rounds++;
-    sp->st.round_tokens += n;
-    sp->st.drafted += vl;
-    sp->st.accepted += accepted;
-    sp->st.t_draft += t1 - t0;
-    sp->st.t_verify += t3 - t1;
-    if (gate_round(&sp->gate, vl, accepted, n, t3 - t0)) sp->st.gate_closures++;
-    return n;
+    return round_done(sp, vl, n, t0, t1, t3);
 }
 
 int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max_out, int32_t *out,

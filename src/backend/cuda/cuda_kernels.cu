@@ -1263,17 +1263,13 @@ __device__ static chain_sum chain_warp(chain_sum a) {
     return a;
 }
 
-__global__ static void __launch_bounds__(1024) k_chain_pick(const float *x, int64_t n, int32_t *reg,
-                                                            int32_t *const *slot) {
-    grid_dep_wait();
-    __shared__ chain_sum ws[32];
-    __shared__ bool last;
-    unsigned *counter = (unsigned *)(reg + 1);
-    chain_sum *part = (chain_sum *)(reg + 4);
+/* The CTA's summary of x[j] for j = j0 + threadIdx.x, j0 + threadIdx.x +
+ * blockDim.x, ... < end (indices as given): each thread's own, then its
+ * warp's, then, in threads 0-31, the CTA's (ws: one entry per warp). */
+__device__ static chain_sum chain_cta(const float *x, int64_t j0, int64_t end, chain_sum *ws) {
     chain_sum m = {-INFINITY, -1, 0, 0};
-    const int64_t end = min(n, (int64_t)(blockIdx.x + 1) * CHAIN_SPAN);
 #pragma unroll 4
-    for (int64_t j = (int64_t)blockIdx.x * CHAIN_SPAN + threadIdx.x; j < end; j += blockDim.x) {
+    for (int64_t j = j0 + threadIdx.x; j < end; j += blockDim.x) {
         const float v = x[j];
         m.bad |= (__float_as_uint(v) & 0x7F800000u) == 0x7F800000u;
         if (m.i < 0 || v > m.v) m.v = v, m.i = (int32_t)j, m.cnt = 1;
@@ -1286,6 +1282,17 @@ __global__ static void __launch_bounds__(1024) k_chain_pick(const float *x, int6
         m = threadIdx.x < blockDim.x / 32 ? ws[threadIdx.x] : chain_sum{-INFINITY, -1, 0, 0};
         m = chain_warp(m);
     }
+    return m;
+}
+
+__global__ static void __launch_bounds__(1024) k_chain_pick(const float *x, int64_t n, int32_t *reg,
+                                                            int32_t *const *slot) {
+    grid_dep_wait();
+    __shared__ chain_sum ws[32];
+    __shared__ bool last;
+    unsigned *counter = (unsigned *)(reg + 1);
+    chain_sum *part = (chain_sum *)(reg + 4);
+    chain_sum m = chain_cta(x, (int64_t)blockIdx.x * CHAIN_SPAN, min(n, (int64_t)(blockIdx.x + 1) * CHAIN_SPAN), ws);
     if (gridDim.x > 1) {
         if (threadIdx.x == 0) {
             part[blockIdx.x] = m;
@@ -1318,21 +1325,7 @@ __global__ static void __launch_bounds__(1024) k_pick_rows(const float *x, int64
                                                            const int32_t *regs, int32_t *const *slot) {
     grid_dep_wait();
     __shared__ chain_sum ws[32];
-    const float *l = x + (int64_t)blockIdx.x * n;
-    chain_sum m = {-INFINITY, -1, 0, 0};
-#pragma unroll 4
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-        const float v = l[j];
-        m.bad |= (__float_as_uint(v) & 0x7F800000u) == 0x7F800000u;
-        if (m.i < 0 || v > m.v) m.v = v, m.i = (int32_t)j, m.cnt = 1;
-        else if (v == m.v) m.cnt++;
-    }
-    m = chain_warp(m);
-    if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = m;
-    __syncthreads();
-    if (threadIdx.x >= 32) return;
-    m = threadIdx.x < blockDim.x / 32 ? ws[threadIdx.x] : chain_sum{-INFINITY, -1, 0, 0};
-    m = chain_warp(m);
+    const chain_sum m = chain_cta(x + (int64_t)blockIdx.x * n, 0, n, ws);
     if (threadIdx.x) return;
     volatile int32_t *h = *slot;
     if (blockIdx.x == 0)
