@@ -77,6 +77,15 @@ static inline mu_attn_args mu_attn_row(const mu_attn_batch *b, int64_t r) {
                           .tree = b->tree && b->tree[r].base >= 0 ? &b->tree[r] : NULL};
 }
 
+/* One strided copy: copy2d's arguments (copy2d_many). */
+typedef struct mu_copy2d {
+    void *dst;
+    size_t dst_stride;
+    const void *src;
+    size_t src_stride, width;
+    int64_t rows;
+} mu_copy2d;
+
 struct mu_backend {
     const char *name;
     void *ctx;
@@ -94,6 +103,10 @@ struct mu_backend {
      * backend -> backend; the ranges do not overlap. */
     void (*copy2d)(mu_backend *b, void *dst, size_t dst_stride, const void *src, size_t src_stride, size_t width,
                    int64_t rows);
+    /* Optional (NULL: copy2d for each): n copies (n <= 64) whose
+     * destinations overlap neither each other nor any source, as one unit of
+     * work (cuda: one launch): the same bytes as the n copy2d calls. */
+    void (*copy2d_many)(mu_backend *b, int n, const mu_copy2d *c);
     void (*upload)(mu_backend *b, void *dst, const void *host_src, size_t bytes);
     void (*download)(mu_backend *b, void *host_dst, const void *src, size_t bytes);
     void (*zero)(mu_backend *b, void *dst, size_t bytes);

@@ -61,6 +61,10 @@ static void host_copy2d(mu_backend *b, void *dst, size_t dst_stride, const void 
         memcpy((uint8_t *)dst + (size_t)r * dst_stride, (const uint8_t *)src + (size_t)r * src_stride, width);
 }
 
+static void host_copy2d_many(mu_backend *b, int n, const mu_copy2d *c) {
+    for (int i = 0; i < n; i++) host_copy2d(b, c[i].dst, c[i].dst_stride, c[i].src, c[i].src_stride, c[i].width, c[i].rows);
+}
+
 static void host_zero(mu_backend *b, void *dst, size_t bytes) {
     (void)b;
     if (bytes) memset(dst, 0, bytes);
@@ -237,6 +241,7 @@ void mu_backend_set_host_ops(mu_backend *b) {
     b->free = host_free;
     b->copy = host_copy;
     b->copy2d = host_copy2d;
+    b->copy2d_many = host_copy2d_many;
     b->upload = host_copy;
     b->download = host_copy;
     b->zero = host_zero;

@@ -42,10 +42,17 @@ static uint16_t *head_at(const mu_kv_layer *l, uint16_t *plane, int64_t cap, int
 
 /* n physical rows from `from` (no wrap) of every head: plane -> plane, one
  * strided copy (a head's rows are one span; heads are cap rows apart). */
+static mu_copy2d rows_copy(const mu_kv_layer *l, uint16_t *dst, int64_t dcap, int64_t dphys, uint16_t *src, int64_t scap,
+                           int64_t sphys, int64_t n) {
+    return (mu_copy2d){.dst = head_at(l, dst, dcap, dphys, 0), .dst_stride = (size_t)dcap * head_bytes(l),
+                       .src = head_at(l, src, scap, sphys, 0), .src_stride = (size_t)scap * head_bytes(l),
+                       .width = (size_t)n * head_bytes(l), .rows = l->n_head};
+}
+
 static void copy_rows(mu_backend *be, const mu_kv_layer *l, uint16_t *dst, int64_t dcap, int64_t dphys,
                       uint16_t *src, int64_t scap, int64_t sphys, int64_t n) {
-    be->copy2d(be, head_at(l, dst, dcap, dphys, 0), (size_t)dcap * head_bytes(l), head_at(l, src, scap, sphys, 0),
-               (size_t)scap * head_bytes(l), (size_t)n * head_bytes(l), l->n_head);
+    const mu_copy2d d = rows_copy(l, dst, dcap, dphys, src, scap, sphys, n);
+    be->copy2d(be, d.dst, d.dst_stride, d.src, d.src_stride, d.width, d.rows);
 }
 
 /* Calls fn on the runs of physical rows holding logical [pos, pos + n) (a
@@ -435,15 +442,45 @@ bool mu_kv_checkpoint(mu_kv_cache *c, mu_error *err) {
     return true;
 }
 
+/* A rollback's copies, gathered for copy2d_many (backend.h) while their
+ * destinations stay apart: a run that overlaps a gathered one of its layer
+ * sends the gathered ones first, so every row is restored in undo order. */
+#define UNDO_MAX 32 /* runs per copy2d_many (two copies each) */
+typedef struct undo_batch {
+    int n;
+    int layer[UNDO_MAX];
+    int64_t phys[UNDO_MAX], rows[UNDO_MAX];
+    mu_copy2d cp[2 * UNDO_MAX];
+} undo_batch;
+
+static void undo_flush(mu_kv_cache *c, undo_batch *u) {
+    if (u->n) c->be->copy2d_many(c->be, 2 * u->n, u->cp);
+    u->n = 0;
+}
+
 /* Undo entries [i0, i1] (a run: one layer, consecutive physical rows and
- * journal slots): their saved rows go back in one copy, and the layer's
- * metadata becomes what it was before the run's first entry. */
-static void undo_run(mu_kv_cache *c, int i0, int i1) {
+ * journal slots): their saved rows go back in one copy per plane (now, or
+ * gathered into u), and the layer's metadata becomes what it was before the
+ * run's first entry. */
+static void undo_run(mu_kv_cache *c, int i0, int i1, undo_batch *u) {
     const mu_kv_journal_entry *e = &c->journal[i0];
     mu_kv_layer *l = &c->layers[e->layer];
     const int64_t n = i1 - i0 + 1;
-    copy_rows(c->be, l, l->k, l->cap, e->physical, c->jk, journal_cap(c), e->slot, n);
-    copy_rows(c->be, l, l->v, l->cap, e->physical, c->jv, journal_cap(c), e->slot, n);
+    if (u) {
+        for (int i = 0; i < u->n; i++)
+            if (u->layer[i] == e->layer && e->physical < u->phys[i] + u->rows[i] && u->phys[i] < e->physical + n) {
+                undo_flush(c, u);
+                break;
+            }
+        if (u->n == UNDO_MAX) undo_flush(c, u);
+        u->layer[u->n] = e->layer, u->phys[u->n] = e->physical, u->rows[u->n] = n;
+        u->cp[2 * u->n] = rows_copy(l, l->k, l->cap, e->physical, c->jk, journal_cap(c), e->slot, n);
+        u->cp[2 * u->n + 1] = rows_copy(l, l->v, l->cap, e->physical, c->jv, journal_cap(c), e->slot, n);
+        u->n++;
+    } else {
+        copy_rows(c->be, l, l->k, l->cap, e->physical, c->jk, journal_cap(c), e->slot, n);
+        copy_rows(c->be, l, l->v, l->cap, e->physical, c->jv, journal_cap(c), e->slot, n);
+    }
     l->origin_logical = e->prev_origin_logical;
     l->origin_physical = e->prev_origin_physical;
     l->len = e->prev_len;
@@ -471,6 +508,8 @@ bool mu_kv_rollback(mu_kv_cache *c, int64_t pos, mu_error *err) {
     /* undo newest first, a run of entries at a time (the rows of a run are
      * distinct, so their order within it does not matter); entries of
      * different layers are independent */
+    undo_batch batch, *u = c->be->copy2d_many ? &batch : NULL;
+    if (u) u->n = 0;
     for (int i = c->n_journal - 1; i >= 0; i--) {
         if (c->journal[i].pos < pos) continue;
         int i0 = i;
@@ -481,9 +520,10 @@ bool mu_kv_rollback(mu_kv_cache *c, int64_t pos, mu_error *err) {
                 break;
             i0--;
         }
-        undo_run(c, i0, i);
+        undo_run(c, i0, i, u);
         i = i0;
     }
+    if (u) undo_flush(c, u);
     /* keep the older entries in order; swapping keeps each journal row owned once */
     int kept = 0;
     for (int i = 0; i < c->n_journal; i++)

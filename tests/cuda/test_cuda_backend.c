@@ -1475,6 +1475,38 @@ static void test_pick_rows(void) {
     cu->host_free(cu, hs, slot_bytes);
 }
 
+/* copy2d_many against the host's: strided copies between random bytes,
+ * destinations apart, in 16-byte pieces and (odd offsets or widths) byte
+ * by byte; the rollback of a KV journal makes 2 x layers of them. */
+static void test_copy2d_many(void) {
+    const size_t bytes = 1 << 20;
+    uint8_t *hd = mu_xmalloc(bytes), *hs = mu_xmalloc(bytes);
+    for (size_t i = 0; i < bytes; i++) hd[i] = (uint8_t)(next_u32() >> 7), hs[i] = (uint8_t)(next_u32() >> 11);
+    uint8_t *dd = dev(hd, bytes), *ds = dev(hs, bytes);
+    for (int variant = 0; variant < 3; variant++) {
+        mu_copy2d hc[48], dc[48];
+        const int n = variant == 0 ? 1 : variant == 1 ? 16 : 48;
+        for (int i = 0; i < n; i++) {
+            /* copy i owns destination span [i * 20000, (i + 1) * 20000): rows within it */
+            const bool odd = variant == 2 && i % 3 == 1;
+            const size_t width = odd ? 1 + next_u32() % 700 : 16 * (1 + next_u32() % 40);
+            const int64_t rows = 1 + (int64_t)(next_u32() % 8);
+            const size_t dstride = width + (odd ? 3 : 16) * (next_u32() % 4), sstride = width + 16 * (next_u32() % 5);
+            const size_t doff = (size_t)i * 20000 + (odd ? 1 + next_u32() % 7 : 16 * (next_u32() % 8));
+            const size_t soff = (odd ? 5 : 0) + 16 * (next_u32() % 4000);
+            hc[i] = (mu_copy2d){hd + doff, dstride, hs + soff, sstride, width, rows};
+            dc[i] = (mu_copy2d){dd + doff, dstride, ds + soff, sstride, width, rows};
+        }
+        ref->copy2d_many(ref, n, hc);
+        cu->copy2d_many(cu, n, dc);
+        char what[64];
+        snprintf(what, sizeof what, "copy2d_many (%d copies, variant %d)", n, variant);
+        check(what, hd, dd, bytes);
+    }
+    cu->free(cu, dd, 0), cu->free(cu, ds, 0);
+    free(hd), free(hs);
+}
+
 /* ------------------------------------------------------- benchmarks */
 
 static void *dev_raw(const void *host, size_t bytes) {
@@ -1891,6 +1923,7 @@ int main(int argc, char **argv) {
     test_first_nonfinite();
     test_chain_pick();
     test_pick_rows();
+    test_copy2d_many();
     printf("test_cuda_backend: %d checks, %d mismatches\n", n_checks, n_fail);
     cu->destroy(cu);
     ref->destroy(ref);

@@ -611,6 +611,25 @@ static void cuda_copy2d(mu_backend *b, void *dst, size_t dst_stride, const void 
     if (!mucu_copy2d_async(dst, dst_stride, src, src_stride, width, (size_t)rows, err)) die("copy2d", err);
 }
 
+/* One launch for all of them (a rollback's 2 x layers copies), the
+ * descriptors through the argument ring. */
+static void cuda_copy2d_many(mu_backend *b, int n, const mu_copy2d *c) {
+    q8_clear(b);
+    if (n <= 0) return;
+    _Static_assert(sizeof(mu_copy2d) == sizeof(mucu_copy2d), "copy descriptors must match");
+    int64_t max_rows = 0;
+    uint64_t sig = sig_of("copy2d_many", 1, I(n));
+    for (int i = 0; i < n; i++) {
+        if (c[i].rows > max_rows) max_rows = c[i].rows;
+        sig = mix64(mix64(mix64(sig, P(c[i].dst)), P(c[i].src)), I(c[i].width) ^ ((uint64_t)c[i].rows << 40));
+        sig = mix64(mix64(sig, I(c[i].dst_stride)), I(c[i].src_stride));
+    }
+    const bool launch = go(b, sig);
+    const mucu_copy2d *d = upload_arg(b, c, (size_t)n * sizeof *c, "copy2d_many");
+    char err[MUCU_ERR_LEN];
+    if (launch && !mucu_copy2d_many(d, n, max_rows, err)) die("copy2d_many", err);
+}
+
 static void cuda_upload(mu_backend *b, void *dst, const void *host_src, size_t bytes) {
     graph_sync_point(b);
     q8_clear(b);
@@ -1253,6 +1272,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->chain_pick = cuda_chain_pick;
     b->chain_wait = cuda_chain_wait;
     b->argmax_reg = cuda_argmax_reg;
+    b->copy2d_many = cuda_copy2d_many;
     b->pick_rows = cuda_pick_rows;
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;

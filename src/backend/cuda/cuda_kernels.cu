@@ -1336,6 +1336,23 @@ __global__ static void __launch_bounds__(1024) k_pick_rows(const float *x, int64
     h[2 * blockIdx.x + 1] = unique ? 1 : 2;
 }
 
+/* backend.h copy2d_many: CTA (r, i) copies row r of copy i (none when the
+ * copy has fewer rows), in 16-byte pieces where its addresses, strides and
+ * width allow, else byte by byte. The copies' destinations are apart, so
+ * their order does not matter. */
+__global__ static void k_copy2d_many(const mucu_copy2d *c) {
+    grid_dep_wait();
+    const mucu_copy2d d = c[blockIdx.y];
+    if ((int64_t)blockIdx.x >= d.rows) return;
+    uint8_t *dst = (uint8_t *)d.dst + (size_t)blockIdx.x * d.dst_stride;
+    const uint8_t *src = (const uint8_t *)d.src + (size_t)blockIdx.x * d.src_stride;
+    if ((((uintptr_t)dst | (uintptr_t)src | d.width) & 15) == 0) {
+        for (size_t j = threadIdx.x; j < d.width / 16; j += blockDim.x) ((uint4 *)dst)[j] = ((const uint4 *)src)[j];
+    } else {
+        for (size_t j = threadIdx.x; j < d.width; j += blockDim.x) dst[j] = src[j];
+    }
+}
+
 /* Token registers in a forward's uploaded ids (backend.h MU_TOKEN_REG):
  * replaced by the ids the registers hold, before the entry reads them. */
 __global__ static void k_tokens_regs(int32_t *t, int64_t rows, const int32_t *regs) {
@@ -4093,6 +4110,15 @@ extern "C" bool mucu_pick_rows(const float *x, int64_t n, int64_t rows, int32_t 
     }
     k_pick_rows<<<(unsigned)rows, 1024, 0, g_s>>>(x, n, n_regs, regs, slot);
     return launched("k_pick_rows", err);
+}
+extern "C" bool mucu_copy2d_many(const mucu_copy2d *c, int n, int64_t max_rows, char *err) {
+    if (n <= 0 || max_rows <= 0) return true;
+    if (n > 65535 || max_rows > 0x7fffffff) {
+        snprintf(err, MUCU_ERR_LEN, "k_copy2d_many: %d copies of up to %lld rows", n, (long long)max_rows);
+        return false;
+    }
+    k_copy2d_many<<<dim3((unsigned)max_rows, (unsigned)n), 256, 0, g_s>>>(c);
+    return launched("k_copy2d_many", err);
 }
 extern "C" bool mucu_tokens_regs(int32_t *t, int64_t rows, const int32_t *regs, char *err) {
     LAUNCH(k_tokens_regs, rows, t, rows, regs);

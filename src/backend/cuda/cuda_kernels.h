@@ -51,6 +51,15 @@ bool mucu_memset0(void *dst, size_t bytes, char *err);
  * wait; a forward's copies, capturable into a graph). */
 bool mucu_copy_async(void *dst, const void *src, size_t bytes, char *err);
 bool mucu_copy2d_async(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows, char *err);
+/* backend.h copy2d_many: n copies described in device memory (c), one launch. */
+typedef struct mucu_copy2d {
+    void *dst;
+    size_t dst_stride;
+    const void *src;
+    size_t src_stride, width;
+    int64_t rows;
+} mucu_copy2d;
+bool mucu_copy2d_many(const mucu_copy2d *c, int n, int64_t max_rows, char *err);
 bool mucu_zero_async(void *dst, size_t bytes, char *err);
 /* CUDA graphs (cuda_backend.c's decode graphs): capture what the stream is
  * given between begin and end into a graph; chain graphs into one
