@@ -149,6 +149,24 @@ if [ $ok = 1 ]; then
 else
     say "FAIL speculative rounds on the GPU's picks: $(tail -3 "$T/err")$msg"; fail=1
 fi
+# token trees (docs/speculative.md "Token trees"): the same rows drawn from
+# trees of 15 and 7 proposals, sampled (seeded) too, on cuda against plain
+# cuda and against the cpu backend's trees
+for vl in 15 7; do
+    for smp in "--temp 0" "--temp 0.8 --seed 7"; do
+        ok=1
+        "$M" run -m "$TM" --backend cuda -p "$P" -n 96 $smp --dump-logits "$T/tp.bin" >/dev/null 2>"$T/err" || ok=0
+        for be in cuda cpu; do
+            "$M" run -m "$TM" --draft "$D" --spec-always --spec-tree --verify-len $vl --backend $be -p "$P" -n 96 $smp \
+                --json --dump-logits "$T/tree_$be.bin" >"$T/tree_$be.json" 2>>"$T/err" || ok=0
+        done
+        if [ $ok = 1 ] && cmp -s "$T/tp.bin" "$T/tree_cuda.bin" && cmp -s "$T/tree_cpu.bin" "$T/tree_cuda.bin"; then
+            say "PASS token trees on cuda (VL $vl, $smp): logits of 96 drawn tokens identical to plain cuda and to cpu trees ($(grep -o '"\(drafted\|accepted\|rounds\)":[0-9]*' "$T/tree_cuda.json" | tr '\n' ' '))"
+        else
+            say "FAIL token trees on cuda (VL $vl, $smp): $(tail -3 "$T/err")"; fail=1
+        fi
+    done
+done
 # the greedy chain (tokens picked on the GPU, the host forwards ahead;
 # docs/cuda.md "The greedy chain"): 600 tokens across three 256-key blocks
 # (new graphs on the way) equal to feeding them one by one, also with every

@@ -905,6 +905,46 @@ static void kv_fill(mu_kv_layer *hl, mu_kv_layer *dl, int64_t Hkv, int64_t D, in
  * first block, the one-block shortcut), sliding windows (each row its own
  * first key), and a batch alternating between two sequences, at the full
  * model's heads (32 over 2, D 128) and at 8 over 2, D 64. */
+/* Token-tree rows (backend.h mu_attn_tree) against ref: 16 rows with
+ * random parents stored at the ring's last 16 positions, each standing at
+ * the tree's base + its depth and reading its ancestors' keys; plain
+ * planes and windowed rings, the tree across a 256-key block edge, every
+ * kernel choice (2, the many-row kernel, is not taken for trees: the
+ * default's choice runs instead). tests/test_cpu_backend.c checks that the
+ * ref's tree row equals a plain row over its path. */
+static void test_tree_attention(void) {
+    const int64_t cfg[4][6] = {/* H, Hkv, D, window, base0, n */
+                               {8, 2, 64, 0, 0, 266}, {32, 2, 128, 0, 0, 530}, {8, 2, 64, 128, 400, 143},
+                               {16, 1, 256, 0, 100, 180}};
+    for (int ci = 0; ci < 4; ci++) {
+        const int64_t H = cfg[ci][0], Hkv = cfg[ci][1], D = cfg[ci][2], window = cfg[ci][3];
+        const int64_t base0 = cfg[ci][4], n = cfg[ci][5], tbase = base0 + n - 16;
+        mu_kv_layer h, d;
+        kv_fill(&h, &d, Hkv, D, n, base0, n);
+        mu_attn_tree tree[16];
+        int64_t pos[16];
+        int depth[16], parent[16];
+        const mu_kv_layer *hk[16], *dk[16];
+        for (int i = 0; i < 16; i++) {
+            parent[i] = i ? (int)(next_u32() % (uint32_t)i) : -1;
+            depth[i] = i ? depth[parent[i]] + 1 : 0;
+            tree[i].base = tbase;
+            for (int r = i, t = depth[i]; t >= 0; r = parent[r], t--) tree[i].anc[t] = r;
+            pos[i] = tbase + depth[i];
+            hk[i] = &h, dk[i] = &d;
+        }
+        mu_attn_batch a = {.rows = 16, .kv = hk, .pos = pos, .window = window, .n_head = H, .n_head_kv = Hkv,
+                           .head_dim = D, .scale = 1.0f / sqrtf((float)D), .tree = tree};
+        const int kern[6] = {1, 0, 3, 3, 3, 2}, hgs[6] = {0, 0, 1, 2, 4, 0};
+        char what[128];
+        snprintf(what, sizeof what, "tree attention H=%lld/%lld D=%lld window=%lld base %lld", (long long)H,
+                 (long long)Hkv, (long long)D, (long long)window, (long long)tbase);
+        check_attention(a, dk, kern, hgs, 6, what);
+        free(h.k), free(h.v);
+        cu->free(cu, d.k, 0), cu->free(cu, d.v, 0);
+    }
+}
+
 static void test_attn_prefill(void) {
     const int64_t cfg[3][3] = {{32, 2, 128}, {8, 2, 64}, {16, 1, 256}};
     for (int ci = 0; ci < 3; ci++) {
@@ -1659,7 +1699,7 @@ static bool time_attention(const mucu_attn_row *dd, int64_t rows, int64_t H, int
     for (int i = -2; i < reps; i++) {
         double ms = 0;
         if (!mucu_timer_begin(msg) ||
-            !mucu_attention(dd, rows, H, Hkv, D, 1.0f / sqrtf((float)D), dq, dout, part, nbmax, NULL, NULL, msg) ||
+            !mucu_attention(dd, rows, H, Hkv, D, 1.0f / sqrtf((float)D), dq, dout, part, nbmax, NULL, NULL, false, msg) ||
             !mucu_timer_end(&ms, msg)) {
             fprintf(stderr, "bench: %s\n", msg);
             return false;
@@ -1691,7 +1731,7 @@ static int bench_attn(int reps) {
             mucu_attn_row *hd = mu_xmalloc((size_t)rows * sizeof *hd);
             double keys = 0;
             for (int64_t r = 0; r < rows; r++) {
-                hd[r] = (mucu_attn_row){.k = dk, .v = dv, .cap = cap, .first = 0, .pos = ctx - rows + r};
+                hd[r] = (mucu_attn_row){.k = dk, .v = dv, .cap = cap, .first = 0, .pos = ctx - rows + r, .tbase = INT64_MAX};
                 keys += (double)(ctx - rows + r + 1);
             }
             mucu_attn_row *dd = dev_raw(hd, (size_t)rows * sizeof *hd);
@@ -1822,7 +1862,7 @@ static int bench_attn_dec(int reps) {
         int64_t nbmax = 0;
         for (int64_t r = 0; r < rows; r++) {
             const int64_t pos = cs[ci].ctx - rows + r, first = cs[ci].window ? pos - cs[ci].window + 1 : 0;
-            hd[r] = (mucu_attn_row){.k = dk, .v = dv, .cap = cap, .first = first < 0 ? 0 : first, .pos = pos};
+            hd[r] = (mucu_attn_row){.k = dk, .v = dv, .cap = cap, .first = first < 0 ? 0 : first, .pos = pos, .tbase = INT64_MAX};
             const int64_t nb = (pos - hd[r].first) / 256 + 1;
             nbmax = nb > nbmax ? nb : nbmax;
         }
@@ -1915,6 +1955,7 @@ int main(int argc, char **argv) {
     test_kv_attention(256);
     test_kv_attention(80);
     test_attn_prefill();
+    test_tree_attention();
     test_attn_decode();
     test_elementwise();
     test_fused();

@@ -87,8 +87,7 @@ __device__ static inline mucu_attn_row ad_begin(const mucu_attn_row *__restrict_
         const int64_t phys0 = start % a.cap;
         constexpr int LINES = D * 2 / 128;
         for (int i = threadIdx.x; i < nk * LINES; i += AD_NT) {
-            int64_t ph = phys0 + i / LINES;
-            if (ph >= a.cap) ph -= a.cap;
+            const int64_t ph = attn_key_row(a, desc[r].anc, start, phys0, i / LINES);
             asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + ph * D + (i % LINES) * 64));
         }
     }
@@ -141,8 +140,7 @@ __global__ static void __launch_bounds__(AD_NT, 2)
         for (int u = 0; u < BATCH; u++) {
             const int i = i0 + u * AD_NT + tid;
             if (i < nk * CH) {
-                int64_t ph = phys0 + i / CH;
-                if (ph >= a.cap) ph -= a.cap;
+                const int64_t ph = attn_key_row(a, desc[r].anc, start, phys0, i / CH);
                 buf[u] = __ldg((const uint4 *)(kb + ph * D) + i % CH);
             }
         }
@@ -207,8 +205,7 @@ __global__ static void __launch_bounds__(AD_NT, 2)
      * while m_b and e_p are computed */
     uint16_t *vs = (uint16_t *)sm;
     for (int i = tid; i < nk * CH; i += AD_NT) {
-        int64_t ph = phys0 + i / CH;
-        if (ph >= a.cap) ph -= a.cap;
+        const int64_t ph = attn_key_row(a, desc[r].anc, start, phys0, i / CH);
         cp16(vs + i * 8, vb + ph * D + (i % CH) * 8, true);
     }
     cp_commit();

@@ -987,23 +987,31 @@ static void attention_op(mu_backend *b, const mu_attn_batch *ab, const float *q,
     if (ab->rows <= 0) return;
     mucu_attn_row one, *desc = ab->rows == 1 ? &one : mu_xmalloc((size_t)ab->rows * sizeof *desc);
     int64_t nbmax = 0;
+    bool tree = false;
     for (int64_t r = 0; r < ab->rows; r++) {
         const mu_kv_layer *l = ab->kv[r];
         int64_t first = mu_kv_first(l);
         if (ab->window > 0 && ab->pos[r] - ab->window + 1 > first) first = ab->pos[r] - ab->window + 1;
-        desc[r] = (mucu_attn_row){.k = l->k, .v = l->v, .cap = l->cap, .first = first, .pos = ab->pos[r]};
+        desc[r] = (mucu_attn_row){.k = l->k, .v = l->v, .cap = l->cap, .first = first, .pos = ab->pos[r],
+                                  .tbase = INT64_MAX};
+        const mu_attn_args row = mu_attn_row(ab, r);
+        if (row.tree) { /* its keys past the tree's base: the ancestors', in logical terms (kv.h: row p % cap) */
+            desc[r].tbase = row.tree->base;
+            for (int64_t t = 0; t <= ab->pos[r] - row.tree->base; t++) desc[r].anc[t] = (int8_t)row.tree->anc[t];
+            tree = true;
+        }
         const int64_t nb = ab->pos[r] >= first ? (ab->pos[r] - first) / 256 + 1 : 0;
         if (nb > nbmax) nbmax = nb;
     }
     float *part = buf_reserve_c(ctx_of(b), &ctx_of(b)->part,
                                 mucu_attn_part_bytes(ab->rows, ab->n_head, ab->head_dim, nbmax) + 16, "attention");
-    const bool launch = go(b, sig_of("attention", 9, I(ab->rows), I(ab->n_head), I(ab->n_head_kv), I(ab->head_dim),
-                                     F(ab->scale), P(q), P(out), I(nbmax), P(g)));
+    const bool launch = go(b, sig_of("attention", 10, I(ab->rows), I(ab->n_head), I(ab->n_head_kv), I(ab->head_dim),
+                                     F(ab->scale), P(q), P(out), I(nbmax), P(g), I(tree)));
     const mucu_attn_row *d = upload_arg(b, desc, (size_t)ab->rows * sizeof *desc, "attention");
     if (desc != &one) free(desc);
     if (launch)
         CHECK("attention", mucu_attention(d, ab->rows, ab->n_head, ab->n_head_kv, ab->head_dim, ab->scale, q, out, part,
-                                          nbmax, g, q8, err));
+                                          nbmax, g, q8, tree, err));
 }
 
 static void cuda_attention(mu_backend *b, const mu_attn_batch *ab, const float *q, float *out) {
@@ -1259,6 +1267,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->rope = cuda_rope;
     b->kv_store = cuda_kv_store;
     b->attention = cuda_attention;
+    b->trees = true;
     b->sigmoid_gate = cuda_sigmoid_gate;
     b->swiglu = cuda_swiglu;
     b->add = cuda_add;

@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include "backend/cuda/cuda_kernels.h"
 
 /* A kernel-choice setting (host side): *slot < 0 until the first call,
  * which reads the environment variable `name` (dflt when unset or empty). */
@@ -21,6 +22,18 @@ static inline int env_setting(int *slot, const char *name, int dflt) {
 }
 
 __device__ static inline uint32_t f32_bits(float f) { return __float_as_uint(f); }
+
+/* The ring row of key i of an attention block whose first key is logical
+ * `start` (phys0 = start % cap): key p at row p % cap, except a token
+ * tree's keys from its base on, read at their ancestors' rows. anc is the
+ * row description's own array in global memory (a copy indexed at run time
+ * would live in local memory). */
+__device__ static inline int64_t attn_key_row(const mucu_attn_row &a, const int8_t *__restrict__ anc, int64_t start,
+                                              int64_t phys0, int64_t i) {
+    if (start + i >= a.tbase) return (a.tbase + __ldg(anc + (start + i - a.tbase))) % a.cap;
+    const int64_t ph = phys0 + i;
+    return ph >= a.cap ? ph - a.cap : ph;
+}
 __device__ static inline float bits_f32(uint32_t u) { return __uint_as_float(u); }
 
 /* Programmatic dependent launch (docs/cuda.md "Graphs"). In a replayed

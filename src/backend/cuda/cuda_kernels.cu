@@ -3175,9 +3175,7 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
     const uint16_t *kbase = a.k + kv_head * a.cap * D, *vbase = a.v + kv_head * a.cap * D;
     const int64_t phys0 = start % a.cap;
     for (int p = tid; p < nk; p += 128) {
-        int64_t phys = phys0 + p;
-        if (phys >= a.cap) phys -= a.cap;
-        const uint16_t *kp = kbase + phys * D;
+        const uint16_t *kp = kbase + attn_key_row(a, desc[r].anc, start, phys0, p) * D;
         float pp[32];
 #pragma unroll
         for (int l = 0; l < 32; l++) pp[l] = 0.0f;
@@ -3222,16 +3220,14 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
     float l_b = 0.0f, acc[DPT];
 #pragma unroll
     for (int k = 0; k < DPT; k++) acc[k] = 0.0f;
-    int64_t phys = phys0;
 #pragma unroll 8
     for (int p = 0; p < nk; p++) {
         const float e = es[p];
         l_b = l_b + e;
-        const uint16_t *vp = vbase + phys * D;
+        const uint16_t *vp = vbase + attn_key_row(a, desc[r].anc, start, phys0, p) * D;
 #pragma unroll
         for (int k = 0; k < DPT; k++)
             if (tid + 128 * k < D) acc[k] = fmaf(e, h2f(vp[tid + 128 * k]), acc[k]);
-        if (++phys == a.cap) phys = 0;
     }
     if (final_out) { /* every row has one block: the merge is out = acc_b / l_b */
 #pragma unroll
@@ -4017,7 +4013,7 @@ extern "C" size_t mucu_attn_part_bytes(int64_t rows, int64_t n_head, int64_t hea
 
 extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                                int64_t head_dim, float scale, const float *q, float *out, float *part, int64_t nbmax,
-                               const float *gate, void *q8, char *err) {
+                               const float *gate, void *q8, bool tree, char *err) {
     if (head_dim > MUCU_MAX_HEAD_DIM) {
         snprintf(err, MUCU_ERR_LEN, "k_attn_blocks: head_dim %lld exceeds %d", (long long)head_dim, MUCU_MAX_HEAD_DIM);
         return false;
@@ -4030,7 +4026,7 @@ extern "C" bool mucu_attention(const mucu_attn_row *desc, int64_t rows, int64_t 
         const unsigned g1 = (unsigned)(rh * nbmax);
         float *fin = nbmax == 1 ? out : NULL;
         bool gated = false;
-        if (mucu_attn_prefill_takes(rows, n_head, n_head_kv, D)) { /* cuda_prefill.cu */
+        if (!tree && mucu_attn_prefill_takes(rows, n_head, n_head_kv, D)) { /* cuda_prefill.cu */
             mucu_attn_prefill(desc, rows, n_head, n_head_kv, D, scale, q, part, nbmax, fin, g_s);
             if (!launched("k_attn_prefill", err)) return false;
         } else if (mucu_attn_dec_takes(rows, n_head, n_head_kv, D)) { /* cuda_attn.cu */

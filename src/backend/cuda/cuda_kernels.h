@@ -35,7 +35,18 @@ typedef struct mucu_attn_row {
     const uint16_t *k, *v;     /* device, head-major [n_head_kv][cap][head_dim] */
     int64_t cap;
     int64_t first, pos;        /* keys at logical [first, pos] */
+    /* A token tree's row (backend.h mu_attn_tree): the key at logical
+     * tbase + t lies at the ring row of tbase + anc[t]; INT64_MAX: a plain
+     * row (key p at row p % cap). */
+    int64_t tbase;
+    int8_t anc[16];
 } mucu_attn_row;
+
+/* Its fields for a plain row (k_attn_prefill keeps a CTA's in shared memory). */
+typedef struct mucu_attn_row_plain {
+    const uint16_t *k, *v;
+    int64_t cap, first, pos;
+} mucu_attn_row_plain;
 
 /* Largest head_dim the attention kernel takes. */
 enum { MUCU_MAX_HEAD_DIM = 512 };
@@ -215,9 +226,11 @@ size_t mucu_attn_part_bytes(int64_t rows, int64_t n_head, int64_t head_dim, int6
 /* With gate (device [rows][n_head * head_dim]): out = attention *
  * sigmoid(gate), as mucu_sigmoid_gate after it, q8 likewise (fused into
  * the decode kernels where they allow, else that launch). */
+/* tree: some row is a token tree's (rows_desc[r].tbase): the many-row
+ * kernel, which shares one sequence's keys between its rows, is not taken. */
 bool mucu_attention(const mucu_attn_row *rows_desc, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                     float scale, const float *q, float *out, float *part, int64_t nbmax, const float *gate, void *q8,
-                    char *err);
+                    bool tree, char *err);
 bool mucu_sigmoid_gate(float *x, const float *g, int64_t n, void *q8, char *err);
 bool mucu_swiglu(float *gate, const float *up, int64_t n, void *q8, char *err);
 bool mucu_add(float *x, const float *y, int64_t n, char *err);

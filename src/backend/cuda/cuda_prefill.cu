@@ -558,14 +558,17 @@ __global__ static void __launch_bounds__(PA_NT, 2)
     extern __shared__ __align__(16) uint8_t sm[];
     uint16_t *kv = (uint16_t *)(sm + SM::KV);
     float *S = (float *)(sm + SM::S);
-    __shared__ mucu_attn_row rd[PA_PMAX];
+    __shared__ mucu_attn_row_plain rd[PA_PMAX]; /* never a tree's rows (mucu_attention) */
     __shared__ float m_s[PA_PMAX], l_s[PA_PMAX];
     __shared__ int nk_s[PA_PMAX];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int G = (int)(n_head / n_head_kv), RPC = PA_PMAX / G;
     const int64_t j = blockIdx.x, kh = blockIdx.y, r0 = (int64_t)blockIdx.z * RPC;
     const int nr = (int)(rows - r0 < RPC ? rows - r0 : RPC);
-    if (tid < nr) rd[tid] = desc[r0 + tid];
+    if (tid < nr) {
+        const mucu_attn_row &d = desc[r0 + tid];
+        rd[tid] = (mucu_attn_row_plain){d.k, d.v, d.cap, d.first, d.pos};
+    }
     __syncthreads();
     bool uniform = true;
     for (int i = 1; i < nr; i++)
@@ -573,7 +576,7 @@ __global__ static void __launch_bounds__(PA_NT, 2)
                   rd[i].first == rd[0].first;
     const int run_len = uniform ? nr : 1;
     for (int rs = 0; rs < nr; rs += run_len) {
-        const mucu_attn_row a = rd[rs];
+        const mucu_attn_row_plain a = rd[rs];
         const int64_t start = a.first + 256 * j;
         const int P = run_len * G;
         int nkmax = 0;
