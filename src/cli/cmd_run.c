@@ -68,7 +68,7 @@ static void run_usage(FILE *f) {
             "  --no-draft             decode without the assistant\n"
             "  --verify-len N         proposals per round: 3, 7 or 15 (default 7)\n"
             "  --spec-tree            verify a token tree of that many proposals instead of one chain\n"
-            "                         (ref and cpu backends; docs/speculative.md \"Token trees\")\n"
+            "                         (docs/speculative.md \"Token trees\")\n"
             "  --spec-always          speculate every step (default: an adaptive gate falls back to plain\n"
             "                         steps while speculation is slower or rarely accepted)\n",
             MAX_STOPS);

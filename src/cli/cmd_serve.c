@@ -39,7 +39,7 @@ static void serve_usage(FILE *f) {
             "                          where it pays); requests side by side go through batched steps\n"
             "  --verify-len N          proposals per speculative round: 3, 7 or 15 (default 7; --draft-max)\n"
             "  --spec-always           speculate every step of a lone request (no gate)\n"
-            "  --spec-tree             verify token trees instead of chains (ref and cpu backends)\n"
+            "  --spec-tree             verify token trees instead of chains\n"
             "  --backend NAME          ref | cpu | cuda | auto (default auto)\n"
             "  -t, --threads N         threads (default: all cores)\n"
             "  --sampling-threads N    threads drawing the slots' tokens after each step (default: on\n"

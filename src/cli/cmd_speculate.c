@@ -32,7 +32,7 @@ static void spec_usage(FILE *f) {
             "  -n, --n-predict N      maximum tokens to generate (default 128)\n"
             "  --verify-len N         proposals verified per step: 3, 7 or 15 (default 7)\n"
             "  --tree                 verify a token tree of that many proposals instead of one chain\n"
-            "                         (docs/speculative.md \"Token trees\"; ref and cpu backends)\n"
+            "                         (docs/speculative.md \"Token trees\")\n"
             "  -t, --threads N        threads (default: all cores)\n"
             "  --backend NAME         ref | cpu | cuda | auto (default auto)\n"
             "  -c, --ctx-size N       context length (default: model's, capped at 4096)\n"
