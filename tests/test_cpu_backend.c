@@ -335,13 +335,15 @@ static void test_rmsnorm(void) {
 }
 
 /* The fused residual step against the ref's ops one by one (x += rmsnorm(o,
- * 1e-8) * w_o; h = rmsnorm(x) * w_h, or no h after the last layer). */
+ * 1e-8) * w_o, or x += o without w_o (the DFlash assistant's); h =
+ * rmsnorm(x) * w_h, or no h after the last layer). */
 static void test_residual(void) {
-    static const int64_t ns[] = {33, 3072};
+    static const int64_t ns[] = {33, 3072, 512};
     static const int64_t rows_list[] = {1, 2, 3, 4, 9, 40};
-    for (size_t i = 0; i < 2; i++)
+    for (size_t i = 0; i < 3; i++)
         for (size_t j = 0; j < 6; j++)
-            for (int with_h = 0; with_h < 2; with_h++) {
+            for (int with_h = 0; with_h < 2; with_h++)
+            for (int plain = 0; plain < 2; plain++) {
                 const int64_t n = ns[i], rows = rows_list[j], N = n * rows;
                 const size_t bytes = (size_t)N * sizeof(float);
                 float *x = rand_vec(N, 2.0f), *o = rand_vec(N, 0.01f), *w_o = rand_vec(n, 1.0f), *w_h = rand_vec(n, 1.0f);
@@ -349,19 +351,19 @@ static void test_residual(void) {
                 float *got_x = malloc(bytes), *got_o = malloc(bytes), *got_h = malloc(bytes);
                 memcpy(want_x, x, bytes);
                 memcpy(want_o, o, bytes);
-                ref->rmsnorm(ref, want_o, w_o, 1e-8f, want_o, n, rows);
+                if (!plain) ref->rmsnorm(ref, want_o, w_o, 1e-8f, want_o, n, rows);
                 ref->add(ref, want_x, want_o, N);
                 if (with_h) ref->rmsnorm(ref, want_x, w_h, 1e-5f, want_h, n, rows);
                 for (int c = 0; c < n_cpus; c++) {
                     memcpy(got_x, x, bytes);
                     memcpy(got_o, o, bytes);
-                    cpus[c]->residual(cpus[c], got_x, got_o, w_o, 1e-8f, with_h ? got_h : NULL, with_h ? w_h : NULL, 1e-5f,
-                                      n, rows);
-                    EXPECT_SAME(got_x, want_x, N, "residual x n %lld rows %lld on %s", (long long)n, (long long)rows,
-                                label(cpus[c]));
+                    cpus[c]->residual(cpus[c], got_x, got_o, plain ? NULL : w_o, 1e-8f, with_h ? got_h : NULL,
+                                      with_h ? w_h : NULL, 1e-5f, n, rows);
+                    EXPECT_SAME(got_x, want_x, N, "residual%s x n %lld rows %lld on %s", plain ? " (plain)" : "",
+                                (long long)n, (long long)rows, label(cpus[c]));
                     if (with_h)
-                        EXPECT_SAME(got_h, want_h, N, "residual h n %lld rows %lld on %s", (long long)n, (long long)rows,
-                                    label(cpus[c]));
+                        EXPECT_SAME(got_h, want_h, N, "residual%s h n %lld rows %lld on %s", plain ? " (plain)" : "",
+                                    (long long)n, (long long)rows, label(cpus[c]));
                 }
                 free(x); free(o); free(w_o); free(w_h);
                 free(want_x); free(want_o); free(want_h); free(got_x); free(got_o); free(got_h);

@@ -172,8 +172,9 @@ struct mu_backend {
 
     /* ---- optional fused ops (NULL: the forward runs the ops they stand
      * for, one by one; a fused op gives the same bits) ---- */
-    /* The sandwich residual step over rows of n: x += rmsnorm(o, eps_o) * w_o;
-     * then, if h: h = rmsnorm(x, eps_h) * w_h. o's contents may be lost. */
+    /* The sandwich residual step over rows of n: x += rmsnorm(o, eps_o) * w_o
+     * (w_o NULL: x += o, the DFlash assistant's plain residual); then, if h:
+     * h = rmsnorm(x, eps_h) * w_h. o's contents may be lost. */
     void (*residual)(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
                      float eps_h, int64_t n, int64_t rows);
     /* Per-head rmsnorm of q (rows x nq heads) and k (rows x nk heads) with

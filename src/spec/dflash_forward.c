@@ -232,15 +232,30 @@ static void attention(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
     }
 }
 
+/* h += o (rows of n_embd), then a = rmsnorm(h) * w: one fused step where
+ * the backend has one (backend.h residual, w_o NULL), the same bits. */
+static void add_norm(mu_dflash_state *st, float *h, const float *w, int64_t rows) {
+    const mu_dflash_config *c = &st->d->cfg;
+    mu_backend *be = st->be;
+    if (be->residual) {
+        be->residual(be, h, st->o, NULL, 0.0f, st->a, w, c->rms_eps, c->n_embd, rows);
+        return;
+    }
+    be->add(be, h, st->o, rows * c->n_embd);
+    be->rmsnorm(be, h, w, c->rms_eps, st->a, c->n_embd, rows);
+}
+
 /* One layer; every block row feeds K/V, but only rows [r0, r0 + nr) need
- * outputs (the last layer computes just the rows that are scored). */
-static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
+ * outputs (the last layer computes just the rows that are scored). Its
+ * input norm (st->a) was computed by the layer before (add_norm); it ends
+ * with h += o and a = rmsnorm(h) * next (the next layer's input norm, or
+ * the output norm over rows [r0, r0 + nr) into a's first rows). */
+static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr, const float *next) {
     const mu_dflash_config *c = &st->d->cfg;
     const mu_dflash_layer *lw = &st->d->layers[il];
     mu_backend *be = st->be;
     const int64_t E = c->n_embd, D = c->head_dim, Q = c->n_head * D, B = c->block_size;
     float *h = st->h + r0 * E;
-    be->rmsnorm(be, st->h, lw->attn_norm, c->rms_eps, st->a, E, B);
     /* one set for the projections of the same rows (q's rows are all B but in the last layer) */
     if (r0 == 0 && nr == B) {
         mu_matmuls(be, 3, (const mu_weight *[]){&lw->q, &lw->k, &lw->v}, st->a, (float *[]){st->q, st->kb, st->vb}, B);
@@ -255,12 +270,11 @@ static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
     rope_neox(st, st->q + r0 * Q, c->n_head, nr, r0);
     attention(st, il, r0, nr);
     be->matmul(be, &lw->o, st->att + r0 * Q, st->o, nr);
-    be->add(be, h, st->o, nr * E);
-    be->rmsnorm(be, h, lw->ffn_norm, c->rms_eps, st->a, E, nr);
+    add_norm(st, h, lw->ffn_norm, nr);
     mu_matmuls(be, 2, (const mu_weight *[]){&lw->gate, &lw->up}, st->a, (float *[]){st->fg, st->fu}, nr);
     be->swiglu(be, st->fg, st->fu, nr * c->n_ff);
     be->matmul(be, &lw->down, st->fg, st->o, nr);
-    be->add(be, h, st->o, nr * E);
+    add_norm(st, h, next, nr);
 }
 
 void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
@@ -273,12 +287,13 @@ void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *p
     bracket_begin(st, 0xDF1A5D0, n_prop, proposals ? 0 : 1);
     be->embed(be, &t->token_embd, st->ids, B, st->h);
     rope_table(st, st->rows, B);
+    be->rmsnorm(be, st->h, st->d->layers[0].attn_norm, c->rms_eps, st->a, E, B);
     for (int il = 0; il < c->n_layer; il++) {
         bool last = il == c->n_layer - 1;
-        block_layer(st, il, last ? 1 : 0, last ? n_prop : B);
+        /* the last layer's rows 1..n_prop end in the final norm */
+        block_layer(st, il, last ? 1 : 0, last ? n_prop : B, last ? st->d->output_norm : st->d->layers[il + 1].attn_norm);
     }
-    /* rows 1..n_prop: final norm and the target's head (no logit scale, no soft-cap) */
-    be->rmsnorm(be, st->h + E, st->d->output_norm, c->rms_eps, st->a, E, n_prop);
+    /* rows 1..n_prop, normed into a: the target's head (no logit scale, no soft-cap) */
     be->matmul(be, &t->output, st->a, st->logits, n_prop);
     if (!proposals) {
         be->argmax_reg(be, st->logits, V, n_prop);

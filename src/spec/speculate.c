@@ -23,7 +23,9 @@
 #include "model/capture.h"
 #include "sample/sample.h"
 #include "util/mumath.h"
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct muser_draft {
     mu_dflash *d;
@@ -113,6 +115,16 @@ static bool gate_round(spec_gate *g, int64_t proposals, int64_t accepted, int64_
 
 /* ---------------------------------------------------------------- state */
 
+/* MUSER_SPEC_TIMES=1: where a picks round's wall time goes on the host,
+ * printed when the speculation state is freed (the phases of
+ * spec_round_picks; "wait" is the host blocked on the backend). */
+#define PHASES 6
+static const char *const phase_name[PHASES] = {"context+draft enqueued", "verification enqueued", "wait for the picks",
+                                               "rollback and context rows", "last row fetched", "gate"};
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 #define SLOT_INTS (2 * 16 + MU_TOKEN_REGS) /* pick_rows: 16 rows' (pick, flag), then the proposals */
 
 struct muser_spec {
@@ -130,6 +142,9 @@ struct muser_spec {
     int64_t n_feats, cap_feats;
     int32_t *slots;                 /* the backend round's picks and proposals (pick_rows), host_alloc memory */
     bool picks;                     /* greedy rounds may stay on the backend (spec_round_picks) */
+    bool times;                     /* MUSER_SPEC_TIMES: the host's share of each phase of a picks round */
+    double *ph;                     /* seconds in each phase, PHASES a round, ph_rounds rounds */
+    int64_t ph_rounds, ph_cap;
     spec_gate gate;
     muser_spec_stats st;
 };
@@ -304,6 +319,8 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
         sp->slots = sp->be->host_alloc ? sp->be->host_alloc(sp->be, bytes) : mu_xmalloc(bytes);
         sp->picks = sp->slots != NULL;
     }
+    const char *tm = getenv("MUSER_SPEC_TIMES");
+    sp->times = tm && *tm && strcmp(tm, "0");
     gate_init(&sp->gate, p->no_gate);
     muser_spec_reset(sp);
     if (!p->no_gate) gate_calibrate(sp);
@@ -313,6 +330,19 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
 
 void muser_spec_free(muser_spec *sp) {
     if (!sp) return;
+    if (sp->times && sp->ph_rounds) { /* medians: a round that captures a graph takes milliseconds */
+        fprintf(stderr, "muser: speculative rounds on the picks, host time per round (us, median of %lld):",
+                (long long)sp->ph_rounds);
+        double *col = mu_xmalloc((size_t)sp->ph_rounds * sizeof *col);
+        for (int i = 0; i < PHASES; i++) {
+            for (int64_t r = 0; r < sp->ph_rounds; r++) col[r] = sp->ph[r * PHASES + i];
+            qsort(col, (size_t)sp->ph_rounds, sizeof *col, cmp_double);
+            fprintf(stderr, "%s %s %.1f", i ? "," : "", phase_name[i], 1e6 * col[sp->ph_rounds / 2]);
+        }
+        fputc('\n', stderr);
+        free(col);
+    }
+    free(sp->ph);
     if (mu_session_spec(sp->s) == sp) mu_session_set_spec(sp->s, NULL);
     mu_session_set_capture(sp->s, NULL, 0, NULL);
     mu_dflash_state_free(sp->ds);
@@ -578,15 +608,18 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     int32_t block[16];
     block[0] = pending;
     for (int i = 0; i < vl; i++) block[i + 1] = MU_TOKEN_REG(i);
-    double t0 = mu_now();
+    double t0 = mu_now(), tp[PHASES + 1];
+    tp[0] = t0;
     flush_feats(sp);
     mu_dflash_draft(sp->ds, pending, vl, NULL, NULL);
-    double t1 = mu_now();
+    double t1 = tp[1] = mu_now();
     if (!muser_session_checkpoint(sp->s, err) ||
         !mu_session_feed_picks(sp->s, block, vl + 1, vl, sp->slots, ERR(err)))
         return -1;
+    tp[2] = sp->times ? mu_now() : 0.0;
     for (int r = 0; r <= vl; r++)
         if (!be->chain_wait(be, sp->slots + 2 * r, ERR(err))) return -1;
+    tp[3] = sp->times ? mu_now() : 0.0;
     const int32_t *props = sp->slots + 2 * (vl + 1);
     mu_session_resolve_regs(sp->s, P, props, vl);
     for (int i = 0; i < vl; i++) block[i + 1] = props[i];
@@ -622,11 +655,22 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     int64_t keep = n ? n : 1;
     if (!muser_session_rollback(sp->s, P + keep, err) || !take_captured(sp, vl + 1, keep, ERR(err))) return -1;
     muser_session_commit(sp->s);
+    tp[4] = sp->times ? mu_now() : 0.0;
     if (on_host) last_row = sp->logits + (keep - 1) * V;
     if (last_row) mu_session_set_logits(sp->s, last_row); /* the row of the last kept token */
     else if (!mu_session_fetch_row(sp->s, keep - 1, ERR(err))) return -1;
-    double t3 = mu_now();
-    return round_done(sp, vl, n, t0, t1, t3);
+    double t3 = tp[5] = mu_now();
+    n = round_done(sp, vl, n, t0, t1, t3);
+    if (sp->times) {
+        tp[6] = mu_now();
+        if (sp->ph_rounds == sp->ph_cap) {
+            sp->ph_cap = sp->ph_cap ? 2 * sp->ph_cap : 256;
+            sp->ph = mu_xrealloc(sp->ph, (size_t)(sp->ph_cap * PHASES) * sizeof *sp->ph);
+        }
+        for (int i = 0; i < PHASES; i++) sp->ph[sp->ph_rounds * PHASES + i] = tp[i + 1] - tp[i];
+        sp->ph_rounds++;
+    }
+    return n;
 }
 
 int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max_out, int32_t *out,

@@ -1079,36 +1079,44 @@ static void test_elementwise(void) {
 /* dense_attention against the DFlash assistant's loop on ref over the
  * valid keys (per KV head: the head group's query rows, Q K^T as an F32
  * matmul, softmax, P V with V transposed), with the launch's key bound at
- * or above the valid count. */
-static void test_dense_attention(void) {
-    const int64_t rows = 16, H = 8, Hkv = 2, D = 64, slots = 336, group = H / Hkv, nq = rows * group;
-    const struct { int64_t n_keys, n_valid; } cases[] = {{336, 336}, {336, 201}, {100, 100}, {37, 20}};
+ * or above the valid count: the shipped assistant's geometry (16 rows,
+ * heads 8/2 x 64, 336 slots) and others whose key and output counts are
+ * not multiples of a warp's keys or outputs per pass. */
+static void dense_attention_case(int64_t rows, int64_t H, int64_t Hkv, int64_t D, int64_t slots, int64_t n_keys,
+                                 int64_t n_valid) {
+    const int64_t group = H / Hkv, nq = rows * group;
     float *q = rnd_vec((size_t)(rows * H * D), 2.0f), *k = rnd_vec((size_t)(Hkv * slots * D), 2.0f);
     float *v = rnd_vec((size_t)(Hkv * D * slots), 3.0f);
     float *dq = dev(q, (size_t)(rows * H * D) * 4), *dk = dev(k, (size_t)(Hkv * slots * D) * 4);
     float *dv = dev(v, (size_t)(Hkv * D * slots) * 4), *dout = cu->alloc(cu, (size_t)(rows * H * D) * 4);
     float *out = mu_xmalloc((size_t)(rows * H * D) * 4), *qh = mu_xmalloc((size_t)(nq * D) * 4);
     float *p = mu_xmalloc((size_t)(nq * slots) * 4), *oh = mu_xmalloc((size_t)(nq * D) * 4);
-    for (int c = 0; c < 4; c++) {
-        const int64_t n_keys = cases[c].n_keys, n_valid = cases[c].n_valid;
-        const float scale = 0.125f;
-        const size_t head_rows = (size_t)(group * D) * 4, q_row = (size_t)(H * D) * 4;
-        for (int64_t g = 0; g < Hkv; g++) {
-            ref->copy2d(ref, qh, head_rows, q + g * group * D, q_row, head_rows, rows);
-            mu_weight kw = mu_f32_matrix(k + g * slots * D, D, n_valid, D);
-            ref->matmul(ref, &kw, qh, p, nq);
-            ref->softmax(ref, p, scale, n_valid, n_valid, nq);
-            mu_weight vw = mu_f32_matrix(v + g * D * slots, n_valid, D, slots);
-            ref->matmul(ref, &vw, p, oh, nq);
-            ref->copy2d(ref, out + g * group * D, q_row, oh, head_rows, head_rows, rows);
-        }
-        cu->dense_attention(cu, dq, rows, H, Hkv, D, dk, dv, slots, n_keys, n_valid, scale, dout);
-        char what[80];
-        snprintf(what, sizeof what, "dense_attention keys %lld valid %lld", (long long)n_keys, (long long)n_valid);
-        check(what, out, dout, (size_t)(rows * H * D) * 4);
+    const float scale = 1.0f / sqrtf((float)D);
+    const size_t head_rows = (size_t)(group * D) * 4, q_row = (size_t)(H * D) * 4;
+    for (int64_t g = 0; g < Hkv; g++) {
+        ref->copy2d(ref, qh, head_rows, q + g * group * D, q_row, head_rows, rows);
+        mu_weight kw = mu_f32_matrix(k + g * slots * D, D, n_valid, D);
+        ref->matmul(ref, &kw, qh, p, nq);
+        ref->softmax(ref, p, scale, n_valid, n_valid, nq);
+        mu_weight vw = mu_f32_matrix(v + g * D * slots, n_valid, D, slots);
+        ref->matmul(ref, &vw, p, oh, nq);
+        ref->copy2d(ref, out + g * group * D, q_row, oh, head_rows, head_rows, rows);
     }
+    cu->dense_attention(cu, dq, rows, H, Hkv, D, dk, dv, slots, n_keys, n_valid, scale, dout);
+    char what[120];
+    snprintf(what, sizeof what, "dense_attention rows %lld heads %lld/%lld x %lld keys %lld valid %lld", (long long)rows,
+             (long long)H, (long long)Hkv, (long long)D, (long long)n_keys, (long long)n_valid);
+    check(what, out, dout, (size_t)(rows * H * D) * 4);
     cu->free(cu, dq, 0), cu->free(cu, dk, 0), cu->free(cu, dv, 0), cu->free(cu, dout, 0);
     free(q), free(k), free(v), free(out), free(qh), free(p), free(oh);
+}
+
+static void test_dense_attention(void) {
+    const struct { int64_t n_keys, n_valid; } cases[] = {{336, 336}, {336, 201}, {100, 100}, {37, 20}, {336, 1}, {336, 7}};
+    for (int c = 0; c < 6; c++) dense_attention_case(16, 8, 2, 64, 336, cases[c].n_keys, cases[c].n_valid);
+    dense_attention_case(3, 16, 4, 128, 300, 300, 293);
+    dense_attention_case(5, 6, 3, 96, 129, 129, 129);
+    dense_attention_case(1, 4, 1, 40, 50, 45, 33);
 }
 
 /* The fused ops against the ops they stand for, and the matrix product
@@ -1118,20 +1126,21 @@ static void test_fused(void) {
     /* 1001: rows that start off 16-byte alignment; 8448 and 12032: two blocks a warp */
     const int64_t ns[] = {6656, 1024, 12288, 1000, 768, 512, 1001, 8448, 12032}, rows = 3;
     for (int i = 0; i < 9; i++)
-        for (int with_h = 0; with_h < 2; with_h++) {
+        for (int with_h = 0; with_h < 2; with_h++)
+        for (int plain = 0; plain < 2; plain++) { /* plain: no w_o, x += o (the DFlash assistant's step) */
             const int64_t n = ns[i], N = n * rows;
             float *x = rnd_vec((size_t)N, 3.0f), *o = rnd_vec((size_t)N, 5.0f), *h = mu_xmalloc((size_t)N * 4);
             float *wo = rnd_vec((size_t)n, 2.0f), *wh = rnd_vec((size_t)n, 2.0f);
             float *dx = dev(x, (size_t)N * 4), *dox = dev(o, (size_t)N * 4), *dh = cu->alloc(cu, (size_t)N * 4);
-            ref->rmsnorm(ref, o, wo, 1e-8f, o, n, rows);
+            if (!plain) ref->rmsnorm(ref, o, wo, 1e-8f, o, n, rows);
             ref->add(ref, x, o, N);
             if (with_h) ref->rmsnorm(ref, x, wh, 1e-6f, h, n, rows);
-            cu->residual(cu, dx, dox, wo, 1e-8f, with_h ? dh : NULL, wh, 1e-6f, n, rows);
+            cu->residual(cu, dx, dox, plain ? NULL : wo, 1e-8f, with_h ? dh : NULL, wh, 1e-6f, n, rows);
             char what[96];
-            snprintf(what, sizeof what, "residual x n=%lld h=%d", (long long)n, with_h);
+            snprintf(what, sizeof what, "residual x n=%lld h=%d plain=%d", (long long)n, with_h, plain);
             check(what, x, dx, (size_t)N * 4);
             if (with_h) {
-                snprintf(what, sizeof what, "residual h n=%lld", (long long)n);
+                snprintf(what, sizeof what, "residual h n=%lld plain=%d", (long long)n, plain);
                 check(what, h, dh, (size_t)N * 4);
                 if (n % 256 == 0) { /* the product right after reads the fused quantization */
                     mu_weight w[2] = {make_weight(&q4, n, 40), make_weight(&q6, n, 24)};
@@ -1141,9 +1150,13 @@ static void test_fused(void) {
                     ref->matmul(ref, &w[0], h, y0, rows);
                     ref->matmul(ref, &w[1], h, y1, rows);
                     cu->matmul_multi(cu, 2, wp, dh, (float *[]){dy0, dy1}, rows);
-                    snprintf(what, sizeof what, "residual + matmul_multi n=%lld", (long long)n);
+                    snprintf(what, sizeof what, "residual + matmul_multi n=%lld plain=%d", (long long)n, plain);
                     check(what, y0, dy0, (size_t)(rows * 40) * 4);
                     check(what, y1, dy1, (size_t)(rows * 24) * 4);
+                    if (plain) { /* the rest does not depend on the residual step */
+                        cu->free(cu, dy0, 0), cu->free(cu, dy1, 0), free(y0), free(y1);
+                        goto next;
+                    }
                     /* rmsnorm's fused quantization, then a single product */
                     ref->rmsnorm(ref, x, wh, 1e-5f, h, n, rows);
                     cu->rmsnorm(cu, dx, wh, 1e-5f, dh, n, rows);
@@ -1172,6 +1185,7 @@ static void test_fused(void) {
                     cu->free(cu, dy0, 0), cu->free(cu, dy1, 0), free(y0), free(y1);
                 }
             }
+        next:
             cu->free(cu, dx, 0), cu->free(cu, dox, 0), cu->free(cu, dh, 0), free(x), free(o), free(h);
         }
     /* gate and swiglu with their fused quantization, then the product */

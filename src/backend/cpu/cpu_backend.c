@@ -330,15 +330,15 @@ typedef struct residual_job {
 } residual_job;
 
 /* Per row, the ops the forward would run one by one over all rows (the
- * same kernels, so the same bits): o = rmsnorm(o) * w_o; x += o;
- * h = rmsnorm(x) * w_h. */
+ * same kernels, so the same bits): o = rmsnorm(o) * w_o (not without w_o);
+ * x += o; h = rmsnorm(x) * w_h. */
 static void residual_task(void *arg, int64_t t, int thread) {
     (void)thread;
     const residual_job *j = arg;
     const int64_t r1 = (t + 1) * j->chunk < j->rows ? (t + 1) * j->chunk : j->rows;
     for (int64_t r = t * j->chunk; r < r1; r++) {
         float *x = j->x + r * j->n, *o = j->o + r * j->n;
-        j->k->rmsnorm_row(o, j->w_o, j->eps_o, o, j->n);
+        if (j->w_o) j->k->rmsnorm_row(o, j->w_o, j->eps_o, o, j->n);
         j->k->add(x, o, j->n);
         if (j->h) j->k->rmsnorm_row(x, j->w_h, j->eps_h, j->h + r * j->n, j->n);
     }

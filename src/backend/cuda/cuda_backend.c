@@ -893,12 +893,12 @@ static void cuda_residual(mu_backend *b, float *x, float *o, const float *w_o, f
                           float eps_h, int64_t n, int64_t rows) {
     if (rows <= 0) return;
     if (!mucu_residual_ok(n)) { /* the ops one by one */
-        cuda_rmsnorm(b, o, w_o, eps_o, o, n, rows);
+        if (w_o) cuda_rmsnorm(b, o, w_o, eps_o, o, n, rows);
         cuda_add(b, x, o, rows * n);
         if (h) cuda_rmsnorm(b, x, w_h, eps_h, h, n, rows);
         return;
     }
-    const float *dwo = dev_bytes(b, w_o, (size_t)n * sizeof *w_o, "residual: post-norm weight");
+    const float *dwo = w_o ? dev_bytes(b, w_o, (size_t)n * sizeof *w_o, "residual: post-norm weight") : NULL;
     const float *dwh = h ? dev_bytes(b, w_h, (size_t)n * sizeof *w_h, "residual: norm weight") : NULL;
     void *q8 = h && n % 256 == 0 ? q8_produce(b, h, n * rows) : (q8_clear(b), NULL);
     if (go(b, sig_of("residual", 9, P(x), P(o), P(dwo), F(eps_o), P(h), P(dwh), F(eps_h), I(n), I(rows))))

@@ -2810,9 +2810,17 @@ __global__ static void __launch_bounds__(128) k_mmv_float(mucu_weight w, const f
  * probabilities in shared memory. Only the n_valid keys (device memory:
  * the launch stays the same from round to round) enter the products: the
  * same terms as over the valid keys alone, so not even a zero's sign can
- * differ from the host's loop. */
-__global__ static void k_dense_attn(const float *q, int64_t H, int64_t Hkv, int64_t D, const float *k, const float *v,
-                                    int64_t slots, const int64_t *n_valid, float scale, float *out) {
+ * differ from the host's loop. A warp takes DA_KU keys (DA_VU outputs) at
+ * a time, each with its own lane chain and fold: every key's dot product
+ * is the one above, but their loads are in flight together (one key after
+ * another, a CTA was a chain of dependent round trips: 25 us a call at 16
+ * rows over 336 keys). */
+#define DA_THREADS 512
+#define DA_KU 8
+#define DA_VU 4
+__global__ static void __launch_bounds__(DA_THREADS) k_dense_attn(const float *q, int64_t H, int64_t Hkv, int64_t D,
+                                                                 const float *k, const float *v, int64_t slots,
+                                                                 const int64_t *n_valid, float scale, float *out) {
     grid_dep_wait();
     extern __shared__ float sm[];
     float *qs = sm, *ps = sm + D;
@@ -2822,20 +2830,43 @@ __global__ static void k_dense_attn(const float *q, int64_t H, int64_t Hkv, int6
     __syncthreads();
     const float *kg = k + g * slots * D, *vg = v + g * D * slots;
     const int64_t nv = *n_valid;
-    for (int64_t j = warp; j < nv; j += nw) {
-        float p = 0.0f;
-        for (int64_t i = lane; i < D; i += 32) p = fmaf(kg[j * D + i], qs[i], p);
-        p = warp_fold_lane0(p);
-        if (lane == 0) ps[j] = p;
+    for (int64_t j0 = (int64_t)warp * DA_KU; j0 < nv; j0 += (int64_t)nw * DA_KU) {
+        float p[DA_KU];
+#pragma unroll
+        for (int u = 0; u < DA_KU; u++) p[u] = 0.0f;
+        for (int64_t i = lane; i < D; i += 32) {
+            const float qi = qs[i];
+#pragma unroll
+            for (int u = 0; u < DA_KU; u++)
+                if (j0 + u < nv) p[u] = fmaf(kg[(j0 + u) * D + i], qi, p[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < DA_KU; u++) p[u] = warp_fold_lane0(p[u]);
+        if (lane == 0)
+#pragma unroll
+            for (int u = 0; u < DA_KU; u++)
+                if (j0 + u < nv) ps[j0 + u] = p[u];
     }
     __syncthreads();
     block_softmax(ps, scale, nv, nv);
     __syncthreads();
-    for (int64_t d = warp; d < D; d += nw) {
-        float a = 0.0f;
-        for (int64_t j = lane; j < nv; j += 32) a = fmaf(vg[d * slots + j], ps[j], a);
-        a = warp_fold_lane0(a);
-        if (lane == 0) out[rh * D + d] = a;
+    for (int64_t d0 = (int64_t)warp * DA_VU; d0 < D; d0 += (int64_t)nw * DA_VU) {
+        float a[DA_VU];
+#pragma unroll
+        for (int u = 0; u < DA_VU; u++) a[u] = 0.0f;
+#pragma unroll 4
+        for (int64_t j = lane; j < nv; j += 32) {
+            const float pj = ps[j];
+#pragma unroll
+            for (int u = 0; u < DA_VU; u++)
+                if (d0 + u < D) a[u] = fmaf(vg[(d0 + u) * slots + j], pj, a[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < DA_VU; u++) a[u] = warp_fold_lane0(a[u]);
+        if (lane == 0)
+#pragma unroll
+            for (int u = 0; u < DA_VU; u++)
+                if (d0 + u < D) out[rh * D + d0 + u] = a[u];
     }
 }
 
@@ -2987,15 +3018,15 @@ __device__ static inline void res_weights(const float *w_o, const float *w_h, in
     for (int k = 0; k < RB; k++) {
         const int64_t b = wid + (int64_t)nw * k;
         if (b < nb) {
-            ld8h(w_o, b, lane, n, wo[k]);
+            if (w_o) ld8h(w_o, b, lane, n, wo[k]);
             if (w_h) ld8h(w_h, b, lane, n, wh[k]);
         }
     }
     grid_dep_wait();
 }
 
-/* The sandwich residual step, a CTA per row: x += rmsnorm(o, eps_o) * w_o,
- * then (h != NULL) h = rmsnorm(x, eps_h) * w_h, quantized to Q8_K with
+/* The sandwich residual step, a CTA per row: x += rmsnorm(o, eps_o) * w_o
+ * (w_o NULL: x += o), then (h != NULL) h = rmsnorm(x, eps_h) * w_h, quantized to Q8_K with
  * QUANT. The same operations in the same order as rmsnorm, add, rmsnorm.
  * Lane l of warp w holds elements hx(b, l, 0..7) of the blocks b = w + k *
  * warps (k < RB): quantize_block_warp<true>'s layout, so the quantization
@@ -3029,7 +3060,7 @@ __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
         }
     }
     __syncthreads();
-    const float inv_o = cta_inv_rms(xs, n, eps_o, &inv_s[0]);
+    const float inv_o = w_o ? cta_inv_rms(xs, n, eps_o, &inv_s[0]) : 1.0f; /* w_o: uniform over the CTA */
     /* each thread reads and rewrites only its own elements of xs (warp 0's
      * reads ended at cta_inv_rms's barrier) */
 #pragma unroll
@@ -3042,7 +3073,7 @@ __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
             const float ov[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
 #pragma unroll
             for (int t = 0; t < 8; t++)
-                xv[k][t] = hx(b, lane, t) < n ? xv[k][t] + (ov[t] * inv_o) * wo[k][t] : 0.0f;
+                xv[k][t] = hx(b, lane, t) < n ? xv[k][t] + (w_o ? (ov[t] * inv_o) * wo[k][t] : ov[t]) : 0.0f;
             *(float4 *)(xs + hx(b, lane, 0)) = make_float4(xv[k][0], xv[k][1], xv[k][2], xv[k][3]);
             *(float4 *)(xs + hx(b, lane, 4)) = make_float4(xv[k][4], xv[k][5], xv[k][6], xv[k][7]);
             st8h(xr, b, lane, n, xv[k]);
@@ -4156,7 +4187,7 @@ extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_hea
         return false;
     }
     /* shared memory for n_keys >= n_valid scores */
-    k_dense_attn<<<(unsigned)(rows * n_head), 128, sm, g_s>>>(q, n_head, n_head_kv, D, k, v, slots, n_valid, scale, out);
+    k_dense_attn<<<(unsigned)(rows * n_head), DA_THREADS, sm, g_s>>>(q, n_head, n_head_kv, D, k, v, slots, n_valid, scale, out);
     return launched("k_dense_attn", err);
 }
 
