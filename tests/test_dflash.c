@@ -530,6 +530,66 @@ static void test_forward_oracle(void) {
     remove(f32_path);
 }
 
+/* A backend that replays launches (forward_begin set) projects the context
+ * in fixed row counts, padding rows stored into the last slot
+ * (dflash_forward.c project_context). The padded projection must give the
+ * drafts and the durable state of the unpadded one bit for bit: the same
+ * cpu backend with no-op brackets, appends of 1..16 rows and one of 40,
+ * through the sink edge and around the ring, a draft after each. */
+static void no_bracket_begin(mu_backend *b, uint64_t key) { (void)b, (void)key; }
+static void no_bracket_end(mu_backend *b, bool ok) { (void)b, (void)ok; }
+
+static void test_padded_projection(void) {
+    const int64_t V = target->m->cfg.n_vocab;
+    mu_error err;
+    mu_dflash *d = mu_dflash_load(draft_path, &err);
+    CHECK_MSG(d != NULL, "%s", err.msg);
+    if (!d) return;
+    const int64_t NF = d->cfg.n_target_layers * d->cfg.n_embd, T = 420;
+    int32_t *toks = random_tokens(T, 11);
+    muser_session_params sp = {.n_ctx = 512};
+    muser_session *s = muser_session_create(target, &sp, NULL);
+    CHECK(mu_session_set_capture(s, d->cfg.target_layers, (int)d->cfg.n_target_layers, &err));
+    CHECK(muser_session_feed(s, toks, T, NULL));
+    int64_t rows;
+    const float *captured = mu_session_captured(s, &rows);
+    CHECK_EQ_INT(rows, T);
+    /* the caller's slack rows (dflash.h): finite, here zeros */
+    float *features = calloc((size_t)((T + MU_DFLASH_SLACK) * NF), sizeof(float));
+    memcpy(features, captured, (size_t)(T * NF) * sizeof(float));
+    mu_backend replaying = *target->be;
+    replaying.forward_begin = no_bracket_begin;
+    replaying.forward_end = no_bracket_end;
+    mu_dflash_state *plain = mu_dflash_state_new(d, target->m, target->be);
+    mu_dflash_state *padded = mu_dflash_state_new(d, target->m, &replaying);
+    float *lp = malloc((size_t)(7 * V) * sizeof(float)), *lq = malloc((size_t)(7 * V) * sizeof(float));
+    int32_t pp[7], pq[7];
+    int64_t have = 0, step = 0, drafts = 0, differ = 0;
+    while (have < T - 16) {
+        const int64_t n = step == 0 ? 40 : 1 + (step * 7) % 16; /* 40 (a 64-row projection), then 1..16 */
+        mu_dflash_append_context(plain, features + have * NF, n);
+        mu_dflash_append_context(padded, features + have * NF, n);
+        have += n, step++;
+        mu_dflash_draft(plain, toks[have], 7, pp, lp);
+        mu_dflash_draft(padded, toks[have], 7, pq, lq);
+        drafts++;
+        differ += memcmp(lp, lq, (size_t)(7 * V) * sizeof(float)) != 0 || memcmp(pp, pq, sizeof pp) != 0;
+    }
+    CHECK_MSG(differ == 0, "padded projection: %lld of %lld drafts differ from the unpadded one", (long long)differ,
+              (long long)drafts);
+    CHECK(have > 64 + 256); /* past the sink and around the ring */
+    const uint64_t bytes = mu_dflash_state_bytes(d, have);
+    float *ep = malloc(bytes), *eq = malloc(bytes);
+    mu_dflash_state_export(plain, ep);
+    mu_dflash_state_export(padded, eq);
+    CHECK_MSG(!memcmp(ep, eq, bytes), "padded projection: the held context differs");
+    free(ep), free(eq), free(lp), free(lq), free(features), free(toks);
+    mu_dflash_state_free(plain);
+    mu_dflash_state_free(padded);
+    muser_session_free(s);
+    mu_dflash_free(d);
+}
+
 /* ------------------------------------------------------ speculation */
 
 static int32_t *prompt_tokens(const char *text, int repeat, int64_t *n) {
@@ -919,6 +979,7 @@ int main(void) {
     test_loader();
     test_capture();
     test_forward_oracle();
+    test_padded_projection();
     test_tree_feed();
     double t1 = mu_now();
     test_speculation();

@@ -81,7 +81,12 @@ void mu_dflash_state_reset(mu_dflash_state *st);
 int64_t mu_dflash_state_rows(const mu_dflash_state *st);
 /* Append n committed target rows (features [n][n_target_layers * n_embd],
  * slots in target_layers order) at positions rows().. ; rows that can no
- * longer be attended to are skipped. */
+ * longer be attended to are skipped. features must hold MU_DFLASH_SLACK
+ * more readable rows of finite values past its last row: a backend that
+ * replays launches projects a fixed count of rows (dflash_forward.c
+ * project_context). */
+#define MU_DFLASH_CTX_PAD 16 /* rows of a round's projection (it keeps 1..16) */
+#define MU_DFLASH_SLACK 64   /* rows of the longest projection */
 void mu_dflash_append_context(mu_dflash_state *st, const float *features, int64_t n);
 void mu_dflash_skip_context(mu_dflash_state *st, int64_t n);
 /* One block at anchor position rows(): writes the argmax (lowest id on

@@ -22,7 +22,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#define CTX_CHUNK 64 /* context rows projected per batch */
+#define CTX_CHUNK MU_DFLASH_SLACK /* context rows projected per batch */
 
 struct mu_dflash_state {
     const mu_dflash *d;
@@ -118,12 +118,13 @@ static int64_t rows_held(const mu_dflash_state *st) {
 }
 
 /* K/V rows [rows][n_head_kv * head_dim] into per-head cache slots (V
- * into the transposed planes): block rows at consecutive slots from pos0,
- * context rows at the slot of their position. */
-static void store_rows(const mu_dflash_state *st, int il, const float *k, const float *v, int64_t rows,
-                       int64_t pos0, bool block) {
+ * into the transposed planes): context rows r < m at the slot of their
+ * position pos0 + r, the padding rows m <= r < rows into the last slot
+ * (project_context); block rows (m < 0) at consecutive slots from pos0. */
+static void store_rows(const mu_dflash_state *st, int il, const float *k, const float *v, int64_t m, int64_t rows,
+                       int64_t pos0) {
     const int64_t D = st->d->cfg.head_dim, Hkv = st->d->cfg.n_head_kv, S = st->slots;
-    for (int64_t r = 0; r < rows; r++) st->slot[r] = block ? pos0 + r : cache_slot(st, pos0 + r);
+    for (int64_t r = 0; r < rows; r++) st->slot[r] = m < 0 ? pos0 + r : r < m ? cache_slot(st, pos0 + r) : S - 1;
     st->be->store_heads(st->be, st->ck[il], st->slot, S, D, Hkv, k, rows, false);
     st->be->store_heads(st->be, st->cv[il], st->slot, S, D, Hkv, v, rows, true);
 }
@@ -155,22 +156,32 @@ static void bracket_end(mu_dflash_state *st) {
     if (st->be->forward_end) st->be->forward_end(st->be, true);
 }
 
-/* K (k-normed, rotated) and V of m consecutive context rows from p0. */
+/* K (k-normed, rotated) and V of m consecutive context rows from p0.
+ * A backend that replays launches (forward_begin) projects a fixed count of
+ * rows, MU_DFLASH_CTX_PAD or CTX_CHUNK, so that every round's projection
+ * is one launch shape (a round keeps 1..16 rows: one graph instead of one
+ * capture per count). The rows past m read the caller's slack rows
+ * (dflash.h, MU_DFLASH_SLACK) and are stored into the last slot, which no attention reads
+ * before a block overwrites it: a draft reads the held slots and the
+ * block's, slots < held + block_size, and held + block_size reaches the
+ * last slot only when the block itself is stored there. Every row's
+ * products are the same bits at any row count (docs/numerics.md). */
 static void project_context(mu_dflash_state *st, const float *features, int64_t p0, int64_t m) {
     const mu_dflash *d = st->d;
     const mu_dflash_config *c = &d->cfg;
     mu_backend *be = st->be;
     const int64_t E = c->n_embd, D = c->head_dim;
-    bracket_begin(st, 0xDF1A5C0, m, 0);
-    be->matmul(be, &d->fc, features, st->cx, m);
-    be->rmsnorm(be, st->cx, d->hidden_norm, c->rms_eps, st->cx, E, m);
-    rope_table(st, p0, m);
+    const int64_t n = !be->forward_begin ? m : m <= MU_DFLASH_CTX_PAD ? MU_DFLASH_CTX_PAD : CTX_CHUNK;
+    bracket_begin(st, 0xDF1A5C0, n, 0);
+    be->matmul(be, &d->fc, features, st->cx, n);
+    be->rmsnorm(be, st->cx, d->hidden_norm, c->rms_eps, st->cx, E, n);
+    rope_table(st, p0, n);
     for (int il = 0; il < c->n_layer; il++) {
         const mu_dflash_layer *lw = &d->layers[il];
-        mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, st->cx, (float *[]){st->kt, st->vt}, m);
-        be->rmsnorm(be, st->kt, lw->k_norm, c->rms_eps, st->kt, D, m * c->n_head_kv);
-        rope_neox(st, st->kt, c->n_head_kv, m, 0);
-        store_rows(st, il, st->kt, st->vt, m, p0, false);
+        mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, st->cx, (float *[]){st->kt, st->vt}, n);
+        be->rmsnorm(be, st->kt, lw->k_norm, c->rms_eps, st->kt, D, n * c->n_head_kv);
+        rope_neox(st, st->kt, c->n_head_kv, n, 0);
+        store_rows(st, il, st->kt, st->vt, m, n, p0);
     }
     bracket_end(st);
 }
@@ -265,7 +276,7 @@ static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr, con
     }
     be->rmsnorm(be, st->kb, lw->k_norm, c->rms_eps, st->kb, D, B * c->n_head_kv);
     rope_neox(st, st->kb, c->n_head_kv, B, 0);
-    store_rows(st, il, st->kb, st->vb, B, rows_held(st), true);
+    store_rows(st, il, st->kb, st->vb, -1, B, rows_held(st));
     be->rmsnorm(be, st->q + r0 * Q, lw->q_norm, c->rms_eps, st->q + r0 * Q, D, nr * c->n_head);
     rope_neox(st, st->q + r0 * Q, c->n_head, nr, r0);
     attention(st, il, r0, nr);

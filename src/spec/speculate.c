@@ -310,7 +310,10 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     int64_t want = 2 * (MU_DFLASH_SINK + c->sliding_window), fit = ((int64_t)32 << 20) / (sp->feat_len * 4);
     sp->cap_feats = want < fit ? want : fit > 64 ? fit : 64;
     sp->be = target->be;
-    sp->feats = mu_backend_xalloc(sp->be, (size_t)(sp->cap_feats * sp->feat_len) * sizeof(float), "the assistant's feature rows");
+    /* plus the slack rows a fixed-shape projection reads past the last row (dflash.h), zeroed: finite */
+    const size_t feat_bytes = (size_t)((sp->cap_feats + MU_DFLASH_SLACK) * sp->feat_len) * sizeof(float);
+    sp->feats = mu_backend_xalloc(sp->be, feat_bytes, "the assistant's feature rows");
+    sp->be->zero(sp->be, sp->feats, feat_bytes);
     /* greedy rounds on the backend: proposals and picks stay there (MUSER_SPEC_PICKS=0: through the host) */
     const char *pk = getenv("MUSER_SPEC_PICKS");
     sp->picks = sp->be->argmax_reg && sp->be->pick_rows && sp->be->chain_wait && !(pk && *pk && atoi(pk) == 0);
@@ -348,7 +351,7 @@ void muser_spec_free(muser_spec *sp) {
     mu_dflash_state_free(sp->ds);
     free(sp->logits);
     free(sp->dlogits);
-    sp->be->free(sp->be, sp->feats, (size_t)(sp->cap_feats * sp->feat_len) * sizeof(float));
+    sp->be->free(sp->be, sp->feats, (size_t)((sp->cap_feats + MU_DFLASH_SLACK) * sp->feat_len) * sizeof(float));
     if (sp->slots) {
         if (sp->be->host_free) sp->be->host_free(sp->be, sp->slots, SLOT_INTS * sizeof(int32_t));
         else free(sp->slots);
