@@ -19,11 +19,6 @@ void mu_bench_opts_init(mu_bench_opts *o) {
 
 /* ---------- statistics ---------- */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 void mu_bench_stats_compute(mu_bench_stats *s, const double *samples, int n) {
     memset(s, 0, sizeof *s);
     if (n <= 0) return;
@@ -32,7 +27,7 @@ void mu_bench_stats_compute(mu_bench_stats *s, const double *samples, int n) {
     memcpy(s->samples, samples, (size_t)n * sizeof(double));
     double *sorted = mu_xmalloc((size_t)n * sizeof(double));
     memcpy(sorted, samples, (size_t)n * sizeof(double));
-    qsort(sorted, (size_t)n, sizeof(double), cmp_double);
+    mu_sort_doubles(sorted, (size_t)n);
     s->min = sorted[0];
     s->max = sorted[n - 1];
     s->median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);

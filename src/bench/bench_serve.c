@@ -35,15 +35,9 @@
 
 /* ------------------------------------------------------------ helpers */
 
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 double bs_percentile(double *v, size_t n, double p) {
     if (!n) return 0;
-    qsort(v, n, sizeof *v, cmp_double);
+    mu_sort_doubles(v, n);
     double pos = p / 100.0 * (double)(n - 1);
     size_t lo = (size_t)pos;
     if (lo + 1 >= n) return v[n - 1];

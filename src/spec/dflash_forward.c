@@ -161,8 +161,8 @@ static void bracket_end(mu_dflash_state *st) {
  * rows, MU_DFLASH_CTX_PAD or CTX_CHUNK, so that every round's projection
  * is one launch shape (a round keeps 1..16 rows: one graph instead of one
  * capture per count). The rows past m read the caller's slack rows
- * (dflash.h, MU_DFLASH_SLACK) and are stored into the last slot, which no attention reads
- * before a block overwrites it: a draft reads the held slots and the
+ * (dflash.h, MU_DFLASH_SLACK) and are stored into the last slot, which no
+ * attention reads before a block overwrites it: a draft reads the held slots and the
  * block's, slots < held + block_size, and held + block_size reaches the
  * last slot only when the block itself is stored there. Every row's
  * products are the same bits at any row count (docs/numerics.md). */

@@ -121,10 +121,6 @@ static bool gate_round(spec_gate *g, int64_t proposals, int64_t accepted, int64_
 #define PHASES 6
 static const char *const phase_name[PHASES] = {"context+draft enqueued", "verification enqueued", "wait for the picks",
                                                "rollback and context rows", "last row fetched", "gate"};
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 #define SLOT_INTS (2 * 16 + MU_TOKEN_REGS) /* pick_rows: 16 rows' (pick, flag), then the proposals */
 
 struct muser_spec {
@@ -339,8 +335,10 @@ void muser_spec_free(muser_spec *sp) {
         double *col = mu_xmalloc((size_t)sp->ph_rounds * sizeof *col);
         for (int i = 0; i < PHASES; i++) {
             for (int64_t r = 0; r < sp->ph_rounds; r++) col[r] = sp->ph[r * PHASES + i];
-            qsort(col, (size_t)sp->ph_rounds, sizeof *col, cmp_double);
-            fprintf(stderr, "%s %s %.1f", i ? "," : "", phase_name[i], 1e6 * col[sp->ph_rounds / 2]);
+            mu_sort_doubles(col, (size_t)sp->ph_rounds);
+            const int64_t h = sp->ph_rounds / 2;
+            const double med = sp->ph_rounds % 2 ? col[h] : 0.5 * (col[h - 1] + col[h]);
+            fprintf(stderr, "%s %s %.1f", i ? "," : "", phase_name[i], 1e6 * med);
         }
         fputc('\n', stderr);
         free(col);

@@ -114,6 +114,13 @@ double mu_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void mu_sort_doubles(double *v, size_t n) { qsort(v, n, sizeof *v, cmp_double); }
+
 /* Room for n more bytes and the NUL. */
 static void buf_reserve(mu_buf *b, size_t n) {
     if (b->cap - b->len > n) return;

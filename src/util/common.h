@@ -85,6 +85,8 @@ static inline float mu_round_f16(float f) { return mu_f16_to_f32(mu_f32_to_f16(f
 
 /* Monotonic wall clock in seconds. */
 double mu_now(void);
+/* v[0 .. n) in ascending order (timings: no NaN). */
+void mu_sort_doubles(double *v, size_t n);
 /* "\rLABEL [####....]  42.0% 123.4/456.7 MB 89.0 MB/s" on stderr (a newline
  * after it when last): the progress of long byte-counted work. */
 void mu_progress_bar(const char *label, uint64_t done, uint64_t total, double secs, bool last);
