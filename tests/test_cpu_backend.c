@@ -699,6 +699,39 @@ static void test_attention_tree(bool swa, int64_t window, int64_t n0, int64_t H,
         EXPECT_SAME(got, want, T * H * D, "tree attention, n0 %lld window %lld H %lld/%lld D %lld on %s", (long long)n0,
                     (long long)window, (long long)H, (long long)Hkv, (long long)D, label(cpus[c]));
     }
+    /* The same tree in the tree registers (backend.h mu_tree_regs): the
+     * batch bounds each row's position by base + r and the registers give
+     * its depth and ancestors; RoPE's table reads the depths too. */
+    mu_tree_regs tr = {.n = T};
+    int64_t bound[T];
+    mu_attn_tree rbase[T];
+    for (int i = 0; i < T; i++) {
+        tr.parent[i] = parent[i];
+        tr.depth[i] = depth[i];
+        tr.node[i] = tree[i];
+        tr.node[i].base = -7; /* unused: the batch's base counts */
+        rbase[i] = (mu_attn_tree){.base = n0};
+        bound[i] = n0 + i;
+    }
+    mu_attn_batch ar = a;
+    ar.pos = bound;
+    ar.tree = rbase;
+    for (int c = -1; c < n_cpus; c++) {
+        mu_backend *be = c < 0 ? ref : cpus[c];
+        be->treg = tr;
+        ar.treg = &be->treg;
+        memset(got, 0, (size_t)(T * H * D) * sizeof(float));
+        be->attention(be, &ar, q, got);
+        EXPECT_SAME(got, want, T * H * D, "tree-register attention, n0 %lld window %lld on %s", (long long)n0,
+                    (long long)window, c < 0 ? "ref" : label(cpus[c]));
+        const double inv_freq[3] = {1.0, 0.01, 1e-4};
+        float cs_want[T * 6], cs_got[T * 6];
+        be->rope_table(be, inv_freq, 3, tpos, T, cs_want, false);
+        be->rope_table(be, inv_freq, 3, bound, T, cs_got, true);
+        CHECK_MSG(!memcmp(cs_want, cs_got, sizeof cs_want), "rope_table on the tree registers' depths, n0 %lld",
+                  (long long)n0);
+        memset(&be->treg, 0, sizeof be->treg);
+    }
     mu_kv_free(&kv);
     free(q); free(want); free(got); free(k); free(v);
 }

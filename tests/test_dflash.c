@@ -886,7 +886,11 @@ static void test_tree_feed(void) {
  * (MUSER_SPEC_PICKS=0): the same tokens every round, the same statistics,
  * the same logits row left in the session, at verify lengths 3, 7 and 15;
  * with no sampler, and with an argmax sampler that bans end of generation
- * (ignore_eos: a banned pick sends the round to the host). */
+ * (ignore_eos: a banned pick sends the round to the host); chains, and
+ * token trees built on the backend (tree_reg: its tree registers feed the
+ * verification's positions and attention) against trees built and drawn
+ * on the host, with every byte of the caches and the token record equal
+ * at the end. */
 static void test_spec_picks(void) {
     muser_error err;
     muser_draft *d = muser_draft_load(draft_path, target, &err);
@@ -898,11 +902,12 @@ static void test_spec_picks(void) {
     static const char *texts[] = {"And it came to pass, when the king",
                                   "<|header_start|>user<|header_end|>\n\nWho are you?<|eot|>"
                                   "<|header_start|>assistant<|header_end|>\n\n"};
-    int64_t picked = 0, host_rounds = 0;
-    for (int vi = 0; vi < 3; vi++)
+    int64_t picked = 0, host_rounds = 0, picked_trees = 0;
+    for (int vi = 0; vi < 5; vi++) /* chains at VL 3, 7, 15; trees at 7, 15 */
         for (int ti = 0; ti < 2; ti++)
             for (int with_smp = 0; with_smp < 2; with_smp++) {
-                muser_spec_params p = {.verify_len = vi == 0 ? 3 : vi == 1 ? 7 : 15, .no_gate = true};
+                const bool tree = vi >= 3;
+                muser_spec_params p = {.verify_len = vi == 0 ? 3 : vi % 2 ? 7 : 15, .no_gate = true, .tree = tree};
                 muser_spec *sp[2];
                 muser_sampler *smp[2] = {NULL, NULL};
                 for (int k = 0; k < 2; k++) {
@@ -950,7 +955,18 @@ static void test_spec_picks(void) {
                           "VL %d text %d: rounds %lld / %lld, accepted %lld / %lld", p.verify_len, ti,
                           (long long)st[0].rounds, (long long)st[1].rounds, (long long)st[0].accepted,
                           (long long)st[1].accepted);
+                const mu_kv_cache *ka = mu_session_kv(s[0]), *kb = mu_session_kv(s[1]);
+                for (int il = 0; il < ka->n_layers; il++) {
+                    const mu_kv_layer *la = &ka->layers[il], *lb = &kb->layers[il];
+                    const size_t bytes = (size_t)(la->n_head * la->cap * la->head_dim) * sizeof(uint16_t);
+                    CHECK_MSG(la->len == lb->len && !memcmp(la->k, lb->k, bytes) && !memcmp(la->v, lb->v, bytes),
+                              "VL %d%s text %d: layer %d's K/V planes differ", p.verify_len, tree ? " tree" : "", ti, il);
+                }
+                int64_t na = 0, nb = 0;
+                const int32_t *ha = mu_session_hist(s[0], &na), *hb = mu_session_hist(s[1], &nb);
+                CHECK(na == nb && !memcmp(ha, hb, (size_t)na * sizeof *ha));
                 picked += st[0].picked_rounds;
+                if (tree) picked_trees += st[0].picked_rounds;
                 host_rounds += st[0].rounds - st[0].picked_rounds;
                 free(prompt);
                 for (int k = 0; k < 2; k++) {
@@ -958,8 +974,9 @@ static void test_spec_picks(void) {
                     muser_sampler_free(smp[k]);
                 }
             }
-    printf("rounds on the backend: %lld picked there, %lld through the host\n", (long long)picked, (long long)host_rounds);
-    CHECK(picked > 0);
+    printf("rounds on the backend: %lld picked there (%lld of them trees), %lld through the host\n", (long long)picked,
+           (long long)picked_trees, (long long)host_rounds);
+    CHECK(picked > 0 && picked_trees > 0);
     muser_session_free(s[0]);
     muser_session_free(s[1]);
     muser_draft_free(d);

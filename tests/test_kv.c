@@ -4,6 +4,7 @@
  * planes, n_ctx below the window, clear. */
 #include "testutil.h"
 #include "kv/kv.h"
+#include "backend/backend.h"
 
 #define HEADS 3     /* KV heads per row */
 #define HEAD_DIM 4
@@ -337,8 +338,16 @@ static void test_rollback_multirow(void) {
 
 /* A token tree's kept path (mu_kv_move, then rollback) gives the bytes of
  * storing the path's rows in order; refusals change nothing. */
-static void test_move_path(void) {
-    static const int32_t path[] = {0, 2, 5, 11, 15};
+/* copy2d_many's copies in reverse order: the same bytes as in order only
+ * when the copies are independent, as backend.h requires of its callers
+ * (a device runs them at once). */
+static void reversed_many(mu_backend *b, int n, const mu_copy2d *c) {
+    for (int i = n - 1; i >= 0; i--) b->copy2d(b, c[i].dst, c[i].dst_stride, c[i].src, c[i].src_stride, c[i].width, c[i].rows);
+}
+
+/* be NULL: the host's planes; else be's (with copy2d_many reversed). */
+static void test_move_path(mu_backend *be) {
+    static const int32_t path[] = {0, 2, 5, 11, 15}; /* row 2 moves to 1 before row 5 moves to 2 */
     enum { NP = sizeof path / sizeof *path, T = 16 };
     const int64_t prefixes[] = {0, 5, 30};
     int cases = 0;
@@ -347,8 +356,8 @@ static void test_move_path(void) {
         static model ma, mb;
         mu_kv_cache a, b;
         mu_error err = {{0}};
-        CHECK(mu_kv_init(&a, NULL, 4, KINDS, WINDOW, T - 1, N_CTX, HEADS, HEAD_DIM, &err));
-        CHECK(mu_kv_init(&b, NULL, 4, KINDS, WINDOW, T - 1, N_CTX, HEADS, HEAD_DIM, &err));
+        CHECK(mu_kv_init(&a, be, 4, KINDS, WINDOW, T - 1, N_CTX, HEADS, HEAD_DIM, &err));
+        CHECK(mu_kv_init(&b, be, 4, KINDS, WINDOW, T - 1, N_CTX, HEADS, HEAD_DIM, &err));
         for (int64_t p = 0; p < prefix; p++) append_token(&a, &ma, p, 0), append_token(&b, &mb, p, 0);
         int64_t from[NP], to[NP];
         for (int j = 0; j < NP; j++) from[j] = prefix + path[j], to[j] = prefix + j;
@@ -378,7 +387,7 @@ static void test_move_path(void) {
         mu_kv_free(&a), mu_kv_free(&b);
         cases++;
     }
-    printf("kept tree paths: %d cases compared bitwise\n", cases);
+    printf("kept tree paths%s: %d cases compared bitwise\n", be ? " (copies gathered, run in reverse)" : "", cases);
 }
 
 static void test_rollback_limits(void) {
@@ -546,7 +555,11 @@ int main(void) {
     test_rollback_every_position();
     test_rollback_limits();
     test_rollback_multirow();
-    test_move_path();
+    test_move_path(NULL);
+    mu_backend *rev = mu_backend_ref_create(1);
+    rev->copy2d_many = reversed_many;
+    test_move_path(rev);
+    rev->destroy(rev);
     test_snapshots();
     test_full_planes_only();
     test_context_below_window();

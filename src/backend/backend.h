@@ -40,6 +40,20 @@ typedef struct mu_attn_tree {
     int32_t anc[MU_TREE_MAX];
 } mu_attn_tree;
 
+/* The tree registers: a token tree built on the backend (tree_reg below)
+ * for the verification that follows, so its shape never visits the host
+ * before it runs. Node i (the root 0 first, every parent before its
+ * children) has parent[i] (-1 for the root), depth[i], and its ancestors
+ * root first in node[i].anc[0 .. depth[i]] (node[i].base unused). Nodes
+ * n .. MU_TREE_MAX - 1 are fillers: children of the root (depth 1), never
+ * part of a kept path. Host backends keep them in mu_backend.treg; a
+ * device backend in its own memory. */
+typedef struct mu_tree_regs {
+    int32_t n;
+    int32_t parent[MU_TREE_MAX], depth[MU_TREE_MAX];
+    mu_attn_tree node[MU_TREE_MAX];
+} mu_tree_regs;
+
 /* One query row of attention: keys are those of `kv` with logical
  * positions in [pos - window + 1, pos] (window 0 = all held positions <= pos),
  * read from cache position mu_attn_key_pos. */
@@ -50,11 +64,12 @@ typedef struct mu_attn_args {
     int64_t n_head, n_head_kv, head_dim;
     float scale;                 /* 1/sqrt(head_dim) */
     const mu_attn_tree *tree;    /* NULL: a plain row (key p at cache position p) */
+    int64_t tbase;               /* with tree: the tree's base (tree->base may be unused: tree registers) */
 } mu_attn_args;
 
 /* Where the key at position p of row a lies in its cache. */
 static inline int64_t mu_attn_key_pos(const mu_attn_args *a, int64_t p) {
-    return a->tree && p >= a->tree->base ? a->tree->base + a->tree->anc[p - a->tree->base] : p;
+    return a->tree && p >= a->tbase ? a->tbase + a->tree->anc[p - a->tbase] : p;
 }
 
 /* Attention over a batch: row r sees only its own sequence's keys
@@ -68,13 +83,21 @@ typedef struct mu_attn_batch {
     int64_t n_head, n_head_kv, head_dim;
     float scale;
     const mu_attn_tree *tree;     /* host [rows] or NULL (no tree rows); entries with base < 0 are plain rows */
+    /* Not NULL: the tree rows are the tree registers' nodes (row r is node
+     * r, the batch one tree alone): tree[r].base is the base, pos[r] =
+     * base + r bounds the row's position, base + depth[r]; its ancestors
+     * are the registers'. Host backends read *treg (their own registers);
+     * a device backend reads its registers where they lie. */
+    const mu_tree_regs *treg;
 } mu_attn_batch;
 
 /* The single-row description of batch row r. */
 static inline mu_attn_args mu_attn_row(const mu_attn_batch *b, int64_t r) {
-    return (mu_attn_args){.kv = b->kv[r], .pos = b->pos[r], .window = b->window, .n_head = b->n_head,
-                          .n_head_kv = b->n_head_kv, .head_dim = b->head_dim, .scale = b->scale,
-                          .tree = b->tree && b->tree[r].base >= 0 ? &b->tree[r] : NULL};
+    const bool t = b->tree && b->tree[r].base >= 0;
+    return (mu_attn_args){.kv = b->kv[r], .pos = t && b->treg ? b->tree[r].base + b->treg->depth[r] : b->pos[r],
+                          .window = b->window, .n_head = b->n_head, .n_head_kv = b->n_head_kv,
+                          .head_dim = b->head_dim, .scale = b->scale,
+                          .tree = !t ? NULL : b->treg ? &b->treg->node[r] : &b->tree[r], .tbase = t ? b->tree[r].base : 0};
 }
 
 /* One strided copy: copy2d's arguments (copy2d_many). */
@@ -125,9 +148,11 @@ struct mu_backend {
     void (*rmsnorm)(mu_backend *b, const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows);
     /* cs[r][i] = (cos, sin) of pos[r] * inv_freq[i], i < n_pairs: computed
      * in double with the engine's own cos/sin and rounded to f32 once.
-     * pos and inv_freq are host arrays. */
+     * pos and inv_freq are host arrays. tree_reg: row r is node r of the
+     * tree registers, pos[r] = base + r, and its position is base +
+     * depth[r] (mu_attn_batch.treg). */
     void (*rope_table)(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
-                       float *cs);
+                       float *cs, bool tree_reg);
     /* Rotation of the first n_rot dims of each head, in place; cs holds
      * [rows][n_rot/2] (cos, sin) pairs for that row. neox false: interleaved
      * pairs (2i, 2i+1) (GPT-J, ggml mode 0); true: pairs (i, i + n_rot/2). */
@@ -252,6 +277,20 @@ struct mu_backend {
     void (*argmax_reg)(mu_backend *b, const float *x, int64_t n, int64_t rows);
     void (*pick_rows)(mu_backend *b, const float *x, int64_t n, int64_t rows, int n_regs, int32_t *slot);
     int32_t regs[MU_TOKEN_REGS]; /* host backends: the token registers */
+    /* Optional (NULL: trees are built on the host, speculate.c): the
+     * token tree over the draft's rows x [rows][n] (rows < MU_TREE_MAX),
+     * built as mu_spec_tree_build builds it (src/spec/spec_tree.h; eog:
+     * host [n_eog], n_eog <= MU_SPEC_TREE_EOG_MAX), into the tree registers
+     * (nodes rows + 1 .. MU_TREE_MAX - 1 and any the tree lacks are
+     * fillers) and the token registers (register i = node i + 1's token, 0
+     * for fillers, i < rows); and, once the work before it has run,
+     * slot[0] = the nodes n, slot[1 + i] = node i's parent, slot[1 +
+     * MU_TREE_MAX + i] = its token (the root's: -1), i < MU_TREE_MAX
+     * (MU_SPEC_TREE_SLOT int32 of host_alloc memory; no flag: it is written
+     * before any later op's, e.g. pick_rows'). May end a forward bracket. */
+    void (*tree_reg)(mu_backend *b, const float *x, int64_t n, int64_t rows, const int32_t *eog, int n_eog,
+                     int32_t *slot);
+    mu_tree_regs treg; /* host backends: the tree registers */
 
     /* ---- load time ---- */
     /* Optional (NULL: none), called once per weight at load before any op

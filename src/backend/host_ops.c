@@ -5,6 +5,7 @@
  * reproduces (docs/numerics.md). */
 #include "backend/backend.h"
 #include "sample/sample.h"
+#include "spec/spec_tree.h"
 #include "util/hugemap.h"
 #include "util/mumath.h"
 #include <math.h>
@@ -90,11 +91,11 @@ static void host_embed(mu_backend *b, const mu_weight *w, const int32_t *tokens,
 }
 
 static void host_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
-                            float *cs) {
-    (void)b;
+                            float *cs, bool tree_reg) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < n_pairs; i++) {
-            double a = (double)pos[r] * inv_freq[i];
+            const int64_t p = tree_reg && r < MU_TREE_MAX ? pos[r] - r + b->treg.depth[r] : pos[r];
+            double a = (double)p * inv_freq[i];
             cs[(r * n_pairs + i) * 2] = (float)mu_cos(a);
             cs[(r * n_pairs + i) * 2 + 1] = (float)mu_sin(a);
         }
@@ -104,7 +105,7 @@ bool mu_attn_head_rows(const mu_attn_args *a, int64_t pos, int64_t n, int64_t he
                        const uint16_t **v) {
     if (!mu_kv_head_rows(a->kv, pos, n, head, k, v)) return false;
     if (!a->tree) return true;
-    for (int64_t p = pos > a->tree->base ? pos : a->tree->base; p < pos + n; p++) {
+    for (int64_t p = pos > a->tbase ? pos : a->tbase; p < pos + n; p++) {
         const int64_t at = mu_attn_key_pos(a, p);
         k[p - pos] = mu_kv_k(a->kv, at, head);
         v[p - pos] = mu_kv_v(a->kv, at, head);
@@ -194,6 +195,20 @@ static void host_pick_rows(mu_backend *b, const float *x, int64_t n, int64_t row
     }
 }
 
+/* backend.h tree_reg: mu_spec_tree_build itself, at once. */
+static void host_tree_reg(mu_backend *b, const float *x, int64_t n, int64_t rows, const int32_t *eog, int n_eog,
+                          int32_t *slot) {
+    mu_spec_tree t;
+    mu_spec_tree_build(x, n, (int)rows, -1, eog, n_eog, &t);
+    mu_spec_tree_regs(&t, &b->treg);
+    for (int64_t i = 0; i < rows && i < MU_TOKEN_REGS; i++) b->regs[i] = i + 1 < t.n ? t.token[i + 1] : 0;
+    slot[0] = t.n;
+    for (int i = 0; i < MU_TREE_MAX; i++) {
+        slot[1 + i] = b->treg.parent[i];
+        slot[1 + MU_TREE_MAX + i] = i == 0 ? -1 : i < t.n ? t.token[i] : 0;
+    }
+}
+
 static bool host_chain_wait(mu_backend *b, volatile int32_t *slot, mu_error *err) {
     (void)b;
     if (slot[1]) return true;
@@ -256,6 +271,7 @@ void mu_backend_set_host_ops(mu_backend *b) {
     b->chain_wait = host_chain_wait;
     b->argmax_reg = host_argmax_reg;
     b->pick_rows = host_pick_rows;
+    b->tree_reg = host_tree_reg;
 }
 
 mu_weight mu_f32_matrix(const float *data, int64_t n_in, int64_t n_out, int64_t stride) {

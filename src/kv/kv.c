@@ -546,15 +546,38 @@ bool mu_kv_move(mu_kv_cache *c, const int64_t *from, const int64_t *to, int n, m
                 return false;
             }
     }
+    /* Gathered for copy2d_many (backend.h: one launch on a device) while no
+     * row of a layer is both written and read or written twice: a copy that
+     * would be sends the gathered ones first, so rows move in the order
+     * given (a path's row j may read a row an earlier move wrote to). */
+    enum { MOVE_MAX = 32 };
+    mu_copy2d cp[2 * MOVE_MAX];
+    int n_cp = 0, lay[MOVE_MAX];
+    int64_t dph[MOVE_MAX], sph[MOVE_MAX];
     for (int i = 0; i < n; i++) {
         if (from[i] == to[i]) continue;
         for (int il = 0; il < c->n_layers; il++) {
             mu_kv_layer *l = &c->layers[il];
             const int64_t src = physical_of(l, from[i]), dst = physical_of(l, to[i]);
-            copy_rows(c->be, l, l->k, l->cap, dst, l->k, l->cap, src, 1);
-            copy_rows(c->be, l, l->v, l->cap, dst, l->v, l->cap, src, 1);
+            if (!c->be->copy2d_many) {
+                copy_rows(c->be, l, l->k, l->cap, dst, l->k, l->cap, src, 1);
+                copy_rows(c->be, l, l->v, l->cap, dst, l->v, l->cap, src, 1);
+                continue;
+            }
+            bool clash = n_cp == MOVE_MAX;
+            for (int g = 0; g < n_cp && !clash; g++)
+                clash = lay[g] == il && (dst == sph[g] || dst == dph[g] || src == dph[g]);
+            if (clash) {
+                c->be->copy2d_many(c->be, 2 * n_cp, cp);
+                n_cp = 0;
+            }
+            lay[n_cp] = il, dph[n_cp] = dst, sph[n_cp] = src;
+            cp[2 * n_cp] = rows_copy(l, l->k, l->cap, dst, l->k, l->cap, src, 1);
+            cp[2 * n_cp + 1] = rows_copy(l, l->v, l->cap, dst, l->v, l->cap, src, 1);
+            n_cp++;
         }
     }
+    if (n_cp) c->be->copy2d_many(c->be, 2 * n_cp, cp);
     return true;
 }
 

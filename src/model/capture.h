@@ -43,14 +43,16 @@ bool mu_session_keep_path(muser_session *s, int64_t pos0, const int32_t *tokens,
                           mu_error *err);
 /* A verification that stays on the backend (speculate.c, greedy rounds):
  * feeds tokens (host ids, or MU_TOKEN_REG(i < n_regs): the draft's
- * proposals where argmax_reg left them) as one forward, n <= 16, every
- * row's logits left on the backend and pick_rows (backend.h) over them
- * into slot ([2 n + n_regs] int32 of host_alloc memory); the session then
- * has no logits row. Capture rows as for a feed. false (with err; a failed
- * forward poisons the session) when the backend has no registers or the
- * input is refused. */
-bool mu_session_feed_picks(muser_session *s, const int32_t *tokens, int64_t n, int n_regs, int32_t *slot,
-                           mu_error *err);
+ * proposals where argmax_reg or tree_reg left them) as one forward, n <=
+ * 16, every row's logits left on the backend and pick_rows (backend.h)
+ * over them into slot ([2 n + n_regs] int32 of host_alloc memory); the
+ * session then has no logits row. tree_reg: the rows are the tree
+ * registers' tree (backend.h mu_tree_regs, row i node i), stored at pos +
+ * i as feed_tree stores a tree (keep a path with mu_session_keep_path).
+ * Capture rows as for a feed. false (with err; a failed forward poisons
+ * the session) when the backend has no registers or the input is refused. */
+bool mu_session_feed_picks(muser_session *s, const int32_t *tokens, int64_t n, int n_regs, bool tree_reg,
+                           int32_t *slot, mu_error *err);
 /* The most rows feed_picks takes on this session (0: none). */
 int64_t mu_session_picks_max(const muser_session *s);
 /* The token record from pos0 on with its registers replaced by regs. */

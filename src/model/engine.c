@@ -623,14 +623,16 @@ bool muser_session_feed_all(muser_session *s, const int32_t *tokens, int64_t n, 
 /* capture.h: one forward of the tokens (host ids or token registers) with
  * every row's logits left on the backend and pick_rows over them; the
  * record holds the registers until mu_session_resolve_regs. */
-bool mu_session_feed_picks(muser_session *s, const int32_t *tokens, int64_t n, int n_regs, int32_t *slot,
-                           mu_error *err) {
+bool mu_session_feed_picks(muser_session *s, const int32_t *tokens, int64_t n, int n_regs, bool tree_reg,
+                           int32_t *slot, mu_error *err) {
     muser_engine *e = s->e;
     mu_backend *be = e->be;
     lock(e);
     bool ok = false;
     if (!be->pick_rows || !be->argmax_reg) {
         mu_err_set(err, "feed_picks: the %s backend has no token registers", be->name);
+    } else if (tree_reg && (!be->tree_reg || !be->trees)) {
+        mu_err_set(err, "feed_picks: the %s backend has no tree registers", be->name);
     } else if (n > e->n_logits || n > 16 || n_regs > MU_TOKEN_REGS) {
         mu_err_set(err, "feed_picks: %lld rows (%d registers) is more than one bracketed forward takes", (long long)n,
                    n_regs);
@@ -650,9 +652,14 @@ bool mu_session_feed_picks(muser_session *s, const int32_t *tokens, int64_t n, i
         const int64_t V = m->cfg.n_vocab;
         if (!s->vrows) s->vrows = mu_backend_xalloc(be, (size_t)(16 * V) * sizeof(float), "verification rows");
         for (int64_t r = 0; r < n; r++) slot[2 * r + 1] = 0;
+        for (int64_t r = 0; tree_reg && r < n; r++) { /* the shape is the registers': positions only bound */
+            e->b_tree[r].base = s->pos;
+            e->b_tpos[r] = s->pos + r;
+        }
         mu_batch b = {.n = rows, .token = e->b_token, .seq = e->b_seq, .pos = e->b_pos, .logits = e->b_logits,
-                      .cap_row = n_cap ? e->b_cap : NULL};
-        if (be->forward_begin) be->forward_begin(be, batch_key(e, rows, n_cap, 3));
+                      .cap_row = n_cap ? e->b_cap : NULL, .tpos = tree_reg ? e->b_tpos : NULL,
+                      .tree = tree_reg ? e->b_tree : NULL, .tree_reg = tree_reg};
+        if (be->forward_begin) be->forward_begin(be, batch_key(e, rows, n_cap, tree_reg ? 5 : 3));
         ok = mu_forward(m, be, e->kvs, &e->scratch, e->inv_freq, &b, e->logits, n_cap ? &e->capture : NULL, err);
         if (ok) { /* the rows move to the session's own buffer: a later forward of another session reuses e->logits */
             be->copy(be, s->vrows, e->logits, (size_t)(n * V) * sizeof(float));

@@ -128,6 +128,7 @@ static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *cons
     for (int64_t r = 0; r < rows; r++) s->kvl[r] = &kv[b->seq[r]]->layers[il];
     mu_attn_batch a = {
         .rows = rows, .kv = s->kvl, .pos = b->tpos ? b->tpos : b->pos, .tree = b->tree, .window = c->is_swa[il] ? c->sliding_window : 0,
+        .treg = b->tree && b->tree_reg ? &be->treg : NULL,
         .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = D, .scale = 1.0f / sqrtf((float)D),
     };
     if (be->attention_gate) be->attention_gate(be, &a, s->q, s->g, s->att);
@@ -198,7 +199,13 @@ bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_fo
         mu_err_set(err, "forward: the %s backend cannot run token-tree rows", be->name);
         return false;
     }
-    if (c->n_swa_layers) be->rope_table(be, inv_freq, c->n_rot / 2, b->tpos ? b->tpos : b->pos, rows, s->cs);
+    if (b->tree_reg && (!b->tree || !b->tpos || !be->tree_reg || rows > MU_TREE_MAX)) {
+        mu_err_set(err, "forward: a tree of the %s backend's tree registers needs tree rows (at most %d)%s", be->name,
+                   MU_TREE_MAX, be->tree_reg ? "" : ", and it has no tree registers");
+        return false;
+    }
+    if (c->n_swa_layers)
+        be->rope_table(be, inv_freq, c->n_rot / 2, b->tpos ? b->tpos : b->pos, rows, s->cs, b->tree && b->tree_reg);
     if (be->embed_norm)
         be->embed_norm(be, &m->token_embd, b->token, rows, c->rms_eps, m->layers[0].attn_norm, s->x, s->h);
     else {

@@ -40,6 +40,11 @@ typedef struct mu_batch {
      * 0: a plain row). NULL: every row stands where it is stored. */
     const int64_t *tpos;        /* [n] */
     const mu_attn_tree *tree;   /* [n] */
+    /* The rows are one tree of the backend's tree registers (backend.h
+     * mu_tree_regs; row r is node r): tree[r].base is its base, tpos[r] =
+     * base + r only bounds the position base + depth[r] (rope_table and
+     * attention read the registers). */
+    bool tree_reg;
 } mu_batch;
 
 /* Optional capture of the residual stream entering chosen layers (the

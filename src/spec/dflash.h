@@ -95,6 +95,11 @@ void mu_dflash_skip_context(mu_dflash_state *st, int64_t n);
  * proposals NULL: into the backend's token registers 0 .. n_prop
  * (argmax_reg, backend.h), nothing to the host. */
 void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *proposals, float *logits);
+/* The same block, its rows 1..n_prop made into a token tree where they lie
+ * (the backend's tree_reg, backend.h: tree and token registers, and slot
+ * once the work before it has run). */
+void mu_dflash_draft_tree(mu_dflash_state *st, int32_t anchor, int n_prop, const int32_t *eog, int n_eog,
+                          int32_t *slot);
 
 /* The state as bytes (docs/kvpack.md, "DFlash context"): the held context
  * slots of every layer. bytes: their size for a state of `rows` committed

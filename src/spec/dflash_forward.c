@@ -132,7 +132,7 @@ static void store_rows(const mu_dflash_state *st, int il, const float *k, const 
 /* (cos, sin) of positions p0.. for rows rows (the backend's RoPE table). */
 static void rope_table(const mu_dflash_state *st, int64_t p0, int64_t rows) {
     for (int64_t r = 0; r < rows; r++) st->pos[r] = p0 + r;
-    st->be->rope_table(st->be, st->inv_freq, st->d->cfg.head_dim / 2, st->pos, rows, st->cs);
+    st->be->rope_table(st->be, st->inv_freq, st->d->cfg.head_dim / 2, st->pos, rows, st->cs, false);
 }
 
 /* NeoX rotation of rows whose table rows start at cs_row0. */
@@ -288,14 +288,14 @@ static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr, con
     add_norm(st, h, next, nr);
 }
 
-void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
+/* The block's forward up to the target's head: its logits rows 1..n_prop
+ * in st->logits. */
+static void draft_rows(mu_dflash_state *st, int32_t anchor, int n_prop) {
     const mu_dflash_config *c = &st->d->cfg;
     const mu_model *t = st->t;
     mu_backend *be = st->be;
-    const int64_t E = c->n_embd, B = c->block_size, V = t->cfg.n_vocab;
+    const int64_t E = c->n_embd, B = c->block_size;
     for (int64_t r = 0; r < B; r++) st->ids[r] = r ? c->mask_token : anchor;
-    /* the context length is data (attention); proposals NULL: into the token registers, inside the bracket */
-    bracket_begin(st, 0xDF1A5D0, n_prop, proposals ? 0 : 1);
     be->embed(be, &t->token_embd, st->ids, B, st->h);
     rope_table(st, st->rows, B);
     be->rmsnorm(be, st->h, st->d->layers[0].attn_norm, c->rms_eps, st->a, E, B);
@@ -306,6 +306,14 @@ void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *p
     }
     /* rows 1..n_prop, normed into a: the target's head (no logit scale, no soft-cap) */
     be->matmul(be, &t->output, st->a, st->logits, n_prop);
+}
+
+void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
+    mu_backend *be = st->be;
+    const int64_t V = st->t->cfg.n_vocab;
+    /* the context length is data (attention); proposals NULL: into the token registers, inside the bracket */
+    bracket_begin(st, 0xDF1A5D0, n_prop, proposals ? 0 : 1);
+    draft_rows(st, anchor, n_prop);
     if (!proposals) {
         be->argmax_reg(be, st->logits, V, n_prop);
         bracket_end(st);
@@ -314,6 +322,14 @@ void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *p
     bracket_end(st); /* before the argmax: its result goes to the host */
     be->argmax(be, st->logits, V, n_prop, proposals);
     if (logits) be->download(be, logits, st->logits, (size_t)n_prop * (size_t)V * sizeof(float));
+}
+
+void mu_dflash_draft_tree(mu_dflash_state *st, int32_t anchor, int n_prop, const int32_t *eog, int n_eog,
+                          int32_t *slot) {
+    bracket_begin(st, 0xDF1A5D0, n_prop, 2);
+    draft_rows(st, anchor, n_prop);
+    st->be->tree_reg(st->be, st->logits, st->t->cfg.n_vocab, n_prop, eog, n_eog, slot);
+    bracket_end(st);
 }
 
 /* ---------------- durable state (docs/kvpack.md, "DFlash context") ----------------

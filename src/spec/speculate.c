@@ -19,6 +19,8 @@
  * falls back to one-token steps when speculation does not pay; it changes
  * speed only, never tokens. */
 #include "spec/speculate.h"
+#include "spec/spec_tree.h"
+#include "tokenizer/tokenizer.h"
 #include "model/api_internal.h"
 #include "model/capture.h"
 #include "sample/sample.h"
@@ -121,7 +123,9 @@ static bool gate_round(spec_gate *g, int64_t proposals, int64_t accepted, int64_
 #define PHASES 6
 static const char *const phase_name[PHASES] = {"context+draft enqueued", "verification enqueued", "wait for the picks",
                                                "rollback and context rows", "last row fetched", "gate"};
-#define SLOT_INTS (2 * 16 + MU_TOKEN_REGS) /* pick_rows: 16 rows' (pick, flag), then the proposals */
+/* pick_rows: 16 rows' (pick, flag), then the proposals; then tree_reg's tree */
+#define SLOT_PICKS (2 * 16 + MU_TOKEN_REGS)
+#define SLOT_INTS (SLOT_PICKS + MU_SPEC_TREE_SLOT)
 
 struct muser_spec {
     muser_model *target;
@@ -138,6 +142,9 @@ struct muser_spec {
     int64_t n_feats, cap_feats;
     int32_t *slots;                 /* the backend round's picks and proposals (pick_rows), host_alloc memory */
     bool picks;                     /* greedy rounds may stay on the backend (spec_round_picks) */
+    bool tree_picks;                /* ... tree rounds too (the backend builds the tree: tree_reg) */
+    const int32_t *eog;             /* the target's end-of-generation ids (its tokenizer's), n_eog of them */
+    int n_eog;
     bool times;                     /* MUSER_SPEC_TIMES: the host's share of each phase of a picks round */
     double *ph;                     /* seconds in each phase, PHASES a round, ph_rounds rounds */
     int64_t ph_rounds, ph_cap;
@@ -318,6 +325,8 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
         sp->slots = sp->be->host_alloc ? sp->be->host_alloc(sp->be, bytes) : mu_xmalloc(bytes);
         sp->picks = sp->slots != NULL;
     }
+    sp->n_eog = target->tok ? (int)mu_tokenizer_eog_ids(target->tok, &sp->eog) : 0;
+    sp->tree_picks = sp->picks && sp->tree && sp->be->tree_reg && sp->be->trees && sp->n_eog <= MU_SPEC_TREE_EOG_MAX;
     const char *tm = getenv("MUSER_SPEC_TIMES");
     sp->times = tm && *tm && strcmp(tm, "0");
     gate_init(&sp->gate, p->no_gate);
@@ -430,83 +439,6 @@ static int plain_step(muser_spec *sp, int32_t pending, muser_sampler *smp, int32
  * child holding the drawn token, while there is one. Which tree is built
  * changes speed only, never tokens. */
 
-#define TREE_K 8 /* candidates per block row */
-
-typedef struct spec_tree {
-    int n;                                /* rows, the root included */
-    int32_t token[MU_TREE_MAX], parent[MU_TREE_MAX];
-    int8_t depth[MU_TREE_MAX], rank[MU_TREE_MAX], next[MU_TREE_MAX]; /* next: rank of its next child */
-    double score[MU_TREE_MAX];
-} spec_tree;
-
-/* Row d's TREE_K most likely tokens (the sampler's top-k of a row: value
- * descending, its partial sort's order among equal values) and their
- * probabilities (softmax over the whole row, the engine's own exp). */
-static void row_top(const float *l, int64_t V, int32_t *tok, double *prob) {
-    mu_token_data top[TREE_K];
-    mu_cand_top_k_of_row(top, l, (size_t)V, TREE_K, NULL, 0);
-    const double sum = mu_sum_expf(l, (size_t)V, top[0].logit);
-    for (int j = 0; j < TREE_K; j++) {
-        tok[j] = top[j].id;
-        prob[j] = (double)mu_expf(top[j].logit - top[0].logit) / sum;
-    }
-}
-
-/* The best-first tree over the draft's n_rows rows (host logits) under the
- * pending token, n_rows + 1 rows in all; nothing grows under a proposed end
- * of generation. Numbered for the verification: the chain of first choices
- * under the root first (a kept path along it is already where plain
- * decoding stores it: no rows to move), then the rest in the order they
- * joined; so every parent comes before its children. */
-static void tree_build(const muser_spec *sp, int32_t pending, const float *dl, int n_rows, spec_tree *t) {
-    int32_t tok[MU_TREE_MAX][TREE_K];
-    double prob[MU_TREE_MAX][TREE_K];
-    for (int d = 0; d < n_rows; d++) row_top(dl + (int64_t)d * sp->n_vocab, sp->n_vocab, tok[d], prob[d]);
-    t->n = 1;
-    t->token[0] = pending;
-    t->parent[0] = -1;
-    t->depth[0] = 0;
-    t->next[0] = 0;
-    t->score[0] = 1.0;
-    while (t->n < n_rows + 1) {
-        int best = -1;
-        double best_q = -1;
-        for (int i = 0; i < t->n; i++) { /* each node's next child; the earliest node wins ties */
-            const int d = t->depth[i];
-            if (d >= n_rows || t->next[i] >= TREE_K || (i && muser_token_is_eog(sp->target, t->token[i]))) continue;
-            const double q = t->score[i] * prob[d][t->next[i]];
-            if (q > best_q) {
-                best_q = q;
-                best = i;
-            }
-        }
-        if (best < 0) break;
-        const int i = t->n++, d = t->depth[best];
-        t->parent[i] = best;
-        t->depth[i] = (int8_t)(d + 1);
-        t->rank[i] = t->next[best]++;
-        t->token[i] = tok[d][t->rank[i]];
-        t->next[i] = 0;
-        t->score[i] = best_q;
-    }
-    int order[MU_TREE_MAX], at[MU_TREE_MAX], n = 0;
-    bool placed[MU_TREE_MAX] = {false};
-    for (int cur = 0, i = 1; cur >= 0; cur = i < t->n ? i : -1) { /* the first choices' chain */
-        order[n++] = cur, placed[cur] = true;
-        for (i = cur + 1; i < t->n && !(t->parent[i] == cur && t->rank[i] == 0); i++) {}
-    }
-    for (int i = 0; i < t->n; i++)
-        if (!placed[i]) order[n++] = i;
-    spec_tree o = *t;
-    for (int j = 0; j < t->n; j++) at[order[j]] = j;
-    for (int j = 0; j < t->n; j++) {
-        const int i = order[j];
-        o.token[j] = t->token[i], o.depth[j] = t->depth[i], o.rank[j] = t->rank[i], o.score[j] = t->score[i];
-        o.parent[j] = i ? at[t->parent[i]] : -1;
-    }
-    *t = o;
-}
-
 /* A round's statistics and the gate's view of it (t0: start, t1: the
  * draft launched or done, t3: end; vl proposals verified); returns n. */
 static int round_done(muser_spec *sp, int vl, int n, double t0, double t1, double t3) {
@@ -523,7 +455,7 @@ static int round_done(muser_spec *sp, int vl, int n, double t0, double t1, doubl
 
 /* A chain: the draft's argmaxes (on the backend), nothing after a proposed
  * end of generation; each node the first choice under the one before. */
-static void chain_build(const muser_spec *sp, int32_t pending, int vl, spec_tree *t) {
+static void chain_build(const muser_spec *sp, int32_t pending, int vl, mu_spec_tree *t) {
     int32_t props[16];
     mu_dflash_draft(sp->ds, pending, vl, props, NULL);
     t->n = 1;
@@ -545,11 +477,11 @@ static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *sm
     const int64_t V = sp->n_vocab, P = muser_session_pos(sp->s);
     double t0 = mu_now();
     flush_feats(sp);
-    spec_tree t;
+    mu_spec_tree t;
     if (sp->tree) {
         int32_t props[16];
         mu_dflash_draft(sp->ds, pending, vl, props, sp->dlogits);
-        tree_build(sp, pending, sp->dlogits, vl, &t);
+        mu_spec_tree_build(sp->dlogits, V, vl, pending, sp->eog, sp->n_eog, &t);
     } else {
         chain_build(sp, pending, vl, &t);
     }
@@ -591,31 +523,36 @@ static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *sm
 
 /* A greedy round that leaves its rows on the backend (smp NULL or an
  * argmax sampler, no rows wanted): the draft's proposals go into the
- * backend's token registers (argmax_reg), the verification feeds them
- * from there and picks every row where it lies (pick_rows), and the host
- * reads back only the picks and the proposals, one wait per round instead
- * of the draft's round trip and the rows' download. The tokens are the
- * ones spec_round draws: a row's pick is its draw when its maximum is
- * unique and the row finite (chain_pick's rule, docs/sampling.md), and
- * proposals after a proposed end of generation, which spec_round does not
- * verify, never count (the kept run stops at it). When any row is not
- * decided that way, or the sampler bans an emitted pick, every row comes
- * to the host and spec_round's own loop draws (a non-finite row then
- * poisons the session as a feed would). */
+ * backend's token registers (argmax_reg; a tree round: tree_reg builds the
+ * tree there, its shape into the tree registers), the verification feeds
+ * them from there and picks every row where it lies (pick_rows), and the
+ * host reads back only the picks, the proposals and a tree's shape, one
+ * wait per round instead of the draft's round trip and the rows'
+ * download. The tokens are the ones spec_round draws: a row's pick is its
+ * draw when its maximum is unique and the row finite (chain_pick's rule,
+ * docs/sampling.md), and proposals after a proposed end of generation,
+ * which spec_round does not verify, never count (the kept run stops at
+ * it; a tree grows nothing under one). When any row is not decided that
+ * way, or the sampler bans an emitted pick, every row comes to the host
+ * and the walk draws there (a non-finite row then poisons the session as
+ * a feed would). */
 static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampler *smp, int32_t *out,
                             muser_error *err) {
     const int64_t V = sp->n_vocab, P = muser_session_pos(sp->s);
     mu_backend *be = sp->be;
+    const bool tree = sp->tree;
+    int32_t *tslot = sp->slots + SLOT_PICKS;
     int32_t block[16];
     block[0] = pending;
     for (int i = 0; i < vl; i++) block[i + 1] = MU_TOKEN_REG(i);
     double t0 = mu_now(), tp[PHASES + 1];
     tp[0] = t0;
     flush_feats(sp);
-    mu_dflash_draft(sp->ds, pending, vl, NULL, NULL);
+    if (tree) mu_dflash_draft_tree(sp->ds, pending, vl, sp->eog, sp->n_eog, tslot);
+    else mu_dflash_draft(sp->ds, pending, vl, NULL, NULL);
     double t1 = tp[1] = mu_now();
     if (!muser_session_checkpoint(sp->s, err) ||
-        !mu_session_feed_picks(sp->s, block, vl + 1, vl, sp->slots, ERR(err)))
+        !mu_session_feed_picks(sp->s, block, vl + 1, vl, tree, sp->slots, ERR(err)))
         return -1;
     tp[2] = sp->times ? mu_now() : 0.0;
     for (int r = 0; r <= vl; r++)
@@ -623,45 +560,67 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     tp[3] = sp->times ? mu_now() : 0.0;
     const int32_t *props = sp->slots + 2 * (vl + 1);
     mu_session_resolve_regs(sp->s, P, props, vl);
+    /* the verified rows as a tree (a chain: each row the child of the one before) */
+    int tn = vl + 1;
+    int32_t parent[MU_TREE_MAX];
     for (int i = 0; i < vl; i++) block[i + 1] = props[i];
-    /* the tokens spec_round would draw, if every row decides its own */
-    bool on_host = false;
-    int n = 0;
-    for (int r = 0; r <= vl && !on_host; r++) on_host = sp->slots[2 * r + 1] != 1;
-    for (int i = 0; i <= vl && !on_host; i++) {
-        const int32_t tok = sp->slots[2 * i];
-        if (smp && muser_sampler_bans(smp, tok)) on_host = true;
-        out[n++] = tok;
-        if (i == vl || tok != block[i + 1] || muser_token_is_eog(sp->target, tok)) break;
+    for (int i = 0; i <= vl; i++) parent[i] = i - 1;
+    if (tree) {
+        tn = tslot[0];
+        if (tn < 1 || tn > vl + 1) {
+            mu_err_set(ERR(err), "speculative round: the backend's tree has %d nodes (1 to %d expected)", tn, vl + 1);
+            return -1;
+        }
+        for (int i = 1; i < tn; i++) parent[i] = tslot[1 + i];
     }
-    const float *last_row = NULL;
-    sp->st.picked_rounds += !on_host;
-    if (on_host) {
-        if (!mu_session_fetch_rows(sp->s, vl + 1, sp->logits, ERR(err))) return -1;
-        bool complete = false;
-        n = 0;
-        for (int i = 0; i <= vl; i++) {
-            int32_t tok = draw(smp, sp->logits + (int64_t)i * V, V, &complete, err);
+    /* draw along it: from the root's row, then from the row of the child
+     * holding the drawn token, while there is one */
+    bool on_host = false, complete = false;
+    int n = 0;
+    int32_t path[MU_TREE_MAX] = {0};
+    for (int r = 0; r <= vl && !on_host; r++) on_host = sp->slots[2 * r + 1] != 1;
+    if (on_host && !mu_session_fetch_rows(sp->s, vl + 1, sp->logits, ERR(err))) return -1;
+    for (int cur = 0;;) {
+        int32_t tok = sp->slots[2 * cur];
+        if (on_host) {
+            tok = draw(smp, sp->logits + (int64_t)cur * V, V, &complete, err);
             if (tok < 0) {
                 if (!complete) return -1;
                 break;
             }
-            out[n++] = tok;
-            if (i == vl || tok != block[i + 1] || muser_token_is_eog(sp->target, tok)) break;
+        } else if (smp && muser_sampler_bans(smp, tok)) { /* start again on the host */
+            if (!mu_session_fetch_rows(sp->s, vl + 1, sp->logits, ERR(err))) return -1;
+            on_host = true;
+            n = 0;
+            cur = 0;
+            continue;
         }
-    } else {
+        out[n++] = tok;
+        if (muser_token_is_eog(sp->target, tok)) break;
+        int child = -1;
+        for (int i = cur + 1; i < tn && child < 0; i++)
+            if (parent[i] == cur && block[i] == tok) child = i;
+        if (child < 0) break;
+        path[n] = child;
+        cur = child;
+    }
+    sp->st.picked_rounds += !on_host;
+    if (!on_host)
         for (int i = 0; i < n; i++)
             if (smp && !muser_sampler_accept(smp, out[i], err)) return -1;
-    }
-    int64_t keep = n ? n : 1;
-    if (!muser_session_rollback(sp->s, P + keep, err) || !take_captured(sp, vl + 1, keep, ERR(err))) return -1;
+    /* kept rows: the pending token and the nodes drawn after it */
+    const int keep = n ? n : 1;
+    if (tree ? !mu_session_keep_path(sp->s, P, block, path, keep, ERR(err)) ||
+                   !take_captured_path(sp, vl + 1, keep, path, ERR(err))
+             : !muser_session_rollback(sp->s, P + keep, err) || !take_captured(sp, vl + 1, keep, ERR(err)))
+        return -1;
     muser_session_commit(sp->s);
     tp[4] = sp->times ? mu_now() : 0.0;
-    if (on_host) last_row = sp->logits + (keep - 1) * V;
-    if (last_row) mu_session_set_logits(sp->s, last_row); /* the row of the last kept token */
-    else if (!mu_session_fetch_row(sp->s, keep - 1, ERR(err))) return -1;
+    const int last = path[keep - 1]; /* the row of the last kept token */
+    if (on_host) mu_session_set_logits(sp->s, sp->logits + (int64_t)last * V);
+    else if (!mu_session_fetch_row(sp->s, last, ERR(err))) return -1;
     double t3 = tp[5] = mu_now();
-    n = round_done(sp, vl, n, t0, t1, t3);
+    n = round_done(sp, tree ? tn - 1 : vl, n, t0, t1, t3);
     if (sp->times) {
         tp[6] = mu_now();
         if (sp->ph_rounds == sp->ph_cap) {
@@ -690,7 +649,8 @@ int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max
     if (vl > max_out - 1) vl = max_out - 1; /* never draw past max_out */
     if (vl > room) vl = room;
     if (!sp->gate.open || vl < 1) return plain_step(sp, pending, smp, out, rows, err);
-    if (sp->picks && !sp->tree && !rows && (!smp || muser_sampler_is_argmax(smp)) && vl + 1 <= mu_session_picks_max(sp->s))
+    if (sp->picks && (!sp->tree || sp->tree_picks) && !rows && (!smp || muser_sampler_is_argmax(smp)) &&
+        vl + 1 <= mu_session_picks_max(sp->s))
         return spec_round_picks(sp, pending, (int)vl, smp, out, err);
     return spec_round(sp, pending, (int)vl, smp, out, rows, err);
 }

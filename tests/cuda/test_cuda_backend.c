@@ -707,8 +707,8 @@ static void test_rope(void) {
     int64_t pos[4] = {0, 17, 4095, 131071};
     float cs[4 * 64];
     float *dcs = cu->alloc(cu, sizeof cs);
-    ref->rope_table(ref, inv_freq, n_pairs, pos, rows, cs);
-    cu->rope_table(cu, inv_freq, n_pairs, pos, rows, dcs);
+    ref->rope_table(ref, inv_freq, n_pairs, pos, rows, cs, false);
+    cu->rope_table(cu, inv_freq, n_pairs, pos, rows, dcs, false);
     check("rope_table", cs, dcs, sizeof cs);
     for (int neox = 0; neox < 2; neox++) {
         size_t n = (size_t)(rows * n_heads * head_dim);
@@ -1213,8 +1213,8 @@ static void test_fused(void) {
             for (int64_t j = 0; j < n_rot / 2; j++) inv_freq[j] = pow(10000.0, -2.0 * (double)j / (double)n_rot);
             const int64_t pos[3] = {5, 700, 131000};
             float *cs = mu_xmalloc((size_t)(rows2 * n_rot) * 4), *dcs = cu->alloc(cu, (size_t)(rows2 * n_rot) * 4);
-            ref->rope_table(ref, inv_freq, n_rot / 2, pos, rows2, cs);
-            cu->rope_table(cu, inv_freq, n_rot / 2, pos, rows2, dcs);
+            ref->rope_table(ref, inv_freq, n_rot / 2, pos, rows2, cs, false);
+            cu->rope_table(cu, inv_freq, n_rot / 2, pos, rows2, dcs, false);
             float *dq = dev(q, (size_t)(rows2 * nq * D) * 4), *dk = dev(k, (size_t)(rows2 * nk * D) * 4);
             float *dq2 = dev(q, (size_t)(rows2 * nq * D) * 4), *dk2 = dev(k, (size_t)(rows2 * nk * D) * 4);
             ref->rmsnorm(ref, q, wq, 1e-6f, q, D, rows2 * nq);
