@@ -953,7 +953,7 @@ static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t 
 static void cuda_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
                             float *cs, bool tree_reg) {
     q8_clear(b);
-    (void)tree_reg; /* TODO(gpu-tree): the depth registers */
+    if (tree_reg) die("rope_table", "no tree registers (tree_reg) on this backend yet"); /* the forward refuses first */
     if (rows <= 0 || n_pairs <= 0) return;
     const bool launch = go(b, sig_of("rope_table", 3, I(n_pairs), I(rows), P(cs)));
     const double *f = upload_arg(b, inv_freq, (size_t)n_pairs * sizeof *inv_freq, "rope_table");
