@@ -578,8 +578,9 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     bool on_host = false, complete = false;
     int n = 0;
     int32_t path[MU_TREE_MAX] = {0};
-    for (int r = 0; r <= vl && !on_host; r++) on_host = sp->slots[2 * r + 1] != 1;
-    if (on_host && !mu_session_fetch_rows(sp->s, vl + 1, sp->logits, ERR(err))) return -1;
+    /* a tree's rows past its nodes are fillers no walk reaches (backend.h tree_reg) */
+    for (int r = 0; r < tn && !on_host; r++) on_host = sp->slots[2 * r + 1] != 1;
+    if (on_host && !mu_session_fetch_rows(sp->s, tn, sp->logits, ERR(err))) return -1;
     for (int cur = 0;;) {
         int32_t tok = sp->slots[2 * cur];
         if (on_host) {
@@ -589,7 +590,7 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
                 break;
             }
         } else if (smp && muser_sampler_bans(smp, tok)) { /* start again on the host */
-            if (!mu_session_fetch_rows(sp->s, vl + 1, sp->logits, ERR(err))) return -1;
+            if (!mu_session_fetch_rows(sp->s, tn, sp->logits, ERR(err))) return -1;
             on_host = true;
             n = 0;
             cur = 0;
