@@ -49,7 +49,7 @@ case " $STAGES " in *" llamabuild "*)
         rm -rf /tmp/llama-src && mkdir -p /tmp/llama-src && xz -dc "$SRC/.llama-src/llama-src.tar.xz" | tar -x -C /tmp/llama-src &&
             cmake -S /tmp/llama-src -B /tmp/llama-build -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
                 -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_APP=OFF \
-                -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+                -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF \
                 >/tmp/llama-configure.log 2>&1 &&
             cmake --build /tmp/llama-build -j "$JOBS" --target llama-bench llama-server >/tmp/llama-build.log 2>&1 ||
             { tail -20 /tmp/llama-configure.log /tmp/llama-build.log; echo "FAIL llama.cpp build"; }
