@@ -849,6 +849,14 @@ static void test_tree_feed(void) {
     target->be->trees = false;
     CHECK(!mu_session_feed_tree(a, tok, parent, T, ta, ERR(&err)) && strstr(err.msg, "does not take tree rows"));
     target->be->trees = true;
+    /* a verification on tree registers the backend lacks: refused before any row is fed */
+    int32_t *pslot = malloc((2 * 16 + MU_TOKEN_REGS) * sizeof(int32_t));
+    void (*tree_reg)(mu_backend *, const float *, int64_t, int64_t, const int32_t *, int, int32_t *) = target->be->tree_reg;
+    target->be->tree_reg = NULL;
+    CHECK(!mu_session_feed_picks(a, tok, 4, 0, true, pslot, ERR(&err)) && strstr(err.msg, "no tree registers") &&
+          muser_session_pos(a) == 150);
+    target->be->tree_reg = tree_reg;
+    free(pslot);
     CHECK_MSG(mu_session_feed_tree(a, tok, parent, T, ta, ERR(&err)), "%s", err.msg);
     CHECK(muser_session_pos(a) == 150 + T);
     const int32_t back[3] = {0, 3, 1};
