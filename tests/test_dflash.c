@@ -24,6 +24,7 @@
 #include "gen/gen.h"
 #include "sample/sample.h"
 #include <math.h>
+#include <pthread.h>
 
 static char target_path[512], draft_path[512];
 static muser_model *target;
@@ -990,6 +991,74 @@ static void test_spec_picks(void) {
     muser_draft_free(d);
 }
 
+/* Two sessions of one engine speculating from two threads at once (token
+ * trees on the backend's registers, which both sessions' rounds share):
+ * each must give the tokens it gives alone. A round holds the engine's
+ * lock from its draft to its verification (speculate.c spec_next). */
+typedef struct spec_job {
+    muser_session *s;
+    const muser_draft *d;
+    const char *text;
+    int32_t out[128];
+    int n;
+    bool ok;
+} spec_job;
+
+static void *spec_job_run(void *arg) {
+    spec_job *j = arg;
+    muser_error err;
+    muser_spec_params p = {.verify_len = 15, .no_gate = true, .tree = true};
+    muser_spec *sp = muser_spec_create(j->s, j->d, &p, &err);
+    int64_t n_prompt;
+    int32_t *prompt = prompt_tokens(j->text, 1, &n_prompt);
+    j->n = 0;
+    j->ok = sp && muser_spec_feed(sp, prompt, n_prompt, &err);
+    int32_t pend = j->ok ? mu_sample_argmax(muser_session_logits(j->s), (size_t)target->m->cfg.n_vocab, NULL, 0) : 0;
+    while (j->ok && j->n + 16 <= 128) {
+        const int n = muser_spec_next(sp, pend, NULL, 16, j->out + j->n, NULL, &err);
+        j->ok = n > 0;
+        if (n <= 0) break;
+        j->n += n;
+        pend = j->out[j->n - 1];
+        if (muser_token_is_eog(target, pend)) break;
+    }
+    muser_spec_reset(sp);
+    muser_spec_free(sp);
+    free(prompt);
+    return NULL;
+}
+
+static void test_spec_threads(void) {
+    muser_error err;
+    muser_draft *d = muser_draft_load(draft_path, target, &err);
+    muser_engine *e = muser_engine_create(target, &(muser_engine_params){.n_seq_max = 2, .n_ctx = 512}, &err);
+    CHECK_MSG(d && e, "%s", err.msg);
+    if (!d || !e) return;
+    static const char *texts[2] = {"And it came to pass, when the king", "The history of the"};
+    spec_job alone[2], both[2];
+    for (int i = 0; i < 2; i++) { /* alone: one after the other */
+        alone[i] = (spec_job){.s = muser_engine_session(e, &err), .d = d, .text = texts[i]};
+        spec_job_run(&alone[i]);
+        muser_session_free(alone[i].s);
+    }
+    for (int round = 0; round < 3; round++) {
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++) {
+            both[i] = (spec_job){.s = muser_engine_session(e, &err), .d = d, .text = texts[i]};
+            CHECK(pthread_create(&th[i], NULL, spec_job_run, &both[i]) == 0);
+        }
+        for (int i = 0; i < 2; i++) {
+            pthread_join(th[i], NULL);
+            CHECK_MSG(alone[i].ok && both[i].ok && alone[i].n > 0 && both[i].n == alone[i].n &&
+                          !memcmp(both[i].out, alone[i].out, (size_t)alone[i].n * sizeof(int32_t)),
+                      "thread %d (run %d): %d tokens, %d alone, or they differ", i, round, both[i].n, alone[i].n);
+            muser_session_free(both[i].s);
+        }
+    }
+    muser_engine_free(e);
+    muser_draft_free(d);
+}
+
 int main(void) {
     const char *src = getenv("MUSER_SOURCE_DIR");
     snprintf(target_path, sizeof target_path, "%s/models/glimmer-tiny-q4_k_xl.gguf", src ? src : ".");
@@ -1010,6 +1079,7 @@ int main(void) {
     test_speculation();
     test_spec_api();
     test_spec_picks();
+    test_spec_threads();
     printf("checks %.1f s, speculation %.1f s\n", t1 - t0, mu_now() - t1);
     muser_model_free(target);
     fx_cleanup();

@@ -30,7 +30,9 @@ mu_kv_cache *mu_session_kv(muser_session *s);
 void mu_session_set_pos(muser_session *s, int64_t pos);
 
 /* Durable packs (src/kvpack/), engine.c. Lock/unlock take the engine's
- * lock; everything below them expects it held. hist: the tokens at
+ * lock (recursive: engine calls inside take it again; speculate.c holds it
+ * for a whole round, whose draft runs on the engine's backend outside any
+ * engine call); everything below them expects it held. hist: the tokens at
  * [0, *n) (n < the position when some rows came from elsewhere). new_kv
  * makes an empty cache of the session's own geometry (its backend, n_ctx,
  * ring slack): the detached generation a restore fills. install swaps it

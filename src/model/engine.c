@@ -146,7 +146,12 @@ muser_engine *muser_engine_create(muser_model *mm, const muser_engine_params *pa
     e->b_cap = mu_xmalloc((size_t)n_batch * sizeof *e->b_cap);
     e->b_logits = mu_xmalloc((size_t)n_batch * sizeof *e->b_logits);
     e->b_sessions = mu_xmalloc((size_t)n_seq * sizeof *e->b_sessions);
-    pthread_mutex_init(&e->lock, NULL);
+    /* recursive: a speculative round holds it across its own engine calls (mu_session_lock) */
+    pthread_mutexattr_t at;
+    pthread_mutexattr_init(&at);
+    pthread_mutexattr_settype(&at, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&e->lock, &at);
+    pthread_mutexattr_destroy(&at);
     return e;
 }
 

@@ -298,6 +298,7 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     }
     const mu_dflash_config *c = &d->d->cfg;
     if (!mu_session_set_capture(s, c->target_layers, (int)c->n_target_layers, ERR(err))) return NULL;
+    mu_session_lock(s); /* the assistant's state lives on the engine's backend */
     muser_spec *sp = mu_xcalloc(1, sizeof *sp);
     sp->target = target;
     sp->s = s;
@@ -333,11 +334,14 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     muser_spec_reset(sp);
     if (!p->no_gate) gate_calibrate(sp);
     mu_session_set_spec(s, sp);
+    mu_session_unlock(s);
     return sp;
 }
 
 void muser_spec_free(muser_spec *sp) {
     if (!sp) return;
+    muser_session *s = sp->s;
+    mu_session_lock(s);
     if (sp->times && sp->ph_rounds) { /* medians: a round that captures a graph takes milliseconds */
         fprintf(stderr, "muser: speculative rounds on the picks, host time per round (us, median of %lld):",
                 (long long)sp->ph_rounds);
@@ -364,12 +368,15 @@ void muser_spec_free(muser_spec *sp) {
         else free(sp->slots);
     }
     free(sp);
+    mu_session_unlock(s);
 }
 
 void muser_spec_reset(muser_spec *sp) {
+    mu_session_lock(sp->s);
     muser_session_reset(sp->s);
     mu_dflash_state_reset(sp->ds);
     sp->n_feats = 0;
+    mu_session_unlock(sp->s);
 }
 
 void muser_spec_get_stats(const muser_spec *sp, muser_spec_stats *st) {
@@ -391,8 +398,10 @@ static bool in_step(const muser_spec *sp, mu_error *err) {
 }
 
 bool muser_spec_feed(muser_spec *sp, const int32_t *tokens, int64_t n, muser_error *err) {
-    if (!in_step(sp, ERR(err))) return false;
-    return muser_session_feed(sp->s, tokens, n, err) && take_captured(sp, n, n, ERR(err));
+    mu_session_lock(sp->s);
+    const bool ok = in_step(sp, ERR(err)) && muser_session_feed(sp->s, tokens, n, err) && take_captured(sp, n, n, ERR(err));
+    mu_session_unlock(sp->s);
+    return ok;
 }
 
 /* Greedy over a target row (finite: the session refuses anything else). */
@@ -634,8 +643,23 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     return n;
 }
 
+/* The round under the engine's lock: the draft and the registers it
+ * leaves on the backend are not engine calls, and another session's round
+ * must not come between them and this round's verification (two sessions
+ * of one engine may speculate from two threads: include/muser.h). */
+static int spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max_out, int32_t *out,
+                     const float **rows, muser_error *err);
+
 int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max_out, int32_t *out,
                     const float **rows, muser_error *err) {
+    mu_session_lock(sp->s);
+    const int n = spec_next(sp, pending, smp, max_out, out, rows, err);
+    mu_session_unlock(sp->s);
+    return n;
+}
+
+static int spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max_out, int32_t *out,
+                     const float **rows, muser_error *err) {
     if (err) err->msg[0] = 0;
     if (max_out < 1) {
         mu_err_set(ERR(err), "muser_spec_next: max_out must be at least 1");
@@ -656,11 +680,18 @@ int muser_spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int max
     return spec_round(sp, pending, (int)vl, smp, out, rows, err);
 }
 
-bool mu_spec_take_fed(muser_spec *sp, int64_t n, mu_error *err) { return take_captured(sp, n, n, err); }
+bool mu_spec_take_fed(muser_spec *sp, int64_t n, mu_error *err) {
+    mu_session_lock(sp->s);
+    const bool ok = take_captured(sp, n, n, err);
+    mu_session_unlock(sp->s);
+    return ok;
+}
 
 void mu_spec_draft_now(muser_spec *sp, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
+    mu_session_lock(sp->s);
     flush_feats(sp);
     mu_dflash_draft(sp->ds, anchor, n_prop, proposals, logits);
+    mu_session_unlock(sp->s);
 }
 
 /* ---------------------------------------------------------------- durable state */
@@ -676,7 +707,11 @@ void mu_spec_geometry(const muser_spec *sp, mu_spec_geom *g) {
  * every held cache slot (mu_dflash_state_export), then the n_feats rows
  * not yet projected. Needs the assistant in step with the session. */
 bool mu_spec_export(const muser_spec *sp, int64_t *rows, unsigned char **out, uint64_t *len, mu_error *err) {
-    if (!in_step(sp, err)) return false;
+    mu_session_lock(sp->s);
+    if (!in_step(sp, err)) {
+        mu_session_unlock(sp->s);
+        return false;
+    }
     const uint64_t ctx = mu_dflash_state_bytes(sp->draft->d, mu_dflash_state_rows(sp->ds));
     const uint64_t feats = (uint64_t)(sp->n_feats * sp->feat_len) * sizeof(float);
     unsigned char *p = mu_xmalloc((size_t)(ctx + feats) ? (size_t)(ctx + feats) : 1);
@@ -685,12 +720,15 @@ bool mu_spec_export(const muser_spec *sp, int64_t *rows, unsigned char **out, ui
     *rows = mu_dflash_state_rows(sp->ds);
     *out = p;
     *len = ctx + feats;
+    mu_session_unlock(sp->s);
     return true;
 }
 
 void mu_spec_import(muser_spec *sp, int64_t rows, int64_t n_feats, const unsigned char *data) {
+    mu_session_lock(sp->s);
     const uint64_t ctx = mu_dflash_state_bytes(sp->draft->d, rows);
     mu_dflash_state_import(sp->ds, rows, (const float *)data);
     sp->n_feats = n_feats;
     if (n_feats) sp->be->upload(sp->be, sp->feats, data + ctx, (size_t)(n_feats * sp->feat_len) * sizeof(float));
+    mu_session_unlock(sp->s);
 }
