@@ -15,7 +15,7 @@ expect_fail "unknown option" "$M" serve --bogus
 
 "$M" serve --port 0 -np 2 -c 1024 --api-key k1 >"$T/log" 2>&1 &
 pid=$!
-for _ in $(seq 100); do grep -q listening "$T/log" && break; sleep 0.1; done
+for _ in $(seq 600); do grep -q listening "$T/log" && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
 port=$(grep -o ':[0-9][0-9]*/' "$T/log" | tr -d ':/')
 B="http://127.0.0.1:$port"
 A=(-H "Authorization: Bearer k1")
@@ -97,7 +97,7 @@ start() { # start LOG ARGS...: a server on a free port; B is its URL
     local log="$1"; shift
     "$M" serve --port 0 -np 1 -c 1024 -t 2 "$@" >"$log" 2>&1 &
     pid=$!
-    for _ in $(seq 100); do grep -q listening "$log" && break; sleep 0.1; done
+    for _ in $(seq 600); do grep -q listening "$log" && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
     B="http://127.0.0.1:$(grep -o ':[0-9][0-9]*/' "$log" | tr -d ':/')"
 }
 stop() { kill -TERM $pid; wait $pid; check [ $? -eq 0 ]; }
