@@ -44,7 +44,8 @@ rc=0
 case " $STAGES " in *" llamabuild "*)
     # llama.cpp's llama-bench and llama-server built here (about 5 min at -j16) from the sources
     # carried in .llama-src/llama-src.tar.xz (upstream 34af94cd9: tar of CMakeLists.txt cmake ggml src
-    # include common tools vendor LICENSE); the llama stage then uses this llama-bench
+    # include common tools vendor scripts LICENSE: tools/ui needs scripts/ui-assets.cmake); the llama stage then
+    # uses this llama-bench
     if [ ! -x /tmp/llama-build/bin/llama-bench ]; then
         rm -rf /tmp/llama-src && mkdir -p /tmp/llama-src && xz -dc "$SRC/.llama-src/llama-src.tar.xz" | tar -x -C /tmp/llama-src &&
             cmake -S /tmp/llama-src -B /tmp/llama-build -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
