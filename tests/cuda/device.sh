@@ -16,7 +16,8 @@
 #           (NCU_KERNEL, default k_residual) with NCU_SECTIONS; trace:
 #           each kernel's time inside the replayed graphs (CUPTI); kvpack:
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
-#           speculate` statistics under each of SPEC_ENVS and a kernel profile;
+#           speculate` statistics under each of SPEC_ENVS and a kernel profile; specbench: speculative
+#           rounds, chains against token trees on the GPU and on the host, two prompts, VL 7 / 15;
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
 #           llama-bench on the same model, LLAMA_BENCH, .llama-build/bin or a carried
 #           .llama-build/llama-bench.xz; llamabuild: build llama-bench and llama-server from the carried
@@ -41,6 +42,8 @@ if [ -n "${DEBS:-}" ]; then
             >/tmp/sys/usr/lib/x86_64-linux-gnu/pkgconfig/gnutls.pc
 fi
 rc=0
+# the cuda tree_reg is opt-in until these checks have passed on a device (cuda_backend.c)
+export MUSER_CUDA_TREE_REG=${MUSER_CUDA_TREE_REG:-1}
 case " $STAGES " in *" llamabuild "*)
     # llama.cpp's llama-bench and llama-server built here (about 5 min at -j16) from the sources
     # carried in .llama-src/llama-src.tar.xz (upstream 34af94cd9: tar of CMakeLists.txt cmake ggml src
@@ -180,6 +183,32 @@ case " $STAGES " in *" bench "*)
         echo "-- per-kernel profile (MUSER_CUDA_PROF=1, graphs off)"
         MUSER_CUDA_PROF=1 "$M" speculate -p "And it came to pass, when the king" -n 128 --json 2>&1 |
             sed 's/"ids": \[[^]]*\], "text": "[^"]*", //' | head -70 ;;
+    esac
+    case " $STAGES " in *" specbench "*)
+        # speculative rounds of the tiny pair, chains against token trees (built on the GPU: tree_reg,
+        # or on the host: MUSER_SPEC_PICKS=0), the two held-out prompts, VL 7 and 15, SPEC_REPS runs
+        # each (single runs vary: plain greedy is timed beside each); then muser bench's own prompt
+        echo "== speculate: chain against tree (glimmer-tiny pair, greedy, 128 tokens)"
+        for p in "And it came to pass, when the king" "The history of the"; do
+            for vl in 7 15; do
+                for mode in chain tree hosttree; do
+                    t=""; pk=1
+                    [ $mode = chain ] || t=--tree
+                    [ $mode = hosttree ] && pk=0
+                    for rep in $(seq ${SPEC_REPS:-3}); do
+                        echo "-- $p / VL $vl / $mode / $rep: $(MUSER_SPEC_PICKS=$pk "$M" speculate -m \
+                            "$SRC/models/glimmer-tiny-q4_k_xl.gguf" --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" \
+                            --backend cuda -p "$p" -n 128 --verify-len $vl $t --json 2>&1 |
+                            sed 's/"ids": \[[^]]*\], "text": "[^"]*", //' | grep -o '"verify_steps.*')"
+                    done
+                done
+            done
+        done
+        for t in "" --spec-tree; do
+            echo "-- muser bench --draft $t (VL 15)"
+            $TINY -p 0 -n 128 -r 5 -q --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" --verify-len 15 $t 2>&1 |
+                tail -2
+        done ;;
     esac
     case " $STAGES " in *" ab "*)
         echo "== decode under each of AB_ENVS (glimmer-tiny tg256, full tg64, 1/4/8 sequences, speculative pair)"

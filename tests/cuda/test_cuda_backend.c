@@ -1529,6 +1529,166 @@ static void test_pick_rows(void) {
     cu->host_free(cu, hs, slot_bytes);
 }
 
+/* Draft row r of a tree_reg case (V values) in shape sh: random; peaked
+ * (two leaders); ties inside the top 8; ties across the 8th place (the
+ * lower ids must win); NaN, +inf or -inf somewhere (no candidates); +0 and
+ * -0 the maxima; 12 equal maxima; a copy of row 0 (equal rows: products
+ * tie between nodes, the earliest node must win). */
+static void tree_row(float *y, int64_t V, int r, int sh) {
+    float *l = y + (int64_t)r * V;
+    for (int64_t i = 0; i < V; i++) l[i] = rnd(4.0f);
+    const int64_t a = (int64_t)(next_u32() % (uint32_t)V), b = (a + V / 2 + 1) % V, c = (a * 7 + 3) % V;
+    switch (sh) {
+    case 1: l[a] = 11.0f, l[b] = 10.25f; break;
+    case 2: l[a] = l[b] = 9.0f, l[c] = 8.5f; break;
+    case 3: for (int k = 0; k < 12; k++) l[(a + k * 5) % V] = 7.0f; l[c] = 9.0f; break;
+    case 4: l[b] = NAN; break;
+    case 5: l[c] = INFINITY; break;
+    case 6: l[a] = -INFINITY; break;
+    case 7: for (int64_t i = 0; i < V; i++) l[i] = -fabsf(l[i]) - 1.0f;
+            l[a] = 0.0f, l[b] = -0.0f; break;
+    case 8: for (int k = 0; k < 12; k++) l[(a + k * 3) % V] = 6.5f; break;
+    case 9: if (r > 0) memcpy(l, y, (size_t)V * sizeof *l); break;
+    default: break;
+    }
+}
+
+/* Builds the same tree on ref (mu_spec_tree_build) and cuda from draft
+ * rows y [rows][V] (dy: a device copy) and compares the host slots, the
+ * token registers (read back through pick_rows' register copy) and the
+ * depths (through rope_table on the registers). */
+static bool tree_reg_case(const float *y, const float *dy, int64_t V, int rows, const int32_t *eog, int n_eog,
+                          int32_t *hs, int32_t *hp, const char *label) {
+    int32_t want[1 + 2 * MU_TREE_MAX];
+    ref->tree_reg(ref, y, V, rows, eog, n_eog, want);
+    memset(hs, 0x55, sizeof want);
+    cu->tree_reg(cu, dy, V, rows, eog, n_eog, hs);
+    int32_t sync;
+    cu->download(cu, &sync, dy, sizeof sync); /* the stream's work is done */
+    bool ok = true;
+    n_checks++;
+    if (memcmp(hs, want, sizeof want)) {
+        ok = false, n_fail++;
+        fprintf(stderr, "MISMATCH tree_reg slot (%s):", label);
+        for (int i = 0; i < 1 + 2 * MU_TREE_MAX; i++) fprintf(stderr, " %d/%d", want[i], hs[i]);
+        fprintf(stderr, "\n");
+    }
+    if (rows > 0) {
+        hp[1] = 0;
+        cu->pick_rows(cu, dy, V, 1, rows, hp);
+        mu_error err;
+        n_checks++;
+        if (!cu->chain_wait(cu, hp, &err)) {
+            ok = false, n_fail++;
+            fprintf(stderr, "MISMATCH tree_reg token registers (%s): %s\n", label, err.msg);
+        } else if (memcmp(hp + 2, ref->regs, (size_t)rows * sizeof(int32_t))) {
+            ok = false, n_fail++;
+            fprintf(stderr, "MISMATCH tree_reg token registers (%s):", label);
+            for (int i = 0; i < rows; i++) fprintf(stderr, " %d/%d", ref->regs[i], hp[2 + i]);
+            fprintf(stderr, "\n");
+        }
+    }
+    double inv_freq[4] = {1.0, 0.25, 1.0 / 64, 1e-4};
+    int64_t pos[MU_TREE_MAX];
+    for (int r = 0; r < MU_TREE_MAX; r++) pos[r] = 4093 + r;
+    float cs[MU_TREE_MAX * 8], *dcs = cu->alloc(cu, sizeof cs);
+    ref->rope_table(ref, inv_freq, 4, pos, MU_TREE_MAX, cs, true);
+    cu->rope_table(cu, inv_freq, 4, pos, MU_TREE_MAX, dcs, true);
+    char what[160];
+    snprintf(what, sizeof what, "rope_table on the tree registers (%s)", label);
+    const int before = n_fail;
+    check(what, cs, dcs, sizeof cs);
+    cu->free(cu, dcs, 0);
+    return ok && n_fail == before;
+}
+
+/* tree_reg (backend.h; k_tree_rows + k_tree_build) against the reference
+ * builder: vocabularies of 1 to 150,000 ids (one to 37 tiles of staged
+ * exponentials), 0 to 15 draft rows, every row shape of tree_row alone and
+ * mixed, with and without end-of-generation ids (the leaders of some rows,
+ * so that subtrees must stop under them). */
+static void test_tree_reg(void) {
+    static const int64_t vs[] = {8192, 5, 150000, 1, 9, 4100};
+    static const int nrows[] = {0, 1, 4, 15};
+    const size_t slot_bytes = (1 + 2 * MU_TREE_MAX) * sizeof(int32_t), pick_bytes = (2 + MU_TOKEN_REGS) * sizeof(int32_t);
+    int32_t *hs = cu->host_alloc(cu, slot_bytes), *hp = cu->host_alloc(cu, pick_bytes);
+    if (!hs || !hp) fprintf(stderr, "test_tree_reg: no page-locked memory\n"), exit(1);
+    int cases = 0, bad = 0, deep = 0;
+    for (size_t vi = 0; vi < sizeof vs / sizeof *vs; vi++)
+        for (size_t ri = 0; ri < sizeof nrows / sizeof *nrows; ri++)
+            for (int sh = 0; sh <= 10; sh++)
+                for (int with_eog = 0; with_eog < 2; with_eog++) {
+                    const int64_t V = vs[vi];
+                    const int rows = nrows[ri];
+                    if (V > 10000 && sh % 3 != 0 && sh != 10) continue; /* the long rows: fewer shapes */
+                    float *y = mu_xmalloc((size_t)(V * (rows ? rows : 1)) * sizeof *y);
+                    for (int r = 0; r < rows; r++) tree_row(y, V, r, sh == 10 ? r % 10 : sh);
+                    if (!rows) y[0] = 1.0f;
+                    int32_t eog[16];
+                    int n_eog = 0;
+                    for (int r = 0; with_eog && r < rows && n_eog < 16; r += 2) { /* row r's first maximum */
+                        int64_t best = 0;
+                        for (int64_t i = 1; i < V; i++)
+                            if (y[(int64_t)r * V + i] > y[(int64_t)r * V + best]) best = i;
+                        eog[n_eog++] = (int32_t)best;
+                    }
+                    if (with_eog && n_eog == 0) eog[n_eog++] = 3;
+                    float *dy = dev(y, (size_t)(V * (rows ? rows : 1)) * sizeof *y);
+                    char label[96];
+                    snprintf(label, sizeof label, "V %lld, %d rows, shape %d, %d eog", (long long)V, rows, sh, n_eog);
+                    cases++;
+                    bad += !tree_reg_case(y, dy, V, rows, eog, n_eog, hs, hp, label);
+                    for (int i = 1; i < MU_TREE_MAX; i++) deep += ref->treg.depth[i] > 2 && i < ref->treg.n;
+                    cu->free(cu, dy, 0);
+                    free(y);
+                }
+    printf("tree_reg: %d cases, %d differ (%d nodes deeper than 2)\n", cases, bad, deep);
+    cu->host_free(cu, hs, slot_bytes), cu->host_free(cu, hp, pick_bytes);
+}
+
+/* Attention whose tree rows come from the tree registers (mu_attn_batch.treg:
+ * row r is node r at base + depth[r], the host's positions only bound
+ * them) against ref's registers holding the same tree: trees of 15, 7 and
+ * 0 draft rows over peaked and tied rows (fillers included: 16 rows; or
+ * fewer rows than nodes), planes and windowed rings, the tree across a
+ * 256-key block edge, every kernel choice. */
+static void test_tree_reg_attention(void) {
+    const int64_t cfg[5][6] = {/* H, Hkv, D, window, base0, n */
+                               {8, 2, 64, 0, 0, 266},    {32, 2, 128, 0, 0, 530}, {8, 2, 64, 128, 400, 143},
+                               {16, 1, 256, 0, 100, 180}, {16, 4, 128, 200, 250, 600}};
+    const size_t slot_bytes = (1 + 2 * MU_TREE_MAX) * sizeof(int32_t);
+    int32_t *hs = cu->host_alloc(cu, slot_bytes), want[1 + 2 * MU_TREE_MAX];
+    if (!hs) fprintf(stderr, "test_tree_reg_attention: no page-locked memory\n"), exit(1);
+    const int64_t V = 64;
+    for (int ci = 0; ci < 5; ci++)
+        for (int ti = 0; ti < 3; ti++) {
+            const int drows = ti == 0 ? 15 : ti == 1 ? 7 : 0, vrows = ti == 1 ? 5 : 16;
+            float *y = mu_xmalloc((size_t)(V * 16) * sizeof *y);
+            for (int r = 0; r < drows; r++) tree_row(y, V, r, ti == 0 ? (r % 3 ? 1 : 2) : 9);
+            float *dy = dev(y, (size_t)(V * 16) * sizeof *y);
+            ref->tree_reg(ref, y, V, drows, NULL, 0, want);
+            cu->tree_reg(cu, dy, V, drows, NULL, 0, hs);
+            const int64_t H = cfg[ci][0], Hkv = cfg[ci][1], D = cfg[ci][2], window = cfg[ci][3];
+            const int64_t base0 = cfg[ci][4], n = cfg[ci][5], tbase = base0 + n - vrows;
+            mu_kv_layer h, d;
+            kv_fill(&h, &d, Hkv, D, n, base0, n);
+            mu_attn_tree tree[16];
+            int64_t pos[16];
+            const mu_kv_layer *hk[16], *dk[16];
+            for (int i = 0; i < vrows; i++) tree[i].base = tbase, pos[i] = tbase + i, hk[i] = &h, dk[i] = &d;
+            mu_attn_batch a = {.rows = vrows, .kv = hk, .pos = pos, .window = window, .n_head = H, .n_head_kv = Hkv,
+                               .head_dim = D, .scale = 1.0f / sqrtf((float)D), .tree = tree, .treg = &ref->treg};
+            const int kern[6] = {1, 0, 3, 3, 3, 2}, hgs[6] = {0, 0, 1, 2, 4, 0};
+            char what[160];
+            snprintf(what, sizeof what, "tree register attention (%d nodes, %d rows) H=%lld/%lld D=%lld window=%lld base %lld",
+                     ref->treg.n, vrows, (long long)H, (long long)Hkv, (long long)D, (long long)window, (long long)tbase);
+            check_attention(a, dk, kern, hgs, 6, what);
+            free(h.k), free(h.v), free(y);
+            cu->free(cu, d.k, 0), cu->free(cu, d.v, 0), cu->free(cu, dy, 0);
+        }
+    cu->host_free(cu, hs, slot_bytes);
+}
+
 /* copy2d_many against the host's: strided copies between random bytes,
  * destinations apart, in 16-byte pieces and (odd offsets or widths) byte
  * by byte; the rollback of a KV journal makes 2 x layers of them. */
@@ -1978,6 +2138,8 @@ int main(int argc, char **argv) {
     test_first_nonfinite();
     test_chain_pick();
     test_pick_rows();
+    test_tree_reg();
+    test_tree_reg_attention();
     test_copy2d_many();
     printf("test_cuda_backend: %d checks, %d mismatches\n", n_checks, n_fail);
     cu->destroy(cu);

@@ -78,10 +78,10 @@ __device__ static inline float half_at(uint4 r, int i) {
  * updated in L2 all the same). Then the wait. */
 template <int D>
 __device__ static inline mucu_attn_row ad_begin(const mucu_attn_row *__restrict__ desc, int64_t r, int64_t j,
-                                                int64_t kh) {
-    const mucu_attn_row a = desc[r];
+                                                int64_t kh, const int8_t *&anc) {
+    mucu_attn_row a = desc[r];
     const int64_t start = a.first + 256 * j;
-    if (start <= a.pos) {
+    if (!a.treg && start <= a.pos) { /* a register row's keys are known only after the wait */
         const int nk = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
         const uint16_t *vb = a.v + kh * a.cap * D;
         const int64_t phys0 = start % a.cap;
@@ -92,6 +92,7 @@ __device__ static inline mucu_attn_row ad_begin(const mucu_attn_row *__restrict_
         }
     }
     grid_dep_wait();
+    anc = attn_row_resolve(a, desc, r);
     return a;
 }
 
@@ -105,7 +106,8 @@ __global__ static void __launch_bounds__(AD_NT, 2)
     const int64_t j = blockIdx.x, r = blockIdx.z;
     const int64_t G = n_head / n_head_kv, ngr = G / HG;
     const int64_t kh = blockIdx.y / ngr, h0 = kh * G + (blockIdx.y % ngr) * HG;
-    const mucu_attn_row a = ad_begin<D>(desc, r, j, kh);
+    const int8_t *anc;
+    const mucu_attn_row a = ad_begin<D>(desc, r, j, kh, anc);
     extern __shared__ __align__(16) uint8_t sm[];
     uint32_t *ks = (uint32_t *)sm;
     float *qs = (float *)(sm + C::SM_K), *S = (float *)(sm + C::SM_K + C::SM_Q);
@@ -140,7 +142,7 @@ __global__ static void __launch_bounds__(AD_NT, 2)
         for (int u = 0; u < BATCH; u++) {
             const int i = i0 + u * AD_NT + tid;
             if (i < nk * CH) {
-                const int64_t ph = attn_key_row(a, desc[r].anc, start, phys0, i / CH);
+                const int64_t ph = attn_key_row(a, anc, start, phys0, i / CH);
                 buf[u] = __ldg((const uint4 *)(kb + ph * D) + i % CH);
             }
         }
@@ -205,7 +207,7 @@ __global__ static void __launch_bounds__(AD_NT, 2)
      * while m_b and e_p are computed */
     uint16_t *vs = (uint16_t *)sm;
     for (int i = tid; i < nk * CH; i += AD_NT) {
-        const int64_t ph = attn_key_row(a, desc[r].anc, start, phys0, i / CH);
+        const int64_t ph = attn_key_row(a, anc, start, phys0, i / CH);
         cp16(vs + i * 8, vb + ph * D + (i % CH) * 8, true);
     }
     cp_commit();
@@ -317,8 +319,9 @@ __global__ static void __launch_bounds__(AD_NT, 2)
  * kernel writes) before the wait, then the wait. */
 template <int UNUSED>
 __device__ static inline mucu_attn_row merge_begin(const mucu_attn_row *__restrict__ desc, int64_t r) {
-    const mucu_attn_row a = desc[r];
+    mucu_attn_row a = desc[r];
     grid_dep_wait();
+    (void)attn_row_resolve(a, desc, r);
     return a;
 }
 

@@ -51,6 +51,8 @@ typedef struct cuda_ctx {
     int half;
     void *half_ev[2];          /* after the work that may still read each half */
     int32_t *regs_d;           /* the token registers (backend.h argmax_reg), MU_TOKEN_REGS */
+    mucu_tree_regs *treg_d;    /* the tree registers (backend.h tree_reg) */
+    void *tree_work_d;         /* k_tree_rows' candidates (mucu_tree_work_bytes) */
     int32_t *chain_d;          /* the chained token (backend.h chain_pick), then k_chain_pick's
                                 * counter and partials (mucu_chain_bytes) */
     dev_buf out;     /* argmax results */
@@ -701,27 +703,31 @@ static void tell_footprint(mu_backend *b) {
             (double)c->weight_bytes / 1073741824.0);
 }
 
-/* The chained token's device register (allocated on first use, outside any
- * graph forward): k_chain_pick writes it, the next forward's entry reads it. */
-static int32_t *chain_reg(mu_backend *b, const char *op) {
-    cuda_ctx *c = ctx_of(b);
+/* Device memory of `bytes` (zero-filled) at *p, allocated on first use
+ * outside any graph forward: the registers below. */
+static void *on_first_use(mu_backend *b, void **p, size_t bytes, const char *op) {
     char err[MUCU_ERR_LEN];
-    if (!c->chain_d) {
+    if (!*p) {
         graph_sync_point(b);
-        if (!mucu_malloc((void **)&c->chain_d, mucu_chain_bytes(), err)) die(op, err);
+        if (!mucu_malloc(p, bytes, err)) die(op, err);
     }
-    return c->chain_d;
+    return *p;
 }
 
-/* The token registers (backend.h argmax_reg), allocated on first use like chain_d. */
+/* The chained token's device register: k_chain_pick writes it, the next
+ * forward's entry reads it. */
+static int32_t *chain_reg(mu_backend *b, const char *op) {
+    return on_first_use(b, (void **)&ctx_of(b)->chain_d, mucu_chain_bytes(), op);
+}
+
+/* The token registers (backend.h argmax_reg). */
 static int32_t *regs_reg(mu_backend *b, const char *op) {
-    cuda_ctx *c = ctx_of(b);
-    char err[MUCU_ERR_LEN];
-    if (!c->regs_d) {
-        graph_sync_point(b);
-        if (!mucu_malloc((void **)&c->regs_d, MU_TOKEN_REGS * sizeof(int32_t), err)) die(op, err);
-    }
-    return c->regs_d;
+    return on_first_use(b, (void **)&ctx_of(b)->regs_d, MU_TOKEN_REGS * sizeof(int32_t), op);
+}
+
+/* The tree registers (backend.h tree_reg). */
+static mucu_tree_regs *tree_regs(mu_backend *b, const char *op) {
+    return on_first_use(b, (void **)&ctx_of(b)->treg_d, sizeof(mucu_tree_regs), op);
 }
 
 /* Whether a forward's ids name token registers (MU_TOKEN_REG). */
@@ -953,12 +959,12 @@ static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t 
 static void cuda_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
                             float *cs, bool tree_reg) {
     q8_clear(b);
-    if (tree_reg) die("rope_table", "no tree registers (tree_reg) on this backend yet"); /* the forward refuses first */
     if (rows <= 0 || n_pairs <= 0) return;
-    const bool launch = go(b, sig_of("rope_table", 3, I(n_pairs), I(rows), P(cs)));
+    const int32_t *depth = tree_reg ? tree_regs(b, "rope_table")->depth : NULL;
+    const bool launch = go(b, sig_of("rope_table", 4, I(n_pairs), I(rows), P(cs), P(depth)));
     const double *f = upload_arg(b, inv_freq, (size_t)n_pairs * sizeof *inv_freq, "rope_table");
     const int64_t *p = upload_arg(b, pos, (size_t)rows * sizeof *pos, "rope_table");
-    if (launch) CHECK("rope_table", mucu_rope_table(f, n_pairs, p, rows, cs, err));
+    if (launch) CHECK("rope_table", mucu_rope_table(f, n_pairs, p, rows, depth, cs, err));
 }
 
 static void cuda_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
@@ -989,13 +995,22 @@ static void attention_op(mu_backend *b, const mu_attn_batch *ab, const float *q,
     mucu_attn_row one, *desc = ab->rows == 1 ? &one : mu_xmalloc((size_t)ab->rows * sizeof *desc);
     int64_t nbmax = 0;
     bool tree = false;
+    const mucu_tree_regs *treg = ab->treg ? tree_regs(b, "attention") : NULL;
     for (int64_t r = 0; r < ab->rows; r++) {
         const mu_kv_layer *l = ab->kv[r];
         int64_t first = mu_kv_first(l);
-        if (ab->window > 0 && ab->pos[r] - ab->window + 1 > first) first = ab->pos[r] - ab->window + 1;
+        const bool reg_row = treg && ab->tree && ab->tree[r].base >= 0;
+        if (reg_row && r >= MU_TREE_MAX) die("attention", "a tree register row past the registers");
+        if (!reg_row && ab->window > 0 && ab->pos[r] - ab->window + 1 > first) first = ab->pos[r] - ab->window + 1;
         desc[r] = (mucu_attn_row){.k = l->k, .v = l->v, .cap = l->cap, .first = first, .pos = ab->pos[r],
                                   .tbase = INT64_MAX};
-        const mu_attn_args row = mu_attn_row(ab, r);
+        if (reg_row) { /* pos and first only bound the row's keys: the kernels resolve them (mucu_attn_row.treg) */
+            desc[r].tbase = ab->tree[r].base;
+            desc[r].treg = treg;
+            desc[r].window = ab->window;
+            tree = true;
+        }
+        const mu_attn_args row = reg_row ? (mu_attn_args){0} : mu_attn_row(ab, r);
         if (row.tree) { /* its keys past the tree's base: the ancestors', in logical terms (kv.h: row p % cap) */
             desc[r].tbase = row.tree->base;
             for (int64_t t = 0; t <= ab->pos[r] - row.tree->base; t++) desc[r].anc[t] = (int8_t)row.tree->anc[t];
@@ -1006,8 +1021,8 @@ static void attention_op(mu_backend *b, const mu_attn_batch *ab, const float *q,
     }
     float *part = buf_reserve_c(ctx_of(b), &ctx_of(b)->part,
                                 mucu_attn_part_bytes(ab->rows, ab->n_head, ab->head_dim, nbmax) + 16, "attention");
-    const bool launch = go(b, sig_of("attention", 10, I(ab->rows), I(ab->n_head), I(ab->n_head_kv), I(ab->head_dim),
-                                     F(ab->scale), P(q), P(out), I(nbmax), P(g), I(tree)));
+    const bool launch = go(b, sig_of("attention", 11, I(ab->rows), I(ab->n_head), I(ab->n_head_kv), I(ab->head_dim),
+                                     F(ab->scale), P(q), P(out), I(nbmax), P(g), I(tree), P(treg)));
     const mucu_attn_row *d = upload_arg(b, desc, (size_t)ab->rows * sizeof *desc, "attention");
     if (desc != &one) free(desc);
     if (launch)
@@ -1094,6 +1109,22 @@ static void cuda_pick_rows(mu_backend *b, const float *x, int64_t n, int64_t row
     const bool launch = go(b, sig_of("pick_rows", 5, P(x), I(n), I(rows), I(n_regs), P(reg)));
     int32_t *const *dslot = upload_arg(b, &slot, sizeof slot, "pick_rows"); /* data: a replay writes its own */
     if (launch) CHECK("pick_rows", mucu_pick_rows(x, n, rows, n_regs, reg, dslot, err));
+}
+
+static void cuda_tree_reg(mu_backend *b, const float *x, int64_t n, int64_t rows, const int32_t *eog, int n_eog,
+                          int32_t *slot) {
+    q8_clear(b);
+    if (!mucu_is_pinned(slot)) die("tree_reg", "the slot is not page-locked memory (host_alloc)");
+    if (rows < 0 || rows >= MU_TREE_MAX) die("tree_reg", "more draft rows than a tree takes");
+    if (n_eog < 0 || n_eog > 16) die("tree_reg", "more end-of-generation ids than it takes");
+    mucu_tree_regs *treg = tree_regs(b, "tree_reg");
+    int32_t *reg = regs_reg(b, "tree_reg");
+    void *work = on_first_use(b, &ctx_of(b)->tree_work_d, mucu_tree_work_bytes(), "tree_reg");
+    const bool launch = go(b, sig_of("tree_reg", 5, P(x), I(n), I(rows), I(n_eog), P(treg)));
+    const int32_t eog0 = 0; /* the kernels' pointer stays valid with no ids */
+    const int32_t *e = upload_arg(b, n_eog ? eog : &eog0, (size_t)(n_eog ? n_eog : 1) * sizeof *eog, "tree_reg");
+    int32_t *const *dslot = upload_arg(b, &slot, sizeof slot, "tree_reg"); /* data: a replay writes its own */
+    if (launch) CHECK("tree_reg", mucu_tree_reg(x, n, rows, e, n_eog, work, treg, reg, dslot, err));
 }
 
 /* The kernel writes the slot straight into page-locked memory; the host
@@ -1198,6 +1229,8 @@ static void cuda_destroy(mu_backend *b) {
     (void)mucu_host_free(c->ring_base, err);
     (void)mucu_free(c->chain_d, err);
     (void)mucu_free(c->regs_d, err);
+    (void)mucu_free(c->treg_d, err);
+    (void)mucu_free(c->tree_work_d, err);
     (void)mucu_host_free(c->pinned, err);
     (void)mucu_free(c->ring_d, err);
     (void)mucu_free(c->out.p, err);
@@ -1284,6 +1317,11 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->argmax_reg = cuda_argmax_reg;
     b->copy2d_many = cuda_copy2d_many;
     b->pick_rows = cuda_pick_rows;
+    /* Until tests/cuda/run.sh has passed its tree-register checks on a
+     * device, tree_reg is opt-in (MUSER_CUDA_TREE_REG=1); without it trees
+     * are drawn on the host (docs/cuda.md "Not done"). */
+    const char *treg = getenv("MUSER_CUDA_TREE_REG");
+    if (treg && !strcmp(treg, "1")) b->tree_reg = cuda_tree_reg;
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;
     /* MUSER_CUDA_FUSE=0: the forward's entry and the gate as separate ops (measurements) */

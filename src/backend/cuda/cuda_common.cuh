@@ -34,6 +34,17 @@ __device__ static inline int64_t attn_key_row(const mucu_attn_row &a, const int8
     const int64_t ph = phys0 + i;
     return ph >= a.cap ? ph - a.cap : ph;
 }
+
+/* Row r's position, first key and ancestors where they come from the tree
+ * registers (mucu_attn_row.treg), which the draft's tree_reg wrote: only
+ * after grid_dep_wait. Returns the ancestors attn_key_row reads. */
+__device__ static inline const int8_t *attn_row_resolve(mucu_attn_row &a, const mucu_attn_row *__restrict__ desc,
+                                                        int64_t r) {
+    if (!a.treg) return desc[r].anc;
+    a.pos = a.tbase + a.treg->depth[r];
+    if (a.window > 0 && a.pos - a.window + 1 > a.first) a.first = a.pos - a.window + 1;
+    return a.treg->anc[r];
+}
 __device__ static inline float bits_f32(uint32_t u) { return __uint_as_float(u); }
 
 /* Programmatic dependent launch (docs/cuda.md "Graphs"). In a replayed

@@ -1079,12 +1079,13 @@ __global__ static void k_matmul(mucu_weight w, const float *x, const q8k_block *
 /* --------------------------------------------------- canonical f32 dots */
 
 __global__ static void k_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
-                                    float *cs) {
+                                    const int32_t *depth, float *cs) {
     grid_dep_wait();
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows * n_pairs) return;
     int64_t r = t / n_pairs, i = t % n_pairs;
-    double a = (double)pos[r] * inv_freq[i];
+    const int64_t p = depth && r < 16 ? pos[r] - r + depth[r] : pos[r];
+    double a = (double)p * inv_freq[i];
     cs[t * 2] = (float)d_trig(a, 1);
     cs[t * 2 + 1] = (float)d_trig(a, 0);
 }
@@ -1334,6 +1335,189 @@ __global__ static void __launch_bounds__(1024) k_pick_rows(const float *x, int64
     h[2 * blockIdx.x] = unique ? m.i : 0;
     __threadfence_system();
     h[2 * blockIdx.x + 1] = unique ? 1 : 2;
+}
+
+/* ---- token trees built where the draft's rows lie (backend.h tree_reg;
+ * src/spec/spec_tree.c mu_spec_row_top / mu_spec_tree_build is the
+ * reference, and test_cuda_backend compares the two bit for bit) ---- */
+#define TREE_K 8      /* MU_SPEC_TREE_K */
+#define TREE_NT 512   /* threads of k_tree_rows */
+#define TREE_TILE 4096 /* values whose exponentials k_tree_rows stages at a time (a multiple of 8) */
+
+/* k_tree_rows' results: each draft row's candidates (cnt 0: a non-finite row) */
+typedef struct tree_work {
+    int32_t cnt[16];
+    int32_t tok[16][TREE_K];
+    double prob[16][TREE_K];
+} tree_work;
+
+/* (v, i) before (w, j): the larger value first, the lower index among equal ones */
+__device__ static inline bool tree_before(float v, int32_t i, float w, int32_t j) { return v > w || (v == w && i < j); }
+
+__device__ static inline void tree_warp_best(float &v, int32_t &i) {
+#pragma unroll
+    for (int off = 16; off; off >>= 1) {
+        const float v2 = __shfl_xor_sync(FULL_MASK, v, off);
+        const int32_t i2 = __shfl_xor_sync(FULL_MASK, i, off);
+        if (tree_before(v2, i2, v, i)) v = v2, i = i2;
+    }
+}
+
+/* A CTA per draft row: its 8 candidates in mu_spec_row_top's order (each
+ * thread keeps the best 8 of its values, then 8 CTA-wide rounds take the
+ * best head), and prob[j] = expf(v_j - v_0) / S with S the reference's sum
+ * of exponentials: 8 chains in double, chain c adding the values of index
+ * c mod 8 in index order, folded as mu_sum_expf folds them (the
+ * exponentials staged a tile at a time, the chains run by threads 0-7). */
+__global__ static void __launch_bounds__(TREE_NT) k_tree_rows(const float *__restrict__ x, int64_t n,
+                                                             tree_work *__restrict__ w) {
+    grid_dep_wait();
+    __shared__ float sv[TREE_NT / 32], es[TREE_TILE], top_v[TREE_K];
+    __shared__ int32_t si[TREE_NT / 32], top_i[TREE_K];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, row = blockIdx.x;
+    const float *l = x + (int64_t)row * n;
+    float tv[TREE_K];
+    int32_t ti[TREE_K];
+#pragma unroll
+    for (int k = 0; k < TREE_K; k++) tv[k] = -INFINITY, ti[k] = INT32_MAX;
+    bool bad = false;
+    for (int64_t i = tid; i < n; i += TREE_NT) {
+        const float v = l[i];
+        bad |= (__float_as_uint(v) & 0x7F800000u) == 0x7F800000u;
+        if (!(v > tv[TREE_K - 1])) continue; /* an equal later value stays out */
+#pragma unroll
+        for (int k = TREE_K - 1; k >= 0; k--) /* after every value >= v */
+            if (v > tv[k]) {
+                if (k > 0 && v > tv[k - 1]) tv[k] = tv[k - 1], ti[k] = ti[k - 1];
+                else tv[k] = v, ti[k] = (int32_t)i;
+            }
+    }
+    if (__syncthreads_or(bad)) { /* no candidates: nothing grows from this row */
+        if (tid == 0) w->cnt[row] = 0;
+        return;
+    }
+    for (int k = 0; k < TREE_K; k++) {
+        float v = tv[0];
+        int32_t i = ti[0];
+        tree_warp_best(v, i);
+        if (lane == 0) sv[warp] = v, si[warp] = i;
+        __syncthreads();
+        if (warp == 0) {
+            v = lane < TREE_NT / 32 ? sv[lane] : -INFINITY;
+            i = lane < TREE_NT / 32 ? si[lane] : INT32_MAX;
+            tree_warp_best(v, i);
+            if (lane == 0) top_v[k] = v, top_i[k] = i;
+        }
+        __syncthreads();
+        if (ti[0] == top_i[k]) { /* this thread's head was taken */
+#pragma unroll
+            for (int j = 0; j < TREE_K - 1; j++) tv[j] = tv[j + 1], ti[j] = ti[j + 1];
+            tv[TREE_K - 1] = -INFINITY, ti[TREE_K - 1] = INT32_MAX;
+        }
+    }
+    const float shift = top_v[0];
+    double acc = 0.0;
+    for (int64_t t0 = 0; t0 < n; t0 += TREE_TILE) {
+        const int m = n - t0 < TREE_TILE ? (int)(n - t0) : TREE_TILE;
+        for (int i = tid; i < m; i += TREE_NT) es[i] = d_expf(l[t0 + i] - shift);
+        __syncthreads();
+        if (tid < 8) {
+#pragma unroll 8
+            for (int i = tid; i < m; i += 8) acc += (double)es[i];
+        }
+        __syncthreads();
+    }
+    if (warp) return;
+    double a[8];
+#pragma unroll
+    for (int c = 0; c < 8; c++) a[c] = __shfl_sync(FULL_MASK, acc, c);
+    const double sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    if (lane < TREE_K && top_i[lane] != INT32_MAX) {
+        w->tok[row][lane] = top_i[lane];
+        w->prob[row][lane] = (double)d_expf(top_v[lane] - shift) / sum;
+    }
+    if (lane == 0) {
+        int cnt = 0;
+        for (int k = 0; k < TREE_K; k++) cnt += top_i[k] != INT32_MAX;
+        w->cnt[row] = cnt;
+    }
+}
+
+/* One warp, lane i holding node i: the best-first tree of
+ * mu_spec_tree_build over k_tree_rows' candidates (each round every node
+ * offers its next child's score, the largest wins, the earliest node among
+ * equal ones), numbered chain of first choices first, then into the tree
+ * registers, the token registers and the host slot (backend.h tree_reg). */
+__global__ static void __launch_bounds__(32) k_tree_build(const tree_work *__restrict__ w, int32_t rows,
+                                                         const int32_t *__restrict__ eog, int32_t n_eog,
+                                                         mucu_tree_regs *regs, int32_t *tokregs,
+                                                         int32_t *const *slot) {
+    grid_dep_wait();
+    __shared__ int32_t s_tok[15][TREE_K], s_cnt[15], np[16], nd[16], ntk[16];
+    __shared__ double s_prob[15][TREE_K];
+    const int lane = threadIdx.x;
+    const int nr = rows < 15 ? rows : 15;
+    for (int e = lane; e < nr * TREE_K; e += 32) {
+        s_tok[e / TREE_K][e % TREE_K] = w->tok[e / TREE_K][e % TREE_K];
+        s_prob[e / TREE_K][e % TREE_K] = w->prob[e / TREE_K][e % TREE_K];
+    }
+    if (lane < nr) s_cnt[lane] = w->cnt[lane];
+    __syncwarp();
+    int depth = 0, next = 0, parent = -1, rank = 0, token = -1, gn = 1;
+    double score = 1.0;
+    bool shut = false; /* an end of generation: nothing grows under it */
+    while (gn < nr + 1) {
+        double q = -1.0;
+        if (lane < gn && depth < nr && next < s_cnt[depth] && !shut) q = score * s_prob[depth][next];
+        int bi = lane;
+#pragma unroll
+        for (int off = 16; off; off >>= 1) {
+            const double q2 = __shfl_xor_sync(FULL_MASK, q, off);
+            const int i2 = __shfl_xor_sync(FULL_MASK, bi, off);
+            if (q2 > q || (q2 == q && i2 < bi)) q = q2, bi = i2;
+        }
+        if (q < 0.0) break; /* no node has a child left */
+        const int bd = __shfl_sync(FULL_MASK, depth, bi), bn = __shfl_sync(FULL_MASK, next, bi);
+        if (lane == bi) next++;
+        if (lane == gn) {
+            parent = bi, depth = bd + 1, rank = bn, token = s_tok[bd][bn], score = q, next = 0;
+            for (int k = 0; k < n_eog; k++) shut |= eog[k] == token;
+        }
+        gn++;
+    }
+    /* the first choices' chain under the root, then the rest in joining order */
+    int at = -1, nchain = 0;
+    unsigned placed = 0;
+    for (int cur = 0;;) {
+        if (lane == cur) at = nchain;
+        placed |= 1u << cur, nchain++;
+        const unsigned m = __ballot_sync(FULL_MASK, lane > cur && lane < gn && parent == cur && rank == 0);
+        if (!m) break;
+        cur = __ffs(m) - 1;
+    }
+    if (lane < gn && at < 0) at = nchain + __popc(~placed & ((1u << lane) - 1));
+    const int pat = __shfl_sync(FULL_MASK, at, parent < 0 ? 0 : parent);
+    if (lane < gn) np[at] = lane ? pat : -1, nd[at] = depth, ntk[at] = token;
+    __syncwarp();
+    if (lane < 16) {
+        const int i = lane, P = i < gn ? np[i] : 0, D = i < gn ? nd[i] : 1;
+        regs->parent[i] = P, regs->depth[i] = D;
+        int8_t anc[16];
+#pragma unroll
+        for (int d = 0; d < 16; d++) anc[d] = 0;
+        for (int a = i, d = D; d >= 0; d--) {
+            anc[d] = (int8_t)a;
+            a = a < gn ? np[a] : 0;
+        }
+#pragma unroll
+        for (int d = 0; d < 16; d++) regs->anc[i][d] = anc[d];
+        if (i < rows) tokregs[i] = i + 1 < gn ? ntk[i + 1] : 0;
+        volatile int32_t *h = *slot;
+        h[1 + i] = P;
+        h[1 + 16 + i] = i == 0 ? -1 : i < gn ? ntk[i] : 0;
+        if (i == 0) h[0] = gn, regs->n = gn;
+    }
+    __threadfence_system();
 }
 
 /* backend.h copy2d_many: CTA (r, i) copies row r of copy i (none when the
@@ -3195,7 +3379,8 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
     const int64_t wid = blockIdx.x;
     const int64_t rh = wid / nbmax, j = wid % nbmax, r = rh / n_head, h = rh % n_head;
     const int64_t kv_head = h / (n_head / n_head_kv);
-    const mucu_attn_row a = desc[r];
+    mucu_attn_row a = desc[r];
+    const int8_t *anc = attn_row_resolve(a, desc, r);
     const int64_t start = a.first + 256 * j;
     if (start > a.pos) return;
     const int64_t end = start + 255 < a.pos ? start + 255 : a.pos;
@@ -3206,7 +3391,7 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
     const uint16_t *kbase = a.k + kv_head * a.cap * D, *vbase = a.v + kv_head * a.cap * D;
     const int64_t phys0 = start % a.cap;
     for (int p = tid; p < nk; p += 128) {
-        const uint16_t *kp = kbase + attn_key_row(a, desc[r].anc, start, phys0, p) * D;
+        const uint16_t *kp = kbase + attn_key_row(a, anc, start, phys0, p) * D;
         float pp[32];
 #pragma unroll
         for (int l = 0; l < 32; l++) pp[l] = 0.0f;
@@ -3255,7 +3440,7 @@ __global__ static void __launch_bounds__(128) k_attn_blocks(const mucu_attn_row 
     for (int p = 0; p < nk; p++) {
         const float e = es[p];
         l_b = l_b + e;
-        const uint16_t *vp = vbase + attn_key_row(a, desc[r].anc, start, phys0, p) * D;
+        const uint16_t *vp = vbase + attn_key_row(a, anc, start, phys0, p) * D;
 #pragma unroll
         for (int k = 0; k < DPT; k++)
             if (tid + 128 * k < D) acc[k] = fmaf(e, h2f(vp[tid + 128 * k]), acc[k]);
@@ -3280,7 +3465,8 @@ __global__ static void __launch_bounds__(128) k_attn_merge(const mucu_attn_row *
     const int lane = threadIdx.x & 31;
     const int64_t rh = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (rh >= rows * n_head) return;
-    const mucu_attn_row a = desc[rh / n_head];
+    mucu_attn_row a = desc[rh / n_head];
+    (void)attn_row_resolve(a, desc, rh / n_head);
     const int64_t nbr = a.pos >= a.first ? (a.pos - a.first) / 256 + 1 : 0;
     float M = 0.0f, L = 0.0f, A[DPL];
 #pragma unroll
@@ -4023,9 +4209,9 @@ extern "C" bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *
     return launched("k_qk_norm_rope", err);
 }
 
-extern "C" bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs,
-                                char *err) {
-    LAUNCH(k_rope_table, rows * n_pairs, inv_freq, n_pairs, pos, rows, cs);
+extern "C" bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
+                                const int32_t *depth, float *cs, char *err) {
+    LAUNCH(k_rope_table, rows * n_pairs, inv_freq, n_pairs, pos, rows, depth, cs);
 }
 
 extern "C" bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows,
@@ -4137,6 +4323,21 @@ extern "C" bool mucu_pick_rows(const float *x, int64_t n, int64_t rows, int32_t 
     }
     k_pick_rows<<<(unsigned)rows, 1024, 0, g_s>>>(x, n, n_regs, regs, slot);
     return launched("k_pick_rows", err);
+}
+extern "C" size_t mucu_tree_work_bytes(void) { return sizeof(tree_work); }
+extern "C" bool mucu_tree_reg(const float *x, int64_t n, int64_t rows, const int32_t *eog, int n_eog, void *work,
+                              mucu_tree_regs *regs, int32_t *tokregs, int32_t *const *slot, char *err) {
+    if (rows < 0 || rows > 15 || n <= 0 || n > INT32_MAX || n_eog < 0) {
+        snprintf(err, MUCU_ERR_LEN, "k_tree_rows: %lld rows of %lld values (at most 15 rows)", (long long)rows,
+                 (long long)n);
+        return false;
+    }
+    if (rows > 0) {
+        k_tree_rows<<<(unsigned)rows, TREE_NT, 0, g_s>>>(x, n, (tree_work *)work);
+        if (!launched("k_tree_rows", err)) return false;
+    }
+    k_tree_build<<<1, 32, 0, g_s>>>((const tree_work *)work, (int32_t)rows, eog, n_eog, regs, tokregs, slot);
+    return launched("k_tree_build", err);
 }
 extern "C" bool mucu_copy2d_many(const mucu_copy2d *c, int n, int64_t max_rows, char *err) {
     if (n <= 0 || max_rows <= 0) return true;

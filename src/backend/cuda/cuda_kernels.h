@@ -30,6 +30,15 @@ typedef struct mucu_weight {
     int fp4_split;             /* NVFP4 (ggml, native W4A16) in the device's split layout (mucu_fp4_split) */
 } mucu_weight;
 
+/* The tree registers on the device (backend.h mu_tree_regs, tree_reg):
+ * node i's parent, depth and ancestors root first (anc[i][0 .. depth[i]];
+ * the rest zero), nodes n .. 15 fillers (parent 0, depth 1). */
+typedef struct mucu_tree_regs {
+    int32_t n;
+    int32_t parent[16], depth[16];
+    int8_t anc[16][16];
+} mucu_tree_regs;
+
 /* One query row of attention: its sequence's planes and key range. */
 typedef struct mucu_attn_row {
     const uint16_t *k, *v;     /* device, head-major [n_head_kv][cap][head_dim] */
@@ -40,6 +49,13 @@ typedef struct mucu_attn_row {
      * row (key p at row p % cap). */
     int64_t tbase;
     int8_t anc[16];
+    /* Not NULL: row r is node r of these tree registers, which a kernel
+     * before this one writes: after the wait its position is tbase +
+     * depth[r], its first key max(first, pos - window + 1) (window 0:
+     * none), its ancestors the registers' (attn_row_resolve); pos and first
+     * above only bound them (base + r and the cache's first held key). */
+    const mucu_tree_regs *treg;
+    int64_t window;
 } mucu_attn_row;
 
 /* Its fields for a plain row (k_attn_prefill keeps a CTA's in shared memory). */
@@ -209,7 +225,10 @@ typedef struct mucu_kv_dst {
 bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk, int64_t head_dim,
                        float eps, const float *cs, int64_t n_rot, int64_t rows, const mucu_kv_dst *dst,
                        const float *v, char *err);
-bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, float *cs, char *err);
+/* depth (device, or NULL): the tree registers' depths; row r < 16 then
+ * stands at pos[r] - r + depth[r] (backend.h rope_table's tree_reg). */
+bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, const int32_t *depth,
+                     float *cs, char *err);
 /* x = rmsnorm(embed(tokens), eps) (weightless), h = rmsnorm(x, eps) * w_h
  * (and h's Q8_K quantization into q8, where not NULL), rows of w->n_in
  * values (mucu_residual_ok). */
@@ -248,6 +267,14 @@ bool mucu_pick_rows(const float *x, int64_t n, int64_t rows, int32_t n_regs, con
                     int32_t *const *slot, char *err);
 bool mucu_tokens_regs(int32_t *t, int64_t rows, const int32_t *regs, char *err);
 size_t mucu_chain_bytes(void);
+/* backend.h tree_reg (src/spec/spec_tree.c is the reference): k_tree_rows
+ * (a CTA per draft row of x [rows][n]: its 8 candidates and their
+ * probabilities into *work) then k_tree_build (one warp: the tree into regs,
+ * the token registers tokregs[0 .. rows) and the host slot at *slot).
+ * eog: device [n_eog]; work: mucu_tree_work_bytes() of device memory. */
+bool mucu_tree_reg(const float *x, int64_t n, int64_t rows, const int32_t *eog, int n_eog, void *work,
+                   mucu_tree_regs *regs, int32_t *tokregs, int32_t *const *slot, char *err);
+size_t mucu_tree_work_bytes(void);
 /* The stream's state: 1 all work done, 0 still running, -1 failed (err). */
 int mucu_stream_state(char *err);
 /* *best = n - (index of the first non-finite value of x[0..n)), 0 when none (device memory). */
