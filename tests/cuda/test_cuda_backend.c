@@ -635,6 +635,35 @@ static void test_matmul_multi(void) {
  * 128-row tiles, n_out around the 128-output tile (300: two full tiles and
  * a partial one; 130, 37, 1), several blocks; row 3 has an all-zero block
  * and row 5 a block whose largest magnitude repeats. */
+/* x [rows][n_in] through w on every many-row kernel (k_gemm_kq2 unsplit,
+ * split as the default plans it and split 3 ways: shares of 1-3 blocks, the
+ * last one short; k_gemm_wg for Q4_K / Q5_K on a 9.0 device) against ref. */
+static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows, const char *label) {
+    const int64_t n_in = w->n_in, n_out = w->n_out;
+    float *y = mu_xmalloc((size_t)(rows * n_out) * 4);
+    float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
+    ref->matmul(ref, w, x, y, rows);
+    static const char *const kname[5] = {"k_gemm_kq", "k_gemm_kq2", "k_gemm_kq2 128-row tiles",
+                                         "k_gemm_kq2 64-row tiles", "k_gemm_wg"};
+    static const int splits[3] = {0, 1, 3};
+    for (int sp = 0; sp < 3; sp++)
+        for (int k = 4; k >= 0; k--) {
+            if (k == 1 || (k == 0 && sp > 0)) continue; /* the automatic choice is one of 2, 3 and 4 */
+            if (k == 4 && (sp > 0 || (w->type != MU_TYPE_Q4_K && w->type != MU_TYPE_Q5_K) || !mucu_gemm_wg_device()))
+                continue; /* k_gemm_wg: Q4_K / Q5_K on a 9.0 device, never split */
+            mucu_gemm_kernel = k;
+            mucu_set_gemm_split(splits[sp]);
+            cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
+            cu->matmul(cu, w, dx, dy, rows);
+            char what[200];
+            snprintf(what, sizeof what, "gemm (%s, split %d) %s%s n_in=%lld n_out=%lld rows=%lld", kname[k], splits[sp],
+                     w->name, label, (long long)n_in, (long long)n_out, (long long)rows);
+            check(what, y, dy, (size_t)(rows * n_out) * 4);
+        }
+    mucu_set_gemm_split(-1);
+    cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(y);
+}
+
 static void test_gemm_tiles(void) {
     static const wspec big[] = {
         {"Q4_K", MU_TYPE_Q4_K, false, false}, {"Q5_K", MU_TYPE_Q5_K, false, false},
@@ -650,35 +679,29 @@ static void test_gemm_tiles(void) {
             for (size_t r = 0; r < sizeof rowss / sizeof *rowss; r++) {
                 const int64_t rows = rowss[r];
                 if (n_in == 6656 && rows == 257) continue; /* keeps the scalar reference's time down */
-                float *x = rnd_vec((size_t)(rows * n_in), 3.0f), *y = mu_xmalloc((size_t)(rows * n_out) * 4);
+                float *x = rnd_vec((size_t)(rows * n_in), 3.0f);
                 for (int i = 0; i < 256; i++)
                     x[3 * n_in + 256 + i] = 0.0f, x[5 * n_in + 512 + i] = (i % 5) ? 0.75f : -0.75f;
-                float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
-                ref->matmul(ref, &w, x, y, rows);
-                static const char *const kname[5] = {"k_gemm_kq", "k_gemm_kq2", "k_gemm_kq2 128-row tiles",
-                                                     "k_gemm_kq2 64-row tiles", "k_gemm_wg"};
-                /* k_gemm_kq2 unsplit, split as the default plans it (these small
-                 * grids all split) and split 3 ways (shares of 1-3 blocks, the
-                 * last one short) */
-                static const int splits[3] = {0, 1, 3};
-                for (int sp = 0; sp < 3; sp++)
-                    for (int k = 4; k >= 0; k--) {
-                        if (k == 1 || (k == 0 && sp > 0)) continue; /* the automatic choice is one of 2, 3 and 4 */
-                        if (k == 4 && (sp > 0 || (w.type != MU_TYPE_Q4_K && w.type != MU_TYPE_Q5_K) || !mucu_gemm_wg_device()))
-                            continue; /* k_gemm_wg: Q4_K / Q5_K on a 9.0 device, never split */
-                        mucu_gemm_kernel = k;
-                        mucu_set_gemm_split(splits[sp]);
-                        cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
-                        cu->matmul(cu, &w, dx, dy, rows);
-                        char what[160];
-                        snprintf(what, sizeof what, "gemm (%s, split %d) %s n_in=%lld n_out=%lld rows=%lld", kname[k],
-                                 splits[sp], w.name, (long long)n_in, (long long)n_out, (long long)rows);
-                        check(what, y, dy, (size_t)(rows * n_out) * 4);
-                    }
-                mucu_set_gemm_split(-1);
-                cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(x), free(y);
+                gemm_kernels_check(&w, x, rows, "");
+                free(x);
             }
         }
+    /* Block sums past 2^22 (the epilogues' conversion off the fast path,
+     * cuda_common.cuh i2f_small): weights of one sign with their codes near
+     * the top, every other activation row one positive value (codes 127). */
+    for (size_t t = 0; t < 2; t++) {
+        const int64_t n_in = 2560, n_out = 300, rows = 129;
+        mu_weight w = make_weight(&big[t], n_in, n_out);
+        float *src = mu_xmalloc((size_t)(n_in * n_out) * 4);
+        for (int64_t i = 0; i < n_in * n_out; i++) src[i] = 1.0f + 0.125f * fabsf(rnd(1.0f));
+        for (int64_t o = 0; o < n_out; o++)
+            mu_quantize_row(w.type, src + o * n_in, (uint8_t *)w.data + o * w.row_bytes, n_in);
+        float *x = rnd_vec((size_t)(rows * n_in), 3.0f);
+        for (int64_t r = 0; r < rows; r += 2)
+            for (int64_t i = 0; i < n_in; i++) x[r * n_in + i] = 2.5f;
+        gemm_kernels_check(&w, x, rows, " (block sums past 2^22)");
+        free(x), free(src);
+    }
     mucu_gemm_kernel = saved;
 }
 
