@@ -189,11 +189,12 @@ struct mu_backend {
      * for a few short rows, where its launch and round trip cost more than
      * the host's scan). */
     int64_t (*first_nonfinite)(mu_backend *b, const float *x, int64_t n);
-    /* Head rows into per-head slot planes: for row r, head h < n_head,
-     * src[(r * n_head + h) * D ...] goes to slot slots[r] (host) of plane h:
-     * dst[(h * S + slot) * D + d], or transposed, dst[(h * D + d) * S + slot]. */
-    void (*store_heads)(mu_backend *b, float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
-                        const float *src, int64_t rows, bool transposed);
+    /* K and V head rows into per-head slot planes: for row r, head h <
+     * n_head, k[(r * n_head + h) * D + d] goes to slot slots[r] (host) of
+     * K plane h, kd[(h * S + slot) * D + d], and v's value to V's
+     * transposed plane, vd[(h * D + d) * S + slot] (one launch on a device). */
+    void (*store_kv_heads)(mu_backend *b, float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D,
+                           int64_t n_head, const float *k, const float *v, int64_t rows);
 
     /* ---- optional fused ops (NULL: the forward runs the ops they stand
      * for, one by one; a fused op gives the same bits) ---- */
@@ -202,13 +203,14 @@ struct mu_backend {
      * h = rmsnorm(x, eps_h) * w_h. o's contents may be lost. */
     void (*residual)(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
                      float eps_h, int64_t n, int64_t rows);
-    /* Per-head rmsnorm of q (rows x nq heads) and k (rows x nk heads) with
-     * the head_dim weights wq, wk and eps; then, if cs, rope (interleaved)
-     * on both; then, if dst, kv_store(rows, dst, k, v) of the result (the
-     * same bytes as the separate ops, in one launch). */
+    /* Per-head rmsnorm of q (rows x nq heads; nq may be 0) and k (rows x nk
+     * heads) with the head_dim weights wq, wk and eps; then, if cs, rope
+     * (interleaved, or NeoX with neox) on both; then, if dst, kv_store(rows,
+     * dst, k, v) of the result (the same bytes as the separate ops, in one
+     * launch). */
     void (*qk_norm_rope)(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                          int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
-                         const mu_kv_dst *dst, const float *v);
+                         const mu_kv_dst *dst, const float *v, bool neox);
     /* The forward's entry: embed(w, tokens, rows, x), rmsnorm(x, NULL, eps,
      * x, w->n_in, rows), rmsnorm(x, w_h, eps, h, w->n_in, rows). */
     void (*embed_norm)(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float eps,
@@ -308,7 +310,7 @@ mu_backend *mu_backend_ref_create(int n_threads);
 
 /* The host-memory implementations that ref and cpu share (host_ops.c):
  * memory, embed, rope_table, kv_store, softmax, argmax, first_nonfinite,
- * store_heads. They
+ * store_kv_heads. They
  * are the reference for these ops. */
 void mu_backend_set_host_ops(mu_backend *b);
 /* The K and V rows of one head for the keys at positions [pos, pos + n)

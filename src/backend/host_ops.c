@@ -221,17 +221,14 @@ static int64_t host_first_nonfinite(mu_backend *b, const float *x, int64_t n) {
     return mu_first_nonfinite(x, n);
 }
 
-static void host_store_heads(mu_backend *b, float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
-                             const float *src, int64_t rows, bool transposed) {
+static void host_store_kv_heads(mu_backend *b, float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D,
+                                int64_t n_head, const float *k, const float *v, int64_t rows) {
     (void)b;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t h = 0; h < n_head; h++) {
-            const float *s = src + (r * n_head + h) * D;
-            if (!transposed) {
-                memcpy(dst + (h * S + slots[r]) * D, s, (size_t)D * sizeof(float));
-                continue;
-            }
-            float *t = dst + h * D * S + slots[r];
+            memcpy(kd + (h * S + slots[r]) * D, k + (r * n_head + h) * D, (size_t)D * sizeof(float));
+            const float *s = v + (r * n_head + h) * D;
+            float *t = vd + h * D * S + slots[r];
             for (int64_t d = 0; d < D; d++) t[d * S] = s[d];
         }
 }
@@ -266,7 +263,7 @@ void mu_backend_set_host_ops(mu_backend *b) {
     b->softmax = host_softmax;
     b->argmax = host_argmax;
     b->first_nonfinite = host_first_nonfinite;
-    b->store_heads = host_store_heads;
+    b->store_kv_heads = host_store_kv_heads;
     b->chain_pick = host_chain_pick;
     b->chain_wait = host_chain_wait;
     b->argmax_reg = host_argmax_reg;

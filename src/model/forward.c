@@ -100,7 +100,7 @@ static void qk_norm_rope_store(const mu_model_config *c, mu_backend *be, mu_forw
     if (be->qk_norm_rope) {
         const bool all = n_store == rows; /* else the stored prefix goes separately, below */
         be->qk_norm_rope(be, s->q, lw->attn_q_norm, c->n_head, s->k, lw->attn_k_norm, c->n_head_kv, D, c->rms_eps,
-                         rope ? s->cs : NULL, c->n_rot, rows, all ? s->kvd : NULL, all ? s->v : NULL);
+                         rope ? s->cs : NULL, c->n_rot, rows, all ? s->kvd : NULL, all ? s->v : NULL, false);
         if (all) return;
     } else {
         be->rmsnorm(be, s->q, lw->attn_q_norm, c->rms_eps, s->q, D, rows * c->n_head);

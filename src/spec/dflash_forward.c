@@ -125,8 +125,7 @@ static void store_rows(const mu_dflash_state *st, int il, const float *k, const 
                        int64_t pos0) {
     const int64_t D = st->d->cfg.head_dim, Hkv = st->d->cfg.n_head_kv, S = st->slots;
     for (int64_t r = 0; r < rows; r++) st->slot[r] = m < 0 ? pos0 + r : r < m ? cache_slot(st, pos0 + r) : S - 1;
-    st->be->store_heads(st->be, st->ck[il], st->slot, S, D, Hkv, k, rows, false);
-    st->be->store_heads(st->be, st->cv[il], st->slot, S, D, Hkv, v, rows, true);
+    st->be->store_kv_heads(st->be, st->ck[il], st->cv[il], st->slot, S, D, Hkv, k, v, rows);
 }
 
 /* (cos, sin) of positions p0.. for rows rows (the backend's RoPE table). */
@@ -135,10 +134,24 @@ static void rope_table(const mu_dflash_state *st, int64_t p0, int64_t rows) {
     st->be->rope_table(st->be, st->inv_freq, st->d->cfg.head_dim / 2, st->pos, rows, st->cs, false);
 }
 
-/* NeoX rotation of rows whose table rows start at cs_row0. */
-static void rope_neox(const mu_dflash_state *st, float *x, int64_t n_heads, int64_t rows, int64_t cs_row0) {
+/* Per-head rmsnorm (weights w) then the NeoX rotation of rows whose table
+ * rows start at cs_row0: of q (nq heads) and k (nk heads) alike; one launch
+ * where the backend has qk_norm_rope. */
+static void norm_rope(const mu_dflash_state *st, float *q, const float *wq, int64_t nq, float *k, const float *wk,
+                      int64_t nk, int64_t rows, int64_t cs_row0) {
+    mu_backend *be = st->be;
     const int64_t D = st->d->cfg.head_dim;
-    st->be->rope(st->be, x, n_heads, D, D, st->cs + cs_row0 * D, rows, true);
+    const float eps = st->d->cfg.rms_eps, *cs = st->cs + cs_row0 * D;
+    if (be->qk_norm_rope) {
+        be->qk_norm_rope(be, q, wq, nq, k, wk, nk, D, eps, cs, D, rows, NULL, NULL, true);
+        return;
+    }
+    if (nq) {
+        be->rmsnorm(be, q, wq, eps, q, D, rows * nq);
+        be->rope(be, q, nq, D, D, cs, rows, true);
+    }
+    be->rmsnorm(be, k, wk, eps, k, D, rows * nk);
+    be->rope(be, k, nk, D, D, cs, rows, true);
 }
 
 /* A backend that can replay a bracket's launches (backend.h forward_begin)
@@ -170,7 +183,7 @@ static void project_context(mu_dflash_state *st, const float *features, int64_t 
     const mu_dflash *d = st->d;
     const mu_dflash_config *c = &d->cfg;
     mu_backend *be = st->be;
-    const int64_t E = c->n_embd, D = c->head_dim;
+    const int64_t E = c->n_embd;
     const int64_t n = !be->forward_begin ? m : m <= MU_DFLASH_CTX_PAD ? MU_DFLASH_CTX_PAD : CTX_CHUNK;
     bracket_begin(st, 0xDF1A5C0, n, 0);
     be->matmul(be, &d->fc, features, st->cx, n);
@@ -179,8 +192,7 @@ static void project_context(mu_dflash_state *st, const float *features, int64_t 
     for (int il = 0; il < c->n_layer; il++) {
         const mu_dflash_layer *lw = &d->layers[il];
         mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, st->cx, (float *[]){st->kt, st->vt}, n);
-        be->rmsnorm(be, st->kt, lw->k_norm, c->rms_eps, st->kt, D, n * c->n_head_kv);
-        rope_neox(st, st->kt, c->n_head_kv, n, 0);
+        norm_rope(st, NULL, NULL, 0, st->kt, lw->k_norm, c->n_head_kv, n, 0);
         store_rows(st, il, st->kt, st->vt, m, n, p0);
     }
     bracket_end(st);
@@ -274,11 +286,13 @@ static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr, con
         mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, st->a, (float *[]){st->kb, st->vb}, B);
         be->matmul(be, &lw->q, st->a + r0 * E, st->q + r0 * Q, nr);
     }
-    be->rmsnorm(be, st->kb, lw->k_norm, c->rms_eps, st->kb, D, B * c->n_head_kv);
-    rope_neox(st, st->kb, c->n_head_kv, B, 0);
+    if (r0 == 0 && nr == B) { /* q's rows are k's */
+        norm_rope(st, st->q, lw->q_norm, c->n_head, st->kb, lw->k_norm, c->n_head_kv, B, 0);
+    } else {
+        norm_rope(st, NULL, NULL, 0, st->kb, lw->k_norm, c->n_head_kv, B, 0);
+        norm_rope(st, NULL, NULL, 0, st->q + r0 * Q, lw->q_norm, c->n_head, nr, r0);
+    }
     store_rows(st, il, st->kb, st->vb, -1, B, rows_held(st));
-    be->rmsnorm(be, st->q + r0 * Q, lw->q_norm, c->rms_eps, st->q + r0 * Q, D, nr * c->n_head);
-    rope_neox(st, st->q + r0 * Q, c->n_head, nr, r0);
     attention(st, il, r0, nr);
     be->matmul(be, &lw->o, st->att + r0 * Q, st->o, nr);
     add_norm(st, h, lw->ffn_norm, nr);

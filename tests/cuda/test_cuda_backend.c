@@ -1225,11 +1225,13 @@ static void test_fused(void) {
         check(op ? "swiglu + matmul" : "sigmoid_gate + matmul", y, dy, (size_t)(rows * 33) * 4);
         cu->free(cu, dx, 0), cu->free(cu, dg, 0), cu->free(cu, dy, 0), free(x), free(g), free(y);
     }
-    /* per-head q/k norm + rope, with and without the rotation, kernel and fallback head sizes */
+    /* per-head q/k norm + rope, without the rotation, interleaved (rot 1) and NeoX over the whole head
+     * (rot 2: the DFlash assistant's), kernel and fallback head sizes */
     const int64_t Ds[] = {128, 64, 256, 80};
     for (int i = 0; i < 4; i++)
-        for (int rot = 0; rot < 2; rot++) {
-            const int64_t D = Ds[i], nq = 4, nk = 2, n_rot = D == 80 ? 64 : D, rows2 = 3;
+        for (int rot = 0; rot < 3; rot++) {
+            const bool neox = rot == 2;
+            const int64_t D = Ds[i], nq = 4, nk = 2, n_rot = D == 80 && !neox ? 64 : D, rows2 = 3;
             float *q = rnd_vec((size_t)(rows2 * nq * D), 3.0f), *k = rnd_vec((size_t)(rows2 * nk * D), 3.0f);
             float *wq = rnd_vec((size_t)D, 2.0f), *wk = rnd_vec((size_t)D, 2.0f);
             double inv_freq[128];
@@ -1240,13 +1242,15 @@ static void test_fused(void) {
             cu->rope_table(cu, inv_freq, n_rot / 2, pos, rows2, dcs, false);
             float *dq = dev(q, (size_t)(rows2 * nq * D) * 4), *dk = dev(k, (size_t)(rows2 * nk * D) * 4);
             float *dq2 = dev(q, (size_t)(rows2 * nq * D) * 4), *dk2 = dev(k, (size_t)(rows2 * nk * D) * 4);
+            float *k0 = mu_xmalloc((size_t)(rows2 * nk * D) * 4);
+            memcpy(k0, k, (size_t)(rows2 * nk * D) * 4);
             ref->rmsnorm(ref, q, wq, 1e-6f, q, D, rows2 * nq);
             ref->rmsnorm(ref, k, wk, 1e-6f, k, D, rows2 * nk);
             if (rot) {
-                ref->rope(ref, q, nq, D, n_rot, cs, rows2, false);
-                ref->rope(ref, k, nk, D, n_rot, cs, rows2, false);
+                ref->rope(ref, q, nq, D, n_rot, cs, rows2, neox);
+                ref->rope(ref, k, nk, D, n_rot, cs, rows2, neox);
             }
-            cu->qk_norm_rope(cu, dq, wq, nq, dk, wk, nk, D, 1e-6f, rot ? dcs : NULL, n_rot, rows2, NULL, NULL);
+            cu->qk_norm_rope(cu, dq, wq, nq, dk, wk, nk, D, 1e-6f, rot ? dcs : NULL, n_rot, rows2, NULL, NULL, neox);
             char what[80];
             snprintf(what, sizeof what, "qk_norm_rope q D=%lld rope=%d", (long long)D, rot);
             check(what, q, dq, (size_t)(rows2 * nq * D) * 4);
@@ -1278,7 +1282,13 @@ static void test_fused(void) {
             }
             float *v = rnd_vec((size_t)(rows2 * nk * D), 3.0f), *dv = dev(v, (size_t)(rows2 * nk * D) * 4);
             ref->kv_store(ref, rows2, hd, k, v);
-            cu->qk_norm_rope(cu, dq2, wq, nq, dk2, wk, nk, D, 1e-6f, rot ? dcs : NULL, n_rot, rows2, dd, dv);
+            cu->qk_norm_rope(cu, dq2, wq, nq, dk2, wk, nk, D, 1e-6f, rot ? dcs : NULL, n_rot, rows2, dd, dv, neox);
+            if (neox && D == 128) { /* k heads alone (nq 0: the assistant's context projection) */
+                float *dk3 = dev(k0, (size_t)(rows2 * nk * D) * 4);
+                cu->qk_norm_rope(cu, NULL, NULL, 0, dk3, wk, nk, D, 1e-6f, dcs, n_rot, rows2, NULL, NULL, true);
+                check("qk_norm_rope NeoX, k heads alone", k, dk3, (size_t)(rows2 * nk * D) * 4);
+                cu->free(cu, dk3, 0);
+            }
             snprintf(what, sizeof what, "qk_norm_rope + kv_store k D=%lld rope=%d", (long long)D, rot);
             check(what, k, dk2, (size_t)(rows2 * nk * D) * 4);
             for (int c = 0; c < 2; c++) {
@@ -1294,21 +1304,26 @@ static void test_fused(void) {
                 cu->free(cu, dl[c].k, 0), cu->free(cu, dl[c].v, 0), cu->free(cu, dj[c], 0);
             }
             cu->free(cu, dv, 0), free(v), cu->free(cu, dq2, 0), cu->free(cu, dk2, 0);
-            cu->free(cu, dq, 0), cu->free(cu, dk, 0), cu->free(cu, dcs, 0), free(q), free(k), free(cs);
+            cu->free(cu, dq, 0), cu->free(cu, dk, 0), cu->free(cu, dcs, 0), free(q), free(k), free(cs), free(k0);
         }
 }
 
 static void test_store_heads_and_memory(void) {
-    const int64_t S = 11, D = 24, H = 3, rows = 4;
-    int64_t slots[4] = {3, 0, 10, 7};
-    size_t dst_bytes = (size_t)(H * S * D) * 4;
-    for (int tr = 0; tr < 2; tr++) {
-        float *src = rnd_vec((size_t)(rows * H * D), 1.0f), *dst = rnd_vec((size_t)(H * S * D), 1.0f);
-        float *dsrc = dev(src, (size_t)(rows * H * D) * 4), *ddst = dev(dst, dst_bytes);
-        ref->store_heads(ref, dst, slots, S, D, H, src, rows, tr);
-        cu->store_heads(cu, ddst, slots, S, D, H, dsrc, rows, tr);
-        check(tr ? "store_heads transposed" : "store_heads", dst, ddst, dst_bytes);
-        cu->free(cu, dsrc, 0), cu->free(cu, ddst, 0), free(src), free(dst);
+    const int64_t Ss[2] = {11, 336}, Ds[2] = {24, 128}, Hs[2] = {3, 4}, rowss[2] = {4, 16};
+    for (int c = 0; c < 2; c++) {
+        const int64_t S = Ss[c], D = Ds[c], H = Hs[c], rows = rowss[c];
+        int64_t slots[16];
+        for (int r = 0; r < rows; r++) slots[r] = (r * 7 + 3) % S;
+        const size_t dst_bytes = (size_t)(H * S * D) * 4, src_bytes = (size_t)(rows * H * D) * 4;
+        float *k = rnd_vec((size_t)(rows * H * D), 1.0f), *v = rnd_vec((size_t)(rows * H * D), 1.0f);
+        float *kd = rnd_vec((size_t)(H * S * D), 1.0f), *vd = rnd_vec((size_t)(H * S * D), 1.0f);
+        float *dk = dev(k, src_bytes), *dv = dev(v, src_bytes), *dkd = dev(kd, dst_bytes), *dvd = dev(vd, dst_bytes);
+        ref->store_kv_heads(ref, kd, vd, slots, S, D, H, k, v, rows);
+        cu->store_kv_heads(cu, dkd, dvd, slots, S, D, H, dk, dv, rows);
+        check("store_kv_heads K", kd, dkd, dst_bytes);
+        check("store_kv_heads V (transposed)", vd, dvd, dst_bytes);
+        cu->free(cu, dk, 0), cu->free(cu, dv, 0), cu->free(cu, dkd, 0), cu->free(cu, dvd, 0);
+        free(k), free(v), free(kd), free(vd);
     }
     /* overlapping copy (memmove), copy2d, zero, zero-filled alloc */
     float *h = rnd_vec(1000, 1.0f), *d = dev(h, 4000);

@@ -932,28 +932,29 @@ static const mucu_kv_dst *kv_dst_upload(mu_backend *b, int64_t rows, const mu_kv
 
 static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk,
                               int64_t nk, int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
-                              const mu_kv_dst *dst, const float *v) {
+                              const mu_kv_dst *dst, const float *v, bool neox) {
     q8_clear(b);
     if (rows <= 0) return;
-    if (!mucu_qk_norm_rope_ok(head_dim)) {
-        cuda_rmsnorm(b, q, wq, eps, q, head_dim, rows * nq);
+    if (!mucu_qk_norm_rope_ok(head_dim, n_rot, neox)) {
+        if (nq) cuda_rmsnorm(b, q, wq, eps, q, head_dim, rows * nq);
         cuda_rmsnorm(b, k, wk, eps, k, head_dim, rows * nk);
         if (cs) {
-            cuda_rope(b, q, nq, head_dim, n_rot, cs, rows, false);
-            cuda_rope(b, k, nk, head_dim, n_rot, cs, rows, false);
+            if (nq) cuda_rope(b, q, nq, head_dim, n_rot, cs, rows, neox);
+            cuda_rope(b, k, nk, head_dim, n_rot, cs, rows, neox);
         }
         if (dst) cuda_kv_store(b, rows, dst, k, v);
         return;
     }
     if (dst && (dst[0].l->n_head != nk || dst[0].l->head_dim != head_dim))
         die("qk_norm_rope", "the K/V store's heads differ from k's");
-    const float *dq = dev_bytes(b, wq, (size_t)head_dim * sizeof *wq, "qk_norm_rope: q norm weight");
+    const float *dq = nq ? dev_bytes(b, wq, (size_t)head_dim * sizeof *wq, "qk_norm_rope: q norm weight") : NULL;
     const float *dk = dev_bytes(b, wk, (size_t)head_dim * sizeof *wk, "qk_norm_rope: k norm weight");
-    const bool launch = go(b, sig_of("qk_norm_rope", 13, P(q), P(dq), I(nq), P(k), P(dk), I(nk), I(head_dim), F(eps),
-                                     P(cs), I(n_rot), I(rows), P(dst ? v : NULL), I(dst != NULL)));
+    const bool launch = go(b, sig_of("qk_norm_rope", 14, P(q), P(dq), I(nq), P(k), P(dk), I(nk), I(head_dim), F(eps),
+                                     P(cs), I(n_rot), I(rows), P(dst ? v : NULL), I(dst != NULL), I(neox)));
     const mucu_kv_dst *dd = dst ? kv_dst_upload(b, rows, dst, "qk_norm_rope") : NULL;
     if (launch)
-        CHECK("qk_norm_rope", mucu_qk_norm_rope(q, dq, nq, k, dk, nk, head_dim, eps, cs, n_rot, rows, dd, v, err));
+        CHECK("qk_norm_rope",
+              mucu_qk_norm_rope(q, dq, nq, k, dk, nk, head_dim, eps, cs, n_rot, rows, dd, v, neox, err));
 }
 
 static void cuda_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
@@ -1190,13 +1191,14 @@ static void cuda_host_free(mu_backend *b, void *p, size_t bytes) {
     CHECK("host_free", mucu_host_free(p, err));
 }
 
-static void cuda_store_heads(mu_backend *b, float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
-                             const float *src, int64_t rows, bool transposed) {
+static void cuda_store_kv_heads(mu_backend *b, float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D,
+                                int64_t n_head, const float *k, const float *v, int64_t rows) {
     q8_clear(b);
     if (rows <= 0) return;
-    const bool launch = go(b, sig_of("store_heads", 7, P(dst), I(S), I(D), I(n_head), P(src), I(rows), I(transposed)));
-    const int64_t *s = upload_arg(b, slots, (size_t)rows * sizeof *slots, "store_heads");
-    if (launch) CHECK("store_heads", mucu_store_heads(dst, s, S, D, n_head, src, rows, transposed, err));
+    const bool launch =
+        go(b, sig_of("store_kv_heads", 8, P(kd), P(vd), I(S), I(D), I(n_head), P(k), P(v), I(rows)));
+    const int64_t *s = upload_arg(b, slots, (size_t)rows * sizeof *slots, "store_kv_heads");
+    if (launch) CHECK("store_kv_heads", mucu_store_kv_heads(kd, vd, s, S, D, n_head, k, v, rows, err));
 }
 
 static void cuda_dense_attention(mu_backend *b, const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv,
@@ -1311,7 +1313,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->first_nonfinite = cuda_first_nonfinite;
     b->host_alloc = cuda_host_alloc;
     b->host_free = cuda_host_free;
-    b->store_heads = cuda_store_heads;
+    b->store_kv_heads = cuda_store_kv_heads;
     b->chain_pick = cuda_chain_pick;
     b->chain_wait = cuda_chain_wait;
     b->argmax_reg = cuda_argmax_reg;

@@ -1569,15 +1569,18 @@ __global__ static void k_first_nonfinite(const float *x, int64_t n, unsigned lon
     if (mine < n) atomicMax(best, (unsigned long long)(n - mine));
 }
 
-__global__ static void k_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
-                                     const float *src, int64_t rows, bool transposed) {
+/* backend.h store_kv_heads: the first rows * n_head * D threads store K, the rest V (transposed). */
+__global__ static void k_store_kv_heads(float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D,
+                                        int64_t n_head, const float *k, const float *v, int64_t rows) {
     grid_dep_wait();
+    const int64_t n = rows * n_head * D;
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= rows * n_head * D) return;
-    int64_t d = t % D, h = (t / D) % n_head, r = t / (D * n_head);
-    float v = src[t];
-    if (transposed) dst[h * D * S + slots[r] + d * S] = v;
-    else dst[(h * S + slots[r]) * D + d] = v;
+    if (t >= 2 * n) return;
+    const bool is_v = t >= n;
+    if (is_v) t -= n;
+    const int64_t d = t % D, h = (t / D) % n_head, r = t / (D * n_head);
+    if (is_v) vd[h * D * S + slots[r] + d * S] = v[t];
+    else kd[(h * S + slots[r]) * D + d] = k[t];
 }
 
 /* ======================================================================
@@ -3303,7 +3306,7 @@ __device__ static inline void qkn_weights(const float *wq, int64_t nq, const flo
 template <int K>
 __global__ static void k_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                                       float eps, const float *cs, int64_t n_rot, int64_t rows,
-                                      const mucu_kv_dst *dst, const float *vsrc) {
+                                      const mucu_kv_dst *dst, const float *vsrc, bool neox) {
     float wv[K];
     qkn_weights<K>(wq, nq, wk, nk, rows, dst != nullptr, wv);
     const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -3327,11 +3330,13 @@ __global__ static void k_qk_norm_rope(float *q, const float *wq, int64_t nq, flo
     for (int j = 0; j < K; j++) x[j] = v[lane + 32 * j];
     mucu_kv_dst d; /* a K head's cache destination, asked for with x */
     if (dst && !is_q) d = dst[r];
-    if (cs) { /* the row's angles, loaded with x (lanes past n_rot read pair 0 and ignore it) */
+    if (cs) { /* the row's angles, loaded with x (lanes past n_rot read pair 0 and ignore it; NeoX,
+               * n_rot the head: dims e and e + 16K are pair e's, one lane's values j and j + K/2) */
         const float *csr = cs + r * n_rot;
 #pragma unroll
         for (int j = 0; j < K; j++) {
-            const int e = lane + 32 * j, pe = e < n_rot ? 2 * (e / 2) : 0;
+            const int e = lane + 32 * j;
+            const int pe = neox ? 2 * (j < K / 2 ? e : e - 16 * K) : e < n_rot ? 2 * (e / 2) : 0;
             c[j] = csr[pe];
             sn[j] = csr[pe + 1];
         }
@@ -3343,7 +3348,14 @@ __global__ static void k_qk_norm_rope(float *q, const float *wq, int64_t nq, flo
     const float inv = 1.0f / sqrtf(mean + eps);
 #pragma unroll
     for (int j = 0; j < K; j++) x[j] = (x[j] * inv) * wv[j];
-    if (cs) {
+    if (cs && neox) { /* k_rope's NeoX: x0 c - x1 s and x1 c + x0 s */
+        float y[K];
+#pragma unroll
+        for (int j = 0; j < K; j++)
+            y[j] = j < K / 2 ? x[j] * c[j] - x[j + K / 2] * sn[j] : x[j] * c[j] + x[j - K / 2] * sn[j];
+#pragma unroll
+        for (int j = 0; j < K; j++) x[j] = y[j];
+    } else if (cs) {
 #pragma unroll
         for (int j = 0; j < K; j++) {
             const int e = lane + 32 * j;
@@ -4191,17 +4203,17 @@ extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float 
     return launched(quant ? "k_residual+q8" : "k_residual", err);
 }
 
-extern "C" bool mucu_qk_norm_rope_ok(int64_t head_dim) {
-    return head_dim == 64 || head_dim == 128 || head_dim == 256;
+extern "C" bool mucu_qk_norm_rope_ok(int64_t head_dim, int64_t n_rot, bool neox) {
+    return (head_dim == 64 || head_dim == 128 || head_dim == 256) && (!neox || n_rot == head_dim);
 }
 
 extern "C" bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                                   int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
-                                  const mucu_kv_dst *dst, const float *v, char *err) {
+                                  const mucu_kv_dst *dst, const float *v, bool neox, char *err) {
     const int64_t warps = rows * (nq + nk + (dst ? nk : 0));
     if (warps <= 0) return true;
     const unsigned grid = grid_for(warps, 4);
-#define QKN(KK) k_qk_norm_rope<KK><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows, dst, v)
+#define QKN(KK) k_qk_norm_rope<KK><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows, dst, v, neox)
     if (head_dim == 64) QKN(2);
     else if (head_dim == 128) QKN(4);
     else QKN(8);
@@ -4392,9 +4404,9 @@ extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_hea
     return launched("k_dense_attn", err);
 }
 
-extern "C" bool mucu_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
-                                 const float *src, int64_t rows, bool transposed, char *err) {
-    LAUNCH(k_store_heads, rows * n_head * D, dst, slots, S, D, n_head, src, rows, transposed);
+extern "C" bool mucu_store_kv_heads(float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
+                                    const float *k, const float *v, int64_t rows, char *err) {
+    LAUNCH(k_store_kv_heads, 2 * rows * n_head * D, kd, vd, slots, S, D, n_head, k, v, rows);
 }
 
 /* ---------------------------------------------------------------- timing */

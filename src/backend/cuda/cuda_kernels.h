@@ -211,7 +211,8 @@ bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, floa
 /* Per-head RMSNorm of q (nq heads) and k (nk heads) with the weights wq, wk
  * (head_dim values), then, if cs, the interleaved rotation of the first
  * n_rot dims with cs [rows][n_rot/2] (cos, sin). */
-bool mucu_qk_norm_rope_ok(int64_t head_dim);
+/* whether mucu_qk_norm_rope takes these heads (NeoX: n_rot the whole head) */
+bool mucu_qk_norm_rope_ok(int64_t head_dim, int64_t n_rot, bool neox);
 /* Where kv_store writes row r (kv.h mu_kv_dst, resolved to device planes):
  * physical row `physical` of the head-major planes k, v of cap rows; with
  * jk, the old bytes first to row `slot` of the journal planes of jcap rows. */
@@ -224,7 +225,7 @@ typedef struct mucu_kv_dst {
 /* dst (device [rows], may be NULL): also store k's result and v's rows there (kv_store) */
 bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk, int64_t head_dim,
                        float eps, const float *cs, int64_t n_rot, int64_t rows, const mucu_kv_dst *dst,
-                       const float *v, char *err);
+                       const float *v, bool neox, char *err);
 /* depth (device, or NULL): the tree registers' depths; row r < 16 then
  * stands at pos[r] - r + depth[r] (backend.h rope_table's tree_reg). */
 bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, const int32_t *depth,
@@ -281,8 +282,8 @@ int mucu_stream_state(char *err);
 bool mucu_first_nonfinite(const float *x, int64_t n, unsigned long long *best, char *err);
 /* Whether p is page-locked host memory (cudaHostAlloc or registered). */
 bool mucu_is_pinned(const void *p);
-bool mucu_store_heads(float *dst, const int64_t *slots, int64_t S, int64_t D, int64_t n_head, const float *src,
-                      int64_t rows, bool transposed, char *err);
+bool mucu_store_kv_heads(float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
+                         const float *k, const float *v, int64_t rows, char *err);
 /* backend.h dense_attention; n_valid in device memory. */
 bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D, const float *k,
                           const float *v, int64_t slots, int64_t n_keys, const int64_t *n_valid, float scale, float *out,
