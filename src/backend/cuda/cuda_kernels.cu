@@ -1212,7 +1212,17 @@ __global__ static void k_argmax(const float *x, int64_t n, int32_t *out) {
     const float *l = x + (int64_t)blockIdx.x * n;
     float bv = -INFINITY;
     int64_t bi = -1;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const int64_t step = blockDim.x;
+    int64_t j = threadIdx.x;
+    for (; j + 7 * step < n; j += 8 * step) { /* 8 loads in flight, then this thread's scan in index order */
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = l[j + u * step];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (v[u] == v[u] && (bi < 0 || v[u] > bv)) bv = v[u], bi = j + u * step;
+    }
+    for (; j < n; j += step) {
         const float v = l[j];
         if (v == v && (bi < 0 || v > bv)) bv = v, bi = j;
     }
