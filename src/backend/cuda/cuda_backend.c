@@ -935,7 +935,9 @@ static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t 
                               const mu_kv_dst *dst, const float *v, bool neox) {
     q8_clear(b);
     if (rows <= 0) return;
-    if (!mucu_qk_norm_rope_ok(head_dim, n_rot, neox)) {
+    static int neox_on = -1; /* MUSER_CUDA_QK_NEOX=1: the NeoX kernel path, opt-in until run on a device */
+    if (neox_on < 0) neox_on = getenv("MUSER_CUDA_QK_NEOX") && !strcmp(getenv("MUSER_CUDA_QK_NEOX"), "1");
+    if (!mucu_qk_norm_rope_ok(head_dim, n_rot, neox) || (neox && !neox_on)) {
         if (nq) cuda_rmsnorm(b, q, wq, eps, q, head_dim, rows * nq);
         cuda_rmsnorm(b, k, wk, eps, k, head_dim, rows * nk);
         if (cs) {

@@ -56,10 +56,12 @@ __device__ static inline float bits_f32(uint32_t u) { return __uint_as_float(u);
  * (i2f_small_ok; a warp vote), else with the conversion. */
 __device__ static inline bool i2f_small_ok(int32_t n) { return (uint32_t)n + (1u << 22) < (1u << 23); }
 __device__ static inline float i2f_small(int32_t n) { return __int_as_float(0x4B400000 + n) - 12582912.0f; }
-/* MUSER_CUDA_I2F=0: the conversion instruction everywhere (comparisons) */
+/* MUSER_CUDA_I2F=1: the additions where they are exact; otherwise (the
+ * default until tests/cuda/run.sh has passed them on a device) the
+ * conversion instruction everywhere */
 static inline int i2f_cvt_forced(void) {
     static int v = -1;
-    return env_setting(&v, "MUSER_CUDA_I2F", 1) == 0;
+    return env_setting(&v, "MUSER_CUDA_I2F", 0) != 1;
 }
 
 /* Programmatic dependent launch (docs/cuda.md "Graphs"). In a replayed
