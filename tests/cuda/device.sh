@@ -18,6 +18,8 @@
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
 #           speculate` statistics under each of SPEC_ENVS and a kernel profile; specbench: speculative
 #           rounds, chains against token trees on the GPU and on the host, two prompts, VL 7 / 15;
+#           llamadflash: llama.cpp's draft-dflash beside its plain decoding on the same pair
+#           (tests/cuda/llama_dflash.sh; carry .llama-build/llama-server.xz, or run llamabuild first);
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
 #           llama-bench on the same model, LLAMA_BENCH, .llama-build/bin or a carried
 #           .llama-build/llama-bench.xz; llamabuild: build llama-bench and llama-server from the carried
@@ -210,6 +212,10 @@ case " $STAGES " in *" bench "*)
             $TINY -p 0 -n 128 -r 5 -q --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" --verify-len 15 $t 2>&1 |
                 tail -2
         done ;;
+    esac
+    case " $STAGES " in *" llamadflash "*)
+        echo "== llama.cpp draft-dflash on the tiny pair (tests/cuda/llama_dflash.sh)"
+        OUT=/tmp/llama-dflash bash "$SRC/tests/cuda/llama_dflash.sh" || rc=1 ;;
     esac
     case " $STAGES " in *" ab "*)
         echo "== decode under each of AB_ENVS (glimmer-tiny tg256, full tg64, 1/4/8 sequences, speculative pair)"
