@@ -2145,6 +2145,18 @@ int main(int argc, char **argv) {
         bench_mmv();
         return 0;
     }
+    if (argc == 2 && !strcmp(argv[1], "--new")) { /* the tests of kernels still opt-in (docs/cuda.md "Waiting for a device") */
+        test_tree_reg();
+        test_tree_reg_attention();
+        test_fused();
+        test_store_heads_and_memory();
+        test_elementwise();
+        test_gemm_tiles();
+        printf("test_cuda_backend --new: %d checks, %d mismatches\n", n_checks, n_fail);
+        cu->destroy(cu);
+        ref->destroy(ref);
+        return n_fail ? 1 : 0;
+    }
     test_matmul_embed();
     test_matmul_fp4();
     test_matmul_large();
