@@ -2118,6 +2118,14 @@ static int bench_attn_dec(int reps) {
     return bad ? 1 : 0;
 }
 
+/* The summary line; both backends freed; the exit status. */
+static int finish(const char *what) {
+    printf("%s: %d checks, %d mismatches\n", what, n_checks, n_fail);
+    cu->destroy(cu);
+    ref->destroy(ref);
+    return n_fail ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     mu_error err;
     if (argc == 3 && !strcmp(argv[1], "--membw")) { /* device read bandwidth over argv[2] GiB */
@@ -2152,10 +2160,7 @@ int main(int argc, char **argv) {
         test_store_heads_and_memory();
         test_elementwise();
         test_gemm_tiles();
-        printf("test_cuda_backend --new: %d checks, %d mismatches\n", n_checks, n_fail);
-        cu->destroy(cu);
-        ref->destroy(ref);
-        return n_fail ? 1 : 0;
+        return finish("test_cuda_backend --new");
     }
     test_matmul_embed();
     test_matmul_fp4();
@@ -2191,8 +2196,5 @@ int main(int argc, char **argv) {
     test_tree_reg();
     test_tree_reg_attention();
     test_copy2d_many();
-    printf("test_cuda_backend: %d checks, %d mismatches\n", n_checks, n_fail);
-    cu->destroy(cu);
-    ref->destroy(ref);
-    return n_fail ? 1 : 0;
+    return finish("test_cuda_backend");
 }

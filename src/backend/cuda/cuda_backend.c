@@ -52,6 +52,7 @@ typedef struct cuda_ctx {
     void *half_ev[2];          /* after the work that may still read each half */
     int32_t *regs_d;           /* the token registers (backend.h argmax_reg), MU_TOKEN_REGS */
     mucu_tree_regs *treg_d;    /* the tree registers (backend.h tree_reg) */
+    bool qk_neox;              /* MUSER_CUDA_QK_NEOX=1: qk_norm_rope's NeoX kernel path (opt_in) */
     void *tree_work_d;         /* k_tree_rows' candidates (mucu_tree_work_bytes) */
     int32_t *chain_d;          /* the chained token (backend.h chain_pick), then k_chain_pick's
                                 * counter and partials (mucu_chain_bytes) */
@@ -703,6 +704,12 @@ static void tell_footprint(mu_backend *b) {
             (double)c->weight_bytes / 1073741824.0);
 }
 
+/* Whether the environment variable `name` is "1". */
+static bool opt_in(const char *name) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, "1");
+}
+
 /* Device memory of `bytes` (zero-filled) at *p, allocated on first use
  * outside any graph forward: the registers below. */
 static void *on_first_use(mu_backend *b, void **p, size_t bytes, const char *op) {
@@ -935,9 +942,7 @@ static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t 
                               const mu_kv_dst *dst, const float *v, bool neox) {
     q8_clear(b);
     if (rows <= 0) return;
-    static int neox_on = -1; /* MUSER_CUDA_QK_NEOX=1: the NeoX kernel path, opt-in until run on a device */
-    if (neox_on < 0) neox_on = getenv("MUSER_CUDA_QK_NEOX") && !strcmp(getenv("MUSER_CUDA_QK_NEOX"), "1");
-    if (!mucu_qk_norm_rope_ok(head_dim, n_rot, neox) || (neox && !neox_on)) {
+    if (!mucu_qk_norm_rope_ok(head_dim, n_rot, neox) || (neox && !ctx_of(b)->qk_neox)) {
         if (nq) cuda_rmsnorm(b, q, wq, eps, q, head_dim, rows * nq);
         cuda_rmsnorm(b, k, wk, eps, k, head_dim, rows * nk);
         if (cs) {
@@ -1321,11 +1326,12 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->argmax_reg = cuda_argmax_reg;
     b->copy2d_many = cuda_copy2d_many;
     b->pick_rows = cuda_pick_rows;
-    /* Until tests/cuda/run.sh has passed its tree-register checks on a
-     * device, tree_reg is opt-in (MUSER_CUDA_TREE_REG=1); without it trees
-     * are drawn on the host (docs/cuda.md "Not done"). */
-    const char *treg = getenv("MUSER_CUDA_TREE_REG");
-    if (treg && !strcmp(treg, "1")) b->tree_reg = cuda_tree_reg;
+    /* Kernels opt-in until tests/cuda/run.sh has passed them on a device
+     * (docs/cuda.md "Waiting for a device"): without MUSER_CUDA_TREE_REG=1
+     * trees are drawn on the host, without MUSER_CUDA_QK_NEOX=1 the
+     * assistant's norms and rotations are separate launches. */
+    if (opt_in("MUSER_CUDA_TREE_REG")) b->tree_reg = cuda_tree_reg;
+    ctx_of(b)->qk_neox = opt_in("MUSER_CUDA_QK_NEOX");
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;
     /* MUSER_CUDA_FUSE=0: the forward's entry and the gate as separate ops (measurements) */
