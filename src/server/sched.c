@@ -999,6 +999,12 @@ bool srv_sched_slot_save(srv_sched *s, int32_t i, const char *dir, const char *n
     *n = sl->n_toks;
     bool ok = sl->n_toks > 0 && muser_session_pos(sl->sess) == sl->n_toks;
     if (!ok) mu_err_set(ERR_CAST(err), "slot %d holds no finished prompt to save", i);
+    /* a request decoded on the greedy chain (chain_burst) left its last row on the backend: the
+     * pack needs it on the host, so the last token is fed again (the same bits: docs/numerics.md).
+     * Never under an assistant: such a slot does not take the chain. */
+    if (ok && !muser_session_logits(sl->sess))
+        ok = muser_session_truncate(sl->sess, sl->n_toks - 1, err) &&
+             muser_session_feed(sl->sess, &sl->toks[sl->n_toks - 1], 1, err);
     ok = ok && muser_kvpack_save_file(sl->sess, NULL, dir, name, NULL, s->p.zstd_level, bytes, err);
     unpin_slot(s, sl);
     return ok;
