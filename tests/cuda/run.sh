@@ -10,7 +10,8 @@
 #     batch schedules on cuda against solo cpu runs, every weight type
 #  (before 5: glimmer-tiny greedy and DFlash against ref and cpu, and the
 #  greedy chain against one-by-one feeding, with tests/test_gen.c on cuda)
-# SKIP_SANITIZER=1 skips step 3, SKIP_ENGINE=1 step 5; KBENCH=1 adds the
+# SKIP_SANITIZER=1 skips step 3, SKIP_ENGINE=1 step 5; PREBUILT=1 skips step 1
+# and takes the binaries already in $BUILD; KBENCH=1 adds the
 # prefill kernel benchmarks after step 2 (test_cuda_backend --bench-gemm,
 # --bench-attn, --bench-attn-dec: old against new kernels, outputs compared bit for bit; not
 # when MUSER_CUDA_GEMM is set, which would change what they time).
@@ -25,11 +26,21 @@ fail=0
 export MUSER_CUDA_TREE_REG=${MUSER_CUDA_TREE_REG:-1} MUSER_CUDA_I2F=${MUSER_CUDA_I2F:-1} MUSER_CUDA_QK_NEOX=${MUSER_CUDA_QK_NEOX:-1}
 say() { printf '%s\n' "$*"; }
 
-say "== configure + build ($BUILD)"
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
-    { cat "$BUILD.configure.log"; say "FAIL configure"; exit 1; }
-cmake --build "$BUILD" -j "$JOBS" --target muser test_cuda_backend test_engine test_gen >"$BUILD.build.log" 2>&1 ||
-    { tail -50 "$BUILD.build.log"; say "FAIL build"; exit 1; }
+if [ -n "${PREBUILT:-}" ]; then
+    # binaries built on another machine (nvcc, sm_90; e.g. the development machine, to spare
+    # device time), carried in $BUILD: muser, test_cuda_backend, test_gen (and test_engine)
+    say "== prebuilt binaries in $BUILD"
+    for b in muser test_cuda_backend test_gen; do
+        [ -x "$BUILD/$b" ] || { say "FAIL prebuilt: no executable $BUILD/$b"; exit 1; }
+    done
+    "$BUILD/muser" --version 2>&1 | head -1
+else
+    say "== configure + build ($BUILD)"
+    cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >"$BUILD.configure.log" 2>&1 ||
+        { cat "$BUILD.configure.log"; say "FAIL configure"; exit 1; }
+    cmake --build "$BUILD" -j "$JOBS" --target muser test_cuda_backend test_engine test_gen >"$BUILD.build.log" 2>&1 ||
+        { tail -50 "$BUILD.build.log"; say "FAIL build"; exit 1; }
+fi
 nvidia-smi -L 2>/dev/null | head -2
 
 say "== op test"
