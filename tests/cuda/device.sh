@@ -44,9 +44,6 @@ if [ -n "${DEBS:-}" ]; then
             >/tmp/sys/usr/lib/x86_64-linux-gnu/pkgconfig/gnutls.pc
 fi
 rc=0
-# kernels that are opt-in until these checks have passed on a device (docs/cuda.md "Not done"):
-# tree_reg, the GEMM epilogues' exact additions, qk_norm_rope's NeoX path
-export MUSER_CUDA_TREE_REG=${MUSER_CUDA_TREE_REG:-1} MUSER_CUDA_I2F=${MUSER_CUDA_I2F:-1} MUSER_CUDA_QK_NEOX=${MUSER_CUDA_QK_NEOX:-1}
 case " $STAGES " in *" llamabuild "*)
     # llama.cpp's llama-bench and llama-server built here (about 5 min at -j16) from the sources
     # carried in .llama-src/llama-src.tar.xz (upstream 34af94cd9: tar of CMakeLists.txt cmake ggml src

@@ -21,9 +21,6 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD:-$SRC/build-cuda}
 JOBS=${JOBS:-$(nproc)}
 fail=0
-# kernels that are opt-in until these checks have passed on a device (docs/cuda.md "Not done"):
-# tree_reg, the GEMM epilogues' exact additions, qk_norm_rope's NeoX path
-export MUSER_CUDA_TREE_REG=${MUSER_CUDA_TREE_REG:-1} MUSER_CUDA_I2F=${MUSER_CUDA_I2F:-1} MUSER_CUDA_QK_NEOX=${MUSER_CUDA_QK_NEOX:-1}
 say() { printf '%s\n' "$*"; }
 
 if [ -n "${PREBUILT:-}" ]; then

@@ -686,9 +686,10 @@ static void test_gemm_tiles(void) {
                 free(x);
             }
         }
-    /* Block sums past 2^22 (the epilogues' conversion off the fast path,
-     * cuda_common.cuh i2f_small): weights of one sign with their codes near
-     * the top, every other activation row one positive value (codes 127). */
+    /* Block sums past 2^22 (large for the epilogues' int32 -> f32
+     * conversion, which must stay exact): weights of one sign with their
+     * codes near the top, every other activation row one positive value
+     * (codes 127). */
     for (size_t t = 0; t < 2; t++) {
         const int64_t n_in = 2560, n_out = 300, rows = 129;
         mu_weight w = make_weight(&big[t], n_in, n_out);
@@ -2153,7 +2154,7 @@ int main(int argc, char **argv) {
         bench_mmv();
         return 0;
     }
-    if (argc == 2 && !strcmp(argv[1], "--new")) { /* the tests of kernels still opt-in (docs/cuda.md "Waiting for a device") */
+    if (argc == 2 && !strcmp(argv[1], "--new")) { /* a short run: the most recent kernels' tests (tree registers, fused launches, stores, GEMM tiles) */
         test_tree_reg();
         test_tree_reg_attention();
         test_fused();

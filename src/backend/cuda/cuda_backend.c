@@ -52,7 +52,7 @@ typedef struct cuda_ctx {
     void *half_ev[2];          /* after the work that may still read each half */
     int32_t *regs_d;           /* the token registers (backend.h argmax_reg), MU_TOKEN_REGS */
     mucu_tree_regs *treg_d;    /* the tree registers (backend.h tree_reg) */
-    bool qk_neox;              /* MUSER_CUDA_QK_NEOX=1: qk_norm_rope's NeoX kernel path (opt_in) */
+    bool qk_neox;              /* qk_norm_rope's NeoX kernel path (MUSER_CUDA_QK_NEOX=0: off) */
     void *tree_work_d;         /* k_tree_rows' candidates (mucu_tree_work_bytes) */
     int32_t *chain_d;          /* the chained token (backend.h chain_pick), then k_chain_pick's
                                 * counter and partials (mucu_chain_bytes) */
@@ -704,10 +704,10 @@ static void tell_footprint(mu_backend *b) {
             (double)c->weight_bytes / 1073741824.0);
 }
 
-/* Whether the environment variable `name` is "1". */
-static bool opt_in(const char *name) {
+/* Whether the environment variable `name` is "0" (a default path turned off). */
+static bool opt_out(const char *name) {
     const char *e = getenv(name);
-    return e && !strcmp(e, "1");
+    return e && !strcmp(e, "0");
 }
 
 /* Device memory of `bytes` (zero-filled) at *p, allocated on first use
@@ -1326,12 +1326,11 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->argmax_reg = cuda_argmax_reg;
     b->copy2d_many = cuda_copy2d_many;
     b->pick_rows = cuda_pick_rows;
-    /* Kernels opt-in until tests/cuda/run.sh has passed them on a device
-     * (docs/cuda.md "Waiting for a device"): without MUSER_CUDA_TREE_REG=1
-     * trees are drawn on the host, without MUSER_CUDA_QK_NEOX=1 the
-     * assistant's norms and rotations are separate launches. */
-    if (opt_in("MUSER_CUDA_TREE_REG")) b->tree_reg = cuda_tree_reg;
-    ctx_of(b)->qk_neox = opt_in("MUSER_CUDA_QK_NEOX");
+    /* MUSER_CUDA_TREE_REG=0: token trees drawn on the host; MUSER_CUDA_QK_NEOX=0:
+     * the assistant's q/k norms and NeoX rotations as separate launches
+     * (comparisons: docs/cuda.md "Speculative decoding on the GPU") */
+    if (!opt_out("MUSER_CUDA_TREE_REG")) b->tree_reg = cuda_tree_reg;
+    ctx_of(b)->qk_neox = !opt_out("MUSER_CUDA_QK_NEOX");
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;
     /* MUSER_CUDA_FUSE=0: the forward's entry and the gate as separate ops (measurements) */

@@ -47,23 +47,6 @@ __device__ static inline const int8_t *attn_row_resolve(mucu_attn_row &a, const 
 }
 __device__ static inline float bits_f32(uint32_t u) { return __uint_as_float(u); }
 
-/* int32 -> f32 off the conversion unit, which issues 16 results per clock
- * and SM on sm_90 against 64 integer and 128 float additions: for |n| <
- * 2^22, 1.5 * 2^23 + n lies in [2^23, 2^24), where a float's last bit is
- * worth 1, so its bits are 0x4B400000 + n and subtracting 1.5 * 2^23 leaves
- * n exactly: the bits of (float)n. The GEMM epilogues convert two sums per
- * element and block this way when every lane's values are in range
- * (i2f_small_ok; a warp vote), else with the conversion. */
-__device__ static inline bool i2f_small_ok(int32_t n) { return (uint32_t)n + (1u << 22) < (1u << 23); }
-__device__ static inline float i2f_small(int32_t n) { return __int_as_float(0x4B400000 + n) - 12582912.0f; }
-/* MUSER_CUDA_I2F=1: the additions where they are exact; otherwise (the
- * default until tests/cuda/run.sh has passed them on a device) the
- * conversion instruction everywhere */
-static inline int i2f_cvt_forced(void) {
-    static int v = -1;
-    return env_setting(&v, "MUSER_CUDA_I2F", 0) != 1;
-}
-
 /* Programmatic dependent launch (docs/cuda.md "Graphs"). In a replayed
  * decode graph every kernel that follows a kernel may be started as soon as
  * all blocks of its predecessor have started, so its blocks are resident

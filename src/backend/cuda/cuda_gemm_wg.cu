@@ -107,7 +107,7 @@ template <int TYPE>
 __global__ static void __launch_bounds__(256, 1)
     k_gemm_wg(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
               const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
-              int has_scale, float scale, int cvt) {
+              int has_scale, float scale) {
     grid_dep_wait();
 #if WG_HAVE
     typedef wg_smem<TYPE> S;
@@ -244,27 +244,13 @@ __global__ static void __launch_bounds__(256, 1)
             mma_k16(cl, al0, al1, bx);
             mma_k16(ch, ah0, ah1, bx);
             const float2 xd = *(const float2 *)(xdv + 8 * i + 2 * t);
-            int32_t sumi[4], summ[4];
-            bool big = cvt;
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                sumi[e] = 8 * hi[4 * i + e] + lo[4 * i + e];
-                summ[e] = cl[e] + 128 * ch[e];
-                big |= !i2f_small_ok(sumi[e]) || !i2f_small_ok(summ[e]);
-            }
-            float fi[4], fm[4];
-            if (__any_sync(0xFFFFFFFFu, big)) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) fi[e] = (float)sumi[e], fm[e] = (float)summ[e];
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; e++) fi[e] = i2f_small(sumi[e]), fm[e] = i2f_small(summ[e]);
-            }
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
+                const int32_t sumi = 8 * hi[4 * i + e] + lo[4 * i + e];
+                const int32_t summ = cl[e] + 128 * ch[e];
                 const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
                 const float x = (e & 1) ? xd.y : xd.x;
-                const float f = (d * x) * fi[e] - (dmin * x) * fm[e];
+                const float f = (d * x) * (float)sumi - (dmin * x) * (float)summ;
                 total[4 * i + e] = total[4 * i + e] + f;
             }
         }
@@ -309,7 +295,7 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
     }
     const dim3 grid((unsigned)((rows + S::NR - 1) / S::NR), (unsigned)((w->n_out + S::BO - 1) / S::BO));
     k_gemm_wg<TYPE><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
-                                                     w->has_scale, w->scale, i2f_cvt_forced());
+                                                     w->has_scale, w->scale);
 }
 
 extern "C" void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,

@@ -74,7 +74,7 @@ template <int TYPE, int WM>
 __global__ static void __launch_bounds__(64 * WM, 1)
     k_gemm_kq2(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
                const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
-               int has_scale, float scale, float *__restrict__ part, int bpz, int cvt) {
+               int has_scale, float scale, float *__restrict__ part, int bpz) {
     grid_dep_wait();
     typedef g2_fmt<TYPE> F;
     typedef g2_smem<TYPE, WM> S;
@@ -300,24 +300,6 @@ __global__ static void __launch_bounds__(64 * WM, 1)
                     for (int e = 0; e < 4; e++) summ[m][e] = cl[e] + 128 * ch[e];
                 }
             }
-            float fi[2][4], fm[2][4];
-            bool big = cvt;
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) big |= !i2f_small_ok(sumi[m][n][e]) || (!Q6 && !i2f_small_ok(summ[m][e]));
-            if (__any_sync(0xFFFFFFFFu, big)) {
-#pragma unroll
-                for (int m = 0; m < 2; m++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) fi[m][e] = (float)sumi[m][n][e], fm[m][e] = Q6 ? 0.0f : (float)summ[m][e];
-            } else {
-#pragma unroll
-                for (int m = 0; m < 2; m++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        fi[m][e] = i2f_small(sumi[m][n][e]), fm[m][e] = Q6 ? 0.0f : i2f_small(summ[m][e]);
-            }
 #pragma unroll
             for (int e1 = 0; e1 < 2; e1++) {
                 const int ol = wo0 + 8 * n + 2 * t + e1;
@@ -328,8 +310,8 @@ __global__ static void __launch_bounds__(64 * WM, 1)
                     for (int h = 0; h < 2; h++) {
                         const int e = 2 * h + e1;
                         float f;
-                        if (Q6) f = (d * xd[m][h]) * fi[m][e];
-                        else f = (d * xd[m][h]) * fi[m][e] - (dmin * xd[m][h]) * fm[m][e];
+                        if (Q6) f = (d * xd[m][h]) * (float)sumi[m][n][e];
+                        else f = (d * xd[m][h]) * (float)sumi[m][n][e] - (dmin * xd[m][h]) * (float)summ[m][e];
                         if (part) pf[((m * 8 + n) * 4 + e) * 32] = f;
                         else total[m][n][e] = total[m][n][e] + f;
                     }
@@ -444,7 +426,7 @@ static void launch_gemm_kq2(const mucu_weight *w, const int8_t *qs, const float 
     const bool sp = p.ks > 1 && split;
     const dim3 grid((unsigned)p.gx, (unsigned)p.gy, sp ? (unsigned)p.ks : 1u);
     k_gemm_kq2<TYPE, WM><<<grid, 64 * WM, S::TOTAL, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale,
-                                                      w->scale, sp ? split : nullptr, sp ? p.bpz : nb, i2f_cvt_forced());
+                                                      w->scale, sp ? split : nullptr, sp ? p.bpz : nb);
     if (sp) {
         const int64_t n = (int64_t)p.gx * p.gy * 64 * WM * 64;
         k_gemm_split_sum<WM><<<(unsigned)((n + 255) / 256), 256, 0, st>>>(split, nb, p.gx, p.gy, rows, w->n_out, y,
