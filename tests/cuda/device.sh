@@ -26,9 +26,25 @@
 #           .llama-src/llama-src.tar.xz, for the llama stage; retrain: the DFlash
 #           assistant retrained on the GPU, tools/train/retrain_dflash.sh with RETRAIN_ARGS)
 #   BENCH   "quick" (short runs), "full" (default) or "none" (only the stages)
+#   PREBUILT a folder of the tree (e.g. devbin) holding muser.xz, test_cuda_backend.xz,
+#           test_gen.xz (and test_engine.xz) from tests/cuda/pack.sh on a machine with nvcc:
+#           nothing is built here (carry it with DEBS; a cold start already costs minutes)
 set -u
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 export BUILD=${BUILD:-/tmp/muser-build-cuda}
+if [ -n "${PREBUILT:-}" ]; then
+    BUILD=/tmp/muser-prebuilt && mkdir -p $BUILD
+    for f in "$SRC/$PREBUILT"/*.xz; do
+        b=$(basename "$f" .xz) && xz -dc "$f" >"$BUILD/$b" && chmod +x "$BUILD/$b" || { echo "FAIL unpack $f"; exit 1; }
+    done
+    export PREBUILT=1 LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+# cmake configure + build of targets into $BUILD, unless the binaries came prebuilt
+build() {
+    [ -n "${PREBUILT:-}" ] && return 0
+    cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >/dev/null &&
+        cmake --build "$BUILD" -j "$JOBS" --target "$@" >/dev/null
+}
 export JOBS=${JOBS:-$(nproc)}
 STAGES=${STAGES:-check bench}
 BENCH=${BENCH:-full}
@@ -74,16 +90,14 @@ case " $STAGES " in *" retrain "*)
     # the DFlash assistant retrained against the shipped target (tools/train/retrain_dflash.sh,
     # RETRAIN_ARGS: train_dflash.py options; needs build/tok carried): the run, the quantized
     # assistant and both assistants' acceptance land in $OUT/retrain
-    cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >/dev/null &&
-        cmake --build "$BUILD" -j "$JOBS" --target muser >/dev/null || exit 1
+    build muser || exit 1
     MUSER="$BUILD/muser" bash "$SRC/tools/train/retrain_dflash.sh" "${OUT:-/tmp/out}/retrain" ${RETRAIN_ARGS:-} ||
         { echo "FAIL retrain"; rc=1; }
     ;;
 esac
 case " $STAGES " in *" bench "*)
     # always (incremental): a warm machine keeps $BUILD from an earlier call's tree
-    cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMUSER_CUDA=ON >/dev/null &&
-        cmake --build "$BUILD" -j "$JOBS" --target muser test_cuda_backend >/dev/null || exit 1
+    build muser test_cuda_backend || exit 1
     M="$BUILD/muser"
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
     F=/dev/shm/full.gguf
