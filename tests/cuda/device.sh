@@ -88,11 +88,15 @@ case " $STAGES " in *" check "*)
 esac
 case " $STAGES " in *" retrain "*)
     # the DFlash assistant retrained against the shipped target (tools/train/retrain_dflash.sh,
-    # RETRAIN_ARGS: train_dflash.py options; needs build/tok carried): the run, the quantized
-    # assistant and both assistants' acceptance land in $OUT/retrain
+    # RETRAIN_ARGS: train_dflash.py options; needs build/tok carried): the quantized assistant,
+    # the acceptance and the log land in $OUT/retrain; the run's checkpoint (draft.tar.*, 25 MB)
+    # stays in /tmp/retrain, since a call brings back at most 8 files from $OUT
     build muser || exit 1
-    MUSER="$BUILD/muser" bash "$SRC/tools/train/retrain_dflash.sh" "${OUT:-/tmp/out}/retrain" ${RETRAIN_ARGS:-} ||
-        { echo "FAIL retrain"; rc=1; }
+    mkdir -p "${OUT:-/tmp/out}/retrain"
+    MUSER="$BUILD/muser" bash "$SRC/tools/train/retrain_dflash.sh" /tmp/retrain ${RETRAIN_ARGS:-} \
+        >"${OUT:-/tmp/out}/retrain/retrain.log" 2>&1 || { echo "FAIL retrain"; rc=1; }
+    grep -v '^step ' "${OUT:-/tmp/out}/retrain/retrain.log" | tail -20
+    cp /tmp/retrain/glimmer-tiny-dflash-q4_k_xl.gguf /tmp/retrain/accept.txt "${OUT:-/tmp/out}/retrain/" 2>/dev/null
     ;;
 esac
 case " $STAGES " in *" bench "*)

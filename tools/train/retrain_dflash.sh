@@ -14,7 +14,7 @@
 # (exported as tools/train/export.sh exports, quantized as shipped) and
 # OUT_DIR/accept.txt: tools/train/accept.py's engine-side acceptance of the
 # shipped and the new assistant on the same held-out prompts (ACCEPT_BACKEND,
-# default cpu; every backend gives the same tokens).
+# default cpu; every backend gives the same tokens; ACCEPT=0 / ACCEPT_SHIPPED=0 below).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:?usage: retrain_dflash.sh OUT_DIR [train_dflash.py options]}
@@ -34,7 +34,13 @@ tar -C "$work" -cf - draft | split -b 15M -d -a 2 - "$out/draft.tar."
 "$py" "$root/tools/train/export_dflash.py" "$work/draft" "$root/build/tok/tokenizer.json" \
     "$work/draft-f16.gguf" --type f16
 "$muser" quantize "$work/draft-f16.gguf" "$out/glimmer-tiny-dflash-q4_k_xl.gguf" q4_k_xl --no-progress
-for d in "$root/models/glimmer-tiny-dflash-q4_k_xl.gguf" "$out/glimmer-tiny-dflash-q4_k_xl.gguf"; do
+# ACCEPT=0: no measurement (accept.py runs anywhere later: the cpu backend gives the GPU's
+# tokens); ACCEPT_SHIPPED=0: the new assistant only (the shipped one's figures are in
+# docs/glimmer-tiny.md)
+drafts=("$root/models/glimmer-tiny-dflash-q4_k_xl.gguf" "$out/glimmer-tiny-dflash-q4_k_xl.gguf")
+[ "${ACCEPT_SHIPPED:-1}" = 0 ] && drafts=("$out/glimmer-tiny-dflash-q4_k_xl.gguf")
+[ "${ACCEPT:-1}" = 0 ] && drafts=()
+for d in "${drafts[@]}"; do
     "$py" "$root/tools/train/accept.py" --muser "$muser" --draft "$d" --backend "${ACCEPT_BACKEND:-cpu}" \
         -t 1 -j "${ACCEPT_JOBS:-$(nproc)}" ${ACCEPT_ARGS:-} | tee -a "$out/accept.txt"
 done
