@@ -445,7 +445,7 @@ static double compare_with_oracle(const mu_dflash *d, const float *features, con
     for (int a = 0; a < N_ANCHORS; a++) {
         int64_t have = mu_dflash_state_rows(st);
         mu_dflash_append_context(st, features + have * NF, ANCHORS[a] - have);
-        mu_dflash_draft(st, toks[ANCHORS[a]], R_ROWS, prop, l);
+        mu_dflash_draft(st, NULL, 0, toks[ANCHORS[a]], R_ROWS, prop, l);
         for (int r = 0; r < R_ROWS; r++) {
             int64_t best = 0;
             for (int64_t i = 0; i < V; i++) {
@@ -520,7 +520,7 @@ static void test_forward_oracle(void) {
     mu_dflash_append_context(st, features, ANCHORS[N_ANCHORS - 1]);
     int32_t prop[R_ROWS];
     float *l = malloc((size_t)(R_ROWS * V) * sizeof(float));
-    mu_dflash_draft(st, toks[ANCHORS[N_ANCHORS - 1]], R_ROWS, prop, l);
+    mu_dflash_draft(st, NULL, 0, toks[ANCHORS[N_ANCHORS - 1]], R_ROWS, prop, l);
     CHECK_MSG(!memcmp(l, last[0], (size_t)(R_ROWS * V) * sizeof(float)), "one-shot context differs from incremental");
     mu_dflash_state_free(st);
     free(l); free(last[0]); free(last[1]); free(toks);
@@ -532,11 +532,12 @@ static void test_forward_oracle(void) {
 }
 
 /* A backend that replays launches (forward_begin set) projects the context
- * in fixed row counts, padding rows stored into the last slot
- * (dflash_forward.c project_context). The padded projection must give the
- * drafts and the durable state of the unpadded one bit for bit: the same
- * cpu backend with no-op brackets, appends of 1..16 rows and one of 40,
- * through the sink edge and around the ring, a draft after each. */
+ * in fixed row counts, padding rows stored into scratch slots
+ * (dflash_forward.c project_context), and a draft projects a round's rows
+ * in its own launches (can_merge). Padded, merged and both must give the
+ * drafts and the durable state of the plain unpadded appends bit for bit:
+ * the same cpu backend with no-op brackets, appends of 1..16 rows and one
+ * of 40, through the sink edge and around the ring, a draft after each. */
 static void no_bracket_begin(mu_backend *b, uint64_t key) { (void)b, (void)key; }
 static void no_bracket_end(mu_backend *b, bool ok) { (void)b, (void)ok; }
 
@@ -561,32 +562,39 @@ static void test_padded_projection(void) {
     mu_backend replaying = *target->be;
     replaying.forward_begin = no_bracket_begin;
     replaying.forward_end = no_bracket_end;
-    mu_dflash_state *plain = mu_dflash_state_new(d, target->m, target->be);
-    mu_dflash_state *padded = mu_dflash_state_new(d, target->m, &replaying);
+    /* 0: plain appends; 1: padded appends; 2: merged into the draft; 3: padded and merged */
+    mu_dflash_state *st[4];
+    for (int i = 0; i < 4; i++) st[i] = mu_dflash_state_new(d, target->m, i & 1 ? &replaying : target->be);
     float *lp = malloc((size_t)(7 * V) * sizeof(float)), *lq = malloc((size_t)(7 * V) * sizeof(float));
     int32_t pp[7], pq[7];
-    int64_t have = 0, step = 0, drafts = 0, differ = 0;
+    int64_t have = 0, step = 0, drafts = 0, differ[4] = {0};
     while (have < T - 16) {
         const int64_t n = step == 0 ? 40 : 1 + (step * 7) % 16; /* 40 (a 64-row projection), then 1..16 */
-        mu_dflash_append_context(plain, features + have * NF, n);
-        mu_dflash_append_context(padded, features + have * NF, n);
+        for (int i = 0; i < 2; i++) mu_dflash_append_context(st[i], features + have * NF, n);
+        const int64_t at = have;
         have += n, step++;
-        mu_dflash_draft(plain, toks[have], 7, pp, lp);
-        mu_dflash_draft(padded, toks[have], 7, pq, lq);
+        mu_dflash_draft(st[0], NULL, 0, toks[have], 7, pp, lp);
+        for (int i = 1; i < 4; i++) {
+            if (i < 2) mu_dflash_draft(st[i], NULL, 0, toks[have], 7, pq, lq);
+            else mu_dflash_draft(st[i], features + at * NF, n, toks[have], 7, pq, lq);
+            differ[i] += memcmp(lp, lq, (size_t)(7 * V) * sizeof(float)) != 0 || memcmp(pp, pq, sizeof pp) != 0;
+        }
         drafts++;
-        differ += memcmp(lp, lq, (size_t)(7 * V) * sizeof(float)) != 0 || memcmp(pp, pq, sizeof pp) != 0;
     }
-    CHECK_MSG(differ == 0, "padded projection: %lld of %lld drafts differ from the unpadded one", (long long)differ,
-              (long long)drafts);
+    static const char *what[4] = {"", "padded projection", "merged projection", "padded merged projection"};
+    for (int i = 1; i < 4; i++)
+        CHECK_MSG(differ[i] == 0, "%s: %lld of %lld drafts differ from plain appends", what[i], (long long)differ[i],
+                  (long long)drafts);
     CHECK(have > 64 + 256); /* past the sink and around the ring */
     const uint64_t bytes = mu_dflash_state_bytes(d, have);
     float *ep = malloc(bytes), *eq = malloc(bytes);
-    mu_dflash_state_export(plain, ep);
-    mu_dflash_state_export(padded, eq);
-    CHECK_MSG(!memcmp(ep, eq, bytes), "padded projection: the held context differs");
+    mu_dflash_state_export(st[0], ep);
+    for (int i = 1; i < 4; i++) {
+        mu_dflash_state_export(st[i], eq);
+        CHECK_MSG(!memcmp(ep, eq, bytes), "%s: the held context differs", what[i]);
+    }
     free(ep), free(eq), free(lp), free(lq), free(features), free(toks);
-    mu_dflash_state_free(plain);
-    mu_dflash_state_free(padded);
+    for (int i = 0; i < 4; i++) mu_dflash_state_free(st[i]);
     muser_session_free(s);
     mu_dflash_free(d);
 }
@@ -805,7 +813,7 @@ static void test_spec_api(void) {
     const float *feats = mu_session_captured(s2, &n_rows);
     mu_dflash_state *ref = mu_dflash_state_new(dd, target->m, target->be);
     mu_dflash_append_context(ref, feats, n_rows);
-    mu_dflash_draft(ref, lp[n_long - 1], 7, pb, lb);
+    mu_dflash_draft(ref, NULL, 0, lp[n_long - 1], 7, pb, lb);
     CHECK_MSG(n_rows == n_long && !memcmp(pa, pb, sizeof pa) && !memcmp(la, lb, (size_t)(7 * V) * sizeof(float)),
               "draft after skipped rows differs from the fully projected context");
     mu_dflash_state_free(ref);

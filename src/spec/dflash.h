@@ -89,17 +89,21 @@ int64_t mu_dflash_state_rows(const mu_dflash_state *st);
 #define MU_DFLASH_SLACK 64   /* rows of the longest projection */
 void mu_dflash_append_context(mu_dflash_state *st, const float *features, int64_t n);
 void mu_dflash_skip_context(mu_dflash_state *st, int64_t n);
-/* One block at anchor position rows(): writes the argmax (lowest id on
- * ties) of block rows 1..n_prop into proposals, and when logits is
- * non-NULL their logits [n_prop][n_vocab]. 1 <= n_prop < block_size.
- * proposals NULL: into the backend's token registers 0 .. n_prop
- * (argmax_reg, backend.h), nothing to the host. */
-void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *proposals, float *logits);
+/* First mu_dflash_append_context(st, features, n_ctx) (n_ctx may be 0):
+ * a round's few rows are projected in the draft's own launches, the same
+ * bits (MUSER_DFLASH_MERGE=0: apart, for comparisons). Then one block at
+ * anchor position rows(): writes the argmax (lowest id on ties) of block
+ * rows 1..n_prop into proposals, and when logits is non-NULL their logits
+ * [n_prop][n_vocab]. 1 <= n_prop < block_size. proposals NULL: into the
+ * backend's token registers 0 .. n_prop (argmax_reg, backend.h), nothing
+ * to the host. */
+void mu_dflash_draft(mu_dflash_state *st, const float *features, int64_t n_ctx, int32_t anchor, int n_prop,
+                     int32_t *proposals, float *logits);
 /* The same block, its rows 1..n_prop made into a token tree where they lie
  * (the backend's tree_reg, backend.h: tree and token registers, and slot
  * once the work before it has run). */
-void mu_dflash_draft_tree(mu_dflash_state *st, int32_t anchor, int n_prop, const int32_t *eog, int n_eog,
-                          int32_t *slot);
+void mu_dflash_draft_tree(mu_dflash_state *st, const float *features, int64_t n_ctx, int32_t anchor, int n_prop,
+                          const int32_t *eog, int n_eog, int32_t *slot);
 
 /* The state as bytes (docs/kvpack.md, "DFlash context"): the held context
  * slots of every layer. bytes: their size for a state of `rows` committed

@@ -21,6 +21,7 @@
 #include "util/mumath.h"
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CTX_CHUNK MU_DFLASH_SLACK /* context rows projected per batch */
 
@@ -29,13 +30,17 @@ struct mu_dflash_state {
     const mu_model *t;
     mu_backend *be;
     int64_t sink, window;       /* context capacity sink + window rows */
-    int64_t slots;              /* per KV head: sink + window + block_size */
+    int64_t slots;              /* per KV head: attend + CTX_CHUNK scratch slots (the V planes' stride) */
+    int64_t attend;             /* slots attention may read: sink + window + block_size */
+    int64_t cs0;                /* RoPE table row of block row 0 (after a merged context's rows) */
+    bool merge;                 /* a round's context projected inside the draft (MUSER_DFLASH_MERGE=0: apart) */
     int64_t rows;               /* committed context rows (next anchor position) */
     /* backend memory: */
     float **ck;                 /* [n_layer] -> [n_head_kv][slots][head_dim] */
     float **cv;                 /* [n_layer] -> [n_head_kv][head_dim][slots]: V transposed, the P V operand */
     float *cs;                  /* (cos, sin) [max(CTX_CHUNK, block)][head_dim / 2] */
-    float *cx, *kt, *vt;        /* context batch: fc output, K, V */
+    float *cx, *kt, *vt;        /* context batch: fc output, K, V (each right before a, kb, vb) */
+    float *qx;                  /* scratch q rows of a merged context (right before q) */
     float *h, *a, *q, *kb, *vb, *att, *o, *fg, *fu; /* block rows */
     float *qh, *oh;             /* one KV head's query rows / outputs [block * group][head_dim] */
     float *p;                   /* scores, then probabilities [block * group][slots] */
@@ -59,14 +64,19 @@ mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target,
     st->be = be;
     st->sink = MU_DFLASH_SINK;
     st->window = c->sliding_window;
-    st->slots = st->sink + st->window + c->block_size;
-    const size_t slots = (size_t)st->slots, rows = B > CTX_CHUNK ? B : CTX_CHUNK, L = (size_t)c->n_layer;
-    /* every backend buffer carved from one allocation, in floats */
-    float **bufs[] = {&st->cs, &st->cx, &st->kt, &st->vt, &st->h, &st->a, &st->o, &st->q, &st->att, &st->kb,
-                      &st->vb, &st->fg, &st->fu, &st->qh, &st->oh, &st->p, &st->logits};
-    const size_t sizes[] = {rows * D, CTX_CHUNK * E, CTX_CHUNK * KV, CTX_CHUNK * KV, B * E, B * E, B * E, B * Q,
-                            B * Q, B * KV, B * KV, B * F, B * F, B * group * D, B * group * D, B * group * slots,
-                            (B - 1) * (size_t)target->cfg.n_vocab};
+    st->attend = st->sink + st->window + c->block_size;
+    st->slots = st->attend + CTX_CHUNK; /* a projection's padding rows: at most CTX_CHUNK - 1 */
+    const char *mg = getenv("MUSER_DFLASH_MERGE");
+    st->merge = !(mg && !strcmp(mg, "0"));
+    const size_t slots = (size_t)st->slots, rows = B + MU_DFLASH_CTX_PAD > CTX_CHUNK ? B + MU_DFLASH_CTX_PAD : CTX_CHUNK, L = (size_t)c->n_layer;
+    /* every backend buffer carved from one allocation, in floats; cx, qx, kt
+     * and vt end where a, q, kb and vb begin (their sizes are multiples of
+     * 16 floats), so a merged context's rows and the block's are one matrix */
+    float **bufs[] = {&st->cs, &st->h, &st->cx, &st->a, &st->o, &st->qx, &st->q, &st->att, &st->kt, &st->kb,
+                      &st->vt, &st->vb, &st->fg, &st->fu, &st->qh, &st->oh, &st->p, &st->logits};
+    const size_t sizes[] = {rows * D, B * E, CTX_CHUNK * E, B * E, B * E, MU_DFLASH_CTX_PAD * Q, B * Q,
+                            B * Q, CTX_CHUNK * KV, B * KV, CTX_CHUNK * KV, B * KV, B * F, B * F, B * group * D,
+                            B * group * D, B * group * slots, (B - 1) * (size_t)target->cfg.n_vocab};
     size_t total = 2 * L * slots * KV;
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) total += (sizes[i] + 15) & ~(size_t)15;
     st->mem_bytes = total * sizeof(float);
@@ -117,15 +127,18 @@ static int64_t rows_held(const mu_dflash_state *st) {
     return st->sink + (tail < st->window ? tail : st->window);
 }
 
-/* K/V rows [rows][n_head_kv * head_dim] into per-head cache slots (V
- * into the transposed planes): context rows r < m at the slot of their
- * position pos0 + r, the padding rows m <= r < rows into the last slot
- * (project_context); block rows (m < 0) at consecutive slots from pos0. */
-static void store_rows(const mu_dflash_state *st, int il, const float *k, const float *v, int64_t m, int64_t rows,
-                       int64_t pos0) {
-    const int64_t D = st->d->cfg.head_dim, Hkv = st->d->cfg.n_head_kv, S = st->slots;
-    for (int64_t r = 0; r < rows; r++) st->slot[r] = m < 0 ? pos0 + r : r < m ? cache_slot(st, pos0 + r) : S - 1;
-    st->be->store_kv_heads(st->be, st->ck[il], st->cv[il], st->slot, S, D, Hkv, k, v, rows);
+/* The cache slots of `rows` context rows from position pos0, m of them
+ * real: row r < m at its position's slot, the padding rows m <= r < rows
+ * (project_context) each in a scratch slot past the attended ones. */
+static void context_slots(const mu_dflash_state *st, int64_t *slot, int64_t m, int64_t rows, int64_t pos0) {
+    for (int64_t r = 0; r < rows; r++) slot[r] = r < m ? cache_slot(st, pos0 + r) : st->attend + (r - m);
+}
+
+/* K/V rows [rows][n_head_kv * head_dim] into the per-head cache slots
+ * st->slot[0..rows) (V into the transposed planes). */
+static void store_rows(const mu_dflash_state *st, int il, const float *k, const float *v, int64_t rows) {
+    const int64_t D = st->d->cfg.head_dim, Hkv = st->d->cfg.n_head_kv;
+    st->be->store_kv_heads(st->be, st->ck[il], st->cv[il], st->slot, st->slots, D, Hkv, k, v, rows);
 }
 
 /* (cos, sin) of positions p0.. for rows rows (the backend's RoPE table). */
@@ -169,31 +182,44 @@ static void bracket_end(mu_dflash_state *st) {
     if (st->be->forward_end) st->be->forward_end(st->be, true);
 }
 
-/* K (k-normed, rotated) and V of m consecutive context rows from p0.
- * A backend that replays launches (forward_begin) projects a fixed count of
- * rows, MU_DFLASH_CTX_PAD or CTX_CHUNK, so that every round's projection
- * is one launch shape (a round keeps 1..16 rows: one graph instead of one
- * capture per count). The rows past m read the caller's slack rows
- * (dflash.h, MU_DFLASH_SLACK) and are stored into the last slot, which no
- * attention reads before a block overwrites it: a draft reads the held slots and the
- * block's, slots < held + block_size, and held + block_size reaches the
- * last slot only when the block itself is stored there. Every row's
- * products are the same bits at any row count (docs/numerics.md). */
+/* Rows a projection of m context rows computes: a backend that replays
+ * launches (forward_begin) projects a fixed count, MU_DFLASH_CTX_PAD or
+ * CTX_CHUNK, so that every round's projection is one launch shape (a round
+ * keeps 1..16 rows: one graph instead of one capture per count). The rows
+ * past m read the caller's slack rows (dflash.h, MU_DFLASH_SLACK) and go
+ * to scratch slots (context_slots), which attention never reads. Every
+ * row's products are the same bits at any row count (docs/numerics.md). */
+static int64_t projected_rows(const mu_dflash_state *st, int64_t m) {
+    return !st->be->forward_begin ? m : m <= MU_DFLASH_CTX_PAD ? MU_DFLASH_CTX_PAD : CTX_CHUNK;
+}
+
+/* fc and the hidden norm of n context rows into the n rows ending at st->a
+ * (the end of cx). */
+static float *context_input(mu_dflash_state *st, const float *features, int64_t n) {
+    const mu_dflash *d = st->d;
+    float *x = st->a - n * d->cfg.n_embd;
+    st->be->matmul(st->be, &d->fc, features, x, n);
+    st->be->rmsnorm(st->be, x, d->hidden_norm, d->cfg.rms_eps, x, d->cfg.n_embd, n);
+    return x;
+}
+
+/* K (k-normed, rotated) and V of m consecutive context rows from p0, in a
+ * bracket of their own. */
 static void project_context(mu_dflash_state *st, const float *features, int64_t p0, int64_t m) {
     const mu_dflash *d = st->d;
     const mu_dflash_config *c = &d->cfg;
     mu_backend *be = st->be;
-    const int64_t E = c->n_embd;
-    const int64_t n = !be->forward_begin ? m : m <= MU_DFLASH_CTX_PAD ? MU_DFLASH_CTX_PAD : CTX_CHUNK;
+    const int64_t n = projected_rows(st, m), KV = c->n_head_kv * c->head_dim;
     bracket_begin(st, 0xDF1A5C0, n, 0);
-    be->matmul(be, &d->fc, features, st->cx, n);
-    be->rmsnorm(be, st->cx, d->hidden_norm, c->rms_eps, st->cx, E, n);
+    const float *x = context_input(st, features, n);
+    float *k = st->kb - n * KV, *v = st->vb - n * KV;
     rope_table(st, p0, n);
+    context_slots(st, st->slot, m, n, p0);
     for (int il = 0; il < c->n_layer; il++) {
         const mu_dflash_layer *lw = &d->layers[il];
-        mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, st->cx, (float *[]){st->kt, st->vt}, n);
-        norm_rope(st, NULL, NULL, 0, st->kt, lw->k_norm, c->n_head_kv, n, 0);
-        store_rows(st, il, st->kt, st->vt, m, n, p0);
+        mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, x, (float *[]){k, v}, n);
+        norm_rope(st, NULL, NULL, 0, k, lw->k_norm, c->n_head_kv, n, 0);
+        store_rows(st, il, k, v, n);
     }
     bracket_end(st);
 }
@@ -233,7 +259,7 @@ static void attention(mu_dflash_state *st, int il, int64_t r0, int64_t nr) {
      * underflowed) into +0, a sign of zero the next nonzero addition
      * absorbs (docs/cuda.md, "Speculative decoding on the GPU"); stale
      * slots are finite (the state starts zeroed). */
-    const int64_t n_keys = be->forward_begin ? st->slots : n_valid;
+    const int64_t n_keys = be->forward_begin ? st->attend : n_valid;
     if (be->dense_attention) { /* the loop below as one op (one launch instead of ten per layer on cuda) */
         const float scale = 1.0f / sqrtf((float)D);
         be->dense_attention(be, st->q + r0 * H * D, nr, H, c->n_head_kv, D, st->ck[il], st->cv[il], st->slots, n_keys,
@@ -272,27 +298,29 @@ static void add_norm(mu_dflash_state *st, float *h, const float *w, int64_t rows
  * outputs (the last layer computes just the rows that are scored). Its
  * input norm (st->a) was computed by the layer before (add_norm); it ends
  * with h += o and a = rmsnorm(h) * next (the next layer's input norm, or
- * the output norm over rows [r0, r0 + nr) into a's first rows). */
-static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr, const float *next) {
+ * the output norm over rows [r0, r0 + nr) into a's first rows). nc > 0:
+ * the nc context rows right before the block's (st->a - nc rows: a merged
+ * context, draft_rows) take the same K/V products, norms and stores in the
+ * same launches (their q rows are computed and not used). */
+static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr, const float *next, int64_t nc) {
     const mu_dflash_config *c = &st->d->cfg;
     const mu_dflash_layer *lw = &st->d->layers[il];
     mu_backend *be = st->be;
-    const int64_t E = c->n_embd, D = c->head_dim, Q = c->n_head * D, B = c->block_size;
+    const int64_t E = c->n_embd, D = c->head_dim, Q = c->n_head * D, B = c->block_size, KV = c->n_head_kv * D;
     float *h = st->h + r0 * E;
     /* one set for the projections of the same rows (q's rows are all B but in the last layer) */
-    if (r0 == 0 && nr == B) {
-        mu_matmuls(be, 3, (const mu_weight *[]){&lw->q, &lw->k, &lw->v}, st->a, (float *[]){st->q, st->kb, st->vb}, B);
+    if (nc || (r0 == 0 && nr == B)) {
+        mu_matmuls(be, 3, (const mu_weight *[]){&lw->q, &lw->k, &lw->v}, st->a - nc * E,
+                   (float *[]){st->q - nc * Q, st->kb - nc * KV, st->vb - nc * KV}, nc + B);
+        norm_rope(st, st->q - nc * Q, lw->q_norm, c->n_head, st->kb - nc * KV, lw->k_norm, c->n_head_kv, nc + B,
+                  st->cs0 - nc); /* q's rows are k's */
     } else {
         mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, st->a, (float *[]){st->kb, st->vb}, B);
         be->matmul(be, &lw->q, st->a + r0 * E, st->q + r0 * Q, nr);
+        norm_rope(st, NULL, NULL, 0, st->kb, lw->k_norm, c->n_head_kv, B, st->cs0);
+        norm_rope(st, NULL, NULL, 0, st->q + r0 * Q, lw->q_norm, c->n_head, nr, st->cs0 + r0);
     }
-    if (r0 == 0 && nr == B) { /* q's rows are k's */
-        norm_rope(st, st->q, lw->q_norm, c->n_head, st->kb, lw->k_norm, c->n_head_kv, B, 0);
-    } else {
-        norm_rope(st, NULL, NULL, 0, st->kb, lw->k_norm, c->n_head_kv, B, 0);
-        norm_rope(st, NULL, NULL, 0, st->q + r0 * Q, lw->q_norm, c->n_head, nr, r0);
-    }
-    store_rows(st, il, st->kb, st->vb, -1, B, rows_held(st));
+    store_rows(st, il, st->kb - nc * KV, st->vb - nc * KV, nc + B);
     attention(st, il, r0, nr);
     be->matmul(be, &lw->o, st->att + r0 * Q, st->o, nr);
     add_norm(st, h, lw->ffn_norm, nr);
@@ -302,32 +330,72 @@ static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr, con
     add_norm(st, h, next, nr);
 }
 
+/* Whether n context rows from rows() can be projected inside the next
+ * draft: what mu_dflash_append_context would project as one batch of at
+ * most MU_DFLASH_CTX_PAD rows (none skipped, not across the sink edge). */
+static bool can_merge(const mu_dflash_state *st, int64_t n) {
+    const int64_t p = st->rows;
+    return st->merge && n > 0 && n <= MU_DFLASH_CTX_PAD && !(p < st->sink && p + n > st->sink) &&
+           !(p >= st->sink && n > st->window);
+}
+
 /* The block's forward up to the target's head: its logits rows 1..n_prop
- * in st->logits. */
-static void draft_rows(mu_dflash_state *st, int32_t anchor, int n_prop) {
+ * in st->logits. n_ctx committed rows (features; can_merge) come first:
+ * projected in the same layers and launches as the block. */
+static void draft_rows(mu_dflash_state *st, const float *features, int64_t n_ctx, int32_t anchor, int n_prop) {
     const mu_dflash_config *c = &st->d->cfg;
     const mu_model *t = st->t;
     mu_backend *be = st->be;
     const int64_t E = c->n_embd, B = c->block_size;
-    for (int64_t r = 0; r < B; r++) st->ids[r] = r ? c->mask_token : anchor;
+    int64_t nc = 0;
+    if (n_ctx) {
+        const int64_t p0 = st->rows;
+        nc = projected_rows(st, n_ctx);
+        context_input(st, features, nc);
+        st->rows += n_ctx;
+        context_slots(st, st->slot, n_ctx, nc, p0);
+        for (int64_t r = 0; r < nc; r++) st->pos[r] = p0 + r;
+    }
+    const int64_t held = rows_held(st);
+    for (int64_t r = 0; r < B; r++) {
+        st->ids[r] = r ? c->mask_token : anchor;
+        st->pos[nc + r] = st->rows + r;
+        st->slot[nc + r] = held + r;
+    }
+    st->cs0 = nc;
+    be->rope_table(be, st->inv_freq, c->head_dim / 2, st->pos, nc + B, st->cs, false);
     be->embed(be, &t->token_embd, st->ids, B, st->h);
-    rope_table(st, st->rows, B);
     be->rmsnorm(be, st->h, st->d->layers[0].attn_norm, c->rms_eps, st->a, E, B);
     for (int il = 0; il < c->n_layer; il++) {
         bool last = il == c->n_layer - 1;
         /* the last layer's rows 1..n_prop end in the final norm */
-        block_layer(st, il, last ? 1 : 0, last ? n_prop : B, last ? st->d->output_norm : st->d->layers[il + 1].attn_norm);
+        block_layer(st, il, last ? 1 : 0, last ? n_prop : B,
+                    last ? st->d->output_norm : st->d->layers[il + 1].attn_norm, nc);
     }
     /* rows 1..n_prop, normed into a: the target's head (no logit scale, no soft-cap) */
     be->matmul(be, &t->output, st->a, st->logits, n_prop);
 }
 
-void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
+/* Context rows that cannot be merged into the draft are projected first,
+ * in brackets of their own; then the draft's bracket, keyed by the
+ * proposal count, the mode and the merged rows' count (the context length
+ * is data: attention). Returns the rows left to merge. */
+static int64_t draft_begin(mu_dflash_state *st, const float *features, int64_t n_ctx, int n_prop, int mode) {
+    if (n_ctx && !can_merge(st, n_ctx)) {
+        mu_dflash_append_context(st, features, n_ctx);
+        n_ctx = 0;
+    }
+    bracket_begin(st, 0xDF1A5D0, n_prop, mode + 4 * (n_ctx ? projected_rows(st, n_ctx) : 0));
+    return n_ctx;
+}
+
+void mu_dflash_draft(mu_dflash_state *st, const float *features, int64_t n_ctx, int32_t anchor, int n_prop,
+                     int32_t *proposals, float *logits) {
     mu_backend *be = st->be;
     const int64_t V = st->t->cfg.n_vocab;
-    /* the context length is data (attention); proposals NULL: into the token registers, inside the bracket */
-    bracket_begin(st, 0xDF1A5D0, n_prop, proposals ? 0 : 1);
-    draft_rows(st, anchor, n_prop);
+    /* proposals NULL: into the token registers, inside the bracket */
+    n_ctx = draft_begin(st, features, n_ctx, n_prop, proposals ? 0 : 1);
+    draft_rows(st, features, n_ctx, anchor, n_prop);
     if (!proposals) {
         be->argmax_reg(be, st->logits, V, n_prop);
         bracket_end(st);
@@ -338,10 +406,10 @@ void mu_dflash_draft(mu_dflash_state *st, int32_t anchor, int n_prop, int32_t *p
     if (logits) be->download(be, logits, st->logits, (size_t)n_prop * (size_t)V * sizeof(float));
 }
 
-void mu_dflash_draft_tree(mu_dflash_state *st, int32_t anchor, int n_prop, const int32_t *eog, int n_eog,
-                          int32_t *slot) {
-    bracket_begin(st, 0xDF1A5D0, n_prop, 2);
-    draft_rows(st, anchor, n_prop);
+void mu_dflash_draft_tree(mu_dflash_state *st, const float *features, int64_t n_ctx, int32_t anchor, int n_prop,
+                          const int32_t *eog, int n_eog, int32_t *slot) {
+    n_ctx = draft_begin(st, features, n_ctx, n_prop, 2);
+    draft_rows(st, features, n_ctx, anchor, n_prop);
     st->be->tree_reg(st->be, st->logits, st->t->cfg.n_vocab, n_prop, eog, n_eog, slot);
     bracket_end(st);
 }

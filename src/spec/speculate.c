@@ -160,6 +160,15 @@ static void flush_feats(muser_spec *sp) {
     sp->n_feats = 0;
 }
 
+/* The buffered rows' count, handed to the draft that comes next: it
+ * projects them in its own launches where it can (dflash_forward.c
+ * can_merge), else first. */
+static int64_t feats_for_draft(muser_spec *sp) {
+    const int64_t n = sp->n_feats;
+    sp->n_feats = 0;
+    return n;
+}
+
 /* A full buffer. Sink rows are projected; of the rest only the newest
  * `window` rows can ever be attended again, so older ones are skipped
  * unprojected (a long prompt or a closed gate costs no projection). A
@@ -253,7 +262,7 @@ static void gate_calibrate(muser_spec *sp) {
     double round = 0; /* the faster of two: the first one also pages the weights in */
     for (int rep = 0; rep < 2; rep++) {
         double t0 = mu_now();
-        mu_dflash_draft(sp->ds, toks[0], vl, props, NULL);
+        mu_dflash_draft(sp->ds, NULL, 0, toks[0], vl, props, NULL);
         bool ok = muser_session_feed_all(sp->s, toks, vl + 1, sp->logits, NULL);
         double t = mu_now() - t0;
         muser_spec_reset(sp);
@@ -464,9 +473,9 @@ static int round_done(muser_spec *sp, int vl, int n, double t0, double t1, doubl
 
 /* A chain: the draft's argmaxes (on the backend), nothing after a proposed
  * end of generation; each node the first choice under the one before. */
-static void chain_build(const muser_spec *sp, int32_t pending, int vl, mu_spec_tree *t) {
+static void chain_build(const muser_spec *sp, int64_t nf, int32_t pending, int vl, mu_spec_tree *t) {
     int32_t props[16];
-    mu_dflash_draft(sp->ds, pending, vl, props, NULL);
+    mu_dflash_draft(sp->ds, sp->feats, nf, pending, vl, props, NULL);
     t->n = 1;
     t->token[0] = pending;
     t->parent[0] = -1;
@@ -485,14 +494,14 @@ static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *sm
                       muser_error *err) {
     const int64_t V = sp->n_vocab, P = muser_session_pos(sp->s);
     double t0 = mu_now();
-    flush_feats(sp);
+    const int64_t nf = feats_for_draft(sp);
     mu_spec_tree t;
     if (sp->tree) {
         int32_t props[16];
-        mu_dflash_draft(sp->ds, pending, vl, props, sp->dlogits);
+        mu_dflash_draft(sp->ds, sp->feats, nf, pending, vl, props, sp->dlogits);
         mu_spec_tree_build(sp->dlogits, V, vl, pending, sp->eog, sp->n_eog, &t);
     } else {
-        chain_build(sp, pending, vl, &t);
+        chain_build(sp, nf, pending, vl, &t);
     }
     double t1 = mu_now();
     if (!muser_session_checkpoint(sp->s, err) ||
@@ -556,9 +565,9 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     for (int i = 0; i < vl; i++) block[i + 1] = MU_TOKEN_REG(i);
     double t0 = mu_now(), tp[PHASES + 1];
     tp[0] = t0;
-    flush_feats(sp);
-    if (tree) mu_dflash_draft_tree(sp->ds, pending, vl, sp->eog, sp->n_eog, tslot);
-    else mu_dflash_draft(sp->ds, pending, vl, NULL, NULL);
+    const int64_t nf = feats_for_draft(sp);
+    if (tree) mu_dflash_draft_tree(sp->ds, sp->feats, nf, pending, vl, sp->eog, sp->n_eog, tslot);
+    else mu_dflash_draft(sp->ds, sp->feats, nf, pending, vl, NULL, NULL);
     double t1 = tp[1] = mu_now();
     if (!muser_session_checkpoint(sp->s, err) ||
         !mu_session_feed_picks(sp->s, block, vl + 1, vl, tree, sp->slots, ERR(err)))
@@ -689,8 +698,7 @@ bool mu_spec_take_fed(muser_spec *sp, int64_t n, mu_error *err) {
 
 void mu_spec_draft_now(muser_spec *sp, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
     mu_session_lock(sp->s);
-    flush_feats(sp);
-    mu_dflash_draft(sp->ds, anchor, n_prop, proposals, logits);
+    mu_dflash_draft(sp->ds, sp->feats, feats_for_draft(sp), anchor, n_prop, proposals, logits);
     mu_session_unlock(sp->s);
 }
 
