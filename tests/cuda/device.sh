@@ -17,7 +17,8 @@
 #           each kernel's time inside the replayed graphs (CUPTI); kvpack:
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
 #           speculate` statistics under each of SPEC_ENVS and a kernel profile; specbench: speculative
-#           rounds, chains against token trees on the GPU and on the host, two prompts, VL 7 / 15;
+#           rounds, chains against token trees on the GPU and on the host, two prompts, VL 7 / 15, and
+#           the context merged into the draft or apart (MUSER_DFLASH_MERGE);
 #           llamadflash: llama.cpp's draft-dflash beside its plain decoding on the same pair
 #           (tests/cuda/llama_dflash.sh; carry .llama-build/llama-server.xz, or run llamabuild first);
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
@@ -219,6 +220,16 @@ case " $STAGES " in *" bench "*)
                             --backend cuda -p "$p" -n 128 --verify-len $vl $t --json 2>&1 |
                             sed 's/"ids": \[[^]]*\], "text": "[^"]*", //' | grep -o '"verify_steps.*')"
                     done
+                done
+            done
+        done
+        echo "-- the round's context projected inside the draft (MUSER_DFLASH_MERGE=1) or apart (0), trees, VL 15"
+        for rep in 1 2 3; do
+            for mg in 0 1; do
+                for p in "And it came to pass, when the king" "The history of the"; do
+                    echo "merge $mg / ${p:0:8}: $(MUSER_DFLASH_MERGE=$mg "$M" speculate -m \
+                        "$SRC/models/glimmer-tiny-q4_k_xl.gguf" --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" \
+                        --backend cuda -p "$p" -n 128 --verify-len 15 --tree --json 2>&1 | grep -o '"speedup": [0-9.]*\|"exact": [a-z]*' | tr '\n' ' ')"
                 done
             done
         done
