@@ -32,7 +32,6 @@ struct mu_dflash_state {
     int64_t sink, window;       /* context capacity sink + window rows */
     int64_t slots;              /* per KV head: attend + CTX_CHUNK scratch slots (the V planes' stride) */
     int64_t attend;             /* slots attention may read: sink + window + block_size */
-    int64_t cs0;                /* RoPE table row of block row 0 (after a merged context's rows) */
     bool merge;                 /* a round's context projected inside the draft (MUSER_DFLASH_MERGE=0: apart) */
     int64_t rows;               /* committed context rows (next anchor position) */
     /* backend memory: */
@@ -68,7 +67,9 @@ mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target,
     st->slots = st->attend + CTX_CHUNK; /* a projection's padding rows: at most CTX_CHUNK - 1 */
     const char *mg = getenv("MUSER_DFLASH_MERGE");
     st->merge = !(mg && !strcmp(mg, "0"));
-    const size_t slots = (size_t)st->slots, rows = B + MU_DFLASH_CTX_PAD > CTX_CHUNK ? B + MU_DFLASH_CTX_PAD : CTX_CHUNK, L = (size_t)c->n_layer;
+    /* host rows and RoPE table rows: a projection's, or a merged context's and the block's */
+    const size_t rows = B + MU_DFLASH_CTX_PAD > CTX_CHUNK ? B + MU_DFLASH_CTX_PAD : CTX_CHUNK;
+    const size_t slots = (size_t)st->slots, L = (size_t)c->n_layer;
     /* every backend buffer carved from one allocation, in floats; cx, qx, kt
      * and vt end where a, q, kb and vb begin (their sizes are multiples of
      * 16 floats), so a merged context's rows and the block's are one matrix */
@@ -141,9 +142,8 @@ static void store_rows(const mu_dflash_state *st, int il, const float *k, const 
     st->be->store_kv_heads(st->be, st->ck[il], st->cv[il], st->slot, st->slots, D, Hkv, k, v, rows);
 }
 
-/* (cos, sin) of positions p0.. for rows rows (the backend's RoPE table). */
-static void rope_table(const mu_dflash_state *st, int64_t p0, int64_t rows) {
-    for (int64_t r = 0; r < rows; r++) st->pos[r] = p0 + r;
+/* (cos, sin) of the positions st->pos[0..rows) (the backend's RoPE table). */
+static void rope_table(const mu_dflash_state *st, int64_t rows) {
     st->be->rope_table(st->be, st->inv_freq, st->d->cfg.head_dim / 2, st->pos, rows, st->cs, false);
 }
 
@@ -213,7 +213,8 @@ static void project_context(mu_dflash_state *st, const float *features, int64_t 
     bracket_begin(st, 0xDF1A5C0, n, 0);
     const float *x = context_input(st, features, n);
     float *k = st->kb - n * KV, *v = st->vb - n * KV;
-    rope_table(st, p0, n);
+    for (int64_t r = 0; r < n; r++) st->pos[r] = p0 + r;
+    rope_table(st, n);
     context_slots(st, st->slot, m, n, p0);
     for (int il = 0; il < c->n_layer; il++) {
         const mu_dflash_layer *lw = &d->layers[il];
@@ -313,12 +314,12 @@ static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr, con
         mu_matmuls(be, 3, (const mu_weight *[]){&lw->q, &lw->k, &lw->v}, st->a - nc * E,
                    (float *[]){st->q - nc * Q, st->kb - nc * KV, st->vb - nc * KV}, nc + B);
         norm_rope(st, st->q - nc * Q, lw->q_norm, c->n_head, st->kb - nc * KV, lw->k_norm, c->n_head_kv, nc + B,
-                  st->cs0 - nc); /* q's rows are k's */
+                  0); /* q's rows are k's; the table's rows are the context's, then the block's */
     } else {
         mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, st->a, (float *[]){st->kb, st->vb}, B);
         be->matmul(be, &lw->q, st->a + r0 * E, st->q + r0 * Q, nr);
-        norm_rope(st, NULL, NULL, 0, st->kb, lw->k_norm, c->n_head_kv, B, st->cs0);
-        norm_rope(st, NULL, NULL, 0, st->q + r0 * Q, lw->q_norm, c->n_head, nr, st->cs0 + r0);
+        norm_rope(st, NULL, NULL, 0, st->kb, lw->k_norm, c->n_head_kv, B, 0);
+        norm_rope(st, NULL, NULL, 0, st->q + r0 * Q, lw->q_norm, c->n_head, nr, r0);
     }
     store_rows(st, il, st->kb - nc * KV, st->vb - nc * KV, nc + B);
     attention(st, il, r0, nr);
@@ -362,8 +363,7 @@ static void draft_rows(mu_dflash_state *st, const float *features, int64_t n_ctx
         st->pos[nc + r] = st->rows + r;
         st->slot[nc + r] = held + r;
     }
-    st->cs0 = nc;
-    be->rope_table(be, st->inv_freq, c->head_dim / 2, st->pos, nc + B, st->cs, false);
+    rope_table(st, nc + B);
     be->embed(be, &t->token_embd, st->ids, B, st->h);
     be->rmsnorm(be, st->h, st->d->layers[0].attn_norm, c->rms_eps, st->a, E, B);
     for (int il = 0; il < c->n_layer; il++) {

@@ -27,7 +27,9 @@ if [ -n "${PREBUILT:-}" ]; then
     # binaries built on another machine (nvcc, sm_90; e.g. the development machine, to spare
     # device time), carried in $BUILD: muser, test_cuda_backend, test_gen (and test_engine)
     say "== prebuilt binaries in $BUILD"
-    for b in muser test_cuda_backend test_gen; do
+    bins="muser test_cuda_backend test_gen"
+    [ -n "${SKIP_ENGINE:-}" ] || bins="$bins test_engine"
+    for b in $bins; do
         [ -x "$BUILD/$b" ] || { say "FAIL prebuilt: no executable $BUILD/$b"; exit 1; }
     done
     "$BUILD/muser" --version 2>&1 | head -1

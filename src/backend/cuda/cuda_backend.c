@@ -296,13 +296,19 @@ static uint64_t F(float f) {
     return u;
 }
 
+/* Whether the environment variable `name` is "0" (a default path turned off). */
+static bool opt_out(const char *name) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, "0");
+}
+
 static void cuda_forward_begin(mu_backend *b, uint64_t key) {
     cuda_ctx *c = ctx_of(b);
     char err[MUCU_ERR_LEN];
     if (c->graphs < 0) {
-        const char *e = getenv("MUSER_CUDA_GRAPH"), *p = getenv("MUSER_CUDA_PROF"), *y = getenv("MUSER_CUDA_SYNC");
+        const char *p = getenv("MUSER_CUDA_PROF"), *y = getenv("MUSER_CUDA_SYNC");
         const bool prof = (p && *p && strcmp(p, "0")) || (y && *y && strcmp(y, "0"));
-        c->graphs = (e && !strcmp(e, "0")) || prof ? 0 : 1;
+        c->graphs = opt_out("MUSER_CUDA_GRAPH") || prof ? 0 : 1;
         const char *stt = getenv("MUSER_CUDA_STEP_TIMES");
         c->st.on = stt && *stt && strcmp(stt, "0");
         const char *ba = getenv("MUSER_CUDA_GRAPH_BAIL_AT");
@@ -702,12 +708,6 @@ static void tell_footprint(mu_backend *b) {
     fprintf(stderr, "muser: cuda: %s: %.2f GiB of %.2f GiB in use (weights and norms %.2f GiB)\n", name,
             (double)(total_b - free_b) / 1073741824.0, (double)total_b / 1073741824.0,
             (double)c->weight_bytes / 1073741824.0);
-}
-
-/* Whether the environment variable `name` is "0" (a default path turned off). */
-static bool opt_out(const char *name) {
-    const char *e = getenv(name);
-    return e && !strcmp(e, "0");
 }
 
 /* Device memory of `bytes` (zero-filled) at *p, allocated on first use
@@ -1334,8 +1334,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->residual = cuda_residual;
     b->qk_norm_rope = cuda_qk_norm_rope;
     /* MUSER_CUDA_FUSE=0: the forward's entry and the gate as separate ops (measurements) */
-    const char *fuse = getenv("MUSER_CUDA_FUSE");
-    if (!fuse || strcmp(fuse, "0") != 0) {
+    if (!opt_out("MUSER_CUDA_FUSE")) {
         b->attention_gate = cuda_attention_gate;
         b->embed_norm = cuda_embed_norm;
     }
