@@ -564,7 +564,11 @@ static void test_padded_projection(void) {
     replaying.forward_end = no_bracket_end;
     /* 0: plain appends; 1: padded appends; 2: merged into the draft; 3: padded and merged */
     mu_dflash_state *st[4];
-    for (int i = 0; i < 4; i++) st[i] = mu_dflash_state_new(d, target->m, i & 1 ? &replaying : target->be);
+    for (int i = 0; i < 4; i++) {
+        setenv("MUSER_DFLASH_MERGE", i < 2 ? "0" : "1", 1); /* read when a state is made */
+        st[i] = mu_dflash_state_new(d, target->m, i & 1 ? &replaying : target->be);
+    }
+    unsetenv("MUSER_DFLASH_MERGE");
     float *lp = malloc((size_t)(7 * V) * sizeof(float)), *lq = malloc((size_t)(7 * V) * sizeof(float));
     int32_t pp[7], pq[7];
     int64_t have = 0, step = 0, drafts = 0, differ[4] = {0};

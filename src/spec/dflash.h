@@ -90,8 +90,8 @@ int64_t mu_dflash_state_rows(const mu_dflash_state *st);
 void mu_dflash_append_context(mu_dflash_state *st, const float *features, int64_t n);
 void mu_dflash_skip_context(mu_dflash_state *st, int64_t n);
 /* First mu_dflash_append_context(st, features, n_ctx) (n_ctx may be 0):
- * a round's few rows are projected in the draft's own launches, the same
- * bits (MUSER_DFLASH_MERGE=0: apart, for comparisons). Then one block at
+ * with MUSER_DFLASH_MERGE=1 a round's few rows are projected in the draft's
+ * own launches, the same bits (off by default: slower on the GPU). Then one block at
  * anchor position rows(): writes the argmax (lowest id on ties) of block
  * rows 1..n_prop into proposals, and when logits is non-NULL their logits
  * [n_prop][n_vocab]. 1 <= n_prop < block_size. proposals NULL: into the

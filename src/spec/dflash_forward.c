@@ -32,7 +32,7 @@ struct mu_dflash_state {
     int64_t sink, window;       /* context capacity sink + window rows */
     int64_t slots;              /* per KV head: attend + CTX_CHUNK scratch slots (the V planes' stride) */
     int64_t attend;             /* slots attention may read: sink + window + block_size */
-    bool merge;                 /* a round's context projected inside the draft (MUSER_DFLASH_MERGE=0: apart) */
+    bool merge;                 /* a round's context projected inside the draft (MUSER_DFLASH_MERGE=1; docs/speculative.md) */
     int64_t rows;               /* committed context rows (next anchor position) */
     /* backend memory: */
     float **ck;                 /* [n_layer] -> [n_head_kv][slots][head_dim] */
@@ -66,7 +66,7 @@ mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target,
     st->attend = st->sink + st->window + c->block_size;
     st->slots = st->attend + CTX_CHUNK; /* a projection's padding rows: at most CTX_CHUNK - 1 */
     const char *mg = getenv("MUSER_DFLASH_MERGE");
-    st->merge = !(mg && !strcmp(mg, "0"));
+    st->merge = mg && !strcmp(mg, "1"); /* off: slower on the GPU (docs/speculative.md "Context") */
     /* host rows and RoPE table rows: a projection's, or a merged context's and the block's */
     const size_t rows = B + MU_DFLASH_CTX_PAD > CTX_CHUNK ? B + MU_DFLASH_CTX_PAD : CTX_CHUNK;
     const size_t slots = (size_t)st->slots, L = (size_t)c->n_layer;

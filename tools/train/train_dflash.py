@@ -109,12 +109,17 @@ def make_sequences(target, p, n_new, batch, dev, autocast):
 
 @torch.no_grad()
 def features(target, seqs, layers, batch, autocast):
-    out = []
+    # filled in place: a list and its concatenation would need the set twice (40,960 training
+    # continuations are 50 GiB of bf16 features)
+    out = None
     for i in range(0, len(seqs), batch):
         with T.amp(autocast):
-            out.append(target_features(target, seqs[i:i + batch], layers).to(torch.bfloat16 if autocast
-                                                                                 else torch.float32))
-    return torch.cat(out)
+            f = target_features(target, seqs[i:i + batch], layers).to(torch.bfloat16 if autocast
+                                                                      else torch.float32)
+        if out is None:
+            out = torch.empty((len(seqs),) + tuple(f.shape[1:]), dtype=f.dtype, device=f.device)
+        out[i:i + len(f)] = f
+    return out
 
 
 def main():
