@@ -134,6 +134,9 @@ def main():
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--n-train", type=int, default=10240)
+    ap.add_argument("--shards", type=int, default=1,
+                    help="training sets of --n-train continuations each, made one after another at equal "
+                         "step intervals; each replaces the one before on the GPU (more data than it holds)")
     ap.add_argument("--n-eval", type=int, default=320)
     ap.add_argument("--n-select", type=int, default=64, help="held-out prompts that pick the checkpoint")
     ap.add_argument("--prompt", type=int, default=64)
@@ -162,12 +165,19 @@ def main():
     target, tcfg = load_target(args.target, dev)
     c = DraftConfig(vocab=tcfg.vocab, n_embd=tcfg.n_embd, head_dim=tcfg.head_dim,
                     context_length=tcfg.context_length)
-    t0 = time.time()
-    seqs = make_sequences(target, prompts(args.data, "train", args.n_train, args.prompt, rng),
-                          args.gen, args.gen_batch, dev, cuda)
-    feats = features(target, seqs, c.target_layers, 128, cuda)
-    T.log(fh, "training data: %d greedy continuations of %d tokens after %d-token prompts, %.1fs" % (
-        len(seqs), args.gen, args.prompt, time.time() - t0))
+    def training_set(k):
+        t0 = time.time()
+        seqs = make_sequences(target, prompts(args.data, "train", args.n_train, args.prompt, rng),
+                              args.gen, args.gen_batch, dev, cuda)
+        feats = features(target, seqs, c.target_layers, 128, cuda)
+        T.log(fh, "training data%s: %d greedy continuations of %d tokens after %d-token prompts, %.1fs" % (
+            " (shard %d of %d)" % (k + 1, args.shards) if args.shards > 1 else "", len(seqs), args.gen,
+            args.prompt, time.time() - t0))
+        return seqs, feats
+
+    if args.shards < 1 or args.shards > args.steps:
+        raise SystemExit("--shards %d must be in 1..steps (%d)" % (args.shards, args.steps))
+    seqs, feats = training_set(0)
     eval_p = prompts(args.data, "valid", args.n_eval, args.prompt, np.random.default_rng(7))
     eval_seqs = make_sequences(target, eval_p, args.eval_gen, 256, dev, False)   # f32 target
     eval_feats = features(target, eval_seqs, c.target_layers, 128, False)
@@ -195,7 +205,14 @@ def main():
     t0 = time.time()
     step = 0
     L = seqs.shape[1]
+    shard = 0
     while step < args.steps:
+        if shard + 1 < args.shards and step == (shard + 1) * args.steps // args.shards:
+            shard += 1
+            del seqs, feats     # the GPU holds one set at a time
+            if cuda:
+                torch.cuda.empty_cache()
+            seqs, feats = training_set(shard)
         for g in opt.param_groups:
             g["lr"] = T.lr_at(step, args.steps, args.lr, args.warmup)
         rows = torch.randint(0, len(seqs), (args.batch,), device=dev)
