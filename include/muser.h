@@ -443,9 +443,14 @@ typedef struct muser_spec_params {
     int verify_len;             /* proposals per round: 3, 7 or 15; 0 = 7 */
     bool no_gate;               /* speculate every step (default: the adaptive gate decides) */
     bool tree;                  /* verify a token tree of verify_len proposals instead of one chain
-                                 * (docs/speculative.md "Token trees"; backends whose attention takes
-                                 * tree rows: ref, cpu) */
+                                 * (docs/speculative.md "Token trees"; every backend) */
 } muser_spec_params;
+
+/* What muser run, speculate, bench and serve use unless told otherwise: token
+ * trees of 15 proposals, the fastest shape measured on the cpu and cuda
+ * backends with the shipped pair (docs/speculative.md "Defaults"). */
+#define MUSER_SPEC_VERIFY_LEN_DEFAULT 15
+#define MUSER_SPEC_TREE_DEFAULT true
 
 typedef struct muser_spec_stats {
     int64_t rounds;             /* draft + batched verify rounds */

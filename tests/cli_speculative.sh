@@ -2,8 +2,9 @@
 # Speculative decoding in `muser run`: with no -m the shipped assistant is
 # used; every output (greedy, sampled, penalties, JSON Schema, logprobs,
 # dumped logits, a two-turn chat) equals --no-draft's byte for byte, with the
-# adaptive gate and with --spec-always at every verify length; option and
-# file refusals name the problem; `muser speculate` still reports exact.
+# adaptive gate and with --spec-always at every verify length, as token
+# trees (the default) and as chains; option and file refusals name the
+# problem; `muser speculate` still reports exact.
 set -u
 source "$(dirname "$0")/lib_cli.sh" speculative
 G="$MUSER_SOURCE_DIR/models/glimmer-tiny-q4_k_xl.gguf"
@@ -20,21 +21,26 @@ same() { # label, then the run options; compares --no-draft with the default and
     for vl in 3 7 15; do
         "$M" run "$@" --json --spec-always --verify-len $vl >"$T/$label.vl$vl.json" 2>/dev/null ||
             { echo "FAILED: $label (verify length $vl)" >&2; fail=1; return; }
+        "$M" run "$@" --json --spec-always --spec-chain --verify-len $vl >"$T/$label.cvl$vl.json" 2>/dev/null ||
+            { echo "FAILED: $label (chain, verify length $vl)" >&2; fail=1; return; }
     done
     check $PY - "$T/$label" <<'EOF'
 import json, sys
 base = sys.argv[1]
 plain = json.load(open(base + ".plain.json"))
 assert "speculative" not in plain
-for kind in ("gate", "vl3", "vl7", "vl15"):
+for kind in ("gate", "vl3", "vl7", "vl15", "cvl3", "cvl7", "cvl15"):
     spec = json.load(open(base + "." + kind + ".json"))
     s = spec["speculative"]
     assert s["draft"] == "glimmer-tiny-dflash", s
     for key in ("tokens", "text", "seed", "stop") + (("logprobs",) if "logprobs" in plain else ()):
         assert spec[key] == plain[key], (kind, key, spec[key], plain[key])
-    if kind != "gate":
+    if kind == "gate":
+        assert s["verify_len"] == 15 and s["tree"] is True, s   # the default shape
+    else:
         assert s["rounds"] > 0 and s["gate_closures"] == 0, (kind, s)
-        assert s["verify_len"] == int(kind[2:]), s
+        assert s["verify_len"] == int(kind.lstrip("cvl")), s
+        assert s["tree"] is (kind[0] != "c"), (kind, s)
     assert 0 <= s["accepted"] <= s["drafted"], s
 EOF
 }
@@ -73,24 +79,24 @@ expect_fail "general.architecture" "$M" run -p x --draft "$G"
 MUSER_DRAFT="$T/missing.gguf" expect_fail "missing.gguf" "$M" run -p x -n 1
 
 # muser bench --draft: plain vs speculative greedy generation in one run
-check "$M" bench -p 0 -n 24 -r 2 --warmup 0 --no-membw -q --draft "$D" --verify-len 3 --json "$T/bs.json" >"$T/bs.txt"
+check "$M" bench -p 0 -n 24 -r 2 --warmup 0 --no-membw -q --draft "$D" --verify-len 3 --spec-chain --json "$T/bs.json" >"$T/bs.txt"
 check grep -q "identical output" "$T/bs.txt"
 check $PY -c "
 import json
 s = json.load(open('$T/bs.json'))['speculative']
-assert s['exact'] is True and s['verify_len'] == 3 and s['tokens'] == 24, s
+assert s['exact'] is True and s['verify_len'] == 3 and s['tree'] is False and s['tokens'] == 24, s
 assert len(s['plain']['samples']) == 2 and len(s['spec']['samples']) == 2 and s['speedup'] > 0, s
 "
 expect_fail "$T/missing.gguf" "$M" bench -p 0 -n 8 -r 1 --no-membw -q --draft "$T/missing.gguf"
 
 # muser speculate: exact greedy with statistics
 check "$M" speculate -p "$P" -n 32 --json >"$T/sp.json" 2>/dev/null
-check $PY -c "import json; r = json.load(open('$T/sp.json')); assert r['exact'] is True and r['verify_steps'] > 0, r"
+check $PY -c "import json; r = json.load(open('$T/sp.json')); assert r['exact'] is True and r['verify_steps'] > 0 and r['verify_len'] == 15 and r['tree'] is True, r"
 # on a named backend: the same tokens from ref (the reference numerics)
 check "$M" speculate --backend ref -p "$P" -n 32 --json >"$T/sp_ref.json" 2>/dev/null
 check $PY -c "import json; a, b = (json.load(open(f)) for f in ('$T/sp.json', '$T/sp_ref.json')); assert a['ids'] == b['ids'] and b['exact'] is True, b"
-# a token tree of the same 15 proposals: the same tokens, fewer verify steps than the chain here
-check "$M" speculate --verify-len 15 -p "$P" -n 32 --json >"$T/sp15.json" 2>/dev/null
+# a chain of the same 15 proposals: the same tokens, at least as many verify steps as the tree here
+check "$M" speculate --verify-len 15 --spec-chain -p "$P" -n 32 --json >"$T/sp15.json" 2>/dev/null
 check "$M" speculate --verify-len 15 --tree -p "$P" -n 32 --json >"$T/sp_tree.json" 2>/dev/null
 check $PY -c "import json; a, b = (json.load(open(f)) for f in ('$T/sp.json', '$T/sp_tree.json')); assert a['ids'] == b['ids'] and b['exact'] is True and b['tree'] is True, b"
 check $PY -c "import json; a, b = (json.load(open(f)) for f in ('$T/sp15.json', '$T/sp_tree.json')); print('chain', a['verify_steps'], 'tree', b['verify_steps']); assert b['verify_steps'] <= a['verify_steps'], (a, b)"

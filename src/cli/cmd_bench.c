@@ -36,8 +36,8 @@ static void bench_usage(FILE *f) {
             "  --draft FILE           also time greedy generation of -n tokens after a text prompt, plain\n"
             "                         and speculative with this DFlash assistant (outputs must match)\n"
             "  --spec-prompt TEXT     that prompt (default: Genesis 1:1)\n"
-            "  --verify-len N         proposals per round: 3, 7 or 15 (default 7)\n"
-            "  --spec-tree            verify a token tree of that many proposals instead of a chain\n"
+            "  --verify-len N         proposals per round: 3, 7 or 15 (default 15)\n"
+            "  --spec-chain           verify them as one chain (default: a token tree; --spec-tree)\n"
             "  --prefill-depth        fill the depth by real prefill (default: synthetic K/V rows)\n"
             "  --parallel N[,N...]    also decode -n tokens with N sequences of one engine together (one\n"
             "                         batched forward per step, after a 32-token prompt each); aggregate\n"
@@ -103,6 +103,8 @@ static bool parse_parallel(const char *s, bench_cli *c) {
 
 static int parse(int argc, char **argv, bench_cli *c) {
     mu_bench_opts_init(&c->o);
+    c->o.verify_len = MUSER_SPEC_VERIFY_LEN_DEFAULT;
+    c->o.spec_tree = MUSER_SPEC_TREE_DEFAULT;
     c->reps = 5;
     c->warmup = 1;
     c->size_mb = 1024;
@@ -142,6 +144,7 @@ static int parse(int argc, char **argv, bench_cli *c) {
         else if (!strcmp(a, "--prefill-depth")) c->o.prefill_depth = true;
         else if (!strcmp(a, "--interleave")) c->o.interleave = true;
         else if (!strcmp(a, "--spec-tree")) c->o.spec_tree = true;
+        else if (!strcmp(a, "--spec-chain")) c->o.spec_tree = false;
         else if (!strcmp(a, "--mlock")) c->o.use_mlock = true;
         else if (!strcmp(a, "--draft")) ok = cli_value("bench", argc, argv, &i, &c->o.draft_path);
         else if (!strcmp(a, "--spec-prompt")) ok = cli_value("bench", argc, argv, &i, &c->o.spec_prompt);

@@ -66,9 +66,9 @@ static void run_usage(FILE *f) {
             "  --draft FILE           DFlash assistant GGUF for the model (default without -m: $MUSER_DRAFT,\n"
             "                         else the shipped models/glimmer-tiny-dflash-q4_k_xl.gguf)\n"
             "  --no-draft             decode without the assistant\n"
-            "  --verify-len N         proposals per round: 3, 7 or 15 (default 7)\n"
-            "  --spec-tree            verify a token tree of that many proposals instead of one chain\n"
-            "                         (docs/speculative.md \"Token trees\")\n"
+            "  --verify-len N         proposals per round: 3, 7 or 15 (default 15)\n"
+            "  --spec-chain           verify them as one chain (default: a token tree, docs/speculative.md\n"
+            "                         \"Token trees\"; --spec-tree)\n"
             "  --spec-always          speculate every step (default: an adaptive gate falls back to plain\n"
             "                         steps while speculation is slower or rarely accepted)\n",
             MAX_STOPS);
@@ -76,7 +76,7 @@ static void run_usage(FILE *f) {
 }
 
 static int parse(int argc, char **argv, run_opts *o) {
-    *o = (run_opts){.n_predict = 128, .verify_len = 7};
+    *o = (run_opts){.n_predict = 128, .verify_len = MUSER_SPEC_VERIFY_LEN_DEFAULT, .spec_tree = MUSER_SPEC_TREE_DEFAULT};
     run_sampling_init(&o->sampling);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -99,6 +99,7 @@ static int parse(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--no-draft")) o->no_draft = true;
         else if (!strcmp(a, "--spec-always")) o->spec_always = true;
         else if (!strcmp(a, "--spec-tree")) o->spec_tree = true;
+        else if (!strcmp(a, "--spec-chain")) o->spec_tree = false;
         else if (!strcmp(a, "--verify-len"))
             ok = cli_value("run", argc, argv, &i, &v) && cli_parse_verify_len("run", v, &o->verify_len);
         else if (!strcmp(a, "--chat")) o->chat = true;
@@ -228,10 +229,10 @@ static void print_spec_json(const run_state *r) {
     muser_spec_get_stats(r->sp, &st);
     printf(",\"speculative\":{\"draft\":");
     cli_json_str(stdout, muser_draft_name(r->draft));
-    printf(",\"verify_len\":%lld,\"rounds\":%lld,\"round_tokens\":%lld,\"drafted\":%lld,\"accepted\":%lld,"
+    printf(",\"verify_len\":%lld,\"tree\":%s,\"rounds\":%lld,\"round_tokens\":%lld,\"drafted\":%lld,\"accepted\":%lld,"
            "\"plain_steps\":%lld,\"gate_closures\":%lld,\"gate_open\":%s,\"draft_s\":%.6f,\"verify_s\":%.6f,"
            "\"plain_s\":%.6f,\"calibration_round_s\":%.6f,\"calibration_plain_s\":%.6f}",
-           (long long)r->o->verify_len, (long long)st.rounds, (long long)st.round_tokens, (long long)st.drafted,
+           (long long)r->o->verify_len, r->o->spec_tree ? "true" : "false", (long long)st.rounds, (long long)st.round_tokens, (long long)st.drafted,
            (long long)st.accepted, (long long)st.plain_steps, (long long)st.gate_closures,
            st.gate_open ? "true" : "false", st.t_draft, st.t_verify, st.t_plain, st.calib_round_s, st.calib_plain_s);
 }

@@ -37,9 +37,9 @@ static void serve_usage(FILE *f) {
             "  --draft FILE            DFlash assistant GGUF: a request running alone decodes speculatively\n"
             "                          (the same tokens as plain decoding; an adaptive gate keeps it only\n"
             "                          where it pays); requests side by side go through batched steps\n"
-            "  --verify-len N          proposals per speculative round: 3, 7 or 15 (default 7; --draft-max)\n"
+            "  --verify-len N          proposals per speculative round: 3, 7 or 15 (default 15; --draft-max)\n"
             "  --spec-always           speculate every step of a lone request (no gate)\n"
-            "  --spec-tree             verify token trees instead of chains\n"
+            "  --spec-chain            verify the proposals as one chain (default: a token tree; --spec-tree)\n"
             "  --backend NAME          ref | cpu | cuda | auto (default auto)\n"
             "  -t, --threads N         threads (default: all cores)\n"
             "  --sampling-threads N    threads drawing the slots' tokens after each step (default: on\n"
@@ -71,8 +71,8 @@ int cmd_serve(int argc, char **argv) {
                     .max_body = 8u << 20};
     const char *key_file = NULL;
     char *key_buf = NULL;
-    int64_t verify_len = 7;
-    bool spec_always = false, spec_tree = false;
+    int64_t verify_len = MUSER_SPEC_VERIFY_LEN_DEFAULT;
+    bool spec_always = false, spec_tree = MUSER_SPEC_TREE_DEFAULT;
     int zstd_level = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -110,6 +110,7 @@ int cmd_serve(int argc, char **argv) {
             ok = cli_value("serve", argc, argv, &i, &v) && cli_parse_verify_len("serve", v, &verify_len);
         else if (!strcmp(a, "--spec-always")) spec_always = true;
         else if (!strcmp(a, "--spec-tree")) spec_tree = true;
+        else if (!strcmp(a, "--spec-chain")) spec_tree = false;
         else if (!strcmp(a, "--slot-save-path")) ok = cli_value("serve", argc, argv, &i, &p.slot_save_path);
         else if (!strcmp(a, "--prompt-cache")) ok = cli_value("serve", argc, argv, &i, &p.prompt_cache);
         else if (!strcmp(a, "--prompt-cache-max-size"))

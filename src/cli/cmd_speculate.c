@@ -30,9 +30,9 @@ static void spec_usage(FILE *f) {
             "  -p, --prompt TEXT      prompt text (tokenized with the target's tokenizer)\n"
             "  --tokens IDS           prompt as comma-separated token ids\n"
             "  -n, --n-predict N      maximum tokens to generate (default 128)\n"
-            "  --verify-len N         proposals verified per step: 3, 7 or 15 (default 7)\n"
-            "  --tree                 verify a token tree of that many proposals instead of one chain\n"
-            "                         (docs/speculative.md \"Token trees\")\n"
+            "  --verify-len N         proposals verified per step: 3, 7 or 15 (default 15)\n"
+            "  --spec-chain           verify them as one chain (default: a token tree, docs/speculative.md\n"
+            "                         \"Token trees\"; --tree)\n"
             "  -t, --threads N        threads (default: all cores)\n"
             "  --backend NAME         ref | cpu | cuda | auto (default auto)\n"
             "  -c, --ctx-size N       context length (default: model's, capped at 4096)\n"
@@ -40,7 +40,7 @@ static void spec_usage(FILE *f) {
 }
 
 static int parse(int argc, char **argv, spec_opts *o) {
-    *o = (spec_opts){.n_predict = 128, .verify_len = 7};
+    *o = (spec_opts){.n_predict = 128, .verify_len = MUSER_SPEC_VERIFY_LEN_DEFAULT, .tree = MUSER_SPEC_TREE_DEFAULT};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         bool ok = true;
@@ -49,7 +49,8 @@ static int parse(int argc, char **argv, spec_opts *o) {
         else if (!strcmp(a, "--draft")) ok = cli_value("speculate", argc, argv, &i, &o->draft);
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) ok = cli_value("speculate", argc, argv, &i, &o->prompt);
         else if (!strcmp(a, "--json")) o->json = true;
-        else if (!strcmp(a, "--tree")) o->tree = true;
+        else if (!strcmp(a, "--tree") || !strcmp(a, "--spec-tree")) o->tree = true;
+        else if (!strcmp(a, "--spec-chain")) o->tree = false;
         else if (!strcmp(a, "--tokens"))
             ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_ids("speculate", v, &o->tokens, &o->n_tokens);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict"))

@@ -211,7 +211,7 @@ case " $STAGES " in *" bench "*)
         for p in "And it came to pass, when the king" "The history of the"; do
             for vl in 7 15; do
                 for mode in chain tree hosttree; do
-                    t=""; pk=1
+                    t=--spec-chain; pk=1
                     [ $mode = chain ] || t=--tree
                     [ $mode = hosttree ] && pk=0
                     for rep in $(seq ${SPEC_REPS:-3}); do
@@ -233,7 +233,7 @@ case " $STAGES " in *" bench "*)
                 done
             done
         done
-        for t in "" --spec-tree; do
+        for t in --spec-chain --spec-tree; do
             echo "-- muser bench --draft $t (VL 15)"
             $TINY -p 0 -n 128 -r 5 -q --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" --verify-len 15 $t 2>&1 |
                 tail -2

@@ -132,7 +132,7 @@ else
     say "FAIL glimmer-tiny on cuda against ref: $(tail -3 "$T/err")"; fail=1
 fi
 for be in cuda cpu; do
-    "$M" run -m "$TM" --draft "$D" --spec-always --backend $be -p "$P" -n 96 --temp 0 --json \
+    "$M" run -m "$TM" --draft "$D" --spec-always --spec-chain --verify-len 7 --backend $be -p "$P" -n 96 --temp 0 --json \
         --dump-logits "$T/spec_$be.bin" >"$T/spec_$be.json" 2>>"$T/err" || ok=0
 done
 if [ $ok = 1 ] && cmp -s "$T/plain.bin" "$T/spec_cuda.bin" && cmp -s "$T/spec_cpu.bin" "$T/spec_cuda.bin"; then
@@ -145,13 +145,14 @@ fi
 # --tree the tree built there too, tree_reg) against the same rounds
 # through the host (MUSER_SPEC_PICKS=0) and plain greedy (muser
 # speculate's own check), at verify lengths 3, 7 and 15, two prompts
-for tree in "" --tree; do
+for shape in chain tree; do
+    opt=--spec-chain && [ $shape = tree ] && opt=--tree
     ok=1 msg=""
     for pr in "$P" "The history of the"; do
         for vl in 3 7 15; do
             for pk in 1 0; do
                 MUSER_SPEC_PICKS=$pk "$M" speculate -m "$TM" --draft "$D" --backend cuda -p "$pr" -n 96 --verify-len $vl \
-                    $tree --json >"$T/picks_${vl}_$pk.json" 2>>"$T/err" || ok=0
+                    $opt --json >"$T/picks_${vl}_$pk.json" 2>>"$T/err" || ok=0
                 grep -q '"exact": true' "$T/picks_${vl}_$pk.json" || ok=0
             done
             a=$(grep -o '"ids": \[[^]]*\]' "$T/picks_${vl}_1.json") b=$(grep -o '"ids": \[[^]]*\]' "$T/picks_${vl}_0.json")
@@ -162,9 +163,9 @@ for tree in "" --tree; do
         done
     done
     if [ $ok = 1 ]; then
-        say "PASS speculative ${tree:+tree }rounds on the GPU's picks: the tokens of the host's rounds and of plain greedy ($msg)"
+        say "PASS speculative $shape rounds on the GPU's picks: the tokens of the host's rounds and of plain greedy ($msg)"
     else
-        say "FAIL speculative ${tree:+tree }rounds on the GPU's picks: $(tail -3 "$T/err")$msg"; fail=1
+        say "FAIL speculative $shape rounds on the GPU's picks: $(tail -3 "$T/err")$msg"; fail=1
     fi
 done
 # token trees (docs/speculative.md "Token trees"): the same rows drawn from

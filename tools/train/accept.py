@@ -53,7 +53,7 @@ def main():
     def run(i, p, vl):
         cmd = [args.muser, "speculate", "-m", args.target, "--draft", args.draft, "--tokens",
                ",".join(str(int(t)) for t in p), "-n", str(args.gen), "--verify-len", str(vl),
-               "-t", str(args.threads), "--backend", args.backend, "--json"] + (["--tree"] if args.tree else [])
+               "-t", str(args.threads), "--backend", args.backend, "--json"] + (["--tree"] if args.tree else ["--spec-chain"])
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit("prompt %d: muser speculate failed (%d): %s" % (i, r.returncode, r.stderr.strip()))
