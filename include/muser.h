@@ -459,6 +459,8 @@ typedef struct muser_spec_stats {
     int64_t plain_steps;        /* one-token steps (gate closed, probing, or no room to draft) */
     int64_t gate_closures;      /* times the gate stopped speculation */
     int64_t picked_rounds;      /* rounds whose rows stayed on the backend (greedy, no rows wanted) */
+    int64_t backend_rounds;     /* rounds drafted into the backend's registers and verified from there:
+                                 * the picked ones and those drawn on the host from the fetched rows */
     double t_draft, t_verify, t_plain; /* seconds */
     bool gate_open;             /* speculating now */
     double calib_round_s, calib_plain_s; /* the gate's calibration (0 without gate) */

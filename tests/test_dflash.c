@@ -923,10 +923,10 @@ static void test_spec_picks(void) {
     static const char *texts[] = {"And it came to pass, when the king",
                                   "<|header_start|>user<|header_end|>\n\nWho are you?<|eot|>"
                                   "<|header_start|>assistant<|header_end|>\n\n"};
-    int64_t picked = 0, host_rounds = 0, picked_trees = 0;
+    int64_t picked = 0, host_rounds = 0, picked_trees = 0, sampled_on_backend = 0;
     for (int vi = 0; vi < 5; vi++) /* chains at VL 3, 7, 15; trees at 7, 15 */
         for (int ti = 0; ti < 2; ti++)
-            for (int with_smp = 0; with_smp < 2; with_smp++) {
+            for (int with_smp = 0; with_smp < 3; with_smp++) { /* none, greedy, seeded temperature 0.8 */
                 const bool tree = vi >= 3;
                 muser_spec_params p = {.verify_len = vi == 0 ? 3 : vi % 2 ? 7 : 15, .no_gate = true, .tree = tree};
                 muser_spec *sp[2];
@@ -938,7 +938,8 @@ static void test_spec_picks(void) {
                     if (with_smp) {
                         muser_sampling_params sa;
                         muser_sampling_params_default(&sa);
-                        sa.temp = 0;
+                        sa.temp = with_smp == 2 ? 0.8f : 0;
+                        sa.seed = 1234 + (uint32_t)(vi * 2 + ti);
                         sa.ignore_eos = true;
                         smp[k] = muser_sampler_create(target, &sa, &err);
                     }
@@ -972,7 +973,8 @@ static void test_spec_picks(void) {
                 muser_spec_stats st[2];
                 for (int k = 0; k < 2; k++) muser_spec_get_stats(sp[k], &st[k]);
                 CHECK_MSG(st[0].rounds == st[1].rounds && st[0].accepted == st[1].accepted &&
-                              st[0].round_tokens == st[1].round_tokens && st[1].picked_rounds == 0,
+                              st[0].round_tokens == st[1].round_tokens && st[1].backend_rounds == 0 &&
+                              st[0].backend_rounds == st[0].rounds,
                           "VL %d text %d: rounds %lld / %lld, accepted %lld / %lld", p.verify_len, ti,
                           (long long)st[0].rounds, (long long)st[1].rounds, (long long)st[0].accepted,
                           (long long)st[1].accepted);
@@ -987,6 +989,7 @@ static void test_spec_picks(void) {
                 const int32_t *ha = mu_session_hist(s[0], &na), *hb = mu_session_hist(s[1], &nb);
                 CHECK(na == nb && !memcmp(ha, hb, (size_t)na * sizeof *ha));
                 picked += st[0].picked_rounds;
+                if (with_smp == 2) sampled_on_backend += st[0].backend_rounds - st[0].picked_rounds;
                 if (tree) picked_trees += st[0].picked_rounds;
                 host_rounds += st[0].rounds - st[0].picked_rounds;
                 free(prompt);
@@ -995,9 +998,9 @@ static void test_spec_picks(void) {
                     muser_sampler_free(smp[k]);
                 }
             }
-    printf("rounds on the backend: %lld picked there (%lld of them trees), %lld through the host\n", (long long)picked,
-           (long long)picked_trees, (long long)host_rounds);
-    CHECK(picked > 0 && picked_trees > 0);
+    printf("rounds on the backend: %lld picked there (%lld of them trees), %lld drawn on the host (%lld sampled)\n",
+           (long long)picked, (long long)picked_trees, (long long)host_rounds, (long long)sampled_on_backend);
+    CHECK(picked > 0 && picked_trees > 0 && sampled_on_backend > 0);
     muser_session_free(s[0]);
     muser_session_free(s[1]);
     muser_draft_free(d);

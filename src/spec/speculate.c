@@ -143,6 +143,7 @@ struct muser_spec {
     int32_t *slots;                 /* the backend round's picks and proposals (pick_rows), host_alloc memory */
     bool picks;                     /* greedy rounds may stay on the backend (spec_round_picks) */
     bool tree_picks;                /* ... tree rounds too (the backend builds the tree: tree_reg) */
+    bool host_picks;                /* ... and sampled rounds, drawn on the host from there (MUSER_SPEC_HOST_PICKS=0: no) */
     const int32_t *eog;             /* the target's end-of-generation ids (its tokenizer's), n_eog of them */
     int n_eog;
     bool times;                     /* MUSER_SPEC_TIMES: the host's share of each phase of a picks round */
@@ -337,6 +338,8 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     }
     sp->n_eog = target->tok ? (int)mu_tokenizer_eog_ids(target->tok, &sp->eog) : 0;
     sp->tree_picks = sp->picks && sp->tree && sp->be->tree_reg && sp->be->trees && sp->n_eog <= MU_SPEC_TREE_EOG_MAX;
+    const char *hp = getenv("MUSER_SPEC_HOST_PICKS");
+    sp->host_picks = sp->picks && !(hp && *hp && atoi(hp) == 0);
     const char *tm = getenv("MUSER_SPEC_TIMES");
     sp->times = tm && *tm && strcmp(tm, "0");
     gate_init(&sp->gate, p->no_gate);
@@ -553,9 +556,14 @@ static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *sm
  * it; a tree grows nothing under one). When any row is not decided that
  * way, or the sampler bans an emitted pick, every row comes to the host
  * and the walk draws there (a non-finite row then poisons the session as
- * a feed would). */
+ * a feed would). A round whose draws are not argmax picks (a sampler that
+ * is not greedy, a grammar) or whose caller wants the rows (host) takes
+ * that walk from the start: it still saves spec_round's download of the
+ * draft's rows, its host tree and the wait between draft and verification.
+ * The draws are spec_round's: the same tree (tree_reg builds
+ * mu_spec_tree_build's), the same rows, the same walk. */
 static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampler *smp, int32_t *out,
-                            muser_error *err) {
+                            const float **rows, bool host, muser_error *err) {
     const int64_t V = sp->n_vocab, P = muser_session_pos(sp->s);
     mu_backend *be = sp->be;
     const bool tree = sp->tree;
@@ -593,7 +601,7 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     }
     /* draw along it: from the root's row, then from the row of the child
      * holding the drawn token, while there is one */
-    bool on_host = false, complete = false;
+    bool on_host = host, complete = false;
     int n = 0;
     int32_t path[MU_TREE_MAX] = {0};
     /* a tree's rows past its nodes are fillers no walk reaches (backend.h tree_reg) */
@@ -607,6 +615,7 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
                 if (!complete) return -1;
                 break;
             }
+            if (rows) rows[n] = sp->logits + (int64_t)cur * V;
         } else if (smp && muser_sampler_bans(smp, tok)) { /* start again on the host */
             if (!mu_session_fetch_rows(sp->s, tn, sp->logits, ERR(err))) return -1;
             on_host = true;
@@ -624,6 +633,7 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
         cur = child;
     }
     sp->st.picked_rounds += !on_host;
+    sp->st.backend_rounds++;
     if (!on_host)
         for (int i = 0; i < n; i++)
             if (smp && !muser_sampler_accept(smp, out[i], err)) return -1;
@@ -683,9 +693,10 @@ static int spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int ma
     if (vl > max_out - 1) vl = max_out - 1; /* never draw past max_out */
     if (vl > room) vl = room;
     if (!sp->gate.open || vl < 1) return plain_step(sp, pending, smp, out, rows, err);
-    if (sp->picks && (!sp->tree || sp->tree_picks) && !rows && (!smp || muser_sampler_is_argmax(smp)) &&
+    const bool host = rows || (smp && !muser_sampler_is_argmax(smp)); /* draws on the host's rows */
+    if (sp->picks && (!sp->tree || sp->tree_picks) && (!host || sp->host_picks) &&
         vl + 1 <= mu_session_picks_max(sp->s))
-        return spec_round_picks(sp, pending, (int)vl, smp, out, err);
+        return spec_round_picks(sp, pending, (int)vl, smp, out, rows, host, err);
     return spec_round(sp, pending, (int)vl, smp, out, rows, err);
 }
 

@@ -233,6 +233,17 @@ case " $STAGES " in *" bench "*)
                 done
             done
         done
+        echo "-- sampled rounds (--temp 0.8, trees of 15, every step speculative): drawn on the host from the rows"
+        echo "   the backend verified from its registers (MUSER_SPEC_HOST_PICKS=1) or through the host's round (0); plain"
+        for rep in 1 2 3; do
+            for hp in 1 0; do
+                echo "host picks $hp: $(MUSER_SPEC_HOST_PICKS=$hp "$M" run -m "$SRC/models/glimmer-tiny-q4_k_xl.gguf" \
+                    --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" --backend cuda -p "The history of the" -n 128 \
+                    --temp 0.8 --seed 5 --ignore-eos --spec-always 2>&1 >/dev/null | grep -o 'decode: [^)]*)')"
+            done
+            echo "plain: $("$M" run -m "$SRC/models/glimmer-tiny-q4_k_xl.gguf" --backend cuda -p "The history of the" \
+                -n 128 --temp 0.8 --seed 5 --ignore-eos 2>&1 >/dev/null | grep -o 'decode: [^)]*)')"
+        done
         for t in --spec-chain --spec-tree; do
             echo "-- muser bench --draft $t (VL 15)"
             $TINY -p 0 -n 128 -r 5 -q --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" --verify-len 15 $t 2>&1 |
