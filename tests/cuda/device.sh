@@ -16,7 +16,8 @@
 #           (NCU_KERNEL, default k_residual) with NCU_SECTIONS; trace:
 #           each kernel's time inside the replayed graphs (CUPTI); kvpack:
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
-#           speculate` statistics under each of SPEC_ENVS and a kernel profile; specbench: speculative
+#           speculate` statistics under each of SPEC_ENVS, a kernel profile, the host's phase times
+#           and a kernel trace of the replayed rounds; specbench: speculative
 #           rounds, chains against token trees on the GPU and on the host, two prompts, VL 7 / 15, and
 #           the context merged into the draft or apart (MUSER_DFLASH_MERGE);
 #           llamadflash: llama.cpp's draft-dflash beside its plain decoding on the same pair
@@ -201,7 +202,11 @@ case " $STAGES " in *" bench "*)
             --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" 2>&1 | tail -4
         echo "-- per-kernel profile (MUSER_CUDA_PROF=1, graphs off)"
         MUSER_CUDA_PROF=1 "$M" speculate -p "And it came to pass, when the king" -n 128 --json 2>&1 |
-            sed 's/"ids": \[[^]]*\], "text": "[^"]*", //' | head -70 ;;
+            sed 's/"ids": \[[^]]*\], "text": "[^"]*", //' | head -70
+        echo "-- the host's time in each phase of a round (MUSER_SPEC_TIMES=1) and the kernels inside the"
+        echo "   replayed graphs (MUSER_CUDA_TRACE=1; CSV in \$OUT/trace-spec.csv)"
+        MUSER_SPEC_TIMES=1 MUSER_CUDA_TRACE=1 MUSER_CUDA_TRACE_CSV=${OUT:-/tmp}/trace-spec.csv "$M" speculate \
+            -p "And it came to pass, when the king" -n 128 --json 2>&1 >/dev/null | grep -v '^muser: backend' | head -60 ;;
     esac
     case " $STAGES " in *" specbench "*)
         # speculative rounds of the tiny pair, chains against token trees (built on the GPU: tree_reg,
