@@ -161,6 +161,12 @@ static void flush_feats(muser_spec *sp) {
     sp->n_feats = 0;
 }
 
+/* An opt-out switch: NAME set to a number that is 0. */
+static bool env_off(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && atoi(v) == 0;
+}
+
 /* The buffered rows' count, handed to the draft that comes next: it
  * projects them in its own launches where it can (dflash_forward.c
  * can_merge), else first. */
@@ -329,8 +335,7 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     sp->feats = mu_backend_xalloc(sp->be, feat_bytes, "the assistant's feature rows");
     sp->be->zero(sp->be, sp->feats, feat_bytes);
     /* greedy rounds on the backend: proposals and picks stay there (MUSER_SPEC_PICKS=0: through the host) */
-    const char *pk = getenv("MUSER_SPEC_PICKS");
-    sp->picks = sp->be->argmax_reg && sp->be->pick_rows && sp->be->chain_wait && !(pk && *pk && atoi(pk) == 0);
+    sp->picks = sp->be->argmax_reg && sp->be->pick_rows && sp->be->chain_wait && !env_off("MUSER_SPEC_PICKS");
     if (sp->picks) {
         const size_t bytes = SLOT_INTS * sizeof(int32_t);
         sp->slots = sp->be->host_alloc ? sp->be->host_alloc(sp->be, bytes) : mu_xmalloc(bytes);
@@ -338,8 +343,7 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     }
     sp->n_eog = target->tok ? (int)mu_tokenizer_eog_ids(target->tok, &sp->eog) : 0;
     sp->tree_picks = sp->picks && sp->tree && sp->be->tree_reg && sp->be->trees && sp->n_eog <= MU_SPEC_TREE_EOG_MAX;
-    const char *hp = getenv("MUSER_SPEC_HOST_PICKS");
-    sp->host_picks = sp->picks && !(hp && *hp && atoi(hp) == 0);
+    sp->host_picks = !env_off("MUSER_SPEC_HOST_PICKS");
     const char *tm = getenv("MUSER_SPEC_TIMES");
     sp->times = tm && *tm && strcmp(tm, "0");
     gate_init(&sp->gate, p->no_gate);
