@@ -18,8 +18,8 @@
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
 #           speculate` statistics under each of SPEC_ENVS, a kernel profile, the host's phase times
 #           and a kernel trace of the replayed rounds; specbench: speculative
-#           rounds, chains against token trees on the GPU and on the host, two prompts, VL 7 / 15, and
-#           the context merged into the draft or apart (MUSER_DFLASH_MERGE);
+#           `muser bench --draft` on the two held-out prompts and Genesis (trees of 15, chains
+#           of 7), tokens per round of single `muser speculate` runs, sampled rounds on the registers;
 #           llamadflash: llama.cpp's draft-dflash beside its plain decoding on the same pair
 #           (tests/cuda/llama_dflash.sh; carry .llama-build/llama-server.xz, or run llamabuild first);
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
@@ -209,33 +209,24 @@ case " $STAGES " in *" bench "*)
             -p "And it came to pass, when the king" -n 128 --json 2>&1 >/dev/null | grep -v '^muser: backend' | head -60 ;;
     esac
     case " $STAGES " in *" specbench "*)
-        # speculative rounds of the tiny pair, chains against token trees (built on the GPU: tree_reg,
-        # or on the host: MUSER_SPEC_PICKS=0), the two held-out prompts, VL 7 and 15, SPEC_REPS runs
-        # each (single runs vary: plain greedy is timed beside each); then muser bench's own prompt
-        echo "== speculate: chain against tree (glimmer-tiny pair, greedy, 128 tokens)"
-        for p in "And it came to pass, when the king" "The history of the"; do
-            for vl in 7 15; do
-                for mode in chain tree hosttree; do
-                    t=--spec-chain; pk=1
-                    [ $mode = chain ] || t=--tree
-                    [ $mode = hosttree ] && pk=0
-                    for rep in $(seq ${SPEC_REPS:-3}); do
-                        echo "-- $p / VL $vl / $mode / $rep: $(MUSER_SPEC_PICKS=$pk "$M" speculate -m \
-                            "$SRC/models/glimmer-tiny-q4_k_xl.gguf" --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" \
-                            --backend cuda -p "$p" -n 128 --verify-len $vl $t --json 2>&1 |
-                            sed 's/"ids": \[[^]]*\], "text": "[^"]*", //' | grep -o '"verify_steps.*')"
-                    done
-                done
+        # speculative rounds of the tiny pair, greedy. First `muser bench --draft` on the two held-out
+        # prompts and on its own Genesis prompt (a warm-up run, then SPEC_REPS runs: medians, plain
+        # greedy timed beside each run), trees of 15 and chains of 7; then single `muser speculate`
+        # runs (tokens per round; their speed also pays the first captures); then sampled rounds
+        D="$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf"
+        echo "== muser bench --draft: held-out prompts and Genesis, trees of 15 / chains of 7"
+        for p in "And it came to pass, when the king" "The history of the" ""; do
+            for sh in "--verify-len 15 --spec-tree" "--verify-len 7 --spec-chain"; do
+                echo "-- ${p:-Genesis (bench default)} / $sh"
+                $TINY -p 0 -n 128 -r ${SPEC_REPS:-5} -q --draft "$D" $sh ${p:+--spec-prompt "$p"} 2>&1 | tail -2
             done
         done
-        echo "-- the round's context projected inside the draft (MUSER_DFLASH_MERGE=1) or apart (0), trees, VL 15"
-        for rep in 1 2 3; do
-            for mg in 0 1; do
-                for p in "And it came to pass, when the king" "The history of the"; do
-                    echo "merge $mg / ${p:0:8}: $(MUSER_DFLASH_MERGE=$mg "$M" speculate -m \
-                        "$SRC/models/glimmer-tiny-q4_k_xl.gguf" --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" \
-                        --backend cuda -p "$p" -n 128 --verify-len 15 --tree --json 2>&1 | grep -o '"speedup": [0-9.]*\|"exact": [a-z]*' | tr '\n' ' ')"
-                done
+        echo "== speculate: tokens per round (glimmer-tiny pair, greedy, 128 tokens)"
+        for p in "And it came to pass, when the king" "The history of the"; do
+            for sh in "--verify-len 15 --tree" "--verify-len 7 --spec-chain"; do
+                echo "-- $p / $sh: $("$M" speculate -m "$SRC/models/glimmer-tiny-q4_k_xl.gguf" --draft "$D" \
+                    --backend cuda -p "$p" -n 128 $sh --json 2>&1 |
+                    sed 's/"ids": \[[^]]*\], "text": "[^"]*", //' | grep -o '"verify_steps.*')"
             done
         done
         echo "-- sampled rounds (--temp 0.8, trees of 15, every step speculative): drawn on the host from the rows"
@@ -243,16 +234,11 @@ case " $STAGES " in *" bench "*)
         for rep in 1 2 3; do
             for hp in 1 0; do
                 echo "host picks $hp: $(MUSER_SPEC_HOST_PICKS=$hp "$M" run -m "$SRC/models/glimmer-tiny-q4_k_xl.gguf" \
-                    --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" --backend cuda -p "The history of the" -n 128 \
+                    --draft "$D" --backend cuda -p "The history of the" -n 128 \
                     --temp 0.8 --seed 5 --ignore-eos --spec-always 2>&1 >/dev/null | grep -o 'decode: [^)]*)')"
             done
             echo "plain: $("$M" run -m "$SRC/models/glimmer-tiny-q4_k_xl.gguf" --backend cuda -p "The history of the" \
                 -n 128 --temp 0.8 --seed 5 --ignore-eos 2>&1 >/dev/null | grep -o 'decode: [^)]*)')"
-        done
-        for t in --spec-chain --spec-tree; do
-            echo "-- muser bench --draft $t (VL 15)"
-            $TINY -p 0 -n 128 -r 5 -q --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" --verify-len 15 $t 2>&1 |
-                tail -2
         done ;;
     esac
     case " $STAGES " in *" llamadflash "*)
