@@ -461,6 +461,7 @@ typedef struct muser_spec_stats {
     int64_t picked_rounds;      /* rounds whose rows stayed on the backend (greedy, no rows wanted) */
     int64_t backend_rounds;     /* rounds drafted into the backend's registers and verified from there:
                                  * the picked ones and those drawn on the host from the fetched rows */
+    int64_t predrafted;         /* rounds whose draft the round before had enqueued (speculate.c predraft) */
     double t_draft, t_verify, t_plain; /* seconds */
     bool gate_open;             /* speculating now */
     double calib_round_s, calib_plain_s; /* the gate's calibration (0 without gate) */

@@ -923,7 +923,7 @@ static void test_spec_picks(void) {
     static const char *texts[] = {"And it came to pass, when the king",
                                   "<|header_start|>user<|header_end|>\n\nWho are you?<|eot|>"
                                   "<|header_start|>assistant<|header_end|>\n\n"};
-    int64_t picked = 0, host_rounds = 0, picked_trees = 0, sampled_on_backend = 0;
+    int64_t picked = 0, host_rounds = 0, picked_trees = 0, sampled_on_backend = 0, predrafted = 0;
     for (int vi = 0; vi < 5; vi++) /* chains at VL 3, 7, 15; trees at 7, 15 */
         for (int ti = 0; ti < 2; ti++)
             for (int with_smp = 0; with_smp < 3; with_smp++) { /* none, greedy, seeded temperature 0.8 */
@@ -989,6 +989,7 @@ static void test_spec_picks(void) {
                 const int32_t *ha = mu_session_hist(s[0], &na), *hb = mu_session_hist(s[1], &nb);
                 CHECK(na == nb && !memcmp(ha, hb, (size_t)na * sizeof *ha));
                 picked += st[0].picked_rounds;
+                predrafted += st[0].predrafted;
                 if (with_smp == 2) sampled_on_backend += st[0].backend_rounds - st[0].picked_rounds;
                 if (tree) picked_trees += st[0].picked_rounds;
                 host_rounds += st[0].rounds - st[0].picked_rounds;
@@ -998,9 +999,10 @@ static void test_spec_picks(void) {
                     muser_sampler_free(smp[k]);
                 }
             }
-    printf("rounds on the backend: %lld picked there (%lld of them trees), %lld drawn on the host (%lld sampled)\n",
-           (long long)picked, (long long)picked_trees, (long long)host_rounds, (long long)sampled_on_backend);
-    CHECK(picked > 0 && picked_trees > 0 && sampled_on_backend > 0);
+    printf("rounds on the backend: %lld picked there (%lld of them trees), %lld drawn on the host (%lld sampled); "
+           "%lld on the draft the round before enqueued\n", (long long)picked, (long long)picked_trees,
+           (long long)host_rounds, (long long)sampled_on_backend, (long long)predrafted);
+    CHECK(picked > 0 && picked_trees > 0 && sampled_on_backend > 0 && predrafted > 0);
     muser_session_free(s[0]);
     muser_session_free(s[1]);
     muser_draft_free(d);

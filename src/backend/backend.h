@@ -279,6 +279,7 @@ struct mu_backend {
     void (*argmax_reg)(mu_backend *b, const float *x, int64_t n, int64_t rows);
     void (*pick_rows)(mu_backend *b, const float *x, int64_t n, int64_t rows, int n_regs, int32_t *slot);
     int32_t regs[MU_TOKEN_REGS]; /* host backends: the token registers */
+    uint64_t reg_epoch;          /* drafts that set the token registers so far (src/spec/dflash_forward.c) */
     /* Optional (NULL: trees are built on the host, speculate.c): the
      * token tree over the draft's rows x [rows][n] (rows < MU_TREE_MAX),
      * built as mu_spec_tree_build builds it (src/spec/spec_tree.h; eog:

@@ -62,5 +62,11 @@ void mu_session_resolve_regs(muser_session *s, int64_t pos0, const int32_t *regs
  * as a feed does (poisoning the session, err says where). */
 bool mu_session_fetch_row(muser_session *s, int64_t row, mu_error *err);
 bool mu_session_fetch_rows(muser_session *s, int64_t n, float *out, mu_error *err);
+/* After feed_picks: its row `row`, which pick_rows found finite, becomes
+ * the session's row, downloaded when something first reads it
+ * (muser_session_logits, a snapshot, a fork): a greedy round's caller
+ * never does, and the next round need not wait for the copy. Any later
+ * feed replaces it. */
+void mu_session_defer_row(muser_session *s, int64_t row);
 
 #endif

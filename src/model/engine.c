@@ -55,6 +55,9 @@ struct muser_session {
     float *logits;              /* host [n_vocab], last row */
     bool logits_backend;        /* logits came from the backend's host_alloc */
     bool has_logits;
+    /* >= 0: the last row is vrows' row lazy_row, not yet downloaded into
+     * logits (mu_session_defer_row); every reader goes through settle() */
+    int64_t lazy_row;
     /* the tokens at positions [0, n_hist): what a durable pack records
      * (src/kvpack/); n_hist < pos when rows came from elsewhere (the
      * benchmark's synthetic depth) */
@@ -204,6 +207,7 @@ muser_session *muser_engine_session(muser_engine *e, muser_error *err) {
     }
     const mu_model_config *c = &e->model->m->cfg;
     muser_session *s = mu_xcalloc(1, sizeof *s);
+    s->lazy_row = -1;
     /* A ring keeps the window of the first row of the largest block one
      * forward stores for one session (kv.h). */
     const int64_t most = e->chunk > STEP_DECODE_MAX ? e->chunk : STEP_DECODE_MAX;
@@ -302,7 +306,25 @@ void muser_session_reset(muser_session *s) {
 
 int64_t muser_session_pos(const muser_session *s) { return s->pos; }
 int64_t muser_session_n_ctx(const muser_session *s) { return s->e->n_ctx; }
-const float *muser_session_logits(const muser_session *s) { return s->has_logits ? s->logits : NULL; }
+/* A deferred row (mu_session_defer_row) comes to the host at its first reader. */
+static void settle(muser_session *s) {
+    if (!s->has_logits || s->lazy_row < 0) return;
+    muser_engine *e = s->e;
+    const int64_t V = e->model->m->cfg.n_vocab;
+    e->be->download(e->be, s->logits, s->vrows + s->lazy_row * V, (size_t)V * sizeof(float));
+    s->lazy_row = -1;
+}
+
+const float *muser_session_logits(const muser_session *s) {
+    if (!s->has_logits) return NULL;
+    if (s->lazy_row >= 0) {
+        muser_session *w = (muser_session *)s; /* the row's bytes are the session's state; only its copy moves */
+        lock(w->e);
+        settle(w);
+        unlock(w->e);
+    }
+    return s->logits;
+}
 muser_model *muser_session_model(const muser_session *s) { return s->e->model; }
 muser_engine *muser_session_engine(const muser_session *s) { return s->e; }
 const char *muser_session_error(const muser_session *s) { return s->error; }
@@ -518,6 +540,7 @@ static bool feed_locked(muser_session *s, const int32_t *tokens, int64_t n, floa
     }
     if (all_out) memcpy(s->logits, all_out + (n - 1) * V, (size_t)V * sizeof(float));
     s->has_logits = true;
+    s->lazy_row = -1;
     return true;
 }
 
@@ -567,6 +590,7 @@ static bool feed_tree_locked(muser_session *s, const int32_t *tokens, const int3
     }
     memcpy(s->logits, out + (n - 1) * V, (size_t)V * sizeof(float));
     s->has_logits = true;
+    s->lazy_row = -1;
     return true;
 }
 
@@ -707,8 +731,16 @@ bool mu_session_fetch_row(muser_session *s, int64_t row, mu_error *err) {
     const bool ok = check_finite(s, s->logits, 1, s->pos - 1);
     if (!ok) mu_err_set(err, "%s", s->error);
     s->has_logits = ok;
+    s->lazy_row = -1;
     unlock(e);
     return ok;
+}
+
+void mu_session_defer_row(muser_session *s, int64_t row) {
+    lock(s->e);
+    s->has_logits = true;
+    s->lazy_row = row;
+    unlock(s->e);
 }
 
 bool mu_session_fetch_rows(muser_session *s, int64_t n, float *out, mu_error *err) {
@@ -977,6 +1009,7 @@ int32_t muser_engine_step(muser_engine *e, muser_step_info *info, muser_error *e
                 if (s->q_done == s->q_len) {
                     if (s->q_all_out) memcpy(s->logits, s->q_all_out + (s->q_len - 1) * V, (size_t)V * sizeof(float));
                     s->has_logits = true;
+                    s->lazy_row = -1;
                     s->q_all_out = NULL;
                     completed++;
                 }
@@ -1054,7 +1087,9 @@ bool muser_session_fork(muser_session *dst, const muser_session *src, int64_t n,
         dst->poisoned = false;
         dst->error[0] = 0;
         dst->captured_rows = 0;
+        settle((muser_session *)src); /* the row's copy on the host, the state unchanged */
         dst->has_logits = n == src->pos && src->has_logits;
+        dst->lazy_row = -1;
         if (dst->has_logits) memcpy(dst->logits, src->logits, (size_t)dst->e->model->m->cfg.n_vocab * sizeof(float));
     }
     unlock(dst->e);
@@ -1067,6 +1102,7 @@ muser_snapshot *muser_session_snapshot(const muser_session *s) {
     snap->kv = mu_kv_snapshot_take(&s->kv);
     snap->pos = s->pos;
     const size_t V = (size_t)s->e->model->m->cfg.n_vocab;
+    settle((muser_session *)s); /* the row's copy on the host, the state unchanged */
     if (s->has_logits) {
         snap->logits = malloc(V * sizeof(float));
         if (snap->logits) memcpy(snap->logits, s->logits, V * sizeof(float));
@@ -1095,6 +1131,7 @@ bool muser_session_restore(muser_session *s, const muser_snapshot *snap, muser_e
     if (ok) {
         s->pos = snap->pos;
         s->has_logits = snap->logits != NULL;
+        s->lazy_row = -1;
         if (snap->logits) memcpy(s->logits, snap->logits, (size_t)s->e->model->m->cfg.n_vocab * sizeof(float));
         s->n_hist = 0;
         hist_append(s, 0, snap->hist, snap->n_hist);
@@ -1168,6 +1205,7 @@ void mu_session_set_logits(muser_session *s, const float *row) {
     lock(s->e);
     memcpy(s->logits, row, (size_t)s->e->model->m->cfg.n_vocab * sizeof *row);
     s->has_logits = true;
+    s->lazy_row = -1;
     unlock(s->e);
 }
 muser_spec *mu_session_spec(const muser_session *s) { return s->spec; }
@@ -1215,6 +1253,7 @@ void mu_session_install(muser_session *s, mu_kv_cache *staged, const int32_t *to
     hist_append(s, 0, tokens, n);
     memcpy(s->logits, logits, (size_t)s->e->model->m->cfg.n_vocab * sizeof(float));
     s->has_logits = true;
+    s->lazy_row = -1;
     s->captured_rows = 0;
     s->poisoned = false;
     s->error[0] = 0;

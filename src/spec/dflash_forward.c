@@ -398,6 +398,7 @@ void mu_dflash_draft(mu_dflash_state *st, const float *features, int64_t n_ctx, 
     draft_rows(st, features, n_ctx, anchor, n_prop);
     if (!proposals) {
         be->argmax_reg(be, st->logits, V, n_prop);
+        be->reg_epoch++;
         bracket_end(st);
         return;
     }
@@ -411,6 +412,7 @@ void mu_dflash_draft_tree(mu_dflash_state *st, const float *features, int64_t n_
     n_ctx = draft_begin(st, features, n_ctx, n_prop, 2);
     draft_rows(st, features, n_ctx, anchor, n_prop);
     st->be->tree_reg(st->be, st->logits, st->t->cfg.n_vocab, n_prop, eog, n_eog, slot);
+    st->be->reg_epoch++;
     bracket_end(st);
 }
 

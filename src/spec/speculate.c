@@ -121,8 +121,9 @@ static bool gate_round(spec_gate *g, int64_t proposals, int64_t accepted, int64_
  * printed when the speculation state is freed (the phases of
  * spec_round_picks; "wait" is the host blocked on the backend). */
 #define PHASES 6
-static const char *const phase_name[PHASES] = {"context+draft enqueued", "verification enqueued", "wait for the picks",
-                                               "rollback and context rows", "last row fetched", "gate"};
+static const char *const phase_name[PHASES] = {"draft enqueued",         "verification enqueued",
+                                               "wait for the picks",     "context rows and gate",
+                                               "next draft enqueued",    "rollback"};
 /* pick_rows: 16 rows' (pick, flag), then the proposals; then tree_reg's tree */
 #define SLOT_PICKS (2 * 16 + MU_TOKEN_REGS)
 #define SLOT_INTS (SLOT_PICKS + MU_SPEC_TREE_SLOT)
@@ -146,6 +147,15 @@ struct muser_spec {
     bool host_picks;                /* ... and sampled rounds, drawn on the host from there (MUSER_SPEC_HOST_PICKS=0: no) */
     const int32_t *eog;             /* the target's end-of-generation ids (its tokenizer's), n_eog of them */
     int n_eog;
+    bool predraft;                  /* picks rounds enqueue the next round's draft (MUSER_SPEC_PREDRAFT=0: no) */
+    struct {                        /* that draft: valid for a round of vl after anchor at pos, while no */
+        bool on;                    /* other draft has set the registers since (epoch) */
+        int32_t anchor;
+        int vl;
+        int64_t pos;
+        uint64_t epoch;
+        double t0;                  /* when it was enqueued: the round's start for the gate */
+    } pre;
     bool times;                     /* MUSER_SPEC_TIMES: the host's share of each phase of a picks round */
     double *ph;                     /* seconds in each phase, PHASES a round, ph_rounds rounds */
     int64_t ph_rounds, ph_cap;
@@ -344,6 +354,7 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     sp->n_eog = target->tok ? (int)mu_tokenizer_eog_ids(target->tok, &sp->eog) : 0;
     sp->tree_picks = sp->picks && sp->tree && sp->be->tree_reg && sp->be->trees && sp->n_eog <= MU_SPEC_TREE_EOG_MAX;
     sp->host_picks = !env_off("MUSER_SPEC_HOST_PICKS");
+    sp->predraft = !env_off("MUSER_SPEC_PREDRAFT");
     const char *tm = getenv("MUSER_SPEC_TIMES");
     sp->times = tm && *tm && strcmp(tm, "0");
     gate_init(&sp->gate, p->no_gate);
@@ -392,6 +403,7 @@ void muser_spec_reset(muser_spec *sp) {
     muser_session_reset(sp->s);
     mu_dflash_state_reset(sp->ds);
     sp->n_feats = 0;
+    sp->pre.on = false;
     mu_session_unlock(sp->s);
 }
 
@@ -415,6 +427,7 @@ static bool in_step(const muser_spec *sp, mu_error *err) {
 
 bool muser_spec_feed(muser_spec *sp, const int32_t *tokens, int64_t n, muser_error *err) {
     mu_session_lock(sp->s);
+    sp->pre.on = false;
     const bool ok = in_step(sp, ERR(err)) && muser_session_feed(sp->s, tokens, n, err) && take_captured(sp, n, n, ERR(err));
     mu_session_unlock(sp->s);
     return ok;
@@ -439,6 +452,7 @@ static int32_t draw(muser_sampler *smp, const float *row, int64_t n_vocab, bool 
 static int plain_step(muser_spec *sp, int32_t pending, muser_sampler *smp, int32_t *out, const float **rows,
                       muser_error *err) {
     double t0 = mu_now();
+    sp->pre.on = false;
     if (!muser_session_feed(sp->s, &pending, 1, err) || !take_captured(sp, 1, 1, ERR(err))) return -1;
     const float *row = muser_session_logits(sp->s);
     bool complete = false;
@@ -546,6 +560,36 @@ static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *sm
     return round_done(sp, t.n - 1, n, t0, t1, mu_now());
 }
 
+/* The round's draft into the backend's registers (a tree: tree_reg builds
+ * it there), the buffered context rows projected first. */
+static void draft_regs(muser_spec *sp, int32_t anchor, int vl) {
+    const int64_t nf = feats_for_draft(sp);
+    if (sp->tree) mu_dflash_draft_tree(sp->ds, sp->feats, nf, anchor, vl, sp->eog, sp->n_eog, sp->slots + SLOT_PICKS);
+    else mu_dflash_draft(sp->ds, sp->feats, nf, anchor, vl, NULL, NULL);
+}
+
+/* The next round's draft, enqueued as soon as a round knows its kept rows
+ * and its last token (the next round's pending one, anchor): the backend
+ * runs it while the host rolls the target back and the caller takes its
+ * tokens. The next round uses it when it comes with that anchor and
+ * verify length at that position and no other draft has set the registers
+ * since; otherwise it drafts again (the context rows are already
+ * projected: the same draft). A draft only proposes, so one that is never
+ * used changes nothing but time. */
+static void predraft(muser_spec *sp, int32_t anchor, int64_t pos) {
+    const int64_t room = muser_session_n_ctx(sp->s) - pos - 1;
+    const int vl = room < sp->verify_len ? (int)room : sp->verify_len;
+    if (vl < 1) return;
+    const double t0 = mu_now();
+    draft_regs(sp, anchor, vl);
+    sp->pre.on = true;
+    sp->pre.anchor = anchor;
+    sp->pre.vl = vl;
+    sp->pre.pos = pos;
+    sp->pre.epoch = sp->be->reg_epoch;
+    sp->pre.t0 = t0;
+}
+
 /* A greedy round that leaves its rows on the backend (smp NULL or an
  * argmax sampler, no rows wanted): the draft's proposals go into the
  * backend's token registers (argmax_reg; a tree round: tree_reg builds the
@@ -571,15 +615,19 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     const int64_t V = sp->n_vocab, P = muser_session_pos(sp->s);
     mu_backend *be = sp->be;
     const bool tree = sp->tree;
-    int32_t *tslot = sp->slots + SLOT_PICKS;
+    const int32_t *tslot = sp->slots + SLOT_PICKS;
     int32_t block[16];
     block[0] = pending;
     for (int i = 0; i < vl; i++) block[i + 1] = MU_TOKEN_REG(i);
-    double t0 = mu_now(), tp[PHASES + 1];
-    tp[0] = t0;
-    const int64_t nf = feats_for_draft(sp);
-    if (tree) mu_dflash_draft_tree(sp->ds, sp->feats, nf, pending, vl, sp->eog, sp->n_eog, tslot);
-    else mu_dflash_draft(sp->ds, sp->feats, nf, pending, vl, NULL, NULL);
+    double tp[PHASES + 1];
+    tp[0] = mu_now();
+    /* the draft the round before enqueued, when it is this round's */
+    const bool pre = sp->pre.on && sp->pre.anchor == pending && sp->pre.vl == vl && sp->pre.pos == P &&
+                     sp->pre.epoch == be->reg_epoch && sp->n_feats == 0;
+    const double t0 = pre ? sp->pre.t0 : tp[0];
+    sp->pre.on = false;
+    if (!pre) draft_regs(sp, pending, vl);
+    sp->st.predrafted += pre;
     double t1 = tp[1] = mu_now();
     if (!muser_session_checkpoint(sp->s, err) ||
         !mu_session_feed_picks(sp->s, block, vl + 1, vl, tree, sp->slots, ERR(err)))
@@ -641,19 +689,23 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     if (!on_host)
         for (int i = 0; i < n; i++)
             if (smp && !muser_sampler_accept(smp, out[i], err)) return -1;
-    /* kept rows: the pending token and the nodes drawn after it */
+    /* kept rows: the pending token and the nodes drawn after it; their
+     * features first, then the next round's draft (it needs them, not the
+     * target's rollback), so the backend drafts while the host rolls back
+     * and returns to its caller */
     const int keep = n ? n : 1;
-    if (tree ? !mu_session_keep_path(sp->s, P, block, path, keep, ERR(err)) ||
-                   !take_captured_path(sp, vl + 1, keep, path, ERR(err))
-             : !muser_session_rollback(sp->s, P + keep, err) || !take_captured(sp, vl + 1, keep, ERR(err)))
+    if (!take_captured_path(sp, vl + 1, keep, tree ? path : NULL, ERR(err))) return -1;
+    const double t3 = tp[4] = mu_now();
+    const int32_t next = n ? out[n - 1] : -1;
+    n = round_done(sp, tree ? tn - 1 : vl, n, t0, t1, t3);
+    if (next >= 0 && sp->predraft && sp->gate.open && !muser_token_is_eog(sp->target, next)) predraft(sp, next, P + keep);
+    tp[5] = sp->times ? mu_now() : 0.0;
+    if (tree ? !mu_session_keep_path(sp->s, P, block, path, keep, ERR(err)) : !muser_session_rollback(sp->s, P + keep, err))
         return -1;
     muser_session_commit(sp->s);
-    tp[4] = sp->times ? mu_now() : 0.0;
     const int last = path[keep - 1]; /* the row of the last kept token */
     if (on_host) mu_session_set_logits(sp->s, sp->logits + (int64_t)last * V);
-    else if (!mu_session_fetch_row(sp->s, last, ERR(err))) return -1;
-    double t3 = tp[5] = mu_now();
-    n = round_done(sp, tree ? tn - 1 : vl, n, t0, t1, t3);
+    else mu_session_defer_row(sp->s, last); /* pick_rows found it finite; a greedy caller never reads it */
     if (sp->times) {
         tp[6] = mu_now();
         if (sp->ph_rounds == sp->ph_cap) {
@@ -706,6 +758,7 @@ static int spec_next(muser_spec *sp, int32_t pending, muser_sampler *smp, int ma
 
 bool mu_spec_take_fed(muser_spec *sp, int64_t n, mu_error *err) {
     mu_session_lock(sp->s);
+    sp->pre.on = false;
     const bool ok = take_captured(sp, n, n, err);
     mu_session_unlock(sp->s);
     return ok;
@@ -713,6 +766,7 @@ bool mu_spec_take_fed(muser_spec *sp, int64_t n, mu_error *err) {
 
 void mu_spec_draft_now(muser_spec *sp, int32_t anchor, int n_prop, int32_t *proposals, float *logits) {
     mu_session_lock(sp->s);
+    sp->pre.on = false;
     mu_dflash_draft(sp->ds, sp->feats, feats_for_draft(sp), anchor, n_prop, proposals, logits);
     mu_session_unlock(sp->s);
 }
@@ -751,6 +805,7 @@ void mu_spec_import(muser_spec *sp, int64_t rows, int64_t n_feats, const unsigne
     mu_session_lock(sp->s);
     const uint64_t ctx = mu_dflash_state_bytes(sp->draft->d, rows);
     mu_dflash_state_import(sp->ds, rows, (const float *)data);
+    sp->pre.on = false;
     sp->n_feats = n_feats;
     if (n_feats) sp->be->upload(sp->be, sp->feats, data + ctx, (size_t)(n_feats * sp->feat_len) * sizeof(float));
     mu_session_unlock(sp->s);
