@@ -88,6 +88,15 @@ assert s['exact'] is True and s['verify_len'] == 3 and s['tree'] is False and s[
 assert len(s['plain']['samples']) == 2 and len(s['spec']['samples']) == 2 and s['speedup'] > 0, s
 "
 expect_fail "$T/missing.gguf" "$M" bench -p 0 -n 8 -r 1 --no-membw -q --draft "$T/missing.gguf"
+# a set of prompts (--spec-prompts: text or ids lines): one speed over all of them
+printf 'And it came to pass\n\nids:%s\n' "$(head -1 "$MUSER_SOURCE_DIR/tools/train/heldout-64.txt" | cut -d: -f2 | cut -d, -f1-20)" >"$T/prompts.txt"
+check "$M" bench -p 0 -n 16 -r 1 --warmup 0 --no-membw -q --draft "$D" --spec-prompts "$T/prompts.txt" --json "$T/bp.json" >"$T/bp.txt"
+check grep -q "2 prompts" "$T/bp.txt"
+check $PY -c "import json; s = json.load(open('$T/bp.json'))['speculative']; assert s['prompts'] == 2 and s['exact'] is True, s"
+printf 'ids:1,2,99999\n' >"$T/badp.txt"
+expect_fail "token ids below" "$M" bench -p 0 -n 8 -r 1 --no-membw -q --draft "$D" --spec-prompts "$T/badp.txt"
+printf '\n\n' >"$T/nop.txt"
+expect_fail "no prompt in it" "$M" bench -p 0 -n 8 -r 1 --no-membw -q --draft "$D" --spec-prompts "$T/nop.txt"
 
 # muser speculate: exact greedy with statistics
 check "$M" speculate -p "$P" -n 32 --json >"$T/sp.json" 2>/dev/null

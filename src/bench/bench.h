@@ -39,6 +39,8 @@ typedef struct mu_bench_opts {
     bool interleave;          /* --interleave: the counts' steps alternate one by one */
     const char *draft_path;   /* DFlash assistant: also time greedy generation plain vs speculative */
     const char *spec_prompt;  /* its prompt text (NULL: a Genesis verse) */
+    const char *const *spec_prompts; /* or a set of them (--spec-prompts: text, or "ids:1,2,3") */
+    int n_spec_prompts;
     int verify_len;           /* 3, 7, 15 (0 = 7) */
     bool spec_tree;           /* --spec-tree: verify token trees (docs/speculative.md) */
     /* progress lines (no newline), or NULL */
@@ -69,7 +71,9 @@ typedef struct mu_bench_spec {
     char draft_name[128];
     int verify_len;
     bool tree;                /* token trees (--spec-tree) */
-    int64_t n_prompt, n_gen;
+    int64_t n_prompt, n_gen;  /* n_prompt: the first prompt's */
+    int n_prompts;            /* prompts in each repetition; a repetition's speed is their tokens over their seconds */
+    double ratio_min, ratio_max; /* the last repetition's lowest and highest speculative / plain ratio of one prompt */
     mu_bench_stats plain, spec;
     int64_t rounds, round_tokens, drafted, accepted; /* summed over the timed repetitions */
 } mu_bench_spec;

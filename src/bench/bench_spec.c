@@ -1,4 +1,4 @@
-/* `muser bench --draft FILE`: greedy generation from a text prompt, plain
+/* `muser bench --draft FILE`: greedy generation from a prompt (or each of a set), plain
  * against speculative (every step speculates, no gate), both through the
  * request loop of src/gen (mu_gen_greedy), timed the same way as the
  * other tests (warm-up, repetitions, median/CV, optional pause). The two
@@ -10,56 +10,110 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* One prompt of the set: "ids:1,2,3" (token ids, as tools/train/accept.py
+ * writes held-out prompts) or text, tokenized like -p. */
+static int64_t spec_prompt(muser_model *mm, const char *line, int32_t **ids, mu_error *err) {
+    if (strncmp(line, "ids:", 4)) {
+        int64_t n = muser_tokenize(mm, line, strlen(line), true, true, ids, (muser_error *)err);
+        if (n == 0) mu_err_set(err, "bench: speculation prompt '%.40s' is empty", line);
+        return n > 0 ? n : -1;
+    }
+    muser_model_info info;
+    muser_model_get_info(mm, &info);
+    const int64_t V = info.n_vocab;
+    int64_t n = 0, cap = 64;
+    *ids = mu_xmalloc((size_t)cap * sizeof **ids);
+    for (const char *p = line + 4; *p;) {
+        char *end;
+        long long x = strtoll(p, &end, 10);
+        if (end == p || x < 0 || x >= V || (*end && *end != ',')) {
+            mu_err_set(err, "bench: speculation prompt '%.40s': token ids below %lld, comma-separated, expected at '%.12s'",
+                       line, (long long)V, p);
+            return -1;
+        }
+        if (n == cap) *ids = mu_xrealloc(*ids, (size_t)(cap *= 2) * sizeof **ids);
+        (*ids)[n++] = (int32_t)x;
+        p = *end ? end + 1 : end;
+    }
+    if (!n) mu_err_set(err, "bench: speculation prompt '%s' holds no ids", line);
+    return n ? n : -1;
+}
+
 bool mu_bench_spec_run(const mu_bench_opts *o, muser_model *mm, mu_bench_spec *res, mu_error *err) {
     memset(res, 0, sizeof *res);
     const int64_t n = o->n_gen > 1 ? o->n_gen : 128;
     const int vl = o->verify_len ? o->verify_len : 7;
-    int32_t *prompt = NULL;
-    const char *text = o->spec_prompt ? o->spec_prompt : "In the beginning God created the heaven and the earth.";
-    int64_t n_prompt = muser_tokenize(mm, text, strlen(text), true, true, &prompt, (muser_error *)err);
-    if (n_prompt <= 0) {
-        if (n_prompt == 0) mu_err_set(err, "bench: the speculation prompt is empty");
-        free(prompt);
-        return false;
+    /* the prompts: --spec-prompts' lines, else --spec-prompt, else a Genesis verse */
+    const char *one = o->spec_prompt ? o->spec_prompt : "In the beginning God created the heaven and the earth.";
+    const int np = o->n_spec_prompts ? o->n_spec_prompts : 1;
+    int32_t **prompt = mu_xcalloc((size_t)np, sizeof *prompt);
+    int64_t *n_prompt = mu_xcalloc((size_t)np, sizeof *n_prompt), longest = 0;
+    bool ok = true;
+    for (int k = 0; k < np && ok; k++) {
+        n_prompt[k] = o->n_spec_prompts ? spec_prompt(mm, o->spec_prompts[k], &prompt[k], err)
+                                        : spec_prompt(mm, one, &prompt[k], err);
+        ok = n_prompt[k] > 0;
+        if (ok && n_prompt[k] > longest) longest = n_prompt[k];
     }
-    muser_draft *d = muser_draft_load(o->draft_path, mm, (muser_error *)err);
-    muser_session_params spp = {.n_ctx = n_prompt + n + 1};
+    muser_draft *d = ok ? muser_draft_load(o->draft_path, mm, (muser_error *)err) : NULL;
+    muser_session_params spp = {.n_ctx = longest + n + 1};
     muser_session *s = d ? muser_session_create(mm, &spp, (muser_error *)err) : NULL;
     double *sa = mu_xmalloc((size_t)o->reps * sizeof(double)), *sb = mu_xmalloc((size_t)o->reps * sizeof(double));
-    bool ok = s != NULL;
+    ok = s != NULL;
     if (ok) snprintf(res->draft_name, sizeof res->draft_name, "%s", muser_draft_name(d));
+    res->ratio_min = 1e30;
+    /* a repetition: every prompt plain, then speculative; its speed is the
+     * tokens of all prompts over their summed seconds */
     for (int i = 0; i < o->warmup + o->reps && ok; i++) {
-        mu_gen_pair r = {0};
+        int64_t tok_a = 0, tok_b = 0;
+        double sec_a = 0, sec_b = 0;
         if (i >= o->warmup) mu_bench_pause(o->pause_s);
-        ok = mu_gen_greedy(s, NULL, NULL, prompt, n_prompt, n, &r, (muser_error *)err);
-        if (ok && i >= o->warmup) mu_bench_pause(o->pause_s);
-        ok = ok && mu_gen_greedy(s, d, &(muser_spec_params){.verify_len = vl, .tree = o->spec_tree}, prompt, n_prompt, n, &r, (muser_error *)err);
-        if (ok && mu_gen_pair_diff(&r) >= 0) {
-            mu_err_set(err, "bench: speculative greedy output differs from plain greedy (repetition %d)", i);
-            ok = false;
+        for (int k = 0; k < np && ok; k++) {
+            mu_gen_pair r = {0};
+            ok = mu_gen_greedy(s, NULL, NULL, prompt[k], n_prompt[k], n, &r, (muser_error *)err);
+            ok = ok && mu_gen_greedy(s, d, &(muser_spec_params){.verify_len = vl, .tree = o->spec_tree}, prompt[k],
+                                     n_prompt[k], n, &r, (muser_error *)err);
+            if (ok && mu_gen_pair_diff(&r) >= 0) {
+                mu_err_set(err, "bench: speculative greedy output differs from plain greedy (prompt %d, repetition %d)", k, i);
+                ok = false;
+            }
+            if (ok && i >= o->warmup) {
+                tok_a += r.n_plain;
+                sec_a += r.t_plain;
+                tok_b += r.n_spec;
+                sec_b += r.t_spec;
+                res->rounds += r.st.rounds + r.st.plain_steps; /* a plain step verifies no proposal */
+                res->round_tokens += r.st.round_tokens + r.st.plain_steps;
+                res->drafted += r.st.drafted;
+                res->accepted += r.st.accepted;
+                res->n_gen = np > 1 ? n : r.n_plain; /* a set: the most any prompt generates */
+                if (i == o->warmup + o->reps - 1 && r.t_spec > 0 && r.t_plain > 0) { /* the last repetition's spread */
+                    const double q = mu_gen_rate(r.n_spec, r.t_spec) / mu_gen_rate(r.n_plain, r.t_plain);
+                    if (q < res->ratio_min) res->ratio_min = q;
+                    if (q > res->ratio_max) res->ratio_max = q;
+                }
+            }
+            mu_gen_pair_free(&r);
         }
         if (ok && i >= o->warmup) {
-            sa[i - o->warmup] = mu_gen_rate(r.n_plain, r.t_plain);
-            sb[i - o->warmup] = mu_gen_rate(r.n_spec, r.t_spec);
-            res->rounds += r.st.rounds + r.st.plain_steps; /* a plain step verifies no proposal */
-            res->round_tokens += r.st.round_tokens + r.st.plain_steps;
-            res->drafted += r.st.drafted;
-            res->accepted += r.st.accepted;
-            res->n_gen = r.n_plain;
+            sa[i - o->warmup] = mu_gen_rate(tok_a, sec_a);
+            sb[i - o->warmup] = mu_gen_rate(tok_b, sec_b);
         }
-        mu_gen_pair_free(&r);
     }
     if (ok) {
         mu_bench_stats_compute(&res->plain, sa, o->reps);
         mu_bench_stats_compute(&res->spec, sb, o->reps);
-        res->n_prompt = n_prompt;
+        res->n_prompt = n_prompt[0];
+        res->n_prompts = np;
         res->verify_len = vl;
         res->tree = o->spec_tree;
         res->ran = true;
     }
     free(sa);
     free(sb);
+    for (int k = 0; k < np; k++) free(prompt[k]);
     free(prompt);
+    free(n_prompt);
     muser_session_free(s);
     muser_draft_free(d);
     return ok;

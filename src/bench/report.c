@@ -98,8 +98,9 @@ bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_benc
     if (sp->ran) {
         fprintf(f, ",\n  \"speculative\": {\n    \"draft\": ");
         json_str(f, sp->draft_name);
-        fprintf(f, ",\n    \"verify_len\": %d,\n    \"tree\": %s,\n    \"prompt_tokens\": %lld,\n    \"tokens\": %lld,\n",
-                sp->verify_len, sp->tree ? "true" : "false", (long long)sp->n_prompt, (long long)sp->n_gen);
+        fprintf(f, ",\n    \"verify_len\": %d,\n    \"tree\": %s,\n    \"prompt_tokens\": %lld,\n    \"tokens\": %lld,\n"
+                "    \"prompts\": %d,\n",
+                sp->verify_len, sp->tree ? "true" : "false", (long long)sp->n_prompt, (long long)sp->n_gen, sp->n_prompts);
         fprintf(f, "    \"plain\": {\n");
         json_stats(f, "      ", &sp->plain);
         fprintf(f, "\n    },\n    \"spec\": {\n");

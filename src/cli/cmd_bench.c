@@ -36,6 +36,8 @@ static void bench_usage(FILE *f) {
             "  --draft FILE           also time greedy generation of -n tokens after a text prompt, plain\n"
             "                         and speculative with this DFlash assistant (outputs must match)\n"
             "  --spec-prompt TEXT     that prompt (default: Genesis 1:1)\n"
+            "  --spec-prompts FILE    or each prompt of FILE, one a line: text, or ids:1,2,3 (token ids);\n"
+            "                         a repetition's speed is all their tokens over all their seconds\n"
             "  --verify-len N         proposals per round: 3, 7 or 15 (default 15)\n"
             "  --spec-chain           verify them as one chain (default: a token tree; --spec-tree)\n"
             "  --prefill-depth        fill the depth by real prefill (default: synthetic K/V rows)\n"
@@ -61,11 +63,51 @@ static void bench_usage(FILE *f) {
 typedef struct bench_cli {
     mu_bench_opts o;
     int64_t *depths, *parallel;
+    char *spec_file;          /* --spec-prompts: the file's bytes, cut into spec_lines */
+    const char **spec_lines;
     int64_t threads, reps, warmup, size_mb;
     const char *json, *plot;
     bool membw_only, no_membw, no_paired, quiet, grammar, reps_given;
     float membw_gbs;
 } bench_cli;
+
+static void cli_free(bench_cli *c) {
+    free(c->depths);
+    free(c->parallel);
+    free(c->spec_file);
+    free(c->spec_lines);
+}
+
+/* --spec-prompts FILE: its non-empty lines (a trailing '\r' dropped), at most 4096 */
+static bool spec_prompts(bench_cli *c, const char *path) {
+    size_t len = 0;
+    char *t = cli_read_file("bench", path, &len);
+    if (!t) return false;
+    free(c->spec_file);
+    free(c->spec_lines);
+    c->spec_file = t;
+    c->spec_lines = mu_xmalloc(4096 * sizeof *c->spec_lines);
+    int n = 0;
+    for (char *p = t, *nl; p < t + len; p = nl + 1) {
+        nl = memchr(p, '\n', (size_t)(t + len - p));
+        if (!nl) nl = t + len;
+        *nl = 0;
+        if (nl > p && nl[-1] == '\r') nl[-1] = 0;
+        if (!*p) continue;
+        if (n == 4096) {
+            fprintf(stderr, "muser bench: --spec-prompts %s: more than 4096 prompts\n", path);
+            return false;
+        }
+        c->spec_lines[n++] = p;
+    }
+    if (!n) {
+        fprintf(stderr, "muser bench: --spec-prompts %s: no prompt in it\n", path);
+        return false;
+    }
+    c->o.spec_prompts = c->spec_lines;
+    c->o.n_spec_prompts = n;
+    return true;
+}
 
 /* "a,b,c" into a list of at most 64 values. */
 static bool parse_list(const char *flag, const char *s, int64_t **out, int *n_out) {
@@ -148,6 +190,7 @@ static int parse(int argc, char **argv, bench_cli *c) {
         else if (!strcmp(a, "--mlock")) c->o.use_mlock = true;
         else if (!strcmp(a, "--draft")) ok = cli_value("bench", argc, argv, &i, &c->o.draft_path);
         else if (!strcmp(a, "--spec-prompt")) ok = cli_value("bench", argc, argv, &i, &c->o.spec_prompt);
+        else if (!strcmp(a, "--spec-prompts")) ok = cli_value("bench", argc, argv, &i, &v) && spec_prompts(c, v);
         else if (!strcmp(a, "--verify-len")) {
             int64_t vl = 0;
             ok = cli_value("bench", argc, argv, &i, &v) && cli_parse_verify_len("bench", v, &vl);
@@ -302,9 +345,14 @@ static void print_table(const bench_cli *c, const mu_bench_result *r) {
     if (!sp->ran) return;
     print_row(0, "greedy", sp->n_gen, &sp->plain, 0, 0);
     print_row(0, "spec", sp->n_gen, &sp->spec, 0, 0);
-    printf("speculative (%s, verify length %d%s, %lld-token prompt): %.2fx plain greedy, %.2f tokens per round, "
+    char prompts[96];
+    if (sp->n_prompts > 1)
+        snprintf(prompts, sizeof prompts, "%d prompts, one prompt's ratio %.2fx-%.2fx in the last repetition",
+                 sp->n_prompts, sp->ratio_min, sp->ratio_max);
+    else snprintf(prompts, sizeof prompts, "%lld-token prompt", (long long)sp->n_prompt);
+    printf("speculative (%s, verify length %d%s, %s): %.2fx plain greedy, %.2f tokens per round, "
            "acceptance %.1f%%, identical output\n",
-           sp->draft_name, sp->verify_len, sp->tree ? " as a tree" : "", (long long)sp->n_prompt,
+           sp->draft_name, sp->verify_len, sp->tree ? " as a tree" : "", prompts,
            sp->plain.median > 0 ? sp->spec.median / sp->plain.median : 0.0,
            sp->rounds ? (double)sp->round_tokens / (double)sp->rounds : 0.0,
            sp->drafted ? 100.0 * (double)sp->accepted / (double)sp->drafted : 0.0);
@@ -316,20 +364,17 @@ int cmd_bench(int argc, char **argv) {
     bench_cli c = {0};
     int rc = parse(argc, argv, &c);
     if (rc >= 0) {
-        free(c.depths);
-        free(c.parallel);
+        cli_free(&c);
         return rc;
     }
     if (c.grammar) {
         rc = bench_grammar(c.o.model_path, c.reps_given ? (int)c.reps : 21, c.json, c.quiet);
-        free(c.depths);
-        free(c.parallel);
+        cli_free(&c);
         return rc;
     }
     if (c.membw_only) {
         rc = membw_only(&c);
-        free(c.depths);
-        free(c.parallel);
+        cli_free(&c);
         return rc;
     }
     if (c.membw_gbs > 0) c.o.membw_gbs = c.membw_gbs;
@@ -345,8 +390,7 @@ int cmd_bench(int argc, char **argv) {
     mu_error err;
     if (!mu_bench_run(&c.o, &r, &err)) {
         cli_error("bench", err.msg);
-        free(c.depths);
-        free(c.parallel);
+        cli_free(&c);
         return 1;
     }
     print_table(&c, &r);
@@ -362,7 +406,6 @@ int cmd_bench(int argc, char **argv) {
         rc = 1;
     }
     mu_bench_result_free(&r);
-    free(c.depths);
-    free(c.parallel);
+    cli_free(&c);
     return rc;
 }

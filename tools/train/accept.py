@@ -6,10 +6,13 @@ its measurement prompts (valid split + chat valid, numpy seed 7; the first
 
     accept.py [--muser build/muser] [--target T.gguf] --draft D.gguf [--data build/tok]
               [--n-eval 320] [--n-select 64] [--limit N] [--gen 144] [--vl 15,7] [--tree] [-t 2] [-j 1]
+              [--write-prompts FILE]
 
 Prints, per verify length, verify steps, tokens and tokens per verify step
 over all prompts (a prompt's run stops at an end-of-generation token, where
 train_dflash.py's simulation runs on), and the prompt share that ended early.
+--write-prompts writes the prompts instead, one `ids:...` line each, for
+`muser bench --draft D --spec-prompts FILE` (speed over the same set).
 The statistics do not depend on the backend (every backend gives the same
 tokens), so a CPU run measures what the GPU will see.
 """
@@ -44,12 +47,19 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("-j", "--jobs", type=int, default=1, help="prompts run at once")
+    ap.add_argument("--write-prompts", metavar="FILE",
+                    help="write the measured prompts as `muser bench --spec-prompts` lines (ids:...) and stop")
     args = ap.parse_args()
     ps = prompt_rows(args.data, "valid", args.n_eval, args.prompt, np.random.default_rng(7))
     measured = list(enumerate(ps))[args.n_select:]
     if args.limit:   # keep both halves (plain text, chat) represented
         half = args.n_eval // 2
         measured = [m for m in measured if m[0] < half][:args.limit] + [m for m in measured if m[0] >= half][:args.limit]
+    if args.write_prompts:
+        with open(args.write_prompts, "w") as f:
+            for _, p in measured:
+                f.write("ids:" + ",".join(str(int(t)) for t in p) + "\n")
+        return
     def run(i, p, vl):
         cmd = [args.muser, "speculate", "-m", args.target, "--draft", args.draft, "--tokens",
                ",".join(str(int(t)) for t in p), "-n", str(args.gen), "--verify-len", str(vl),
