@@ -18,8 +18,8 @@
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
 #           speculate` statistics under each of SPEC_ENVS, a kernel profile, the host's phase times
 #           and a kernel trace of the replayed rounds; specbench: speculative
-#           `muser bench --draft` on the two held-out prompts and Genesis (trees of 15, chains
-#           of 7), tokens per round of single `muser speculate` runs, sampled rounds on the registers;
+#           `muser bench --draft` over tools/train/heldout-64.txt, on the two held-out prompts and
+#           Genesis (trees of 15 with the next draft enqueued early or not, chains), sampled rounds;
 #           llamadflash: llama.cpp's draft-dflash beside its plain decoding on the same pair
 #           (tests/cuda/llama_dflash.sh; carry .llama-build/llama-server.xz, or run llamabuild first);
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
@@ -209,24 +209,27 @@ case " $STAGES " in *" bench "*)
             -p "And it came to pass, when the king" -n 128 --json 2>&1 >/dev/null | grep -v '^muser: backend' | head -60 ;;
     esac
     case " $STAGES " in *" specbench "*)
-        # speculative rounds of the tiny pair, greedy. First `muser bench --draft` on the two held-out
-        # prompts and on its own Genesis prompt (a warm-up run, then SPEC_REPS runs: medians, plain
-        # greedy timed beside each run), trees of 15 and chains of 7; then single `muser speculate`
-        # runs (tokens per round; their speed also pays the first captures); then sampled rounds
+        # speculative rounds of the tiny pair, greedy: `muser bench --draft` (a warm-up run, then
+        # SPEC_REPS runs: medians, plain greedy timed beside each run) over 64 held-out prompts, on
+        # the two held-out prompts and on its own Genesis prompt; then sampled rounds
         D="$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf"
-        echo "== muser bench --draft: held-out prompts and Genesis, trees of 15 / chains of 7"
-        for p in "And it came to pass, when the king" "The history of the" ""; do
-            for sh in "--verify-len 15 --spec-tree" "--verify-len 7 --spec-chain"; do
-                echo "-- ${p:-Genesis (bench default)} / $sh"
-                $TINY -p 0 -n 128 -r ${SPEC_REPS:-5} -q --draft "$D" $sh ${p:+--spec-prompt "$p"} 2>&1 | tail -2
+        echo "== muser bench --draft over tools/train/heldout-64.txt (64 held-out prompts, one speed over all)"
+        for sh in "--verify-len 15 --spec-tree" "--verify-len 7 --spec-chain" "--verify-len 15 --spec-chain"; do
+            for pd in 1 0; do
+                [ "$pd" = 0 ] && [ "$sh" != "--verify-len 15 --spec-tree" ] && continue
+                echo "-- $sh, MUSER_SPEC_PREDRAFT=$pd"
+                MUSER_SPEC_PREDRAFT=$pd $TINY -p 0 -n 128 -r ${SPEC_REPS:-3} -q --draft "$D" $sh \
+                    --spec-prompts "$SRC/tools/train/heldout-64.txt" 2>&1 | tail -3
             done
         done
-        echo "== speculate: tokens per round (glimmer-tiny pair, greedy, 128 tokens)"
-        for p in "And it came to pass, when the king" "The history of the"; do
-            for sh in "--verify-len 15 --tree" "--verify-len 7 --spec-chain"; do
-                echo "-- $p / $sh: $("$M" speculate -m "$SRC/models/glimmer-tiny-q4_k_xl.gguf" --draft "$D" \
-                    --backend cuda -p "$p" -n 128 $sh --json 2>&1 |
-                    sed 's/"ids": \[[^]]*\], "text": "[^"]*", //' | grep -o '"verify_steps.*')"
+        echo "== muser bench --draft: the two held-out prompts and Genesis, trees of 15 (next draft early or not) / chains of 7"
+        for p in "And it came to pass, when the king" "The history of the" ""; do
+            for sh in "--verify-len 15 --spec-tree" "--verify-len 7 --spec-chain"; do
+                for pd in 1 0; do
+                    [ "$pd" = 0 ] && [ "$sh" != "--verify-len 15 --spec-tree" ] && continue
+                    echo "-- ${p:-Genesis (bench default)} / $sh / MUSER_SPEC_PREDRAFT=$pd"
+                    MUSER_SPEC_PREDRAFT=$pd $TINY -p 0 -n 128 -r ${SPEC_REPS:-5} -q --draft "$D" $sh ${p:+--spec-prompt "$p"} 2>&1 | tail -2
+                done
             done
         done
         echo "-- sampled rounds (--temp 0.8, trees of 15, every step speculative): drawn on the host from the rows"
