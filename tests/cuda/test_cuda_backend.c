@@ -227,7 +227,7 @@ static void test_matmul_large(void) {
         {"NVFP4_ggml", MU_TYPE_NVFP4, false, false}, {"NVFP4_native_W4A16", MU_TYPE_NVFP4_E2M1, false, false},
     };
     const int64_t shapes[][2] = {{5120, 37}, {6656, 130}, {1280, 1}, {19968, 9}};
-    const int64_t rowss[] = {1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 100};
+    const int64_t rowss[] = {1, 2, 3, 4, 7, 8, 9, 16, 17, 32, 33, 100};
     /* every weight-streaming kernel: variant, and for k_mmv3 (7) warps per output and steps (0: by shape);
      * 9: k_mmt (the tensor-core kernel of cuda_mmt.cu) for every row count up to 16; 10: the 1-row kernels
      * before k_mmv4, 11..16: k_mmv4 with 1, 2, 4 warps per slot and 2 or 4 blocks in flight */
@@ -268,8 +268,8 @@ static void test_matmul_large(void) {
         for (int t = 0; t < 3; t++) {
             const wspec spec = {t == 0 ? "Q4_K" : t == 1 ? "Q5_K" : "Q6_K", t == 0 ? MU_TYPE_Q4_K : t == 1 ? MU_TYPE_Q5_K : MU_TYPE_Q6_K, false, false};
             mu_weight w = make_weight(&spec, 6656, 130);
-            const int64_t rs[] = {1, 3, 8, 16};
-            for (int ri = 0; ri < 4; ri++) {
+            const int64_t rs[] = {1, 3, 8, 16, 17, 24, 32}; /* 17 to 32: four 8-row tiles (cuda_kernels.cu mmt_wide) */
+            for (int ri = 0; ri < 7; ri++) {
                 const int64_t rows = rs[ri];
                 char what[96];
                 snprintf(what, sizeof what, "matmul k_mmt %s rows=%lld stages=%d", w.name, (long long)rows, st);
@@ -601,9 +601,9 @@ static void test_matmul_multi(void) {
     /* at 1 row also k_mmv4 with each shape (11..16: 1, 2, 4 warps per slot, 2 or 4 blocks in flight; the
      * weights' slots share CTAs) and the kernels before it (10) */
     static const int v1[] = {10, 11, 12, 13, 14, 15, 16};
-    for (int set = 0; set < NS * 3 + NS * 7; set++) {
-        const int64_t rows = set < NS * 3 ? (int64_t[]){1, 5, 16}[set / NS] : 1; /* one launch for the set up to 16 rows */
-        const int variant = set < NS * 3 ? 3 : v1[(set - NS * 3) / NS];
+    for (int set = 0; set < NS * 4 + NS * 7; set++) {
+        const int64_t rows = set < NS * 4 ? (int64_t[]){1, 5, 16, 32}[set / NS] : 1; /* one launch for the set up to 16 (K-quants: 32) rows */
+        const int variant = set < NS * 4 ? 3 : v1[(set - NS * 4) / NS];
         mucu_set_mmv_variant(variant);
         mu_weight w[3];
         const mu_weight *wp[3];

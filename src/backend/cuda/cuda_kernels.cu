@@ -3801,6 +3801,19 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
 static int gemm_min_rows_v = -1;
 static int gemm_min_rows(void) { return env_setting(&gemm_min_rows_v, "MUSER_CUDA_GEMM", 17); }
 
+/* Q4_K/Q5_K/Q6_K calls of 17 to MUSER_CUDA_MMT_MAX rows (default 32; 16:
+ * none) stay on k_mmt (four 8-row tiles), not the GEMM, whose tiles are
+ * made for many rows: a 24-token prompt of the full model prefilled at
+ * 1,106 against 611 tokens/s on an H100 (docs/benchmarks.md "Speculation
+ * over 64 held-out prompts"). */
+static int mmt_max_v = -1;
+static bool mmt_wide(int type, int64_t rows) {
+    if (rows <= 16 || is_fp4(type)) return false;
+    const int mx = env_setting(&mmt_max_v, "MUSER_CUDA_MMT_MAX", 32), mmt = mucu_mmt_min_rows_get();
+    env_setting(&mmv_variant, "MUSER_CUDA_MMV", 3);
+    return rows <= (mx < 32 ? mx : 32) && mmt > 0 && mmv_variant >= 3;
+}
+
 /* n fast-path weights with the same n_in reading x's quantization (already
  * in q8 when prequantized): rows <= 16 with the default kernel in one
  * k_mmv2_set launch, else one product per weight. */
@@ -3811,9 +3824,11 @@ extern "C" bool mucu_matmul_set(const mucu_weight *const *w, int n, const float 
     const int gmin = gemm_min_rows();
     /* NVFP4 (every weight of a set is, or none: cuda_backend.c): one k_mmv4 launch at 1 row, else per weight */
     const bool fp4 = is_fp4((int)w[0]->type);
-    const bool one = n <= MMV_SET_MAX && rows <= 16 &&
+    const bool wide = mmt_wide((int)w[0]->type, rows);
+    const bool one = n <= MMV_SET_MAX && (rows <= 16 || wide) &&
                      (fp4 ? rows == 1
-                          : (v3like(mmv_variant) || mmv_variant == 7 || mmv_variant == 8) && !(gmin > 0 && rows >= gmin));
+                          : (v3like(mmv_variant) || mmv_variant == 7 || mmv_variant == 8) &&
+                                !(gmin > 0 && rows >= gmin && !wide));
     if (!one) {
         for (int i = 0; i < n; i++)
             if (!mucu_matmul(w[i], x, y[i], rows, q8, prequantized || i > 0, split, err)) return false;
@@ -4071,7 +4086,7 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
             if (!launched("k_quantize_q8split", err)) return false;
         }
         const int gmin = gemm_min_rows();
-        const bool many = gmin > 0 && rows >= gmin;
+        const bool wide = mmt_wide((int)w->type, rows), many = gmin > 0 && rows >= gmin && !wide;
         if (many && fp4s) return gemm_fp4(w, xq, rows, y, err);
         if (many && mucu_gemm_kq2_takes(rows)) {
             mucu_gemm_kq2(w, xq.qs, xq.d, xq.bs, rows, y, split, g_s); /* cuda_prefill.cu */
@@ -4085,6 +4100,7 @@ extern "C" bool mucu_matmul(const mucu_weight *w, const float *x, float *y, int6
             else k_gemm_kq<T_Q6_K><<<grid, 128, 0, g_s>>>(w->data, w->n_out, nbk, xq, rows, y, w->has_scale, w->scale);
             return launched("k_gemm_kq", err);
         }
+        if (wide) return launch_mmv(w, xq, 0, (int)rows, y, err); /* k_mmt */
         for (int64_t r0 = 0; r0 < rows; r0 += 16)
             if (!launch_mmv(w, xq, r0, (int)(rows - r0 < 16 ? rows - r0 : 16), y, err)) return false;
         return true;

@@ -1,4 +1,4 @@
-/* k_mmt: the weight-streaming product for calls of 1 to 16 rows on the
+/* k_mmt: the weight-streaming product for calls of 1 to 32 rows on the
  * int8 tensor cores (docs/cuda.md, "Few rows on the tensor cores"). Same
  * exactness rules as the other products (docs/numerics.md): the integer
  * sums of a block in any order (exact), f_b by the written formula, each
@@ -18,7 +18,7 @@
  * the block's activations.
  * Per block, the weights are the mma's A operand (rows = outputs g and
  * g + 8 of the lane's group), the activations its B operand (columns =
- * rows 0..7, and 8..15 in a second tile):
+ * rows 0..7, and 8..15, 16..23, 24..31 in further tiles: NT of them):
  *  - Q4_K/Q5_K, m16n8k32 per 32-value sub-block: lane t of a group holds
  *    code bytes 8t..8t+7 of the sub-block pair (values 8t..8t+7 of both),
  *    i.e. mma k 4t+c is value 8t+c and k 16+4t+c is value 8t+4+c, for
@@ -146,7 +146,7 @@ __device__ static inline void mmt_load_act(uint8_t *sa, int nr, int b, int nb, c
     const int8_t *src = qs + r0 * n_in + (int64_t)b * 256 + 16 * c;
     uint8_t *dst = sa + r0 * XLD + 16 * c;
 #pragma unroll
-    for (int m = 0; m < 8; m++) {
+    for (int m = 0; m < 16; m++) {
         if (r0 + 2 * m >= nr) break;
         cp16(dst + 2 * m * XLD, src + 2 * m * n_in, true);
     }
@@ -875,7 +875,9 @@ extern "C" void mucu_mmt(const mucu_weight *const *w, int n, float *const *y, co
                     : stf == 3 ? launch_mmt<NT, 3>(set, nb, sb, xoff, qs, d, bs, rows, st)                          \
                                : launch_mmt<NT, 2>(set, nb, sb, xoff, qs, d, bs, rows, st))
         if (rows <= 8) MMT_ST(1);
-        else MMT_ST(2);
+        else if (rows <= 16) MMT_ST(2);
+        else if (stf >= 3) launch_mmt<4, 3>(set, nb, sb, xoff, qs, d, bs, rows, st); /* 4 stages of 32 rows: 235 KB */
+        else launch_mmt<4, 2>(set, nb, sb, xoff, qs, d, bs, rows, st);
 #undef MMT_ST
         return;
     }
@@ -883,6 +885,8 @@ extern "C" void mucu_mmt(const mucu_weight *const *w, int n, float *const *y, co
     if (rows <= 8) {
         if (ring4 <= 64 * 1024) launch_mmt<1, 4>(set, nb, sb, xoff, qs, d, bs, rows, st);
         else launch_mmt<1, 3>(set, nb, sb, xoff, qs, d, bs, rows, st);
+    } else if (rows > 16) {
+        launch_mmt<4, 2>(set, nb, sb, xoff, qs, d, bs, rows, st);
     } else {
         if (ring4 <= 64 * 1024) launch_mmt<2, 4>(set, nb, sb, xoff, qs, d, bs, rows, st);
         else if (ring4 / 4 * 3 <= 96 * 1024) launch_mmt<2, 3>(set, nb, sb, xoff, qs, d, bs, rows, st);

@@ -31,7 +31,7 @@ int mucu_mmq_variant_get(void);
 
 /* y[i][rows][n_out_i] = x . w[i]^T for n weights of the same n_in, from x's
  * split Q8_K activations (codes qs [rows][n_in], d [rows][nb], bsums
- * [rows][nb][16]); 1 <= rows <= 16 (k_mmq takes the calls mmq_launch picks,
+ * [rows][nb][16]); 1 <= rows <= 32 (k_mmq takes the calls mmq_launch picks,
  * k_mmt the rest). Only launches, on `stream` (a
  * cudaStream_t); the caller checks the launch (cudaGetLastError). */
 void mucu_mmt(const mucu_weight *const *w, int n, float *const *y, const int8_t *qs, const float *d,
