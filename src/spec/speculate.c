@@ -154,7 +154,7 @@ struct muser_spec {
         int vl;
         int64_t pos;
         uint64_t epoch;
-        double t0;                  /* when it was enqueued: the round's start for the gate */
+        double cost;                /* seconds its enqueue took: part of the round that uses it */
     } pre;
     bool times;                     /* MUSER_SPEC_TIMES: the host's share of each phase of a picks round */
     double *ph;                     /* seconds in each phase, PHASES a round, ph_rounds rounds */
@@ -514,6 +514,7 @@ static void chain_build(const muser_spec *sp, int64_t nf, int32_t pending, int v
 static int spec_round(muser_spec *sp, int32_t pending, int vl, muser_sampler *smp, int32_t *out, const float **rows,
                       muser_error *err) {
     const int64_t V = sp->n_vocab, P = muser_session_pos(sp->s);
+    sp->pre.on = false; /* this round drafts through the host */
     double t0 = mu_now();
     const int64_t nf = feats_for_draft(sp);
     mu_spec_tree t;
@@ -582,12 +583,12 @@ static void predraft(muser_spec *sp, int32_t anchor, int64_t pos) {
     if (vl < 1) return;
     const double t0 = mu_now();
     draft_regs(sp, anchor, vl);
+    sp->pre.cost = mu_now() - t0;
     sp->pre.on = true;
     sp->pre.anchor = anchor;
     sp->pre.vl = vl;
     sp->pre.pos = pos;
     sp->pre.epoch = sp->be->reg_epoch;
-    sp->pre.t0 = t0;
 }
 
 /* A greedy round that leaves its rows on the backend (smp NULL or an
@@ -624,7 +625,7 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     /* the draft the round before enqueued, when it is this round's */
     const bool pre = sp->pre.on && sp->pre.anchor == pending && sp->pre.vl == vl && sp->pre.pos == P &&
                      sp->pre.epoch == be->reg_epoch && sp->n_feats == 0;
-    const double t0 = pre ? sp->pre.t0 : tp[0];
+    const double t0 = pre ? tp[0] - sp->pre.cost : tp[0]; /* the gate's view: a round costs its draft's enqueue too */
     sp->pre.on = false;
     if (!pre) draft_regs(sp, pending, vl);
     sp->st.predrafted += pre;
