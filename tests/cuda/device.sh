@@ -5,7 +5,8 @@
 # bandwidth and `muser bench` of the full synthetic q4_k_xl model.
 #   STAGES  subset of "check bench mmvbench kbench prof nsys pdl" (default "check
 #           bench"; mmvbench: test_cuda_backend --bench-mmv and --bench-res (the
-#           weight-streaming kernels, the residual step); kbench:
+#           weight-streaming kernels, the residual step); mmtwide: the full model's
+#           17-32-token prompts and 32-row chunks on k_mmt or the GEMM; kbench:
 #           --bench-gemm, --bench-attn and --bench-attn-dec (prefill and
 #           decode attention kernels); prof:
 #           a per-kernel profile of a short run, MUSER_CUDA_PROF=1; nsys:
@@ -117,6 +118,19 @@ case " $STAGES " in *" bench "*)
         echo "== weight-streaming kernels on the full model's shapes"
         "$BUILD/test_cuda_backend" --bench-mmv
         "$BUILD/test_cuda_backend" --bench-res || rc=1 ;;
+    esac
+    case " $STAGES " in *" mmtwide "*)
+        # products of 17-32 rows on k_mmt (MUSER_CUDA_MMT_MAX=32, the default) or on the GEMM (16):
+        # short prompts and 32-row prefill chunks of the full model
+        echo "== 17-32-row products: k_mmt (MUSER_CUDA_MMT_MAX=32) against the GEMM (16)"
+        for mx in 32 16; do
+            for pp in 17 24 32; do
+                echo "MUSER_CUDA_MMT_MAX=$mx pp$pp: $(MUSER_CUDA_MMT_MAX=$mx "$M" bench -m $F --backend cuda --no-membw \
+                    -p $pp -n 0 -r 5 -q 2>&1 | tail -1)"
+            done
+            echo "MUSER_CUDA_MMT_MAX=$mx pp512 --chunk 32: $(MUSER_CUDA_MMT_MAX=$mx "$M" bench -m $F --backend cuda \
+                --no-membw -p 512 -n 0 -r 2 --chunk 32 -q 2>&1 | tail -1)"
+        done ;;
     esac
     case " $STAGES " in *" kbench "*)
         echo "== prefill kernels, old against new, on the full model's shapes"
