@@ -94,7 +94,9 @@ check "$M" bench -p 0 -n 16 -r 1 --warmup 0 --no-membw -q --draft "$D" --spec-pr
 check grep -q "2 prompts" "$T/bp.txt"
 check $PY -c "import json; s = json.load(open('$T/bp.json'))['speculative']; assert s['prompts'] == 2 and s['exact'] is True, s"
 printf 'ids:1,2,99999\n' >"$T/badp.txt"
-expect_fail "token ids below" "$M" bench -p 0 -n 8 -r 1 --no-membw -q --draft "$D" --spec-prompts "$T/badp.txt"
+expect_fail "speculation prompt 1: token id 99999 (position 2) is outside the vocabulary" "$M" bench -p 0 -n 8 -r 1 --no-membw -q --draft "$D" --spec-prompts "$T/badp.txt"
+printf 'hello\n\nids:1,x\n' >"$T/badp2.txt"
+expect_fail "--spec-prompts line 3 expects comma-separated non-negative integers, bad at 'x'" "$M" bench -p 0 -n 8 -r 1 --no-membw -q --draft "$D" --spec-prompts "$T/badp2.txt"
 printf '\n\n' >"$T/nop.txt"
 expect_fail "no prompt in it" "$M" bench -p 0 -n 8 -r 1 --no-membw -q --draft "$D" --spec-prompts "$T/nop.txt"
 

@@ -12,6 +12,13 @@
 #include "muser.h"
 #include "util/common.h"
 
+/* A speculation prompt: token ids when ids is set, else text. */
+typedef struct mu_bench_prompt {
+    const char *text;
+    const int32_t *ids;
+    int64_t n_ids;
+} mu_bench_prompt;
+
 typedef struct mu_bench_opts {
     const char *model_path;
     muser_backend_kind backend;
@@ -39,7 +46,7 @@ typedef struct mu_bench_opts {
     bool interleave;          /* --interleave: the counts' steps alternate one by one */
     const char *draft_path;   /* DFlash assistant: also time greedy generation plain vs speculative */
     const char *spec_prompt;  /* its prompt text (NULL: a Genesis verse) */
-    const char *const *spec_prompts; /* or a set of them (--spec-prompts: text, or "ids:1,2,3") */
+    const struct mu_bench_prompt *spec_prompts; /* or a set of them (--spec-prompts) */
     int n_spec_prompts;
     int verify_len;           /* 3, 7, 15 (0 = 7) */
     bool spec_tree;           /* --spec-tree: verify token trees (docs/speculative.md) */

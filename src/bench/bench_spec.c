@@ -10,33 +10,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One prompt of the set: "ids:1,2,3" (token ids, as tools/train/accept.py
- * writes held-out prompts) or text, tokenized like -p. */
-static int64_t spec_prompt(muser_model *mm, const char *line, int32_t **ids, mu_error *err) {
-    if (strncmp(line, "ids:", 4)) {
-        int64_t n = muser_tokenize(mm, line, strlen(line), true, true, ids, (muser_error *)err);
-        if (n == 0) mu_err_set(err, "bench: speculation prompt '%.40s' is empty", line);
+/* One prompt of the set: its ids (each inside the vocabulary), or its
+ * text tokenized like -p. */
+static int64_t spec_prompt(muser_model *mm, const mu_bench_prompt *q, int k, int32_t **ids, mu_error *err) {
+    if (!q->ids) {
+        int64_t n = muser_tokenize(mm, q->text, strlen(q->text), true, true, ids, (muser_error *)err);
+        if (n == 0) mu_err_set(err, "bench: speculation prompt %d ('%.40s') is empty", k + 1, q->text);
         return n > 0 ? n : -1;
     }
     muser_model_info info;
     muser_model_get_info(mm, &info);
-    const int64_t V = info.n_vocab;
-    int64_t n = 0, cap = 64;
-    *ids = mu_xmalloc((size_t)cap * sizeof **ids);
-    for (const char *p = line + 4; *p;) {
-        char *end;
-        long long x = strtoll(p, &end, 10);
-        if (end == p || x < 0 || x >= V || (*end && *end != ',')) {
-            mu_err_set(err, "bench: speculation prompt '%.40s': token ids below %lld, comma-separated, expected at '%.12s'",
-                       line, (long long)V, p);
+    for (int64_t i = 0; i < q->n_ids; i++)
+        if (q->ids[i] >= info.n_vocab) {
+            mu_err_set(err, "bench: speculation prompt %d: token id %d (position %lld) is outside the vocabulary (0..%lld)",
+                       k + 1, q->ids[i], (long long)i, (long long)info.n_vocab - 1);
             return -1;
         }
-        if (n == cap) *ids = mu_xrealloc(*ids, (size_t)(cap *= 2) * sizeof **ids);
-        (*ids)[n++] = (int32_t)x;
-        p = *end ? end + 1 : end;
-    }
-    if (!n) mu_err_set(err, "bench: speculation prompt '%s' holds no ids", line);
-    return n ? n : -1;
+    *ids = mu_xmalloc((size_t)q->n_ids * sizeof **ids);
+    memcpy(*ids, q->ids, (size_t)q->n_ids * sizeof **ids);
+    return q->n_ids;
 }
 
 bool mu_bench_spec_run(const mu_bench_opts *o, muser_model *mm, mu_bench_spec *res, mu_error *err) {
@@ -44,14 +36,13 @@ bool mu_bench_spec_run(const mu_bench_opts *o, muser_model *mm, mu_bench_spec *r
     const int64_t n = o->n_gen > 1 ? o->n_gen : 128;
     const int vl = o->verify_len ? o->verify_len : 7;
     /* the prompts: --spec-prompts' lines, else --spec-prompt, else a Genesis verse */
-    const char *one = o->spec_prompt ? o->spec_prompt : "In the beginning God created the heaven and the earth.";
+    const mu_bench_prompt one = {.text = o->spec_prompt ? o->spec_prompt : "In the beginning God created the heaven and the earth."};
     const int np = o->n_spec_prompts ? o->n_spec_prompts : 1;
     int32_t **prompt = mu_xcalloc((size_t)np, sizeof *prompt);
     int64_t *n_prompt = mu_xcalloc((size_t)np, sizeof *n_prompt), longest = 0;
     bool ok = true;
     for (int k = 0; k < np && ok; k++) {
-        n_prompt[k] = o->n_spec_prompts ? spec_prompt(mm, o->spec_prompts[k], &prompt[k], err)
-                                        : spec_prompt(mm, one, &prompt[k], err);
+        n_prompt[k] = spec_prompt(mm, o->n_spec_prompts ? &o->spec_prompts[k] : &one, k, &prompt[k], err);
         ok = n_prompt[k] > 0;
         if (ok && n_prompt[k] > longest) longest = n_prompt[k];
     }

@@ -47,8 +47,8 @@ bool cli_parse_f32(const char *cmd, const char *flag, const char *s, float *out)
 bool cli_parse_compress(const char *cmd, const char *s, int *level);
 /* Fetch the value after a flag (argv[*i+1]); false with a message if absent. */
 bool cli_value(const char *cmd, int argc, char **argv, int *i, const char **out);
-/* Parse "1,2,3" into a malloc'd array. */
-bool cli_parse_ids(const char *cmd, const char *s, int32_t **ids, int64_t *n);
+/* Parse "1,2,3" into a malloc'd array; a refusal names `what` (the flag or item). */
+bool cli_parse_ids(const char *cmd, const char *what, const char *s, int32_t **ids, int64_t *n);
 /* JSON string literal with escaping. */
 void cli_json_str(FILE *f, const char *s);
 /* Progress bar on stderr: label, done/total bytes, rate (redrawn on a

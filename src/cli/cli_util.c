@@ -58,7 +58,7 @@ bool cli_value(const char *cmd, int argc, char **argv, int *i, const char **out)
     return true;
 }
 
-bool cli_parse_ids(const char *cmd, const char *s, int32_t **ids, int64_t *n) {
+bool cli_parse_ids(const char *cmd, const char *what, const char *s, int32_t **ids, int64_t *n) {
     int64_t cap = 16, count = 0;
     int32_t *v = mu_xmalloc((size_t)cap * sizeof *v);
     const char *p = s;
@@ -67,7 +67,7 @@ bool cli_parse_ids(const char *cmd, const char *s, int32_t **ids, int64_t *n) {
         errno = 0;
         long long x = strtoll(p, &end, 10);
         if (errno || end == p || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
-            fprintf(stderr, "muser %s: --tokens expects comma-separated non-negative ids, bad at '%s'\n", cmd, p);
+            fprintf(stderr, "muser %s: %s expects comma-separated non-negative integers, bad at '%s'\n", cmd, what, p);
             free(v);
             return false;
         }
@@ -76,7 +76,7 @@ bool cli_parse_ids(const char *cmd, const char *s, int32_t **ids, int64_t *n) {
         p = *end ? end + 1 : end;
     }
     if (!count) {
-        fprintf(stderr, "muser %s: --tokens is empty\n", cmd);
+        fprintf(stderr, "muser %s: %s is empty\n", cmd, what);
         free(v);
         return false;
     }

@@ -63,49 +63,61 @@ static void bench_usage(FILE *f) {
 typedef struct bench_cli {
     mu_bench_opts o;
     int64_t *depths, *parallel;
-    char *spec_file;          /* --spec-prompts: the file's bytes, cut into spec_lines */
-    const char **spec_lines;
+    char *spec_file;          /* --spec-prompts: the file's bytes, its text lines in place */
+    mu_bench_prompt *spec;    /* the file's prompts; ids: lines parsed (owned) */
+    int n_spec;
     int64_t threads, reps, warmup, size_mb;
     const char *json, *plot;
     bool membw_only, no_membw, no_paired, quiet, grammar, reps_given;
     float membw_gbs;
 } bench_cli;
 
+static void spec_free(bench_cli *c) {
+    for (int k = 0; k < c->n_spec; k++) free((int32_t *)c->spec[k].ids);
+    free(c->spec);
+    free(c->spec_file);
+    c->spec = NULL, c->spec_file = NULL, c->n_spec = 0;
+}
+
 static void cli_free(bench_cli *c) {
     free(c->depths);
     free(c->parallel);
-    free(c->spec_file);
-    free(c->spec_lines);
+    spec_free(c);
 }
 
-/* --spec-prompts FILE: its non-empty lines (a trailing '\r' dropped), at most 4096 */
+/* --spec-prompts FILE: its non-empty lines (a trailing '\r' dropped), each
+ * text or "ids:1,2,3" */
 static bool spec_prompts(bench_cli *c, const char *path) {
     size_t len = 0;
     char *t = cli_read_file("bench", path, &len);
     if (!t) return false;
-    free(c->spec_file);
-    free(c->spec_lines);
+    spec_free(c);
     c->spec_file = t;
-    c->spec_lines = mu_xmalloc(4096 * sizeof *c->spec_lines);
-    int n = 0;
+    int cap = 0, line = 0;
     for (char *p = t, *nl; p < t + len; p = nl + 1) {
         nl = memchr(p, '\n', (size_t)(t + len - p));
         if (!nl) nl = t + len;
         *nl = 0;
+        line++;
         if (nl > p && nl[-1] == '\r') nl[-1] = 0;
         if (!*p) continue;
-        if (n == 4096) {
-            fprintf(stderr, "muser bench: --spec-prompts %s: more than 4096 prompts\n", path);
-            return false;
+        if (c->n_spec == cap) c->spec = mu_xrealloc(c->spec, (size_t)(cap = cap ? 2 * cap : 64) * sizeof *c->spec);
+        mu_bench_prompt *q = &c->spec[c->n_spec++];
+        *q = (mu_bench_prompt){.text = p};
+        if (!strncmp(p, "ids:", 4)) {
+            char what[64];
+            snprintf(what, sizeof what, "--spec-prompts line %d", line);
+            int32_t *ids = NULL;
+            if (!cli_parse_ids("bench", what, p + 4, &ids, &q->n_ids)) return false;
+            q->ids = ids;
         }
-        c->spec_lines[n++] = p;
     }
-    if (!n) {
+    if (!c->n_spec) {
         fprintf(stderr, "muser bench: --spec-prompts %s: no prompt in it\n", path);
         return false;
     }
-    c->o.spec_prompts = c->spec_lines;
-    c->o.n_spec_prompts = n;
+    c->o.spec_prompts = c->spec;
+    c->o.n_spec_prompts = c->n_spec;
     return true;
 }
 
@@ -113,7 +125,7 @@ static bool spec_prompts(bench_cli *c, const char *path) {
 static bool parse_list(const char *flag, const char *s, int64_t **out, int *n_out) {
     int32_t *ids = NULL;
     int64_t n = 0;
-    if (!cli_parse_ids("bench", s, &ids, &n) || n <= 0 || n > 64) {
+    if (!cli_parse_ids("bench", flag, s, &ids, &n) || n <= 0 || n > 64) {
         if (n > 64) fprintf(stderr, "muser bench: %s takes at most 64 values\n", flag);
         free(ids);
         return false;

@@ -78,7 +78,7 @@ int cmd_bench_kvpack(int argc, char **argv) {
         }
         else if (!strcmp(a, "-d") || !strcmp(a, "--depth")) {
             free(depths);
-            ok = cli_value("bench kvpack", argc, argv, &i, &v) && cli_parse_ids("bench kvpack", v, &depths, &n_depths);
+            ok = cli_value("bench kvpack", argc, argv, &i, &v) && cli_parse_ids("bench kvpack", "--depth", v, &depths, &n_depths);
         } else if (!strcmp(a, "-r") || !strcmp(a, "--reps"))
             ok = cli_value("bench kvpack", argc, argv, &i, &v) && cli_parse_i64("bench kvpack", a, v, 1, 1000, &reps);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))

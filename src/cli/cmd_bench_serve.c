@@ -122,7 +122,7 @@ static int parse(int argc, char **argv, opts *o) {
         }
         if (!ok) return 2;
     }
-    if (!cli_parse_ids("bench serve", conc, &o->conc, &o->n_conc) || o->n_conc < 1 || o->n_conc > 32) {
+    if (!cli_parse_ids("bench serve", "--concurrency", conc, &o->conc, &o->n_conc) || o->n_conc < 1 || o->n_conc > 32) {
         if (o->n_conc > 32) fprintf(stderr, "muser bench serve: --concurrency takes at most 32 levels\n");
         return 2;
     }

@@ -72,7 +72,7 @@ static int parse(int argc, char **argv, kv_opts *o) {
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) ok = cli_value("kvpack", argc, argv, &i, &o->prompt);
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) ok = cli_value("kvpack", argc, argv, &i, &o->prompt_file);
         else if (!strcmp(a, "--tokens"))
-            ok = cli_value("kvpack", argc, argv, &i, &v) && cli_parse_ids("kvpack", v, &o->tokens, &o->n_tokens);
+            ok = cli_value("kvpack", argc, argv, &i, &v) && cli_parse_ids("kvpack", "--tokens", v, &o->tokens, &o->n_tokens);
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size"))
             ok = cli_value("kvpack", argc, argv, &i, &v) && cli_parse_i64("kvpack", a, v, 1, 1 << 24, &o->ctx);
         else if (!strcmp(a, "--chunk"))

@@ -113,7 +113,7 @@ static int parse(int argc, char **argv, run_opts *o) {
                 ok = false;
             } else if (ok) o->stops[o->n_stops++] = v;
         } else if (!strcmp(a, "--tokens"))
-            ok = cli_value("run", argc, argv, &i, &v) && cli_parse_ids("run", v, &o->tokens, &o->n_tokens);
+            ok = cli_value("run", argc, argv, &i, &v) && cli_parse_ids("run", "--tokens", v, &o->tokens, &o->n_tokens);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict"))
             ok = cli_value("run", argc, argv, &i, &v) && cli_parse_i64("run", a, v, 0, 1 << 24, &o->n_predict);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))

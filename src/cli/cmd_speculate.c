@@ -52,7 +52,7 @@ static int parse(int argc, char **argv, spec_opts *o) {
         else if (!strcmp(a, "--tree") || !strcmp(a, "--spec-tree")) o->tree = true;
         else if (!strcmp(a, "--spec-chain")) o->tree = false;
         else if (!strcmp(a, "--tokens"))
-            ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_ids("speculate", v, &o->tokens, &o->n_tokens);
+            ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_ids("speculate", "--tokens", v, &o->tokens, &o->n_tokens);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict"))
             ok = cli_value("speculate", argc, argv, &i, &v) && cli_parse_i64("speculate", a, v, 1, 1 << 24, &o->n_predict);
         else if (!strcmp(a, "--verify-len"))

@@ -82,7 +82,7 @@ int cmd_detokenize(int argc, char **argv) {
     if (!cli_model_or_default("detokenize", &model)) return 2;
     int32_t *ids;
     int64_t n;
-    if (!cli_parse_ids("detokenize", list, &ids, &n)) return 2;
+    if (!cli_parse_ids("detokenize", "the id list", list, &ids, &n)) return 2;
     muser_model *m = load("detokenize", model);
     if (!m) { free(ids); return 1; }
     muser_error err;

@@ -57,10 +57,8 @@ bool mu_session_feed_picks(muser_session *s, const int32_t *tokens, int64_t n, i
 int64_t mu_session_picks_max(const muser_session *s);
 /* The token record from pos0 on with its registers replaced by regs. */
 void mu_session_resolve_regs(muser_session *s, int64_t pos0, const int32_t *regs, int n_regs);
-/* After feed_picks: its logits row `row` becomes the session's row (a
- * download), or its first n rows go to out; both refuse a non-finite row
- * as a feed does (poisoning the session, err says where). */
-bool mu_session_fetch_row(muser_session *s, int64_t row, mu_error *err);
+/* After feed_picks: its first n logits rows go to out; a non-finite row is
+ * refused as a feed refuses it (poisoning the session, err says where). */
 bool mu_session_fetch_rows(muser_session *s, int64_t n, float *out, mu_error *err);
 /* After feed_picks: its row `row`, which pick_rows found finite, becomes
  * the session's row, downloaded when something first reads it

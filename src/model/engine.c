@@ -723,19 +723,6 @@ void mu_session_resolve_regs(muser_session *s, int64_t pos0, const int32_t *regs
     unlock(s->e);
 }
 
-bool mu_session_fetch_row(muser_session *s, int64_t row, mu_error *err) {
-    muser_engine *e = s->e;
-    const int64_t V = e->model->m->cfg.n_vocab;
-    lock(e);
-    e->be->download(e->be, s->logits, s->vrows + row * V, (size_t)V * sizeof(float));
-    const bool ok = check_finite(s, s->logits, 1, s->pos - 1);
-    if (!ok) mu_err_set(err, "%s", s->error);
-    s->has_logits = ok;
-    s->lazy_row = -1;
-    unlock(e);
-    return ok;
-}
-
 void mu_session_defer_row(muser_session *s, int64_t row) {
     lock(s->e);
     s->has_logits = true;
