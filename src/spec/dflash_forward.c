@@ -38,8 +38,10 @@ struct mu_dflash_state {
     float **ck;                 /* [n_layer] -> [n_head_kv][slots][head_dim] */
     float **cv;                 /* [n_layer] -> [n_head_kv][head_dim][slots]: V transposed, the P V operand */
     float *cs;                  /* (cos, sin) [max(CTX_CHUNK, block)][head_dim / 2] */
-    float *cx, *kt, *vt;        /* context batch: fc output, K, V (each right before a, kb, vb) */
+    float *cx, *kt, *vt;        /* context rows: fc output (a projection's, a merged context's), a merged
+                                 * context's K, V (each right before a, kb, vb) */
     float *qx;                  /* scratch q rows of a merged context (right before q) */
+    float *pkv;                 /* a projection's K and V rows of every layer [n_layer][2][CTX_CHUNK][KV] */
     float *h, *a, *q, *kb, *vb, *att, *o, *fg, *fu; /* block rows */
     float *qh, *oh;             /* one KV head's query rows / outputs [block * group][head_dim] */
     float *p;                   /* scores, then probabilities [block * group][slots] */
@@ -50,6 +52,8 @@ struct mu_dflash_state {
     double *inv_freq;           /* [head_dim / 2] */
     int64_t *pos, *slot;        /* [max(CTX_CHUNK, block)] row positions and cache slots */
     int32_t *ids;               /* [block] block tokens, then proposals */
+    const mu_weight **pw;       /* [2 * n_layer] every layer's K and V weights, */
+    float **py;                 /* and their rows in pkv: a projection's product set */
 };
 
 mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target, mu_backend *be) {
@@ -74,10 +78,11 @@ mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target,
      * and vt end where a, q, kb and vb begin (their sizes are multiples of
      * 16 floats), so a merged context's rows and the block's are one matrix */
     float **bufs[] = {&st->cs, &st->h, &st->cx, &st->a, &st->o, &st->qx, &st->q, &st->att, &st->kt, &st->kb,
-                      &st->vt, &st->vb, &st->fg, &st->fu, &st->qh, &st->oh, &st->p, &st->logits};
+                      &st->vt, &st->vb, &st->fg, &st->fu, &st->qh, &st->oh, &st->p, &st->logits, &st->pkv};
     const size_t sizes[] = {rows * D, B * E, CTX_CHUNK * E, B * E, B * E, MU_DFLASH_CTX_PAD * Q, B * Q,
                             B * Q, CTX_CHUNK * KV, B * KV, CTX_CHUNK * KV, B * KV, B * F, B * F, B * group * D,
-                            B * group * D, B * group * slots, (B - 1) * (size_t)target->cfg.n_vocab};
+                            B * group * D, B * group * slots, (B - 1) * (size_t)target->cfg.n_vocab,
+                            2 * L * CTX_CHUNK * KV};
     size_t total = 2 * L * slots * KV;
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) total += (sizes[i] + 15) & ~(size_t)15;
     st->mem_bytes = total * sizeof(float);
@@ -101,6 +106,12 @@ mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target,
     st->pos = mu_xmalloc(rows * sizeof *st->pos);
     st->slot = mu_xmalloc(rows * sizeof *st->slot);
     st->ids = mu_xmalloc(B * sizeof *st->ids);
+    st->pw = mu_xmalloc(2 * L * sizeof *st->pw);
+    st->py = mu_xmalloc(2 * L * sizeof *st->py);
+    for (size_t il = 0; il < L; il++) {
+        st->pw[2 * il] = &d->layers[il].k, st->pw[2 * il + 1] = &d->layers[il].v;
+        st->py[2 * il] = st->pkv + 2 * il * CTX_CHUNK * KV, st->py[2 * il + 1] = st->py[2 * il] + CTX_CHUNK * KV;
+    }
     return st;
 }
 
@@ -109,6 +120,7 @@ void mu_dflash_state_free(mu_dflash_state *st) {
     st->be->free(st->be, st->mem, st->mem_bytes);
     free(st->ck); free(st->cv); free(st->inv_freq);
     free(st->pos); free(st->slot); free(st->ids);
+    free(st->pw); free(st->py);
     free(st);
 }
 
@@ -204,23 +216,23 @@ static float *context_input(mu_dflash_state *st, const float *features, int64_t 
 }
 
 /* K (k-normed, rotated) and V of m consecutive context rows from p0, in a
- * bracket of their own. */
+ * bracket of their own. Every layer's K and V products read the same rows,
+ * so they are one set (on a device: one quantization, a launch per 8
+ * matrices); then each layer's norm, rotation and store. */
 static void project_context(mu_dflash_state *st, const float *features, int64_t p0, int64_t m) {
     const mu_dflash *d = st->d;
     const mu_dflash_config *c = &d->cfg;
     mu_backend *be = st->be;
-    const int64_t n = projected_rows(st, m), KV = c->n_head_kv * c->head_dim;
+    const int64_t n = projected_rows(st, m), L = c->n_layer;
     bracket_begin(st, 0xDF1A5C0, n, 0);
     const float *x = context_input(st, features, n);
-    float *k = st->kb - n * KV, *v = st->vb - n * KV;
     for (int64_t r = 0; r < n; r++) st->pos[r] = p0 + r;
     rope_table(st, n);
     context_slots(st, st->slot, m, n, p0);
-    for (int il = 0; il < c->n_layer; il++) {
-        const mu_dflash_layer *lw = &d->layers[il];
-        mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, x, (float *[]){k, v}, n);
-        norm_rope(st, NULL, NULL, 0, k, lw->k_norm, c->n_head_kv, n, 0);
-        store_rows(st, il, k, v, n);
+    mu_matmuls(be, (int)(2 * L), st->pw, x, st->py, n);
+    for (int64_t il = 0; il < L; il++) {
+        norm_rope(st, NULL, NULL, 0, st->py[2 * il], d->layers[il].k_norm, c->n_head_kv, n, 0);
+        store_rows(st, (int)il, st->py[2 * il], st->py[2 * il + 1], n);
     }
     bracket_end(st);
 }
@@ -309,18 +321,14 @@ static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr, con
     mu_backend *be = st->be;
     const int64_t E = c->n_embd, D = c->head_dim, Q = c->n_head * D, B = c->block_size, KV = c->n_head_kv * D;
     float *h = st->h + r0 * E;
-    /* one set for the projections of the same rows (q's rows are all B but in the last layer) */
-    if (nc || (r0 == 0 && nr == B)) {
-        mu_matmuls(be, 3, (const mu_weight *[]){&lw->q, &lw->k, &lw->v}, st->a - nc * E,
-                   (float *[]){st->q - nc * Q, st->kb - nc * KV, st->vb - nc * KV}, nc + B);
-        norm_rope(st, st->q - nc * Q, lw->q_norm, c->n_head, st->kb - nc * KV, lw->k_norm, c->n_head_kv, nc + B,
-                  0); /* q's rows are k's; the table's rows are the context's, then the block's */
-    } else {
-        mu_matmuls(be, 2, (const mu_weight *[]){&lw->k, &lw->v}, st->a, (float *[]){st->kb, st->vb}, B);
-        be->matmul(be, &lw->q, st->a + r0 * E, st->q + r0 * Q, nr);
-        norm_rope(st, NULL, NULL, 0, st->kb, lw->k_norm, c->n_head_kv, B, 0);
-        norm_rope(st, NULL, NULL, 0, st->q + r0 * Q, lw->q_norm, c->n_head, nr, r0);
-    }
+    /* one set for the projections of the same rows: q of every row, even
+     * in the last layer, which attends from rows r0 .. r0 + nr only (a row's
+     * q is the same bits at any row count; on a device one quantization and
+     * one launch instead of three and a second norm) */
+    mu_matmuls(be, 3, (const mu_weight *[]){&lw->q, &lw->k, &lw->v}, st->a - nc * E,
+               (float *[]){st->q - nc * Q, st->kb - nc * KV, st->vb - nc * KV}, nc + B);
+    norm_rope(st, st->q - nc * Q, lw->q_norm, c->n_head, st->kb - nc * KV, lw->k_norm, c->n_head_kv, nc + B,
+              0); /* q's rows are k's; the table's rows are the context's, then the block's */
     store_rows(st, il, st->kb - nc * KV, st->vb - nc * KV, nc + B);
     attention(st, il, r0, nr);
     be->matmul(be, &lw->o, st->att + r0 * Q, st->o, nr);

@@ -1760,6 +1760,102 @@ static void test_copy2d_many(void) {
     free(hd), free(hs);
 }
 
+/* The quantization a residual step leaves for the next product (q8 in
+ * src/backend/cuda/cuda_backend.c) outlives writes elsewhere (copies, a
+ * zero, the RoPE table and rotation, qk_norm_rope without a store, the
+ * assistant's K/V store: the product after them must give ref's bits) and
+ * dies with a write into the values it describes, by each of those ops
+ * (the product must read the new values: a quantization kept too long
+ * gives the old ones' bits). Then a set of 10 products (two launches). */
+static void test_q8_tag(void) {
+    static const wspec q4 = {"Q4_K", MU_TYPE_Q4_K, false, false}, q6 = {"Q6_K", MU_TYPE_Q6_K, false, false};
+    const int64_t n = 512, rows = 3, N = n * rows, D = 64, H = n / D, S = 8;
+    mu_weight w[2] = {make_weight(&q4, n, 40), make_weight(&q6, n, 24)};
+    const mu_weight *wp[2] = {&w[0], &w[1]};
+    float *wo = rnd_vec((size_t)n, 2.0f), *wh = rnd_vec((size_t)n, 2.0f), *wk = rnd_vec((size_t)D, 1.5f);
+    double inv_freq[32];
+    for (int i = 0; i < 32; i++) inv_freq[i] = 1.0 / pow(10000.0, 2.0 * i / (double)D);
+    const int64_t pos[3] = {5, 17, 300}, slots[3] = {2, 5, 7};
+    float *cs = mu_xmalloc((size_t)(rows * D) * 4);
+    ref->rope_table(ref, inv_freq, D / 2, pos, rows, cs, false);
+    for (int mode = 0; mode < 14; mode++) {
+        /* 0: none; 1-7: a write elsewhere; 8-13: into h by copy, copy2d, copy2d_many, zero, rope, qk_norm_rope */
+        float *x = rnd_vec((size_t)N, 3.0f), *o = rnd_vec((size_t)N, 5.0f), *h = mu_xmalloc((size_t)N * 4);
+        float *other = rnd_vec((size_t)N, 1.0f), *src = rnd_vec((size_t)N, 2.0f);
+        float *kd = rnd_vec((size_t)(S * D), 1.0f), *vd = rnd_vec((size_t)(S * D), 1.0f);
+        float *dx = dev(x, (size_t)N * 4), *dox = dev(o, (size_t)N * 4), *dh = cu->alloc(cu, (size_t)N * 4);
+        float *dother = dev(other, (size_t)N * 4), *dsrc = dev(src, (size_t)N * 4), *dcs = dev(cs, (size_t)(rows * D) * 4);
+        float *dkd = dev(kd, (size_t)(S * D) * 4), *dvd = dev(vd, (size_t)(S * D) * 4);
+        float *y0 = mu_xmalloc((size_t)(rows * 40) * 4), *y1 = mu_xmalloc((size_t)(rows * 24) * 4);
+        float *dy0 = cu->alloc(cu, (size_t)(rows * 40) * 4), *dy1 = cu->alloc(cu, (size_t)(rows * 24) * 4);
+        ref->rmsnorm(ref, o, wo, 1e-8f, o, n, rows);
+        ref->add(ref, x, o, N);
+        ref->rmsnorm(ref, x, wh, 1e-6f, h, n, rows);
+        cu->residual(cu, dx, dox, wo, 1e-8f, dh, wh, 1e-6f, n, rows); /* leaves h's quantization */
+        const bool into = mode >= 8;
+        float *hw = into ? h : other, *dw = into ? dh : dother; /* the written buffer, host and device */
+        switch (mode) {
+        case 1: case 8:
+            ref->copy(ref, hw + 100, src, 700 * 4), cu->copy(cu, dw + 100, dsrc, 700 * 4);
+            break;
+        case 2: case 9:
+            ref->copy2d(ref, hw + 513, 64, src, 40, 24, 5), cu->copy2d(cu, dw + 513, 64, dsrc, 40, 24, 5);
+            break;
+        case 3: case 10: {
+            const mu_copy2d hc[2] = {{hw + 7, 256, src, 16, 12, 3}, {hw + 1400, 8, src + 50, 8, 4, 1}};
+            const mu_copy2d dc[2] = {{dw + 7, 256, dsrc, 16, 12, 3}, {dw + 1400, 8, dsrc + 50, 8, 4, 1}};
+            ref->copy2d_many(ref, 2, hc), cu->copy2d_many(cu, 2, dc);
+            break;
+        }
+        case 4: case 11:
+            ref->zero(ref, hw + 1000, 12), cu->zero(cu, dw + 1000, 12);
+            break;
+        case 5: case 12:
+            ref->rope(ref, hw, H, D, D, cs, rows, true), cu->rope(cu, dw, H, D, D, dcs, rows, true);
+            break;
+        case 6: case 13: /* k = the written rows (H heads), no q, no store */
+            ref->rmsnorm(ref, hw, wk, 1e-6f, hw, D, rows * H);
+            ref->rope(ref, hw, H, D, D, cs, rows, true);
+            cu->qk_norm_rope(cu, NULL, NULL, 0, dw, wk, H, D, 1e-6f, dcs, D, rows, NULL, NULL, true);
+            break;
+        case 7: /* the assistant's store (elsewhere only: its planes are never a product's input) and the table */
+            ref->store_kv_heads(ref, kd, vd, slots, S, D, 1, src, src + N / 2, rows);
+            cu->store_kv_heads(cu, dkd, dvd, slots, S, D, 1, dsrc, dsrc + N / 2, rows);
+            cu->rope_table(cu, inv_freq, D / 2, pos, rows, dother, false);
+            break;
+        }
+        ref->matmul(ref, &w[0], h, y0, rows);
+        ref->matmul(ref, &w[1], h, y1, rows);
+        cu->matmul_multi(cu, 2, wp, dh, (float *[]){dy0, dy1}, rows);
+        char what[96];
+        snprintf(what, sizeof what, "residual, %s write %d, matmul_multi", into ? "a" : "no", mode);
+        check(what, y0, dy0, (size_t)(rows * 40) * 4);
+        check(what, y1, dy1, (size_t)(rows * 24) * 4);
+        if (mode >= 1 && mode <= 6) check("the write elsewhere", other, dother, (size_t)N * 4);
+        if (mode == 7) check("store_kv_heads K", kd, dkd, (size_t)(S * D) * 4);
+        cu->free(cu, dx, 0), cu->free(cu, dox, 0), cu->free(cu, dh, 0), cu->free(cu, dother, 0), cu->free(cu, dsrc, 0);
+        cu->free(cu, dcs, 0), cu->free(cu, dkd, 0), cu->free(cu, dvd, 0), cu->free(cu, dy0, 0), cu->free(cu, dy1, 0);
+        free(x), free(o), free(h), free(other), free(src), free(kd), free(vd), free(y0), free(y1);
+    }
+    /* 10 products of one input: 8 in one launch, 2 reading its quantization */
+    mu_weight w10[10];
+    const mu_weight *wp10[10];
+    float *x = rnd_vec((size_t)N, 2.0f), *dx = dev(x, (size_t)N * 4), *y[10], *dy[10];
+    for (int i = 0; i < 10; i++) {
+        w10[i] = make_weight(i % 2 ? &q6 : &q4, n, 16 + 8 * i);
+        wp10[i] = &w10[i];
+        y[i] = mu_xmalloc((size_t)(rows * w10[i].n_out) * 4);
+        dy[i] = cu->alloc(cu, (size_t)(rows * w10[i].n_out) * 4);
+        ref->matmul(ref, &w10[i], x, y[i], rows);
+    }
+    cu->matmul_multi(cu, 10, wp10, dx, dy, rows);
+    for (int i = 0; i < 10; i++) {
+        check("matmul_multi of 10", y[i], dy[i], (size_t)(rows * w10[i].n_out) * 4);
+        cu->free(cu, dy[i], 0), free(y[i]);
+    }
+    cu->free(cu, dx, 0), free(x), free(cs), free(wo), free(wh), free(wk);
+}
+
 /* ------------------------------------------------------- benchmarks */
 
 static void *dev_raw(const void *host, size_t bytes) {
@@ -2159,6 +2255,7 @@ int main(int argc, char **argv) {
         test_tree_reg_attention();
         test_fused();
         test_store_heads_and_memory();
+        test_q8_tag();
         test_elementwise();
         test_gemm_tiles();
         return finish("test_cuda_backend --new");
@@ -2191,6 +2288,7 @@ int main(int argc, char **argv) {
     test_fused();
     test_dense_attention();
     test_store_heads_and_memory();
+    test_q8_tag();
     test_first_nonfinite();
     test_chain_pick();
     test_pick_rows();

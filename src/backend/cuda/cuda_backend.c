@@ -67,8 +67,13 @@ typedef struct cuda_ctx {
     /* The q8 buffer holds the Q8_K quantization (split layout) of q8_n
      * values at device address q8_x, written by the op that produced them
      * (rmsnorm, residual, gate, swiglu), for the matrix products that read
-     * them next. Every other op clears it (q8_clear), so it never outlives
-     * the values it describes. q8_f16: of the values rounded through f16
+     * them next. An op that writes device memory either clears it
+     * (q8_clear) or, where it knows every byte it writes (copies, zero, the
+     * RoPE table and rotation, qk_norm_rope without a K/V store, the
+     * assistant's K/V store), clears it when those bytes meet the values
+     * (q8_written_bytes), so it never outlives the values it describes. It
+     * is cleared at every forward_begin: a bracket's launches, and so its
+     * replays, never depend on what came before it. q8_f16: of the values rounded through f16
      * (native NVFP4 W4A16 products, mucu_matmul_f16_acts), which only those
      * products quantize. */
     const float *q8_x;
@@ -120,6 +125,19 @@ static void q8_clear(mu_backend *b) {
     c->q8_x = NULL;
     c->q8_n = 0;
     c->q8_f16 = false;
+}
+
+/* A write of bytes at p: the q8 buffer no longer describes the values
+ * when the two meet. */
+static void q8_written_bytes(mu_backend *b, const void *p, size_t bytes) {
+    cuda_ctx *c = (cuda_ctx *)b->ctx;
+    const uint8_t *w = p, *x = (const uint8_t *)c->q8_x;
+    if (x && bytes && w < x + (size_t)c->q8_n * sizeof(float) && x < w + bytes) q8_clear(b);
+}
+
+/* The extent of a 2D copy's destination: rows of width bytes, stride apart. */
+static size_t extent2d(size_t stride, size_t width, int64_t rows) {
+    return rows > 0 ? (size_t)(rows - 1) * stride + width : 0;
 }
 
 /* The q8 buffer, sized for n values, to be filled with x's quantization. */
@@ -316,6 +334,7 @@ static void cuda_forward_begin(mu_backend *b, uint64_t key) {
         c->cache = mu_xcalloc(G_CACHE, sizeof *c->cache);
     }
     if (c->gmode != G_DIRECT) die("forward_begin", "a forward is already open");
+    q8_clear(b); /* a bracket's launches (and their signatures) never depend on what came before */
     if (!c->graphs) return;
     gentry *e = NULL, *lru = &c->cache[0];
     for (int i = 0; i < G_CACHE; i++) {
@@ -597,7 +616,7 @@ static void cuda_free(mu_backend *b, void *p, size_t bytes) {
 
 static void cuda_copy(mu_backend *b, void *dst, const void *src, size_t bytes) {
     char err[MUCU_ERR_LEN];
-    q8_clear(b);
+    q8_written_bytes(b, dst, bytes); /* e.g. the capture rows: h's quantization stays for the next product */
     if (!bytes || dst == src) return;
     const uint8_t *d = dst, *s = src;
     if (d < s + bytes && s < d + bytes) { /* overlap: memmove through a scratch copy */
@@ -612,8 +631,7 @@ static void cuda_copy(mu_backend *b, void *dst, const void *src, size_t bytes) {
 
 static void cuda_copy2d(mu_backend *b, void *dst, size_t dst_stride, const void *src, size_t src_stride, size_t width,
                         int64_t rows) {
-    (void)b;
-    q8_clear(b);
+    q8_written_bytes(b, dst, extent2d(dst_stride, width, rows));
     char err[MUCU_ERR_LEN];
     if (rows <= 0 || !go(b, sig_of("copy2d", 6, P(dst), I(dst_stride), P(src), I(src_stride), I(width), I(rows))))
         return;
@@ -623,7 +641,7 @@ static void cuda_copy2d(mu_backend *b, void *dst, size_t dst_stride, const void 
 /* One launch for all of them (a rollback's 2 x layers copies), the
  * descriptors through the argument ring. */
 static void cuda_copy2d_many(mu_backend *b, int n, const mu_copy2d *c) {
-    q8_clear(b);
+    for (int i = 0; i < n; i++) q8_written_bytes(b, c[i].dst, extent2d(c[i].dst_stride, c[i].width, c[i].rows));
     if (n <= 0) return;
     _Static_assert(sizeof(mu_copy2d) == sizeof(mucu_copy2d), "copy descriptors must match");
     int64_t max_rows = 0;
@@ -670,8 +688,7 @@ static void cuda_download(mu_backend *b, void *host_dst, const void *src, size_t
 }
 
 static void cuda_zero(mu_backend *b, void *dst, size_t bytes) {
-    (void)b;
-    q8_clear(b);
+    q8_written_bytes(b, dst, bytes);
     char err[MUCU_ERR_LEN];
     if (!bytes || !go(b, sig_of("zero", 2, P(dst), I(bytes)))) return;
     if (!mucu_zero_async(dst, bytes, err)) die("zero", err);
@@ -860,10 +877,15 @@ static void cuda_matmul(mu_backend *b, const mu_weight *w, const float *x, float
 static void cuda_matmul_multi(mu_backend *b, int n, const mu_weight *const *w, const float *x, float *const *y,
                               int64_t rows) {
     if (rows <= 0) return;
+    if (n > 8) { /* a set launch takes 8: the rest reads the quantization the first left */
+        cuda_matmul_multi(b, 8, w, x, y, rows);
+        cuda_matmul_multi(b, n - 8, w + 8, x, y + 8, rows);
+        return;
+    }
     bool shared = n > 1;
     mucu_weight d[8];
     for (int i = 0; i < n && shared; i++) {
-        if (i >= 8 || w[i]->n_in != w[0]->n_in || !cuda_type_ok(w[i]->type)) {
+        if (w[i]->n_in != w[0]->n_in || !cuda_type_ok(w[i]->type)) {
             shared = false;
             break;
         }
@@ -940,7 +962,12 @@ static const mucu_kv_dst *kv_dst_upload(mu_backend *b, int64_t rows, const mu_kv
 static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk,
                               int64_t nk, int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
                               const mu_kv_dst *dst, const float *v, bool neox) {
-    q8_clear(b);
+    if (dst) { /* the target's K/V store: its planes are never a product's activations, but stay on the safe side */
+        q8_clear(b);
+    } else if (rows > 0) { /* q and k in place */
+        q8_written_bytes(b, q, (size_t)(rows * nq * head_dim) * sizeof *q);
+        q8_written_bytes(b, k, (size_t)(rows * nk * head_dim) * sizeof *k);
+    }
     if (rows <= 0) return;
     if (!mucu_qk_norm_rope_ok(head_dim, n_rot, neox) || (neox && !ctx_of(b)->qk_neox)) {
         if (nq) cuda_rmsnorm(b, q, wq, eps, q, head_dim, rows * nq);
@@ -966,7 +993,7 @@ static void cuda_qk_norm_rope(mu_backend *b, float *q, const float *wq, int64_t 
 
 static void cuda_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
                             float *cs, bool tree_reg) {
-    q8_clear(b);
+    q8_written_bytes(b, cs, rows > 0 && n_pairs > 0 ? (size_t)(rows * n_pairs * 2) * sizeof *cs : 0);
     if (rows <= 0 || n_pairs <= 0) return;
     const int32_t *depth = tree_reg ? tree_regs(b, "rope_table")->depth : NULL;
     const bool launch = go(b, sig_of("rope_table", 4, I(n_pairs), I(rows), P(cs), P(depth)));
@@ -977,8 +1004,7 @@ static void cuda_rope_table(mu_backend *b, const double *inv_freq, int64_t n_pai
 
 static void cuda_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs,
                       int64_t rows, bool neox) {
-    q8_clear(b);
-    (void)b;
+    q8_written_bytes(b, x, rows > 0 ? (size_t)(rows * n_heads * head_dim) * sizeof *x : 0);
     if (go(b, sig_of("rope", 7, P(x), I(n_heads), I(head_dim), I(n_rot), P(cs), I(rows), I(neox))))
         CHECK("rope", mucu_rope(x, n_heads, head_dim, n_rot, cs, rows, neox, err));
 }
@@ -1200,7 +1226,9 @@ static void cuda_host_free(mu_backend *b, void *p, size_t bytes) {
 
 static void cuda_store_kv_heads(mu_backend *b, float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D,
                                 int64_t n_head, const float *k, const float *v, int64_t rows) {
-    q8_clear(b);
+    const size_t plane = (size_t)(n_head * S * D) * sizeof(float); /* K [head][slot][D], V [head][D][slot] */
+    q8_written_bytes(b, kd, plane);
+    q8_written_bytes(b, vd, plane);
     if (rows <= 0) return;
     const bool launch =
         go(b, sig_of("store_kv_heads", 8, P(kd), P(vd), I(S), I(D), I(n_head), P(k), P(v), I(rows)));
