@@ -336,7 +336,9 @@ static void test_rmsnorm(void) {
 
 /* The fused residual step against the ref's ops one by one (x += rmsnorm(o,
  * 1e-8) * w_o, or x += o without w_o (the DFlash assistant's); h =
- * rmsnorm(x) * w_h, or no h after the last layer). */
+ * rmsnorm(x) * w_h, or no h after the last layer); residual_capture: the
+ * same, and the new x in rows of a wider capture buffer (the bytes around
+ * them untouched). */
 static void test_residual(void) {
     static const int64_t ns[] = {33, 3072, 512};
     static const int64_t rows_list[] = {1, 2, 3, 4, 9, 40};
@@ -364,6 +366,24 @@ static void test_residual(void) {
                     if (with_h)
                         EXPECT_SAME(got_h, want_h, N, "residual%s h n %lld rows %lld on %s", plain ? " (plain)" : "",
                                     (long long)n, (long long)rows, label(cpus[c]));
+                    const int64_t stride = 3 * n + 5, cn = rows * stride;
+                    float *cap = rand_vec(cn, 1.0f), *want_cap = malloc((size_t)cn * sizeof(float));
+                    memcpy(want_cap, cap, (size_t)cn * sizeof(float));
+                    for (int64_t r = 0; r < rows; r++)
+                        memcpy(want_cap + r * stride + n + 2, want_x + r * n, (size_t)n * sizeof(float));
+                    memcpy(got_x, x, bytes);
+                    memcpy(got_o, o, bytes);
+                    cpus[c]->residual_capture(cpus[c], got_x, got_o, plain ? NULL : w_o, 1e-8f, with_h ? got_h : NULL,
+                                              with_h ? w_h : NULL, 1e-5f, n, rows, cap + n + 2, stride);
+                    EXPECT_SAME(got_x, want_x, N, "residual_capture x n %lld rows %lld on %s", (long long)n,
+                                (long long)rows, label(cpus[c]));
+                    EXPECT_SAME(cap, want_cap, cn, "residual_capture rows n %lld rows %lld on %s", (long long)n,
+                                (long long)rows, label(cpus[c]));
+                    if (with_h)
+                        EXPECT_SAME(got_h, want_h, N, "residual_capture h n %lld rows %lld on %s", (long long)n,
+                                    (long long)rows, label(cpus[c]));
+                    free(cap);
+                    free(want_cap);
                 }
                 free(x); free(o); free(w_o); free(w_h);
                 free(want_x); free(want_o); free(want_h); free(got_x); free(got_o); free(got_h);

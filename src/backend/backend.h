@@ -203,6 +203,11 @@ struct mu_backend {
      * h = rmsnorm(x, eps_h) * w_h. o's contents may be lost. */
     void (*residual)(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
                      float eps_h, int64_t n, int64_t rows);
+    /* residual(...), and each row r of the new x (n floats) also to cap +
+     * r * cap_stride: a hidden-state capture of the next layer's input
+     * (src/model/forward.c) in the same launch, not a copy after it. */
+    void (*residual_capture)(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h,
+                             const float *w_h, float eps_h, int64_t n, int64_t rows, float *cap, int64_t cap_stride);
     /* Per-head rmsnorm of q (rows x nq heads; nq may be 0) and k (rows x nk
      * heads) with the head_dim weights wq, wk and eps; then, if cs, rope
      * (interleaved, or NeoX with neox) on both; then, if dst, kv_store(rows,

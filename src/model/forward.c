@@ -76,11 +76,24 @@ static bool reserve_kv(mu_kv_cache *const *kv, const mu_forward_scratch *s, cons
     return ok;
 }
 
+/* Where a residual step also writes the capture of the next layer's input
+ * (capture_fused): rows to dst + r * stride; dst NULL: none. */
+typedef struct cap_dst {
+    float *dst;
+    int64_t stride;
+} cap_dst;
+
 /* x += rmsnorm(o, 1e-8) * w_o (the post-norm), then h = rmsnorm(x) * w_h
- * (the next block's entry norm; none after the last layer). */
+ * (the next block's entry norm; none after the last layer); cd.dst: x's
+ * rows captured too (only where the backend has residual_capture). */
 static void residual(const mu_model_config *c, mu_backend *be, mu_forward_scratch *s, const float *w_o,
-                     const float *w_h, int64_t rows) {
+                     const float *w_h, int64_t rows, cap_dst cd) {
     float *h = w_h ? s->h : NULL;
+    if (cd.dst) {
+        be->residual_capture(be, s->x, s->o, w_o, MU_POST_NORM_EPS, h, w_h, c->rms_eps, c->n_embd, rows, cd.dst,
+                             cd.stride);
+        return;
+    }
     if (be->residual) {
         be->residual(be, s->x, s->o, w_o, MU_POST_NORM_EPS, h, w_h, c->rms_eps, c->n_embd, rows);
         return;
@@ -137,7 +150,7 @@ static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *cons
         be->sigmoid_gate(be, s->att, s->g, rows * Q);
     }
     be->matmul(be, &lw->attn_output, s->att, s->o, rows);
-    residual(c, be, s, lw->post_attention_norm, lw->ffn_norm, rows);
+    residual(c, be, s, lw->post_attention_norm, lw->ffn_norm, rows, (cap_dst){0});
     return true;
 }
 
@@ -146,13 +159,24 @@ static bool attention_block(const mu_model *m, mu_backend *be, mu_kv_cache *cons
  * logits: the residual step's second norm is the same operation, so the
  * logits need no launch of their own for it), or nothing. */
 static void ffn_block(const mu_model *m, mu_backend *be, mu_forward_scratch *s, int il, int64_t rows,
-                      const float *last_norm) {
+                      const float *last_norm, cap_dst cd) {
     const mu_model_config *c = &m->cfg;
     const mu_layer_weights *lw = &m->layers[il];
     mu_matmuls(be, 2, (const mu_weight *[]){&lw->ffn_gate, &lw->ffn_up}, s->h, (float *[]){s->fg, s->fu}, rows);
     be->swiglu(be, s->fg, s->fu, rows * c->n_ff);
     be->matmul(be, &lw->ffn_down, s->fg, s->o, rows);
-    residual(c, be, s, lw->post_ffw_norm, il + 1 < c->n_layer ? m->layers[il + 1].attn_norm : last_norm, rows);
+    residual(c, be, s, lw->post_ffw_norm, il + 1 < c->n_layer ? m->layers[il + 1].attn_norm : last_norm, rows, cd);
+}
+
+/* Boundary il's capture rows when the residual step before it can write
+ * them (capture_fused): every row of the batch captured, consecutively,
+ * and a backend with residual_capture; else dst NULL (capture_boundary
+ * copies them). */
+static cap_dst capture_fused(mu_backend *be, const mu_capture *cap, const mu_batch *b, int il, int64_t E) {
+    if (!cap || !be->residual_capture || cap->slot[il] < 0 || b->cap_row[0] < 0) return (cap_dst){0};
+    for (int64_t r = 1; r < b->n; r++)
+        if (b->cap_row[r] != b->cap_row[0] + r) return (cap_dst){0};
+    return (cap_dst){cap->rows + b->cap_row[0] * cap->n * E + cap->slot[il] * E, cap->n * E};
 }
 
 /* Copy the residual rows entering layer il into their capture rows. */
@@ -215,12 +239,15 @@ bool mu_forward(const mu_model *m, mu_backend *be, mu_kv_cache *const *kv, mu_fo
     }
     bool all_logits = logits && b->logits; /* decode, verification: the output norm inside the last residual step */
     for (int64_t r = 0; all_logits && r < rows; r++) all_logits = b->logits[r];
+    bool fused = false; /* boundary il's capture written by the residual step before it */
     for (int il = 0; il < c->n_layer; il++) {
-        if (cap) capture_boundary(be, cap, b, il, s->x, E);
+        if (cap && !fused) capture_boundary(be, cap, b, il, s->x, E);
         if (!attention_block(m, be, kv, s, b, il, err)) return false;
-        ffn_block(m, be, s, il, rows, all_logits ? m->output_norm : NULL);
+        const cap_dst cd = capture_fused(be, cap, b, il + 1, E);
+        ffn_block(m, be, s, il, rows, all_logits ? m->output_norm : NULL, cd);
+        fused = cd.dst != NULL;
     }
-    if (cap) capture_boundary(be, cap, b, (int)c->n_layer, s->x, E);
+    if (cap && !fused) capture_boundary(be, cap, b, (int)c->n_layer, s->x, E);
     if (!logits || !b->logits) return true;
     int64_t n_logits = rows;
     if (!all_logits) {

@@ -1159,10 +1159,26 @@ static void test_fused(void) {
             if (!plain) ref->rmsnorm(ref, o, wo, 1e-8f, o, n, rows);
             ref->add(ref, x, o, N);
             if (with_h) ref->rmsnorm(ref, x, wh, 1e-6f, h, n, rows);
-            cu->residual(cu, dx, dox, plain ? NULL : wo, 1e-8f, with_h ? dh : NULL, wh, 1e-6f, n, rows);
+            /* every other case with a capture of the new x into rows of a wider buffer (odd stride;
+             * offset 2: unaligned rows) */
+            const bool capt = (i + with_h + plain) % 2;
+            const int64_t cstride = 2 * n + 3, cn = rows * cstride;
+            float *capb = rnd_vec((size_t)cn, 1.0f), *dcap = dev(capb, (size_t)cn * 4);
+            if (capt) {
+                cu->residual_capture(cu, dx, dox, plain ? NULL : wo, 1e-8f, with_h ? dh : NULL, wh, 1e-6f, n, rows,
+                                     dcap + 2, cstride);
+                for (int64_t r = 0; r < rows; r++) memcpy(capb + 2 + r * cstride, x + r * n, (size_t)n * 4);
+            } else {
+                cu->residual(cu, dx, dox, plain ? NULL : wo, 1e-8f, with_h ? dh : NULL, wh, 1e-6f, n, rows);
+            }
             char what[96];
-            snprintf(what, sizeof what, "residual x n=%lld h=%d plain=%d", (long long)n, with_h, plain);
+            snprintf(what, sizeof what, "residual%s x n=%lld h=%d plain=%d", capt ? "_capture" : "", (long long)n,
+                     with_h, plain);
             check(what, x, dx, (size_t)N * 4);
+            snprintf(what, sizeof what, "residual%s capture rows n=%lld h=%d plain=%d", capt ? "_capture" : "",
+                     (long long)n, with_h, plain);
+            check(what, capb, dcap, (size_t)cn * 4);
+            cu->free(cu, dcap, 0), free(capb);
             if (with_h) {
                 snprintf(what, sizeof what, "residual h n=%lld plain=%d", (long long)n, plain);
                 check(what, h, dh, (size_t)N * 4);
@@ -2104,7 +2120,7 @@ static int bench_res(int reps) {
                 mucu_res_warps = warps[v];
                 gx[v] = mu_xmalloc(bytes), gh[v] = mu_xmalloc(bytes);
                 if (!mucu_memcpy(dx, x, bytes, "bench upload", msg) || !mucu_memcpy(dox, o, bytes, "bench upload", msg) ||
-                    !mucu_residual(dx, dox, dwo, 1e-8f, dh, dwh, 1e-6f, n, rows, q8, msg)) {
+                    !mucu_residual(dx, dox, dwo, 1e-8f, dh, dwh, 1e-6f, n, rows, q8, NULL, 0, msg)) {
                     fprintf(stderr, "bench: %s\n", msg);
                     return 1;
                 }
@@ -2118,7 +2134,7 @@ static int bench_res(int reps) {
                 double t[64];
                 for (int i = -2; i < reps; i++) {
                     double ms = 0;
-                    if (!mucu_timer_begin(msg) || !mucu_residual(dx, dox, dwo, 1e-8f, dh, dwh, 1e-6f, n, rows, q8, msg) ||
+                    if (!mucu_timer_begin(msg) || !mucu_residual(dx, dox, dwo, 1e-8f, dh, dwh, 1e-6f, n, rows, q8, NULL, 0, msg) ||
                         !mucu_timer_end(&ms, msg)) {
                         fprintf(stderr, "bench: %s\n", msg);
                         return 1;

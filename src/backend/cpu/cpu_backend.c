@@ -323,15 +323,15 @@ static void cpu_rope(mu_backend *b, float *x, int64_t n_heads, int64_t head_dim,
 
 typedef struct residual_job {
     const cpu_kernels *k;
-    float *x, *o, *h;
+    float *x, *o, *h, *cap;
     const float *w_o, *w_h;
     float eps_o, eps_h;
-    int64_t n, rows, chunk;
+    int64_t n, rows, chunk, cap_stride;
 } residual_job;
 
 /* Per row, the ops the forward would run one by one over all rows (the
  * same kernels, so the same bits): o = rmsnorm(o) * w_o (not without w_o);
- * x += o; h = rmsnorm(x) * w_h. */
+ * x += o (and its copy into the capture row); h = rmsnorm(x) * w_h. */
 static void residual_task(void *arg, int64_t t, int thread) {
     (void)thread;
     const residual_job *j = arg;
@@ -340,18 +340,20 @@ static void residual_task(void *arg, int64_t t, int thread) {
         float *x = j->x + r * j->n, *o = j->o + r * j->n;
         if (j->w_o) j->k->rmsnorm_row(o, j->w_o, j->eps_o, o, j->n);
         j->k->add(x, o, j->n);
+        if (j->cap) memcpy(j->cap + r * j->cap_stride, x, (size_t)j->n * sizeof *x);
         if (j->h) j->k->rmsnorm_row(x, j->w_h, j->eps_h, j->h + r * j->n, j->n);
     }
 }
 
 /* Rows split over the pool from two rows on: a decode step of a few
  * sequences has a few rows of n_embd each. */
-static void cpu_residual(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
-                         float eps_h, int64_t n, int64_t rows) {
+static void cpu_residual_capture(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h,
+                                 const float *w_h, float eps_h, int64_t n, int64_t rows, float *cap,
+                                 int64_t cap_stride) {
     cpu_ctx *c = ctx_of(b);
     pthread_mutex_lock(&c->lock);
     residual_job j = {.k = c->k, .x = x, .o = o, .h = h, .w_o = w_o, .w_h = w_h, .eps_o = eps_o, .eps_h = eps_h,
-                      .n = n, .rows = rows};
+                      .n = n, .rows = rows, .cap = cap, .cap_stride = cap_stride};
     const int nt = cpu_pool_threads(c->pool);
     if (rows == 1 || nt == 1) {
         j.chunk = rows;
@@ -361,6 +363,11 @@ static void cpu_residual(mu_backend *b, float *x, float *o, const float *w_o, fl
         cpu_pool_run(c->pool, residual_task, &j, ceil_div(rows, j.chunk));
     }
     pthread_mutex_unlock(&c->lock);
+}
+
+static void cpu_residual(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
+                         float eps_h, int64_t n, int64_t rows) {
+    cpu_residual_capture(b, x, o, w_o, eps_o, h, w_h, eps_h, n, rows, NULL, 0);
 }
 
 /* ---------- elementwise ---------- */
@@ -566,6 +573,7 @@ mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
     b->matmul_multi = cpu_matmul_multi;
     b->rmsnorm = cpu_rmsnorm;
     b->residual = cpu_residual;
+    b->residual_capture = cpu_residual_capture;
     b->rope = cpu_rope;
     b->attention = cpu_attention;
     b->trees = true;

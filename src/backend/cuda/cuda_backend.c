@@ -924,20 +924,28 @@ static void cuda_rmsnorm(mu_backend *b, const float *x, const float *w, float ep
         CHECK("rmsnorm", mucu_rmsnorm(x, dw, eps, y, n, rows, q8, err));
 }
 
-static void cuda_residual(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
-                          float eps_h, int64_t n, int64_t rows) {
+static void cuda_residual_capture(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h,
+                                  const float *w_h, float eps_h, int64_t n, int64_t rows, float *cap,
+                                  int64_t cap_stride) {
     if (rows <= 0) return;
     if (!mucu_residual_ok(n)) { /* the ops one by one */
         if (w_o) cuda_rmsnorm(b, o, w_o, eps_o, o, n, rows);
         cuda_add(b, x, o, rows * n);
+        if (cap) cuda_copy2d(b, cap, (size_t)cap_stride * sizeof *cap, x, (size_t)n * sizeof *x, (size_t)n * sizeof *x, rows);
         if (h) cuda_rmsnorm(b, x, w_h, eps_h, h, n, rows);
         return;
     }
     const float *dwo = w_o ? dev_bytes(b, w_o, (size_t)n * sizeof *w_o, "residual: post-norm weight") : NULL;
     const float *dwh = h ? dev_bytes(b, w_h, (size_t)n * sizeof *w_h, "residual: norm weight") : NULL;
     void *q8 = h && n % 256 == 0 ? q8_produce(b, h, n * rows) : (q8_clear(b), NULL);
-    if (go(b, sig_of("residual", 9, P(x), P(o), P(dwo), F(eps_o), P(h), P(dwh), F(eps_h), I(n), I(rows))))
-        CHECK("residual", mucu_residual(x, o, dwo, eps_o, h, dwh, eps_h, n, rows, q8, err));
+    if (go(b, sig_of("residual", 11, P(x), P(o), P(dwo), F(eps_o), P(h), P(dwh), F(eps_h), I(n), I(rows), P(cap),
+                     I(cap_stride))))
+        CHECK("residual", mucu_residual(x, o, dwo, eps_o, h, dwh, eps_h, n, rows, q8, cap, cap_stride, err));
+}
+
+static void cuda_residual(mu_backend *b, float *x, float *o, const float *w_o, float eps_o, float *h, const float *w_h,
+                          float eps_h, int64_t n, int64_t rows) {
+    cuda_residual_capture(b, x, o, w_o, eps_o, h, w_h, eps_h, n, rows, NULL, 0);
 }
 
 static void cuda_kv_store(mu_backend *b, int64_t rows, const mu_kv_dst *dst, const float *k, const float *v);
@@ -1360,6 +1368,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     if (!opt_out("MUSER_CUDA_TREE_REG")) b->tree_reg = cuda_tree_reg;
     ctx_of(b)->qk_neox = !opt_out("MUSER_CUDA_QK_NEOX");
     b->residual = cuda_residual;
+    b->residual_capture = cuda_residual_capture;
     b->qk_norm_rope = cuda_qk_norm_rope;
     /* MUSER_CUDA_FUSE=0: the forward's entry and the gate as separate ops (measurements) */
     if (!opt_out("MUSER_CUDA_FUSE")) {

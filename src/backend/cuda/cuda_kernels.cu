@@ -3223,8 +3223,8 @@ __device__ static inline void res_weights(const float *w_o, const float *w_h, in
 }
 
 /* The sandwich residual step, a CTA per row: x += rmsnorm(o, eps_o) * w_o
- * (w_o NULL: x += o), then (h != NULL) h = rmsnorm(x, eps_h) * w_h, quantized to Q8_K with
- * QUANT. The same operations in the same order as rmsnorm, add, rmsnorm.
+ * (w_o NULL: x += o; cap: the new x also to row r * cap_stride of cap), then
+ * (h != NULL) h = rmsnorm(x, eps_h) * w_h, quantized to Q8_K with QUANT. The same operations in the same order as rmsnorm, add, rmsnorm.
  * Lane l of warp w holds elements hx(b, l, 0..7) of the blocks b = w + k *
  * warps (k < RB): quantize_block_warp<true>'s layout, so the quantization
  * reads registers and every 16-byte access of a warp covers 512 contiguous
@@ -3234,7 +3234,7 @@ __device__ static inline void res_weights(const float *w_o, const float *w_h, in
 template <bool QUANT, int RB>
 __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
     k_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h, float eps_h,
-               int64_t n, q8split q8) {
+               int64_t n, q8split q8, float *cap, int64_t cap_stride) {
     float wo[RB][8], wh[RB][8], xv[RB][8];
     const int64_t nb = (n + 255) / 256;
     res_weights<RB>(w_o, h ? w_h : NULL, n, nb, wo, wh);
@@ -3274,6 +3274,7 @@ __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
             *(float4 *)(xs + hx(b, lane, 0)) = make_float4(xv[k][0], xv[k][1], xv[k][2], xv[k][3]);
             *(float4 *)(xs + hx(b, lane, 4)) = make_float4(xv[k][4], xv[k][5], xv[k][6], xv[k][7]);
             st8h(xr, b, lane, n, xv[k]);
+            if (cap) st8h(cap + r * cap_stride, b, lane, n, xv[k]);
         }
     }
     if (!h) return;
@@ -4208,20 +4209,24 @@ extern "C" bool mucu_embed_norm(const mucu_weight *w, const int32_t *tokens, int
 extern "C" int mucu_res_warps = -1;
 
 extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h,
-                              float eps_h, int64_t n, int64_t rows, void *q8, char *err) {
+                              float eps_h, int64_t n, int64_t rows, void *q8, float *cap, int64_t cap_stride,
+                              char *err) {
     if (rows <= 0) return true;
     const size_t sm = cta_row_bytes(n);
     /* a warp per 256-value block, at most 32 warps (mucu_res_warps: at most 8 or 16, for
      * measurements): RB blocks a warp */
-    const int cap = env_setting(&mucu_res_warps, "MUSER_CUDA_RES_WARPS", 32);
-    const int64_t wmax = cap == 8 ? 8 : cap == 16 ? 16 : 32;
+    const int wcap = env_setting(&mucu_res_warps, "MUSER_CUDA_RES_WARPS", 32);
+    const int64_t wmax = wcap == 8 ? 8 : wcap == 16 ? 16 : 32;
     const int64_t nb = (n + 255) / 256, w0 = nb < wmax ? nb : wmax, warps = nb > 4 * w0 ? (nb + 3) / 4 : w0;
     const int64_t rb = (nb + warps - 1) / warps;
     const unsigned t = (unsigned)(32 * warps);
     const bool quant = h && q8 && n % 256 == 0;
     const q8split o8 = quant ? q8split_at(q8, n, rows) : q8split{};
-#define RES(RBV) (quant ? k_residual<true, RBV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8) \
-                        : k_residual<false, RBV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8))
+#define RES(RBV)                                                                                                     \
+    (quant ? k_residual<true, RBV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8, cap,      \
+                                                                   cap_stride)                                       \
+           : k_residual<false, RBV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8, cap,     \
+                                                                    cap_stride))
     if (rb <= 1) RES(1);
     else if (rb <= 2) RES(2);
     else RES(4);

@@ -200,14 +200,16 @@ bool mucu_timer_end(double *ms, char *err);
  * mucu_residual's h, mucu_sigmoid_gate's x and mucu_swiglu's gate. */
 bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows, void *q8, char *err);
 /* x += rmsnorm(o, eps_o) * w_o; then, if h: h = rmsnorm(x, eps_h) * w_h
- * (rows of n; mucu_residual_ok(n) says whether the kernel takes n). */
+ * (rows of n; mucu_residual_ok(n) says whether the kernel takes n); if
+ * cap, each row of the new x also to cap + r * cap_stride (a capture of the
+ * next layer's input, src/model/forward.c). */
 bool mucu_residual_ok(int64_t n);
 /* The residual step's most warps a CTA: 32 (the default), or 8 or 16 (2-4
  * blocks a warp; measurements); from MUSER_CUDA_RES_WARPS when first read,
  * -1 until then. */
 extern int mucu_res_warps;
 bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h, float eps_h,
-                   int64_t n, int64_t rows, void *q8, char *err);
+                   int64_t n, int64_t rows, void *q8, float *cap, int64_t cap_stride, char *err);
 /* Per-head RMSNorm of q (nq heads) and k (nk heads) with the weights wq, wk
  * (head_dim values), then, if cs, the interleaved rotation of the first
  * n_rot dims with cs [rows][n_rot/2] (cos, sin). */
