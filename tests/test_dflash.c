@@ -988,6 +988,24 @@ static void test_spec_picks(void) {
                 int64_t na = 0, nb = 0;
                 const int32_t *ha = mu_session_hist(s[0], &na), *hb = mu_session_hist(s[1], &nb);
                 CHECK(na == nb && !memcmp(ha, hb, (size_t)na * sizeof *ha));
+                /* the assistant's context: projected right after each verification on the registers' rounds
+                 * (mu_dflash_project_fed / keep_fed), from the buffered rows on the host's; every byte alike
+                 * once the buffered rows are projected too */
+                unsigned char *ctx[2] = {NULL, NULL};
+                uint64_t ctx_len[2] = {0, 0};
+                int64_t ctx_rows[2] = {0, 0};
+                for (int k = 0; k < 2; k++) {
+                    int32_t props[16];
+                    mu_error xe = {{0}};
+                    mu_spec_draft_now(sp[k], pend[k], 3, props, NULL);
+                    CHECK_MSG(mu_spec_export(sp[k], &ctx_rows[k], &ctx[k], &ctx_len[k], &xe), "%s", xe.msg);
+                }
+                CHECK_MSG(ctx_rows[0] == ctx_rows[1] && ctx_len[0] == ctx_len[1] && ctx[0] && ctx[1] &&
+                              !memcmp(ctx[0], ctx[1], (size_t)ctx_len[0]),
+                          "VL %d%s text %d sampler %d: the assistant's context differs (%lld / %lld rows)",
+                          p.verify_len, tree ? " tree" : "", ti, with_smp, (long long)ctx_rows[0],
+                          (long long)ctx_rows[1]);
+                free(ctx[0]), free(ctx[1]);
                 picked += st[0].picked_rounds;
                 predrafted += st[0].predrafted;
                 if (with_smp == 2) sampled_on_backend += st[0].backend_rounds - st[0].picked_rounds;

@@ -13,7 +13,11 @@
  * n == 0 turns capture off. Refuses out-of-range or repeated boundaries. */
 bool mu_session_set_capture(muser_session *s, const int *boundaries, int n, mu_error *err);
 /* Rows of the most recent feed / feed_all: [*n_rows][n * n_embd] floats, valid
- * until the next feed; NULL (and *n_rows = 0) when capture is off. */
+ * until the next feed; NULL (and *n_rows = 0) when capture is off. The
+ * buffer holds at least MU_CAPTURE_MIN_ROWS rows, finite (zeroed or older
+ * captures) past the fed ones: a backend that projects a fixed row count
+ * reads them (spec/dflash.h mu_dflash_project_fed). */
+#define MU_CAPTURE_MIN_ROWS 16
 const float *mu_session_captured(const muser_session *s, int64_t *n_rows);
 /* The muser_spec bound to the session (set by muser_spec_create, cleared
  * by muser_spec_free), NULL without one: a durable pack of the session

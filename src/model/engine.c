@@ -378,6 +378,7 @@ static bool check_input(const muser_session *s, const int32_t *tokens, int64_t n
 /* Room for n captured rows of this session's current input. */
 static void capture_reserve(muser_session *s, int64_t n) {
     muser_engine *e = s->e;
+    if (n < MU_CAPTURE_MIN_ROWS) n = MU_CAPTURE_MIN_ROWS;
     if (!s->capture_on || s->cap_cap >= n) return;
     const size_t row = (size_t)(e->capture.n * e->model->m->cfg.n_embd) * sizeof(float);
     if (s->cap_rows) e->be->free(e->be, s->cap_rows, (size_t)s->cap_cap * row);

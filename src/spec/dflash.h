@@ -88,6 +88,22 @@ int64_t mu_dflash_state_rows(const mu_dflash_state *st);
 #define MU_DFLASH_CTX_PAD 16 /* rows of a round's projection (it keeps 1..16) */
 #define MU_DFLASH_SLACK 64   /* rows of the longest projection */
 void mu_dflash_append_context(mu_dflash_state *st, const float *features, int64_t n);
+/* A round's n fed rows (speculate.c, rounds on the backend), projected
+ * right after their verification, before the round knows which it keeps:
+ * row r at position rows() + r, or with tree_reg rows() + the depth of node
+ * r of the tree registers (where a kept node ends up), into scratch slots
+ * attention never reads (features: as for append_context, n <= 16). Then
+ * mu_dflash_keep_fed(path, keep) moves rows path[0..keep) (ascending; NULL:
+ * 0..keep) into the cache slots of rows() .. rows() + keep - 1 and commits
+ * them: the state append_context of those rows would leave (the same
+ * products, positions and bits), with nothing buffered or copied between
+ * the verification and the next draft. Nothing else may project between
+ * the two (the scratch slots are shared). */
+void mu_dflash_project_fed(mu_dflash_state *st, const float *features, int64_t n, bool tree_reg);
+void mu_dflash_keep_fed(mu_dflash_state *st, const int32_t *path, int keep);
+/* Whether a round's context rows go into the next draft's launches
+ * (MUSER_DFLASH_MERGE=1, mu_dflash_draft), so are buffered until then. */
+bool mu_dflash_state_merges(const mu_dflash_state *st);
 void mu_dflash_skip_context(mu_dflash_state *st, int64_t n);
 /* First mu_dflash_append_context(st, features, n_ctx) (n_ctx may be 0):
  * with MUSER_DFLASH_MERGE=1 a round's few rows are projected in the draft's

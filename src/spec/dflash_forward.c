@@ -129,6 +129,8 @@ void mu_dflash_state_reset(mu_dflash_state *st) { st->rows = 0; }
 
 int64_t mu_dflash_state_rows(const mu_dflash_state *st) { return st->rows; }
 
+bool mu_dflash_state_merges(const mu_dflash_state *st) { return st->merge; }
+
 static int64_t cache_slot(const mu_dflash_state *st, int64_t pos) {
     return pos < st->sink ? pos : st->sink + (pos - st->sink) % st->window;
 }
@@ -154,9 +156,11 @@ static void store_rows(const mu_dflash_state *st, int il, const float *k, const 
     st->be->store_kv_heads(st->be, st->ck[il], st->cv[il], st->slot, st->slots, D, Hkv, k, v, rows);
 }
 
-/* (cos, sin) of the positions st->pos[0..rows) (the backend's RoPE table). */
-static void rope_table(const mu_dflash_state *st, int64_t rows) {
-    st->be->rope_table(st->be, st->inv_freq, st->d->cfg.head_dim / 2, st->pos, rows, st->cs, false);
+/* (cos, sin) of the positions st->pos[0..rows) (the backend's RoPE table;
+ * tree_reg: row r < MU_TREE_MAX at st->pos[r] - r + the depth of node r of
+ * the tree registers, backend.h). */
+static void rope_table(const mu_dflash_state *st, int64_t rows, bool tree_reg) {
+    st->be->rope_table(st->be, st->inv_freq, st->d->cfg.head_dim / 2, st->pos, rows, st->cs, tree_reg);
 }
 
 /* Per-head rmsnorm (weights w) then the NeoX rotation of rows whose table
@@ -215,26 +219,67 @@ static float *context_input(mu_dflash_state *st, const float *features, int64_t 
     return x;
 }
 
-/* K (k-normed, rotated) and V of m consecutive context rows from p0, in a
- * bracket of their own. Every layer's K and V products read the same rows,
- * so they are one set (on a device: one quantization, a launch per 8
- * matrices); then each layer's norm, rotation and store. */
-static void project_context(mu_dflash_state *st, const float *features, int64_t p0, int64_t m) {
+/* K (k-normed, rotated) and V of n rows of features at positions st->pos
+ * (tree_reg: rope_table's) into cache slots st->slot, in a bracket of their
+ * own (tag). Every layer's K and V products read the same rows, so they are
+ * one set (on a device: one quantization, a launch per 8 matrices); then
+ * each layer's norm, rotation and store. */
+static void project_rows(mu_dflash_state *st, const float *features, int64_t n, uint64_t tag, bool tree_reg) {
     const mu_dflash *d = st->d;
     const mu_dflash_config *c = &d->cfg;
     mu_backend *be = st->be;
-    const int64_t n = projected_rows(st, m), L = c->n_layer;
-    bracket_begin(st, 0xDF1A5C0, n, 0);
+    const int64_t L = c->n_layer;
+    bracket_begin(st, tag, n, tree_reg);
     const float *x = context_input(st, features, n);
-    for (int64_t r = 0; r < n; r++) st->pos[r] = p0 + r;
-    rope_table(st, n);
-    context_slots(st, st->slot, m, n, p0);
+    rope_table(st, n, tree_reg);
     mu_matmuls(be, (int)(2 * L), st->pw, x, st->py, n);
     for (int64_t il = 0; il < L; il++) {
         norm_rope(st, NULL, NULL, 0, st->py[2 * il], d->layers[il].k_norm, c->n_head_kv, n, 0);
         store_rows(st, (int)il, st->py[2 * il], st->py[2 * il + 1], n);
     }
     bracket_end(st);
+}
+
+/* m consecutive context rows from p0 (padded to projected_rows). */
+static void project_context(mu_dflash_state *st, const float *features, int64_t p0, int64_t m) {
+    const int64_t n = projected_rows(st, m);
+    for (int64_t r = 0; r < n; r++) st->pos[r] = p0 + r;
+    context_slots(st, st->slot, m, n, p0);
+    project_rows(st, features, n, 0xDF1A5C0, false);
+}
+
+void mu_dflash_project_fed(mu_dflash_state *st, const float *features, int64_t n, bool tree_reg) {
+    const int64_t np = projected_rows(st, n);
+    for (int64_t r = 0; r < np; r++) {
+        st->pos[r] = st->rows + r;
+        st->slot[r] = st->attend + r; /* scratch: attention never reads it */
+    }
+    project_rows(st, features, np, 0xDF1A5C1, tree_reg);
+}
+
+void mu_dflash_keep_fed(mu_dflash_state *st, const int32_t *path, int keep) {
+    const mu_dflash_config *c = &st->d->cfg;
+    const int64_t D = c->head_dim, Hkv = c->n_head_kv, S = st->slots, L = c->n_layer;
+    const size_t row = (size_t)D * sizeof(float), col = (size_t)S * sizeof(float);
+    mu_copy2d *cp = mu_xmalloc((size_t)(keep * L * Hkv * 2) * sizeof *cp);
+    int n = 0;
+    for (int j = 0; j < keep; j++) {
+        const int64_t from = st->attend + (path ? path[j] : j), to = cache_slot(st, st->rows + j);
+        for (int64_t il = 0; il < L; il++)
+            for (int64_t h = 0; h < Hkv; h++) {
+                float *k = st->ck[il] + h * S * D, *v = st->cv[il] + h * D * S; /* K rows, V columns (transposed) */
+                cp[n++] = (mu_copy2d){k + to * D, row, k + from * D, row, row, 1};
+                cp[n++] = (mu_copy2d){v + to, col, v + from, col, sizeof(float), D};
+            }
+    }
+    if (st->be->copy2d_many) {
+        st->be->copy2d_many(st->be, n, cp);
+    } else {
+        for (int i = 0; i < n; i++)
+            st->be->copy2d(st->be, cp[i].dst, cp[i].dst_stride, cp[i].src, cp[i].src_stride, cp[i].width, cp[i].rows);
+    }
+    free(cp);
+    st->rows += keep;
 }
 
 /* Rows that no later anchor can attend to (past the sink, with at least
@@ -371,7 +416,7 @@ static void draft_rows(mu_dflash_state *st, const float *features, int64_t n_ctx
         st->pos[nc + r] = st->rows + r;
         st->slot[nc + r] = held + r;
     }
-    rope_table(st, nc + B);
+    rope_table(st, nc + B, false);
     be->embed(be, &t->token_embd, st->ids, B, st->h);
     be->rmsnorm(be, st->h, st->d->layers[0].attn_norm, c->rms_eps, st->a, E, B);
     for (int il = 0; il < c->n_layer; il++) {

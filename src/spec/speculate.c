@@ -148,6 +148,7 @@ struct muser_spec {
     const int32_t *eog;             /* the target's end-of-generation ids (its tokenizer's), n_eog of them */
     int n_eog;
     bool predraft;                  /* picks rounds enqueue the next round's draft (MUSER_SPEC_PREDRAFT=0: no) */
+    bool fed_proj;                  /* picks rounds project their fed rows before the wait (MUSER_SPEC_FED_PROJ=0: no) */
     struct {                        /* that draft: valid for a round of vl after anchor at pos, while no */
         bool on;                    /* other draft has set the registers since (epoch) */
         int32_t anchor;
@@ -355,6 +356,7 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     sp->tree_picks = sp->picks && sp->tree && sp->be->tree_reg && sp->be->trees && sp->n_eog <= MU_SPEC_TREE_EOG_MAX;
     sp->host_picks = !env_off("MUSER_SPEC_HOST_PICKS");
     sp->predraft = !env_off("MUSER_SPEC_PREDRAFT");
+    sp->fed_proj = !env_off("MUSER_SPEC_FED_PROJ") && !mu_dflash_state_merges(sp->ds);
     const char *tm = getenv("MUSER_SPEC_TIMES");
     sp->times = tm && *tm && strcmp(tm, "0");
     gate_init(&sp->gate, p->no_gate);
@@ -633,6 +635,20 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
     if (!muser_session_checkpoint(sp->s, err) ||
         !mu_session_feed_picks(sp->s, block, vl + 1, vl, tree, sp->slots, ERR(err)))
         return -1;
+    /* the fed rows' context projection, enqueued behind the verification:
+     * the backend runs it while the host waits, walks and enqueues the next
+     * draft (mu_dflash_project_fed; the kept ones committed below) */
+    _Static_assert(MU_DFLASH_CTX_PAD <= MU_CAPTURE_MIN_ROWS, "a padded projection of the fed rows reads the capture");
+    const bool fed = sp->fed_proj && sp->n_feats == 0;
+    if (fed) {
+        int64_t n_cap = 0;
+        const float *cap = mu_session_captured(sp->s, &n_cap);
+        if (!cap || n_cap != vl + 1) {
+            mu_err_set(ERR(err), "hidden-state capture returned %lld rows for %d fed", (long long)n_cap, vl + 1);
+            return -1;
+        }
+        mu_dflash_project_fed(sp->ds, cap, vl + 1, tree);
+    }
     tp[2] = sp->times ? mu_now() : 0.0;
     for (int r = 0; r <= vl; r++)
         if (!be->chain_wait(be, sp->slots + 2 * r, ERR(err))) return -1;
@@ -695,7 +711,8 @@ static int spec_round_picks(muser_spec *sp, int32_t pending, int vl, muser_sampl
      * target's rollback), so the backend drafts while the host rolls back
      * and returns to its caller */
     const int keep = n ? n : 1;
-    if (!take_captured_path(sp, vl + 1, keep, tree ? path : NULL, ERR(err))) return -1;
+    if (fed) mu_dflash_keep_fed(sp->ds, tree ? path : NULL, keep);
+    else if (!take_captured_path(sp, vl + 1, keep, tree ? path : NULL, ERR(err))) return -1;
     const double t3 = tp[4] = mu_now();
     const int32_t next = n ? out[n - 1] : -1;
     n = round_done(sp, tree ? tn - 1 : vl, n, t0, t1, t3);
