@@ -21,6 +21,7 @@
 #           and a kernel trace of the replayed rounds; specbench: speculative
 #           `muser bench --draft` over tools/train/heldout-64.txt, on the two held-out prompts and
 #           Genesis (trees of 15 with the next draft enqueued early or not, chains), sampled rounds;
+#           specab: trees of 15 over the 64 prompts with the round's launch savings one by one off;
 #           llamadflash: llama.cpp's draft-dflash beside its plain decoding on the same pair
 #           (tests/cuda/llama_dflash.sh; carry .llama-build/llama-server.xz, or run llamabuild first);
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
@@ -256,6 +257,18 @@ case " $STAGES " in *" bench "*)
             done
             echo "plain: $("$M" run -m "$SRC/models/glimmer-tiny-q4_k_xl.gguf" --backend cuda -p "The history of the" \
                 -n 128 --temp 0.8 --seed 5 --ignore-eos 2>&1 >/dev/null | grep -o 'decode: [^)]*)')"
+        done ;;
+    esac
+    case " $STAGES " in *" specab "*)
+        # the round's launch and copy savings one by one (docs/cuda.md "Speculative decoding on the GPU"):
+        # trees of 15 over the 64 held-out prompts with all of them, each one off, all off
+        D="$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf"
+        echo "== specab: muser bench --draft over tools/train/heldout-64.txt, trees of 15"
+        for envs in "" "MUSER_SPEC_FED_PROJ=0" "MUSER_CUDA_FUSED_CAPTURE=0" "MUSER_CUDA_Q8_KEEP=0" \
+            "MUSER_SPEC_FED_PROJ=0 MUSER_CUDA_FUSED_CAPTURE=0 MUSER_CUDA_Q8_KEEP=0"; do
+            echo "-- ${envs:-all on}"
+            env $envs $TINY -p 0 -n 128 -r ${SPEC_REPS:-3} -q --draft "$D" --verify-len 15 --spec-tree \
+                --spec-prompts "$SRC/tools/train/heldout-64.txt" 2>&1 | tail -3
         done ;;
     esac
     case " $STAGES " in *" llamadflash "*)

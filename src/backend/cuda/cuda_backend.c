@@ -53,6 +53,8 @@ typedef struct cuda_ctx {
     int32_t *regs_d;           /* the token registers (backend.h argmax_reg), MU_TOKEN_REGS */
     mucu_tree_regs *treg_d;    /* the tree registers (backend.h tree_reg) */
     bool qk_neox;              /* qk_norm_rope's NeoX kernel path (MUSER_CUDA_QK_NEOX=0: off) */
+    bool q8_keep;              /* q8_written_bytes keeps the tag past writes elsewhere (MUSER_CUDA_Q8_KEEP=0:
+                                * every such write clears it, as before; measurements) */
     void *tree_work_d;         /* k_tree_rows' candidates (mucu_tree_work_bytes) */
     int32_t *chain_d;          /* the chained token (backend.h chain_pick), then k_chain_pick's
                                 * counter and partials (mucu_chain_bytes) */
@@ -132,7 +134,7 @@ static void q8_clear(mu_backend *b) {
 static void q8_written_bytes(mu_backend *b, const void *p, size_t bytes) {
     cuda_ctx *c = (cuda_ctx *)b->ctx;
     const uint8_t *w = p, *x = (const uint8_t *)c->q8_x;
-    if (x && bytes && w < x + (size_t)c->q8_n * sizeof(float) && x < w + bytes) q8_clear(b);
+    if (!c->q8_keep || (x && bytes && w < x + (size_t)c->q8_n * sizeof(float) && x < w + bytes)) q8_clear(b);
 }
 
 /* The extent of a 2D copy's destination: rows of width bytes, stride apart. */
@@ -1367,8 +1369,10 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
      * (comparisons: docs/cuda.md "Speculative decoding on the GPU") */
     if (!opt_out("MUSER_CUDA_TREE_REG")) b->tree_reg = cuda_tree_reg;
     ctx_of(b)->qk_neox = !opt_out("MUSER_CUDA_QK_NEOX");
+    ctx_of(b)->q8_keep = !opt_out("MUSER_CUDA_Q8_KEEP");
     b->residual = cuda_residual;
-    b->residual_capture = cuda_residual_capture;
+    /* MUSER_CUDA_FUSED_CAPTURE=0: captures copied after the residual step (measurements) */
+    if (!opt_out("MUSER_CUDA_FUSED_CAPTURE")) b->residual_capture = cuda_residual_capture;
     b->qk_norm_rope = cuda_qk_norm_rope;
     /* MUSER_CUDA_FUSE=0: the forward's entry and the gate as separate ops (measurements) */
     if (!opt_out("MUSER_CUDA_FUSE")) {
