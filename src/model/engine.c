@@ -691,9 +691,10 @@ bool mu_session_feed_picks(muser_session *s, const int32_t *tokens, int64_t n, i
                       .tree = tree_reg ? e->b_tree : NULL, .tree_reg = tree_reg};
         if (be->forward_begin) be->forward_begin(be, batch_key(e, rows, n_cap, tree_reg ? 5 : 3));
         ok = mu_forward(m, be, e->kvs, &e->scratch, e->inv_freq, &b, e->logits, n_cap ? &e->capture : NULL, err);
-        if (ok) { /* the rows move to the session's own buffer: a later forward of another session reuses e->logits */
+        if (ok) { /* picked where they lie (the host wakes on the picks), then moved to the session's own
+                   * buffer: a later forward of another session reuses e->logits */
+            be->pick_rows(be, e->logits, V, n, n_regs, slot);
             be->copy(be, s->vrows, e->logits, (size_t)(n * V) * sizeof(float));
-            be->pick_rows(be, s->vrows, V, n, n_regs, slot);
         }
         if (be->forward_end) be->forward_end(be, ok);
         if (!ok) {
