@@ -815,11 +815,13 @@ static void cuda_embed_norm(mu_backend *b, const mu_weight *w, const int32_t *to
     const float *dwh = dev_bytes(b, w_h, (size_t)n * sizeof *w_h, "embed_norm: norm weight");
     void *q8 = n % 256 == 0 ? q8_produce(b, h, n * rows) : (q8_clear(b), NULL);
     const bool chained = is_chained(b, tokens, rows, "embed_norm");
-    const int32_t *t = !chained && has_regs(tokens, rows) ? tokens_regs(b, tokens, rows, "embed_norm") : NULL;
+    /* register ids are looked up by the kernel itself (no k_tokens_regs launch before it) */
+    const int32_t *reg = !chained && has_regs(tokens, rows) ? regs_reg(b, "embed_norm") : NULL;
     const bool launch =
-        go(b, sig_of("embed_norm", 8, P(d.data), I(rows), F(eps), P(dwh), P(x), P(h), I(chained), P(t)));
-    if (!t) t = chained ? ctx_of(b)->chain_d : upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed_norm");
-    if (launch) CHECK("embed_norm", mucu_embed_norm(&d, t, rows, eps, x, dwh, h, q8, err));
+        go(b, sig_of("embed_norm", 8, P(d.data), I(rows), F(eps), P(dwh), P(x), P(h), I(chained), P(reg)));
+    const int32_t *t =
+        chained ? ctx_of(b)->chain_d : upload_arg(b, tokens, (size_t)rows * sizeof *tokens, "embed_norm");
+    if (launch) CHECK("embed_norm", mucu_embed_norm(&d, t, reg, rows, eps, x, dwh, h, q8, err));
 }
 
 /* After a product wrote y (n floats): the tag no longer holds if y overlaps its values. */

@@ -3174,14 +3174,16 @@ __global__ static void __launch_bounds__(1024) k_rmsnorm_cta(const float *x, con
 
 /* The forward's entry, a CTA per row: x = rmsnorm(embed(token), eps)
  * (weightless), h = rmsnorm(x, eps) * w_h, quantized to Q8_K with QUANT:
- * k_embed, k_rmsnorm_cta and k_rmsnorm_cta's operations in one launch. */
+ * k_embed, k_rmsnorm_cta and k_rmsnorm_cta's operations in one launch (and
+ * k_tokens_regs' lookup: with regs, an id -2 - i is register i's). */
 template <bool QUANT>
-__global__ static void __launch_bounds__(1024) k_embed_norm(mucu_weight w, const int32_t *tokens, float eps, float *x,
-                                                          const float *w_h, float *h, int64_t n, q8split o) {
+__global__ static void __launch_bounds__(1024) k_embed_norm(mucu_weight w, const int32_t *tokens, const int32_t *regs,
+                                                          float eps, float *x, const float *w_h, float *h, int64_t n,
+                                                          q8split o) {
     grid_dep_wait();
     extern __shared__ float xs[];
     __shared__ float inv_s[2];
-    const int64_t r = blockIdx.x, tok = tokens[r];
+    const int64_t r = blockIdx.x, id = tokens[r], tok = regs && id <= -2 ? regs[-2 - id] : id;
     const int64_t npad = (n + 255) / 256 * 256;
     for (int64_t i = threadIdx.x; i < npad; i += blockDim.x) xs[i] = i < n ? embed_value(w, tok, i) : 0.0f;
     __syncthreads();
@@ -4188,8 +4190,8 @@ extern "C" bool mucu_rmsnorm(const float *x, const float *w, float eps, float *y
 
 extern "C" bool mucu_residual_ok(int64_t n) { return cta_row_ok(n); }
 
-extern "C" bool mucu_embed_norm(const mucu_weight *w, const int32_t *tokens, int64_t rows, float eps, float *x,
-                                const float *w_h, float *h, void *q8, char *err) {
+extern "C" bool mucu_embed_norm(const mucu_weight *w, const int32_t *tokens, const int32_t *regs, int64_t rows,
+                                float eps, float *x, const float *w_h, float *h, void *q8, char *err) {
     if (rows <= 0) return true;
     const int64_t n = w->n_in;
     if (!cta_row_ok(n)) {
@@ -4198,11 +4200,12 @@ extern "C" bool mucu_embed_norm(const mucu_weight *w, const int32_t *tokens, int
     }
     const size_t sm = cta_row_bytes(n);
     if (q8 && n % 256 == 0) {
-        k_embed_norm<true><<<(unsigned)rows, cta_threads(rows, n), sm, g_s>>>(*w, tokens, eps, x, w_h, h, n,
+        k_embed_norm<true><<<(unsigned)rows, cta_threads(rows, n), sm, g_s>>>(*w, tokens, regs, eps, x, w_h, h, n,
                                                                             q8split_at(q8, n, rows));
         return launched("k_embed_norm+q8", err);
     }
-    k_embed_norm<false><<<(unsigned)rows, cta_threads(rows, n), sm, g_s>>>(*w, tokens, eps, x, w_h, h, n, q8split{});
+    k_embed_norm<false><<<(unsigned)rows, cta_threads(rows, n), sm, g_s>>>(*w, tokens, regs, eps, x, w_h, h, n,
+                                                                         q8split{});
     return launched("k_embed_norm", err);
 }
 

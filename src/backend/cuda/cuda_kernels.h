@@ -234,9 +234,10 @@ bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos
                      float *cs, char *err);
 /* x = rmsnorm(embed(tokens), eps) (weightless), h = rmsnorm(x, eps) * w_h
  * (and h's Q8_K quantization into q8, where not NULL), rows of w->n_in
- * values (mucu_residual_ok). */
-bool mucu_embed_norm(const mucu_weight *w, const int32_t *tokens, int64_t rows, float eps, float *x, const float *w_h,
-                     float *h, void *q8, char *err);
+ * values (mucu_residual_ok). regs: an id -2 - i (backend.h MU_TOKEN_REG(i))
+ * is register i's id (NULL: no such ids). */
+bool mucu_embed_norm(const mucu_weight *w, const int32_t *tokens, const int32_t *regs, int64_t rows, float eps,
+                     float *x, const float *w_h, float *h, void *q8, char *err);
 bool mucu_rope(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows, bool neox,
                char *err);
 /* dst: device [rows]; every row n_head x head_dim */
