@@ -91,14 +91,15 @@ void mu_dflash_append_context(mu_dflash_state *st, const float *features, int64_
 /* A round's n fed rows (speculate.c, rounds on the backend), projected
  * right after their verification, before the round knows which it keeps:
  * row r at position rows() + r, or with tree_reg rows() + the depth of node
- * r of the tree registers (where a kept node ends up), into scratch slots
- * attention never reads (features: as for append_context, n <= 16). Then
- * mu_dflash_keep_fed(path, keep) moves rows path[0..keep) (ascending; NULL:
- * 0..keep) into the cache slots of rows() .. rows() + keep - 1 and commits
- * them: the state append_context of those rows would leave (the same
- * products, positions and bits), with nothing buffered or copied between
- * the verification and the next draft. Nothing else may project between
- * the two (the scratch slots are shared). */
+ * r of the tree registers (where a kept node ends up); their K and V wait
+ * in the state (features: as for append_context, n <= 16). Then
+ * mu_dflash_keep_fed(path, keep) stores rows path[0..keep) (ascending;
+ * NULL: 0..keep) into the cache slots of rows() .. rows() + keep - 1 (the
+ * rest into scratch slots attention never reads) and commits them: the
+ * state append_context of those rows would leave (the same products,
+ * positions and bits), with nothing buffered or copied between the
+ * verification and the next draft. Nothing else may project between the
+ * two. */
 void mu_dflash_project_fed(mu_dflash_state *st, const float *features, int64_t n, bool tree_reg);
 void mu_dflash_keep_fed(mu_dflash_state *st, const int32_t *path, int keep);
 /* Whether a round's context rows go into the next draft's launches

@@ -34,6 +34,7 @@ struct mu_dflash_state {
     int64_t attend;             /* slots attention may read: sink + window + block_size */
     bool merge;                 /* a round's context projected inside the draft (MUSER_DFLASH_MERGE=1; docs/speculative.md) */
     int64_t rows;               /* committed context rows (next anchor position) */
+    int64_t fed;                /* rows mu_dflash_project_fed left in py for mu_dflash_keep_fed */
     /* backend memory: */
     float **ck;                 /* [n_layer] -> [n_head_kv][slots][head_dim] */
     float **cv;                 /* [n_layer] -> [n_head_kv][head_dim][slots]: V transposed, the P V operand */
@@ -220,11 +221,13 @@ static float *context_input(mu_dflash_state *st, const float *features, int64_t 
 }
 
 /* K (k-normed, rotated) and V of n rows of features at positions st->pos
- * (tree_reg: rope_table's) into cache slots st->slot, in a bracket of their
- * own (tag). Every layer's K and V products read the same rows, so they are
- * one set (on a device: one quantization, a launch per 8 matrices); then
- * each layer's norm, rotation and store. */
-static void project_rows(mu_dflash_state *st, const float *features, int64_t n, uint64_t tag, bool tree_reg) {
+ * (tree_reg: rope_table's) into st->py, in a bracket of their own (tag),
+ * then (store) into the cache slots st->slot. Every layer's K and V
+ * products read the same rows, so they are one set (on a device: one
+ * quantization, a launch per 8 matrices); then each layer's norm and
+ * rotation, and store. */
+static void project_rows(mu_dflash_state *st, const float *features, int64_t n, uint64_t tag, bool tree_reg,
+                         bool store) {
     const mu_dflash *d = st->d;
     const mu_dflash_config *c = &d->cfg;
     mu_backend *be = st->be;
@@ -235,7 +238,7 @@ static void project_rows(mu_dflash_state *st, const float *features, int64_t n, 
     mu_matmuls(be, (int)(2 * L), st->pw, x, st->py, n);
     for (int64_t il = 0; il < L; il++) {
         norm_rope(st, NULL, NULL, 0, st->py[2 * il], d->layers[il].k_norm, c->n_head_kv, n, 0);
-        store_rows(st, (int)il, st->py[2 * il], st->py[2 * il + 1], n);
+        if (store) store_rows(st, (int)il, st->py[2 * il], st->py[2 * il + 1], n);
     }
     bracket_end(st);
 }
@@ -245,41 +248,27 @@ static void project_context(mu_dflash_state *st, const float *features, int64_t 
     const int64_t n = projected_rows(st, m);
     for (int64_t r = 0; r < n; r++) st->pos[r] = p0 + r;
     context_slots(st, st->slot, m, n, p0);
-    project_rows(st, features, n, 0xDF1A5C0, false);
+    project_rows(st, features, n, 0xDF1A5C0, false, true);
 }
 
 void mu_dflash_project_fed(mu_dflash_state *st, const float *features, int64_t n, bool tree_reg) {
-    const int64_t np = projected_rows(st, n);
-    for (int64_t r = 0; r < np; r++) {
-        st->pos[r] = st->rows + r;
-        st->slot[r] = st->attend + r; /* scratch: attention never reads it */
-    }
-    project_rows(st, features, np, 0xDF1A5C1, tree_reg);
+    st->fed = projected_rows(st, n);
+    for (int64_t r = 0; r < st->fed; r++) st->pos[r] = st->rows + r;
+    project_rows(st, features, st->fed, 0xDF1A5C1, tree_reg, false);
 }
 
+/* The fed rows' K/V (st->py, as mu_dflash_project_fed left them) stored:
+ * kept row path[j] into the slot of position rows() + j, the others into
+ * scratch slots; each layer's store_kv_heads, in a bracket of their own. */
 void mu_dflash_keep_fed(mu_dflash_state *st, const int32_t *path, int keep) {
-    const mu_dflash_config *c = &st->d->cfg;
-    const int64_t D = c->head_dim, Hkv = c->n_head_kv, S = st->slots, L = c->n_layer;
-    const size_t row = (size_t)D * sizeof(float), col = (size_t)S * sizeof(float);
-    mu_copy2d *cp = mu_xmalloc((size_t)(keep * L * Hkv * 2) * sizeof *cp);
-    int n = 0;
-    for (int j = 0; j < keep; j++) {
-        const int64_t from = st->attend + (path ? path[j] : j), to = cache_slot(st, st->rows + j);
-        for (int64_t il = 0; il < L; il++)
-            for (int64_t h = 0; h < Hkv; h++) {
-                float *k = st->ck[il] + h * S * D, *v = st->cv[il] + h * D * S; /* K rows, V columns (transposed) */
-                cp[n++] = (mu_copy2d){k + to * D, row, k + from * D, row, row, 1};
-                cp[n++] = (mu_copy2d){v + to, col, v + from, col, sizeof(float), D};
-            }
-    }
-    if (st->be->copy2d_many) {
-        st->be->copy2d_many(st->be, n, cp);
-    } else {
-        for (int i = 0; i < n; i++)
-            st->be->copy2d(st->be, cp[i].dst, cp[i].dst_stride, cp[i].src, cp[i].src_stride, cp[i].width, cp[i].rows);
-    }
-    free(cp);
+    const int64_t L = st->d->cfg.n_layer, n = st->fed;
+    for (int64_t r = 0; r < n; r++) st->slot[r] = st->attend + r; /* scratch: attention never reads it */
+    for (int j = 0; j < keep; j++) st->slot[path ? path[j] : j] = cache_slot(st, st->rows + j);
+    bracket_begin(st, 0xDF1A5C2, n, 0);
+    for (int64_t il = 0; il < L; il++) store_rows(st, (int)il, st->py[2 * il], st->py[2 * il + 1], n);
+    bracket_end(st);
     st->rows += keep;
+    st->fed = 0;
 }
 
 /* Rows that no later anchor can attend to (past the sink, with at least
