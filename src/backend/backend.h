@@ -216,6 +216,13 @@ struct mu_backend {
     void (*qk_norm_rope)(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                          int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
                          const mu_kv_dst *dst, const float *v, bool neox);
+    /* qk_norm_rope(..., dst NULL, ...), then store_kv_heads(kd, vd, slots,
+     * S, head_dim, nk, k, v, rows) of the result: the DFlash assistant's
+     * norm, rotation and K/V store (src/spec/dflash_forward.c) in one
+     * launch, the same bytes. */
+    void (*qk_norm_rope_heads)(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk,
+                               int64_t nk, int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
+                               bool neox, float *kd, float *vd, const int64_t *slots, int64_t S, const float *v);
     /* The forward's entry: embed(w, tokens, rows, x), rmsnorm(x, NULL, eps,
      * x, w->n_in, rows), rmsnorm(x, w_h, eps, h, w->n_in, rows). */
     void (*embed_norm)(mu_backend *b, const mu_weight *w, const int32_t *tokens, int64_t rows, float eps,

@@ -184,6 +184,21 @@ static void norm_rope(const mu_dflash_state *st, float *q, const float *wq, int6
     be->rope(be, k, nk, D, D, cs, rows, true);
 }
 
+/* norm_rope, then store_rows(il, k, v, rows) of the result: one launch
+ * where the backend has qk_norm_rope_heads. */
+static void norm_rope_store(const mu_dflash_state *st, int il, float *q, const float *wq, int64_t nq, float *k,
+                            const float *wk, int64_t nk, const float *v, int64_t rows, int64_t cs_row0) {
+    mu_backend *be = st->be;
+    const int64_t D = st->d->cfg.head_dim;
+    if (be->qk_norm_rope_heads) {
+        be->qk_norm_rope_heads(be, q, wq, nq, k, wk, nk, D, st->d->cfg.rms_eps, st->cs + cs_row0 * D, D, rows, true,
+                               st->ck[il], st->cv[il], st->slot, st->slots, v);
+        return;
+    }
+    norm_rope(st, q, wq, nq, k, wk, nk, rows, cs_row0);
+    store_rows(st, il, k, v, rows);
+}
+
 /* A backend that can replay a bracket's launches (backend.h forward_begin)
  * gets one key per launch shape: what differs between two brackets of one
  * key (positions, slots, tokens) travels as uploaded arguments. */
@@ -237,8 +252,11 @@ static void project_rows(mu_dflash_state *st, const float *features, int64_t n, 
     rope_table(st, n, tree_reg);
     mu_matmuls(be, (int)(2 * L), st->pw, x, st->py, n);
     for (int64_t il = 0; il < L; il++) {
-        norm_rope(st, NULL, NULL, 0, st->py[2 * il], d->layers[il].k_norm, c->n_head_kv, n, 0);
-        if (store) store_rows(st, (int)il, st->py[2 * il], st->py[2 * il + 1], n);
+        if (store)
+            norm_rope_store(st, (int)il, NULL, NULL, 0, st->py[2 * il], d->layers[il].k_norm, c->n_head_kv,
+                            st->py[2 * il + 1], n, 0);
+        else
+            norm_rope(st, NULL, NULL, 0, st->py[2 * il], d->layers[il].k_norm, c->n_head_kv, n, 0);
     }
     bracket_end(st);
 }
@@ -361,9 +379,9 @@ static void block_layer(mu_dflash_state *st, int il, int64_t r0, int64_t nr, con
      * one launch instead of three and a second norm) */
     mu_matmuls(be, 3, (const mu_weight *[]){&lw->q, &lw->k, &lw->v}, st->a - nc * E,
                (float *[]){st->q - nc * Q, st->kb - nc * KV, st->vb - nc * KV}, nc + B);
-    norm_rope(st, st->q - nc * Q, lw->q_norm, c->n_head, st->kb - nc * KV, lw->k_norm, c->n_head_kv, nc + B,
-              0); /* q's rows are k's; the table's rows are the context's, then the block's */
-    store_rows(st, il, st->kb - nc * KV, st->vb - nc * KV, nc + B);
+    /* q's rows are k's; the table's rows are the context's, then the block's */
+    norm_rope_store(st, il, st->q - nc * Q, lw->q_norm, c->n_head, st->kb - nc * KV, lw->k_norm, c->n_head_kv,
+                    st->vb - nc * KV, nc + B, 0);
     attention(st, il, r0, nr);
     be->matmul(be, &lw->o, st->att + r0 * Q, st->o, nr);
     add_norm(st, h, lw->ffn_norm, nr);

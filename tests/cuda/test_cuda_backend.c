@@ -1776,6 +1776,50 @@ static void test_copy2d_many(void) {
     free(hd), free(hs);
 }
 
+/* The assistant's fused norm, NeoX rotation and K/V store
+ * (qk_norm_rope_heads) against ref's rmsnorm, rope and store_kv_heads: q
+ * and k in place and both planes, with and without q heads, 64- and
+ * 128-wide heads, a few rows and a block's. */
+static void test_qk_norm_rope_heads(void) {
+    if (!cu->qk_norm_rope_heads) return;
+    static const int64_t shapes[4][4] = {{64, 8, 16, 336}, {64, 0, 16, 336}, {128, 4, 3, 40}, {64, 8, 1, 20}};
+    for (int c = 0; c < 4; c++) {
+        const int64_t D = shapes[c][0], nq = shapes[c][1], rows = shapes[c][2], S = shapes[c][3], nk = 2;
+        int64_t slots[16];
+        for (int r = 0; r < rows; r++) slots[r] = (r * 11 + 5) % S;
+        const size_t qn = (size_t)(rows * nq * D), kn = (size_t)(rows * nk * D), pn = (size_t)(nk * S * D);
+        float *q = rnd_vec(qn + 1, 3.0f), *k = rnd_vec(kn, 3.0f), *v = rnd_vec(kn, 2.0f);
+        float *wq = rnd_vec((size_t)D, 1.5f), *wk = rnd_vec((size_t)D, 1.5f);
+        float *kd = rnd_vec(pn, 1.0f), *vd = rnd_vec(pn, 1.0f), *cs = mu_xmalloc((size_t)(rows * D) * 4);
+        double inv_freq[64];
+        for (int i = 0; i < D / 2; i++) inv_freq[i] = 1.0 / pow(500000.0, 2.0 * i / (double)D);
+        int64_t pos[16];
+        for (int r = 0; r < rows; r++) pos[r] = 70 + 3 * r;
+        ref->rope_table(ref, inv_freq, D / 2, pos, rows, cs, false);
+        float *dq = dev(q, (qn + 1) * 4), *dk = dev(k, kn * 4), *dv = dev(v, kn * 4), *dkd = dev(kd, pn * 4),
+              *dvd = dev(vd, pn * 4), *dcs = dev(cs, (size_t)(rows * D) * 4);
+        if (nq) {
+            ref->rmsnorm(ref, q, wq, 1e-5f, q, D, rows * nq);
+            ref->rope(ref, q, nq, D, D, cs, rows, true);
+        }
+        ref->rmsnorm(ref, k, wk, 1e-5f, k, D, rows * nk);
+        ref->rope(ref, k, nk, D, D, cs, rows, true);
+        ref->store_kv_heads(ref, kd, vd, slots, S, D, nk, k, v, rows);
+        cu->qk_norm_rope_heads(cu, nq ? dq : NULL, wq, nq, dk, wk, nk, D, 1e-5f, dcs, D, rows, true, dkd, dvd, slots,
+                               S, dv);
+        char what[96];
+        snprintf(what, sizeof what, "qk_norm_rope_heads D=%lld nq=%lld rows=%lld", (long long)D, (long long)nq,
+                 (long long)rows);
+        if (nq) check(what, q, dq, qn * 4);
+        check(what, k, dk, kn * 4);
+        check(what, kd, dkd, pn * 4);
+        check(what, vd, dvd, pn * 4);
+        cu->free(cu, dq, 0), cu->free(cu, dk, 0), cu->free(cu, dv, 0), cu->free(cu, dkd, 0), cu->free(cu, dvd, 0);
+        cu->free(cu, dcs, 0);
+        free(q), free(k), free(v), free(wq), free(wk), free(kd), free(vd), free(cs);
+    }
+}
+
 /* The quantization a residual step leaves for the next product (q8 in
  * src/backend/cuda/cuda_backend.c) outlives writes elsewhere (copies, a
  * zero, the RoPE table and rotation, qk_norm_rope without a store, the
@@ -2272,6 +2316,7 @@ int main(int argc, char **argv) {
         test_fused();
         test_store_heads_and_memory();
         test_q8_tag();
+        test_qk_norm_rope_heads();
         test_elementwise();
         test_gemm_tiles();
         return finish("test_cuda_backend --new");
@@ -2305,6 +2350,7 @@ int main(int argc, char **argv) {
     test_dense_attention();
     test_store_heads_and_memory();
     test_q8_tag();
+    test_qk_norm_rope_heads();
     test_first_nonfinite();
     test_chain_pick();
     test_pick_rows();

@@ -553,6 +553,22 @@ static void cpu_destroy(mu_backend *b) {
     free(b);
 }
 
+/* backend.h qk_norm_rope_heads as the ops it stands for (the same calls a
+ * backend without it gets from src/spec/dflash_forward.c): here so that
+ * the assistant's fused call is made, and checked, on the cpu too. */
+static void cpu_qk_norm_rope_heads(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk,
+                                   int64_t nk, int64_t head_dim, float eps, const float *cs, int64_t n_rot,
+                                   int64_t rows, bool neox, float *kd, float *vd, const int64_t *slots, int64_t S,
+                                   const float *v) {
+    if (nq) {
+        b->rmsnorm(b, q, wq, eps, q, head_dim, rows * nq);
+        if (cs) b->rope(b, q, nq, head_dim, n_rot, cs, rows, neox);
+    }
+    b->rmsnorm(b, k, wk, eps, k, head_dim, rows * nk);
+    if (cs) b->rope(b, k, nk, head_dim, n_rot, cs, rows, neox);
+    b->store_kv_heads(b, kd, vd, slots, S, head_dim, nk, k, v, rows);
+}
+
 mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
     if (!mu_cpu_isa_supported(isa)) return NULL;
     if (n_threads <= 0) {
@@ -582,6 +598,7 @@ mu_backend *mu_backend_cpu_create_isa(int n_threads, mu_cpu_isa isa) {
     b->swiglu = cpu_swiglu;
     b->add = cpu_add;
     b->logit_tail = cpu_logit_tail;
+    b->qk_norm_rope_heads = cpu_qk_norm_rope_heads;
     b->wants_resident = cpu_wants_resident;
     b->wants_repack = cpu_wants_repack;
     b->repack = cpu_repack;

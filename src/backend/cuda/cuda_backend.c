@@ -1237,6 +1237,36 @@ static void cuda_host_free(mu_backend *b, void *p, size_t bytes) {
 }
 
 static void cuda_store_kv_heads(mu_backend *b, float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D,
+                                int64_t n_head, const float *k, const float *v, int64_t rows);
+
+/* One launch where qk_norm_rope's kernel takes the heads (else the two ops). */
+static void cuda_qk_norm_rope_heads(mu_backend *b, float *q, const float *wq, int64_t nq, float *k, const float *wk,
+                                    int64_t nk, int64_t head_dim, float eps, const float *cs, int64_t n_rot,
+                                    int64_t rows, bool neox, float *kd, float *vd, const int64_t *slots, int64_t S,
+                                    const float *v) {
+    if (rows <= 0) return;
+    if (!mucu_qk_norm_rope_ok(head_dim, n_rot, neox) || (neox && !ctx_of(b)->qk_neox)) {
+        cuda_qk_norm_rope(b, q, wq, nq, k, wk, nk, head_dim, eps, cs, n_rot, rows, NULL, NULL, neox);
+        cuda_store_kv_heads(b, kd, vd, slots, S, head_dim, nk, k, v, rows);
+        return;
+    }
+    const size_t plane = (size_t)(nk * S * head_dim) * sizeof(float);
+    q8_written_bytes(b, q, (size_t)(rows * nq * head_dim) * sizeof *q);
+    q8_written_bytes(b, k, (size_t)(rows * nk * head_dim) * sizeof *k);
+    q8_written_bytes(b, kd, plane);
+    q8_written_bytes(b, vd, plane);
+    const float *dq = nq ? dev_bytes(b, wq, (size_t)head_dim * sizeof *wq, "qk_norm_rope: q norm weight") : NULL;
+    const float *dk = dev_bytes(b, wk, (size_t)head_dim * sizeof *wk, "qk_norm_rope: k norm weight");
+    const bool launch = go(b, sig_of("qk_norm_rope_heads", 16, P(q), P(dq), I(nq), P(k), P(dk), I(nk), I(head_dim),
+                                     F(eps), P(cs), I(n_rot), I(rows), P(v), I(neox), P(kd), P(vd), I(S)));
+    const int64_t *s = upload_arg(b, slots, (size_t)rows * sizeof *slots, "qk_norm_rope_heads");
+    const mucu_heads_dst hd = {kd, vd, s, S};
+    if (launch)
+        CHECK("qk_norm_rope_heads",
+              mucu_qk_norm_rope_heads(q, dq, nq, k, dk, nk, head_dim, eps, cs, n_rot, rows, hd, v, neox, err));
+}
+
+static void cuda_store_kv_heads(mu_backend *b, float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D,
                                 int64_t n_head, const float *k, const float *v, int64_t rows) {
     const size_t plane = (size_t)(n_head * S * D) * sizeof(float); /* K [head][slot][D], V [head][D][slot] */
     q8_written_bytes(b, kd, plane);
@@ -1376,6 +1406,8 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     /* MUSER_CUDA_FUSED_CAPTURE=0: captures copied after the residual step (measurements) */
     if (!opt_out("MUSER_CUDA_FUSED_CAPTURE")) b->residual_capture = cuda_residual_capture;
     b->qk_norm_rope = cuda_qk_norm_rope;
+    /* MUSER_CUDA_QK_HEADS=0: the assistant's norms and K/V stores as two launches (measurements) */
+    if (!opt_out("MUSER_CUDA_QK_HEADS")) b->qk_norm_rope_heads = cuda_qk_norm_rope_heads;
     /* MUSER_CUDA_FUSE=0: the forward's entry and the gate as separate ops (measurements) */
     if (!opt_out("MUSER_CUDA_FUSE")) {
         b->attention_gate = cuda_attention_gate;

@@ -3319,20 +3319,27 @@ __device__ static inline void qkn_weights(const float *wq, int64_t nq, const flo
 template <int K>
 __global__ static void k_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                                       float eps, const float *cs, int64_t n_rot, int64_t rows,
-                                      const mucu_kv_dst *dst, const float *vsrc, bool neox) {
+                                      const mucu_kv_dst *dst, const float *vsrc, bool neox, mucu_heads_dst hd) {
     float wv[K];
-    qkn_weights<K>(wq, nq, wk, nk, rows, dst != nullptr, wv);
+    const bool store = dst != nullptr || hd.kd != nullptr; /* dst: the target's cache; hd: the assistant's planes */
+    qkn_weights<K>(wq, nq, wk, nk, rows, store, wv);
     const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
-    const int64_t per_row = nq + nk + (dst ? nk : 0); /* with dst, a warp per V head too */
+    const int64_t per_row = nq + nk + (store ? nk : 0); /* storing, a warp per V head too */
     const bool live = wid < rows * per_row;
     const int64_t r = wid / per_row, hh = wid % per_row;
     const bool is_q = hh < nq, is_v = hh >= nq + nk;
     if (!live) return;
     if (is_v) { /* V head hh - nq - nk of row r: stored as given */
-        const mucu_kv_dst d = dst[r];
         const int64_t hv = hh - nq - nk;
         const float *vr = vsrc + (r * nk + hv) * (32 * K);
+        if (hd.kd) { /* store_kv_heads' transposed V plane: value d of the slot at hv * D * S + slot + d * S */
+            float *vt = hd.vd + hv * (32 * K) * hd.S + hd.slots[r];
+#pragma unroll
+            for (int j = 0; j < K; j++) vt[(int64_t)(lane + 32 * j) * hd.S] = vr[lane + 32 * j];
+            return;
+        }
+        const mucu_kv_dst d = dst[r];
 #pragma unroll
         for (int j = 0; j < K; j++) kv_put(d.v, d.jk ? d.jv : NULL, d, hv, 32 * K, lane + 32 * j, vr[lane + 32 * j]);
         return;
@@ -3381,6 +3388,11 @@ __global__ static void k_qk_norm_rope(float *q, const float *wq, int64_t nq, flo
     if (dst && !is_q) { /* K head hh - nq of row r into the cache */
 #pragma unroll
         for (int j = 0; j < K; j++) kv_put(d.k, d.jk, d, hh - nq, 32 * K, lane + 32 * j, x[j]);
+    }
+    if (hd.kd && !is_q) { /* K head hh - nq of row r into its plane's slot row (store_kv_heads) */
+        float *kr = hd.kd + ((hh - nq) * hd.S + hd.slots[r]) * (32 * K);
+#pragma unroll
+        for (int j = 0; j < K; j++) kr[lane + 32 * j] = x[j];
     }
 }
 
@@ -4247,12 +4259,27 @@ extern "C" bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *
     const int64_t warps = rows * (nq + nk + (dst ? nk : 0));
     if (warps <= 0) return true;
     const unsigned grid = grid_for(warps, 4);
-#define QKN(KK) k_qk_norm_rope<KK><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows, dst, v, neox)
+    const mucu_heads_dst none = {};
+#define QKN(KK) k_qk_norm_rope<KK><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows, dst, v, neox, none)
     if (head_dim == 64) QKN(2);
     else if (head_dim == 128) QKN(4);
     else QKN(8);
 #undef QKN
     return launched("k_qk_norm_rope", err);
+}
+
+extern "C" bool mucu_qk_norm_rope_heads(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
+                                        int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
+                                        mucu_heads_dst hd, const float *v, bool neox, char *err) {
+    const int64_t warps = rows * (nq + 2 * nk);
+    if (warps <= 0) return true;
+    const unsigned grid = grid_for(warps, 4);
+#define QKN(KK) k_qk_norm_rope<KK><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows, nullptr, v, neox, hd)
+    if (head_dim == 64) QKN(2);
+    else if (head_dim == 128) QKN(4);
+    else QKN(8);
+#undef QKN
+    return launched("k_qk_norm_rope+heads", err);
 }
 
 extern "C" bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,

@@ -228,6 +228,18 @@ typedef struct mucu_kv_dst {
 bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk, int64_t head_dim,
                        float eps, const float *cs, int64_t n_rot, int64_t rows, const mucu_kv_dst *dst,
                        const float *v, bool neox, char *err);
+/* The per-head slot planes of mucu_store_kv_heads, as a destination of
+ * mucu_qk_norm_rope_heads. */
+typedef struct mucu_heads_dst {
+    float *kd, *vd;
+    const int64_t *slots; /* device [rows] */
+    int64_t S;
+} mucu_heads_dst;
+/* mucu_qk_norm_rope (no dst), then k's result and v's rows into hd's
+ * planes as mucu_store_kv_heads stores them: one launch. */
+bool mucu_qk_norm_rope_heads(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
+                             int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
+                             mucu_heads_dst hd, const float *v, bool neox, char *err);
 /* depth (device, or NULL): the tree registers' depths; row r < 16 then
  * stands at pos[r] - r + depth[r] (backend.h rope_table's tree_reg). */
 bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows, const int32_t *depth,
