@@ -195,6 +195,12 @@ struct mu_backend {
      * transposed plane, vd[(h * D + d) * S + slot] (one launch on a device). */
     void (*store_kv_heads)(mu_backend *b, float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D,
                            int64_t n_head, const float *k, const float *v, int64_t rows);
+    /* store_kv_heads for n_layers layers: layer l's planes at kd / vd + l *
+     * plane_stride and its rows at k / v + l * src_stride (floats), the
+     * same slots (one launch on a device). */
+    void (*store_kv_heads_layers)(mu_backend *b, float *kd, float *vd, int64_t plane_stride, const int64_t *slots,
+                                  int64_t S, int64_t D, int64_t n_head, const float *k, const float *v,
+                                  int64_t src_stride, int64_t rows, int64_t n_layers);
 
     /* ---- optional fused ops (NULL: the forward runs the ops they stand
      * for, one by one; a fused op gives the same bits) ---- */

@@ -233,6 +233,14 @@ static void host_store_kv_heads(mu_backend *b, float *kd, float *vd, const int64
         }
 }
 
+static void host_store_kv_heads_layers(mu_backend *b, float *kd, float *vd, int64_t plane_stride,
+                                       const int64_t *slots, int64_t S, int64_t D, int64_t n_head, const float *k,
+                                       const float *v, int64_t src_stride, int64_t rows, int64_t n_layers) {
+    for (int64_t l = 0; l < n_layers; l++)
+        host_store_kv_heads(b, kd + l * plane_stride, vd + l * plane_stride, slots, S, D, n_head, k + l * src_stride,
+                            v + l * src_stride, rows);
+}
+
 void mu_host_rope_neox(float *x, int64_t n_heads, int64_t head_dim, int64_t n_rot, const float *cs, int64_t rows) {
     const int64_t half = n_rot / 2;
     for (int64_t r = 0; r < rows; r++) {
@@ -264,6 +272,7 @@ void mu_backend_set_host_ops(mu_backend *b) {
     b->argmax = host_argmax;
     b->first_nonfinite = host_first_nonfinite;
     b->store_kv_heads = host_store_kv_heads;
+    b->store_kv_heads_layers = host_store_kv_heads_layers;
     b->chain_pick = host_chain_pick;
     b->chain_wait = host_chain_wait;
     b->argmax_reg = host_argmax_reg;

@@ -92,7 +92,7 @@ mu_dflash_state *mu_dflash_state_new(const mu_dflash *d, const mu_model *target,
     st->ck = mu_xcalloc(L, sizeof *st->ck);
     st->cv = mu_xcalloc(L, sizeof *st->cv);
     for (size_t il = 0; il < L; il++) {
-        st->ck[il] = p;
+        st->ck[il] = p; /* each layer's planes (and pkv's rows below) evenly apart: mu_dflash_keep_fed */
         st->cv[il] = p + slots * KV;
         p += 2 * slots * KV;
     }
@@ -277,13 +277,22 @@ void mu_dflash_project_fed(mu_dflash_state *st, const float *features, int64_t n
 
 /* The fed rows' K/V (st->py, as mu_dflash_project_fed left them) stored:
  * kept row path[j] into the slot of position rows() + j, the others into
- * scratch slots; each layer's store_kv_heads, in a bracket of their own. */
+ * scratch slots, in a bracket of their own: every layer in one
+ * store_kv_heads_layers (the layers' planes and rows lie evenly apart:
+ * mu_dflash_state_new), else a store_kv_heads each. */
 void mu_dflash_keep_fed(mu_dflash_state *st, const int32_t *path, int keep) {
-    const int64_t L = st->d->cfg.n_layer, n = st->fed;
+    const mu_dflash_config *c = &st->d->cfg;
+    const int64_t L = c->n_layer, n = st->fed, KV = c->n_head_kv * c->head_dim;
+    mu_backend *be = st->be;
     for (int64_t r = 0; r < n; r++) st->slot[r] = st->attend + r; /* scratch: attention never reads it */
     for (int j = 0; j < keep; j++) st->slot[path ? path[j] : j] = cache_slot(st, st->rows + j);
     bracket_begin(st, 0xDF1A5C2, n, 0);
-    for (int64_t il = 0; il < L; il++) store_rows(st, (int)il, st->py[2 * il], st->py[2 * il + 1], n);
+    if (be->store_kv_heads_layers) {
+        be->store_kv_heads_layers(be, st->ck[0], st->cv[0], 2 * st->slots * KV, st->slot, st->slots, c->head_dim,
+                                  c->n_head_kv, st->py[0], st->py[1], 2 * CTX_CHUNK * KV, n, L);
+    } else {
+        for (int64_t il = 0; il < L; il++) store_rows(st, (int)il, st->py[2 * il], st->py[2 * il + 1], n);
+    }
     bracket_end(st);
     st->rows += keep;
     st->fed = 0;

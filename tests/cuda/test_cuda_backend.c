@@ -1342,6 +1342,20 @@ static void test_store_heads_and_memory(void) {
         cu->free(cu, dk, 0), cu->free(cu, dv, 0), cu->free(cu, dkd, 0), cu->free(cu, dvd, 0);
         free(k), free(v), free(kd), free(vd);
     }
+    /* every layer of the assistant's state in one store: 5 layers, planes and rows evenly apart (the
+     * gaps between them untouched) */
+    {
+        const int64_t S = 336, D = 64, H = 2, rows = 16, L = 5, ps = 2 * S * H * D + 7, ss = 2 * 64 * H * D;
+        int64_t slots[16];
+        for (int r = 0; r < rows; r++) slots[r] = r % 3 ? 200 + r : (r * 13) % 64;
+        const size_t pn = (size_t)(L * ps), sn = (size_t)(L * ss);
+        float *kd = rnd_vec(pn, 1.0f), *k = rnd_vec(sn, 1.0f);
+        float *dkd = dev(kd, pn * 4), *dk = dev(k, sn * 4);
+        ref->store_kv_heads_layers(ref, kd, kd + S * H * D, ps, slots, S, D, H, k, k + ss / 2, ss, rows, L);
+        cu->store_kv_heads_layers(cu, dkd, dkd + S * H * D, ps, slots, S, D, H, dk, dk + ss / 2, ss, rows, L);
+        check("store_kv_heads_layers (5 layers)", kd, dkd, pn * 4);
+        cu->free(cu, dkd, 0), cu->free(cu, dk, 0), free(kd), free(k);
+    }
     /* overlapping copy (memmove), copy2d, zero, zero-filled alloc */
     float *h = rnd_vec(1000, 1.0f), *d = dev(h, 4000);
     ref->copy(ref, h + 10, h, 900 * 4);

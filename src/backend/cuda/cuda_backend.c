@@ -1278,6 +1278,23 @@ static void cuda_store_kv_heads(mu_backend *b, float *kd, float *vd, const int64
     if (launch) CHECK("store_kv_heads", mucu_store_kv_heads(kd, vd, s, S, D, n_head, k, v, rows, err));
 }
 
+static void cuda_store_kv_heads_layers(mu_backend *b, float *kd, float *vd, int64_t plane_stride,
+                                       const int64_t *slots, int64_t S, int64_t D, int64_t n_head, const float *k,
+                                       const float *v, int64_t src_stride, int64_t rows, int64_t n_layers) {
+    const size_t plane = (size_t)(n_head * S * D) * sizeof(float);
+    for (int64_t l = 0; l < n_layers; l++) {
+        q8_written_bytes(b, kd + l * plane_stride, plane);
+        q8_written_bytes(b, vd + l * plane_stride, plane);
+    }
+    if (rows <= 0 || n_layers <= 0) return;
+    const bool launch = go(b, sig_of("store_kv_heads_layers", 11, P(kd), P(vd), I(plane_stride), I(S), I(D),
+                                     I(n_head), P(k), P(v), I(src_stride), I(rows), I(n_layers)));
+    const int64_t *s = upload_arg(b, slots, (size_t)rows * sizeof *slots, "store_kv_heads_layers");
+    if (launch)
+        CHECK("store_kv_heads_layers", mucu_store_kv_heads_layers(kd, vd, plane_stride, s, S, D, n_head, k, v,
+                                                                  src_stride, rows, n_layers, err));
+}
+
 static void cuda_dense_attention(mu_backend *b, const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv,
                                  int64_t D, const float *k, const float *v, int64_t slots, int64_t n_keys,
                                  int64_t n_valid, float scale, float *out) {
@@ -1391,6 +1408,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->host_alloc = cuda_host_alloc;
     b->host_free = cuda_host_free;
     b->store_kv_heads = cuda_store_kv_heads;
+    b->store_kv_heads_layers = cuda_store_kv_heads_layers;
     b->chain_pick = cuda_chain_pick;
     b->chain_wait = cuda_chain_wait;
     b->argmax_reg = cuda_argmax_reg;

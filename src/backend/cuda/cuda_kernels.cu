@@ -1581,11 +1581,15 @@ __global__ static void k_first_nonfinite(const float *x, int64_t n, unsigned lon
 
 /* backend.h store_kv_heads: the first rows * n_head * D threads store K, the rest V (transposed). */
 __global__ static void k_store_kv_heads(float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D,
-                                        int64_t n_head, const float *k, const float *v, int64_t rows) {
+                                        int64_t n_head, const float *k, const float *v, int64_t rows,
+                                        int64_t plane_stride, int64_t src_stride, int64_t n_layers) {
     grid_dep_wait();
     const int64_t n = rows * n_head * D;
     int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= 2 * n) return;
+    if (t >= 2 * n * n_layers) return;
+    const int64_t l = t / (2 * n); /* layer l: its planes and rows plane_stride / src_stride further on */
+    t -= l * 2 * n;
+    kd += l * plane_stride, vd += l * plane_stride, k += l * src_stride, v += l * src_stride;
     const bool is_v = t >= n;
     if (is_v) t -= n;
     const int64_t d = t % D, h = (t / D) % n_head, r = t / (D * n_head);
@@ -4467,7 +4471,15 @@ extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_hea
 
 extern "C" bool mucu_store_kv_heads(float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                                     const float *k, const float *v, int64_t rows, char *err) {
-    LAUNCH(k_store_kv_heads, 2 * rows * n_head * D, kd, vd, slots, S, D, n_head, k, v, rows);
+    LAUNCH(k_store_kv_heads, 2 * rows * n_head * D, kd, vd, slots, S, D, n_head, k, v, rows, (int64_t)0, (int64_t)0,
+           (int64_t)1);
+}
+
+extern "C" bool mucu_store_kv_heads_layers(float *kd, float *vd, int64_t plane_stride, const int64_t *slots, int64_t S,
+                                           int64_t D, int64_t n_head, const float *k, const float *v,
+                                           int64_t src_stride, int64_t rows, int64_t n_layers, char *err) {
+    LAUNCH(k_store_kv_heads, 2 * rows * n_head * D * n_layers, kd, vd, slots, S, D, n_head, k, v, rows, plane_stride,
+           src_stride, n_layers);
 }
 
 /* ---------------------------------------------------------------- timing */

@@ -299,6 +299,11 @@ bool mucu_first_nonfinite(const float *x, int64_t n, unsigned long long *best, c
 bool mucu_is_pinned(const void *p);
 bool mucu_store_kv_heads(float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
                          const float *k, const float *v, int64_t rows, char *err);
+/* The same for n_layers layers in one launch: layer l's planes at kd / vd
+ * + l * plane_stride, its rows at k / v + l * src_stride (floats). */
+bool mucu_store_kv_heads_layers(float *kd, float *vd, int64_t plane_stride, const int64_t *slots, int64_t S, int64_t D,
+                                int64_t n_head, const float *k, const float *v, int64_t src_stride, int64_t rows,
+                                int64_t n_layers, char *err);
 /* backend.h dense_attention; n_valid in device memory. */
 bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D, const float *k,
                           const float *v, int64_t slots, int64_t n_keys, const int64_t *n_valid, float scale, float *out,
