@@ -600,6 +600,7 @@ static mucu_weight dev_weight(mu_backend *b, const mu_weight *w, const char *op,
 
 static void *cuda_alloc(mu_backend *b, size_t bytes) {
     graph_sync_point(b);
+    q8_clear(b); /* zero-filled without an op: it may reuse the described values' addresses */
     char err[MUCU_ERR_LEN];
     void *p = NULL;
     if (!mucu_malloc(&p, bytes, err)) {
@@ -612,6 +613,7 @@ static void *cuda_alloc(mu_backend *b, size_t bytes) {
 static void cuda_free(mu_backend *b, void *p, size_t bytes) {
     (void)bytes;
     graph_sync_point(b);
+    q8_clear(b); /* the next allocation may hand out these addresses, zeroed without an op */
     char err[MUCU_ERR_LEN];
     if (!mucu_free(p, err)) die("free", err);
 }
