@@ -4257,33 +4257,34 @@ extern "C" bool mucu_qk_norm_rope_ok(int64_t head_dim, int64_t n_rot, bool neox)
     return (head_dim == 64 || head_dim == 128 || head_dim == 256) && (!neox || n_rot == head_dim);
 }
 
-extern "C" bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
-                                  int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
-                                  const mucu_kv_dst *dst, const float *v, bool neox, char *err) {
-    const int64_t warps = rows * (nq + nk + (dst ? nk : 0));
+/* k_qk_norm_rope with the heads' width as its template argument; storing
+ * (dst or hd.kd), a warp per V head too. */
+static bool qkn_launch(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk, int64_t head_dim,
+                       float eps, const float *cs, int64_t n_rot, int64_t rows, const mucu_kv_dst *dst,
+                       const float *v, bool neox, mucu_heads_dst hd, const char *name, char *err) {
+    const int64_t warps = rows * (nq + nk + (dst || hd.kd ? nk : 0));
     if (warps <= 0) return true;
     const unsigned grid = grid_for(warps, 4);
-    const mucu_heads_dst none = {};
-#define QKN(KK) k_qk_norm_rope<KK><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows, dst, v, neox, none)
+#define QKN(KK) k_qk_norm_rope<KK><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows, dst, v, neox, hd)
     if (head_dim == 64) QKN(2);
     else if (head_dim == 128) QKN(4);
     else QKN(8);
 #undef QKN
-    return launched("k_qk_norm_rope", err);
+    return launched(name, err);
+}
+
+extern "C" bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
+                                  int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
+                                  const mucu_kv_dst *dst, const float *v, bool neox, char *err) {
+    return qkn_launch(q, wq, nq, k, wk, nk, head_dim, eps, cs, n_rot, rows, dst, v, neox, mucu_heads_dst{},
+                      "k_qk_norm_rope", err);
 }
 
 extern "C" bool mucu_qk_norm_rope_heads(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                                         int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
                                         mucu_heads_dst hd, const float *v, bool neox, char *err) {
-    const int64_t warps = rows * (nq + 2 * nk);
-    if (warps <= 0) return true;
-    const unsigned grid = grid_for(warps, 4);
-#define QKN(KK) k_qk_norm_rope<KK><<<grid, 128, 0, g_s>>>(q, wq, nq, k, wk, nk, eps, cs, n_rot, rows, nullptr, v, neox, hd)
-    if (head_dim == 64) QKN(2);
-    else if (head_dim == 128) QKN(4);
-    else QKN(8);
-#undef QKN
-    return launched("k_qk_norm_rope+heads", err);
+    return qkn_launch(q, wq, nq, k, wk, nk, head_dim, eps, cs, n_rot, rows, nullptr, v, neox, hd,
+                      "k_qk_norm_rope+heads", err);
 }
 
 extern "C" bool mucu_rope_table(const double *inv_freq, int64_t n_pairs, const int64_t *pos, int64_t rows,
