@@ -131,10 +131,14 @@ static void q8_clear(mu_backend *b) {
 
 /* A write of bytes at p: the q8 buffer no longer describes the values
  * when the two meet. */
-static void q8_written_bytes(mu_backend *b, const void *p, size_t bytes) {
-    cuda_ctx *c = (cuda_ctx *)b->ctx;
+static bool q8_meets(const cuda_ctx *c, const void *p, size_t bytes) {
     const uint8_t *w = p, *x = (const uint8_t *)c->q8_x;
-    if (!c->q8_keep || (x && bytes && w < x + (size_t)c->q8_n * sizeof(float) && x < w + bytes)) q8_clear(b);
+    return x && bytes && w < x + (size_t)c->q8_n * sizeof(float) && x < w + bytes;
+}
+
+static void q8_written_bytes(mu_backend *b, const void *p, size_t bytes) {
+    const cuda_ctx *c = (const cuda_ctx *)b->ctx;
+    if (!c->q8_keep || q8_meets(c, p, bytes)) q8_clear(b);
 }
 
 /* The extent of a 2D copy's destination: rows of width bytes, stride apart. */
@@ -828,8 +832,7 @@ static void cuda_embed_norm(mu_backend *b, const mu_weight *w, const int32_t *to
 
 /* After a product wrote y (n floats): the tag no longer holds if y overlaps its values. */
 static void q8_written(mu_backend *b, const float *y, int64_t n) {
-    cuda_ctx *c = ctx_of(b);
-    if (c->q8_x && y < c->q8_x + c->q8_n && c->q8_x < y + n) q8_clear(b);
+    if (n > 0 && q8_meets(ctx_of(b), y, (size_t)n * sizeof *y)) q8_clear(b);
 }
 
 /* Is the q8 buffer x's quantization, for rows of n_in, of the values as
@@ -1268,18 +1271,6 @@ static void cuda_qk_norm_rope_heads(mu_backend *b, float *q, const float *wq, in
               mucu_qk_norm_rope_heads(q, dq, nq, k, dk, nk, head_dim, eps, cs, n_rot, rows, hd, v, neox, err));
 }
 
-static void cuda_store_kv_heads(mu_backend *b, float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D,
-                                int64_t n_head, const float *k, const float *v, int64_t rows) {
-    const size_t plane = (size_t)(n_head * S * D) * sizeof(float); /* K [head][slot][D], V [head][D][slot] */
-    q8_written_bytes(b, kd, plane);
-    q8_written_bytes(b, vd, plane);
-    if (rows <= 0) return;
-    const bool launch =
-        go(b, sig_of("store_kv_heads", 8, P(kd), P(vd), I(S), I(D), I(n_head), P(k), P(v), I(rows)));
-    const int64_t *s = upload_arg(b, slots, (size_t)rows * sizeof *slots, "store_kv_heads");
-    if (launch) CHECK("store_kv_heads", mucu_store_kv_heads(kd, vd, s, S, D, n_head, k, v, rows, err));
-}
-
 static void cuda_store_kv_heads_layers(mu_backend *b, float *kd, float *vd, int64_t plane_stride,
                                        const int64_t *slots, int64_t S, int64_t D, int64_t n_head, const float *k,
                                        const float *v, int64_t src_stride, int64_t rows, int64_t n_layers) {
@@ -1295,6 +1286,12 @@ static void cuda_store_kv_heads_layers(mu_backend *b, float *kd, float *vd, int6
     if (launch)
         CHECK("store_kv_heads_layers", mucu_store_kv_heads_layers(kd, vd, plane_stride, s, S, D, n_head, k, v,
                                                                   src_stride, rows, n_layers, err));
+}
+
+/* One layer: the layers' kernel with n_layers 1. */
+static void cuda_store_kv_heads(mu_backend *b, float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D,
+                                int64_t n_head, const float *k, const float *v, int64_t rows) {
+    cuda_store_kv_heads_layers(b, kd, vd, 0, slots, S, D, n_head, k, v, 0, rows, 1);
 }
 
 static void cuda_dense_attention(mu_backend *b, const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv,

@@ -4470,12 +4470,6 @@ extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_hea
     return launched("k_dense_attn", err);
 }
 
-extern "C" bool mucu_store_kv_heads(float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
-                                    const float *k, const float *v, int64_t rows, char *err) {
-    LAUNCH(k_store_kv_heads, 2 * rows * n_head * D, kd, vd, slots, S, D, n_head, k, v, rows, (int64_t)0, (int64_t)0,
-           (int64_t)1);
-}
-
 extern "C" bool mucu_store_kv_heads_layers(float *kd, float *vd, int64_t plane_stride, const int64_t *slots, int64_t S,
                                            int64_t D, int64_t n_head, const float *k, const float *v,
                                            int64_t src_stride, int64_t rows, int64_t n_layers, char *err) {

@@ -228,7 +228,7 @@ typedef struct mucu_kv_dst {
 bool mucu_qk_norm_rope(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk, int64_t head_dim,
                        float eps, const float *cs, int64_t n_rot, int64_t rows, const mucu_kv_dst *dst,
                        const float *v, bool neox, char *err);
-/* The per-head slot planes of mucu_store_kv_heads, as a destination of
+/* The per-head slot planes of mucu_store_kv_heads_layers, as a destination of
  * mucu_qk_norm_rope_heads. */
 typedef struct mucu_heads_dst {
     float *kd, *vd;
@@ -236,7 +236,7 @@ typedef struct mucu_heads_dst {
     int64_t S;
 } mucu_heads_dst;
 /* mucu_qk_norm_rope (no dst), then k's result and v's rows into hd's
- * planes as mucu_store_kv_heads stores them: one launch. */
+ * planes as store_kv_heads stores them: one launch. */
 bool mucu_qk_norm_rope_heads(float *q, const float *wq, int64_t nq, float *k, const float *wk, int64_t nk,
                              int64_t head_dim, float eps, const float *cs, int64_t n_rot, int64_t rows,
                              mucu_heads_dst hd, const float *v, bool neox, char *err);
@@ -297,10 +297,9 @@ int mucu_stream_state(char *err);
 bool mucu_first_nonfinite(const float *x, int64_t n, unsigned long long *best, char *err);
 /* Whether p is page-locked host memory (cudaHostAlloc or registered). */
 bool mucu_is_pinned(const void *p);
-bool mucu_store_kv_heads(float *kd, float *vd, const int64_t *slots, int64_t S, int64_t D, int64_t n_head,
-                         const float *k, const float *v, int64_t rows, char *err);
-/* The same for n_layers layers in one launch: layer l's planes at kd / vd
- * + l * plane_stride, its rows at k / v + l * src_stride (floats). */
+/* backend.h store_kv_heads for n_layers layers in one launch: layer l's
+ * planes at kd / vd + l * plane_stride, its rows at k / v + l * src_stride
+ * (floats). */
 bool mucu_store_kv_heads_layers(float *kd, float *vd, int64_t plane_stride, const int64_t *slots, int64_t S, int64_t D,
                                 int64_t n_head, const float *k, const float *v, int64_t src_stride, int64_t rows,
                                 int64_t n_layers, char *err);
