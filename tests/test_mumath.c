@@ -412,9 +412,58 @@ static void test_sum_expf(void) {
             "(0: this CPU or build lacks it)\n", n_rows, n_isa[0], n_isa[1]);
 }
 
+/* mu_sum_expf_fixed: the vector paths against the scalar twin bit for bit
+ * (every tail length, shifts at the row's maximum so every term is <= 1,
+ * terms from 1 down past 2^-60 to subnormals and zeros); the twin against
+ * an oracle that truncates each term through a double and adds in 128
+ * bits (the exact total, rounded once by the conversion); the same bits
+ * with the row reversed and rotated; and within 2^-40 of mu_sum_expf. */
+static void test_sum_expf_fixed(void) {
+    static float x[9000], y[9000];
+    uint64_t st = 0xf1ed;
+    int n_rows = 0, n_isa[2] = {0, 0};
+    for (int n = 1; n <= 9000; n += n < 40 ? 1 : 2237) {
+        for (int kind = 0; kind < 4; kind++) {
+            float mx = -INFINITY;
+            for (int i = 0; i < n; i++) {
+                const double u = (double)(tu_rng_next(&st) >> 11) / 9007199254740992.0;
+                x[i] = kind == 0 ? (float)(u * 16.0 - 8.0)     /* a draft row's spread */
+                       : kind == 1 ? (float)(u * 110.0 - 100.0) /* terms past 2^-60 and to subnormals */
+                       : kind == 2 ? (float)(int)(u * 4.0)      /* many equal terms, several exactly 1 */
+                                   : (float)(u * 200.0 - 190.0); /* most terms zero */
+                if (i % 53 == 7) x[i] = -INFINITY;
+                if (x[i] > mx) mx = x[i];
+            }
+            if (!(mx > -INFINITY)) mx = 0.0f;
+            const double b = mu_sum_expf_fixed_ref(x, (size_t)n, mx);
+            double a = mu_sum_expf_fixed(x, (size_t)n, mx);
+            CHECK_MSG(!memcmp(&a, &b, sizeof a), "n %d kind %d: %.17g vs %.17g", n, kind, a, b);
+            for (int isa = 1; isa <= 2; isa++)
+                if (mu_sum_expf_fixed_isa(isa, x, (size_t)n, mx, &a)) {
+                    CHECK_MSG(!memcmp(&a, &b, sizeof a), "isa %d n %d kind %d: %.17g vs %.17g", isa, n, kind, a, b);
+                    n_isa[isa - 1]++;
+                }
+            unsigned __int128 t = 0;
+            for (int i = 0; i < n; i++) t += (unsigned __int128)ldexp((double)mu_expf(x[i] - mx), 60);
+            const double want = (double)t * 0x1p-60;
+            CHECK_MSG(!memcmp(&want, &b, sizeof b), "n %d kind %d: %.17g, the exact total %.17g", n, kind, b, want);
+            for (int i = 0; i < n; i++) y[i] = x[(n - 1 - i + n / 3) % n]; /* another order */
+            a = mu_sum_expf_fixed(y, (size_t)n, mx);
+            CHECK_MSG(!memcmp(&a, &b, sizeof a), "n %d kind %d reordered: %.17g vs %.17g", n, kind, a, b);
+            const double lanes = mu_sum_expf_ref(x, (size_t)n, mx);
+            CHECK_MSG(fabs(b - lanes) <= 0x1p-40 * lanes, "n %d kind %d: %.17g vs the lanes' %.17g", n, kind, b, lanes);
+            n_rows++;
+        }
+    }
+    CHECK(mu_sum_expf_fixed(x, 0, 0.0f) == 0.0);
+    fprintf(stderr, "mu_sum_expf_fixed: %d rows equal to the scalar twin and the exact total; AVX2 alone %d rows, "
+            "AVX-512 %d\n", n_rows, n_isa[0], n_isa[1]);
+}
+
 int main(void) {
     test_expf();
     test_sum_expf();
+    test_sum_expf_fixed();
     test_tanhf();
     test_sigmoid_silu();
     test_trig();

@@ -20,7 +20,7 @@ int mu_spec_row_top(const float *l, int64_t n, int32_t *tok, double *prob) {
         val[j] = v;
         tok[j] = (int32_t)i;
     }
-    const double sum = mu_sum_expf(l, (size_t)n, val[0]);
+    const double sum = mu_sum_expf_fixed(l, (size_t)n, val[0]);
     for (int j = 0; j < cnt; j++) prob[j] = (double)mu_expf(val[j] - val[0]) / sum;
     return cnt;
 }

@@ -21,8 +21,9 @@ typedef struct mu_spec_tree {
 
 /* A draft row's candidates: its MU_SPEC_TREE_K largest values (fewer when
  * n is smaller), larger first, the lower index first among equal values;
- * prob[j] = mu_expf(l[tok[j]] - l[tok[0]]) / mu_sum_expf(l, n, l[tok[0]])
- * in double (the engine's exp and its 8-lane sum, src/util/mumath.c).
+ * prob[j] = mu_expf(l[tok[j]] - l[tok[0]]) / mu_sum_expf_fixed(l, n,
+ * l[tok[0]]) in double (the engine's exp and its order-free sum,
+ * src/util/mumath.c).
  * Returns the count: 0 for a row holding a non-finite value (no
  * candidates: nothing grows from it). */
 int mu_spec_row_top(const float *l, int64_t n, int32_t *tok, double *prob);

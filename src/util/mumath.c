@@ -113,10 +113,81 @@ double mu_sum_expf_ref(const float *x, size_t n, float shift) {
     return fold8(acc);
 }
 
+/* floor(e * 2^60) for a float 0 <= e <= 1 from its bits: mantissa m
+ * (the implicit bit set, also for subnormals and zero, which the shift
+ * then drops: any e < 2^-60 gives 0) times 2^(biased exponent - 150 + 60).
+ * At most 2^60 (e = 1). */
+static inline uint64_t fixed60(uint32_t bits) {
+    const uint64_t m = (bits & 0x7FFFFFu) | 0x800000u;
+    const int s = (int)(bits >> 23) - 90;
+    return s >= 0 ? m << s : s > -64 ? m >> -s : 0;
+}
+
+/* The exact total a * 2^-30 + c * 2^-60 (a, c < 2^53 after the carry) as
+ * one correctly rounded double: both parts are exact doubles, their sum
+ * rounds once. */
+static inline double fixed60_total(uint64_t a, uint64_t c) {
+    a += c >> 30, c &= 0x3FFFFFFFu;
+    return (double)a * 0x1p-30 + (double)c * 0x1p-60;
+}
+
+/* Each term's floor(e * 2^60) split at bit 30: the high parts (<= 2^30)
+ * and the low parts (< 2^30) summed apart, so neither sum can overflow
+ * for n < 2^23 and both convert to double exactly. */
+double mu_sum_expf_fixed_ref(const float *x, size_t n, float shift) {
+    uint64_t a = 0, c = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float e = mu_expf(x[i] - shift);
+        uint32_t bits;
+        memcpy(&bits, &e, sizeof bits);
+        const uint64_t f = fixed60(bits);
+        a += f >> 30, c += f & 0x3FFFFFFFu;
+    }
+    return fixed60_total(a, c);
+}
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #include "util/mumath_avx2.h"
+
+/* fixed60 of 4 lanes of float bits (as 64-bit lanes), added to the high and low sums */
+static inline void fixed60_add_avx2(__m256i bits, __m256i *a, __m256i *c) {
+    const __m256i m = _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi64x(0x7FFFFF)), _mm256_set1_epi64x(0x800000));
+    const __m256i s = _mm256_sub_epi64(_mm256_srli_epi64(bits, 23), _mm256_set1_epi64x(90));
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i neg = _mm256_cmpgt_epi64(zero, s);
+    const __m256i sl = _mm256_andnot_si256(neg, s), sr = _mm256_and_si256(neg, _mm256_sub_epi64(zero, s));
+    const __m256i f = _mm256_srlv_epi64(_mm256_sllv_epi64(m, sl), sr); /* counts >= 64 give 0 */
+    *a = _mm256_add_epi64(*a, _mm256_srli_epi64(f, 30));
+    *c = _mm256_add_epi64(*c, _mm256_and_si256(f, _mm256_set1_epi64x(0x3FFFFFFF)));
+}
+
+static uint64_t hsum_epi64_avx2(__m256i v) {
+    uint64_t t[4];
+    _mm256_storeu_si256((__m256i *)t, v);
+    return t[0] + t[1] + t[2] + t[3];
+}
+
+/* Integer sums: any lane order gives the reference's total; the tail is
+ * padded with -inf (a zero term). */
+static double sum_expf_fixed_avx2(const float *x, size_t n, float shift) {
+    const __m256 s = _mm256_set1_ps(shift);
+    __m256i a = _mm256_setzero_si256(), c = _mm256_setzero_si256();
+    for (size_t i = 0; i < n; i += 8) {
+        __m256 v;
+        if (i + 8 <= n) v = _mm256_loadu_ps(x + i);
+        else {
+            float t[8];
+            for (size_t j = 0; j < 8; j++) t[j] = i + j < n ? x[i + j] : -INFINITY;
+            v = _mm256_loadu_ps(t);
+        }
+        const __m256i e = _mm256_castps_si256(mu_exp_ps(_mm256_sub_ps(v, s)));
+        fixed60_add_avx2(_mm256_cvtepu32_epi64(_mm256_castsi256_si128(e)), &a, &c);
+        fixed60_add_avx2(_mm256_cvtepu32_epi64(_mm256_extracti128_si256(e, 1)), &a, &c);
+    }
+    return fixed60_total(hsum_epi64_avx2(a), hsum_epi64_avx2(c));
+}
 
 /* Lane j of each 8-value step is lane j of the reference; the tail is one
  * more step padded with -inf (mu_expf(-inf) = 0 adds +0.0, which changes
@@ -171,6 +242,30 @@ static double sum_expf_avx512(const float *x, size_t n, float shift) {
     _mm512_storeu_pd(a, acc);
     return fold8(a);
 }
+
+/* fixed60 of 8 lanes of float bits (as 64-bit lanes), added to the high and low sums */
+static inline void fixed60_add_avx512(__m512i bits, __m512i *a, __m512i *c) {
+    const __m512i m = _mm512_or_si512(_mm512_and_si512(bits, _mm512_set1_epi64(0x7FFFFF)), _mm512_set1_epi64(0x800000));
+    const __m512i s = _mm512_sub_epi64(_mm512_srli_epi64(bits, 23), _mm512_set1_epi64(90));
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i sl = _mm512_max_epi64(s, zero), sr = _mm512_max_epi64(_mm512_sub_epi64(zero, s), zero);
+    const __m512i f = _mm512_srlv_epi64(_mm512_sllv_epi64(m, sl), sr); /* counts >= 64 give 0 */
+    *a = _mm512_add_epi64(*a, _mm512_srli_epi64(f, 30));
+    *c = _mm512_add_epi64(*c, _mm512_and_si512(f, _mm512_set1_epi64(0x3FFFFFFF)));
+}
+
+static double sum_expf_fixed_avx512(const float *x, size_t n, float shift) {
+    const __m512 s = _mm512_set1_ps(shift);
+    __m512i a = _mm512_setzero_si512(), c = _mm512_setzero_si512();
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, x + i);
+        const __m512i e = _mm512_castps_si512(mu_exp_ps512(_mm512_sub_ps(v, s)));
+        fixed60_add_avx512(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(e)), &a, &c);
+        fixed60_add_avx512(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(e, 1)), &a, &c);
+    }
+    return fixed60_total((uint64_t)_mm512_reduce_add_epi64(a), (uint64_t)_mm512_reduce_add_epi64(c));
+}
 #pragma GCC pop_options
 
 static bool has_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
@@ -187,12 +282,29 @@ double mu_sum_expf(const float *x, size_t n, float shift) {
     if (has_avx512()) return sum_expf_avx512(x, n, shift);
     return has_avx2() ? sum_expf_avx2(x, n, shift) : mu_sum_expf_ref(x, n, shift);
 }
+
+bool mu_sum_expf_fixed_isa(int isa, const float *x, size_t n, float shift, double *out) {
+    if (isa == 1 && has_avx2()) *out = sum_expf_fixed_avx2(x, n, shift);
+    else if (isa == 2 && has_avx512()) *out = sum_expf_fixed_avx512(x, n, shift);
+    else return false;
+    return true;
+}
+
+double mu_sum_expf_fixed(const float *x, size_t n, float shift) {
+    if (has_avx512()) return sum_expf_fixed_avx512(x, n, shift);
+    return has_avx2() ? sum_expf_fixed_avx2(x, n, shift) : mu_sum_expf_fixed_ref(x, n, shift);
+}
 #else
 bool mu_sum_expf_isa(int isa, const float *x, size_t n, float shift, double *out) {
     (void)isa, (void)x, (void)n, (void)shift, (void)out;
     return false;
 }
 double mu_sum_expf(const float *x, size_t n, float shift) { return mu_sum_expf_ref(x, n, shift); }
+bool mu_sum_expf_fixed_isa(int isa, const float *x, size_t n, float shift, double *out) {
+    (void)isa, (void)x, (void)n, (void)shift, (void)out;
+    return false;
+}
+double mu_sum_expf_fixed(const float *x, size_t n, float shift) { return mu_sum_expf_fixed_ref(x, n, shift); }
 #endif
 
 /* ---------- f32 tanh, sigmoid, silu ---------- */

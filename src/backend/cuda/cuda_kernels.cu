@@ -1352,7 +1352,6 @@ __global__ static void __launch_bounds__(1024) k_pick_rows(const float *x, int64
  * reference, and test_cuda_backend compares the two bit for bit) ---- */
 #define TREE_K 8      /* MU_SPEC_TREE_K */
 #define TREE_NT 512   /* threads of k_tree_rows */
-#define TREE_TILE 4096 /* values whose exponentials k_tree_rows stages at a time (a multiple of 8) */
 
 /* k_tree_rows' results: each draft row's candidates (cnt 0: a non-finite row) */
 typedef struct tree_work {
@@ -1373,16 +1372,25 @@ __device__ static inline void tree_warp_best(float &v, int32_t &i) {
     }
 }
 
+/* floor(e * 2^60) of a float 0 <= e <= 1 from its bits (mumath.c fixed60) */
+__device__ static inline unsigned long long tree_fixed60(float e) {
+    const unsigned bits = __float_as_uint(e);
+    const unsigned long long m = (bits & 0x7FFFFFu) | 0x800000u;
+    const int s = (int)(bits >> 23) - 90;
+    return s >= 0 ? m << s : s > -64 ? m >> -s : 0ull;
+}
+
 /* A CTA per draft row: its 8 candidates in mu_spec_row_top's order (each
  * thread keeps the best 8 of its values, then 8 CTA-wide rounds take the
- * best head), and prob[j] = expf(v_j - v_0) / S with S the reference's sum
- * of exponentials: 8 chains in double, chain c adding the values of index
- * c mod 8 in index order, folded as mu_sum_expf folds them (the
- * exponentials staged a tile at a time, the chains run by threads 0-7). */
+ * best head), and prob[j] = expf(v_j - v_0) / S with S the reference's
+ * mu_sum_expf_fixed: each term's floor(e * 2^60) split at bit 30 and the
+ * two parts summed as integers (any order: a thread's values, the warp's
+ * butterfly, the warps), the total rounded once to double. */
 __global__ static void __launch_bounds__(TREE_NT) k_tree_rows(const float *__restrict__ x, int64_t n,
                                                              tree_work *__restrict__ w) {
     grid_dep_wait();
-    __shared__ float sv[TREE_NT / 32], es[TREE_TILE], top_v[TREE_K];
+    __shared__ float sv[TREE_NT / 32], top_v[TREE_K];
+    __shared__ unsigned long long sa[TREE_NT / 32], sc[TREE_NT / 32];
     __shared__ int32_t si[TREE_NT / 32], top_i[TREE_K];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, row = blockIdx.x;
     const float *l = x + (int64_t)row * n;
@@ -1426,22 +1434,21 @@ __global__ static void __launch_bounds__(TREE_NT) k_tree_rows(const float *__res
         }
     }
     const float shift = top_v[0];
-    double acc = 0.0;
-    for (int64_t t0 = 0; t0 < n; t0 += TREE_TILE) {
-        const int m = n - t0 < TREE_TILE ? (int)(n - t0) : TREE_TILE;
-        for (int i = tid; i < m; i += TREE_NT) es[i] = d_expf(l[t0 + i] - shift);
-        __syncthreads();
-        if (tid < 8) {
-#pragma unroll 8
-            for (int i = tid; i < m; i += 8) acc += (double)es[i];
-        }
-        __syncthreads();
+    unsigned long long a = 0, c = 0;
+    for (int64_t i = tid; i < n; i += TREE_NT) {
+        const unsigned long long f = tree_fixed60(d_expf(l[i] - shift));
+        a += f >> 30, c += f & 0x3FFFFFFFull;
     }
-    if (warp) return;
-    double a[8];
 #pragma unroll
-    for (int c = 0; c < 8; c++) a[c] = __shfl_sync(FULL_MASK, acc, c);
-    const double sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    for (int off = 16; off; off >>= 1) a += __shfl_xor_sync(FULL_MASK, a, off), c += __shfl_xor_sync(FULL_MASK, c, off);
+    if (lane == 0) sa[warp] = a, sc[warp] = c;
+    __syncthreads();
+    if (warp) return;
+    a = lane < TREE_NT / 32 ? sa[lane] : 0ull, c = lane < TREE_NT / 32 ? sc[lane] : 0ull;
+#pragma unroll
+    for (int off = 16; off; off >>= 1) a += __shfl_xor_sync(FULL_MASK, a, off), c += __shfl_xor_sync(FULL_MASK, c, off);
+    a += c >> 30, c &= 0x3FFFFFFFull; /* mumath.c fixed60_total */
+    const double sum = __ull2double_rn(a) * 0x1p-30 + __ull2double_rn(c) * 0x1p-60;
     if (lane < TREE_K && top_i[lane] != INT32_MAX) {
         w->tok[row][lane] = top_i[lane];
         w->prob[row][lane] = (double)d_expf(top_v[lane] - shift) / sum;
@@ -1465,11 +1472,16 @@ __global__ static void __launch_bounds__(32) k_tree_build(const tree_work *__res
     grid_dep_wait();
     __shared__ int32_t s_tok[15][TREE_K], s_cnt[15], np[16], nd[16], ntk[16];
     __shared__ double s_prob[15][TREE_K];
+    __shared__ bool s_eog[15][TREE_K];
     const int lane = threadIdx.x;
     const int nr = rows < 15 ? rows : 15;
-    for (int e = lane; e < nr * TREE_K; e += 32) {
-        s_tok[e / TREE_K][e % TREE_K] = w->tok[e / TREE_K][e % TREE_K];
+    for (int e = lane; e < nr * TREE_K; e += 32) { /* each candidate, and whether it ends generation */
+        const int32_t t = w->tok[e / TREE_K][e % TREE_K];
+        bool end = false;
+        for (int k = 0; k < n_eog; k++) end |= eog[k] == t;
+        s_tok[e / TREE_K][e % TREE_K] = t;
         s_prob[e / TREE_K][e % TREE_K] = w->prob[e / TREE_K][e % TREE_K];
+        s_eog[e / TREE_K][e % TREE_K] = end;
     }
     if (lane < nr) s_cnt[lane] = w->cnt[lane];
     __syncwarp();
@@ -1491,7 +1503,7 @@ __global__ static void __launch_bounds__(32) k_tree_build(const tree_work *__res
         if (lane == bi) next++;
         if (lane == gn) {
             parent = bi, depth = bd + 1, rank = bn, token = s_tok[bd][bn], score = q, next = 0;
-            for (int k = 0; k < n_eog; k++) shut |= eog[k] == token;
+            shut = s_eog[bd][bn];
         }
         gn++;
     }
