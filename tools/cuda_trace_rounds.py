@@ -10,7 +10,8 @@ k_tree_build launches (trees on the registers: the draft's last kernel).
 After --skip rounds (the first captures), prints the medians of a round's
 span (tree build to tree build), the union of its kernels' intervals (the
 time the GPU ran a kernel) and its launch count per graph, then the idle
-gaps summed per round by the kernel pair around them. Kernels launched
+gaps summed per round by the kernel pair around them, and the busy time each
+kernel adds (how far its end lies past every earlier kernel's). Kernels launched
 with programmatic dependence start before the one ahead ends, so their
 own durations overlap: the union and the gaps are the figures to compare.
 """
@@ -38,6 +39,7 @@ def main():
     if len(ends) < a.skip + 2:
         raise SystemExit("%s: %d tree builds, fewer than --skip %d + 2" % (a.csv, len(ends), a.skip))
     spans, busy, counts, gaps = [], [], collections.defaultdict(list), collections.Counter()
+    added = collections.Counter()  # the busy time each kernel adds past the ones before it
     for i0, i1 in zip(ends[a.skip:-1], ends[a.skip + 1:]):
         t = ks[i0][1]
         u, end, prev = 0, t, ks[i0]
@@ -46,6 +48,7 @@ def main():
             if k[0] > end:
                 gaps[(prev[3], k[3])] += k[0] - end
             u += max(0, k[1] - max(k[0], end))
+            added[k[3]] += max(0, k[1] - max(k[0], end))
             end, prev = max(end, k[1]), k
             per_graph[k[2]] += 1
         spans.append(ks[i1][1] - t)
@@ -57,6 +60,9 @@ def main():
                                                                        statistics.median(busy) / 1e3))
     print("launches a round by graph (0: outside graphs): " +
           ", ".join("%d: %g" % (g, statistics.median(v)) for g, v in sorted(counts.items())))
+    print("busy time added by each kernel (its end past every earlier kernel's), us a round:")
+    for k, v in added.most_common(a.top):
+        print("  %7.2f  %s" % (v / n / 1e3, k))
     print("idle gaps, us a round, by the kernels around them:")
     for (k0, k1), v in gaps.most_common(a.top):
         print("  %7.2f  %s -> %s" % (v / n / 1e3, k0, k1))
