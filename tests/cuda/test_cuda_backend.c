@@ -1819,7 +1819,10 @@ static void test_qk_norm_rope_heads(void) {
         ref->rmsnorm(ref, k, wk, 1e-5f, k, D, rows * nk);
         ref->rope(ref, k, nk, D, D, cs, rows, true);
         ref->store_kv_heads(ref, kd, vd, slots, S, D, nk, k, v, rows);
-        cu->qk_norm_rope_heads(cu, nq ? dq : NULL, wq, nq, dk, wk, nk, D, 1e-5f, dcs, D, rows, true, dkd, dvd, slots,
+        /* the norm weights as device copies: the backend keeps its copy of a host array by its
+         * address, and this test frees its arrays, whose addresses a later case may get again */
+        float *dwq = dev(wq, (size_t)D * 4), *dwk = dev(wk, (size_t)D * 4);
+        cu->qk_norm_rope_heads(cu, nq ? dq : NULL, dwq, nq, dk, dwk, nk, D, 1e-5f, dcs, D, rows, true, dkd, dvd, slots,
                                S, dv);
         char what[96];
         snprintf(what, sizeof what, "qk_norm_rope_heads D=%lld nq=%lld rows=%lld", (long long)D, (long long)nq,
@@ -1829,7 +1832,7 @@ static void test_qk_norm_rope_heads(void) {
         check(what, kd, dkd, pn * 4);
         check(what, vd, dvd, pn * 4);
         cu->free(cu, dq, 0), cu->free(cu, dk, 0), cu->free(cu, dv, 0), cu->free(cu, dkd, 0), cu->free(cu, dvd, 0);
-        cu->free(cu, dcs, 0);
+        cu->free(cu, dcs, 0), cu->free(cu, dwq, 0), cu->free(cu, dwk, 0);
         free(q), free(k), free(v), free(wq), free(wk), free(kd), free(vd), free(cs);
     }
 }
