@@ -931,10 +931,15 @@ static void test_spec_picks(void) {
                 muser_spec_params p = {.verify_len = vi == 0 ? 3 : vi % 2 ? 7 : 15, .no_gate = true, .tree = tree};
                 muser_spec *sp[2];
                 muser_sampler *smp[2] = {NULL, NULL};
+                /* the registers' rounds with the fed rows projected behind the verification
+                 * (MUSER_SPEC_FED_PROJ=1) in every other case, the kept rows projected apart in the rest */
+                const bool fed = (vi + ti + with_smp) % 2 == 0;
                 for (int k = 0; k < 2; k++) {
                     if (k) setenv("MUSER_SPEC_PICKS", "0", 1);
+                    if (!k && fed) setenv("MUSER_SPEC_FED_PROJ", "1", 1);
                     sp[k] = muser_spec_create(s[k], d, &p, &err);
                     unsetenv("MUSER_SPEC_PICKS");
+                    unsetenv("MUSER_SPEC_FED_PROJ");
                     if (with_smp) {
                         muser_sampling_params sa;
                         muser_sampling_params_default(&sa);

@@ -147,14 +147,16 @@ fi
 # proposals in token registers, the verification's rows picked there; with
 # --tree the tree built there too, tree_reg) against the same rounds
 # through the host (MUSER_SPEC_PICKS=0) and plain greedy (muser
-# speculate's own check), at verify lengths 3, 7 and 15, two prompts
+# speculate's own check), at verify lengths 3, 7 and 15, two prompts (the
+# second with the fed rows projected behind the verification, MUSER_SPEC_FED_PROJ=1)
 for shape in chain tree; do
     opt=--spec-chain && [ $shape = tree ] && opt=--tree
     ok=1 msg=""
     for pr in "$P" "The history of the"; do
+        fp=0 && [ "$pr" != "$P" ] && fp=1
         for vl in 3 7 15; do
             for pk in 1 0; do
-                MUSER_SPEC_PICKS=$pk "$M" speculate -m "$TM" --draft "$D" --backend cuda -p "$pr" -n 96 --verify-len $vl \
+                MUSER_SPEC_FED_PROJ=$fp MUSER_SPEC_PICKS=$pk "$M" speculate -m "$TM" --draft "$D" --backend cuda -p "$pr" -n 96 --verify-len $vl \
                     $opt --json >"$T/picks_${vl}_$pk.json" 2>>"$T/err" || ok=0
                 grep -q '"exact": true' "$T/picks_${vl}_$pk.json" || ok=0
             done
