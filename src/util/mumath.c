@@ -270,42 +270,37 @@ static double sum_expf_fixed_avx512(const float *x, size_t n, float shift) {
 
 static bool has_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 static bool has_avx512(void) { return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"); }
-
-bool mu_sum_expf_isa(int isa, const float *x, size_t n, float shift, double *out) {
-    if (isa == 1 && has_avx2()) *out = sum_expf_avx2(x, n, shift);
-    else if (isa == 2 && has_avx512()) *out = sum_expf_avx512(x, n, shift);
-    else return false;
-    return true;
-}
-
-double mu_sum_expf(const float *x, size_t n, float shift) {
-    if (has_avx512()) return sum_expf_avx512(x, n, shift);
-    return has_avx2() ? sum_expf_avx2(x, n, shift) : mu_sum_expf_ref(x, n, shift);
-}
-
-bool mu_sum_expf_fixed_isa(int isa, const float *x, size_t n, float shift, double *out) {
-    if (isa == 1 && has_avx2()) *out = sum_expf_fixed_avx2(x, n, shift);
-    else if (isa == 2 && has_avx512()) *out = sum_expf_fixed_avx512(x, n, shift);
-    else return false;
-    return true;
-}
-
-double mu_sum_expf_fixed(const float *x, size_t n, float shift) {
-    if (has_avx512()) return sum_expf_fixed_avx512(x, n, shift);
-    return has_avx2() ? sum_expf_fixed_avx2(x, n, shift) : mu_sum_expf_fixed_ref(x, n, shift);
-}
+static bool isa_here(int isa) { return isa == 1 ? has_avx2() : isa == 2 && has_avx512(); }
+static int isa_best(void) { return has_avx512() ? 2 : has_avx2() ? 1 : 0; }
+#define SUM_VECTOR(f) f
 #else
-bool mu_sum_expf_isa(int isa, const float *x, size_t n, float shift, double *out) {
-    (void)isa, (void)x, (void)n, (void)shift, (void)out;
-    return false;
-}
-double mu_sum_expf(const float *x, size_t n, float shift) { return mu_sum_expf_ref(x, n, shift); }
-bool mu_sum_expf_fixed_isa(int isa, const float *x, size_t n, float shift, double *out) {
-    (void)isa, (void)x, (void)n, (void)shift, (void)out;
-    return false;
-}
-double mu_sum_expf_fixed(const float *x, size_t n, float shift) { return mu_sum_expf_fixed_ref(x, n, shift); }
+static bool isa_here(int isa) { return (void)isa, false; }
+static int isa_best(void) { return 0; }
+#define SUM_VECTOR(f) NULL
 #endif
+
+typedef double (*sum_fn)(const float *x, size_t n, float shift);
+/* [which][isa]: which 0 the 8 lanes' sum, 1 the fixed-point one; isa 0
+ * scalar, 1 AVX2, 2 AVX-512 */
+static const sum_fn sum_fns[2][3] = {
+    {mu_sum_expf_ref, SUM_VECTOR(sum_expf_avx2), SUM_VECTOR(sum_expf_avx512)},
+    {mu_sum_expf_fixed_ref, SUM_VECTOR(sum_expf_fixed_avx2), SUM_VECTOR(sum_expf_fixed_avx512)},
+};
+
+static bool sum_isa(int which, int isa, const float *x, size_t n, float shift, double *out) {
+    if (isa < 1 || isa > 2 || !isa_here(isa)) return false;
+    *out = sum_fns[which][isa](x, n, shift);
+    return true;
+}
+
+bool mu_sum_expf_isa(int isa, const float *x, size_t n, float shift, double *out) {
+    return sum_isa(0, isa, x, n, shift, out);
+}
+double mu_sum_expf(const float *x, size_t n, float shift) { return sum_fns[0][isa_best()](x, n, shift); }
+bool mu_sum_expf_fixed_isa(int isa, const float *x, size_t n, float shift, double *out) {
+    return sum_isa(1, isa, x, n, shift, out);
+}
+double mu_sum_expf_fixed(const float *x, size_t n, float shift) { return sum_fns[1][isa_best()](x, n, shift); }
 
 /* ---------- f32 tanh, sigmoid, silu ---------- */
 
