@@ -9,7 +9,7 @@
 #           17-32-token prompts and 32-row chunks on k_mmt or the GEMM; kbench:
 #           --bench-gemm, --bench-attn and --bench-attn-dec (prefill and
 #           decode attention kernels); prof:
-#           a per-kernel profile of a short run, MUSER_CUDA_PROF=1; nsys:
+#           a per-kernel profile of a short run and of 1 / 4 / 8 sequences, MUSER_CUDA_PROF=1; nsys:
 #           Nsight Systems kernel and API summaries, where nsys is installed;
 #           pdl: glimmer-tiny and full-model decode under each of PDL_ENVS,
 #           space-separated settings, a setting's variables joined by commas;
@@ -144,6 +144,13 @@ case " $STAGES " in *" bench "*)
             echo "== profile: $pm, 16 prompt tokens, 64 decoded"
             MUSER_CUDA_PROF=1 "$M" run -m $pm --backend cuda --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 -n 64 \
                 --temp 0 --ignore-eos >/dev/null
+        done
+        # batched decode, kernel by kernel (graphs off; the process total: the plain tg16 and each
+        # sequence's 32-token prompt included): which kernel a row count pays for
+        for n in 1 4 8; do
+            echo "== profile: full model, $n sequences decoding 16 tokens together"
+            MUSER_CUDA_PROF=1 "$M" bench -m $F --backend cuda --no-membw -p 0 -n 16 -r 1 --parallel $n -q 2>&1 |
+                grep -A40 'cuda profile'
         done ;;
     esac
     case " $STAGES " in *" ncu "*)
