@@ -172,15 +172,10 @@ static void flush_feats(muser_spec *sp) {
     sp->n_feats = 0;
 }
 
-/* An opt-out switch: NAME set to a number that is 0. */
-static bool env_off(const char *name) {
+/* A switch: NAME set to a number (0 off, else on), dflt when unset or empty. */
+static bool env_switch(const char *name, bool dflt) {
     const char *v = getenv(name);
-    return v && *v && atoi(v) == 0;
-}
-
-static bool env_on(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && atoi(v) != 0;
+    return v && *v ? atoi(v) != 0 : dflt;
 }
 
 /* The buffered rows' count, handed to the draft that comes next: it
@@ -351,7 +346,7 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     sp->feats = mu_backend_xalloc(sp->be, feat_bytes, "the assistant's feature rows");
     sp->be->zero(sp->be, sp->feats, feat_bytes);
     /* greedy rounds on the backend: proposals and picks stay there (MUSER_SPEC_PICKS=0: through the host) */
-    sp->picks = sp->be->argmax_reg && sp->be->pick_rows && sp->be->chain_wait && !env_off("MUSER_SPEC_PICKS");
+    sp->picks = sp->be->argmax_reg && sp->be->pick_rows && sp->be->chain_wait && env_switch("MUSER_SPEC_PICKS", true);
     if (sp->picks) {
         const size_t bytes = SLOT_INTS * sizeof(int32_t);
         sp->slots = sp->be->host_alloc ? sp->be->host_alloc(sp->be, bytes) : mu_xmalloc(bytes);
@@ -359,11 +354,11 @@ muser_spec *muser_spec_create(muser_session *s, const muser_draft *d, const muse
     }
     sp->n_eog = target->tok ? (int)mu_tokenizer_eog_ids(target->tok, &sp->eog) : 0;
     sp->tree_picks = sp->picks && sp->tree && sp->be->tree_reg && sp->be->trees && sp->n_eog <= MU_SPEC_TREE_EOG_MAX;
-    sp->host_picks = !env_off("MUSER_SPEC_HOST_PICKS");
-    sp->predraft = !env_off("MUSER_SPEC_PREDRAFT");
+    sp->host_picks = env_switch("MUSER_SPEC_HOST_PICKS", true);
+    sp->predraft = env_switch("MUSER_SPEC_PREDRAFT", true);
     /* off by default: on an H200 the 64 held-out prompts ran 1.82x plain greedy without it, 1.79x
      * with it (docs/speculative.md "The fed rows projected behind the verification") */
-    sp->fed_proj = env_on("MUSER_SPEC_FED_PROJ") && !mu_dflash_state_merges(sp->ds);
+    sp->fed_proj = env_switch("MUSER_SPEC_FED_PROJ", false) && !mu_dflash_state_merges(sp->ds);
     const char *tm = getenv("MUSER_SPEC_TIMES");
     sp->times = tm && *tm && strcmp(tm, "0");
     gate_init(&sp->gate, p->no_gate);

@@ -20,9 +20,9 @@ double mu_sum_expf_ref(const float *x, size_t n, float shift);
  * this CPU or build has none. */
 bool mu_sum_expf_isa(int isa, const float *x, size_t n, float shift, double *out);
 /* The same sum with every term mu_expf(x[i] - shift) cut down to a
- * multiple of 2^-60 (its integer part in units of 2^-60, mu_fixed60) and
- * the terms added as integers, exactly, the total rounded once to double
- * (mu_fixed60_total): one result whatever the order of the additions, so a
+ * multiple of 2^-60 (its integer part in units of 2^-60) and the terms
+ * added as integers, exactly, the total rounded once to double (mumath.c
+ * fixed60, fixed60_total): one result whatever the order of the additions, so a
  * GPU adds it as a tree and a CPU in lanes (the token trees' row sums,
  * src/spec/spec_tree.c). Needs every term <= 1 (shift >= max x[i]) and
  * n < 2^23. _ref is the scalar twin; _isa one vector path, as above. */

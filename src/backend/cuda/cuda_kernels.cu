@@ -4484,12 +4484,8 @@ extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_hea
         return false;
     }
     /* shared memory for n_keys >= n_valid scores */
-    if (env_setting(&mucu_da_ku, "MUSER_CUDA_DA_KU", 8) == 24)
-        k_dense_attn<24><<<(unsigned)(rows * n_head), DA_THREADS, sm, g_s>>>(q, n_head, n_head_kv, D, k, v, slots,
-                                                                           n_valid, scale, out);
-    else
-        k_dense_attn<8><<<(unsigned)(rows * n_head), DA_THREADS, sm, g_s>>>(q, n_head, n_head_kv, D, k, v, slots,
-                                                                          n_valid, scale, out);
+    const auto kern = env_setting(&mucu_da_ku, "MUSER_CUDA_DA_KU", 8) == 24 ? k_dense_attn<24> : k_dense_attn<8>;
+    kern<<<(unsigned)(rows * n_head), DA_THREADS, sm, g_s>>>(q, n_head, n_head_kv, D, k, v, slots, n_valid, scale, out);
     return launched("k_dense_attn", err);
 }
 
