@@ -72,6 +72,17 @@ static bool is_eog_of(int32_t tok, const int32_t *eog, int n_eog) {
     return false;
 }
 
+/* spec_tree.h's weight of a candidate of rank k in row d under a node of
+ * rank r, spelled out again: first choices past row 0 nearer 1 by a
+ * quarter of their distance; under a node that is not a first choice the
+ * first choice times 5/8, the second times 3/2. */
+static double weight(double p, int d, int k, int r) {
+    double w = k == 0 && d > 0 ? 1.0 - (1.0 - p) * 0.75 : p;
+    if (r > 0 && k == 0) w *= 0.625;
+    if (r > 0 && k == 1) w *= 1.5;
+    return w;
+}
+
 /* Every property that defines the tree, for rows [n_rows][V]. */
 static void check_tree(const float *rows, int64_t V, int n_rows, const int32_t *eog, int n_eog, const char *what) {
     int32_t tok[MU_TREE_MAX][MU_SPEC_TREE_K];
@@ -91,7 +102,7 @@ static void check_tree(const float *rows, int64_t V, int n_rows, const int32_t *
         if (!ok) break;
         ok &= t.token[i] == tok[d][t.rank[i]];
         ok &= !(p && is_eog_of(t.token[p], eog, n_eog));
-        score[i] = score[p] * prob[d][t.rank[i]];
+        score[i] = score[p] * weight(prob[d][t.rank[i]], d, t.rank[i], t.rank[p]);
         children[p]++;
     }
     CHECK_MSG(ok, "%s: a node breaks the tree's shape", what);
@@ -118,7 +129,7 @@ static void check_tree(const float *rows, int64_t V, int n_rows, const int32_t *
     for (int i = 0; i < t.n; i++) {
         const int d = t.depth[i];
         if (d >= n_rows || children[i] >= cnt[d] || (i && is_eog_of(t.token[i], eog, n_eog))) continue;
-        const double q = score[i] * prob[d][children[i]];
+        const double q = score[i] * weight(prob[d][children[i]], d, children[i], t.rank[i]);
         best_out = q > best_out ? q : best_out;
     }
     CHECK_MSG(t.n == n_rows + 1 ? least >= best_out : best_out < 0, "%s: %d nodes, least %.6g, a left-out child %.6g",

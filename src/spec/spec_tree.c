@@ -47,7 +47,7 @@ void mu_spec_tree_build(const float *rows, int64_t V, int n_rows, int32_t root, 
         for (int i = 0; i < g.n; i++) { /* each node's next child; the earliest node wins ties */
             const int d = g.depth[i];
             if (d >= n_rows || next[i] >= cnt[d] || (i && is_eog(g.token[i], eog, n_eog))) continue;
-            const double q = score[i] * prob[d][next[i]];
+            const double q = score[i] * mu_spec_tree_weight(prob[d][next[i]], d, next[i], g.rank[i]);
             if (q > best_q) {
                 best_q = q;
                 best = i;

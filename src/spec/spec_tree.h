@@ -28,9 +28,27 @@ typedef struct mu_spec_tree {
  * candidates: nothing grows from it). */
 int mu_spec_row_top(const float *l, int64_t n, int32_t *tok, double *prob);
 
+/* The weight of a node's child at draft row d (its depth d + 1) of rank k
+ * in that row, its probability there p, under a node of rank r (the root:
+ * 0), in double, exact binary constants and no contraction so that every
+ * backend computes the same bits. The block's rows are marginals, each
+ * predicted without the earlier rows' choices, and over held-out rounds of
+ * the shipped pair (docs/speculative.md "Token trees") they are
+ * miscalibrated in two ways the product of plain probabilities ignores:
+ * first choices past the first row are kept more often than p says (their
+ * distance to 1 shrunk by 3/4), and under a node that is not a first
+ * choice the row's first choice is kept less often (x 5/8) and its second
+ * more often (x 3/2): the block's rows follow the first choices' path.
+ * Every weight stays <= 1, so a child never outscores its parent. */
+static inline double mu_spec_tree_weight(double p, int d, int k, int r) {
+    if (k == 0 && d >= 1) p = 1.0 - (1.0 - p) * 0.75;
+    if (r != 0) p *= k == 0 ? 0.625 : k == 1 ? 1.5 : 1.0;
+    return p;
+}
+
 /* The tree over n_rows (< MU_TREE_MAX) draft rows [n_rows][V] under a root
- * holding `root`: best first by the product of probabilities along the
- * path, at most n_rows + 1 nodes; a node at depth d takes the candidate of
+ * holding `root`: best first by the product of the weights
+ * (mu_spec_tree_weight) along the path, at most n_rows + 1 nodes; a node at depth d takes the candidate of
  * its next rank in row d (a node's children are its row's candidates in
  * rank order); the earliest node wins ties of the product; nothing grows
  * under a node whose token is one of eog[0 .. n_eog) (the root aside).

@@ -1363,15 +1363,6 @@ typedef struct tree_work {
 /* (v, i) before (w, j): the larger value first, the lower index among equal ones */
 __device__ static inline bool tree_before(float v, int32_t i, float w, int32_t j) { return v > w || (v == w && i < j); }
 
-__device__ static inline void tree_warp_best(float &v, int32_t &i) {
-#pragma unroll
-    for (int off = 16; off; off >>= 1) {
-        const float v2 = __shfl_xor_sync(FULL_MASK, v, off);
-        const int32_t i2 = __shfl_xor_sync(FULL_MASK, i, off);
-        if (tree_before(v2, i2, v, i)) v = v2, i = i2;
-    }
-}
-
 /* floor(e * 2^60) of a float 0 <= e <= 1 from its bits (mumath.c fixed60) */
 __device__ static inline unsigned long long tree_fixed60(float e) {
     const unsigned bits = __float_as_uint(e);
@@ -1380,64 +1371,139 @@ __device__ static inline unsigned long long tree_fixed60(float e) {
     return s >= 0 ? m << s : s > -64 ? m >> -s : 0ull;
 }
 
-/* A CTA per draft row: its 8 candidates in mu_spec_row_top's order (each
- * thread keeps the best 8 of its values, then 8 CTA-wide rounds take the
- * best head), and prob[j] = expf(v_j - v_0) / S with S the reference's
- * mu_sum_expf_fixed: each term's floor(e * 2^60) split at bit 30 and the
- * two parts summed as integers (any order: a thread's values, the warp's
- * butterfly, the warps), the total rounded once to double. */
+#define TREE_VPT 16   /* values a thread of k_tree_rows holds at once (a chunk: TREE_VPT * TREE_NT) */
+
+/* row index of a thread's value j in the chunk at base: in float4 pieces
+ * (vec: aligned row, length a multiple of 4) or one by one; either way a
+ * thread meets its values in increasing index order */
+__device__ static inline int64_t tree_idx(bool vec, int64_t base, int tid, int j) {
+    return vec ? base + 4 * ((int64_t)tid + (int64_t)TREE_NT * (j >> 2)) + (j & 3)
+               : base + tid + (int64_t)TREE_NT * j;
+}
+
+/* a chunk's values into registers (indices past n: never read) */
+__device__ static inline void tree_load(const float *__restrict__ l, int64_t n, bool vec, int64_t base, int tid,
+                                        float (&r)[TREE_VPT]) {
+#pragma unroll
+    for (int q = 0; q < TREE_VPT / 4; q++) {
+        if (vec) {
+            const int64_t i = tree_idx(true, base, tid, 4 * q);
+            if (i < n) {
+                const float4 f = *(const float4 *)(l + i);
+                r[4 * q] = f.x, r[4 * q + 1] = f.y, r[4 * q + 2] = f.z, r[4 * q + 3] = f.w;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t i = tree_idx(false, base, tid, 4 * q + e);
+                if (i < n) r[4 * q + e] = l[i];
+            }
+        }
+    }
+}
+
+/* (v, i) lists of TREE_K, best first by tree_before: a's list becomes the
+ * best TREE_K of both, best first. The elementwise better of a and b
+ * reversed is bitonic and holds the best TREE_K of the two (distinct ids,
+ * or equal fillers); a bitonic merge sorts it. */
+__device__ static inline void tree_merge(float (&av)[TREE_K], int32_t (&ai)[TREE_K], const float (&bv)[TREE_K],
+                                         const int32_t (&bi)[TREE_K]) {
+#pragma unroll
+    for (int k = 0; k < TREE_K; k++)
+        if (tree_before(bv[TREE_K - 1 - k], bi[TREE_K - 1 - k], av[k], ai[k])) av[k] = bv[TREE_K - 1 - k], ai[k] = bi[TREE_K - 1 - k];
+#pragma unroll
+    for (int d = TREE_K / 2; d; d >>= 1)
+#pragma unroll
+        for (int k = 0; k < TREE_K; k++)
+            if (!(k & d) && tree_before(av[k + d], ai[k + d], av[k], ai[k])) {
+                const float v = av[k];
+                const int32_t i = ai[k];
+                av[k] = av[k + d], ai[k] = ai[k + d], av[k + d] = v, ai[k + d] = i;
+            }
+}
+
+/* the lanes' lists merged down the butterfly from distance `from`: every lane ends with the best of all */
+__device__ static inline void tree_warp_merge(float (&v)[TREE_K], int32_t (&i)[TREE_K], int from) {
+    for (int off = from; off; off >>= 1) {
+        float ov[TREE_K];
+        int32_t oi[TREE_K];
+#pragma unroll
+        for (int k = 0; k < TREE_K; k++) ov[k] = __shfl_xor_sync(FULL_MASK, v[k], off), oi[k] = __shfl_xor_sync(FULL_MASK, i[k], off);
+        tree_merge(v, i, ov, oi);
+    }
+}
+
+/* A CTA per draft row: its 8 candidates in mu_spec_row_top's order and
+ * prob[j] = expf(v_j - v_0) / S with S the reference's mu_sum_expf_fixed.
+ * Each thread reads its values a chunk of TREE_VPT at a time into
+ * registers (all loads in flight at once) and keeps its best 8; the
+ * threads' lists merge down the warp's butterfly, the warps' lists in
+ * warp 0 (no CTA barrier per candidate). S: each term's floor(e * 2^60)
+ * split at bit 30 and the two parts summed as integers (any order: a
+ * thread's values, the butterfly, the warps), the total rounded once to
+ * double; a row of one chunk (the shipped vocabulary) sums from the
+ * registers, a longer one reads its values again. */
 __global__ static void __launch_bounds__(TREE_NT) k_tree_rows(const float *__restrict__ x, int64_t n,
                                                              tree_work *__restrict__ w) {
     grid_dep_wait();
-    __shared__ float sv[TREE_NT / 32], top_v[TREE_K];
+    __shared__ float wv[TREE_NT / 32][TREE_K], top_v[TREE_K];
+    __shared__ int32_t wi[TREE_NT / 32][TREE_K], top_i[TREE_K];
     __shared__ unsigned long long sa[TREE_NT / 32], sc[TREE_NT / 32];
-    __shared__ int32_t si[TREE_NT / 32], top_i[TREE_K];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, row = blockIdx.x;
     const float *l = x + (int64_t)row * n;
-    float tv[TREE_K];
+    const bool vec = ((uintptr_t)l & 15) == 0 && (n & 3) == 0;
+    const int64_t CH = (int64_t)TREE_VPT * TREE_NT;
+    float tv[TREE_K], r[TREE_VPT];
     int32_t ti[TREE_K];
 #pragma unroll
     for (int k = 0; k < TREE_K; k++) tv[k] = -INFINITY, ti[k] = INT32_MAX;
     bool bad = false;
-    for (int64_t i = tid; i < n; i += TREE_NT) {
-        const float v = l[i];
-        bad |= (__float_as_uint(v) & 0x7F800000u) == 0x7F800000u;
-        if (!(v > tv[TREE_K - 1])) continue; /* an equal later value stays out */
+    for (int64_t base = 0; base < n; base += CH) {
+        tree_load(l, n, vec, base, tid, r);
 #pragma unroll
-        for (int k = TREE_K - 1; k >= 0; k--) /* after every value >= v */
-            if (v > tv[k]) {
-                if (k > 0 && v > tv[k - 1]) tv[k] = tv[k - 1], ti[k] = ti[k - 1];
-                else tv[k] = v, ti[k] = (int32_t)i;
-            }
+        for (int j = 0; j < TREE_VPT; j++) {
+            const int64_t i = tree_idx(vec, base, tid, j);
+            if (i >= n) continue;
+            const float v = r[j];
+            bad |= (__float_as_uint(v) & 0x7F800000u) == 0x7F800000u;
+            if (!(v > tv[TREE_K - 1])) continue; /* an equal later value stays out */
+#pragma unroll
+            for (int k = TREE_K - 1; k >= 0; k--) /* after every value >= v */
+                if (v > tv[k]) {
+                    if (k > 0 && v > tv[k - 1]) tv[k] = tv[k - 1], ti[k] = ti[k - 1];
+                    else tv[k] = v, ti[k] = (int32_t)i;
+                }
+        }
     }
     if (__syncthreads_or(bad)) { /* no candidates: nothing grows from this row */
         if (tid == 0) w->cnt[row] = 0;
         return;
     }
-    for (int k = 0; k < TREE_K; k++) {
-        float v = tv[0];
-        int32_t i = ti[0];
-        tree_warp_best(v, i);
-        if (lane == 0) sv[warp] = v, si[warp] = i;
-        __syncthreads();
-        if (warp == 0) {
-            v = lane < TREE_NT / 32 ? sv[lane] : -INFINITY;
-            i = lane < TREE_NT / 32 ? si[lane] : INT32_MAX;
-            tree_warp_best(v, i);
-            if (lane == 0) top_v[k] = v, top_i[k] = i;
-        }
-        __syncthreads();
-        if (ti[0] == top_i[k]) { /* this thread's head was taken */
+    tree_warp_merge(tv, ti, 16);
+    if (lane == 0)
 #pragma unroll
-            for (int j = 0; j < TREE_K - 1; j++) tv[j] = tv[j + 1], ti[j] = ti[j + 1];
-            tv[TREE_K - 1] = -INFINITY, ti[TREE_K - 1] = INT32_MAX;
-        }
+        for (int k = 0; k < TREE_K; k++) wv[warp][k] = tv[k], wi[warp][k] = ti[k];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int k = 0; k < TREE_K; k++)
+            tv[k] = lane < TREE_NT / 32 ? wv[lane][k] : -INFINITY, ti[k] = lane < TREE_NT / 32 ? wi[lane][k] : INT32_MAX;
+        tree_warp_merge(tv, ti, TREE_NT / 64);
+        if (lane == 0)
+#pragma unroll
+            for (int k = 0; k < TREE_K; k++) top_v[k] = tv[k], top_i[k] = ti[k];
     }
+    __syncthreads();
     const float shift = top_v[0];
     unsigned long long a = 0, c = 0;
-    for (int64_t i = tid; i < n; i += TREE_NT) {
-        const unsigned long long f = tree_fixed60(d_expf(l[i] - shift));
-        a += f >> 30, c += f & 0x3FFFFFFFull;
+    for (int64_t base = 0; base < n; base += CH) {
+        if (n > CH) tree_load(l, n, vec, base, tid, r);
+#pragma unroll
+        for (int j = 0; j < TREE_VPT; j++)
+            if (tree_idx(vec, base, tid, j) < n) {
+                const unsigned long long f = tree_fixed60(d_expf(r[j] - shift));
+                a += f >> 30, c += f & 0x3FFFFFFFull;
+            }
     }
 #pragma unroll
     for (int off = 16; off; off >>= 1) a += __shfl_xor_sync(FULL_MASK, a, off), c += __shfl_xor_sync(FULL_MASK, c, off);
@@ -1475,22 +1541,42 @@ __global__ static void __launch_bounds__(32) k_tree_build(const tree_work *__res
     __shared__ bool s_eog[15][TREE_K];
     const int lane = threadIdx.x;
     const int nr = rows < 15 ? rows : 15;
-    for (int e = lane; e < nr * TREE_K; e += 32) { /* each candidate, and whether it ends generation */
-        const int32_t t = w->tok[e / TREE_K][e % TREE_K];
-        bool end = false;
-        for (int k = 0; k < n_eog; k++) end |= eog[k] == t;
-        s_tok[e / TREE_K][e % TREE_K] = t;
-        s_prob[e / TREE_K][e % TREE_K] = w->prob[e / TREE_K][e % TREE_K];
-        s_eog[e / TREE_K][e % TREE_K] = end;
+    /* each candidate (lane + 32 q) and whether it ends generation: every
+     * load issued before the first use (one latency, not one per candidate
+     * and end id); the first 32 end ids go round the warp by shuffles */
+    int32_t t[4] = {-1, -1, -1, -1};
+    double p[4] = {0.0, 0.0, 0.0, 0.0};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int e = lane + 32 * q;
+        if (e < nr * TREE_K) t[q] = w->tok[e / TREE_K][e % TREE_K], p[q] = w->prob[e / TREE_K][e % TREE_K];
     }
-    if (lane < nr) s_cnt[lane] = w->cnt[lane];
+    const int32_t my_eog = lane < n_eog ? eog[lane] : 0, my_cnt = lane < nr ? w->cnt[lane] : 0;
+    bool end[4] = {false, false, false, false};
+    for (int k = 0; k < n_eog; k++) {
+        const int32_t g = k < 32 ? __shfl_sync(FULL_MASK, my_eog, k) : eog[k];
+#pragma unroll
+        for (int q = 0; q < 4; q++) end[q] |= t[q] == g;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int e = lane + 32 * q;
+        if (e < nr * TREE_K)
+            s_tok[e / TREE_K][e % TREE_K] = t[q], s_prob[e / TREE_K][e % TREE_K] = p[q], s_eog[e / TREE_K][e % TREE_K] = end[q];
+    }
+    if (lane < nr) s_cnt[lane] = my_cnt;
     __syncwarp();
     int depth = 0, next = 0, parent = -1, rank = 0, token = -1, gn = 1;
     double score = 1.0;
     bool shut = false; /* an end of generation: nothing grows under it */
     while (gn < nr + 1) {
         double q = -1.0;
-        if (lane < gn && depth < nr && next < s_cnt[depth] && !shut) q = score * s_prob[depth][next];
+        if (lane < gn && depth < nr && next < s_cnt[depth] && !shut) { /* spec_tree.h mu_spec_tree_weight */
+            double p = s_prob[depth][next];
+            if (next == 0 && depth >= 1) p = 1.0 - (1.0 - p) * 0.75;
+            if (rank != 0) p *= next == 0 ? 0.625 : next == 1 ? 1.5 : 1.0;
+            q = score * p;
+        }
         int bi = lane;
 #pragma unroll
         for (int off = 16; off; off >>= 1) {
@@ -1524,12 +1610,11 @@ __global__ static void __launch_bounds__(32) k_tree_build(const tree_work *__res
     if (lane < 16) {
         const int i = lane, P = i < gn ? np[i] : 0, D = i < gn ? nd[i] : 1;
         regs->parent[i] = P, regs->depth[i] = D;
-        int8_t anc[16];
+        int8_t anc[16]; /* static indices only: registers, not a stack frame */
 #pragma unroll
-        for (int d = 0; d < 16; d++) anc[d] = 0;
-        for (int a = i, d = D; d >= 0; d--) {
-            anc[d] = (int8_t)a;
-            a = a < gn ? np[a] : 0;
+        for (int d = 15, a = i; d >= 0; d--) {
+            anc[d] = 0;
+            if (d <= D) anc[d] = (int8_t)a, a = a < gn ? np[a] : 0;
         }
 #pragma unroll
         for (int d = 0; d < 16; d++) regs->anc[i][d] = anc[d];
