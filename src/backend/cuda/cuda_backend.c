@@ -44,12 +44,13 @@ typedef struct cuda_ctx {
     size_t weight_bytes;
     uint8_t *ring_h, *ring_d; /* per-call host arrays: pinned staging -> device, stream-ordered */
     size_t ring_cap, ring_pos;
-    /* The pinned staging is two halves of ring_cap bytes (ring_base); ring_h
-     * is the one in use. Replays alternate them, so that the host writes a
-     * step's arguments while the step before still runs (forward_begin). */
+    /* The pinned staging is `parts` parts of ring_cap bytes (ring_base);
+     * ring_h is the one in use. Replays take them in turn, so that the host
+     * writes a forward's arguments while the parts - 1 forwards before it
+     * still run (forward_begin). */
     uint8_t *ring_base;
-    int half;
-    void *half_ev[2];          /* after the work that may still read each half */
+    int rpart, parts;          /* parts: MUSER_CUDA_RING_PARTS, 2 to MUCU_RING_PARTS (default) */
+    void *part_ev[MUCU_RING_PARTS]; /* after the work that may still read each part */
     int32_t *regs_d;           /* the token registers (backend.h argmax_reg), MU_TOKEN_REGS */
     mucu_tree_regs *treg_d;    /* the tree registers (backend.h tree_reg) */
     bool qk_neox;              /* qk_norm_rope's NeoX kernel path (MUSER_CUDA_QK_NEOX=0: off) */
@@ -118,7 +119,7 @@ typedef struct gentry {
     uint64_t *sig;
     void **seg;                /* segment graphs, [n] */
     int n, cap;
-    void *exec[2];             /* the chain of all segments, uploading from half 0 / 1 (NULL: none) */
+    void *exec[MUCU_RING_PARTS]; /* the chain of all segments, uploading from part 0, 1, ... (NULL: none) */
     size_t ring_end;           /* the argument ring's bytes this forward wrote (from 0) */
 } gentry;
 
@@ -220,8 +221,7 @@ static void capture_pause(cuda_ctx *c) {
 
 static void entry_clear(gentry *e) {
     for (int i = 0; i < e->n; i++) mucu_graph_free(e->seg[i]);
-    mucu_exec_free(e->exec[0]);
-    mucu_exec_free(e->exec[1]);
+    for (int i = 0; i < MUCU_RING_PARTS; i++) mucu_exec_free(e->exec[i]);
     free(e->sig);
     free(e->seg);
     memset(e, 0, sizeof *e);
@@ -236,10 +236,10 @@ static void graph_bail(cuda_ctx *c) {
     capture_pause(c);
     gentry *e = c->cur;
     const int done = c->gmode == G_REPLAY ? c->replay_i : e->n;
-    if (c->half == 1) { /* the segments upload from half 0, where their capture wrote */
+    if (c->rpart != 0) { /* the segments upload from part 0, where their capture wrote */
         if (!mucu_sync("graph bail", err)) die("graph bail", err);
         memcpy(c->ring_base, c->ring_h, c->ring_pos);
-        c->half = 0;
+        c->rpart = 0;
         c->ring_h = c->ring_base;
     }
     for (int i = 0; i < done; i++) {
@@ -359,16 +359,17 @@ static void cuda_forward_begin(mu_backend *b, uint64_t key) {
         if (c->st.t_done > 0) c->st.after += t - c->st.t_done, c->st.period += t - c->st.t_begin;
         c->st.t_begin = t;
     }
-    /* The argument ring restarts at 0. A replay after which nothing else
-     * waits (the greedy chain runs steps ahead) takes the other half once
-     * the work that read it is done; else all work enqueued so far must be
-     * done (a decode step has already waited for its logits), and deferred
-     * buffers go. */
-    if (e->state == 2 && e->exec[1] && !c->n_deferred && !c->st.on) {
-        if (!mucu_mark(&c->half_ev[c->half], err)) die("forward_begin", err);
-        c->half ^= 1;
+    /* The argument ring restarts at 0. A replay takes the next part once
+     * the work that read it (the forward `parts` back) is done, so the host
+     * records a forward while the ones before it run: the greedy chain's
+     * steps ahead, a speculative round's draft behind its verification and
+     * the fed rows' projection (docs/cuda.md "Graphs"). Otherwise all work
+     * enqueued so far must be done, and deferred buffers go. */
+    if (e->state == 2 && e->exec[c->parts - 1] && !c->n_deferred && !c->st.on) {
+        if (!mucu_mark(&c->part_ev[c->rpart], err)) die("forward_begin", err);
+        c->rpart = (c->rpart + 1) % c->parts;
         const double t0 = mu_now();
-        if (!mucu_mark_wait(c->half_ev[c->half], err)) die("forward_begin", err);
+        if (!mucu_mark_wait(c->part_ev[c->rpart], err)) die("forward_begin", err);
         c->ahead_wait += mu_now() - t0;
         c->n_ahead++;
     } else {
@@ -376,9 +377,9 @@ static void cuda_forward_begin(mu_backend *b, uint64_t key) {
         for (int i = 0; i < c->n_deferred; i++)
             if (!mucu_free(c->deferred[i], err)) die("forward_begin", err);
         c->n_deferred = 0;
-        c->half = 0;
+        c->rpart = 0;
     }
-    c->ring_h = c->ring_base ? c->ring_base + (size_t)c->half * c->ring_cap : NULL;
+    c->ring_h = c->ring_base ? c->ring_base + (size_t)c->rpart * c->ring_cap : NULL;
     c->ring_pos = 0;
     c->cur = e;
     if (e->state == 1) {
@@ -402,8 +403,9 @@ static void cuda_forward_end(mu_backend *b, bool ok) {
             int k = 0;
             for (int i = 0; i < e->n; i++)
                 if (e->seg[i]) segs[k++] = e->seg[i];
-            /* captured in half 0 (forward_begin waited for everything) */
-            const mucu_ring ring = {c->ring_h, c->ring_d, c->ring_pos, c->ring_base + c->ring_cap};
+            /* captured in part 0 (forward_begin waited for everything) */
+            mucu_ring ring = {c->ring_h, c->ring_d, c->ring_pos, {NULL}};
+            for (int i = 1; i < c->parts && c->ring_base; i++) ring.more[i - 1] = c->ring_base + (size_t)i * c->ring_cap;
             e->ring_end = c->ring_pos;
             if (!mucu_graph_chain(segs, k, &ring, e->exec, err)) die("graph", err);
             free(segs);
@@ -421,7 +423,7 @@ static void cuda_forward_end(mu_backend *b, bool ok) {
         if (ok && c->replay_i == e->n && c->ring_pos == e->ring_end) {
             const double t1 = c->st.on ? mu_now() : 0.0;
             if (c->st.on && !mucu_mark_timed(&c->st.ev[0], err)) die("graph", err);
-            if (!mucu_graph_launch(e->exec[c->half], err)) die("graph", err);
+            if (!mucu_graph_launch(e->exec[c->rpart], err)) die("graph", err);
             if (c->st.on) { /* waits for the graph: the download after it then only copies */
                 const double t2 = mu_now();
                 double ms = 0.0;
@@ -466,12 +468,13 @@ static void *upload_arg(mu_backend *b, const void *host, size_t bytes, const cha
             while (cap < n) cap *= 2;
             if (!mucu_host_free(c->ring_base, err) || !mucu_free(c->ring_d, err)) die(op, err);
             c->ring_base = c->ring_h = NULL, c->ring_d = NULL, c->ring_cap = 0;
-            if (!mucu_host_alloc((void **)&c->ring_base, 2 * cap, err) || !mucu_malloc((void **)&c->ring_d, cap, err))
+            if (!mucu_host_alloc((void **)&c->ring_base, (size_t)c->parts * cap, err) ||
+                !mucu_malloc((void **)&c->ring_d, cap, err))
                 die(op, err);
             c->ring_cap = cap;
-            c->half = 0;
+            c->rpart = 0;
         }
-        c->ring_h = c->ring_base + (size_t)c->half * c->ring_cap;
+        c->ring_h = c->ring_base + (size_t)c->rpart * c->ring_cap;
     }
     uint8_t *h = c->ring_h + c->ring_pos, *d = c->ring_d + c->ring_pos;
     memcpy(h, host, bytes);
@@ -1338,7 +1341,8 @@ static void cuda_destroy(mu_backend *b) {
     free(c->cache);
     for (int i = 0; i < c->n_deferred; i++) (void)mucu_free(c->deferred[i], err);
     free(c->deferred);
-    mucu_mark_free(c->half_ev[0]), mucu_mark_free(c->half_ev[1]), mucu_mark_free(c->fwd_done);
+    for (int i = 0; i < MUCU_RING_PARTS; i++) mucu_mark_free(c->part_ev[i]);
+    mucu_mark_free(c->fwd_done);
     mucu_mark_free(c->st.ev[0]), mucu_mark_free(c->st.ev[1]);
     if (c->st.on && c->st.n > 1) {
         const double k = 1e6 / (double)c->st.n, k1 = 1e6 / (double)(c->st.n - 1);
@@ -1418,6 +1422,9 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
      * (comparisons: docs/cuda.md "Speculative decoding on the GPU") */
     if (!opt_out("MUSER_CUDA_TREE_REG")) b->tree_reg = cuda_tree_reg;
     ctx_of(b)->qk_neox = !opt_out("MUSER_CUDA_QK_NEOX");
+    const char *rp = getenv("MUSER_CUDA_RING_PARTS");
+    const int parts = rp && *rp ? atoi(rp) : MUCU_RING_PARTS;
+    ctx_of(b)->parts = parts < 2 ? 2 : parts > MUCU_RING_PARTS ? MUCU_RING_PARTS : parts;
     ctx_of(b)->q8_keep = !opt_out("MUSER_CUDA_Q8_KEEP");
     b->residual = cuda_residual;
     /* MUSER_CUDA_FUSED_CAPTURE=0: captures copied after the residual step (measurements) */

@@ -278,7 +278,9 @@ static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, cons
     *n_prog = 0;
     *n_merged = 0;
     if (ring && ring->used) { /* the whole ring's used bytes first (MUSER_CUDA_ONE_UPLOAD) */
-        if (ring->used % 16 || (uintptr_t)ring->h % 16 || (ring->h2 && (uintptr_t)ring->h2 % 16)) {
+        bool odd = ring->used % 16 || (uintptr_t)ring->h % 16;
+        for (int i = 0; i < MUCU_RING_PARTS - 1; i++) odd |= (uintptr_t)ring->more[i] % 16 != 0;
+        if (odd) {
             snprintf(err, MUCU_ERR_LEN, "graph flatten: the argument ring is not in 16-byte pieces");
             return false;
         }
@@ -354,7 +356,7 @@ static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, cons
 /* One executable graph running the given graphs one after another. */
 extern "C" bool mucu_graph_chain(void *const *graphs, int n, const mucu_ring *ring, void **exec, char *err) {
     cudaGraph_t g = NULL;
-    exec[0] = exec[1] = NULL;
+    for (int i = 0; i < MUCU_RING_PARTS; i++) exec[i] = NULL;
     env_setting(&g_pdl, "MUSER_CUDA_PDL", 1);
     env_setting(&g_one_upload, "MUSER_CUDA_ONE_UPLOAD", 2);
     bool flat = false;
@@ -384,26 +386,23 @@ extern "C" bool mucu_graph_chain(void *const *graphs, int n, const mucu_ring *ri
             prev = node;
         }
     }
-    cudaGraphExec_t e = NULL, e2 = NULL;
-    bool ok = cu_ok(cudaGraphInstantiate(&e, g, 0), "cudaGraphInstantiate", "graph chain", err);
-    exec[1] = NULL;
-    if (ok && flat && g_one_upload && ring && ring->used && ring->h2) {
-        /* the head node is the ring's upload (chain_flat): the same graph from the other half */
+    cudaGraphExec_t e[MUCU_RING_PARTS] = {NULL};
+    bool ok = cu_ok(cudaGraphInstantiate(&e[0], g, 0), "cudaGraphInstantiate", "graph chain", err);
+    for (int i = 0; ok && flat && g_one_upload && ring && ring->used && i < MUCU_RING_PARTS - 1 && ring->more[i]; i++) {
+        /* the head node is the ring's upload (chain_flat): the same graph from another part */
         size_t nr = 0;
         cudaGraphNode_t head = NULL;
         ok = cu_ok(cudaGraphGetRootNodes(g, NULL, &nr), "cudaGraphGetRootNodes", "graph chain", err) && nr == 1 &&
              cu_ok(cudaGraphGetRootNodes(g, &head, &nr), "cudaGraphGetRootNodes", "graph chain", err) &&
-             cu_ok(ring_upload_node(&head, g, ring, ring->h2, true), "the ring's upload node", "graph chain", err) &&
-             cu_ok(cudaGraphInstantiate(&e2, g, 0), "cudaGraphInstantiate", "graph chain", err);
+             cu_ok(ring_upload_node(&head, g, ring, ring->more[i], true), "the ring's upload node", "graph chain", err) &&
+             cu_ok(cudaGraphInstantiate(&e[i + 1], g, 0), "cudaGraphInstantiate", "graph chain", err);
         if (!ok && nr != 1) snprintf(err, MUCU_ERR_LEN, "graph chain: %zu root nodes, not the ring's upload", nr);
     }
     cudaGraphDestroy(g);
-    if (!ok) {
-        if (e) cudaGraphExecDestroy(e);
-        e = NULL;
+    for (int i = 0; i < MUCU_RING_PARTS; i++) {
+        if (!ok && e[i]) cudaGraphExecDestroy(e[i]);
+        exec[i] = ok ? e[i] : NULL;
     }
-    exec[0] = e;
-    exec[1] = ok ? e2 : NULL;
     return ok;
 }
 

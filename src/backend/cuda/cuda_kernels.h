@@ -97,14 +97,15 @@ bool mucu_capture_end(void **graph, char *err);
  * the bytes the chained forward used from offset 0; a flat chain uploads
  * them with one copy at its head and drops the per-op copies of the ring
  * (MUSER_CUDA_ONE_UPLOAD, cuda_kernels.cu). */
+#define MUCU_RING_PARTS 4 /* the most parts of the argument ring's host staging (cuda_backend.c) */
 typedef struct mucu_ring {
     const void *h;
     void *d;
     size_t used;
-    const void *h2; /* NULL, or a second host copy: exec[1] then uploads from it */
+    const void *more[MUCU_RING_PARTS - 1]; /* other host copies (NULL: none): exec[1 + i] uploads from more[i] */
 } mucu_ring;
-/* exec[0]; and exec[1], the same chain uploading from ring->h2, when h2 is
- * set and the chain is flat with one upload (else exec[1] = NULL). */
+/* exec[0]; and exec[1 + i], the same chain uploading from ring->more[i],
+ * for each more[i] set when the chain is flat with one upload (else NULL). */
 bool mucu_graph_chain(void *const *graphs, int n, const mucu_ring *ring, void **exec, char *err);
 /* Chained graphs so far that were flattened, their kernel-to-kernel
  * programmatic dependencies (MUSER_CUDA_PDL) and the per-op ring copies
