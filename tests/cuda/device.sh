@@ -269,10 +269,10 @@ case " $STAGES " in *" bench "*)
     case " $STAGES " in *" specab "*)
         # the round's launch and copy savings one by one (docs/cuda.md "Speculative decoding on the GPU"):
         # trees of 15 over the 64 held-out prompts with the defaults, the fed rows' projection on
-        # (off by default), the assistant's attention at 24 keys a warp and pass, each saving off, all off
+        # (off by default), the argument ring in 4 parts, each saving off, all off
         D="$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf"
         echo "== specab: muser bench --draft over tools/train/heldout-64.txt, trees of 15"
-        for envs in "" "MUSER_SPEC_FED_PROJ=1" "MUSER_CUDA_DA_KU=24" "MUSER_CUDA_FUSED_CAPTURE=0" "MUSER_CUDA_Q8_KEEP=0" "MUSER_CUDA_QK_HEADS=0" \
+        for envs in "" "MUSER_SPEC_FED_PROJ=1" "MUSER_CUDA_RING_PARTS=4" "MUSER_CUDA_FUSED_CAPTURE=0" "MUSER_CUDA_Q8_KEEP=0" "MUSER_CUDA_QK_HEADS=0" \
             "MUSER_CUDA_FUSED_CAPTURE=0 MUSER_CUDA_Q8_KEEP=0 MUSER_CUDA_QK_HEADS=0"; do
             echo "-- ${envs:-all on}"
             env $envs $TINY -p 0 -n 128 -r ${SPEC_REPS:-3} -q --draft "$D" --verify-len 15 --spec-tree \

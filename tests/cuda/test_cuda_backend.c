@@ -1137,15 +1137,10 @@ static void dense_attention_case(int64_t rows, int64_t H, int64_t Hkv, int64_t D
 
 static void test_dense_attention(void) {
     const struct { int64_t n_keys, n_valid; } cases[] = {{336, 336}, {336, 201}, {100, 100}, {37, 20}, {336, 1}, {336, 7}};
-    const int saved = mucu_da_ku;
-    for (int ku = 8; ku <= 24; ku += 16) { /* k_dense_attn's 8 and 24 keys a warp and pass (MUSER_CUDA_DA_KU) */
-        mucu_da_ku = ku;
-        for (int c = 0; c < 6; c++) dense_attention_case(16, 8, 2, 64, 336, cases[c].n_keys, cases[c].n_valid);
-        dense_attention_case(3, 16, 4, 128, 300, 300, 293);
-        dense_attention_case(5, 6, 3, 96, 129, 129, 129);
-        dense_attention_case(1, 4, 1, 40, 50, 45, 33);
-    }
-    mucu_da_ku = saved;
+    for (int c = 0; c < 6; c++) dense_attention_case(16, 8, 2, 64, 336, cases[c].n_keys, cases[c].n_valid);
+    dense_attention_case(3, 16, 4, 128, 300, 300, 293);
+    dense_attention_case(5, 6, 3, 96, 129, 129, 129);
+    dense_attention_case(1, 4, 1, 40, 50, 45, 33);
 }
 
 /* The fused ops against the ops they stand for, and the matrix product

@@ -49,7 +49,7 @@ typedef struct cuda_ctx {
      * writes a forward's arguments while the parts - 1 forwards before it
      * still run (forward_begin). */
     uint8_t *ring_base;
-    int rpart, parts;          /* parts: MUSER_CUDA_RING_PARTS, 2 to MUCU_RING_PARTS (default) */
+    int rpart, parts;          /* parts: MUSER_CUDA_RING_PARTS, 2 (default) to MUCU_RING_PARTS */
     void *part_ev[MUCU_RING_PARTS]; /* after the work that may still read each part */
     int32_t *regs_d;           /* the token registers (backend.h argmax_reg), MU_TOKEN_REGS */
     mucu_tree_regs *treg_d;    /* the tree registers (backend.h tree_reg) */
@@ -1423,7 +1423,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     if (!opt_out("MUSER_CUDA_TREE_REG")) b->tree_reg = cuda_tree_reg;
     ctx_of(b)->qk_neox = !opt_out("MUSER_CUDA_QK_NEOX");
     const char *rp = getenv("MUSER_CUDA_RING_PARTS");
-    const int parts = rp && *rp ? atoi(rp) : MUCU_RING_PARTS;
+    const int parts = rp && *rp ? atoi(rp) : 2; /* 4: the greedy chain +0.7 %, speculation -1 % (docs/cuda.md) */
     ctx_of(b)->parts = parts < 2 ? 2 : parts > MUCU_RING_PARTS ? MUCU_RING_PARTS : parts;
     ctx_of(b)->q8_keep = !opt_out("MUSER_CUDA_Q8_KEEP");
     b->residual = cuda_residual;

@@ -3111,12 +3111,13 @@ __global__ static void __launch_bounds__(128) k_mmv_float(mucu_weight w, const f
  * a time, each with its own lane chain and fold: every key's dot product
  * is the one above, but their loads are in flight together (one key after
  * another, a CTA was a chain of dependent round trips: 25 us a call at 16
- * rows over 336 keys). KU keys a warp and pass: 8 takes the shipped
- * assistant's 336 keys in 3 passes of the 16 warps, 24 in one (every key's
- * arithmetic the same: MUSER_CUDA_DA_KU, an A/B). */
+ * rows over 336 keys). 24 keys a warp (the shipped assistant's 336 keys in
+ * one pass of the 16 warps instead of three) made speculation slower on an
+ * H100 (1.82x plain against 1.88x: docs/benchmarks.md, thirty-second
+ * session). */
 #define DA_THREADS 512
+#define DA_KU 8
 #define DA_VU 4
-template <int DA_KU>
 __global__ static void __launch_bounds__(DA_THREADS) k_dense_attn(const float *q, int64_t H, int64_t Hkv, int64_t D,
                                                                  const float *k, const float *v, int64_t slots,
                                                                  const int64_t *n_valid, float scale, float *out) {
@@ -4553,10 +4554,6 @@ extern "C" bool mucu_is_pinned(const void *p) {
     }
     return a.type == cudaMemoryTypeHost;
 }
-extern "C" {
-int mucu_da_ku = -1;
-}
-
 extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D,
                                      const float *k, const float *v, int64_t slots, int64_t n_keys,
                                      const int64_t *n_valid, float scale, float *out, char *err) {
@@ -4568,8 +4565,7 @@ extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_hea
         return false;
     }
     /* shared memory for n_keys >= n_valid scores */
-    const auto kern = env_setting(&mucu_da_ku, "MUSER_CUDA_DA_KU", 8) == 24 ? k_dense_attn<24> : k_dense_attn<8>;
-    kern<<<(unsigned)(rows * n_head), DA_THREADS, sm, g_s>>>(q, n_head, n_head_kv, D, k, v, slots, n_valid, scale, out);
+    k_dense_attn<<<(unsigned)(rows * n_head), DA_THREADS, sm, g_s>>>(q, n_head, n_head_kv, D, k, v, slots, n_valid, scale, out);
     return launched("k_dense_attn", err);
 }
 

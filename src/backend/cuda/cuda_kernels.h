@@ -304,10 +304,7 @@ bool mucu_is_pinned(const void *p);
 bool mucu_store_kv_heads_layers(float *kd, float *vd, int64_t plane_stride, const int64_t *slots, int64_t S, int64_t D,
                                 int64_t n_head, const float *k, const float *v, int64_t src_stride, int64_t rows,
                                 int64_t n_layers, char *err);
-/* backend.h dense_attention; n_valid in device memory. k_dense_attn's keys
- * a warp and pass: 8 (the default) or 24, from MUSER_CUDA_DA_KU when first
- * read (mucu_da_ku, -1 until then). */
-extern int mucu_da_ku;
+/* backend.h dense_attention; n_valid in device memory. */
 bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D, const float *k,
                           const float *v, int64_t slots, int64_t n_keys, const int64_t *n_valid, float scale, float *out,
                           char *err);
