@@ -196,7 +196,9 @@ done
 # docs/cuda.md "The greedy chain"): 600 tokens across three 256-key blocks
 # (new graphs on the way) equal to feeding them one by one, also with every
 # 5th row handed back undecided, and with every replay left at op 40 (the
-# graph's way out from the second argument half); then tests/test_gen.c, whose chain cases
+# graph's way out from the second argument part); the same two with the
+# argument ring in four parts (MUSER_CUDA_RING_PARTS=4: three forwards
+# ahead, left from parts 1-3); then tests/test_gen.c, whose chain cases
 # run on cuda here (backend auto)
 ok=1
 MUSER_CUDA_GRAPH_STATS=1 "$M" run -m "$TM" --backend cuda -p "$P" -n 600 --temp 0 --ignore-eos >"$T/chain.txt" \
@@ -209,10 +211,15 @@ MUSER_CHAIN_UNDECIDED=5 "$M" run -m "$TM" --backend cuda -p "$P" -n 600 --temp 0
     2>>"$T/err" || ok=0
 MUSER_CUDA_GRAPH_BAIL_AT=40 MUSER_CUDA_GRAPH_STATS=1 "$M" run -m "$TM" --backend cuda -p "$P" -n 600 --temp 0 \
     --ignore-eos >"$T/chainb.txt" 2>>"$T/err" || ok=0
+MUSER_CUDA_RING_PARTS=4 "$M" run -m "$TM" --backend cuda -p "$P" -n 600 --temp 0 --ignore-eos >"$T/chain4.txt" \
+    2>>"$T/err" || ok=0
+MUSER_CUDA_RING_PARTS=4 MUSER_CUDA_GRAPH_BAIL_AT=40 "$M" run -m "$TM" --backend cuda -p "$P" -n 600 --temp 0 \
+    --ignore-eos >"$T/chain4b.txt" 2>>"$T/err" || ok=0
 if [ $ok = 1 ] && cmp -s "$T/chain.txt" "$T/plain600.txt" && cmp -s "$T/chain.txt" "$T/chain5.txt" &&
-    cmp -s "$T/chain.txt" "$T/chainb.txt" &&
+    cmp -s "$T/chain.txt" "$T/chainb.txt" && cmp -s "$T/chain.txt" "$T/chain4.txt" &&
+    cmp -s "$T/chain.txt" "$T/chain4b.txt" &&
     MUSER_SOURCE_DIR="$SRC" "$BUILD/test_gen" >"$T/gen.log" 2>&1; then
-    say "PASS greedy chain on cuda ($ahead forwards began before the one before ended): 600 tokens identical to one-by-one feeding (also with every 5th row undecided, and with replays left at op 40: $(grep -o '[0-9]* forwards began.*' "$T/err" | tail -1)); test_gen"
+    say "PASS greedy chain on cuda ($ahead forwards began before the one before ended): 600 tokens identical to one-by-one feeding (also with every 5th row undecided, with replays left at op 40, and both again on 4 ring parts: $(grep -o '[0-9]* forwards began.*' "$T/err" | tail -1)); test_gen"
 else
     say "FAIL greedy chain on cuda: $(tail -3 "$T/err") $(tail -5 "$T/gen.log" 2>/dev/null)"; fail=1
 fi
