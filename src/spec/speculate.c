@@ -476,7 +476,8 @@ static int plain_step(muser_spec *sp, int32_t pending, muser_sampler *smp, int32
  * forward, each without seeing the others' choices, so a tree over them is
  * a set of rank paths: a node at depth d takes the token of rank r in row
  * d. It grows best first by the product of the draft's probabilities along
- * the path, up to verify_len nodes under the pending token (the same rows
+ * the path, weighted (spec_tree.h mu_spec_tree_weight), up to verify_len
+ * nodes under the pending token (the same rows
  * as a chain of that length). Verification draws along the tree exactly as
  * plain decoding draws: from the root's row, then from the row of the
  * child holding the drawn token, while there is one. Which tree is built
