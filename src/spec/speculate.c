@@ -477,11 +477,11 @@ static int plain_step(muser_spec *sp, int32_t pending, muser_sampler *smp, int32
  * a set of rank paths: a node at depth d takes the token of rank r in row
  * d. It grows best first by the product of the draft's probabilities along
  * the path, weighted (spec_tree.h mu_spec_tree_weight), up to verify_len
- * nodes under the pending token (the same rows
- * as a chain of that length). Verification draws along the tree exactly as
- * plain decoding draws: from the root's row, then from the row of the
- * child holding the drawn token, while there is one. Which tree is built
- * changes speed only, never tokens. */
+ * nodes under the pending token (the same rows as a chain of that
+ * length). Verification draws along the tree exactly as plain decoding
+ * draws: from the root's row, then from the row of the child holding the
+ * drawn token, while there is one. Which tree is built changes speed
+ * only, never tokens. */
 
 /* A round's statistics and the gate's view of it (t0: start, t1: the
  * draft launched or done, t3: end; vl proposals verified); returns n. */
