@@ -48,10 +48,11 @@ static inline double mu_spec_tree_weight(double p, int d, int k, int r) {
 
 /* The tree over n_rows (< MU_TREE_MAX) draft rows [n_rows][V] under a root
  * holding `root`: best first by the product of the weights
- * (mu_spec_tree_weight) along the path, at most n_rows + 1 nodes; a node at depth d takes the candidate of
- * its next rank in row d (a node's children are its row's candidates in
- * rank order); the earliest node wins ties of the product; nothing grows
- * under a node whose token is one of eog[0 .. n_eog) (the root aside).
+ * (mu_spec_tree_weight) along the path, at most n_rows + 1 nodes; a node
+ * at depth d takes the candidate of its next rank in row d (a node's
+ * children are its row's candidates in rank order); the earliest node
+ * wins ties of the product; nothing grows under a node whose token is one
+ * of eog[0 .. n_eog) (the root aside).
  * Numbered for the verification: the chain of first choices under the root
  * first (a path kept along it moves no rows), then the other nodes in the
  * order they joined; so every parent comes before its children. */

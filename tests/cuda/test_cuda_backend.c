@@ -1673,9 +1673,9 @@ static bool tree_reg_case(const float *y, const float *dy, int64_t V, int rows, 
 
 /* tree_reg (backend.h; k_tree_rows + k_tree_build) against the reference
  * builder: vocabularies of 1 to 150,000 ids (aligned float4 rows and odd
- * ones, one chunk of registers or several), 0 to 15 draft rows, every row shape of tree_row alone and
- * mixed, with and without end-of-generation ids (the leaders of some rows,
- * so that subtrees must stop under them). */
+ * ones, one chunk of registers or several), 0 to 15 draft rows, every row
+ * shape of tree_row alone and mixed, with and without end-of-generation
+ * ids (the leaders of some rows, so that subtrees must stop under them). */
 static void test_tree_reg(void) {
     static const int64_t vs[] = {8192, 5, 150000, 1, 9, 4100, 10007};
     static const int nrows[] = {0, 1, 4, 15};
