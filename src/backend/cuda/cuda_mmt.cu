@@ -136,17 +136,25 @@ __device__ static inline void mmt_load(uint8_t *st, const mmt_plan<TYPE> &pl, co
 
 /* Issue the copies of block b's activations (nr rows) into the stage's
  * activation area sa (lanes of one warp). */
-template <int TYPE>
+template <int TYPE, int NT>
 __device__ static inline void mmt_load_act(uint8_t *sa, int nr, int b, int nb, const int8_t *qs, const float *xd,
                                            const int16_t *bs, int lane) {
     constexpr int XLD = mmt_act<TYPE>::XLD;
+    /* rows up to 16 (NT <= 2) or 32 (NT = 4): with 32 for every tile count
+     * ptxas compiled the one- and two-tile kernels otherwise (k_mmt<1, 2>
+     * 96 registers instead of 128, k_mmt<2, 2> 118 instead of 112), and on
+     * an H100 4 sequences decoded at 2.80x one instead of 3.35x and
+     * speculation ran at 1.82x-1.85x plain instead of 1.88x-1.92x
+     * (docs/benchmarks.md, thirty-third session); with this bound their
+     * PTX is again the one before the 32-row tiles */
+    constexpr int M = NT > 2 ? 16 : 8;
     const int64_t n_in = (int64_t)nb * 256;
     /* chunk i = lane + 32m: row (lane >> 4) + 2m, chunk lane & 15 */
     const int r0 = lane >> 4, c = lane & 15;
     const int8_t *src = qs + r0 * n_in + (int64_t)b * 256 + 16 * c;
     uint8_t *dst = sa + r0 * XLD + 16 * c;
 #pragma unroll
-    for (int m = 0; m < 16; m++) {
+    for (int m = 0; m < M; m++) {
         if (r0 + 2 * m >= nr) break;
         cp16(dst + 2 * m * XLD, src + 2 * m * n_in, true);
     }
@@ -361,7 +369,7 @@ __device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, c
 #pragma unroll
     for (int k = 0; k < ST - 1; k++) {
         const int b = warp + MMT_NW * k;
-        if (k < rounds && b < nb) mmt_load_act<TYPE>(ring + k * stage_bytes + xoff, nr, b, nb, qs, xd, bs, lane);
+        if (k < rounds && b < nb) mmt_load_act<TYPE, NT>(ring + k * stage_bytes + xoff, nr, b, nb, qs, xd, bs, lane);
         cp_commit();
     }
     float total[NT];
@@ -373,7 +381,7 @@ __device__ static inline void mmt_tile(uint8_t *sm, int stage_bytes, int xoff, c
             uint8_t *stn = ring + (kn % ST) * stage_bytes;
             if (kn < rounds && b < nb) {
                 mmt_load<TYPE>(stn, pl, W, n_out, nb, o0, b, lane);
-                mmt_load_act<TYPE>(stn + xoff, nr, b, nb, qs, xd, bs, lane);
+                mmt_load_act<TYPE, NT>(stn + xoff, nr, b, nb, qs, xd, bs, lane);
             }
             cp_commit();
         }
