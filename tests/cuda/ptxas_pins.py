@@ -13,13 +13,14 @@ change: this compiles the kernels' sources for sm_90 with the build's flags
 (`-Xptxas -v`) and compares each pinned kernel with its line in the pins
 file. A difference fails with the kernel, the old and the new figures; the
 fix is to time the change on the device (docs/cuda.md "Tests") and then
-rewrite the pins:
+rewrite the pins with the flags the ctest passes:
 
-    tests/cuda/ptxas_pins.py --nvcc NVCC --src DIR --update [-- FLAGS]
+    MUSER_PTXAS_PINS_UPDATE=1 ctest -R '^cuda_ptxas_pins$'   (in the build folder)
 
 Usage (ctest, CMakeLists.txt): ptxas_pins.py --nvcc NVCC --src DIR
-[--pins FILE] [--update] [-- nvcc flags...]; --self-test checks the
-comparison on canned ptxas output (no nvcc)."""
+[--pins FILE] [--update] [-- nvcc flags...]; MUSER_PTXAS_PINS_UPDATE=1 in
+the environment is --update; --self-test checks the comparison on canned
+ptxas output (no nvcc)."""
 import concurrent.futures
 import os
 import re
@@ -109,8 +110,9 @@ def read_pins(path):
 def write_pins(path, got, version):
     with open(path, "w") as f:
         f.write("# tests/cuda/ptxas_pins.py: ptxas -v of the hot kernels for sm_90 at the build's flags\n"
-                "# (registers, stack frame, spill store and load bytes). Rewrite with --update only after\n"
-                "# timing the change on a GPU (docs/cuda.md \"Tests\").\n"
+                "# (registers, stack frame, spill store and load bytes). Rewrite them\n"
+                "# (MUSER_PTXAS_PINS_UPDATE=1 ctest -R cuda_ptxas_pins) only after timing the change\n"
+                "# on a GPU (docs/cuda.md \"Tests\").\n"
                 "# nvcc: %s\n" % version)
         for k in sorted(got, key=lambda k: (base_name(k), k)):
             f.write("%s %d %d %d %d\n" % ((k,) + got[k]))
@@ -179,7 +181,8 @@ def main(argv):
     flags = argv[argv.index("--") + 1:] if "--" in argv else []
     opts = argv[:argv.index("--")] if "--" in argv else argv
     here = os.path.dirname(os.path.abspath(__file__))
-    nvcc, src, pins_path, update = "nvcc", None, os.path.join(here, "ptxas_pins.txt"), False
+    nvcc, src, pins_path = "nvcc", None, os.path.join(here, "ptxas_pins.txt")
+    update = os.environ.get("MUSER_PTXAS_PINS_UPDATE", "") not in ("", "0")
     i = 0
     while i < len(opts):
         if opts[i] in ("--nvcc", "--src", "--pins") and i + 1 < len(opts):
@@ -212,7 +215,7 @@ def main(argv):
               % (pins_version(pins_path), version))
     if msgs:
         print("ptxas_pins: %d of the hot kernels compile otherwise than pinned in %s: time the change on a GPU "
-              "(docs/cuda.md \"Tests\"), then rewrite the pins with --update" % (len(msgs), pins_path))
+              "(docs/cuda.md \"Tests\"), then rewrite the pins (MUSER_PTXAS_PINS_UPDATE=1 ctest -R '^cuda_ptxas_pins$')" % (len(msgs), pins_path))
         return 1
     print("ptxas_pins: %d hot kernels as pinned" % len(got))
     return 0
