@@ -32,7 +32,7 @@ import tempfile
 # (docs/cuda.md "Speed"): every instance of these names is pinned.
 FILES = ["cuda_mmt.cu", "cuda_kernels.cu", "cuda_attn.cu"]
 HOT = ["k_mmt", "k_mmq", "k_mmv4_set", "k_mmv3", "k_mmv3_set", "k_residual", "k_attn_dec", "k_attn_merge_scan",
-       "k_gate_q8", "k_qk_norm_rope", "k_embed_norm", "k_dense_attn", "k_tree_rows", "k_tree_build",
+       "k_gate_q8", "k_qk_norm_rope", "k_embed_norm", "k_dense_attn", "k_dense_attn2", "k_tree_rows", "k_tree_build",
        "k_ring_upload", "k_logit_tail"]
 
 

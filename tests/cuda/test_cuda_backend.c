@@ -1128,19 +1128,44 @@ static void dense_attention_case(int64_t rows, int64_t H, int64_t Hkv, int64_t D
     }
     cu->dense_attention(cu, dq, rows, H, Hkv, D, dk, dv, slots, n_keys, n_valid, scale, dout);
     char what[120];
-    snprintf(what, sizeof what, "dense_attention rows %lld heads %lld/%lld x %lld keys %lld valid %lld", (long long)rows,
-             (long long)H, (long long)Hkv, (long long)D, (long long)n_keys, (long long)n_valid);
+    snprintf(what, sizeof what, "dense_attention (DA %d) rows %lld heads %lld/%lld x %lld keys %lld valid %lld",
+             mucu_dense_attn_mode, (long long)rows, (long long)H, (long long)Hkv, (long long)D, (long long)n_keys,
+             (long long)n_valid);
     check(what, out, dout, (size_t)(rows * H * D) * 4);
+    if ((H * D) % 256 == 0) { /* the product after it, which may read the kernel's own quantization */
+        static const wspec q4 = {"Q4_K", MU_TYPE_Q4_K, false, false};
+        const int64_t n_out = 40;
+        mu_weight w = make_weight(&q4, H * D, n_out);
+        float *y = mu_xmalloc((size_t)(rows * n_out) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
+        ref->matmul(ref, &w, out, y, rows);
+        cu->matmul(cu, &w, dout, dy, rows);
+        snprintf(what, sizeof what, "dense_attention (DA %d) + matmul rows %lld heads %lld/%lld x %lld keys %lld",
+                 mucu_dense_attn_mode, (long long)rows, (long long)H, (long long)Hkv, (long long)D, (long long)n_keys);
+        check(what, y, dy, (size_t)(rows * n_out) * 4);
+        cu->free(cu, dy, 0), free(y);
+    }
     cu->free(cu, dq, 0), cu->free(cu, dk, 0), cu->free(cu, dv, 0), cu->free(cu, dout, 0);
     free(q), free(k), free(v), free(out), free(qh), free(p), free(oh);
 }
 
+/* Under each MUSER_CUDA_DA setting (mucu_dense_attn_mode): k_dense_attn,
+ * and k_dense_attn2 with up to 1, 2 and 4 heads a CTA (fewer where they do
+ * not divide the group; 4 heads of 64 dims and 2 or 4 of 128 quantize their
+ * output for the product after it); head_dim 40 and 129 slots take
+ * k_dense_attn whatever the setting. */
 static void test_dense_attention(void) {
     const struct { int64_t n_keys, n_valid; } cases[] = {{336, 336}, {336, 201}, {100, 100}, {37, 20}, {336, 1}, {336, 7}};
-    for (int c = 0; c < 6; c++) dense_attention_case(16, 8, 2, 64, 336, cases[c].n_keys, cases[c].n_valid);
-    dense_attention_case(3, 16, 4, 128, 300, 300, 293);
-    dense_attention_case(5, 6, 3, 96, 129, 129, 129);
-    dense_attention_case(1, 4, 1, 40, 50, 45, 33);
+    const int modes[] = {0, 1, 2, 4}, saved = mucu_dense_attn_mode;
+    for (int m = 0; m < 4; m++) {
+        mucu_dense_attn_mode = modes[m];
+        for (int c = 0; c < 6; c++) dense_attention_case(16, 8, 2, 64, 336, cases[c].n_keys, cases[c].n_valid);
+        dense_attention_case(3, 16, 4, 128, 300, 300, 293);
+        dense_attention_case(2, 8, 2, 96, 132, 131, 130);
+        dense_attention_case(4, 8, 8, 32, 64, 64, 17);
+        dense_attention_case(5, 6, 3, 96, 129, 129, 129);
+        dense_attention_case(1, 4, 1, 40, 50, 45, 33);
+    }
+    mucu_dense_attn_mode = saved;
 }
 
 /* The fused ops against the ops they stand for, and the matrix product

@@ -1300,14 +1300,17 @@ static void cuda_store_kv_heads(mu_backend *b, float *kd, float *vd, const int64
 static void cuda_dense_attention(mu_backend *b, const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv,
                                  int64_t D, const float *k, const float *v, int64_t slots, int64_t n_keys,
                                  int64_t n_valid, float scale, float *out) {
-    q8_clear(b);
+    const int64_t n = rows * n_head * D;
+    /* the output quantized for the product after it, where the kernel does it */
+    void *q8 = n > 0 && mucu_dense_attention_quantizes(n_head, n_head_kv, D, v, slots, n_keys) ? q8_produce(b, out, n)
+                                                                                              : (q8_clear(b), NULL);
     if (rows <= 0) return;
     const bool launch = go(b, sig_of("dense_attention", 11, P(q), I(rows), I(n_head), I(n_head_kv), I(D), P(k), P(v),
                                      I(slots), I(n_keys), F(scale), P(out)));
     const int64_t *nv = upload_arg(b, &n_valid, sizeof n_valid, "dense_attention"); /* data, not part of the launch */
     if (launch)
         CHECK("dense_attention",
-              mucu_dense_attention(q, rows, n_head, n_head_kv, D, k, v, slots, n_keys, nv, scale, out, err));
+              mucu_dense_attention(q, rows, n_head, n_head_kv, D, k, v, slots, n_keys, nv, scale, out, q8, err));
 }
 
 /* Load time: upload each weight once (the host bytes stay as they are). */

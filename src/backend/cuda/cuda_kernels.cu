@@ -3170,6 +3170,164 @@ __global__ static void __launch_bounds__(DA_THREADS) k_dense_attn(const float *q
     }
 }
 
+/* The 32-lane fold of N values at once (N = 2^k <= 32; p[u] is this lane's
+ * chain of value u): the first k steps of the fold (h = 16, 8, ...) halve
+ * the values a lane holds, lane l keeping the upper half where bit h of l
+ * is set and adding its partner's partial of the same value, so one
+ * shuffle does the step for two values; the remaining steps are the plain
+ * xor fold. Each value is then the reference's fold (every step adds the
+ * partials at distance h; addition is commutative): value
+ * (l >> (5 - k)) on lane l, in p[0]. N folds cost N - 1 + 5 - k shuffles
+ * instead of 5 N. */
+/* c ? a : b as a register select (a C conditional between two array
+ * elements may become a select of their addresses, the array then local
+ * memory). */
+__device__ static inline float fsel(bool c, float a, float b) {
+    float r;
+    asm("{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %3, 0;\n\tselp.f32 %0, %1, %2, q;\n\t}" : "=f"(r) : "f"(a), "f"(b), "r"((unsigned)c));
+    return r;
+}
+
+/* One halving step of warp_fold_many: C values of 2 C kept, at distance H. */
+template <int C, int H, int N> __device__ static inline void fold_halve(float (&p)[N], int lane) {
+    const bool up = lane & H;
+#pragma unroll
+    for (int i = 0; i < C; i++) {
+        const float send = fsel(up, p[i], p[i + C]), keep = fsel(up, p[i + C], p[i]);
+        p[i] = keep + __shfl_xor_sync(FULL_MASK, send, H);
+    }
+    if constexpr (C > 1) fold_halve<C / 2, H / 2, N>(p, lane);
+}
+
+template <int N> __device__ static inline float warp_fold_many(float (&p)[N], int lane) {
+    constexpr int K = N == 32 ? 5 : N == 16 ? 4 : N == 8 ? 3 : N == 4 ? 2 : N == 2 ? 1 : 0;
+    static_assert(N == 1 << K, "N: a power of 2 up to 32");
+    if constexpr (N > 1) fold_halve<N / 2, 16, N>(p, lane);
+#pragma unroll
+    for (int s = K; s < 5; s++) p[0] = p[0] + __shfl_xor_sync(FULL_MASK, p[0], 16 >> s);
+    return p[0];
+}
+
+/* k_dense_attn2: the same arithmetic as k_dense_attn with the loads of a
+ * call in flight at once (k_dense_attn waited on one round trip after
+ * another: q, the key count, K pass by pass, V pass by pass; Nsight Compute
+ * found it latency-bound, 75 % of the cycles without an eligible warp, 5 %
+ * of the L2's throughput). A CTA per (query row, HPC heads of one KV
+ * group): the key count is the step's argument (read before the wait);
+ * V's valid rows are copied into shared memory (cp.async) while the scores
+ * run; a warp takes DA2_KB keys of one head, each lane's chains l (dims l,
+ * l + 32, ... in order, from +0) for all of them from registers, folded
+ * together (warp_fold_many); one warp per head runs the softmax of
+ * block_softmax (the scaling, the maximum, the exponentials, the sum by one
+ * lane in index order, the division) with no CTA barrier; then a warp per
+ * (head, 8 output dims) runs the 32-lane chains of P V from shared memory
+ * and folds them together. D = 32 DC, NT threads. With o.qs (HPC D a
+ * multiple of 256: the CTA holds whole Q8_K blocks) the output is also
+ * quantized for the product that reads it (k_quantize_q8split's blocks). */
+#define DA2_KB 16
+/* The key count (the step's argument, uploaded before its first kernel,
+ * so read before the wait), at most n_keys; then the wait. */
+__device__ static inline int da2_begin(const int64_t *__restrict__ n_valid, int64_t n_keys) {
+    const int64_t nv = *n_valid;
+    grid_dep_wait();
+    return (int)(nv < n_keys ? nv : n_keys);
+}
+template <int DC, int HPC, int NT>
+__global__ static void __launch_bounds__(NT)
+    k_dense_attn2(const float *__restrict__ q, int64_t H, int64_t Hkv, const float *__restrict__ k,
+                  const float *__restrict__ v, int64_t slots, int64_t n_keys, const int64_t *__restrict__ n_valid,
+                  float scale, float *__restrict__ out, q8split o) {
+    constexpr int D = 32 * DC, NW = NT / 32;
+    const int nv = da2_begin(n_valid, n_keys);
+    const int vss = ((int)n_keys + 3) & ~3; /* a V row's stride in shared memory */
+    extern __shared__ __align__(16) float da2_sm[];
+    /* V [D][vss], the scores [HPC][n_keys], the output [HPC][D] (o.qs) */
+    float *vs = da2_sm, *ps = da2_sm + (size_t)D * vss, *os = ps + (size_t)HPC * n_keys;
+    const int64_t hq0 = (int64_t)blockIdx.x * HPC;       /* (row, head) index of the CTA's first head */
+    const int64_t g = (hq0 % H) / (H / Hkv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *kg = k + g * slots * D, *vg = v + g * D * slots;
+    const int nv4 = (nv + 3) >> 2; /* 4 nv4 <= slots: slots % 4 == 0 (mucu_dense_attention) */
+    for (int i = threadIdx.x; i < D * nv4; i += NT) {
+        const int d = i / nv4, c = i - d * nv4;
+        cp16(vs + d * vss + 4 * c, vg + (int64_t)d * slots + 4 * c, true);
+    }
+    cp_commit();
+    /* scores: task t = (key block t / HPC, head t % HPC) */
+    const int nkb = (nv + DA2_KB - 1) / DA2_KB;
+    for (int t = warp; t < nkb * HPC; t += NW) {
+        const int hh = t % HPC, j0 = (t / HPC) * DA2_KB;
+        const float *qh = q + (hq0 + hh) * D;
+        float qv[DC], kv[DA2_KB][DC], p[DA2_KB];
+#pragma unroll
+        for (int c = 0; c < DC; c++) qv[c] = qh[lane + 32 * c];
+#pragma unroll
+        for (int u = 0; u < DA2_KB; u++)
+#pragma unroll
+            for (int c = 0; c < DC; c++) kv[u][c] = j0 + u < nv ? kg[(int64_t)(j0 + u) * D + lane + 32 * c] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < DA2_KB; u++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int c = 0; c < DC; c++) a = fmaf(kv[u][c], qv[c], a);
+            p[u] = a;
+        }
+        const float sc = warp_fold_many<DA2_KB>(p, lane);
+        const int j = j0 + (lane >> 1); /* value lane >> (5 - 4) */
+        if (!(lane & 1) && j < nv) ps[hh * n_keys + j] = sc;
+    }
+    __syncthreads();
+    if (warp < HPC) { /* block_softmax over this head's nv scores */
+        float *s = ps + warp * n_keys, mx = -INFINITY;
+        for (int j = lane; j < nv; j += 32) {
+            const float x = s[j] * scale;
+            s[j] = x;
+            if (x > mx) mx = x;
+        }
+        for (int o = 16; o; o >>= 1) {
+            const float t = __shfl_xor_sync(FULL_MASK, mx, o);
+            if (t > mx) mx = t;
+        }
+        for (int j = lane; j < nv; j += 32) s[j] = d_expf(s[j] - mx);
+        __syncwarp();
+        float sum = 0.0f;
+        if (lane == 0)
+            for (int j = 0; j < nv; j++) sum += s[j];
+        sum = __shfl_sync(FULL_MASK, sum, 0);
+        for (int j = lane; j < nv; j += 32) s[j] = s[j] / sum;
+    }
+    cp_wait<0>();
+    __syncthreads();
+    /* P V: task t = (8 dims t / HPC, head t % HPC) */
+    for (int t = warp; t < HPC * (D / 8); t += NW) {
+        const int hh = t % HPC, d0 = (t / HPC) * 8;
+        const float *pr = ps + hh * n_keys;
+        float a[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) a[u] = 0.0f;
+#pragma unroll 2
+        for (int j = lane; j < nv; j += 32) {
+            const float pj = pr[j];
+#pragma unroll
+            for (int u = 0; u < 8; u++) a[u] = fmaf(vs[(d0 + u) * vss + j], pj, a[u]);
+        }
+        const float y = warp_fold_many<8>(a, lane);
+        if (!(lane & 3)) { /* value lane >> (5 - 3) */
+            out[(hq0 + hh) * D + d0 + (lane >> 2)] = y;
+            if (o.qs) os[hh * D + d0 + (lane >> 2)] = y;
+        }
+    }
+    if (o.qs) {
+        __syncthreads();
+        for (int b = warp; b < HPC * D / 256; b += NW) {
+            float w[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[i] = os[b * 256 + lane * 8 + i];
+            quantize_block_warp(w, o, hq0 * D / 256 + b, lane);
+        }
+    }
+}
+
 /* RMSNorm: a warp per row, the 32-lane sumsq order. */
 __global__ static void k_rmsnorm_warp(const float *x, const float *w, float eps, float *y, int64_t n, int64_t rows) {
     grid_dep_wait();
@@ -4554,12 +4712,88 @@ extern "C" bool mucu_is_pinned(const void *p) {
     }
     return a.type == cudaMemoryTypeHost;
 }
+extern "C" {
+int mucu_dense_attn_mode = -1;
+}
+
+/* Threads of a k_dense_attn2 CTA: 1,024 for 4 heads of up to 64 dims (the
+ * work of four one-head CTAs at once), else 512. */
+#define DA2_NT(DC, HPC) ((HPC) == 4 && (DC) <= 2 ? 1024 : 512)
+template <int DC, int HPC>
+static bool launch_dense2(const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, const float *k,
+                          const float *v, int64_t slots, int64_t n_keys, const int64_t *n_valid, float scale, float *out,
+                          void *q8, size_t sm, char *err) {
+    constexpr int NT = DA2_NT(DC, HPC);
+    static size_t attr = 0; /* the dynamic shared memory opted into so far */
+    if (sm > attr) {
+        if (!cu_ok(cudaFuncSetAttribute(k_dense_attn2<DC, HPC, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)sm),
+                   "cudaFuncSetAttribute", "k_dense_attn2", err))
+            return false;
+        attr = sm;
+    }
+    const q8split o = q8 && (HPC * DC * 32) % 256 == 0 ? q8split_at(q8, rows * n_head * DC * 32, 1)
+                                                        : q8split{NULL, NULL, NULL};
+    k_dense_attn2<DC, HPC, NT><<<(unsigned)(rows * n_head / HPC), NT, sm, g_s>>>(q, n_head, n_head_kv, k, v, slots,
+                                                                                 n_keys, n_valid, scale, out, o);
+    return launched("k_dense_attn2", err);
+}
+
+/* Heads a k_dense_attn2 CTA takes for this call, 0 for k_dense_attn
+ * (mucu_dense_attention's choice, for the launch and for the caller's q8):
+ * the most, up to the setting, that divide a KV group. */
+static int dense2_heads(int64_t n_head, int64_t n_head_kv, int64_t D, const float *v, int64_t slots, int64_t n_keys) {
+    int hpc = env_setting(&mucu_dense_attn_mode, "MUSER_CUDA_DA", 4);
+    if (!(hpc == 1 || hpc == 2 || hpc == 4) || n_head_kv <= 0 || n_head % n_head_kv || D % 32 || D > 128 ||
+        slots % 4 || ((uintptr_t)v & 15) || n_keys > slots)
+        return 0;
+    while ((n_head / n_head_kv) % hpc) hpc /= 2;
+    const size_t sm = ((size_t)D * (size_t)((n_keys + 3) & ~3) + (size_t)hpc * (size_t)(n_keys + D)) * sizeof(float);
+    return sm <= 200 * 1024 ? hpc : 0;
+}
+
+extern "C" bool mucu_dense_attention_quantizes(int64_t n_head, int64_t n_head_kv, int64_t D, const float *v,
+                                               int64_t slots, int64_t n_keys) {
+    const int hpc = dense2_heads(n_head, n_head_kv, D, v, slots, n_keys);
+    return hpc > 0 && (hpc * D) % 256 == 0;
+}
+
+/* MUSER_CUDA_DA (mucu_dense_attn_mode): 0 k_dense_attn; 1, 2, 4 k_dense_attn2
+ * with up to that many heads a CTA (default 4; fewer where they do not
+ * divide a KV group), where it applies: head_dim a multiple of 32 up to
+ * 128, slots a multiple of 4 (16-byte V rows), V, the scores and the
+ * output within 200 KB of shared memory; else k_dense_attn. q8 (where
+ * mucu_dense_attention_quantizes): the output's Q8_K blocks too. On an
+ * H100 the shipped assistant (16 rows, 8 heads over 2, D 64) speculated at
+ * 2.06x-2.07x plain greedy with 4 heads a CTA and the fused quantization,
+ * 2.01x-2.02x with 1, 1.96x on k_dense_attn (docs/benchmarks.md). */
 extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D,
                                      const float *k, const float *v, int64_t slots, int64_t n_keys,
-                                     const int64_t *n_valid, float scale, float *out, char *err) {
+                                     const int64_t *n_valid, float scale, float *out, void *q8, char *err) {
     if (rows <= 0 || n_head <= 0) return true;
+    if (n_head_kv <= 0 || n_head % n_head_kv || n_keys > slots) {
+        snprintf(err, MUCU_ERR_LEN, "k_dense_attn: %lld keys of %lld slots, %lld/%lld heads: unsupported",
+                 (long long)n_keys, (long long)slots, (long long)n_head, (long long)n_head_kv);
+        return false;
+    }
+    const int hpc = dense2_heads(n_head, n_head_kv, D, v, slots, n_keys);
+    if (hpc) {
+        const size_t sm = ((size_t)D * (size_t)((n_keys + 3) & ~3) + (size_t)hpc * (size_t)(n_keys + D)) * sizeof(float);
+#define DA2_ARGS q, rows, n_head, n_head_kv, k, v, slots, n_keys, n_valid, scale, out, q8, sm, err
+#define DA2_HPC(DC)                                                                                                    \
+    return hpc == 1 ? launch_dense2<DC, 1>(DA2_ARGS) : hpc == 2 ? launch_dense2<DC, 2>(DA2_ARGS)                      \
+                                                                : launch_dense2<DC, 4>(DA2_ARGS)
+        switch (D / 32) {
+        case 1: DA2_HPC(1);
+        case 2: DA2_HPC(2);
+        case 3: DA2_HPC(3);
+        default: DA2_HPC(4);
+        }
+#undef DA2_HPC
+#undef DA2_ARGS
+    }
     const size_t sm = (size_t)(D + n_keys) * sizeof(float);
-    if (sm > 48 * 1024 || n_head_kv <= 0 || n_head % n_head_kv) {
+    if (sm > 48 * 1024) {
         snprintf(err, MUCU_ERR_LEN, "k_dense_attn: %lld keys of %lld dims, %lld/%lld heads: unsupported",
                  (long long)n_keys, (long long)D, (long long)n_head, (long long)n_head_kv);
         return false;

@@ -304,10 +304,18 @@ bool mucu_is_pinned(const void *p);
 bool mucu_store_kv_heads_layers(float *kd, float *vd, int64_t plane_stride, const int64_t *slots, int64_t S, int64_t D,
                                 int64_t n_head, const float *k, const float *v, int64_t src_stride, int64_t rows,
                                 int64_t n_layers, char *err);
-/* backend.h dense_attention; n_valid in device memory. */
+/* backend.h dense_attention; n_valid in device memory (the step's arguments).
+ * mucu_dense_attn_mode: MUSER_CUDA_DA (-1 until read): 0 k_dense_attn, 1 / 2 / 4
+ * k_dense_attn2 with up to that many heads a CTA (default 4) where it
+ * applies. q8: a Q8_K
+ * buffer for the rows * n_head * D outputs, filled where
+ * mucu_dense_attention_quantizes says so for the same arguments (else unused). */
+extern int mucu_dense_attn_mode;
+bool mucu_dense_attention_quantizes(int64_t n_head, int64_t n_head_kv, int64_t D, const float *v, int64_t slots,
+                                    int64_t n_keys);
 bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D, const float *k,
                           const float *v, int64_t slots, int64_t n_keys, const int64_t *n_valid, float scale, float *out,
-                          char *err);
+                          void *q8, char *err);
 
 #ifdef __cplusplus
 }
