@@ -1195,6 +1195,28 @@ __device__ static void block_softmax(float *s, float scale, int64_t n_all, int64
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s[j] = s[j] / total;
 }
 
+/* block_softmax's operations over n values by one warp (no CTA barrier;
+ * nothing past n is written). */
+__device__ static void warp_softmax(float *s, float scale, int n, int lane) {
+    float mx = -INFINITY;
+    for (int j = lane; j < n; j += 32) {
+        const float v = s[j] * scale;
+        s[j] = v;
+        if (v > mx) mx = v;
+    }
+    for (int o = 16; o; o >>= 1) {
+        const float t = __shfl_xor_sync(FULL_MASK, mx, o);
+        if (t > mx) mx = t;
+    }
+    for (int j = lane; j < n; j += 32) s[j] = d_expf(s[j] - mx);
+    __syncwarp();
+    float sum = 0.0f;
+    if (lane == 0)
+        for (int j = 0; j < n; j++) sum += s[j];
+    sum = __shfl_sync(FULL_MASK, sum, 0);
+    for (int j = lane; j < n; j += 32) s[j] = s[j] / sum;
+}
+
 __global__ static void k_softmax(float *x, float scale, int64_t n_all, const int64_t *n_valid) {
     grid_dep_wait();
     block_softmax(x + (int64_t)blockIdx.x * n_all, scale, n_all, *n_valid);
@@ -3170,15 +3192,6 @@ __global__ static void __launch_bounds__(DA_THREADS) k_dense_attn(const float *q
     }
 }
 
-/* The 32-lane fold of N values at once (N = 2^k <= 32; p[u] is this lane's
- * chain of value u): the first k steps of the fold (h = 16, 8, ...) halve
- * the values a lane holds, lane l keeping the upper half where bit h of l
- * is set and adding its partner's partial of the same value, so one
- * shuffle does the step for two values; the remaining steps are the plain
- * xor fold. Each value is then the reference's fold (every step adds the
- * partials at distance h; addition is commutative): value
- * (l >> (5 - k)) on lane l, in p[0]. N folds cost N - 1 + 5 - k shuffles
- * instead of 5 N. */
 /* c ? a : b as a register select (a C conditional between two array
  * elements may become a select of their addresses, the array then local
  * memory). */
@@ -3199,6 +3212,15 @@ template <int C, int H, int N> __device__ static inline void fold_halve(float (&
     if constexpr (C > 1) fold_halve<C / 2, H / 2, N>(p, lane);
 }
 
+/* The 32-lane fold of N values at once (N = 2^k <= 32; p[u] is this lane's
+ * chain of value u): the first k steps of the fold (h = 16, 8, ...) halve
+ * the values a lane holds, lane l keeping the upper half where bit h of l
+ * is set and adding its partner's partial of the same value, so one
+ * shuffle does the step for two values; the remaining steps are the plain
+ * xor fold. Each value is then the reference's fold (every step adds the
+ * partials at distance h; addition is commutative): value
+ * (l >> (5 - k)) on lane l, in p[0]. N folds cost N - 1 + 5 - k shuffles
+ * instead of 5 N. */
 template <int N> __device__ static inline float warp_fold_many(float (&p)[N], int lane) {
     constexpr int K = N == 32 ? 5 : N == 16 ? 4 : N == 8 ? 3 : N == 4 ? 2 : N == 2 ? 1 : 0;
     static_assert(N == 1 << K, "N: a power of 2 up to 32");
@@ -3217,9 +3239,9 @@ template <int N> __device__ static inline float warp_fold_many(float (&p)[N], in
  * V's valid rows are copied into shared memory (cp.async) while the scores
  * run; a warp takes DA2_KB keys of one head, each lane's chains l (dims l,
  * l + 32, ... in order, from +0) for all of them from registers, folded
- * together (warp_fold_many); one warp per head runs the softmax of
- * block_softmax (the scaling, the maximum, the exponentials, the sum by one
- * lane in index order, the division) with no CTA barrier; then a warp per
+ * together (warp_fold_many); one warp per head runs the softmax
+ * (warp_softmax: block_softmax's operations, the sum by one lane in index
+ * order) with no CTA barrier; then a warp per
  * (head, 8 output dims) runs the 32-lane chains of P V from shared memory
  * and folds them together. D = 32 DC, NT threads. With o.qs (HPC D a
  * multiple of 256: the CTA holds whole Q8_K blocks) the output is also
@@ -3277,25 +3299,7 @@ __global__ static void __launch_bounds__(NT)
         if (!(lane & 1) && j < nv) ps[hh * n_keys + j] = sc;
     }
     __syncthreads();
-    if (warp < HPC) { /* block_softmax over this head's nv scores */
-        float *s = ps + warp * n_keys, mx = -INFINITY;
-        for (int j = lane; j < nv; j += 32) {
-            const float x = s[j] * scale;
-            s[j] = x;
-            if (x > mx) mx = x;
-        }
-        for (int o = 16; o; o >>= 1) {
-            const float t = __shfl_xor_sync(FULL_MASK, mx, o);
-            if (t > mx) mx = t;
-        }
-        for (int j = lane; j < nv; j += 32) s[j] = d_expf(s[j] - mx);
-        __syncwarp();
-        float sum = 0.0f;
-        if (lane == 0)
-            for (int j = 0; j < nv; j++) sum += s[j];
-        sum = __shfl_sync(FULL_MASK, sum, 0);
-        for (int j = lane; j < nv; j += 32) s[j] = s[j] / sum;
-    }
+    if (warp < HPC) warp_softmax(ps + warp * n_keys, scale, nv, lane);
     cp_wait<0>();
     __syncthreads();
     /* P V: task t = (8 dims t / HPC, head t % HPC) */
@@ -4739,6 +4743,11 @@ static bool launch_dense2(const float *q, int64_t rows, int64_t n_head, int64_t 
     return launched("k_dense_attn2", err);
 }
 
+/* k_dense_attn2's shared memory: V's rows, the scores and the output. */
+static size_t da2_smem(int64_t D, int64_t n_keys, int hpc) {
+    return ((size_t)D * (size_t)((n_keys + 3) & ~3) + (size_t)hpc * (size_t)(n_keys + D)) * sizeof(float);
+}
+
 /* Heads a k_dense_attn2 CTA takes for this call, 0 for k_dense_attn
  * (mucu_dense_attention's choice, for the launch and for the caller's q8):
  * the most, up to the setting, that divide a KV group. */
@@ -4748,8 +4757,7 @@ static int dense2_heads(int64_t n_head, int64_t n_head_kv, int64_t D, const floa
         slots % 4 || ((uintptr_t)v & 15) || n_keys > slots)
         return 0;
     while ((n_head / n_head_kv) % hpc) hpc /= 2;
-    const size_t sm = ((size_t)D * (size_t)((n_keys + 3) & ~3) + (size_t)hpc * (size_t)(n_keys + D)) * sizeof(float);
-    return sm <= 200 * 1024 ? hpc : 0;
+    return da2_smem(D, n_keys, hpc) <= 200 * 1024 ? hpc : 0;
 }
 
 extern "C" bool mucu_dense_attention_quantizes(int64_t n_head, int64_t n_head_kv, int64_t D, const float *v,
@@ -4778,7 +4786,7 @@ extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_hea
     }
     const int hpc = dense2_heads(n_head, n_head_kv, D, v, slots, n_keys);
     if (hpc) {
-        const size_t sm = ((size_t)D * (size_t)((n_keys + 3) & ~3) + (size_t)hpc * (size_t)(n_keys + D)) * sizeof(float);
+        const size_t sm = da2_smem(D, n_keys, hpc);
 #define DA2_ARGS q, rows, n_head, n_head_kv, k, v, slots, n_keys, n_valid, scale, out, q8, sm, err
 #define DA2_HPC(DC)                                                                                                    \
     return hpc == 1 ? launch_dense2<DC, 1>(DA2_ARGS) : hpc == 2 ? launch_dense2<DC, 2>(DA2_ARGS)                      \
