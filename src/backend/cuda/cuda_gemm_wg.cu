@@ -123,8 +123,19 @@ __global__ static void __launch_bounds__(256, 1)
 
     auto load_stage = [&](int s, int b) {
         uint8_t *st = sm + s * S::STAGE;
+        /* the codes: a quarter-warp (8 threads) fills one core matrix (8
+         * rows x 16-byte chunk c: 128 contiguous bytes of shared memory),
+         * the warp's four quarters chunks c0..c0+3 of the same 8 rows (64
+         * contiguous bytes of each row: whole 32-byte sectors). Thread i
+         * took chunk i % 16 of row i / 16 before, a warp's 16-byte stores
+         * 2,048 bytes apart. This, the bsums spread over all threads (below)
+         * and the loop kept rolled (unrolled, ptxas took 255 registers and
+         * spilled) made a layer's Q4_K products 2-3 % faster, each of the
+         * first two about half of it (docs/benchmarks.md). */
+#pragma unroll 1
         for (int i = tid; i < NR * 16; i += NT) {
-            const int r = i >> 4, c = i & 15;
+            const int l = i & 31, wv = i >> 5;
+            const int r = 8 * (wv % (NR / 8)) + (l & 7), c = 4 * (wv / (NR / 8)) + (l >> 3);
             const int64_t gr = row0 + r;
             const bool v = gr < rows;
             cp16(st + S::X + (c * (NR / 8) + (r >> 3)) * 128 + 16 * (r & 7),
@@ -134,9 +145,11 @@ __global__ static void __launch_bounds__(256, 1)
             const int64_t gr = row0 + tid;
             const bool v = gr < rows;
             cp4(st + S::XD + 4 * tid, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
-            const int16_t *src = v ? bsp + (gr * nb + b) * 16 : bsp;
-            cp16(st + S::XB + 32 * tid, src, v);
-            cp16(st + S::XB + 32 * tid + 16, v ? src + 8 : bsp, v);
+        }
+        for (int i = tid; i < 2 * NR; i += NT) { /* the bsums, 16 bytes a thread: contiguous in shared memory */
+            const int64_t gr = row0 + (i >> 1);
+            const bool v = gr < rows;
+            cp16(st + S::XB + 16 * i, v ? bsp + (gr * nb + b) * 16 + 8 * (i & 1) : bsp, v);
         }
         constexpr int CH = LD / 16;
         for (int i = tid; i < BO * CH; i += NT) {
