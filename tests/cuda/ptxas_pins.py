@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The decode path's hot kernels keep the registers, stack frame and spills
-ptxas gave them when they were last timed on a GPU (tests/cuda/ptxas_pins.txt).
+"""The decode and prefill paths' hot kernels keep the registers, stack frame
+and spills ptxas gave them when they were last timed on a GPU
+(tests/cuda/ptxas_pins.txt).
 
 Why: a source change that leaves every result bit the same can still make
 ptxas allocate a kernel otherwise, and that can cost more than the change
@@ -8,8 +9,10 @@ was worth. ee18a49 raised a loop bound in mmt_load_act for its new 32-row
 tiles; ptxas then compiled the 8- and 16-row k_mmt with 96 and 118
 registers instead of 128 and 112, and 4 sequences decoded at 2.80x one
 instead of 3.35x on an H100 for four sessions before a bisection found it
-(docs/benchmarks.md, thirty-third session). No GPU is needed to see such a
-change: this compiles the kernels' sources for sm_90 with the build's flags
+(docs/benchmarks.md, thirty-third session); unrolled, the thirty-fifth
+session's copy loop in k_gemm_wg took 255 registers and spilled. No GPU is
+needed to see such a change: this compiles the kernels' sources for sm_90
+(cuda_gemm_wg.cu for sm_90a, as CMakeLists.txt builds it) with the build's flags
 (`-Xptxas -v`) and compares each pinned kernel with its line in the pins
 file. A difference fails with the kernel, the old and the new figures; the
 fix is to time the change on the device (docs/cuda.md "Tests") and then
@@ -28,12 +31,14 @@ import subprocess
 import sys
 import tempfile
 
-# The sources and the kernels of the decode and speculation paths in them
-# (docs/cuda.md "Speed"): every instance of these names is pinned.
-FILES = ["cuda_mmt.cu", "cuda_kernels.cu", "cuda_attn.cu"]
+# The sources (and the architecture each is built for) and the kernels of
+# the decode, speculation and prefill paths in them (docs/cuda.md "Speed"):
+# every instance of these names is pinned.
+FILES = [("cuda_mmt.cu", "sm_90"), ("cuda_kernels.cu", "sm_90"), ("cuda_attn.cu", "sm_90"),
+         ("cuda_prefill.cu", "sm_90"), ("cuda_gemm_wg.cu", "sm_90a")]
 HOT = ["k_mmt", "k_mmq", "k_mmv4_set", "k_mmv3", "k_mmv3_set", "k_residual", "k_attn_dec", "k_attn_merge_scan",
        "k_gate_q8", "k_qk_norm_rope", "k_embed_norm", "k_dense_attn", "k_dense_attn2", "k_tree_rows", "k_tree_build",
-       "k_ring_upload", "k_logit_tail"]
+       "k_ring_upload", "k_logit_tail", "k_gemm_kq2", "k_gemm_wg", "k_attn_prefill"]
 
 
 def base_name(mangled):
@@ -61,8 +66,8 @@ def parse(text):
     return out
 
 
-def compile_one(nvcc, src, name, flags, tmp):
-    cmd = [nvcc, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-I", os.path.join(src, "..", "..", "..", "include"),
+def compile_one(nvcc, src, name, arch, flags, tmp):
+    cmd = [nvcc, "-arch=" + arch, "-cubin", "-Xptxas", "-v", "-I", os.path.join(src, "..", "..", "..", "include"),
            "-I", os.path.join(src, "..", ".."), *flags, "-o", os.path.join(tmp, name + ".cubin"),
            os.path.join(src, name)]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -73,7 +78,7 @@ def compile_one(nvcc, src, name, flags, tmp):
 
 def usage_of(nvcc, src, flags):
     with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(len(FILES)) as ex:
-        texts = list(ex.map(lambda f: compile_one(nvcc, src, f, flags, tmp), FILES))
+        texts = list(ex.map(lambda f: compile_one(nvcc, src, f[0], f[1], flags, tmp), FILES))
     got = {}
     for t in texts:
         got.update(parse(t))
@@ -109,8 +114,8 @@ def read_pins(path):
 
 def write_pins(path, got, version):
     with open(path, "w") as f:
-        f.write("# tests/cuda/ptxas_pins.py: ptxas -v of the hot kernels for sm_90 at the build's flags\n"
-                "# (registers, stack frame, spill store and load bytes). Rewrite them\n"
+        f.write("# tests/cuda/ptxas_pins.py: ptxas -v of the hot kernels for sm_90 (cuda_gemm_wg.cu: sm_90a)\n"
+                "# at the build's flags (registers, stack frame, spill store and load bytes). Rewrite them\n"
                 "# (MUSER_PTXAS_PINS_UPDATE=1 ctest -R cuda_ptxas_pins) only after timing the change\n"
                 "# on a GPU (docs/cuda.md \"Tests\").\n"
                 "# nvcc: %s\n" % version)
