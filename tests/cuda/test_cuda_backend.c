@@ -704,6 +704,15 @@ static void test_gemm_tiles(void) {
         free(x), free(src);
     }
     mucu_gemm_kernel = saved;
+    /* MUSER_CUDA_GEMM_TMA=1 in the environment: every k_gemm_wg check above
+     * ran its TMA copies, or it says why not */
+    const char *tma = getenv("MUSER_CUDA_GEMM_TMA");
+    if (tma && atoi(tma) && mucu_gemm_wg_device()) {
+        printf("k_gemm_wg with TMA copies: %ld launches checked\n", mucu_gemm_tma_launches);
+        if (!mucu_gemm_tma_launches)
+            n_fail++, fprintf(stderr, "MISMATCH MUSER_CUDA_GEMM_TMA=1 but no TMA launch (no tensor-map encoder, or "
+                                      "misaligned buffers)\n");
+    }
 }
 
 /* ------------------------------------------------------------ row ops */

@@ -44,6 +44,8 @@
  * within a block (0.97x). */
 #include "backend/cuda/cuda_prefill.h"
 #include "backend/cuda/cuda_common.cuh"
+#include <cuda.h> /* CUtensorMap and its encoder's type only: the encoder comes through the runtime */
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -72,7 +74,22 @@ template <int TYPE> struct wg_smem {
     static constexpr int TDM = TD + BO * 4;                      /* f32 [BO] dmin */
     static constexpr int TMIN = TDM + BO * 4;                    /* int8 [BO][8] mins */
     static constexpr int TXB = TMIN + BO * 8;                    /* int8 [NR][16] bsum parts lo_0..7, hi_0..7 */
-    static constexpr int TOTAL = TXB + NR * 16;
+    static constexpr int BAR = TXB + NR * 16;                    /* TMA: a stage's mbarrier each */
+    static constexpr int TOTAL = BAR + ST * 8;
+};
+
+/* MUSER_CUDA_GEMM_TMA=1 (not the default: compiled, not yet timed on a
+ * GPU): the stage's codes, weight blocks and bsums come by the tensor
+ * memory accelerator, 18 copies issued by one thread against an mbarrier,
+ * instead of 256 threads' 16-byte cp.async with their address arithmetic
+ * (Nsight Compute, thirty-fifth session: the copy loops were about 30 % of
+ * the kernel's instructions and stall samples). A box of 128 rows x 16
+ * bytes of the codes lands as one core-matrix column of the no-swizzle
+ * layout, a box of 128 outputs x LD bytes as the [o][LD] block rows, one of
+ * 128 rows x 32 bytes as the bsums; rows and outputs past the end are
+ * zero-filled as cp.async's invalid copies are. */
+struct wg_maps {
+    CUtensorMap x, w, xb;
 };
 
 #if WG_HAVE
@@ -101,13 +118,37 @@ __device__ static inline void wg_mma(int32_t d[64], uint32_t a0, uint32_t a1, ui
                  : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(acc));
 }
+
+__device__ static inline void wg_mbar_init(uint32_t a, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+__device__ static inline void wg_mbar_expect(uint32_t a, uint32_t bytes) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(a), "r"(bytes)
+                 : "memory");
+}
+/* until the phase of parity `parity` has completed */
+__device__ static inline void wg_mbar_wait(uint32_t a, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* a 2-D box of the tensor map at (c0 bytes, row c1) into shared memory at dst, counted on mbarrier bar */
+__device__ static inline void wg_tma(uint32_t dst, const CUtensorMap *tm, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)tm), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
 #endif
 
-template <int TYPE>
+template <int TYPE, bool TMA>
 __global__ static void __launch_bounds__(256, 1)
     k_gemm_wg(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
               const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
-              int has_scale, float scale) {
+              int has_scale, float scale, const __grid_constant__ wg_maps maps) {
     grid_dep_wait();
 #if WG_HAVE
     typedef wg_smem<TYPE> S;
@@ -119,44 +160,68 @@ __global__ static void __launch_bounds__(256, 1)
     const int64_t n_in = (int64_t)nb * 256;
     uint8_t *ts = sm + S::TS, *tmin = sm + S::TMIN, *txb = sm + S::TXB;
     float *td = (float *)(sm + S::TD), *tdm = (float *)(sm + S::TDM);
-    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm);
+    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), bar0 = sm_base + S::BAR;
+    if (TMA) {
+        if (tid == 0) {
+            for (int s = 0; s < S::ST; s++) wg_mbar_init(bar0 + 8 * s, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
 
     auto load_stage = [&](int s, int b) {
         uint8_t *st = sm + s * S::STAGE;
-        /* the codes: a quarter-warp (8 threads) fills one core matrix (8
-         * rows x 16-byte chunk c: 128 contiguous bytes of shared memory),
-         * the warp's four quarters chunks c0..c0+3 of the same 8 rows (64
-         * contiguous bytes of each row: whole 32-byte sectors). Thread i
-         * took chunk i % 16 of row i / 16 before, a warp's 16-byte stores
-         * 2,048 bytes apart. This, the bsums spread over all threads (below)
-         * and the loop kept rolled (unrolled, ptxas took 255 registers and
-         * spilled) made a layer's Q4_K products 2-3 % faster, each of the
-         * first two about half of it (docs/benchmarks.md). */
+        auto load_xd = [&]() { /* the rows' activation scales */
+            if (tid < NR) {
+                const int64_t gr = row0 + tid;
+                const bool v = gr < rows;
+                cp4(st + S::XD + 4 * tid, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
+            }
+        };
+        if constexpr (TMA) {
+            load_xd();
+            if (tid == 0) { /* every thread's reads of this stage ended at the last barrier */
+                const uint32_t bar = bar0 + 8 * s, dst = sm_base + (uint32_t)(s * S::STAGE);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                wg_mbar_expect(bar, NR * 256 + BO * LD + NR * 32);
+                for (int c = 0; c < 16; c++)
+                    wg_tma(dst + S::X + c * (NR / 8) * 128, &maps.x, b * 256 + 16 * c, (int)row0, bar);
+                wg_tma(dst + S::W, &maps.w, b * LD, (int)out0, bar);
+                wg_tma(dst + S::XB, &maps.xb, b * 32, (int)row0, bar);
+            }
+        } else {
+            /* the codes: a quarter-warp (8 threads) fills one core matrix
+             * (8 rows x 16-byte chunk c: 128 contiguous bytes of shared
+             * memory), the warp's four quarters chunks c0..c0+3 of the same 8
+             * rows (64 contiguous bytes of each row: whole 32-byte sectors).
+             * Thread i took chunk i % 16 of row i / 16 before, a warp's
+             * 16-byte stores 2,048 bytes apart. This, the bsums spread over
+             * all threads (below) and the loop kept rolled (unrolled, ptxas
+             * took 255 registers and spilled) made a layer's Q4_K products
+             * 2-3 % faster, each of the first two about half of it
+             * (docs/benchmarks.md). */
 #pragma unroll 1
-        for (int i = tid; i < NR * 16; i += NT) {
-            const int l = i & 31, wv = i >> 5;
-            const int r = 8 * (wv % (NR / 8)) + (l & 7), c = 4 * (wv / (NR / 8)) + (l >> 3);
-            const int64_t gr = row0 + r;
-            const bool v = gr < rows;
-            cp16(st + S::X + (c * (NR / 8) + (r >> 3)) * 128 + 16 * (r & 7),
-                 v ? qs + gr * n_in + (int64_t)b * 256 + 16 * c : qs, v);
-        }
-        if (tid < NR) {
-            const int64_t gr = row0 + tid;
-            const bool v = gr < rows;
-            cp4(st + S::XD + 4 * tid, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
-        }
-        for (int i = tid; i < 2 * NR; i += NT) { /* the bsums, 16 bytes a thread: contiguous in shared memory */
-            const int64_t gr = row0 + (i >> 1);
-            const bool v = gr < rows;
-            cp16(st + S::XB + 16 * i, v ? bsp + (gr * nb + b) * 16 + 8 * (i & 1) : bsp, v);
-        }
-        constexpr int CH = LD / 16;
-        for (int i = tid; i < BO * CH; i += NT) {
-            const int o = i / CH, c = i % CH;
-            const int64_t go = out0 + o;
-            const bool v = go < n_out;
-            cp16(st + S::W + o * LD + 16 * c, v ? Wt + (go * nb + b) * LD + 16 * c : Wt, v);
+            for (int i = tid; i < NR * 16; i += NT) {
+                const int l = i & 31, wv = i >> 5;
+                const int r = 8 * (wv % (NR / 8)) + (l & 7), c = 4 * (wv / (NR / 8)) + (l >> 3);
+                const int64_t gr = row0 + r;
+                const bool v = gr < rows;
+                cp16(st + S::X + (c * (NR / 8) + (r >> 3)) * 128 + 16 * (r & 7),
+                     v ? qs + gr * n_in + (int64_t)b * 256 + 16 * c : qs, v);
+            }
+            load_xd();
+            for (int i = tid; i < 2 * NR; i += NT) { /* the bsums, 16 bytes a thread: contiguous in shared memory */
+                const int64_t gr = row0 + (i >> 1);
+                const bool v = gr < rows;
+                cp16(st + S::XB + 16 * i, v ? bsp + (gr * nb + b) * 16 + 8 * (i & 1) : bsp, v);
+            }
+            constexpr int CH = LD / 16;
+            for (int i = tid; i < BO * CH; i += NT) {
+                const int o = i / CH, c = i % CH;
+                const int64_t go = out0 + o;
+                const bool v = go < n_out;
+                cp16(st + S::W + o * LD + 16 * c, v ? Wt + (go * nb + b) * LD + 16 * c : Wt, v);
+            }
         }
     };
 
@@ -174,6 +239,7 @@ __global__ static void __launch_bounds__(256, 1)
         const int s = b % S::ST;
         const uint8_t *st = sm + s * S::STAGE;
         cp_wait<S::ST - 2>();
+        if (TMA) wg_mbar_wait(bar0 + 8 * s, (uint32_t)((b / S::ST) & 1));
         /* the tensor cores read the activation codes through the async proxy */
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
@@ -295,20 +361,72 @@ extern "C" bool mucu_gemm_wg_device(void) {
     return wg_dev_ok == 1;
 }
 
-template <int TYPE>
-static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
-                      cudaStream_t st) {
+/* The driver's tensor-map encoder through the runtime (no link to libcuda);
+ * NULL where the driver has none. */
+static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder(void) {
+    static int state = 0; /* 0 not asked, 1 found, -1 none */
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+    if (state == 0) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess && p)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        else
+            (void)cudaGetLastError(); /* a failed lookup leaves no error behind: the caller falls back */
+        state = fn ? 1 : -1;
+    }
+    return fn;
+}
+
+/* A 2-D byte tensor of `rows` rows of `row_bytes` at p, read in boxes of
+ * box_rows x box_bytes; false where the encoder refuses it (alignment). */
+static bool tma_map(CUtensorMap *m, const void *p, uint64_t row_bytes, uint64_t rows, uint32_t box_bytes,
+                    uint32_t box_rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tma_encoder();
+    if (!enc || ((uintptr_t)p & 15) || (row_bytes & 15)) return false;
+    const cuuint64_t dim[2] = {row_bytes, rows}, stride[1] = {row_bytes};
+    const cuuint32_t box[2] = {box_bytes, box_rows}, es[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)p, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA; mucu_set_gemm_tma */
+extern "C" void mucu_set_gemm_tma(int v) { gemm_tma = v; }
+extern "C" long mucu_gemm_tma_launches = 0;
+
+template <int TYPE, bool TMA>
+static void launch_wg_k(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
+                        float *y, const wg_maps &maps, cudaStream_t st) {
     typedef wg_smem<TYPE> S;
     static bool attr_set = false;
     if (!attr_set) {
-        if (cudaFuncSetAttribute(k_gemm_wg<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL) !=
+        if (cudaFuncSetAttribute(k_gemm_wg<TYPE, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL) !=
             cudaSuccess)
             return; /* the error stays for the caller's cudaGetLastError */
         attr_set = true;
     }
     const dim3 grid((unsigned)((rows + S::NR - 1) / S::NR), (unsigned)((w->n_out + S::BO - 1) / S::BO));
-    k_gemm_wg<TYPE><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
-                                                     w->has_scale, w->scale);
+    k_gemm_wg<TYPE, TMA><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
+                                                      w->has_scale, w->scale, maps);
+}
+
+template <int TYPE>
+static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
+                      cudaStream_t st) {
+    typedef wg_smem<TYPE> S;
+    static wg_maps maps; /* a kernel argument (by value): static only to keep 384 bytes off the stack */
+    const int nb = (int)(w->n_in / 256);
+    if (env_setting(&gemm_tma, "MUSER_CUDA_GEMM_TMA", 0) &&
+        tma_map(&maps.x, qs, (uint64_t)w->n_in, (uint64_t)rows, 16, S::NR) &&
+        tma_map(&maps.w, w->data, (uint64_t)nb * S::LD, (uint64_t)w->n_out, S::LD, S::BO) &&
+        tma_map(&maps.xb, bs, (uint64_t)nb * 32, (uint64_t)rows, 32, S::NR)) {
+        launch_wg_k<TYPE, true>(w, qs, d, bs, rows, y, maps, st);
+        mucu_gemm_tma_launches++;
+        return;
+    }
+    launch_wg_k<TYPE, false>(w, qs, d, bs, rows, y, maps, st); /* maps unused */
 }
 
 extern "C" void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
