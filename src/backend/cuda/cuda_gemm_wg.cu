@@ -74,8 +74,9 @@ template <int TYPE> struct wg_smem {
     static constexpr int TDM = TD + BO * 4;                      /* f32 [BO] dmin */
     static constexpr int TMIN = TDM + BO * 4;                    /* int8 [BO][8] mins */
     static constexpr int TXB = TMIN + BO * 8;                    /* int8 [NR][16] bsum parts lo_0..7, hi_0..7 */
-    static constexpr int BAR = TXB + NR * 16;                    /* TMA: a stage's mbarrier each */
-    static constexpr int TOTAL = BAR + ST * 8;
+    static constexpr int TOTAL = TXB + NR * 16;
+    static constexpr int BAR = TOTAL;                            /* k_gemm_wg_tma: a stage's mbarrier each */
+    static constexpr int TOTAL_TMA = BAR + ST * 8;
 };
 
 /* MUSER_CUDA_GEMM_TMA=1 (not the default: compiled, not yet timed on a
@@ -144,12 +145,12 @@ __device__ static inline void wg_tma(uint32_t dst, const CUtensorMap *tm, int c0
 }
 #endif
 
+/* The product's body; maps: the tensor maps of k_gemm_wg_tma's copies (TMA). */
 template <int TYPE, bool TMA>
-__global__ static void __launch_bounds__(256, 1)
-    k_gemm_wg(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
-              const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
-              int has_scale, float scale, const __grid_constant__ wg_maps maps) {
-    grid_dep_wait();
+__device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_out, int nb,
+                                      const int8_t *__restrict__ qs, const float *__restrict__ xdp,
+                                      const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
+                                      int has_scale, float scale, const wg_maps *maps) {
 #if WG_HAVE
     typedef wg_smem<TYPE> S;
     constexpr int NR = S::NR, LD = S::LD, NT = 256, BO = S::BO;
@@ -185,9 +186,9 @@ __global__ static void __launch_bounds__(256, 1)
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 wg_mbar_expect(bar, NR * 256 + BO * LD + NR * 32);
                 for (int c = 0; c < 16; c++)
-                    wg_tma(dst + S::X + c * (NR / 8) * 128, &maps.x, b * 256 + 16 * c, (int)row0, bar);
-                wg_tma(dst + S::W, &maps.w, b * LD, (int)out0, bar);
-                wg_tma(dst + S::XB, &maps.xb, b * 32, (int)row0, bar);
+                    wg_tma(dst + S::X + c * (NR / 8) * 128, &maps->x, b * 256 + 16 * c, (int)row0, bar);
+                wg_tma(dst + S::W, &maps->w, b * LD, (int)out0, bar);
+                wg_tma(dst + S::XB, &maps->xb, b * 32, (int)row0, bar);
             }
         } else {
             /* the codes: a quarter-warp (8 threads) fills one core matrix
@@ -346,6 +347,25 @@ __global__ static void __launch_bounds__(256, 1)
 #endif
 }
 
+template <int TYPE>
+__global__ static void __launch_bounds__(256, 1)
+    k_gemm_wg(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
+              const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
+              int has_scale, float scale) {
+    grid_dep_wait();
+    wg_gemm<TYPE, false>(Wt, n_out, nb, qs, xdp, bsp, rows, y, has_scale, scale, nullptr);
+}
+
+/* The same with the copies by TMA (MUSER_CUDA_GEMM_TMA=1; wg_maps says why). */
+template <int TYPE>
+__global__ static void __launch_bounds__(256, 1)
+    k_gemm_wg_tma(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
+                  const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
+                  int has_scale, float scale, const __grid_constant__ wg_maps maps) {
+    grid_dep_wait();
+    wg_gemm<TYPE, true>(Wt, n_out, nb, qs, xdp, bsp, rows, y, has_scale, scale, &maps);
+}
+
 /* ---------------------------------------------------------------- launch */
 
 static int wg_dev_ok = -1; /* compute capability 9.0 (wgmma) */
@@ -396,37 +416,38 @@ static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA; mucu_set_gemm_tma */
 extern "C" void mucu_set_gemm_tma(int v) { gemm_tma = v; }
 extern "C" long mucu_gemm_tma_launches = 0;
 
-template <int TYPE, bool TMA>
-static void launch_wg_k(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
-                        float *y, const wg_maps &maps, cudaStream_t st) {
-    typedef wg_smem<TYPE> S;
-    static bool attr_set = false;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(k_gemm_wg<TYPE, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL) !=
-            cudaSuccess)
-            return; /* the error stays for the caller's cudaGetLastError */
-        attr_set = true;
-    }
-    const dim3 grid((unsigned)((rows + S::NR - 1) / S::NR), (unsigned)((w->n_out + S::BO - 1) / S::BO));
-    k_gemm_wg<TYPE, TMA><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
-                                                      w->has_scale, w->scale, maps);
-}
-
 template <int TYPE>
 static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
                       cudaStream_t st) {
     typedef wg_smem<TYPE> S;
-    static wg_maps maps; /* a kernel argument (by value): static only to keep 384 bytes off the stack */
+    const dim3 grid((unsigned)((rows + S::NR - 1) / S::NR), (unsigned)((w->n_out + S::BO - 1) / S::BO));
     const int nb = (int)(w->n_in / 256);
+    static wg_maps maps; /* a kernel argument (by value): static only to keep 384 bytes off the stack */
     if (env_setting(&gemm_tma, "MUSER_CUDA_GEMM_TMA", 0) &&
         tma_map(&maps.x, qs, (uint64_t)w->n_in, (uint64_t)rows, 16, S::NR) &&
         tma_map(&maps.w, w->data, (uint64_t)nb * S::LD, (uint64_t)w->n_out, S::LD, S::BO) &&
         tma_map(&maps.xb, bs, (uint64_t)nb * 32, (uint64_t)rows, 32, S::NR)) {
-        launch_wg_k<TYPE, true>(w, qs, d, bs, rows, y, maps, st);
+        static bool tma_attr = false;
+        if (!tma_attr) {
+            if (cudaFuncSetAttribute(k_gemm_wg_tma<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL_TMA) !=
+                cudaSuccess)
+                return; /* the error stays for the caller's cudaGetLastError */
+            tma_attr = true;
+        }
+        k_gemm_wg_tma<TYPE><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale,
+                                                             w->scale, maps);
         mucu_gemm_tma_launches++;
         return;
     }
-    launch_wg_k<TYPE, false>(w, qs, d, bs, rows, y, maps, st); /* maps unused */
+    static bool attr_set = false;
+    if (!attr_set) {
+        if (cudaFuncSetAttribute(k_gemm_wg<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL) !=
+            cudaSuccess)
+            return; /* the error stays for the caller's cudaGetLastError */
+        attr_set = true;
+    }
+    k_gemm_wg<TYPE><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
+                                                     w->has_scale, w->scale);
 }
 
 extern "C" void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
