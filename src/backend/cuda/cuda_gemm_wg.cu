@@ -416,6 +416,14 @@ static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA; mucu_set_gemm_tma */
 extern "C" void mucu_set_gemm_tma(int v) { gemm_tma = v; }
 extern "C" long mucu_gemm_tma_launches = 0;
 
+/* A kernel's dynamic shared memory raised to `bytes` once (*done); false:
+ * the error stays for the caller's cudaGetLastError. */
+template <typename K> static bool smem_once(K kernel, int bytes, bool *done) {
+    if (!*done && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+        return false;
+    return *done = true;
+}
+
 template <int TYPE>
 static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
                       cudaStream_t st) {
@@ -423,31 +431,19 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
     const dim3 grid((unsigned)((rows + S::NR - 1) / S::NR), (unsigned)((w->n_out + S::BO - 1) / S::BO));
     const int nb = (int)(w->n_in / 256);
     static wg_maps maps; /* a kernel argument (by value): static only to keep 384 bytes off the stack */
+    static bool attr_set = false, tma_attr = false;
     if (env_setting(&gemm_tma, "MUSER_CUDA_GEMM_TMA", 0) &&
         tma_map(&maps.x, qs, (uint64_t)w->n_in, (uint64_t)rows, 16, S::NR) &&
         tma_map(&maps.w, w->data, (uint64_t)nb * S::LD, (uint64_t)w->n_out, S::LD, S::BO) &&
         tma_map(&maps.xb, bs, (uint64_t)nb * 32, (uint64_t)rows, 32, S::NR)) {
-        static bool tma_attr = false;
-        if (!tma_attr) {
-            if (cudaFuncSetAttribute(k_gemm_wg_tma<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL_TMA) !=
-                cudaSuccess)
-                return; /* the error stays for the caller's cudaGetLastError */
-            tma_attr = true;
-        }
+        if (!smem_once(k_gemm_wg_tma<TYPE>, S::TOTAL_TMA, &tma_attr)) return;
         k_gemm_wg_tma<TYPE><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale,
                                                              w->scale, maps);
         mucu_gemm_tma_launches++;
         return;
     }
-    static bool attr_set = false;
-    if (!attr_set) {
-        if (cudaFuncSetAttribute(k_gemm_wg<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::TOTAL) !=
-            cudaSuccess)
-            return; /* the error stays for the caller's cudaGetLastError */
-        attr_set = true;
-    }
-    k_gemm_wg<TYPE><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, bs, rows, y,
-                                                     w->has_scale, w->scale);
+    if (!smem_once(k_gemm_wg<TYPE>, S::TOTAL, &attr_set)) return;
+    k_gemm_wg<TYPE><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale, w->scale);
 }
 
 extern "C" void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
