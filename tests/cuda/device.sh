@@ -27,7 +27,9 @@
 #           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
 #           llama-bench on the same model, LLAMA_BENCH, .llama-build/bin or a carried
 #           .llama-build/llama-bench.xz; llamabuild: build llama-bench and llama-server from the carried
-#           .llama-src/llama-src.tar.xz, for the llama stage; retrain: the DFlash
+#           .llama-src/llama-src.tar.xz, for the llama stage; tma: k_gemm_wg_tma (MUSER_CUDA_GEMM_TMA=1)
+#           checked (test_cuda_backend --new, plain and under compute-sanitizer, each under a time
+#           limit) and timed against k_gemm_wg (--bench-gemm, pp512 / pp2048 alternating); retrain: the DFlash
 #           assistant retrained on the GPU, tools/train/retrain_dflash.sh with RETRAIN_ARGS)
 #   BENCH   "quick" (short runs), "full" (default) or "none" (only the stages)
 #   PREBUILT a folder of the tree (e.g. devbin) holding muser.xz, test_cuda_backend.xz,
@@ -138,6 +140,26 @@ case " $STAGES " in *" bench "*)
         "$BUILD/test_cuda_backend" --bench-gemm || rc=1
         "$BUILD/test_cuda_backend" --bench-attn || rc=1
         "$BUILD/test_cuda_backend" --bench-attn-dec || rc=1 ;;
+    esac
+    case " $STAGES " in *" tma "*)
+        echo "== k_gemm_wg_tma (MUSER_CUDA_GEMM_TMA=1): its checks, then against k_gemm_wg"
+        T=$BUILD/test_cuda_backend
+        MUSER_CUDA_GEMM_TMA=1 timeout 120 "$T" --new >/tmp/tma-new.log 2>&1 ||
+            { echo "FAIL k_gemm_wg_tma op test (exit $?: 124 is the time limit)"; rc=1; }
+        grep -E "checks,|TMA|MISMATCH" /tmp/tma-new.log | head -20
+        CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+        MUSER_CUDA_GEMM_TMA=1 timeout 300 "$CS" --tool memcheck "$T" --new 2>&1 | grep -E "checks,|ERROR SUMMARY" | head
+        for v in 0 1; do
+            echo "-- MUSER_CUDA_GEMM_TMA=$v"
+            MUSER_CUDA_GEMM_TMA=$v timeout 120 "$T" --bench-gemm 5 2>&1 | grep -E "rows (  512| 2048)|benchmark:" | cut -c1-170
+        done
+        for round in 1 2; do
+            for v in 0 1; do
+                echo "TMA=$v round $round: $(MUSER_CUDA_GEMM_TMA=$v timeout 120 "$M" bench -m $F --backend cuda --no-membw \
+                    -p 512 -n 0 -r 2 -q 2>&1 | tail -1) | $(MUSER_CUDA_GEMM_TMA=$v timeout 120 "$M" bench -m $F \
+                    --backend cuda --no-membw -p 2048 -n 0 -r 2 -q 2>&1 | tail -1)"
+            done
+        done ;;
     esac
     case " $STAGES " in *" prof "*)
         for pm in $F "$SRC/models/glimmer-tiny-q4_k_xl.gguf"; do
