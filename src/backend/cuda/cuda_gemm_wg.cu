@@ -412,8 +412,7 @@ static bool tma_map(CUtensorMap *m, const void *p, uint64_t row_bytes, uint64_t 
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA; mucu_set_gemm_tma */
-extern "C" void mucu_set_gemm_tma(int v) { gemm_tma = v; }
+static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA, read once */
 extern "C" long mucu_gemm_tma_launches = 0;
 
 /* A kernel's dynamic shared memory raised to `bytes` once (*done); false:

@@ -31,11 +31,10 @@ int mucu_gemm_kernel_get(void);
 bool mucu_gemm_wg_device(void);
 bool mucu_gemm_wg_takes(const mucu_weight *w, int64_t rows);
 void mucu_set_gemm_wg(int v);
-/* k_gemm_wg's copies by the tensor memory accelerator (MUSER_CUDA_GEMM_TMA=1;
- * cuda_gemm_wg.cu says why; off by default until timed): 1 on, 0 off, -1
- * until read from the environment. */
-void mucu_set_gemm_tma(int v);
-extern long mucu_gemm_tma_launches; /* k_gemm_wg launches that took the TMA copies */
+/* Launches of k_gemm_wg_tma, the copies by the tensor memory accelerator
+ * (MUSER_CUDA_GEMM_TMA=1, off by default until timed; cuda_gemm_wg.cu says
+ * why): tests see whether the variable took it. */
+extern long mucu_gemm_tma_launches;
 void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
                   void *stream);
 /* Does a call of `rows` (>= MUSER_CUDA_GEMM) take k_gemm_kq2? */
