@@ -649,8 +649,9 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
     for (int sp = 0; sp < 3; sp++)
         for (int k = 4; k >= 0; k--) {
             if (k == 1 || (k == 0 && sp > 0)) continue; /* the automatic choice is one of 2, 3 and 4 */
-            if (k == 4 && (sp > 0 || (w->type != MU_TYPE_Q4_K && w->type != MU_TYPE_Q5_K) || !mucu_gemm_wg_device()))
-                continue; /* k_gemm_wg: Q4_K / Q5_K on a 9.0 device, never split */
+            if (k == 4 && (sp > 0 || (w->type != MU_TYPE_Q4_K && w->type != MU_TYPE_Q5_K && w->type != MU_TYPE_Q6_K) ||
+                           !mucu_gemm_wg_device()))
+                continue; /* k_gemm_wg (k_gemm_wg6 for Q6_K): on a 9.0 device, never split */
             mucu_gemm_kernel = k;
             mucu_set_gemm_split(splits[sp]);
             cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
@@ -690,7 +691,7 @@ static void test_gemm_tiles(void) {
      * conversion, which must stay exact): weights of one sign with their
      * codes near the top, every other activation row one positive value
      * (codes 127). */
-    for (size_t t = 0; t < 2; t++) {
+    for (size_t t = 0; t < 3; t++) {
         const int64_t n_in = 2560, n_out = 300, rows = 129;
         mu_weight w = make_weight(&big[t], n_in, n_out);
         float *src = mu_xmalloc((size_t)(n_in * n_out) * 4);

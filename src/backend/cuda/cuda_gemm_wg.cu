@@ -49,7 +49,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-enum { W_Q4_K = 12, W_Q5_K = 13 };
+enum { W_Q4_K = 12, W_Q5_K = 13, W_Q6_K = 14 };
 
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -366,6 +366,238 @@ __global__ static void __launch_bounds__(256, 1)
     wg_gemm<TYPE, true>(Wt, n_out, nb, qs, xdp, bsp, rows, y, has_scale, scale, &maps);
 }
 
+
+/* ---------------------------------------------------------------- Q6_K
+ * k_gemm_wg6: the same product for Q6_K weights (split layout: the
+ * 192-byte ql|qh part per block, then the int8 scales, then the f16 d;
+ * docs/cuda.md). A Q6_K sub-block is 16 values with a signed scale sc in
+ * -128..127 and codes q - 32 in -32..31 (docs/numerics.md: sumi =
+ * sum_j sc_j sum((q - 32) x)). The scale goes into the weights as for
+ * Q4_K, in three digits: sc = g0 + 8 g1 + 64 g2 with every g in -3..4
+ * (g0 = ((sc + 3) & 7) - 3, then the same of (sc - g0) / 8, whose third
+ * digit is in -2..2), so (q - 32) g is in -128..124: one signed byte. Three
+ * accumulators (s8 x s8 wgmma) sum a whole block; sumi = a0 + 8 a1 + 64 a2
+ * exactly, and f_b = (d x) (float)sumi as k_gemm_kq2 forms it. The -32
+ * stays inside the bytes, so no block sums and no mins are needed.
+ *
+ * A byte (q - 32) g without carries between bytes: the even and odd bytes
+ * go to 16-bit lanes, each lane (q - 32) g + 256 (in 128..380: one
+ * multiply-add of the lanes' (q - 32) by g plus 0x01000100, exact mod
+ * 2^32 since every lane stays in 0..65535), and one byte permute takes the
+ * four low bytes back. Three accumulators of NR/2 registers each: NR rows a
+ * CTA (96 by default) instead of 128. */
+template <int NR> struct wg6_smem {
+    static constexpr int BO = 128;                 /* outputs a CTA */
+    static constexpr int ST = 3;                   /* ring stages */
+    static constexpr int LD = 208;                 /* [ql|qh 192][scales 16]: 52 words, 8 outputs in distinct banks */
+    static constexpr int X = 0;                    /* int8 core matrices, NR x 256 */
+    static constexpr int XD = X + NR * 256;        /* f32 [NR] */
+    static constexpr int W = XD + NR * 4;          /* [BO][LD] */
+    static constexpr int WD = W + BO * LD;         /* f16 d, the aligned pair holding it [BO] */
+    static constexpr int STAGE = (WD + BO * 4 + 127) / 128 * 128;
+    static constexpr int TGL = 272;                /* digit table row: 16 x int4 + 16 (rows 4 banks apart) */
+    static constexpr int TG = ST * STAGE;          /* int4 [BO][16] (g0, g1, g2, 0) per sub-block */
+    static constexpr int TD = TG + BO * TGL;       /* f32 [BO] d */
+    static constexpr int TOTAL = TD + BO * 4;
+};
+
+#if WG_HAVE
+/* d[64 x N] (+)= a[64 x 32] (s8, registers) . b[32 x N] (s8, shared memory) */
+template <int N>
+__device__ static inline void wg_mma_ss(int32_t *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t desc,
+                                        int acc) {
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p;\n}\n"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(acc));
+    if constexpr (N == 80)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n80k32.s32.s8.s8 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, {%40,%41,%42,%43}, %44, p;\n}\n"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(acc));
+    if constexpr (N == 96)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n96k32.s32.s8.s8 "
+                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, {%48,%49,%50,%51}, %52, p;\n}\n"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(acc));
+}
+
+/* the bytes (q - 32) g of the four codes q (0..63) of a word, from its even
+ * and odd bytes' lanes (q - 32 each, as q6_lanes makes them) */
+__device__ static inline uint32_t q6_digit(uint32_t ev, uint32_t od, int32_t gd) {
+    const uint32_t e = ev * (uint32_t)gd + 0x01000100u, o = od * (uint32_t)gd + 0x01000100u;
+    return __byte_perm(e, o, 0x6240);
+}
+__device__ static inline void q6_lanes(uint32_t q, uint32_t &ev, uint32_t &od) {
+    ev = __byte_perm(q, 0, 0x4240) - 0x00200020u;
+    od = __byte_perm(q, 0, 0x4341) - 0x00200020u;
+}
+#endif
+
+template <int NR>
+__global__ static void __launch_bounds__(256, 1)
+    k_gemm_wg6(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
+               const float *__restrict__ xdp, int64_t rows, float *__restrict__ y, int has_scale, float scale) {
+    grid_dep_wait();
+#if WG_HAVE
+    typedef wg6_smem<NR> S;
+    constexpr int LD = S::LD, NT = 256, BO = S::BO, NA = NR / 2;
+    extern __shared__ __align__(128) uint8_t sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int o0 = 16 * warp + g; /* this thread's outputs o0, o0 + 8 (warpgroup warp >> 2) */
+    const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * BO;
+    const int64_t n_in = (int64_t)nb * 256, items = n_out * (int64_t)nb;
+    const int64_t q6_sc = items * 192, q6_d = items * 208; /* the split layout's scales and d */
+    uint8_t *tg = sm + S::TG;
+    float *td = (float *)(sm + S::TD);
+    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm);
+
+    auto load_stage = [&](int s, int b) {
+        uint8_t *st = sm + s * S::STAGE;
+        /* the codes as in wg_gemm: a quarter-warp per core matrix */
+#pragma unroll 1
+        for (int i = tid; i < NR * 16; i += NT) {
+            const int l = i & 31, wv = i >> 5;
+            const int r = 8 * (wv % (NR / 8)) + (l & 7), c = 4 * (wv / (NR / 8)) + (l >> 3);
+            const int64_t gr = row0 + r;
+            const bool v = gr < rows;
+            cp16(st + S::X + (c * (NR / 8) + (r >> 3)) * 128 + 16 * (r & 7),
+                 v ? qs + gr * n_in + (int64_t)b * 256 + 16 * c : qs, v);
+        }
+        if (tid < NR) {
+            const int64_t gr = row0 + tid;
+            const bool v = gr < rows;
+            cp4(st + S::XD + 4 * tid, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
+        }
+#pragma unroll 1
+        for (int i = tid; i < BO * 13; i += NT) { /* 12 chunks of ql|qh, then the scales */
+            const int o = i / 13, c = i % 13;
+            const int64_t go = out0 + o, item = go * nb + b;
+            const bool v = go < n_out;
+            const uint8_t *src = c < 12 ? Wt + item * 192 + 16 * c : Wt + q6_sc + item * 16;
+            cp16(st + S::W + o * LD + 16 * c, v ? src : Wt, v);
+        }
+        if (tid < BO) { /* d: the 4-aligned pair holding it (only its first half for the array's last, even item) */
+            const int64_t item = (out0 + tid) * nb + b, pair = item & ~(int64_t)1;
+            const bool v = out0 + tid < n_out;
+            const int n = !v ? 0 : ((item | 1) < items ? 4 : 2);
+            cp4(st + S::WD + 4 * tid, v ? Wt + q6_d + 2 * pair : Wt, n);
+        }
+    };
+
+    int32_t a0[NA], a1[NA], a2[NA];
+    float total[NA];
+#pragma unroll
+    for (int e = 0; e < NA; e++) total[e] = 0.0f, a0[e] = 0, a1[e] = 0, a2[e] = 0;
+
+#pragma unroll
+    for (int s = 0; s < S::ST - 1; s++) {
+        if (s < nb) load_stage(s, s);
+        cp_commit();
+    }
+    for (int b = 0; b < nb; b++) {
+        const int s = b % S::ST;
+        const uint8_t *st = sm + s * S::STAGE;
+        cp_wait<S::ST - 2>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        /* 1. the digit table: a thread per (output, half of the 16 scales) */
+        {
+            const int o = tid >> 1, hf = tid & 1;
+            const uint2 sw = *(const uint2 *)(st + S::W + o * LD + 192 + 8 * hf);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const int sc = (int)(int8_t)((k < 4 ? sw.x : sw.y) >> (8 * (k & 3)));
+                const int g0 = ((sc + 3) & 7) - 3, s1 = (sc - g0) >> 3;
+                const int g1 = ((s1 + 3) & 7) - 3, g2 = (s1 - g1) >> 3;
+                *(int4 *)(tg + o * S::TGL + 16 * (8 * hf + k)) = make_int4(g0, g1, g2, 0);
+            }
+            if (!hf) {
+                const int64_t item = (out0 + o) * nb + b;
+                td[o] = h2f(((const uint16_t *)(st + S::WD + 4 * o))[item & 1]);
+            }
+        }
+        __syncthreads();
+        {
+            const int nx = b + S::ST - 1;
+            if (nx < nb) load_stage(nx % S::ST, nx);
+            cp_commit();
+        }
+        /* 2. the integer sums: step j takes values 32j..32j+31, sub-blocks
+         * 2j (a fragment's first 16 values) and 2j + 1. Value 128h + 32p + l
+         * is nibble (p >> 1) of ql[64h + 32(p & 1) + l] with bits 2p, 2p + 1
+         * of qh[32h + l] above it. */
+        const uint8_t *wr0 = st + S::W + o0 * LD + 4 * t, *wr1 = wr0 + 8 * LD;
+        const uint8_t *tg0 = tg + o0 * S::TGL, *tg1 = tg0 + 8 * S::TGL;
+        const uint32_t xs = sm_base + (uint32_t)(s * S::STAGE + S::X);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int h = j >> 2, p = j & 3, nsh = 4 * (p >> 1), hsh = 2 * p;
+            const int ql = 64 * h + 32 * (p & 1), qh = 128 + 32 * h;
+            /* codes: [output o0 / o0 + 8][values 4t.. / 16 + 4t..] */
+            uint32_t q[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const uint8_t *wr = (k & 1) ? wr1 : wr0;
+                const int off = 16 * (k >> 1);
+                q[k] = ((*(const uint32_t *)(wr + ql + off) >> nsh) & 0x0F0F0F0Fu) |
+                       (((*(const uint32_t *)(wr + qh + off) >> hsh) & 0x03030303u) << 4);
+            }
+            uint32_t ev[4], od[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) q6_lanes(q[k], ev[k], od[k]);
+            const int4 d00 = *(const int4 *)(tg0 + 16 * (2 * j)), d10 = *(const int4 *)(tg1 + 16 * (2 * j));
+            const int4 d01 = *(const int4 *)(tg0 + 16 * (2 * j + 1)), d11 = *(const int4 *)(tg1 + 16 * (2 * j + 1));
+            uint32_t A[3][4] = {{q6_digit(ev[0], od[0], d00.x), q6_digit(ev[1], od[1], d10.x),
+                                 q6_digit(ev[2], od[2], d01.x), q6_digit(ev[3], od[3], d11.x)},
+                                {q6_digit(ev[0], od[0], d00.y), q6_digit(ev[1], od[1], d10.y),
+                                 q6_digit(ev[2], od[2], d01.y), q6_digit(ev[3], od[3], d11.y)},
+                                {q6_digit(ev[0], od[0], d00.z), q6_digit(ev[1], od[1], d10.z),
+                                 q6_digit(ev[2], od[2], d01.z), q6_digit(ev[3], od[3], d11.z)}};
+#pragma unroll
+            for (int k = 0; k < 4; k++) wg_pin(A[0][k]), wg_pin(A[1][k]), wg_pin(A[2][k]);
+            wg_fence();
+            const uint64_t desc = wg_desc(xs + (uint32_t)(2 * j * (NR / 8) * 128), (NR / 8) * 128, 128);
+            wg_mma_ss<NR>(a0, A[0][0], A[0][1], A[0][2], A[0][3], desc, j > 0);
+            wg_mma_ss<NR>(a1, A[1][0], A[1][1], A[1][2], A[1][3], desc, j > 0);
+            wg_mma_ss<NR>(a2, A[2][0], A[2][1], A[2][2], A[2][3], desc, j > 0);
+            wg_commit();
+            wg_wait<1>();
+        }
+        wg_wait<0>();
+#pragma unroll
+        for (int e = 0; e < NA; e++) wg_pin(a0[e]), wg_pin(a1[e]), wg_pin(a2[e]);
+        /* 3. f_b and the ordered totals: element 4i + e is output
+         * o0 + 8 (e >> 1), row 8i + 2t + (e & 1) */
+        const float dv0 = td[o0], dv1 = td[o0 + 8];
+        const float *xdv = (const float *)(st + S::XD);
+#pragma unroll
+        for (int i = 0; i < NR / 8; i++) {
+            const float2 xd = *(const float2 *)(xdv + 8 * i + 2 * t);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int32_t sumi = a0[4 * i + e] + 8 * a1[4 * i + e] + 64 * a2[4 * i + e];
+                const float d = (e >> 1) ? dv1 : dv0, x = (e & 1) ? xd.y : xd.x;
+                total[4 * i + e] = total[4 * i + e] + (d * x) * (float)sumi;
+            }
+        }
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NR / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int64_t r = row0 + 8 * i + 2 * t + (e & 1), o = out0 + o0 + 8 * (e >> 1);
+            const float v = total[4 * i + e];
+            if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? v * scale : v;
+        }
+#endif
+}
+
 /* ---------------------------------------------------------------- launch */
 
 static int wg_dev_ok = -1; /* compute capability 9.0 (wgmma) */
@@ -445,9 +677,27 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
     k_gemm_wg<TYPE><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale, w->scale);
 }
 
+static int wg6_rows = -1; /* MUSER_CUDA_WG6_ROWS: k_gemm_wg6's rows a CTA (64, 80 or 96) */
+
+template <int NR>
+static void launch_wg6(const mucu_weight *w, const int8_t *qs, const float *d, int64_t rows, float *y, cudaStream_t st) {
+    typedef wg6_smem<NR> S;
+    static bool attr_set = false;
+    if (!smem_once(k_gemm_wg6<NR>, S::TOTAL, &attr_set)) return;
+    const dim3 grid((unsigned)((rows + NR - 1) / NR), (unsigned)((w->n_out + S::BO - 1) / S::BO));
+    k_gemm_wg6<NR><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, rows, y, w->has_scale,
+                                               w->scale);
+}
+
 extern "C" void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
                              float *y, void *stream) {
     const cudaStream_t st = (cudaStream_t)stream;
     if (w->type == W_Q4_K) launch_wg<W_Q4_K>(w, qs, d, bs, rows, y, st);
-    else launch_wg<W_Q5_K>(w, qs, d, bs, rows, y, st);
+    else if (w->type == W_Q5_K) launch_wg<W_Q5_K>(w, qs, d, bs, rows, y, st);
+    else {
+        const int nr = env_setting(&wg6_rows, "MUSER_CUDA_WG6_ROWS", 96);
+        if (nr == 64) launch_wg6<64>(w, qs, d, rows, y, st);
+        else if (nr == 80) launch_wg6<80>(w, qs, d, rows, y, st);
+        else launch_wg6<96>(w, qs, d, rows, y, st);
+    }
 }
