@@ -87,10 +87,11 @@ for type in F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K q4_k_xl nvfp4 nvfp4_ggml; do
         fi
     done
 done
-# k_gemm_wg (wgmma) forced onto every Q4_K / Q5_K product of a 300-token
-# prefill (MUSER_CUDA_GEMM_KERNEL=4; the default gives it only big grids)
+# k_gemm_wg / k_gemm_wg6 (wgmma) forced onto every Q4_K / Q5_K / Q6_K
+# product of a 300-token prefill (MUSER_CUDA_GEMM_KERNEL=4; the default
+# gives them only big grids)
 LTOK=$(seq -s, 1 300)
-for type in Q4_K Q5_K q4_k_xl; do
+for type in Q4_K Q5_K Q6_K q4_k_xl; do
     "$M" synth --preset tiny --type "$type" --seed 7 -o "$T/m.gguf" --no-progress >/dev/null 2>&1
     "$M" run -m "$T/m.gguf" --backend ref --tokens $LTOK -n 4 --temp 0 --dump-logits "$T/ref.bin" >/dev/null 2>&1
     for chunk in 512 130; do
