@@ -643,16 +643,20 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
     float *y = mu_xmalloc((size_t)(rows * n_out) * 4);
     float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
     ref->matmul(ref, w, x, y, rows);
-    static const char *const kname[5] = {"k_gemm_kq", "k_gemm_kq2", "k_gemm_kq2 128-row tiles",
-                                         "k_gemm_kq2 64-row tiles", "k_gemm_wg"};
+    static const char *const kname[6] = {"k_gemm_kq",           "k_gemm_kq2",          "k_gemm_kq2 128-row tiles",
+                                         "k_gemm_kq2 64-row tiles", "k_gemm_wg / k_gemm_wg6", "k_gemm_wg_tma"};
     static const int splits[3] = {0, 1, 3};
     for (int sp = 0; sp < 3; sp++)
-        for (int k = 4; k >= 0; k--) {
+        for (int k = 5; k >= 0; k--) {
             if (k == 1 || (k == 0 && sp > 0)) continue; /* the automatic choice is one of 2, 3 and 4 */
-            if (k == 4 && (sp > 0 || (w->type != MU_TYPE_Q4_K && w->type != MU_TYPE_Q5_K && w->type != MU_TYPE_Q6_K) ||
+            if (k >= 4 && (sp > 0 || (w->type != MU_TYPE_Q4_K && w->type != MU_TYPE_Q5_K && w->type != MU_TYPE_Q6_K) ||
                            !mucu_gemm_wg_device()))
                 continue; /* k_gemm_wg (k_gemm_wg6 for Q6_K): on a 9.0 device, never split */
-            mucu_gemm_kernel = k;
+            if (k == 5 && w->type == MU_TYPE_Q6_K) continue; /* k_gemm_wg6 has no TMA copies */
+            /* 5: k_gemm_wg_tma (the default's copies), 4: k_gemm_wg (cp.async) */
+            mucu_set_gemm_tma(k == 5);
+            mucu_set_gemm_wg6(k >= 4);
+            mucu_gemm_kernel = k == 5 ? 4 : k;
             mucu_set_gemm_split(splits[sp]);
             cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
             cu->matmul(cu, w, dx, dy, rows);
@@ -662,6 +666,8 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
             check(what, y, dy, (size_t)(rows * n_out) * 4);
         }
     mucu_set_gemm_split(-1);
+    mucu_set_gemm_tma(-1);
+    mucu_set_gemm_wg6(-1);
     cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(y);
 }
 
@@ -705,15 +711,14 @@ static void test_gemm_tiles(void) {
         free(x), free(src);
     }
     mucu_gemm_kernel = saved;
-    /* MUSER_CUDA_GEMM_TMA=1 in the environment: the k_gemm_wg checks above
-     * went to k_gemm_wg_tma (its launches counted; none is a failure, since
-     * the checks would then have tested k_gemm_wg alone) */
-    const char *tma = getenv("MUSER_CUDA_GEMM_TMA");
-    if (tma && atoi(tma) && mucu_gemm_wg_device()) {
-        printf("k_gemm_wg with TMA copies: %ld launches checked\n", mucu_gemm_tma_launches);
+    /* the k_gemm_wg_tma checks above took the TMA path (its launches
+     * counted; none is a failure: the checks would have tested k_gemm_wg's
+     * fallback twice) */
+    if (mucu_gemm_wg_device()) {
+        printf("k_gemm_wg_tma: %ld launches checked\n", mucu_gemm_tma_launches);
         if (!mucu_gemm_tma_launches)
-            n_fail++, fprintf(stderr, "MISMATCH MUSER_CUDA_GEMM_TMA=1 but no TMA launch (no tensor-map encoder, or "
-                                      "misaligned buffers)\n");
+            n_fail++, fprintf(stderr, "MISMATCH k_gemm_wg_tma never launched (no tensor-map encoder, or misaligned "
+                                      "buffers)\n");
     }
 }
 

@@ -644,8 +644,9 @@ static bool tma_map(CUtensorMap *m, const void *p, uint64_t row_bytes, uint64_t 
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA, read once */
+static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA (default 1), read once */
 extern "C" long mucu_gemm_tma_launches = 0;
+extern "C" void mucu_set_gemm_tma(int v) { gemm_tma = v; }
 
 /* A kernel's dynamic shared memory raised to `bytes` once (*done); false:
  * the error stays for the caller's cudaGetLastError. */
@@ -663,7 +664,7 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
     const int nb = (int)(w->n_in / 256);
     static wg_maps maps; /* a kernel argument (by value): static only to keep 384 bytes off the stack */
     static bool attr_set = false, tma_attr = false;
-    if (env_setting(&gemm_tma, "MUSER_CUDA_GEMM_TMA", 0) &&
+    if (env_setting(&gemm_tma, "MUSER_CUDA_GEMM_TMA", 1) &&
         tma_map(&maps.x, qs, (uint64_t)w->n_in, (uint64_t)rows, 16, S::NR) &&
         tma_map(&maps.w, w->data, (uint64_t)nb * S::LD, (uint64_t)w->n_out, S::LD, S::BO) &&
         tma_map(&maps.xb, bs, (uint64_t)nb * 32, (uint64_t)rows, 32, S::NR)) {

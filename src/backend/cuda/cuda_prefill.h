@@ -31,10 +31,16 @@ int mucu_gemm_kernel_get(void);
 bool mucu_gemm_wg_device(void);
 bool mucu_gemm_wg_takes(const mucu_weight *w, int64_t rows);
 void mucu_set_gemm_wg(int v);
+/* k_gemm_wg6, Q6_K on wgmma (cuda_gemm_wg.cu): off by default (slower than
+ * k_gemm_kq2 in the whole model, docs/cuda.md); MUSER_CUDA_GEMM_WG6=1 or
+ * mucu_set_gemm_wg6(1) lets mucu_gemm_wg_takes give it Q6_K calls. */
+void mucu_set_gemm_wg6(int v);
 /* Launches of k_gemm_wg_tma, the copies by the tensor memory accelerator
- * (MUSER_CUDA_GEMM_TMA=1, off by default until timed; cuda_gemm_wg.cu says
- * why): tests see whether the variable took it. */
+ * (the default; MUSER_CUDA_GEMM_TMA=0 or mucu_set_gemm_tma(0) keeps
+ * k_gemm_wg's cp.async copies, -1 reads the variable again; cuda_gemm_wg.cu
+ * says why): tests see that the TMA path took the calls. */
 extern long mucu_gemm_tma_launches;
+void mucu_set_gemm_tma(int v);
 void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
                   void *stream);
 /* Does a call of `rows` (>= MUSER_CUDA_GEMM) take k_gemm_kq2? */
