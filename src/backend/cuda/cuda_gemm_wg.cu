@@ -386,19 +386,24 @@ __global__ static void __launch_bounds__(256, 1)
  * 2^32 since every lane stays in 0..65535), and one byte permute takes the
  * four low bytes back. Three accumulators of NR/2 registers each: NR rows a
  * CTA (96 by default) instead of 128. */
-template <int NR> struct wg6_smem {
+template <int NR, bool TMA> struct wg6_smem {
     static constexpr int BO = 128;                 /* outputs a CTA */
     static constexpr int ST = 3;                   /* ring stages */
-    static constexpr int LD = 208;                 /* [ql|qh 192][scales 16]: 52 words, 8 outputs in distinct banks */
+    static constexpr int LD = 208;                 /* cp.async: [ql|qh 192][scales 16], 52 words: 8 outputs in distinct banks */
     static constexpr int X = 0;                    /* int8 core matrices, NR x 256 */
     static constexpr int XD = X + NR * 256;        /* f32 [NR] */
-    static constexpr int W = XD + NR * 4;          /* [BO][LD] */
-    static constexpr int WD = W + BO * LD;         /* f16 d, the aligned pair holding it [BO] */
-    static constexpr int STAGE = (WD + BO * 4 + 127) / 128 * 128;
+    /* TMA: three [BO][64] boxes of ql|qh (bytes 0-63, 64-127, 128-191) in
+     * the 64-byte swizzle, 1024-aligned, then the scales [BO][16] */
+    static constexpr int W = TMA ? (XD + NR * 4 + 1023) / 1024 * 1024 : XD + NR * 4;
+    static constexpr int WS = TMA ? W + 3 * BO * 64 : W + 192;
+    static constexpr int WD = TMA ? WS + BO * 16 : W + BO * LD; /* f16 d, the aligned pair holding it [BO] */
+    static constexpr int STAGE = (WD + BO * 4 + 1023) / 1024 * 1024;
     static constexpr int TGL = 272;                /* digit table row: 16 x int4 + 16 (rows 4 banks apart) */
     static constexpr int TG = ST * STAGE;          /* int4 [BO][16] (g0, g1, g2, 0) per sub-block */
     static constexpr int TD = TG + BO * TGL;       /* f32 [BO] d */
     static constexpr int TOTAL = TD + BO * 4;
+    static constexpr int BAR = TOTAL;              /* TMA: a stage's mbarrier each */
+    static constexpr int TOTAL_TMA = BAR + ST * 8;
 };
 
 #if WG_HAVE
@@ -438,13 +443,18 @@ __device__ static inline void q6_lanes(uint32_t q, uint32_t &ev, uint32_t &od) {
 }
 #endif
 
-template <int NR>
+/* TMA: the codes, ql|qh and scales by the tensor memory accelerator (as
+ * wg_gemm's); the 64-byte swizzle (16-byte chunk c of a 64-byte row at
+ * shared address a lands at chunk c ^ ((a >> 7) & 3)) puts the 8 outputs
+ * a warp reads at one time in distinct banks, as LD = 208 does for cp.async. */
+template <int NR, bool TMA>
 __global__ static void __launch_bounds__(256, 1)
     k_gemm_wg6(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
-               const float *__restrict__ xdp, int64_t rows, float *__restrict__ y, int has_scale, float scale) {
+               const float *__restrict__ xdp, int64_t rows, float *__restrict__ y, int has_scale, float scale,
+               const __grid_constant__ wg_maps maps) {
     grid_dep_wait();
 #if WG_HAVE
-    typedef wg6_smem<NR> S;
+    typedef wg6_smem<NR, TMA> S;
     constexpr int LD = S::LD, NT = 256, BO = S::BO, NA = NR / 2;
     extern __shared__ __align__(128) uint8_t sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -454,38 +464,57 @@ __global__ static void __launch_bounds__(256, 1)
     const int64_t q6_sc = items * 192, q6_d = items * 208; /* the split layout's scales and d */
     uint8_t *tg = sm + S::TG;
     float *td = (float *)(sm + S::TD);
-    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm);
+    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), bar0 = sm_base + S::BAR;
+    if (TMA) {
+        if (tid == 0) {
+            for (int s = 0; s < S::ST; s++) wg_mbar_init(bar0 + 8 * s, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
 
     auto load_stage = [&](int s, int b) {
         uint8_t *st = sm + s * S::STAGE;
-        /* the codes as in wg_gemm: a quarter-warp per core matrix */
-#pragma unroll 1
-        for (int i = tid; i < NR * 16; i += NT) {
-            const int l = i & 31, wv = i >> 5;
-            const int r = 8 * (wv % (NR / 8)) + (l & 7), c = 4 * (wv / (NR / 8)) + (l >> 3);
-            const int64_t gr = row0 + r;
-            const bool v = gr < rows;
-            cp16(st + S::X + (c * (NR / 8) + (r >> 3)) * 128 + 16 * (r & 7),
-                 v ? qs + gr * n_in + (int64_t)b * 256 + 16 * c : qs, v);
-        }
         if (tid < NR) {
             const int64_t gr = row0 + tid;
             const bool v = gr < rows;
             cp4(st + S::XD + 4 * tid, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
-        }
-#pragma unroll 1
-        for (int i = tid; i < BO * 13; i += NT) { /* 12 chunks of ql|qh, then the scales */
-            const int o = i / 13, c = i % 13;
-            const int64_t go = out0 + o, item = go * nb + b;
-            const bool v = go < n_out;
-            const uint8_t *src = c < 12 ? Wt + item * 192 + 16 * c : Wt + q6_sc + item * 16;
-            cp16(st + S::W + o * LD + 16 * c, v ? src : Wt, v);
         }
         if (tid < BO) { /* d: the 4-aligned pair holding it (only its first half for the array's last, even item) */
             const int64_t item = (out0 + tid) * nb + b, pair = item & ~(int64_t)1;
             const bool v = out0 + tid < n_out;
             const int n = !v ? 0 : ((item | 1) < items ? 4 : 2);
             cp4(st + S::WD + 4 * tid, v ? Wt + q6_d + 2 * pair : Wt, n);
+        }
+        if constexpr (TMA) {
+            if (tid == 0) { /* every thread's reads of this stage ended at the last barrier */
+                const uint32_t bar = bar0 + 8 * s, dst = sm_base + (uint32_t)(s * S::STAGE);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                wg_mbar_expect(bar, NR * 256 + 3 * BO * 64 + BO * 16);
+                for (int c = 0; c < 16; c++)
+                    wg_tma(dst + S::X + c * (NR / 8) * 128, &maps.x, b * 256 + 16 * c, (int)row0, bar);
+                for (int r = 0; r < 3; r++) wg_tma(dst + S::W + r * BO * 64, &maps.w, b * 192 + 64 * r, (int)out0, bar);
+                wg_tma(dst + S::WS, &maps.xb, b * 16, (int)out0, bar);
+            }
+        } else {
+            /* the codes as in wg_gemm: a quarter-warp per core matrix */
+#pragma unroll 1
+            for (int i = tid; i < NR * 16; i += NT) {
+                const int l = i & 31, wv = i >> 5;
+                const int r = 8 * (wv % (NR / 8)) + (l & 7), c = 4 * (wv / (NR / 8)) + (l >> 3);
+                const int64_t gr = row0 + r;
+                const bool v = gr < rows;
+                cp16(st + S::X + (c * (NR / 8) + (r >> 3)) * 128 + 16 * (r & 7),
+                     v ? qs + gr * n_in + (int64_t)b * 256 + 16 * c : qs, v);
+            }
+#pragma unroll 1
+            for (int i = tid; i < BO * 13; i += NT) { /* 12 chunks of ql|qh, then the scales */
+                const int o = i / 13, c = i % 13;
+                const int64_t go = out0 + o, item = go * nb + b;
+                const bool v = go < n_out;
+                const uint8_t *src = c < 12 ? Wt + item * 192 + 16 * c : Wt + q6_sc + item * 16;
+                cp16(st + S::W + o * LD + 16 * c, v ? src : Wt, v);
+            }
         }
     };
 
@@ -503,12 +532,13 @@ __global__ static void __launch_bounds__(256, 1)
         const int s = b % S::ST;
         const uint8_t *st = sm + s * S::STAGE;
         cp_wait<S::ST - 2>();
+        if (TMA) wg_mbar_wait(bar0 + 8 * s, (uint32_t)((b / S::ST) & 1));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
         /* 1. the digit table: a thread per (output, half of the 16 scales) */
         {
             const int o = tid >> 1, hf = tid & 1;
-            const uint2 sw = *(const uint2 *)(st + S::W + o * LD + 192 + 8 * hf);
+            const uint2 sw = *(const uint2 *)(st + S::WS + o * (TMA ? 16 : LD) + 8 * hf);
 #pragma unroll
             for (int k = 0; k < 8; k++) {
                 const int sc = (int)(int8_t)((k < 4 ? sw.x : sw.y) >> (8 * (k & 3)));
@@ -532,6 +562,10 @@ __global__ static void __launch_bounds__(256, 1)
          * is nibble (p >> 1) of ql[64h + 32(p & 1) + l] with bits 2p, 2p + 1
          * of qh[32h + l] above it. */
         const uint8_t *wr0 = st + S::W + o0 * LD + 4 * t, *wr1 = wr0 + 8 * LD;
+        /* TMA: output o's row of box r at W + 8192 r + 64 o, chunk c at 16 (c ^ sw) */
+        const uint8_t *tw0 = st + S::W + o0 * 64 + 4 * t, *tw1 = tw0 + 8 * 64;
+        const uint32_t sw0 = ((sm_base + (uint32_t)(s * S::STAGE + S::W + o0 * 64)) >> 7) & 3;
+        const uint32_t sw1 = ((sm_base + (uint32_t)(s * S::STAGE + S::W + (o0 + 8) * 64)) >> 7) & 3;
         const uint8_t *tg0 = tg + o0 * S::TGL, *tg1 = tg0 + 8 * S::TGL;
         const uint32_t xs = sm_base + (uint32_t)(s * S::STAGE + S::X);
 #pragma unroll
@@ -542,10 +576,18 @@ __global__ static void __launch_bounds__(256, 1)
             uint32_t q[4];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                const uint8_t *wr = (k & 1) ? wr1 : wr0;
-                const int off = 16 * (k >> 1);
-                q[k] = ((*(const uint32_t *)(wr + ql + off) >> nsh) & 0x0F0F0F0Fu) |
-                       (((*(const uint32_t *)(wr + qh + off) >> hsh) & 0x03030303u) << 4);
+                uint32_t wl, wh;
+                if (TMA) { /* ql: box h, chunk 2 (p & 1) + (k >> 1); qh: box 2, chunk 2h + (k >> 1) */
+                    const uint8_t *tw = (k & 1) ? tw1 : tw0;
+                    const uint32_t sw = (k & 1) ? sw1 : sw0;
+                    wl = *(const uint32_t *)(tw + BO * 64 * h + 16 * ((uint32_t)(2 * (p & 1) + (k >> 1)) ^ sw));
+                    wh = *(const uint32_t *)(tw + BO * 64 * 2 + 16 * ((uint32_t)(2 * h + (k >> 1)) ^ sw));
+                } else {
+                    const uint8_t *wr = (k & 1) ? wr1 : wr0;
+                    const int off = 16 * (k >> 1);
+                    wl = *(const uint32_t *)(wr + ql + off), wh = *(const uint32_t *)(wr + qh + off);
+                }
+                q[k] = ((wl >> nsh) & 0x0F0F0F0Fu) | (((wh >> hsh) & 0x03030303u) << 4);
             }
             uint32_t ev[4], od[4];
 #pragma unroll
@@ -634,13 +676,13 @@ static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder(void) {
 /* A 2-D byte tensor of `rows` rows of `row_bytes` at p, read in boxes of
  * box_rows x box_bytes; false where the encoder refuses it (alignment). */
 static bool tma_map(CUtensorMap *m, const void *p, uint64_t row_bytes, uint64_t rows, uint32_t box_bytes,
-                    uint32_t box_rows) {
+                    uint32_t box_rows, CUtensorMapSwizzle swz) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = tma_encoder();
     if (!enc || ((uintptr_t)p & 15) || (row_bytes & 15)) return false;
     const cuuint64_t dim[2] = {row_bytes, rows}, stride[1] = {row_bytes};
     const cuuint32_t box[2] = {box_bytes, box_rows}, es[2] = {1, 1};
     return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)p, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               swz, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -665,9 +707,10 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
     static wg_maps maps; /* a kernel argument (by value): static only to keep 384 bytes off the stack */
     static bool attr_set = false, tma_attr = false;
     if (env_setting(&gemm_tma, "MUSER_CUDA_GEMM_TMA", 1) &&
-        tma_map(&maps.x, qs, (uint64_t)w->n_in, (uint64_t)rows, 16, S::NR) &&
-        tma_map(&maps.w, w->data, (uint64_t)nb * S::LD, (uint64_t)w->n_out, S::LD, S::BO) &&
-        tma_map(&maps.xb, bs, (uint64_t)nb * 32, (uint64_t)rows, 32, S::NR)) {
+        tma_map(&maps.x, qs, (uint64_t)w->n_in, (uint64_t)rows, 16, S::NR, CU_TENSOR_MAP_SWIZZLE_NONE) &&
+        tma_map(&maps.w, w->data, (uint64_t)nb * S::LD, (uint64_t)w->n_out, S::LD, S::BO, CU_TENSOR_MAP_SWIZZLE_NONE) &&
+        tma_map(&maps.xb, bs, (uint64_t)nb * 32, (uint64_t)rows, 32, S::NR,
+                CU_TENSOR_MAP_SWIZZLE_NONE)) {
         if (!smem_once(k_gemm_wg_tma<TYPE>, S::TOTAL_TMA, &tma_attr)) return;
         k_gemm_wg_tma<TYPE><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale,
                                                              w->scale, maps);
@@ -682,12 +725,28 @@ static int wg6_rows = -1; /* MUSER_CUDA_WG6_ROWS: k_gemm_wg6's rows a CTA (64, 8
 
 template <int NR>
 static void launch_wg6(const mucu_weight *w, const int8_t *qs, const float *d, int64_t rows, float *y, cudaStream_t st) {
-    typedef wg6_smem<NR> S;
-    static bool attr_set = false;
-    if (!smem_once(k_gemm_wg6<NR>, S::TOTAL, &attr_set)) return;
+    typedef wg6_smem<NR, false> S;
+    typedef wg6_smem<NR, true> ST;
+    const int nb = (int)(w->n_in / 256);
     const dim3 grid((unsigned)((rows + NR - 1) / NR), (unsigned)((w->n_out + S::BO - 1) / S::BO));
-    k_gemm_wg6<NR><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, (int)(w->n_in / 256), qs, d, rows, y, w->has_scale,
-                                               w->scale);
+    static wg_maps maps; /* maps.xb: the scales */
+    static bool attr_set = false, tma_attr = false;
+    const uint8_t *wd = (const uint8_t *)w->data;
+    const uint64_t items = (uint64_t)w->n_out * (uint64_t)nb;
+    if (env_setting(&gemm_tma, "MUSER_CUDA_GEMM_TMA", 1) &&
+        tma_map(&maps.x, qs, (uint64_t)w->n_in, (uint64_t)rows, 16, NR, CU_TENSOR_MAP_SWIZZLE_NONE) &&
+        tma_map(&maps.w, wd, (uint64_t)nb * 192, (uint64_t)w->n_out, 64, S::BO, CU_TENSOR_MAP_SWIZZLE_64B) &&
+        tma_map(&maps.xb, wd + items * 192, (uint64_t)nb * 16, (uint64_t)w->n_out, 16, S::BO,
+                CU_TENSOR_MAP_SWIZZLE_NONE)) {
+        if (!smem_once(k_gemm_wg6<NR, true>, ST::TOTAL_TMA, &tma_attr)) return;
+        k_gemm_wg6<NR, true><<<grid, 256, ST::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, rows, y, w->has_scale,
+                                                               w->scale, maps);
+        mucu_gemm_tma_launches++;
+        return;
+    }
+    if (!smem_once(k_gemm_wg6<NR, false>, S::TOTAL, &attr_set)) return;
+    k_gemm_wg6<NR, false><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, nb, qs, d, rows, y, w->has_scale, w->scale,
+                                                       maps);
 }
 
 extern "C" void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows,
