@@ -33,11 +33,14 @@
  * comes from two m16n8k16 mma.sync per 8-row tile, as in k_gemm_kq2 (bsum
  * split into int8 lo / hi parts).
  *
- * Measured (docs/benchmarks.md "Prefill on wgmma"): 1.04-1.09x k_gemm_kq2
- * on the big Q4_K shapes, 1.16-1.20x on Q5_K. The kernel is latency-bound,
- * not tensor-bound (ncu: tensor pipe 27 %, 1.63 instructions a cycle, no
- * eligible warp in 59 % of the cycles): every block runs its copies,
- * scale tables, products and epilogue in lock step between two barriers.
+ * Measured (docs/benchmarks.md "Prefill on wgmma"): with cp.async copies
+ * 1.04-1.09x k_gemm_kq2 on the big Q4_K shapes, 1.16-1.20x on Q5_K; with
+ * the copies by TMA (k_gemm_wg_tma, the default) 1.54-1.60x and 1.66-1.69x.
+ * With cp.async the kernel was latency-bound, not tensor-bound (ncu: tensor
+ * pipe 27 %, 1.63 instructions a cycle, no eligible warp in 59 % of the
+ * cycles, the copy loops ~30 % of the instructions): every block runs its
+ * copies, scale tables, products and epilogue in lock step between two
+ * barriers.
  * Measured slower, same call: 64-row tiles with each block's epilogue
  * interleaved with the next block's wgmma groups (0.81x k_gemm_kq2); two
  * 1-warpgroup CTAs per SM (0.84x); the two warpgroups in opposite order
@@ -79,12 +82,14 @@ template <int TYPE> struct wg_smem {
     static constexpr int TOTAL_TMA = BAR + ST * 8;
 };
 
-/* MUSER_CUDA_GEMM_TMA=1 (not the default: compiled, not yet timed on a
- * GPU): the stage's codes, weight blocks and bsums come by the tensor
- * memory accelerator, 18 copies issued by one thread against an mbarrier,
- * instead of 256 threads' 16-byte cp.async with their address arithmetic
- * (Nsight Compute, thirty-fifth session: the copy loops were about 30 % of
- * the kernel's instructions and stall samples). A box of 128 rows x 16
+/* k_gemm_wg_tma (the default; MUSER_CUDA_GEMM_TMA=0 keeps k_gemm_wg): the
+ * stage's codes, weight blocks and bsums come by the tensor memory
+ * accelerator, 18 copies issued by one thread against an mbarrier, instead
+ * of 256 threads' 16-byte cp.async with their address arithmetic (Nsight
+ * Compute, thirty-fifth session: the copy loops were about 30 % of the
+ * kernel's instructions and stall samples). A layer's Q4_K products at
+ * 2,048 rows: 5.197 against k_gemm_wg's 7.486 ms (1.56x k_gemm_kq2 against
+ * 1.09x; docs/benchmarks.md "Copies by the tensor memory accelerator"). A box of 128 rows x 16
  * bytes of the codes lands as one core-matrix column of the no-swizzle
  * layout, a box of 128 outputs x LD bytes as the [o][LD] block rows, one of
  * 128 rows x 32 bytes as the bsums; rows and outputs past the end are
@@ -385,7 +390,11 @@ __global__ static void __launch_bounds__(256, 1)
  * multiply-add of the lanes' (q - 32) by g plus 0x01000100, exact mod
  * 2^32 since every lane stays in 0..65535), and one byte permute takes the
  * four low bytes back. Three accumulators of NR/2 registers each: NR rows a
- * CTA (96 by default) instead of 128. */
+ * CTA (96 by default, MUSER_CUDA_WG6_ROWS 64 / 80) instead of 128. With
+ * the TMA copies (the default) 1.28x / 1.50x k_gemm_kq2 on the q / down
+ * shapes at 2,048 rows (80 rows: 1.19x / 1.32x, 64: 1.14x / 1.22x); with
+ * cp.async 1.02x / 1.17x, and the whole model was slower than with
+ * k_gemm_kq2 (docs/benchmarks.md). */
 template <int NR, bool TMA> struct wg6_smem {
     static constexpr int BO = 128;                 /* outputs a CTA */
     static constexpr int ST = 3;                   /* ring stages */

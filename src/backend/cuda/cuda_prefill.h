@@ -20,25 +20,27 @@ extern "C" {
  * until first read from MUSER_CUDA_GEMM_KERNEL; tests may set it directly. */
 extern int mucu_gemm_kernel;
 int mucu_gemm_kernel_get(void);
-/* k_gemm_wg (cuda_gemm_wg.cu, built for sm_90a alone): the many-row
- * product for Q4_K / Q5_K on wgmma, bit for bit k_gemm_kq2's outputs.
- * mucu_gemm_kq2 hands it the calls it takes (mucu_gemm_wg_takes): with
- * mucu_gemm_kernel 1 (the default) the Q4_K / Q5_K calls of more than 64
- * rows whose 64-row x 128-output tiles number at least 100 (smaller grids keep
- * k_gemm_kq2 and its split), with mucu_gemm_kernel 4 every Q4_K / Q5_K
- * call (tests); only on a compute capability 9.0 device, and not with
- * mucu_set_gemm_wg(0) (MUSER_CUDA_GEMM_WG=0; -1 until read from it). */
+/* k_gemm_wg and k_gemm_wg6 (cuda_gemm_wg.cu, built for sm_90a alone): the
+ * many-row products for Q4_K / Q5_K and for Q6_K on wgmma, bit for bit
+ * k_gemm_kq2's outputs. mucu_gemm_kq2 hands them the calls they take
+ * (mucu_gemm_wg_takes): with mucu_gemm_kernel 1 (the default) the calls of
+ * more than 64 rows whose 64-row x 128-output tiles number at least 100
+ * (smaller grids keep k_gemm_kq2 and its split), with mucu_gemm_kernel 4
+ * every call of these types (tests); only on a compute capability 9.0
+ * device, and not with mucu_set_gemm_wg(0) (MUSER_CUDA_GEMM_WG=0; -1 until
+ * read from it). */
 bool mucu_gemm_wg_device(void);
 bool mucu_gemm_wg_takes(const mucu_weight *w, int64_t rows);
 void mucu_set_gemm_wg(int v);
-/* k_gemm_wg6, Q6_K on wgmma (cuda_gemm_wg.cu): off by default (slower than
- * k_gemm_kq2 in the whole model, docs/cuda.md); MUSER_CUDA_GEMM_WG6=1 or
- * mucu_set_gemm_wg6(1) lets mucu_gemm_wg_takes give it Q6_K calls. */
+/* Q6_K to k_gemm_wg6: on by default; MUSER_CUDA_GEMM_WG6=0 or
+ * mucu_set_gemm_wg6(0) keeps Q6_K on k_gemm_kq2 (-1 reads the variable
+ * again). */
 void mucu_set_gemm_wg6(int v);
-/* Launches of k_gemm_wg_tma, the copies by the tensor memory accelerator
- * (the default; MUSER_CUDA_GEMM_TMA=0 or mucu_set_gemm_tma(0) keeps
- * k_gemm_wg's cp.async copies, -1 reads the variable again; cuda_gemm_wg.cu
- * says why): tests see that the TMA path took the calls. */
+/* Launches with the copies by the tensor memory accelerator (k_gemm_wg_tma,
+ * k_gemm_wg6<NR, true>; the default: MUSER_CUDA_GEMM_TMA=0 or
+ * mucu_set_gemm_tma(0) keeps the cp.async copies, -1 reads the variable
+ * again; cuda_gemm_wg.cu says why): tests see that the TMA path took the
+ * calls. */
 extern long mucu_gemm_tma_launches;
 void mucu_set_gemm_tma(int v);
 void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
