@@ -148,6 +148,79 @@ __device__ static inline void wg_tma(uint32_t dst, const CUtensorMap *tm, int c0
                  "l"((uint64_t)tm), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
+
+/* the ring's ST mbarriers at bar0 (TMA copies), before any copy */
+template <int ST> __device__ static inline void wg_bars_init(uint32_t bar0, int tid) {
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) wg_mbar_init(bar0 + 8 * s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
+
+/* Block b's NR rows of activation codes (256 each) into the no-swizzle
+ * K-major core matrices at x (its shared address xa for TMA: 16 boxes of
+ * NR rows x 16 bytes, one core-matrix column each, issued by the calling
+ * thread on bar). cp.async: a quarter-warp (8 threads) fills one core
+ * matrix (8 rows x 16-byte chunk c: 128 contiguous bytes of shared
+ * memory), the warp's four quarters chunks c0..c0+3 of the same 8 rows
+ * (64 contiguous bytes of each row: whole 32-byte sectors). Thread i took
+ * chunk i % 16 of row i / 16 before, a warp's 16-byte stores 2,048 bytes
+ * apart. This, the bsums spread over all threads (wg_gemm) and the loop
+ * kept rolled (unrolled, ptxas took 255 registers and spilled) made a
+ * layer's Q4_K products 2-3 % faster, each of the first two about half of
+ * it (docs/benchmarks.md). */
+template <int NR>
+__device__ static inline void wg_codes_tma(uint32_t xa, const CUtensorMap *tm, int b, int64_t row0, uint32_t bar) {
+    for (int c = 0; c < 16; c++) wg_tma(xa + c * (NR / 8) * 128, tm, b * 256 + 16 * c, (int)row0, bar);
+}
+template <int NR>
+__device__ static inline void wg_codes_cp(uint8_t *x, const int8_t *__restrict__ qs, int64_t n_in, int b, int64_t row0,
+                                          int64_t rows, int tid) {
+#pragma unroll 1
+    for (int i = tid; i < NR * 16; i += 256) {
+        const int l = i & 31, wv = i >> 5;
+        const int r = 8 * (wv % (NR / 8)) + (l & 7), c = 4 * (wv / (NR / 8)) + (l >> 3);
+        const int64_t gr = row0 + r;
+        const bool v = gr < rows;
+        cp16(x + (c * (NR / 8) + (r >> 3)) * 128 + 16 * (r & 7), v ? qs + gr * n_in + (int64_t)b * 256 + 16 * c : qs, v);
+    }
+}
+
+/* the ring's first ST - 1 stages: blocks 0 .. ST - 2 (a commit group each, empty past nb) */
+template <int ST, typename L> __device__ static inline void wg_ring_start(int nb, const L &load_stage) {
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < nb) load_stage(s, s);
+        cp_commit();
+    }
+}
+
+/* the finished totals of an m64nNk32 fragment (element 4i + e: output o0 +
+ * 8 (e >> 1), row 8i + 2t + (e & 1)) into y, after the last copies */
+template <int NA>
+__device__ static inline void wg_store(const float *total, int64_t row0, int64_t out0, int o0, int t, int64_t rows,
+                                       int64_t n_out, float *__restrict__ y, int has_scale, float scale) {
+    cp_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NA / 4; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int64_t r = row0 + 8 * i + 2 * t + (e & 1), o = out0 + o0 + 8 * (e >> 1);
+            const float v = total[4 * i + e];
+            if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? v * scale : v;
+        }
+}
+
+/* Block b's stage s has landed (cp.async groups, and with TMA its
+ * mbarrier's phase) and every thread may read it; the tensor cores read
+ * the activation codes through the async proxy. */
+template <int ST, bool TMA> __device__ static inline void wg_stage_ready(uint32_t bar0, int b) {
+    cp_wait<ST - 2>();
+    if (TMA) wg_mbar_wait(bar0 + 8 * (b % ST), (uint32_t)((b / ST) & 1));
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+}
 #endif
 
 /* The product's body; maps: the tensor maps of k_gemm_wg_tma's copies (TMA). */
@@ -167,13 +240,7 @@ __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_
     uint8_t *ts = sm + S::TS, *tmin = sm + S::TMIN, *txb = sm + S::TXB;
     float *td = (float *)(sm + S::TD), *tdm = (float *)(sm + S::TDM);
     const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), bar0 = sm_base + S::BAR;
-    if (TMA) {
-        if (tid == 0) {
-            for (int s = 0; s < S::ST; s++) wg_mbar_init(bar0 + 8 * s, 1);
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        }
-        __syncthreads();
-    }
+    if (TMA) wg_bars_init<S::ST>(bar0, tid);
 
     auto load_stage = [&](int s, int b) {
         uint8_t *st = sm + s * S::STAGE;
@@ -190,31 +257,12 @@ __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_
                 const uint32_t bar = bar0 + 8 * s, dst = sm_base + (uint32_t)(s * S::STAGE);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 wg_mbar_expect(bar, NR * 256 + BO * LD + NR * 32);
-                for (int c = 0; c < 16; c++)
-                    wg_tma(dst + S::X + c * (NR / 8) * 128, &maps->x, b * 256 + 16 * c, (int)row0, bar);
+                wg_codes_tma<NR>(dst + S::X, &maps->x, b, row0, bar);
                 wg_tma(dst + S::W, &maps->w, b * LD, (int)out0, bar);
                 wg_tma(dst + S::XB, &maps->xb, b * 32, (int)row0, bar);
             }
         } else {
-            /* the codes: a quarter-warp (8 threads) fills one core matrix
-             * (8 rows x 16-byte chunk c: 128 contiguous bytes of shared
-             * memory), the warp's four quarters chunks c0..c0+3 of the same 8
-             * rows (64 contiguous bytes of each row: whole 32-byte sectors).
-             * Thread i took chunk i % 16 of row i / 16 before, a warp's
-             * 16-byte stores 2,048 bytes apart. This, the bsums spread over
-             * all threads (below) and the loop kept rolled (unrolled, ptxas
-             * took 255 registers and spilled) made a layer's Q4_K products
-             * 2-3 % faster, each of the first two about half of it
-             * (docs/benchmarks.md). */
-#pragma unroll 1
-            for (int i = tid; i < NR * 16; i += NT) {
-                const int l = i & 31, wv = i >> 5;
-                const int r = 8 * (wv % (NR / 8)) + (l & 7), c = 4 * (wv / (NR / 8)) + (l >> 3);
-                const int64_t gr = row0 + r;
-                const bool v = gr < rows;
-                cp16(st + S::X + (c * (NR / 8) + (r >> 3)) * 128 + 16 * (r & 7),
-                     v ? qs + gr * n_in + (int64_t)b * 256 + 16 * c : qs, v);
-            }
+            wg_codes_cp<NR>(st + S::X, qs, n_in, b, row0, rows, tid);
             load_xd();
             for (int i = tid; i < 2 * NR; i += NT) { /* the bsums, 16 bytes a thread: contiguous in shared memory */
                 const int64_t gr = row0 + (i >> 1);
@@ -236,19 +284,11 @@ __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_
 #pragma unroll
     for (int e = 0; e < 64; e++) total[e] = 0.0f, hi[e] = 0, lo[e] = 0;
 
-#pragma unroll
-    for (int s = 0; s < S::ST - 1; s++) {
-        if (s < nb) load_stage(s, s);
-        cp_commit();
-    }
+    wg_ring_start<S::ST>(nb, load_stage);
     for (int b = 0; b < nb; b++) {
         const int s = b % S::ST;
         const uint8_t *st = sm + s * S::STAGE;
-        cp_wait<S::ST - 2>();
-        if (TMA) wg_mbar_wait(bar0 + 8 * s, (uint32_t)((b / S::ST) & 1));
-        /* the tensor cores read the activation codes through the async proxy */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
+        wg_stage_ready<S::ST, TMA>(bar0, b);
         /* 1. a thread per output: its scales split into s_hi / s_lo, mins,
          * d, dmin; a thread per row: the bsum split (as k_gemm_kq2) */
         for (int i = tid; i < BO + NR; i += NT) {
@@ -340,15 +380,7 @@ __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_
             }
         }
     }
-    cp_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 16; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int64_t r = row0 + 8 * i + 2 * t + (e & 1), o = out0 + o0 + 8 * (e >> 1);
-            const float v = total[4 * i + e];
-            if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? v * scale : v;
-        }
+    wg_store<64>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
 #endif
 }
 
@@ -474,13 +506,7 @@ __global__ static void __launch_bounds__(256, 1)
     uint8_t *tg = sm + S::TG;
     float *td = (float *)(sm + S::TD);
     const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), bar0 = sm_base + S::BAR;
-    if (TMA) {
-        if (tid == 0) {
-            for (int s = 0; s < S::ST; s++) wg_mbar_init(bar0 + 8 * s, 1);
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        }
-        __syncthreads();
-    }
+    if (TMA) wg_bars_init<S::ST>(bar0, tid);
 
     auto load_stage = [&](int s, int b) {
         uint8_t *st = sm + s * S::STAGE;
@@ -500,22 +526,12 @@ __global__ static void __launch_bounds__(256, 1)
                 const uint32_t bar = bar0 + 8 * s, dst = sm_base + (uint32_t)(s * S::STAGE);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 wg_mbar_expect(bar, NR * 256 + 3 * BO * 64 + BO * 16);
-                for (int c = 0; c < 16; c++)
-                    wg_tma(dst + S::X + c * (NR / 8) * 128, &maps.x, b * 256 + 16 * c, (int)row0, bar);
+                wg_codes_tma<NR>(dst + S::X, &maps.x, b, row0, bar);
                 for (int r = 0; r < 3; r++) wg_tma(dst + S::W + r * BO * 64, &maps.w, b * 192 + 64 * r, (int)out0, bar);
                 wg_tma(dst + S::WS, &maps.xb, b * 16, (int)out0, bar);
             }
         } else {
-            /* the codes as in wg_gemm: a quarter-warp per core matrix */
-#pragma unroll 1
-            for (int i = tid; i < NR * 16; i += NT) {
-                const int l = i & 31, wv = i >> 5;
-                const int r = 8 * (wv % (NR / 8)) + (l & 7), c = 4 * (wv / (NR / 8)) + (l >> 3);
-                const int64_t gr = row0 + r;
-                const bool v = gr < rows;
-                cp16(st + S::X + (c * (NR / 8) + (r >> 3)) * 128 + 16 * (r & 7),
-                     v ? qs + gr * n_in + (int64_t)b * 256 + 16 * c : qs, v);
-            }
+            wg_codes_cp<NR>(st + S::X, qs, n_in, b, row0, rows, tid);
 #pragma unroll 1
             for (int i = tid; i < BO * 13; i += NT) { /* 12 chunks of ql|qh, then the scales */
                 const int o = i / 13, c = i % 13;
@@ -532,18 +548,11 @@ __global__ static void __launch_bounds__(256, 1)
 #pragma unroll
     for (int e = 0; e < NA; e++) total[e] = 0.0f, a0[e] = 0, a1[e] = 0, a2[e] = 0;
 
-#pragma unroll
-    for (int s = 0; s < S::ST - 1; s++) {
-        if (s < nb) load_stage(s, s);
-        cp_commit();
-    }
+    wg_ring_start<S::ST>(nb, load_stage);
     for (int b = 0; b < nb; b++) {
         const int s = b % S::ST;
         const uint8_t *st = sm + s * S::STAGE;
-        cp_wait<S::ST - 2>();
-        if (TMA) wg_mbar_wait(bar0 + 8 * s, (uint32_t)((b / S::ST) & 1));
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
+        wg_stage_ready<S::ST, TMA>(bar0, b);
         /* 1. the digit table: a thread per (output, half of the 16 scales) */
         {
             const int o = tid >> 1, hf = tid & 1;
@@ -637,15 +646,7 @@ __global__ static void __launch_bounds__(256, 1)
             }
         }
     }
-    cp_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NR / 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int64_t r = row0 + 8 * i + 2 * t + (e & 1), o = out0 + o0 + 8 * (e >> 1);
-            const float v = total[4 * i + e];
-            if (r < rows && o < n_out) y[r * n_out + o] = has_scale ? v * scale : v;
-        }
+    wg_store<NA>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
 #endif
 }
 
