@@ -24,7 +24,8 @@
 #           specab: trees of 15 over the 64 prompts with the round's launch savings one by one off;
 #           llamadflash: llama.cpp's draft-dflash beside its plain decoding on the same pair
 #           (tests/cuda/llama_dflash.sh; carry .llama-build/llama-server.xz, or run llamabuild first);
-#           ab: decode figures under each of AB_ENVS; llama: llama.cpp's
+#           ab: decode figures under each of AB_ENVS; prefillab: the full model's pp512 / pp2048
+#           under each of AB_ENVS (default: k_gemm_wg6's 96 and 80 rows), alternating; llama: llama.cpp's
 #           llama-bench on the same model, LLAMA_BENCH, .llama-build/bin or a carried
 #           .llama-build/llama-bench.xz; llamabuild: build llama-bench and llama-server from the carried
 #           .llama-src/llama-src.tar.xz, for the llama stage; tma: k_gemm_wg_tma (MUSER_CUDA_GEMM_TMA=1)
@@ -314,6 +315,16 @@ case " $STAGES " in *" bench "*)
             env ${v//,/ } $B -p 0 -n 32 -r 2 --parallel 1,4,8 -q | tail -3
             env ${v//,/ } $B -p 512 -n 0 -r 2 --chunk 16 -q | tail -1
             env ${v//,/ } $TINY -p 0 -n 256 -r 3 --draft "$SRC/models/glimmer-tiny-dflash-q4_k_xl.gguf" | tail -2
+        done ;;
+    esac
+    case " $STAGES " in *" prefillab "*)
+        # settings side by side, alternating, two rounds (a setting: VAR=VAL[,VAR=VAL...])
+        echo "== prefill under each of AB_ENVS (full model pp512 / pp2048, alternating, two rounds)"
+        for round in 1 2; do
+            for v in ${AB_ENVS:-MUSER_CUDA_WG6_ROWS=96 MUSER_CUDA_WG6_ROWS=80}; do
+                echo "${v//,/ } round $round: $(env ${v//,/ } timeout 120 $B -p 512 -n 0 -r 2 -q 2>&1 | tail -1) |$(
+                    env ${v//,/ } timeout 120 $B -p 2048 -n 0 -r 2 -q 2>&1 | tail -1)"
+            done
         done ;;
     esac
     case " $STAGES " in *" llama "*)

@@ -657,13 +657,21 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
             mucu_set_gemm_wg6(k >= 4);
             mucu_gemm_kernel = k == 5 ? 4 : k;
             mucu_set_gemm_split(splits[sp]);
-            cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
-            cu->matmul(cu, w, dx, dy, rows);
-            char what[200];
-            snprintf(what, sizeof what, "gemm (%s, split %d) %s%s n_in=%lld n_out=%lld rows=%lld", kname[k], splits[sp],
-                     w->name, label, (long long)n_in, (long long)n_out, (long long)rows);
-            check(what, y, dy, (size_t)(rows * n_out) * 4);
+            /* k_gemm_wg6: each of its row tiles (96, 80, 64) */
+            const int n_tiles = k >= 4 && w->type == MU_TYPE_Q6_K ? 3 : 1;
+            for (int ti = 0; ti < n_tiles; ti++) {
+                static const int wg6_rows[3] = {96, 80, 64};
+                mucu_set_wg6_rows(wg6_rows[ti]);
+                cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
+                cu->matmul(cu, w, dx, dy, rows);
+                char what[200];
+                snprintf(what, sizeof what, "gemm (%s%s, split %d) %s%s n_in=%lld n_out=%lld rows=%lld", kname[k],
+                         n_tiles > 1 ? (ti == 0 ? " 96 rows" : ti == 1 ? " 80 rows" : " 64 rows") : "", splits[sp],
+                         w->name, label, (long long)n_in, (long long)n_out, (long long)rows);
+                check(what, y, dy, (size_t)(rows * n_out) * 4);
+            }
         }
+    mucu_set_wg6_rows(-1);
     mucu_set_gemm_split(-1);
     mucu_set_gemm_tma(-1);
     mucu_set_gemm_wg6(-1);

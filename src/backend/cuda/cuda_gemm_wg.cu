@@ -732,6 +732,7 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
 }
 
 static int wg6_rows = -1; /* MUSER_CUDA_WG6_ROWS: k_gemm_wg6's rows a CTA (64, 80 or 96) */
+extern "C" void mucu_set_wg6_rows(int v) { wg6_rows = v; }
 
 template <int NR>
 static void launch_wg6(const mucu_weight *w, const int8_t *qs, const float *d, int64_t rows, float *y, cudaStream_t st) {

@@ -36,6 +36,9 @@ void mucu_set_gemm_wg(int v);
  * mucu_set_gemm_wg6(0) keeps Q6_K on k_gemm_kq2 (-1 reads the variable
  * again). */
 void mucu_set_gemm_wg6(int v);
+/* k_gemm_wg6's rows a CTA: 96 (the default), 80 or 64
+ * (MUSER_CUDA_WG6_ROWS; -1 reads the variable again) */
+void mucu_set_wg6_rows(int v);
 /* Launches with the copies by the tensor memory accelerator (k_gemm_wg_tma,
  * k_gemm_wg6<NR, true>; the default: MUSER_CUDA_GEMM_TMA=0 or
  * mucu_set_gemm_tma(0) keeps the cp.async copies, -1 reads the variable
