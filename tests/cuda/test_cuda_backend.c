@@ -664,10 +664,10 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
                 mucu_set_wg6_rows(wg6_rows[ti]);
                 cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
                 cu->matmul(cu, w, dx, dy, rows);
-                char what[200];
-                snprintf(what, sizeof what, "gemm (%s%s, split %d) %s%s n_in=%lld n_out=%lld rows=%lld", kname[k],
-                         n_tiles > 1 ? (ti == 0 ? " 96 rows" : ti == 1 ? " 80 rows" : " 64 rows") : "", splits[sp],
-                         w->name, label, (long long)n_in, (long long)n_out, (long long)rows);
+                char tile[24] = "", what[200];
+                if (n_tiles > 1) snprintf(tile, sizeof tile, " %d rows", wg6_rows[ti]);
+                snprintf(what, sizeof what, "gemm (%s%s, split %d) %s%s n_in=%lld n_out=%lld rows=%lld", kname[k], tile,
+                         splits[sp], w->name, label, (long long)n_in, (long long)n_out, (long long)rows);
                 check(what, y, dy, (size_t)(rows * n_out) * 4);
             }
         }

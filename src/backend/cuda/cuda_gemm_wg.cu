@@ -95,7 +95,7 @@ template <int TYPE> struct wg_smem {
  * 128 rows x 32 bytes as the bsums; rows and outputs past the end are
  * zero-filled as cp.async's invalid copies are. */
 struct wg_maps {
-    CUtensorMap x, w, xb;
+    CUtensorMap x, w, aux; /* codes, weight blocks (Q6_K: ql|qh), then bsums (Q6_K: scales) */
 };
 
 #if WG_HAVE
@@ -187,6 +187,17 @@ __device__ static inline void wg_codes_cp(uint8_t *x, const int8_t *__restrict__
     }
 }
 
+/* block b's activation scales of the NR rows into xd (cp.async, 4 bytes a thread) */
+template <int NR>
+__device__ static inline void wg_xd_cp(uint8_t *xd, const float *__restrict__ xdp, int nb, int b, int64_t row0,
+                                       int64_t rows, int tid) {
+    if (tid < NR) {
+        const int64_t gr = row0 + tid;
+        const bool v = gr < rows;
+        cp4(xd + 4 * tid, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
+    }
+}
+
 /* the ring's first ST - 1 stages: blocks 0 .. ST - 2 (a commit group each, empty past nb) */
 template <int ST, typename L> __device__ static inline void wg_ring_start(int nb, const L &load_stage) {
 #pragma unroll
@@ -244,26 +255,19 @@ __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_
 
     auto load_stage = [&](int s, int b) {
         uint8_t *st = sm + s * S::STAGE;
-        auto load_xd = [&]() { /* the rows' activation scales */
-            if (tid < NR) {
-                const int64_t gr = row0 + tid;
-                const bool v = gr < rows;
-                cp4(st + S::XD + 4 * tid, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
-            }
-        };
         if constexpr (TMA) {
-            load_xd();
+            wg_xd_cp<NR>(st + S::XD, xdp, nb, b, row0, rows, tid);
             if (tid == 0) { /* every thread's reads of this stage ended at the last barrier */
                 const uint32_t bar = bar0 + 8 * s, dst = sm_base + (uint32_t)(s * S::STAGE);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 wg_mbar_expect(bar, NR * 256 + BO * LD + NR * 32);
                 wg_codes_tma<NR>(dst + S::X, &maps->x, b, row0, bar);
                 wg_tma(dst + S::W, &maps->w, b * LD, (int)out0, bar);
-                wg_tma(dst + S::XB, &maps->xb, b * 32, (int)row0, bar);
+                wg_tma(dst + S::XB, &maps->aux, b * 32, (int)row0, bar);
             }
         } else {
             wg_codes_cp<NR>(st + S::X, qs, n_in, b, row0, rows, tid);
-            load_xd();
+            wg_xd_cp<NR>(st + S::XD, xdp, nb, b, row0, rows, tid);
             for (int i = tid; i < 2 * NR; i += NT) { /* the bsums, 16 bytes a thread: contiguous in shared memory */
                 const int64_t gr = row0 + (i >> 1);
                 const bool v = gr < rows;
@@ -510,11 +514,7 @@ __global__ static void __launch_bounds__(256, 1)
 
     auto load_stage = [&](int s, int b) {
         uint8_t *st = sm + s * S::STAGE;
-        if (tid < NR) {
-            const int64_t gr = row0 + tid;
-            const bool v = gr < rows;
-            cp4(st + S::XD + 4 * tid, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
-        }
+        wg_xd_cp<NR>(st + S::XD, xdp, nb, b, row0, rows, tid);
         if (tid < BO) { /* d: the 4-aligned pair holding it (only its first half for the array's last, even item) */
             const int64_t item = (out0 + tid) * nb + b, pair = item & ~(int64_t)1;
             const bool v = out0 + tid < n_out;
@@ -528,7 +528,7 @@ __global__ static void __launch_bounds__(256, 1)
                 wg_mbar_expect(bar, NR * 256 + 3 * BO * 64 + BO * 16);
                 wg_codes_tma<NR>(dst + S::X, &maps.x, b, row0, bar);
                 for (int r = 0; r < 3; r++) wg_tma(dst + S::W + r * BO * 64, &maps.w, b * 192 + 64 * r, (int)out0, bar);
-                wg_tma(dst + S::WS, &maps.xb, b * 16, (int)out0, bar);
+                wg_tma(dst + S::WS, &maps.aux, b * 16, (int)out0, bar);
             }
         } else {
             wg_codes_cp<NR>(st + S::X, qs, n_in, b, row0, rows, tid);
@@ -719,7 +719,7 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
     if (env_setting(&gemm_tma, "MUSER_CUDA_GEMM_TMA", 1) &&
         tma_map(&maps.x, qs, (uint64_t)w->n_in, (uint64_t)rows, 16, S::NR, CU_TENSOR_MAP_SWIZZLE_NONE) &&
         tma_map(&maps.w, w->data, (uint64_t)nb * S::LD, (uint64_t)w->n_out, S::LD, S::BO, CU_TENSOR_MAP_SWIZZLE_NONE) &&
-        tma_map(&maps.xb, bs, (uint64_t)nb * 32, (uint64_t)rows, 32, S::NR,
+        tma_map(&maps.aux, bs, (uint64_t)nb * 32, (uint64_t)rows, 32, S::NR,
                 CU_TENSOR_MAP_SWIZZLE_NONE)) {
         if (!smem_once(k_gemm_wg_tma<TYPE>, S::TOTAL_TMA, &tma_attr)) return;
         k_gemm_wg_tma<TYPE><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale,
@@ -740,14 +740,14 @@ static void launch_wg6(const mucu_weight *w, const int8_t *qs, const float *d, i
     typedef wg6_smem<NR, true> ST;
     const int nb = (int)(w->n_in / 256);
     const dim3 grid((unsigned)((rows + NR - 1) / NR), (unsigned)((w->n_out + S::BO - 1) / S::BO));
-    static wg_maps maps; /* maps.xb: the scales */
+    static wg_maps maps;
     static bool attr_set = false, tma_attr = false;
     const uint8_t *wd = (const uint8_t *)w->data;
     const uint64_t items = (uint64_t)w->n_out * (uint64_t)nb;
     if (env_setting(&gemm_tma, "MUSER_CUDA_GEMM_TMA", 1) &&
         tma_map(&maps.x, qs, (uint64_t)w->n_in, (uint64_t)rows, 16, NR, CU_TENSOR_MAP_SWIZZLE_NONE) &&
         tma_map(&maps.w, wd, (uint64_t)nb * 192, (uint64_t)w->n_out, 64, S::BO, CU_TENSOR_MAP_SWIZZLE_64B) &&
-        tma_map(&maps.xb, wd + items * 192, (uint64_t)nb * 16, (uint64_t)w->n_out, 16, S::BO,
+        tma_map(&maps.aux, wd + items * 192, (uint64_t)nb * 16, (uint64_t)w->n_out, 16, S::BO,
                 CU_TENSOR_MAP_SWIZZLE_NONE)) {
         if (!smem_once(k_gemm_wg6<NR, true>, ST::TOTAL_TMA, &tma_attr)) return;
         k_gemm_wg6<NR, true><<<grid, 256, ST::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, rows, y, w->has_scale,

@@ -461,11 +461,9 @@ extern "C" void mucu_set_gemm_wg(int v) { gemm_wg_v = v; }
 extern "C" void mucu_set_gemm_wg6(int v) { gemm_wg6_v = v; }
 
 extern "C" bool mucu_gemm_wg_takes(const mucu_weight *w, int64_t rows) {
-    if ((w->type != P_Q4_K && w->type != P_Q5_K &&
-         (w->type != P_Q6_K || !env_setting(&gemm_wg6_v, "MUSER_CUDA_GEMM_WG6", 1))) ||
-        !env_setting(&gemm_wg_v, "MUSER_CUDA_GEMM_WG", 1) ||
-        !mucu_gemm_wg_device())
-        return false;
+    const bool typed = w->type == P_Q4_K || w->type == P_Q5_K ||
+                       (w->type == P_Q6_K && env_setting(&gemm_wg6_v, "MUSER_CUDA_GEMM_WG6", 1));
+    if (!typed || !env_setting(&gemm_wg_v, "MUSER_CUDA_GEMM_WG", 1) || !mucu_gemm_wg_device()) return false;
     const int k = mucu_gemm_kernel_get();
     if (k == 4) return true;
     const int64_t tiles = ((rows + 63) / 64) * ((w->n_out + 127) / 128); /* its 64-row x 128-output tiles */
