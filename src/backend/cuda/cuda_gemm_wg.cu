@@ -80,6 +80,9 @@ template <int TYPE> struct wg_smem {
     static constexpr int TOTAL = TXB + NR * 16;
     static constexpr int BAR = TOTAL;                            /* k_gemm_wg_tma: a stage's mbarrier each */
     static constexpr int TOTAL_TMA = BAR + ST * 8;
+    static constexpr int PXB = TOTAL;                            /* k_gemm_pp: the second warpgroup's bsum split */
+    static constexpr int PBAR = PXB + NR * 16;                   /* k_gemm_pp: full[ST], then empty[ST] */
+    static constexpr int TOTAL_PP = PBAR + 2 * ST * 8;
 };
 
 /* k_gemm_wg_tma (the default; MUSER_CUDA_GEMM_TMA=0 keeps k_gemm_wg): the
@@ -232,6 +235,108 @@ template <int ST, bool TMA> __device__ static inline void wg_stage_ready(uint32_
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
 }
+
+/* A block's tables (k_gemm_wg, k_gemm_pp): for output o (o >= 0) its
+ * scales split into s_hi / s_lo, its mins, d and dmin; for row r (r >= 0)
+ * the bsum split (as k_gemm_kq2) into txb. st: the block's stage, sm: the
+ * shared memory (its output tables). */
+template <int TYPE>
+__device__ static __forceinline__ void wg_table(const uint8_t *st, uint8_t *sm, int o, int r, uint8_t *txb) {
+    typedef wg_smem<TYPE> S;
+    if (o >= 0) {
+        const uint4 hq = *(const uint4 *)(st + S::W + o * S::LD);
+        const kq_scmin k = kq_scales_mins(hq.y, hq.z, hq.w);
+        *(uint4 *)(sm + S::TS + 16 * o) = make_uint4((k.sc03 >> 3) & 0x07070707u, (k.sc47 >> 3) & 0x07070707u,
+                                                     k.sc03 & 0x07070707u, k.sc47 & 0x07070707u);
+        *(uint2 *)(sm + S::TMIN + 8 * o) = make_uint2(k.mn03, k.mn47);
+        ((float *)(sm + S::TD))[o] = h2f((uint16_t)(hq.x & 0xFFFF));
+        ((float *)(sm + S::TDM))[o] = h2f((uint16_t)(hq.x >> 16));
+    } else {
+        *(uint4 *)(txb + 16 * r) = kq_bsum_split(st + S::XB + 32 * r);
+    }
+}
+
+/* The integer sums of a block (a warpgroup's 64 outputs x NR rows): per
+ * 32-value sub-block j, A = codes x s_hi and codes x s_lo of outputs o0,
+ * o0 + 8, one wgmma each over all rows; returns with the last group still
+ * in flight (the caller's wg_wait<0> ends it). xs: the stage's codes. */
+template <int TYPE>
+__device__ static __forceinline__ void wg_products(const uint8_t *st, const uint8_t *sm, int o0, int t, uint32_t xs,
+                                          int32_t hi[64], int32_t lo[64]) {
+    typedef wg_smem<TYPE> S;
+    constexpr int NR = S::NR, LD = S::LD;
+    const uint4 sc0 = *(const uint4 *)(sm + S::TS + 16 * o0), sc1 = *(const uint4 *)(sm + S::TS + 16 * (o0 + 8));
+    const uint8_t *wr0 = st + S::W + o0 * LD + 4 * t, *wr1 = wr0 + 8 * LD;
+    uint32_t qh00 = 0, qh01 = 0, qh10 = 0, qh11 = 0;
+    if (TYPE == W_Q5_K) {
+        qh00 = *(const uint32_t *)(wr0 + 16), qh01 = *(const uint32_t *)(wr0 + 32);
+        qh10 = *(const uint32_t *)(wr1 + 16), qh11 = *(const uint32_t *)(wr1 + 32);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int p = j >> 1, sh = 4 * (j & 1);
+        uint32_t c00 = (*(const uint32_t *)(wr0 + S::QOFF + 32 * p) >> sh) & 0x0F0F0F0Fu;
+        uint32_t c10 = (*(const uint32_t *)(wr1 + S::QOFF + 32 * p) >> sh) & 0x0F0F0F0Fu;
+        uint32_t c01 = (*(const uint32_t *)(wr0 + S::QOFF + 32 * p + 16) >> sh) & 0x0F0F0F0Fu;
+        uint32_t c11 = (*(const uint32_t *)(wr1 + S::QOFF + 32 * p + 16) >> sh) & 0x0F0F0F0Fu;
+        if (TYPE == W_Q5_K) { /* bit j of qh[l]: the fifth bit of value 32j + l */
+            c00 |= ((qh00 >> j) & 0x01010101u) << 4;
+            c01 |= ((qh01 >> j) & 0x01010101u) << 4;
+            c10 |= ((qh10 >> j) & 0x01010101u) << 4;
+            c11 |= ((qh11 >> j) & 0x01010101u) << 4;
+        }
+        const uint32_t h0 = ((j < 4 ? sc0.x : sc0.y) >> (8 * (j & 3))) & 0xFF;
+        const uint32_t h1 = ((j < 4 ? sc1.x : sc1.y) >> (8 * (j & 3))) & 0xFF;
+        const uint32_t l0 = ((j < 4 ? sc0.z : sc0.w) >> (8 * (j & 3))) & 0xFF;
+        const uint32_t l1 = ((j < 4 ? sc1.z : sc1.w) >> (8 * (j & 3))) & 0xFF;
+        uint32_t ah[4] = {c00 * h0, c10 * h1, c01 * h0, c11 * h1}, al[4] = {c00 * l0, c10 * l1, c01 * l0, c11 * l1};
+#pragma unroll
+        for (int k = 0; k < 4; k++) wg_pin(ah[k]), wg_pin(al[k]);
+        wg_fence();
+        /* all NR rows (NR / 8 row groups 128 bytes apart), chunks 2j, 2j + 1 */
+        const uint64_t desc = wg_desc(xs + (uint32_t)(2 * j * (NR / 8) * 128), (NR / 8) * 128, 128);
+        wg_mma(hi, ah[0], ah[1], ah[2], ah[3], desc, j > 0);
+        wg_mma(lo, al[0], al[1], al[2], al[3], desc, j > 0);
+        wg_commit();
+        wg_wait<1>();
+    }
+}
+
+/* f_b and the ordered totals of a block, after its products have landed.
+ * Element 4i + e of this thread: output o0 + 8 (e >> 1), row 8i + 2t +
+ * (e & 1). summ by two k16 mma per 8-row tile: A row o = [m_0..7 | 0] and
+ * [0 | m_0..7], B column r = [lo_0..7 | hi_0..7] (txb) */
+template <int TYPE>
+__device__ static __forceinline__ void wg_epilogue(const uint8_t *st, const uint8_t *sm, const uint8_t *txb, int o0, int g,
+                                          int t, int32_t hi[64], int32_t lo[64], float total[64]) {
+    typedef wg_smem<TYPE> S;
+#pragma unroll
+    for (int e = 0; e < 64; e++) wg_pin(hi[e]), wg_pin(lo[e]);
+    const uint8_t *tmin = sm + S::TMIN;
+    const float *td = (const float *)(sm + S::TD), *tdm = (const float *)(sm + S::TDM);
+    const uint32_t mw0 = *(const uint32_t *)(tmin + 8 * o0 + 4 * (t & 1));
+    const uint32_t mw1 = *(const uint32_t *)(tmin + 8 * (o0 + 8) + 4 * (t & 1));
+    const uint32_t al0 = t < 2 ? mw0 : 0u, al1 = t < 2 ? mw1 : 0u, ah0 = t < 2 ? 0u : mw0, ah1 = t < 2 ? 0u : mw1;
+    const float d0 = td[o0], d1 = td[o0 + 8], dm0 = tdm[o0], dm1 = tdm[o0 + 8];
+    const float *xdv = (const float *)(st + S::XD);
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const uint32_t bx = *(const uint32_t *)(txb + 16 * (8 * i + g) + 4 * t);
+        int32_t cl[4], ch[4];
+        mma_k16(cl, al0, al1, bx);
+        mma_k16(ch, ah0, ah1, bx);
+        const float2 xd = *(const float2 *)(xdv + 8 * i + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int32_t sumi = 8 * hi[4 * i + e] + lo[4 * i + e];
+            const int32_t summ = cl[e] + 128 * ch[e];
+            const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
+            const float x = (e & 1) ? xd.y : xd.x;
+            const float f = (d * x) * (float)sumi - (dmin * x) * (float)summ;
+            total[4 * i + e] = total[4 * i + e] + f;
+        }
+    }
+}
 #endif
 
 /* The product's body; maps: the tensor maps of k_gemm_wg_tma's copies (TMA). */
@@ -248,8 +353,7 @@ __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_
     const int o0 = 16 * warp + g; /* this thread's outputs o0, o0 + 8 in the tile (warpgroup warp >> 2) */
     const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * BO;
     const int64_t n_in = (int64_t)nb * 256;
-    uint8_t *ts = sm + S::TS, *tmin = sm + S::TMIN, *txb = sm + S::TXB;
-    float *td = (float *)(sm + S::TD), *tdm = (float *)(sm + S::TDM);
+    uint8_t *txb = sm + S::TXB;
     const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), bar0 = sm_base + S::BAR;
     if (TMA) wg_bars_init<S::ST>(bar0, tid);
 
@@ -293,96 +397,16 @@ __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_
         const int s = b % S::ST;
         const uint8_t *st = sm + s * S::STAGE;
         wg_stage_ready<S::ST, TMA>(bar0, b);
-        /* 1. a thread per output: its scales split into s_hi / s_lo, mins,
-         * d, dmin; a thread per row: the bsum split (as k_gemm_kq2) */
-        for (int i = tid; i < BO + NR; i += NT) {
-            if (i < BO) {
-                const int o = i;
-                const uint4 hq = *(const uint4 *)(st + S::W + o * LD);
-                const kq_scmin k = kq_scales_mins(hq.y, hq.z, hq.w);
-                *(uint4 *)(ts + 16 * o) = make_uint4((k.sc03 >> 3) & 0x07070707u, (k.sc47 >> 3) & 0x07070707u,
-                                                     k.sc03 & 0x07070707u, k.sc47 & 0x07070707u);
-                *(uint2 *)(tmin + 8 * o) = make_uint2(k.mn03, k.mn47);
-                td[o] = h2f((uint16_t)(hq.x & 0xFFFF));
-                tdm[o] = h2f((uint16_t)(hq.x >> 16));
-            } else {
-                const int r = i - BO;
-                *(uint4 *)(txb + 16 * r) = kq_bsum_split(st + S::XB + 32 * r);
-            }
-        }
+        for (int i = tid; i < BO + NR; i += NT) wg_table<TYPE>(st, sm, i < BO ? i : -1, i - BO, txb);
         __syncthreads();
         {
             const int nx = b + S::ST - 1;
             if (nx < nb) load_stage(nx % S::ST, nx);
             cp_commit();
         }
-        /* 2. the integer sums: per 32-value sub-block j, A = codes x s_hi
-         * and codes x s_lo of outputs o0, o0 + 8, one wgmma per 64 rows */
-        const uint4 sc0 = *(const uint4 *)(ts + 16 * o0), sc1 = *(const uint4 *)(ts + 16 * (o0 + 8));
-        const uint8_t *wr0 = st + S::W + o0 * LD + 4 * t, *wr1 = wr0 + 8 * LD;
-        const uint32_t xs = sm_base + (uint32_t)(s * S::STAGE + S::X);
-        uint32_t qh00 = 0, qh01 = 0, qh10 = 0, qh11 = 0;
-        if (TYPE == W_Q5_K) {
-            qh00 = *(const uint32_t *)(wr0 + 16), qh01 = *(const uint32_t *)(wr0 + 32);
-            qh10 = *(const uint32_t *)(wr1 + 16), qh11 = *(const uint32_t *)(wr1 + 32);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int p = j >> 1, sh = 4 * (j & 1);
-            uint32_t c00 = (*(const uint32_t *)(wr0 + S::QOFF + 32 * p) >> sh) & 0x0F0F0F0Fu;
-            uint32_t c10 = (*(const uint32_t *)(wr1 + S::QOFF + 32 * p) >> sh) & 0x0F0F0F0Fu;
-            uint32_t c01 = (*(const uint32_t *)(wr0 + S::QOFF + 32 * p + 16) >> sh) & 0x0F0F0F0Fu;
-            uint32_t c11 = (*(const uint32_t *)(wr1 + S::QOFF + 32 * p + 16) >> sh) & 0x0F0F0F0Fu;
-            if (TYPE == W_Q5_K) { /* bit j of qh[l]: the fifth bit of value 32j + l */
-                c00 |= ((qh00 >> j) & 0x01010101u) << 4;
-                c01 |= ((qh01 >> j) & 0x01010101u) << 4;
-                c10 |= ((qh10 >> j) & 0x01010101u) << 4;
-                c11 |= ((qh11 >> j) & 0x01010101u) << 4;
-            }
-            const uint32_t h0 = ((j < 4 ? sc0.x : sc0.y) >> (8 * (j & 3))) & 0xFF;
-            const uint32_t h1 = ((j < 4 ? sc1.x : sc1.y) >> (8 * (j & 3))) & 0xFF;
-            const uint32_t l0 = ((j < 4 ? sc0.z : sc0.w) >> (8 * (j & 3))) & 0xFF;
-            const uint32_t l1 = ((j < 4 ? sc1.z : sc1.w) >> (8 * (j & 3))) & 0xFF;
-            uint32_t ah[4] = {c00 * h0, c10 * h1, c01 * h0, c11 * h1}, al[4] = {c00 * l0, c10 * l1, c01 * l0, c11 * l1};
-#pragma unroll
-            for (int k = 0; k < 4; k++) wg_pin(ah[k]), wg_pin(al[k]);
-            wg_fence();
-            /* all 128 rows (16 row groups 128 bytes apart), chunks 2j, 2j + 1 */
-            const uint64_t desc = wg_desc(xs + (uint32_t)(2 * j * (NR / 8) * 128), (NR / 8) * 128, 128);
-            wg_mma(hi, ah[0], ah[1], ah[2], ah[3], desc, j > 0);
-            wg_mma(lo, al[0], al[1], al[2], al[3], desc, j > 0);
-            wg_commit();
-            wg_wait<1>();
-        }
+        wg_products<TYPE>(st, sm, o0, t, sm_base + (uint32_t)(s * S::STAGE + S::X), hi, lo);
         wg_wait<0>();
-#pragma unroll
-        for (int e = 0; e < 64; e++) wg_pin(hi[e]), wg_pin(lo[e]);
-        /* 3. f_b and the ordered totals. Element 4i + e of this thread:
-         * output o0 + 8 (e >> 1), row 8i + 2t + (e & 1). summ by two
-         * k16 mma per 8-row tile: A row o = [m_0..7 | 0] and [0 | m_0..7],
-         * B column r = [lo_0..7 | hi_0..7] */
-        const uint32_t mw0 = *(const uint32_t *)(tmin + 8 * o0 + 4 * (t & 1));
-        const uint32_t mw1 = *(const uint32_t *)(tmin + 8 * (o0 + 8) + 4 * (t & 1));
-        const uint32_t al0 = t < 2 ? mw0 : 0u, al1 = t < 2 ? mw1 : 0u, ah0 = t < 2 ? 0u : mw0, ah1 = t < 2 ? 0u : mw1;
-        const float d0 = td[o0], d1 = td[o0 + 8], dm0 = tdm[o0], dm1 = tdm[o0 + 8];
-        const float *xdv = (const float *)(st + S::XD);
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const uint32_t bx = *(const uint32_t *)(txb + 16 * (8 * i + g) + 4 * t);
-            int32_t cl[4], ch[4];
-            mma_k16(cl, al0, al1, bx);
-            mma_k16(ch, ah0, ah1, bx);
-            const float2 xd = *(const float2 *)(xdv + 8 * i + 2 * t);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int32_t sumi = 8 * hi[4 * i + e] + lo[4 * i + e];
-                const int32_t summ = cl[e] + 128 * ch[e];
-                const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
-                const float x = (e & 1) ? xd.y : xd.x;
-                const float f = (d * x) * (float)sumi - (dmin * x) * (float)summ;
-                total[4 * i + e] = total[4 * i + e] + f;
-            }
-        }
+        wg_epilogue<TYPE>(st, sm, txb, o0, g, t, hi, lo, total);
     }
     wg_store<64>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
 #endif
@@ -405,6 +429,108 @@ __global__ static void __launch_bounds__(256, 1)
                   int has_scale, float scale, const __grid_constant__ wg_maps maps) {
     grid_dep_wait();
     wg_gemm<TYPE, true>(Wt, n_out, nb, qs, xdp, bsp, rows, y, has_scale, scale, &maps);
+}
+
+
+/* k_gemm_pp (MUSER_CUDA_GEMM_PP=1): k_gemm_wg_tma's work with its two
+ * warpgroups out of step. In k_gemm_wg_tma both warpgroups run each block's
+ * tables, products and epilogue together between CTA barriers, so the
+ * tensor cores idle through every epilogue (10 CUDA-core instructions per
+ * element and block: as many issue cycles as the block's wgmma take). Here
+ * each warpgroup runs on its own: its 64 outputs' tables (and its own copy
+ * of the rows' bsum split), its products, its epilogue, synchronized only
+ * inside the warpgroup (named barriers 1, 2); with `turns` the two take the
+ * tensor cores in turn (barriers 3, 4: warpgroup 1's products of block b
+ * after warpgroup 0's, warpgroup 0's of b + 1 after warpgroup 1's of b), so
+ * one's epilogue runs under the other's products. The ring: a stage is
+ * full when its TMA bytes and warpgroup 1's 128 activation-scale copies
+ * (cp.async, each arriving on the stage's mbarrier) have landed, and empty
+ * once both warpgroups have arrived after their epilogues; warpgroup 1
+ * (the later one) issues every copy. Each (row, output) total still adds
+ * f_b in block order: the outputs equal k_gemm_kq2's bit for bit. */
+#if WG_HAVE
+__device__ static inline void wg_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ static inline void wg_bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ static inline void wg_mbar_arrive(uint32_t a) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a) : "memory");
+}
+/* the mbarrier at a counts one arrival when this thread's earlier cp.async have landed */
+__device__ static inline void wg_cp_arrive(uint32_t a) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
+#endif
+
+template <int TYPE>
+__global__ static void __launch_bounds__(256, 1)
+    k_gemm_pp(int64_t n_out, int nb, const float *__restrict__ xdp, int64_t rows, float *__restrict__ y, int has_scale,
+              float scale, int turns, const __grid_constant__ wg_maps maps) {
+    grid_dep_wait();
+#if WG_HAVE
+    typedef wg_smem<TYPE> S;
+    constexpr int NR = S::NR, LD = S::LD, BO = S::BO, ST = S::ST;
+    static_assert(NR == 128, "warpgroup 1 copies a row's activation scale a thread");
+    extern __shared__ __align__(128) uint8_t sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wgi = tid >> 7, wt = tid & 127;
+    const int o0 = 16 * warp + g; /* outputs o0, o0 + 8 (warpgroup wgi: 64 wgi .. 64 wgi + 63) */
+    const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * BO;
+    uint8_t *txb = sm + (wgi ? S::PXB : S::TXB);
+    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), full0 = sm_base + S::PBAR,
+                   empty0 = full0 + 8 * ST;
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) wg_mbar_init(full0 + 8 * s, 1 + NR), wg_mbar_init(empty0 + 8 * s, 2);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    /* warpgroup 1: block b into its stage (the stage known empty) */
+    auto load = [&](int b) {
+        const int s = b % ST;
+        const uint32_t full = full0 + 8 * s, dst = sm_base + (uint32_t)(s * S::STAGE);
+        const int64_t gr = row0 + wt;
+        const bool v = gr < rows;
+        cp4(sm + s * S::STAGE + S::XD + 4 * wt, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
+        wg_cp_arrive(full);
+        if (wt == 0) {
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            wg_mbar_expect(full, NR * 256 + BO * LD + NR * 32);
+            wg_codes_tma<NR>(dst + S::X, &maps.x, b, row0, full);
+            wg_tma(dst + S::W, &maps.w, b * LD, (int)out0, full);
+            wg_tma(dst + S::XB, &maps.aux, b * 32, (int)row0, full);
+        }
+    };
+
+    int32_t hi[64], lo[64];
+    float total[64];
+#pragma unroll
+    for (int e = 0; e < 64; e++) total[e] = 0.0f, hi[e] = 0, lo[e] = 0;
+    if (wgi == 1)
+        for (int b = 0; b < ST - 1 && b < nb; b++) load(b);
+    for (int b = 0; b < nb; b++) {
+        const int s = b % ST;
+        const uint8_t *st = sm + s * S::STAGE;
+        if (wgi == 1) {
+            const int nx = b + ST - 1; /* into the stage of block b - 1, once both warpgroups are done with it */
+            if (nx < nb) {
+                if (nx >= ST) wg_mbar_wait(empty0 + 8 * (nx % ST), (uint32_t)((nx / ST - 1) & 1));
+                load(nx);
+            }
+        }
+        wg_mbar_wait(full0 + 8 * s, (uint32_t)((b / ST) & 1));
+        for (int i = wt; i < 64 + NR; i += 128) wg_table<TYPE>(st, sm, i < 64 ? 64 * wgi + i : -1, i - 64, txb);
+        wg_bar_sync(1 + wgi, 128);
+        if (turns && (wgi == 1 || b > 0)) wg_bar_sync(3 + wgi, 256);
+        wg_products<TYPE>(st, sm, o0, t, sm_base + (uint32_t)(s * S::STAGE + S::X), hi, lo);
+        if (turns && (wgi == 0 || b < nb - 1)) wg_bar_arrive(4 - wgi, 256);
+        wg_wait<0>();
+        wg_epilogue<TYPE>(st, sm, txb, o0, g, t, hi, lo, total);
+        wg_bar_sync(1 + wgi, 128); /* the warpgroup's reads of the stage and its tables are done */
+        if (wt == 0) wg_mbar_arrive(empty0 + 8 * s);
+    }
+    wg_store<64>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
+#endif
 }
 
 
@@ -697,6 +823,9 @@ static bool tma_map(CUtensorMap *m, const void *p, uint64_t row_bytes, uint64_t 
 }
 
 static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA (default 1), read once */
+static int gemm_pp = -1;  /* MUSER_CUDA_GEMM_PP: k_gemm_pp for Q4_K / Q5_K (1 turns, 2 no turns; default 0) */
+extern "C" long mucu_gemm_pp_launches = 0;
+extern "C" void mucu_set_gemm_pp(int v) { gemm_pp = v; }
 extern "C" long mucu_gemm_tma_launches = 0;
 extern "C" void mucu_set_gemm_tma(int v) { gemm_tma = v; }
 
@@ -715,12 +844,20 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
     const dim3 grid((unsigned)((rows + S::NR - 1) / S::NR), (unsigned)((w->n_out + S::BO - 1) / S::BO));
     const int nb = (int)(w->n_in / 256);
     static wg_maps maps; /* a kernel argument (by value): static only to keep 384 bytes off the stack */
-    static bool attr_set = false, tma_attr = false;
+    static bool attr_set = false, tma_attr = false, pp_attr = false;
     if (env_setting(&gemm_tma, "MUSER_CUDA_GEMM_TMA", 1) &&
         tma_map(&maps.x, qs, (uint64_t)w->n_in, (uint64_t)rows, 16, S::NR, CU_TENSOR_MAP_SWIZZLE_NONE) &&
         tma_map(&maps.w, w->data, (uint64_t)nb * S::LD, (uint64_t)w->n_out, S::LD, S::BO, CU_TENSOR_MAP_SWIZZLE_NONE) &&
         tma_map(&maps.aux, bs, (uint64_t)nb * 32, (uint64_t)rows, 32, S::NR,
                 CU_TENSOR_MAP_SWIZZLE_NONE)) {
+        const int pp = env_setting(&gemm_pp, "MUSER_CUDA_GEMM_PP", 0);
+        if (pp) {
+            if (!smem_once(k_gemm_pp<TYPE>, S::TOTAL_PP, &pp_attr)) return;
+            k_gemm_pp<TYPE><<<grid, 256, S::TOTAL_PP, st>>>(w->n_out, nb, d, rows, y, w->has_scale, w->scale, pp == 1,
+                                                           maps);
+            mucu_gemm_pp_launches++;
+            return;
+        }
         if (!smem_once(k_gemm_wg_tma<TYPE>, S::TOTAL_TMA, &tma_attr)) return;
         k_gemm_wg_tma<TYPE><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale,
                                                              w->scale, maps);
