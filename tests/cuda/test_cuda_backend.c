@@ -658,8 +658,7 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
             if (k >= 4 && (sp > 0 || (w->type != MU_TYPE_Q4_K && w->type != MU_TYPE_Q5_K && w->type != MU_TYPE_Q6_K) ||
                            !mucu_gemm_wg_device()))
                 continue; /* k_gemm_wg (k_gemm_wg6 for Q6_K): on a 9.0 device, never split */
-            if (k >= 6 && w->type == MU_TYPE_Q6_K) continue; /* k_gemm_pp: Q4_K / Q5_K */
-            /* 7 / 6: k_gemm_pp with / without turns, 5: k_gemm_wg_tma (the default's copies), 4: k_gemm_wg (cp.async) */
+            /* 7 / 6: k_gemm_pp (k_gemm_pp6 for Q6_K) with / without turns, 5: k_gemm_wg_tma (the default's copies), 4: k_gemm_wg (cp.async) */
             mucu_set_gemm_pp(k == 7 ? 1 : k == 6 ? 2 : 0);
             mucu_set_gemm_tma(k >= 5);
             mucu_set_gemm_wg6(k >= 4);

@@ -460,6 +460,50 @@ __device__ static inline void wg_mbar_arrive(uint32_t a) {
 __device__ static inline void wg_cp_arrive(uint32_t a) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
 }
+
+/* k_gemm_pp's ring: full[ST] at full0 (one arrival for the TMA bytes and
+ * 128 for warpgroup 1's cp.async), then empty[ST] (one arrival per
+ * warpgroup) */
+template <int ST> __device__ static inline void pp_bars_init(uint32_t full0, int tid) {
+    if (tid == 0) {
+        for (int s = 0; s < ST; s++) wg_mbar_init(full0 + 8 * s, 1 + 128), wg_mbar_init(full0 + 8 * (ST + s), 2);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
+
+/* The warpgroups' loop (k_gemm_pp says why): warpgroup 1 issues the
+ * copies of block b + ST - 1 (load, every thread of it) once both
+ * warpgroups are done with the stage's previous block; each warpgroup
+ * waits for its block, builds its tables, takes its turn on the tensor
+ * cores (with turns), runs its products and epilogue and frees the stage. */
+template <int ST, typename Load, typename Table, typename Prod, typename Epi>
+__device__ static __forceinline__ void pp_loop(int nb, int wgi, int wt, int turns, uint32_t full0, Load load,
+                                               Table table, Prod prod, Epi epi) {
+    const uint32_t empty0 = full0 + 8 * ST;
+    if (wgi == 1)
+        for (int b = 0; b < ST - 1 && b < nb; b++) load(b);
+    for (int b = 0; b < nb; b++) {
+        const int s = b % ST;
+        if (wgi == 1) {
+            const int nx = b + ST - 1; /* into the stage of block b - 1, once both warpgroups are done with it */
+            if (nx < nb) {
+                if (nx >= ST) wg_mbar_wait(empty0 + 8 * (nx % ST), (uint32_t)((nx / ST - 1) & 1));
+                load(nx);
+            }
+        }
+        wg_mbar_wait(full0 + 8 * s, (uint32_t)((b / ST) & 1));
+        table(b, s);
+        wg_bar_sync(1 + wgi, 128);
+        if (turns && (wgi == 1 || b > 0)) wg_bar_sync(3 + wgi, 256);
+        prod(b, s);
+        if (turns && (wgi == 0 || b < nb - 1)) wg_bar_arrive(4 - wgi, 256);
+        wg_wait<0>();
+        epi(b, s);
+        wg_bar_sync(1 + wgi, 128); /* the warpgroup's reads of the stage and its tables are done */
+        if (wt == 0) wg_mbar_arrive(empty0 + 8 * s);
+    }
+}
 #endif
 
 template <int TYPE>
@@ -477,13 +521,8 @@ __global__ static void __launch_bounds__(256, 1)
     const int o0 = 16 * warp + g; /* outputs o0, o0 + 8 (warpgroup wgi: 64 wgi .. 64 wgi + 63) */
     const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * BO;
     uint8_t *txb = sm + (wgi ? S::PXB : S::TXB);
-    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), full0 = sm_base + S::PBAR,
-                   empty0 = full0 + 8 * ST;
-    if (tid == 0) {
-        for (int s = 0; s < ST; s++) wg_mbar_init(full0 + 8 * s, 1 + NR), wg_mbar_init(empty0 + 8 * s, 2);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), full0 = sm_base + S::PBAR;
+    pp_bars_init<ST>(full0, tid);
 
     /* warpgroup 1: block b into its stage (the stage known empty) */
     auto load = [&](int b) {
@@ -506,29 +545,14 @@ __global__ static void __launch_bounds__(256, 1)
     float total[64];
 #pragma unroll
     for (int e = 0; e < 64; e++) total[e] = 0.0f, hi[e] = 0, lo[e] = 0;
-    if (wgi == 1)
-        for (int b = 0; b < ST - 1 && b < nb; b++) load(b);
-    for (int b = 0; b < nb; b++) {
-        const int s = b % ST;
+    pp_loop<ST>(nb, wgi, wt, turns, full0, load, [&](int b, int s) {
         const uint8_t *st = sm + s * S::STAGE;
-        if (wgi == 1) {
-            const int nx = b + ST - 1; /* into the stage of block b - 1, once both warpgroups are done with it */
-            if (nx < nb) {
-                if (nx >= ST) wg_mbar_wait(empty0 + 8 * (nx % ST), (uint32_t)((nx / ST - 1) & 1));
-                load(nx);
-            }
-        }
-        wg_mbar_wait(full0 + 8 * s, (uint32_t)((b / ST) & 1));
         for (int i = wt; i < 64 + NR; i += 128) wg_table<TYPE>(st, sm, i < 64 ? 64 * wgi + i : -1, i - 64, txb);
-        wg_bar_sync(1 + wgi, 128);
-        if (turns && (wgi == 1 || b > 0)) wg_bar_sync(3 + wgi, 256);
-        wg_products<TYPE>(st, sm, o0, t, sm_base + (uint32_t)(s * S::STAGE + S::X), hi, lo);
-        if (turns && (wgi == 0 || b < nb - 1)) wg_bar_arrive(4 - wgi, 256);
-        wg_wait<0>();
-        wg_epilogue<TYPE>(st, sm, txb, o0, g, t, hi, lo, total);
-        wg_bar_sync(1 + wgi, 128); /* the warpgroup's reads of the stage and its tables are done */
-        if (wt == 0) wg_mbar_arrive(empty0 + 8 * s);
-    }
+    }, [&](int b, int s) {
+        wg_products<TYPE>(sm + s * S::STAGE, sm, o0, t, sm_base + (uint32_t)(s * S::STAGE + S::X), hi, lo);
+    }, [&](int b, int s) {
+        wg_epilogue<TYPE>(sm + s * S::STAGE, sm, txb, o0, g, t, hi, lo, total);
+    });
     wg_store<64>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
 #endif
 }
@@ -575,6 +599,8 @@ template <int NR, bool TMA> struct wg6_smem {
     static constexpr int TOTAL = TD + BO * 4;
     static constexpr int BAR = TOTAL;              /* TMA: a stage's mbarrier each */
     static constexpr int TOTAL_TMA = BAR + ST * 8;
+    static constexpr int PBAR = TOTAL;             /* k_gemm_pp6: full[ST], then empty[ST] */
+    static constexpr int TOTAL_PP = PBAR + 2 * ST * 8;
 };
 
 #if WG_HAVE
@@ -612,6 +638,110 @@ __device__ static inline void q6_lanes(uint32_t q, uint32_t &ev, uint32_t &od) {
     ev = __byte_perm(q, 0, 0x4240) - 0x00200020u;
     od = __byte_perm(q, 0, 0x4341) - 0x00200020u;
 }
+
+/* k_gemm_wg6's digit table of output o (in the tile), half hf of its 16
+ * scales (and d with hf 0), for block b in stage st */
+template <int NR, bool TMA>
+__device__ static __forceinline__ void wg6_table(const uint8_t *st, uint8_t *sm, int o, int hf, int64_t out0, int nb, int b) {
+    typedef wg6_smem<NR, TMA> S;
+    uint8_t *tg = sm + S::TG;
+    const uint2 sw = *(const uint2 *)(st + S::WS + o * (TMA ? 16 : S::LD) + 8 * hf);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const int sc = (int)(int8_t)((k < 4 ? sw.x : sw.y) >> (8 * (k & 3)));
+        const int g0 = ((sc + 3) & 7) - 3, s1 = (sc - g0) >> 3;
+        const int g1 = ((s1 + 3) & 7) - 3, g2 = (s1 - g1) >> 3;
+        *(int4 *)(tg + o * S::TGL + 16 * (8 * hf + k)) = make_int4(g0, g1, g2, 0);
+    }
+    if (!hf) {
+        const int64_t item = (out0 + o) * nb + b;
+        ((float *)(sm + S::TD))[o] = h2f(((const uint16_t *)(st + S::WD + 4 * o))[item & 1]);
+    }
+}
+
+/* k_gemm_wg6's integer sums of a block (a warpgroup's 64 outputs x NR
+ * rows), the last group left in flight: step j takes values 32j..32j+31,
+ * sub-blocks 2j (a fragment's first 16 values) and 2j + 1. Value 128h +
+ * 32p + l is nibble (p >> 1) of ql[64h + 32(p & 1) + l] with bits 2p,
+ * 2p + 1 of qh[32h + l] above it. sbase: the stage's shared address. */
+template <int NR, bool TMA>
+__device__ static __forceinline__ void wg6_products(const uint8_t *st, const uint8_t *sm, int o0, int t, uint32_t sbase,
+                                                    int32_t *a0, int32_t *a1, int32_t *a2) {
+    typedef wg6_smem<NR, TMA> S;
+    constexpr int LD = S::LD, BO = S::BO;
+    const uint8_t *wr0 = st + S::W + o0 * LD + 4 * t, *wr1 = wr0 + 8 * LD;
+    /* TMA: output o's row of box r at W + 8192 r + 64 o, chunk c at 16 (c ^ sw) */
+    const uint8_t *tw0 = st + S::W + o0 * 64 + 4 * t, *tw1 = tw0 + 8 * 64;
+    const uint32_t sw0 = ((sbase + (uint32_t)(S::W + o0 * 64)) >> 7) & 3;
+    const uint32_t sw1 = ((sbase + (uint32_t)(S::W + (o0 + 8) * 64)) >> 7) & 3;
+    const uint8_t *tg0 = sm + S::TG + o0 * S::TGL, *tg1 = tg0 + 8 * S::TGL;
+    const uint32_t xs = sbase + (uint32_t)S::X;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int h = j >> 2, p = j & 3, nsh = 4 * (p >> 1), hsh = 2 * p;
+        const int ql = 64 * h + 32 * (p & 1), qh = 128 + 32 * h;
+        /* codes: [output o0 / o0 + 8][values 4t.. / 16 + 4t..] */
+        uint32_t q[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint32_t wl, wh;
+            if (TMA) { /* ql: box h, chunk 2 (p & 1) + (k >> 1); qh: box 2, chunk 2h + (k >> 1) */
+                const uint8_t *tw = (k & 1) ? tw1 : tw0;
+                const uint32_t sw = (k & 1) ? sw1 : sw0;
+                wl = *(const uint32_t *)(tw + BO * 64 * h + 16 * ((uint32_t)(2 * (p & 1) + (k >> 1)) ^ sw));
+                wh = *(const uint32_t *)(tw + BO * 64 * 2 + 16 * ((uint32_t)(2 * h + (k >> 1)) ^ sw));
+            } else {
+                const uint8_t *wr = (k & 1) ? wr1 : wr0;
+                const int off = 16 * (k >> 1);
+                wl = *(const uint32_t *)(wr + ql + off), wh = *(const uint32_t *)(wr + qh + off);
+            }
+            q[k] = ((wl >> nsh) & 0x0F0F0F0Fu) | (((wh >> hsh) & 0x03030303u) << 4);
+        }
+        uint32_t ev[4], od[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) q6_lanes(q[k], ev[k], od[k]);
+        const int4 d00 = *(const int4 *)(tg0 + 16 * (2 * j)), d10 = *(const int4 *)(tg1 + 16 * (2 * j));
+        const int4 d01 = *(const int4 *)(tg0 + 16 * (2 * j + 1)), d11 = *(const int4 *)(tg1 + 16 * (2 * j + 1));
+        uint32_t A[3][4] = {{q6_digit(ev[0], od[0], d00.x), q6_digit(ev[1], od[1], d10.x),
+                             q6_digit(ev[2], od[2], d01.x), q6_digit(ev[3], od[3], d11.x)},
+                            {q6_digit(ev[0], od[0], d00.y), q6_digit(ev[1], od[1], d10.y),
+                             q6_digit(ev[2], od[2], d01.y), q6_digit(ev[3], od[3], d11.y)},
+                            {q6_digit(ev[0], od[0], d00.z), q6_digit(ev[1], od[1], d10.z),
+                             q6_digit(ev[2], od[2], d01.z), q6_digit(ev[3], od[3], d11.z)}};
+#pragma unroll
+        for (int k = 0; k < 4; k++) wg_pin(A[0][k]), wg_pin(A[1][k]), wg_pin(A[2][k]);
+        wg_fence();
+        const uint64_t desc = wg_desc(xs + (uint32_t)(2 * j * (NR / 8) * 128), (NR / 8) * 128, 128);
+        wg_mma_ss<NR>(a0, A[0][0], A[0][1], A[0][2], A[0][3], desc, j > 0);
+        wg_mma_ss<NR>(a1, A[1][0], A[1][1], A[1][2], A[1][3], desc, j > 0);
+        wg_mma_ss<NR>(a2, A[2][0], A[2][1], A[2][2], A[2][3], desc, j > 0);
+        wg_commit();
+        wg_wait<1>();
+    }
+}
+
+/* k_gemm_wg6's f_b and ordered totals of a block after its products:
+ * element 4i + e is output o0 + 8 (e >> 1), row 8i + 2t + (e & 1) */
+template <int NR, bool TMA>
+__device__ static __forceinline__ void wg6_epilogue(const uint8_t *st, const uint8_t *sm, int o0, int t, int32_t *a0,
+                                                    int32_t *a1, int32_t *a2, float *total) {
+    typedef wg6_smem<NR, TMA> S;
+#pragma unroll
+    for (int e = 0; e < NR / 2; e++) wg_pin(a0[e]), wg_pin(a1[e]), wg_pin(a2[e]);
+    const float *td = (const float *)(sm + S::TD);
+    const float dv0 = td[o0], dv1 = td[o0 + 8];
+    const float *xdv = (const float *)(st + S::XD);
+#pragma unroll
+    for (int i = 0; i < NR / 8; i++) {
+        const float2 xd = *(const float2 *)(xdv + 8 * i + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int32_t sumi = a0[4 * i + e] + 8 * a1[4 * i + e] + 64 * a2[4 * i + e];
+            const float d = (e >> 1) ? dv1 : dv0, x = (e & 1) ? xd.y : xd.x;
+            total[4 * i + e] = total[4 * i + e] + (d * x) * (float)sumi;
+        }
+    }
+}
 #endif
 
 /* TMA: the codes, ql|qh and scales by the tensor memory accelerator (as
@@ -633,8 +763,6 @@ __global__ static void __launch_bounds__(256, 1)
     const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * BO;
     const int64_t n_in = (int64_t)nb * 256, items = n_out * (int64_t)nb;
     const int64_t q6_sc = items * 192, q6_d = items * 208; /* the split layout's scales and d */
-    uint8_t *tg = sm + S::TG;
-    float *td = (float *)(sm + S::TD);
     const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), bar0 = sm_base + S::BAR;
     if (TMA) wg_bars_init<S::ST>(bar0, tid);
 
@@ -679,99 +807,76 @@ __global__ static void __launch_bounds__(256, 1)
         const int s = b % S::ST;
         const uint8_t *st = sm + s * S::STAGE;
         wg_stage_ready<S::ST, TMA>(bar0, b);
-        /* 1. the digit table: a thread per (output, half of the 16 scales) */
-        {
-            const int o = tid >> 1, hf = tid & 1;
-            const uint2 sw = *(const uint2 *)(st + S::WS + o * (TMA ? 16 : LD) + 8 * hf);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const int sc = (int)(int8_t)((k < 4 ? sw.x : sw.y) >> (8 * (k & 3)));
-                const int g0 = ((sc + 3) & 7) - 3, s1 = (sc - g0) >> 3;
-                const int g1 = ((s1 + 3) & 7) - 3, g2 = (s1 - g1) >> 3;
-                *(int4 *)(tg + o * S::TGL + 16 * (8 * hf + k)) = make_int4(g0, g1, g2, 0);
-            }
-            if (!hf) {
-                const int64_t item = (out0 + o) * nb + b;
-                td[o] = h2f(((const uint16_t *)(st + S::WD + 4 * o))[item & 1]);
-            }
-        }
+        wg6_table<NR, TMA>(st, sm, tid >> 1, tid & 1, out0, nb, b);
         __syncthreads();
         {
             const int nx = b + S::ST - 1;
             if (nx < nb) load_stage(nx % S::ST, nx);
             cp_commit();
         }
-        /* 2. the integer sums: step j takes values 32j..32j+31, sub-blocks
-         * 2j (a fragment's first 16 values) and 2j + 1. Value 128h + 32p + l
-         * is nibble (p >> 1) of ql[64h + 32(p & 1) + l] with bits 2p, 2p + 1
-         * of qh[32h + l] above it. */
-        const uint8_t *wr0 = st + S::W + o0 * LD + 4 * t, *wr1 = wr0 + 8 * LD;
-        /* TMA: output o's row of box r at W + 8192 r + 64 o, chunk c at 16 (c ^ sw) */
-        const uint8_t *tw0 = st + S::W + o0 * 64 + 4 * t, *tw1 = tw0 + 8 * 64;
-        const uint32_t sw0 = ((sm_base + (uint32_t)(s * S::STAGE + S::W + o0 * 64)) >> 7) & 3;
-        const uint32_t sw1 = ((sm_base + (uint32_t)(s * S::STAGE + S::W + (o0 + 8) * 64)) >> 7) & 3;
-        const uint8_t *tg0 = tg + o0 * S::TGL, *tg1 = tg0 + 8 * S::TGL;
-        const uint32_t xs = sm_base + (uint32_t)(s * S::STAGE + S::X);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int h = j >> 2, p = j & 3, nsh = 4 * (p >> 1), hsh = 2 * p;
-            const int ql = 64 * h + 32 * (p & 1), qh = 128 + 32 * h;
-            /* codes: [output o0 / o0 + 8][values 4t.. / 16 + 4t..] */
-            uint32_t q[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                uint32_t wl, wh;
-                if (TMA) { /* ql: box h, chunk 2 (p & 1) + (k >> 1); qh: box 2, chunk 2h + (k >> 1) */
-                    const uint8_t *tw = (k & 1) ? tw1 : tw0;
-                    const uint32_t sw = (k & 1) ? sw1 : sw0;
-                    wl = *(const uint32_t *)(tw + BO * 64 * h + 16 * ((uint32_t)(2 * (p & 1) + (k >> 1)) ^ sw));
-                    wh = *(const uint32_t *)(tw + BO * 64 * 2 + 16 * ((uint32_t)(2 * h + (k >> 1)) ^ sw));
-                } else {
-                    const uint8_t *wr = (k & 1) ? wr1 : wr0;
-                    const int off = 16 * (k >> 1);
-                    wl = *(const uint32_t *)(wr + ql + off), wh = *(const uint32_t *)(wr + qh + off);
-                }
-                q[k] = ((wl >> nsh) & 0x0F0F0F0Fu) | (((wh >> hsh) & 0x03030303u) << 4);
-            }
-            uint32_t ev[4], od[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) q6_lanes(q[k], ev[k], od[k]);
-            const int4 d00 = *(const int4 *)(tg0 + 16 * (2 * j)), d10 = *(const int4 *)(tg1 + 16 * (2 * j));
-            const int4 d01 = *(const int4 *)(tg0 + 16 * (2 * j + 1)), d11 = *(const int4 *)(tg1 + 16 * (2 * j + 1));
-            uint32_t A[3][4] = {{q6_digit(ev[0], od[0], d00.x), q6_digit(ev[1], od[1], d10.x),
-                                 q6_digit(ev[2], od[2], d01.x), q6_digit(ev[3], od[3], d11.x)},
-                                {q6_digit(ev[0], od[0], d00.y), q6_digit(ev[1], od[1], d10.y),
-                                 q6_digit(ev[2], od[2], d01.y), q6_digit(ev[3], od[3], d11.y)},
-                                {q6_digit(ev[0], od[0], d00.z), q6_digit(ev[1], od[1], d10.z),
-                                 q6_digit(ev[2], od[2], d01.z), q6_digit(ev[3], od[3], d11.z)}};
-#pragma unroll
-            for (int k = 0; k < 4; k++) wg_pin(A[0][k]), wg_pin(A[1][k]), wg_pin(A[2][k]);
-            wg_fence();
-            const uint64_t desc = wg_desc(xs + (uint32_t)(2 * j * (NR / 8) * 128), (NR / 8) * 128, 128);
-            wg_mma_ss<NR>(a0, A[0][0], A[0][1], A[0][2], A[0][3], desc, j > 0);
-            wg_mma_ss<NR>(a1, A[1][0], A[1][1], A[1][2], A[1][3], desc, j > 0);
-            wg_mma_ss<NR>(a2, A[2][0], A[2][1], A[2][2], A[2][3], desc, j > 0);
-            wg_commit();
-            wg_wait<1>();
-        }
+        wg6_products<NR, TMA>(st, sm, o0, t, sm_base + (uint32_t)(s * S::STAGE), a0, a1, a2);
         wg_wait<0>();
-#pragma unroll
-        for (int e = 0; e < NA; e++) wg_pin(a0[e]), wg_pin(a1[e]), wg_pin(a2[e]);
-        /* 3. f_b and the ordered totals: element 4i + e is output
-         * o0 + 8 (e >> 1), row 8i + 2t + (e & 1) */
-        const float dv0 = td[o0], dv1 = td[o0 + 8];
-        const float *xdv = (const float *)(st + S::XD);
-#pragma unroll
-        for (int i = 0; i < NR / 8; i++) {
-            const float2 xd = *(const float2 *)(xdv + 8 * i + 2 * t);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int32_t sumi = a0[4 * i + e] + 8 * a1[4 * i + e] + 64 * a2[4 * i + e];
-                const float d = (e >> 1) ? dv1 : dv0, x = (e & 1) ? xd.y : xd.x;
-                total[4 * i + e] = total[4 * i + e] + (d * x) * (float)sumi;
-            }
-        }
+        wg6_epilogue<NR, TMA>(st, sm, o0, t, a0, a1, a2, total);
     }
+    wg_store<NA>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
+#endif
+}
+
+/* k_gemm_pp6 (MUSER_CUDA_GEMM_PP=1 | 2): k_gemm_wg6 with TMA copies, its
+ * warpgroups out of step as k_gemm_pp's (pp_loop). */
+template <int NR>
+__global__ static void __launch_bounds__(256, 1)
+    k_gemm_pp6(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const float *__restrict__ xdp, int64_t rows,
+               float *__restrict__ y, int has_scale, float scale, int turns, const __grid_constant__ wg_maps maps) {
+    grid_dep_wait();
+#if WG_HAVE
+    typedef wg6_smem<NR, true> S;
+    constexpr int BO = S::BO, ST = S::ST, NA = NR / 2;
+    extern __shared__ __align__(128) uint8_t sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t = lane & 3;
+    const int wgi = tid >> 7, wt = tid & 127;
+    const int o0 = 16 * warp + (lane >> 2);
+    const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * BO;
+    const int64_t items = n_out * (int64_t)nb, q6_d = items * 208;
+    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), full0 = sm_base + S::PBAR;
+    pp_bars_init<ST>(full0, tid);
+
+    auto load = [&](int b) { /* warpgroup 1: xd, d, then the TMA boxes */
+        const int s = b % ST;
+        uint8_t *st = sm + s * S::STAGE;
+        const uint32_t full = full0 + 8 * s, dst = sm_base + (uint32_t)(s * S::STAGE);
+        if (wt < NR) {
+            const int64_t gr = row0 + wt;
+            const bool v = gr < rows;
+            cp4(st + S::XD + 4 * wt, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
+        }
+        { /* d: the 4-aligned pair holding it (as k_gemm_wg6) */
+            const int64_t item = (out0 + wt) * nb + b, pair = item & ~(int64_t)1;
+            const bool v = out0 + wt < n_out;
+            const int n = !v ? 0 : ((item | 1) < items ? 4 : 2);
+            cp4(st + S::WD + 4 * wt, v ? Wt + q6_d + 2 * pair : Wt, n);
+        }
+        wg_cp_arrive(full);
+        if (wt == 0) {
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            wg_mbar_expect(full, NR * 256 + 3 * BO * 64 + BO * 16);
+            wg_codes_tma<NR>(dst + S::X, &maps.x, b, row0, full);
+            for (int r = 0; r < 3; r++) wg_tma(dst + S::W + r * BO * 64, &maps.w, b * 192 + 64 * r, (int)out0, full);
+            wg_tma(dst + S::WS, &maps.aux, b * 16, (int)out0, full);
+        }
+    };
+
+    int32_t a0[NA], a1[NA], a2[NA];
+    float total[NA];
+#pragma unroll
+    for (int e = 0; e < NA; e++) total[e] = 0.0f, a0[e] = 0, a1[e] = 0, a2[e] = 0;
+    pp_loop<ST>(nb, wgi, wt, turns, full0, load, [&](int b, int s) {
+        wg6_table<NR, true>(sm + s * S::STAGE, sm, 64 * wgi + (wt >> 1), wt & 1, out0, nb, b);
+    }, [&](int b, int s) {
+        wg6_products<NR, true>(sm + s * S::STAGE, sm, o0, t, sm_base + (uint32_t)(s * S::STAGE), a0, a1, a2);
+    }, [&](int b, int s) {
+        wg6_epilogue<NR, true>(sm + s * S::STAGE, sm, o0, t, a0, a1, a2, total);
+    });
     wg_store<NA>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
 #endif
 }
@@ -823,7 +928,7 @@ static bool tma_map(CUtensorMap *m, const void *p, uint64_t row_bytes, uint64_t 
 }
 
 static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA (default 1), read once */
-static int gemm_pp = -1;  /* MUSER_CUDA_GEMM_PP: k_gemm_pp for Q4_K / Q5_K (1 turns, 2 no turns; default 0) */
+static int gemm_pp = -1;  /* MUSER_CUDA_GEMM_PP: k_gemm_pp / k_gemm_pp6 (1 turns, 2 no turns; default 0) */
 extern "C" long mucu_gemm_pp_launches = 0;
 extern "C" void mucu_set_gemm_pp(int v) { gemm_pp = v; }
 extern "C" long mucu_gemm_tma_launches = 0;
@@ -886,6 +991,15 @@ static void launch_wg6(const mucu_weight *w, const int8_t *qs, const float *d, i
         tma_map(&maps.w, wd, (uint64_t)nb * 192, (uint64_t)w->n_out, 64, S::BO, CU_TENSOR_MAP_SWIZZLE_64B) &&
         tma_map(&maps.aux, wd + items * 192, (uint64_t)nb * 16, (uint64_t)w->n_out, 16, S::BO,
                 CU_TENSOR_MAP_SWIZZLE_NONE)) {
+        const int pp = env_setting(&gemm_pp, "MUSER_CUDA_GEMM_PP", 0);
+        if (pp) {
+            static bool pp_attr = false;
+            if (!smem_once(k_gemm_pp6<NR>, ST::TOTAL_PP, &pp_attr)) return;
+            k_gemm_pp6<NR><<<grid, 256, ST::TOTAL_PP, st>>>(w->data, w->n_out, nb, d, rows, y, w->has_scale, w->scale,
+                                                          pp == 1, maps);
+            mucu_gemm_pp_launches++;
+            return;
+        }
         if (!smem_once(k_gemm_wg6<NR, true>, ST::TOTAL_TMA, &tma_attr)) return;
         k_gemm_wg6<NR, true><<<grid, 256, ST::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, rows, y, w->has_scale,
                                                                w->scale, maps);
