@@ -629,11 +629,13 @@ static void test_matmul_multi(void) {
     mucu_set_mmv_variant(3);
 }
 
-/* The many-row tensor-core kernels, all three (k_gemm_kq2 with each of its
- * tile heights, k_gemm_wg for Q4_K / Q5_K, and the first one,
- * MUSER_CUDA_GEMM_KERNEL=0): row counts around the 64- and
- * 128-row tiles, n_out around the 128-output tile (300: two full tiles and
- * a partial one; 130, 37, 1), several blocks; row 3 has an all-zero block
+/* The many-row tensor-core kernels, all of them (k_gemm_kq2 with each of its
+ * tile heights; for Q4_K / Q5_K k_gemm_wg, k_gemm_wg_tma and k_gemm_pp,
+ * for Q6_K k_gemm_wg6 with both copy paths and k_gemm_pp6, at each row
+ * tile; the first one, MUSER_CUDA_GEMM_KERNEL=0): row counts around the
+ * 64- and 128-row tiles, n_out around the 128-output tile (300: two full
+ * tiles and a partial one; 130, 37, 1), 1 to 26 blocks (fewer than, as
+ * many as and more than the ring's stages); row 3 has an all-zero block
  * and row 5 a block whose largest magnitude repeats. */
 /* x [rows][n_in] through w on every many-row kernel (k_gemm_kq2 unsplit,
  * split as the default plans it and split 3 ways: shares of 1-3 blocks, the
@@ -691,11 +693,11 @@ static void test_gemm_tiles(void) {
         {"Q4_K", MU_TYPE_Q4_K, false, false}, {"Q5_K", MU_TYPE_Q5_K, false, false},
         {"Q6_K", MU_TYPE_Q6_K, false, false}, {"Q4_K+scale", MU_TYPE_Q4_K, true, false},
     };
-    const int64_t shapes[][2] = {{2560, 300}, {6656, 130}, {768, 37}, {1280, 1}};
+    const int64_t shapes[][2] = {{2560, 300}, {6656, 130}, {768, 37}, {1280, 1}, {256, 130}, {512, 37}};
     const int64_t rowss[] = {16, 64, 65, 129, 257};
     const int saved = mucu_gemm_kernel_get();
     for (size_t t = 0; t < sizeof big / sizeof *big; t++)
-        for (int s = 0; s < 4; s++) {
+        for (int s = 0; s < (int)(sizeof shapes / sizeof *shapes); s++) {
             const int64_t n_in = shapes[s][0], n_out = shapes[s][1];
             mu_weight w = make_weight(&big[t], n_in, n_out);
             for (size_t r = 0; r < sizeof rowss / sizeof *rowss; r++) {
