@@ -80,9 +80,6 @@ template <int TYPE> struct wg_smem {
     static constexpr int TOTAL = TXB + NR * 16;
     static constexpr int BAR = TOTAL;                            /* k_gemm_wg_tma: a stage's mbarrier each */
     static constexpr int TOTAL_TMA = BAR + ST * 8;
-    static constexpr int PXB = TOTAL;                            /* k_gemm_pp: the second warpgroup's bsum split */
-    static constexpr int PBAR = PXB + NR * 16;                   /* k_gemm_pp: full[ST], then empty[ST] */
-    static constexpr int TOTAL_PP = PBAR + 2 * ST * 8;
 };
 
 /* k_gemm_wg_tma (the default; MUSER_CUDA_GEMM_TMA=0 keeps k_gemm_wg): the
@@ -236,7 +233,7 @@ template <int ST, bool TMA> __device__ static inline void wg_stage_ready(uint32_
     __syncthreads();
 }
 
-/* A block's tables (k_gemm_wg, k_gemm_pp): for output o (o >= 0) its
+/* A block's tables (k_gemm_wg): for output o (o >= 0) its
  * scales split into s_hi / s_lo, its mins, d and dmin; for row r (r >= 0)
  * the bsum split (as k_gemm_kq2) into txb. st: the block's stage, sm: the
  * shared memory (its output tables). */
@@ -432,131 +429,6 @@ __global__ static void __launch_bounds__(256, 1)
 }
 
 
-/* k_gemm_pp (MUSER_CUDA_GEMM_PP=1): k_gemm_wg_tma's work with its two
- * warpgroups out of step. In k_gemm_wg_tma both warpgroups run each block's
- * tables, products and epilogue together between CTA barriers, so the
- * tensor cores idle through every epilogue (10 CUDA-core instructions per
- * element and block: as many issue cycles as the block's wgmma take). Here
- * each warpgroup runs on its own: its 64 outputs' tables (and its own copy
- * of the rows' bsum split), its products, its epilogue, synchronized only
- * inside the warpgroup (named barriers 1, 2); with `turns` the two take the
- * tensor cores in turn (barriers 3, 4: warpgroup 1's products of block b
- * after warpgroup 0's, warpgroup 0's of b + 1 after warpgroup 1's of b), so
- * one's epilogue runs under the other's products. The ring: a stage is
- * full when its TMA bytes and warpgroup 1's 128 activation-scale copies
- * (cp.async, each arriving on the stage's mbarrier) have landed, and empty
- * once both warpgroups have arrived after their epilogues; warpgroup 1
- * (the later one) issues every copy. Each (row, output) total still adds
- * f_b in block order: the outputs equal k_gemm_kq2's bit for bit. */
-#if WG_HAVE
-__device__ static inline void wg_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ static inline void wg_bar_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ static inline void wg_mbar_arrive(uint32_t a) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a) : "memory");
-}
-/* the mbarrier at a counts one arrival when this thread's earlier cp.async have landed */
-__device__ static inline void wg_cp_arrive(uint32_t a) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
-}
-
-/* k_gemm_pp's ring: full[ST] at full0 (one arrival for the TMA bytes and
- * 128 for warpgroup 1's cp.async), then empty[ST] (one arrival per
- * warpgroup) */
-template <int ST> __device__ static inline void pp_bars_init(uint32_t full0, int tid) {
-    if (tid == 0) {
-        for (int s = 0; s < ST; s++) wg_mbar_init(full0 + 8 * s, 1 + 128), wg_mbar_init(full0 + 8 * (ST + s), 2);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-}
-
-/* The warpgroups' loop (k_gemm_pp says why): warpgroup 1 issues the
- * copies of block b + ST - 1 (load, every thread of it) once both
- * warpgroups are done with the stage's previous block; each warpgroup
- * waits for its block, builds its tables, takes its turn on the tensor
- * cores (with turns), runs its products and epilogue and frees the stage. */
-template <int ST, typename Load, typename Table, typename Prod, typename Epi>
-__device__ static __forceinline__ void pp_loop(int nb, int wgi, int wt, int turns, uint32_t full0, Load load,
-                                               Table table, Prod prod, Epi epi) {
-    const uint32_t empty0 = full0 + 8 * ST;
-    if (wgi == 1)
-        for (int b = 0; b < ST - 1 && b < nb; b++) load(b);
-    for (int b = 0; b < nb; b++) {
-        const int s = b % ST;
-        if (wgi == 1) {
-            const int nx = b + ST - 1; /* into the stage of block b - 1, once both warpgroups are done with it */
-            if (nx < nb) {
-                if (nx >= ST) wg_mbar_wait(empty0 + 8 * (nx % ST), (uint32_t)((nx / ST - 1) & 1));
-                load(nx);
-            }
-        }
-        wg_mbar_wait(full0 + 8 * s, (uint32_t)((b / ST) & 1));
-        table(b, s);
-        wg_bar_sync(1 + wgi, 128);
-        if (turns && (wgi == 1 || b > 0)) wg_bar_sync(3 + wgi, 256);
-        prod(b, s);
-        if (turns && (wgi == 0 || b < nb - 1)) wg_bar_arrive(4 - wgi, 256);
-        wg_wait<0>();
-        epi(b, s);
-        wg_bar_sync(1 + wgi, 128); /* the warpgroup's reads of the stage and its tables are done */
-        if (wt == 0) wg_mbar_arrive(empty0 + 8 * s);
-    }
-}
-#endif
-
-template <int TYPE>
-__global__ static void __launch_bounds__(256, 1)
-    k_gemm_pp(int64_t n_out, int nb, const float *__restrict__ xdp, int64_t rows, float *__restrict__ y, int has_scale,
-              float scale, int turns, const __grid_constant__ wg_maps maps) {
-    grid_dep_wait();
-#if WG_HAVE
-    typedef wg_smem<TYPE> S;
-    constexpr int NR = S::NR, LD = S::LD, BO = S::BO, ST = S::ST;
-    static_assert(NR == 128, "warpgroup 1 copies a row's activation scale a thread");
-    extern __shared__ __align__(128) uint8_t sm[];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int wgi = tid >> 7, wt = tid & 127;
-    const int o0 = 16 * warp + g; /* outputs o0, o0 + 8 (warpgroup wgi: 64 wgi .. 64 wgi + 63) */
-    const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * BO;
-    uint8_t *txb = sm + (wgi ? S::PXB : S::TXB);
-    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), full0 = sm_base + S::PBAR;
-    pp_bars_init<ST>(full0, tid);
-
-    /* warpgroup 1: block b into its stage (the stage known empty) */
-    auto load = [&](int b) {
-        const int s = b % ST;
-        const uint32_t full = full0 + 8 * s, dst = sm_base + (uint32_t)(s * S::STAGE);
-        const int64_t gr = row0 + wt;
-        const bool v = gr < rows;
-        cp4(sm + s * S::STAGE + S::XD + 4 * wt, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
-        wg_cp_arrive(full);
-        if (wt == 0) {
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            wg_mbar_expect(full, NR * 256 + BO * LD + NR * 32);
-            wg_codes_tma<NR>(dst + S::X, &maps.x, b, row0, full);
-            wg_tma(dst + S::W, &maps.w, b * LD, (int)out0, full);
-            wg_tma(dst + S::XB, &maps.aux, b * 32, (int)row0, full);
-        }
-    };
-
-    int32_t hi[64], lo[64];
-    float total[64];
-#pragma unroll
-    for (int e = 0; e < 64; e++) total[e] = 0.0f, hi[e] = 0, lo[e] = 0;
-    pp_loop<ST>(nb, wgi, wt, turns, full0, load, [&](int b, int s) {
-        const uint8_t *st = sm + s * S::STAGE;
-        for (int i = wt; i < 64 + NR; i += 128) wg_table<TYPE>(st, sm, i < 64 ? 64 * wgi + i : -1, i - 64, txb);
-    }, [&](int b, int s) {
-        wg_products<TYPE>(sm + s * S::STAGE, sm, o0, t, sm_base + (uint32_t)(s * S::STAGE + S::X), hi, lo);
-    }, [&](int b, int s) {
-        wg_epilogue<TYPE>(sm + s * S::STAGE, sm, txb, o0, g, t, hi, lo, total);
-    });
-    wg_store<64>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
-#endif
-}
-
 
 /* ---------------------------------------------------------------- Q6_K
  * k_gemm_wg6: the same product for Q6_K weights (split layout: the
@@ -576,7 +448,7 @@ __global__ static void __launch_bounds__(256, 1)
  * multiply-add of the lanes' (q - 32) by g plus 0x01000100, exact mod
  * 2^32 since every lane stays in 0..65535), and one byte permute takes the
  * four low bytes back. Three accumulators of NR/2 registers each: NR rows a
- * CTA (96 by default, MUSER_CUDA_WG6_ROWS 64 / 80) instead of 128. With
+ * CTA (96; 80 for calls of up to 512 rows; MUSER_CUDA_WG6_ROWS forces 64, 80 or 96) instead of 128. With
  * the TMA copies (the default) 1.28x / 1.50x k_gemm_kq2 on the q / down
  * shapes at 2,048 rows (80 rows: 1.19x / 1.32x, 64: 1.14x / 1.22x); with
  * cp.async 1.02x / 1.17x, and the whole model was slower than with
@@ -599,8 +471,6 @@ template <int NR, bool TMA> struct wg6_smem {
     static constexpr int TOTAL = TD + BO * 4;
     static constexpr int BAR = TOTAL;              /* TMA: a stage's mbarrier each */
     static constexpr int TOTAL_TMA = BAR + ST * 8;
-    static constexpr int PBAR = TOTAL;             /* k_gemm_pp6: full[ST], then empty[ST] */
-    static constexpr int TOTAL_PP = PBAR + 2 * ST * 8;
 };
 
 #if WG_HAVE
@@ -822,65 +692,6 @@ __global__ static void __launch_bounds__(256, 1)
 #endif
 }
 
-/* k_gemm_pp6 (MUSER_CUDA_GEMM_PP=1 | 2): k_gemm_wg6 with TMA copies, its
- * warpgroups out of step as k_gemm_pp's (pp_loop). */
-template <int NR>
-__global__ static void __launch_bounds__(256, 1)
-    k_gemm_pp6(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const float *__restrict__ xdp, int64_t rows,
-               float *__restrict__ y, int has_scale, float scale, int turns, const __grid_constant__ wg_maps maps) {
-    grid_dep_wait();
-#if WG_HAVE
-    typedef wg6_smem<NR, true> S;
-    constexpr int BO = S::BO, ST = S::ST, NA = NR / 2;
-    extern __shared__ __align__(128) uint8_t sm[];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t = lane & 3;
-    const int wgi = tid >> 7, wt = tid & 127;
-    const int o0 = 16 * warp + (lane >> 2);
-    const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * BO;
-    const int64_t items = n_out * (int64_t)nb, q6_d = items * 208;
-    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), full0 = sm_base + S::PBAR;
-    pp_bars_init<ST>(full0, tid);
-
-    auto load = [&](int b) { /* warpgroup 1: xd, d, then the TMA boxes */
-        const int s = b % ST;
-        uint8_t *st = sm + s * S::STAGE;
-        const uint32_t full = full0 + 8 * s, dst = sm_base + (uint32_t)(s * S::STAGE);
-        if (wt < NR) {
-            const int64_t gr = row0 + wt;
-            const bool v = gr < rows;
-            cp4(st + S::XD + 4 * wt, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
-        }
-        { /* d: the 4-aligned pair holding it (as k_gemm_wg6) */
-            const int64_t item = (out0 + wt) * nb + b, pair = item & ~(int64_t)1;
-            const bool v = out0 + wt < n_out;
-            const int n = !v ? 0 : ((item | 1) < items ? 4 : 2);
-            cp4(st + S::WD + 4 * wt, v ? Wt + q6_d + 2 * pair : Wt, n);
-        }
-        wg_cp_arrive(full);
-        if (wt == 0) {
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            wg_mbar_expect(full, NR * 256 + 3 * BO * 64 + BO * 16);
-            wg_codes_tma<NR>(dst + S::X, &maps.x, b, row0, full);
-            for (int r = 0; r < 3; r++) wg_tma(dst + S::W + r * BO * 64, &maps.w, b * 192 + 64 * r, (int)out0, full);
-            wg_tma(dst + S::WS, &maps.aux, b * 16, (int)out0, full);
-        }
-    };
-
-    int32_t a0[NA], a1[NA], a2[NA];
-    float total[NA];
-#pragma unroll
-    for (int e = 0; e < NA; e++) total[e] = 0.0f, a0[e] = 0, a1[e] = 0, a2[e] = 0;
-    pp_loop<ST>(nb, wgi, wt, turns, full0, load, [&](int b, int s) {
-        wg6_table<NR, true>(sm + s * S::STAGE, sm, 64 * wgi + (wt >> 1), wt & 1, out0, nb, b);
-    }, [&](int b, int s) {
-        wg6_products<NR, true>(sm + s * S::STAGE, sm, o0, t, sm_base + (uint32_t)(s * S::STAGE), a0, a1, a2);
-    }, [&](int b, int s) {
-        wg6_epilogue<NR, true>(sm + s * S::STAGE, sm, o0, t, a0, a1, a2, total);
-    });
-    wg_store<NA>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
-#endif
-}
-
 /* ---------------------------------------------------------------- launch */
 
 static int wg_dev_ok = -1; /* compute capability 9.0 (wgmma) */
@@ -928,9 +739,6 @@ static bool tma_map(CUtensorMap *m, const void *p, uint64_t row_bytes, uint64_t 
 }
 
 static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA (default 1), read once */
-static int gemm_pp = -1;  /* MUSER_CUDA_GEMM_PP: k_gemm_pp / k_gemm_pp6 (1 turns, 2 no turns; default 0) */
-extern "C" long mucu_gemm_pp_launches = 0;
-extern "C" void mucu_set_gemm_pp(int v) { gemm_pp = v; }
 extern "C" long mucu_gemm_tma_launches = 0;
 extern "C" void mucu_set_gemm_tma(int v) { gemm_tma = v; }
 
@@ -949,20 +757,12 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
     const dim3 grid((unsigned)((rows + S::NR - 1) / S::NR), (unsigned)((w->n_out + S::BO - 1) / S::BO));
     const int nb = (int)(w->n_in / 256);
     static wg_maps maps; /* a kernel argument (by value): static only to keep 384 bytes off the stack */
-    static bool attr_set = false, tma_attr = false, pp_attr = false;
+    static bool attr_set = false, tma_attr = false;
     if (env_setting(&gemm_tma, "MUSER_CUDA_GEMM_TMA", 1) &&
         tma_map(&maps.x, qs, (uint64_t)w->n_in, (uint64_t)rows, 16, S::NR, CU_TENSOR_MAP_SWIZZLE_NONE) &&
         tma_map(&maps.w, w->data, (uint64_t)nb * S::LD, (uint64_t)w->n_out, S::LD, S::BO, CU_TENSOR_MAP_SWIZZLE_NONE) &&
         tma_map(&maps.aux, bs, (uint64_t)nb * 32, (uint64_t)rows, 32, S::NR,
                 CU_TENSOR_MAP_SWIZZLE_NONE)) {
-        const int pp = env_setting(&gemm_pp, "MUSER_CUDA_GEMM_PP", 0);
-        if (pp) {
-            if (!smem_once(k_gemm_pp<TYPE>, S::TOTAL_PP, &pp_attr)) return;
-            k_gemm_pp<TYPE><<<grid, 256, S::TOTAL_PP, st>>>(w->n_out, nb, d, rows, y, w->has_scale, w->scale, pp == 1,
-                                                           maps);
-            mucu_gemm_pp_launches++;
-            return;
-        }
         if (!smem_once(k_gemm_wg_tma<TYPE>, S::TOTAL_TMA, &tma_attr)) return;
         k_gemm_wg_tma<TYPE><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale,
                                                              w->scale, maps);
@@ -973,7 +773,7 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
     k_gemm_wg<TYPE><<<grid, 256, S::TOTAL, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale, w->scale);
 }
 
-static int wg6_rows = -1; /* MUSER_CUDA_WG6_ROWS: k_gemm_wg6's rows a CTA (64, 80 or 96) */
+static int wg6_rows = -1; /* MUSER_CUDA_WG6_ROWS: k_gemm_wg6's rows a CTA (64, 80, 96; 0: by the rows) */
 extern "C" void mucu_set_wg6_rows(int v) { wg6_rows = v; }
 
 template <int NR>
@@ -991,15 +791,6 @@ static void launch_wg6(const mucu_weight *w, const int8_t *qs, const float *d, i
         tma_map(&maps.w, wd, (uint64_t)nb * 192, (uint64_t)w->n_out, 64, S::BO, CU_TENSOR_MAP_SWIZZLE_64B) &&
         tma_map(&maps.aux, wd + items * 192, (uint64_t)nb * 16, (uint64_t)w->n_out, 16, S::BO,
                 CU_TENSOR_MAP_SWIZZLE_NONE)) {
-        const int pp = env_setting(&gemm_pp, "MUSER_CUDA_GEMM_PP", 0);
-        if (pp) {
-            static bool pp_attr = false;
-            if (!smem_once(k_gemm_pp6<NR>, ST::TOTAL_PP, &pp_attr)) return;
-            k_gemm_pp6<NR><<<grid, 256, ST::TOTAL_PP, st>>>(w->data, w->n_out, nb, d, rows, y, w->has_scale, w->scale,
-                                                          pp == 1, maps);
-            mucu_gemm_pp_launches++;
-            return;
-        }
         if (!smem_once(k_gemm_wg6<NR, true>, ST::TOTAL_TMA, &tma_attr)) return;
         k_gemm_wg6<NR, true><<<grid, 256, ST::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, rows, y, w->has_scale,
                                                                w->scale, maps);
@@ -1017,7 +808,12 @@ extern "C" void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float
     if (w->type == W_Q4_K) launch_wg<W_Q4_K>(w, qs, d, bs, rows, y, st);
     else if (w->type == W_Q5_K) launch_wg<W_Q5_K>(w, qs, d, bs, rows, y, st);
     else {
-        const int nr = env_setting(&wg6_rows, "MUSER_CUDA_WG6_ROWS", 96);
+        /* 80 rows up to 512 (the default prefill chunk: ffn_down's 52 x 7 CTAs
+         * fill the 132 SMs' third wave where 52 x 6 of 96 rows leave most
+         * of it idle; 0.737 against 0.812 ms, pp512 +1.6 %), 96 above
+         * (2,048 rows: 2.354 against 2.679 ms; docs/benchmarks.md) */
+        int nr = env_setting(&wg6_rows, "MUSER_CUDA_WG6_ROWS", 0);
+        if (nr != 64 && nr != 80 && nr != 96) nr = rows <= 512 ? 80 : 96;
         if (nr == 64) launch_wg6<64>(w, qs, d, rows, y, st);
         else if (nr == 80) launch_wg6<80>(w, qs, d, rows, y, st);
         else launch_wg6<96>(w, qs, d, rows, y, st);

@@ -36,8 +36,8 @@ void mucu_set_gemm_wg(int v);
  * mucu_set_gemm_wg6(0) keeps Q6_K on k_gemm_kq2 (-1 reads the variable
  * again). */
 void mucu_set_gemm_wg6(int v);
-/* k_gemm_wg6's rows a CTA: 96 (the default), 80 or 64
- * (MUSER_CUDA_WG6_ROWS; -1 reads the variable again) */
+/* k_gemm_wg6's rows a CTA: 96, 80 or 64 (MUSER_CUDA_WG6_ROWS; by default
+ * 80 for calls of up to 512 rows, 96 above; -1 reads the variable again) */
 void mucu_set_wg6_rows(int v);
 /* Launches with the copies by the tensor memory accelerator (k_gemm_wg_tma,
  * k_gemm_wg6<NR, true>; the default: MUSER_CUDA_GEMM_TMA=0 or
@@ -46,12 +46,6 @@ void mucu_set_wg6_rows(int v);
  * calls. */
 extern long mucu_gemm_tma_launches;
 void mucu_set_gemm_tma(int v);
-/* Q4_K / Q5_K with TMA copies on k_gemm_pp (its warpgroups out of step;
- * cuda_gemm_wg.cu): MUSER_CUDA_GEMM_PP=1 (taking turns on the tensor
- * cores) or 2 (not), mucu_set_gemm_pp the same (-1 reads the variable
- * again); its launches counted for the tests. */
-extern long mucu_gemm_pp_launches;
-void mucu_set_gemm_pp(int v);
 void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
                   void *stream);
 /* Does a call of `rows` (>= MUSER_CUDA_GEMM) take k_gemm_kq2? */
