@@ -14,7 +14,9 @@
 #           pdl: glimmer-tiny and full-model decode under each of PDL_ENVS,
 #           space-separated settings, a setting's variables joined by commas;
 #           ncu: each kernel's duration alone (Nsight Compute); ncuk: one kernel
-#           (NCU_KERNEL, default k_residual) with NCU_SECTIONS; trace:
+#           (NCU_KERNEL, default k_residual) with NCU_SECTIONS, launch NCU_SKIP + 1
+#           (default 41) of a run of NCU_PROMPT prompt tokens (default 4: decode;
+#           2048 and NCU_KERNEL=k_gemm_wg_tma for the prefill products); trace:
 #           each kernel's time inside the replayed graphs (CUPTI); kvpack:
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
 #           speculate` statistics under each of SPEC_ENVS, a kernel profile, the host's phase times
@@ -25,7 +27,8 @@
 #           llamadflash: llama.cpp's draft-dflash beside its plain decoding on the same pair
 #           (tests/cuda/llama_dflash.sh; carry .llama-build/llama-server.xz, or run llamabuild first);
 #           ab: decode figures under each of AB_ENVS; prefillab: the full model's pp512 / pp2048
-#           under each of AB_ENVS (default: k_gemm_wg6's 96 and 80 rows), alternating; llama: llama.cpp's
+#           under each of AB_ENVS (default: k_gemm_wg6's 96 and 80 rows), alternating, then
+#           pp2048 in chunks of each of CHUNKS rows (e.g. "1024 2048"); llama: llama.cpp's
 #           llama-bench on the same model, LLAMA_BENCH, .llama-build/bin or a carried
 #           .llama-build/llama-bench.xz; llamabuild: build llama-bench and llama-server from the carried
 #           .llama-src/llama-src.tar.xz, for the llama stage; tma: k_gemm_wg_tma (MUSER_CUDA_GEMM_TMA=1)
@@ -188,8 +191,9 @@ case " $STAGES " in *" bench "*)
         fi ;;
     esac
     case " $STAGES " in *" ncuk "*)
-        # one kernel in depth: NCU_KERNEL (a regex of its name, default k_residual), the 41st launch
-        # of it in the full model's run, with Nsight Compute's sections NCU_SECTIONS
+        # one kernel in depth: NCU_KERNEL (a regex of its name, default k_residual), launch
+        # NCU_SKIP + 1 of it in the full model's run of an NCU_PROMPT-token prompt and 3 decode
+        # steps, with Nsight Compute's sections NCU_SECTIONS
         NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
         if [ -n "$NCU" ]; then
             echo "== Nsight Compute: ${NCU_KERNEL:-k_residual} in depth, full model"
@@ -197,8 +201,9 @@ case " $STAGES " in *" bench "*)
             for sct in ${NCU_SECTIONS:-SpeedOfLight WarpStateStats LaunchStats Occupancy MemoryWorkloadAnalysis}; do
                 secs="$secs --section $sct"
             done
-            timeout 120 "$NCU" --kernel-name "regex:${NCU_KERNEL:-k_residual}" --launch-skip 40 --launch-count 1 $secs \
-                "$M" run -m $F --backend cuda --tokens 1,2,3,4 -n 3 --temp 0 2>&1 |
+            timeout 120 "$NCU" --kernel-name "regex:${NCU_KERNEL:-k_residual}" --launch-skip "${NCU_SKIP:-40}" \
+                --launch-count 1 $secs "$M" run -m $F --backend cuda --tokens "$(seq -s, 1 "${NCU_PROMPT:-4}")" -n 3 \
+                --temp 0 2>&1 |
                 grep -v "^==PROF==\|^ *$\|----" | cut -c1-130 | head -150
         else
             echo "no ncu here"
@@ -325,6 +330,9 @@ case " $STAGES " in *" bench "*)
                 echo "${v//,/ } round $round: $(env ${v//,/ } timeout 120 $B -p 512 -n 0 -r 2 -q 2>&1 | tail -1) |$(
                     env ${v//,/ } timeout 120 $B -p 2048 -n 0 -r 2 -q 2>&1 | tail -1)"
             done
+        done
+        for c in ${CHUNKS:-}; do # pp2048 in chunks of c rows (the default's settings)
+            echo "pp2048 --chunk $c: $(timeout 120 $B -p 2048 -n 0 -r 2 --chunk "$c" -q 2>&1 | tail -1)"
         done ;;
     esac
     case " $STAGES " in *" llama "*)
