@@ -259,7 +259,7 @@ __device__ static __forceinline__ void wg_table(const uint8_t *st, uint8_t *sm, 
  * in flight (the caller's wg_wait<0> ends it). xs: the stage's codes. */
 template <int TYPE>
 __device__ static __forceinline__ void wg_products(const uint8_t *st, const uint8_t *sm, int o0, int t, uint32_t xs,
-                                          int32_t hi[64], int32_t lo[64]) {
+                                                   int32_t hi[64], int32_t lo[64]) {
     typedef wg_smem<TYPE> S;
     constexpr int NR = S::NR, LD = S::LD;
     const uint4 sc0 = *(const uint4 *)(sm + S::TS + 16 * o0), sc1 = *(const uint4 *)(sm + S::TS + 16 * (o0 + 8));
@@ -304,8 +304,8 @@ __device__ static __forceinline__ void wg_products(const uint8_t *st, const uint
  * (e & 1). summ by two k16 mma per 8-row tile: A row o = [m_0..7 | 0] and
  * [0 | m_0..7], B column r = [lo_0..7 | hi_0..7] (txb) */
 template <int TYPE>
-__device__ static __forceinline__ void wg_epilogue(const uint8_t *st, const uint8_t *sm, const uint8_t *txb, int o0, int g,
-                                          int t, int32_t hi[64], int32_t lo[64], float total[64]) {
+__device__ static __forceinline__ void wg_epilogue(const uint8_t *st, const uint8_t *sm, const uint8_t *txb, int o0,
+                                                   int g, int t, int32_t hi[64], int32_t lo[64], float total[64]) {
     typedef wg_smem<TYPE> S;
 #pragma unroll
     for (int e = 0; e < 64; e++) wg_pin(hi[e]), wg_pin(lo[e]);
@@ -512,7 +512,8 @@ __device__ static inline void q6_lanes(uint32_t q, uint32_t &ev, uint32_t &od) {
 /* k_gemm_wg6's digit table of output o (in the tile), half hf of its 16
  * scales (and d with hf 0), for block b in stage st */
 template <int NR, bool TMA>
-__device__ static __forceinline__ void wg6_table(const uint8_t *st, uint8_t *sm, int o, int hf, int64_t out0, int nb, int b) {
+__device__ static __forceinline__ void wg6_table(const uint8_t *st, uint8_t *sm, int o, int hf, int64_t out0, int nb,
+                                                 int b) {
     typedef wg6_smem<NR, TMA> S;
     uint8_t *tg = sm + S::TG;
     const uint2 sw = *(const uint2 *)(st + S::WS + o * (TMA ? 16 : S::LD) + 8 * hf);
