@@ -137,7 +137,8 @@ int32_t muser_engine_step(muser_engine *e, muser_step_info *info, muser_error *e
 
 typedef struct muser_session_params {
     int64_t n_ctx;              /* 0 = the model's training context */
-    int64_t prefill_chunk;      /* rows per forward call during prefill; 0 = 512 */
+    int64_t prefill_chunk;      /* rows per forward call during prefill; 0 = the backend's choice: 512,
+                                   on CUDA 2,048 capped by depth (fewer past ~30k of a 131,072 context) */
 } muser_session_params;
 
 muser_session *muser_session_create(muser_model *m, const muser_session_params *params, muser_error *err);

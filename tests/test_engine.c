@@ -20,6 +20,7 @@
 #include "quant/quant.h"
 #include <math.h>
 #include "muser.h"
+#include "model/api_internal.h"
 
 #define N_SEQ 8
 #define N_DECODE 6
@@ -390,6 +391,53 @@ static void run_type(const char *type) {
     muser_model_free(ref);
 }
 
+/* The backend's preferred prompt chunk (mu_backend.prefill_rows; CUDA
+ * 2,048): a session that asks for no chunk takes it, capped by depth so
+ * that rows x 256-key blocks stay within what 512-row chunks reach at the
+ * context's end (mu_prompt_rows), and its logits are those of 512-row
+ * chunks. */
+static void test_backend_chunk(void) {
+    CHECK(mu_prompt_rows(2048, 0, 131072) == 2048);
+    CHECK(mu_prompt_rows(2048, 30000, 131072) == 2048);  /* 2048 x 126 blocks <= 512 x 512 */
+    CHECK(mu_prompt_rows(2048, 31000, 131072) == 1792);  /* 2048 x 130 is past it, 1792 x 129 is not */
+    CHECK(mu_prompt_rows(2048, 100000, 131072) == 512);  /* never fewer than 512 */
+    CHECK(mu_prompt_rows(2048, 2048, 4096) == 2048);     /* small contexts: at least 2048 x 32 */
+    CHECK(mu_prompt_rows(300, 100000, 131072) == 300);
+    static const int64_t ctxs[] = {1024, 4096, 32768, 131072, 1 << 20};
+    for (size_t c = 0; c < sizeof ctxs / sizeof *ctxs; c++)
+        for (int64_t pos = 0; pos < ctxs[c]; pos += ctxs[c] / 64 + 37)
+            for (int64_t n = 1; n <= 4096; n = 2 * n + 1) {
+                const int64_t r = mu_prompt_rows(n, pos, ctxs[c]), blocks = (ctxs[c] + 255) / 256;
+                const int64_t budget = 512 * blocks > 2048 * 32 ? 512 * blocks : 2048 * 32;
+                CHECK_MSG(r <= n && r >= (n < 512 ? n : 512) && (r <= 512 || r * ((pos + r + 255) / 256) <= budget),
+                          "mu_prompt_rows(%lld, %lld, %lld) = %lld", (long long)n, (long long)pos, (long long)ctxs[c],
+                          (long long)r);
+            }
+    muser_model *m = load("F32", MUSER_BACKEND_CPU);
+    if (!m) return;
+    muser_model_info info;
+    muser_model_get_info(m, &info);
+    const int64_t V = info.n_vocab, n = 900;
+    int32_t *toks = malloc((size_t)n * sizeof *toks);
+    for (int64_t i = 0; i < n; i++) toks[i] = (int32_t)((i * 7 + 3) % V);
+    m->be->prefill_rows = 768; /* as a backend that prefers 768-row chunks */
+    float *rows[2];
+    for (int k = 0; k < 2; k++) {
+        muser_error err;
+        muser_session_params sp = {.n_ctx = 1024, .prefill_chunk = k ? 512 : 0};
+        muser_session *s = muser_session_create(m, &sp, &err);
+        CHECK_MSG(s, "%s", err.msg);
+        rows[k] = calloc((size_t)V, sizeof(float));
+        if (s && muser_session_feed(s, toks, n, &err)) memcpy(rows[k], muser_session_logits(s), (size_t)V * sizeof(float));
+        else CHECK_MSG(false, "feed: %s", s ? err.msg : "no session");
+        muser_session_free(s);
+    }
+    CHECK_MSG(!memcmp(rows[0], rows[1], (size_t)V * sizeof(float)), "768-row chunks differ from 512-row chunks");
+    m->be->prefill_rows = 0;
+    free(rows[0]), free(rows[1]), free(toks);
+    muser_model_free(m);
+}
+
 int main(void) {
     const char *types[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "q4_k_xl", "nvfp4", "nvfp4_ggml"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) run_type(types[i]);
@@ -401,6 +449,7 @@ int main(void) {
         unsetenv("MUSER_CUDA_SCAN_MIN");
     }
     else test_nonfinite(MUSER_BACKEND_CPU, "cpu"), test_nonfinite(MUSER_BACKEND_REF, "ref");
+    test_backend_chunk();
     fx_cleanup();
     TEST_MAIN_END();
 }

@@ -114,6 +114,7 @@ struct mu_backend {
     void *ctx;
     int n_threads;
     bool trees;                  /* attention takes token-tree rows (mu_attn_tree) */
+    int64_t prefill_rows;        /* rows a session's prompt chunk takes by default (0: 512; engine.c caps by depth) */
     void (*destroy)(mu_backend *b);
 
     /* ---- memory ---- */

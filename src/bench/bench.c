@@ -200,7 +200,7 @@ static bool run_test(runner *r, bool decode, mu_bench_depth *d, mu_error *err) {
 static bool run_depth(runner *r, const muser_model *mm, mu_bench_depth *d, mu_error *err) {
     const mu_bench_opts *o = r->o;
     const int64_t n_ctx = d->depth + (o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen) + 1;
-    muser_session_params sp = {.n_ctx = n_ctx, .prefill_chunk = o->chunk > 0 ? o->chunk : 512};
+    muser_session_params sp = {.n_ctx = n_ctx, .prefill_chunk = o->chunk}; /* 0: the backend's choice */
     r->s = muser_session_create((muser_model *)mm, &sp, (muser_error *)err);
     if (!r->s) return false;
     r->depth = d->depth;

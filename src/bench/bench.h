@@ -31,7 +31,7 @@ typedef struct mu_bench_opts {
     int n_depths;
     int reps;                 /* timed repetitions per test (>= 1) */
     int warmup;               /* untimed runs before them */
-    int64_t chunk;            /* prefill rows per forward call (0 = 512) */
+    int64_t chunk;            /* prefill rows per forward call (0 = the session's default: 512, CUDA 2,048) */
     bool chain;               /* decode on the greedy chain (muser_session_decode_chain): the first
                                  token fed, then each row's pick, no host round trip per token */
     bool prefill_depth;       /* fill depth by real prefill (default: synthetic K/V) */

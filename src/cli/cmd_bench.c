@@ -30,7 +30,7 @@ static void bench_usage(FILE *f) {
             "  --mlock                keep the model's pages locked in RAM (no page-outs during the runs)\n"
             "  --pause SECONDS        idle before each timed repetition (VMs that throttle sustained load;\n"
             "                         docs/benchmarks.md)\n"
-            "  --chunk N              prefill rows per forward call (default 512)\n"
+            "  --chunk N              prefill rows per forward call (default 512; cuda 2048, fewer deep in a context)\n"
             "  --chain                decode on the greedy chain: the first token fed, then each row's\n"
             "                         first maximum, picked where the logits lie (no host round trip)\n"
             "  --draft FILE           also time greedy generation of -n tokens after a text prompt, plain\n"

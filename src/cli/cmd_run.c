@@ -48,7 +48,7 @@ static void run_usage(FILE *f) {
             "  --stop TEXT            stop when the output contains TEXT (repeatable, up to %d)\n"
             "  -t, --threads N        threads (default: all cores)\n"
             "  -c, --ctx-size N       context length (default: model's, capped at 4096)\n"
-            "  --chunk N              prefill rows per forward call (default 512)\n"
+            "  --chunk N              prefill rows per forward call (default 512; cuda 2048, fewer deep in a context)\n"
             "  --backend NAME         ref | cpu | cuda | auto (default auto)\n"
             "  --mlock                keep the model's pages locked in RAM\n"
             "  --json                 print one JSON object: prompt and generated ids, text, seed, sampler\n"

@@ -47,6 +47,10 @@ bool mu_session_new_kv(const muser_session *s, mu_kv_cache *out, mu_error *err);
 void mu_session_install(muser_session *s, mu_kv_cache *staged, const int32_t *tokens, int64_t n,
                         const float *logits);
 
+/* Rows of a prompt chunk at position pos when a session took its
+ * backend's preferred chunk of n rows (engine.c says why the cap). */
+int64_t mu_prompt_rows(int64_t n, int64_t pos, int64_t n_ctx);
+
 /* Load tokenizer and chat template of a validated model (api_text.c). */
 bool mu_api_load_text(muser_model *mm, mu_error *err);
 void mu_api_free_text(muser_model *mm);

@@ -24,6 +24,7 @@ struct muser_engine {
     muser_model *model;
     mu_backend *be;
     int64_t n_ctx, n_batch, chunk;
+    bool chunk_by_depth;        /* the backend's preferred chunk: capped by depth (prompt_rows) */
     int64_t prefill_budget;     /* prompt rows beside decode rows; 0 = unbounded */
     int32_t n_seq_max;
     muser_session **seqs;       /* [n_seq_max], NULL = free */
@@ -234,6 +235,22 @@ int32_t muser_engine_busy(muser_engine *e) {
     return n;
 }
 
+/* Rows of a prompt chunk that starts at position pos, when the session
+ * took the backend's preferred chunk (n rows, more than 512): as many as
+ * keep rows x 256-key blocks of the chunk's attention within what 512-row
+ * chunks reach at the end of an n_ctx context (and at least what a
+ * 2,048-row chunk at 8,192 keys takes), never fewer than 512. The CUDA
+ * prefill attention keeps a partial (maximum, sum, head_dim sums) per row,
+ * head and block (docs/cuda.md "Not done"): at 131,072 keys a 2,048-row
+ * chunk would take 4x the memory of a 512-row one, while near the start of
+ * a context the larger chunk prefills about 1.1x faster. */
+int64_t mu_prompt_rows(int64_t n, int64_t pos, int64_t n_ctx) {
+    const int64_t blocks = (n_ctx + 255) / 256, floor_budget = 2048 * 32;
+    const int64_t budget = 512 * blocks > floor_budget ? 512 * blocks : floor_budget;
+    while (n > 512 && n * ((pos + n + 255) / 256) > budget) n = n - 256 > 512 ? n - 256 : 512;
+    return n;
+}
+
 /* ------------------------------------------------------------------ sessions */
 
 muser_session *muser_session_create(muser_model *mm, const muser_session_params *params, muser_error *err) {
@@ -244,10 +261,13 @@ muser_session *muser_session_create(muser_model *mm, const muser_session_params 
         return NULL;
     }
     const int64_t n_ctx = p.n_ctx > 0 ? p.n_ctx : mm->m->cfg.n_ctx_train;
-    int64_t chunk = p.prefill_chunk > 0 ? p.prefill_chunk : 512;
+    /* no chunk asked for: the backend's preferred rows (CUDA: 2,048), capped by depth in prompt_rows */
+    const int64_t pref = mm->be->prefill_rows > 512 ? mm->be->prefill_rows : 512;
+    int64_t chunk = p.prefill_chunk > 0 ? p.prefill_chunk : pref;
     if (chunk > n_ctx) chunk = n_ctx;
     muser_engine_params ep = {.n_seq_max = 1, .n_ctx = n_ctx, .n_batch = chunk};
     muser_engine *e = muser_engine_create(mm, &ep, err);
+    if (e) e->chunk_by_depth = p.prefill_chunk == 0 && chunk > 512;
     muser_session *s = e ? muser_engine_session(e, err) : NULL;
     if (!s) {
         muser_engine_free(e);
@@ -963,6 +983,7 @@ int32_t muser_engine_step(muser_engine *e, muser_step_info *info, muser_error *e
             const bool small = !s->q_prompt && left <= STEP_DECODE_MAX && left <= e->chunk;
             if (small != (pass == 0)) continue;
             int64_t n = left < e->chunk ? left : e->chunk;
+            if (!small && e->chunk_by_depth) n = mu_prompt_rows(n, s->pos, e->n_ctx);
             if (n > e->n_batch - rows) n = e->n_batch - rows;
             /* a prompt chunk beside generating sessions delays each of their next tokens by its
              * cost: keep it within the budget (the rest goes to later steps) */

@@ -1404,6 +1404,9 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->kv_store = cuda_kv_store;
     b->attention = cuda_attention;
     b->trees = true;
+    /* 2,048-row prompt chunks: pp2048 4,679 against 4,121-4,144 tokens/s in 512-row chunks (H100,
+     * docs/benchmarks.md "Warpgroups out of step measured"): the products' grids fill more waves */
+    b->prefill_rows = 2048;
     b->sigmoid_gate = cuda_sigmoid_gate;
     b->swiglu = cuda_swiglu;
     b->add = cuda_add;
