@@ -24,7 +24,7 @@ struct muser_engine {
     muser_model *model;
     mu_backend *be;
     int64_t n_ctx, n_batch, chunk;
-    bool chunk_by_depth;        /* the backend's preferred chunk: capped by depth (prompt_rows) */
+    bool chunk_by_depth;        /* the backend's preferred chunk: capped by depth (mu_prompt_rows) */
     int64_t prefill_budget;     /* prompt rows beside decode rows; 0 = unbounded */
     int32_t n_seq_max;
     muser_session **seqs;       /* [n_seq_max], NULL = free */
@@ -261,7 +261,7 @@ muser_session *muser_session_create(muser_model *mm, const muser_session_params 
         return NULL;
     }
     const int64_t n_ctx = p.n_ctx > 0 ? p.n_ctx : mm->m->cfg.n_ctx_train;
-    /* no chunk asked for: the backend's preferred rows (CUDA: 2,048), capped by depth in prompt_rows */
+    /* no chunk asked for: the backend's preferred rows (CUDA: 2,048), capped by depth (mu_prompt_rows) */
     const int64_t pref = mm->be->prefill_rows > 512 ? mm->be->prefill_rows : 512;
     int64_t chunk = p.prefill_chunk > 0 ? p.prefill_chunk : pref;
     if (chunk > n_ctx) chunk = n_ctx;
