@@ -644,19 +644,27 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
     float *y = mu_xmalloc((size_t)(rows * n_out) * 4);
     float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
     ref->matmul(ref, w, x, y, rows);
-    static const char *const kname[6] = {"k_gemm_kq",           "k_gemm_kq2",          "k_gemm_kq2 128-row tiles",
-                                         "k_gemm_kq2 64-row tiles", "k_gemm_wg / k_gemm_wg6", "k_gemm_wg_tma"};
+    static const char *const kname[8] = {"k_gemm_kq",
+                                         "k_gemm_kq2",
+                                         "k_gemm_kq2 128-row tiles",
+                                         "k_gemm_kq2 64-row tiles",
+                                         "k_gemm_wg / k_gemm_wg6",
+                                         "k_gemm_wg_tma",
+                                         "k_gemm_ps, no turns",
+                                         "k_gemm_ps, turns"};
     static const int splits[3] = {0, 1, 3};
     for (int sp = 0; sp < 3; sp++)
-        for (int k = 5; k >= 0; k--) {
+        for (int k = 7; k >= 0; k--) {
             if (k == 1 || (k == 0 && sp > 0)) continue; /* the automatic choice is one of 2, 3 and 4 */
             if (k >= 4 && (sp > 0 || (w->type != MU_TYPE_Q4_K && w->type != MU_TYPE_Q5_K && w->type != MU_TYPE_Q6_K) ||
                            !mucu_gemm_wg_device()))
                 continue; /* k_gemm_wg (k_gemm_wg6 for Q6_K): on a 9.0 device, never split */
-            /* 5: k_gemm_wg_tma (the default's copies), 4: k_gemm_wg (cp.async) */
-            mucu_set_gemm_tma(k == 5);
+            if (k >= 6 && w->type == MU_TYPE_Q6_K) continue; /* k_gemm_ps: Q4_K / Q5_K */
+            /* 7 / 6: k_gemm_ps with / without turns, 5: k_gemm_wg_tma (the default's copies), 4: k_gemm_wg (cp.async) */
+            mucu_set_gemm_ps(k == 7 ? 1 : k == 6 ? 2 : 0);
+            mucu_set_gemm_tma(k >= 5);
             mucu_set_gemm_wg6(k >= 4);
-            mucu_gemm_kernel = k == 5 ? 4 : k;
+            mucu_gemm_kernel = k >= 5 ? 4 : k;
             mucu_set_gemm_split(splits[sp]);
             /* k_gemm_wg6: each of its row tiles (96, 80, 64) */
             const int n_tiles = k >= 4 && w->type == MU_TYPE_Q6_K ? 3 : 1;
@@ -674,6 +682,7 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
         }
     mucu_set_wg6_rows(-1);
     mucu_set_gemm_split(-1);
+    mucu_set_gemm_ps(-1);
     mucu_set_gemm_tma(-1);
     mucu_set_gemm_wg6(-1);
     cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(y);
@@ -727,6 +736,8 @@ static void test_gemm_tiles(void) {
         if (!mucu_gemm_tma_launches)
             n_fail++, fprintf(stderr, "MISMATCH k_gemm_wg_tma never launched (no tensor-map encoder, or misaligned "
                                       "buffers)\n");
+        printf("k_gemm_ps: %ld launches checked\n", mucu_gemm_ps_launches);
+        if (!mucu_gemm_ps_launches) n_fail++, fprintf(stderr, "MISMATCH k_gemm_ps never launched\n");
     }
 }
 
