@@ -441,9 +441,11 @@ __global__ static void __launch_bounds__(256, 1)
  * its 64 outputs' codes x s_hi and codes x s_lo of all 8 sub-blocks into
  * its own 32 KB (16 tiles of 64 x 32 bytes, no-swizzle K-major core
  * matrices as the activation codes), then issues the block's 16 wgmma at
- * once; with `turns` warpgroup 1 issues block b after warpgroup 0 and
- * warpgroup 0 block b + 1 after warpgroup 1's b (named barriers 3, 4), so
- * the tensor cores run one's block while the other runs its epilogue.
+ * once; with `turns` warpgroup 1 issues block b once warpgroup 0's wgmma
+ * of b have completed and warpgroup 0 block b + 1 once warpgroup 1's of b
+ * have (named barriers 3, 4), so the tensor cores run one's block while
+ * the other runs its epilogue (passing the turn at the issue instead left
+ * the two in step: the tensor cores interleave the warpgroups' groups).
  * Tables, the bsum split and the ring's full / empty mbarriers as
  * k_gemm_pp had them (each warpgroup its own, warpgroup 1 issuing every
  * copy); two ring stages (the weights' 64 KB take the third's room). Each
@@ -595,8 +597,8 @@ __global__ static void __launch_bounds__(256, 1)
             }
             wg_commit();
         }
-        if (turns && (wgi == 0 || b < nb - 1)) wg_bar_arrive(4 - wgi, 256);
         wg_wait<0>();
+        if (turns && (wgi == 0 || b < nb - 1)) wg_bar_arrive(4 - wgi, 256); /* the tensor cores are free */
         wg_epilogue<TYPE>(st, tab, txb, o0, g, t, hi, lo, total);
         wg_bar_sync(1 + wgi, 128); /* the warpgroup's reads of the stage, its tables and weights are done */
         if (wt == 0) wg_mbar_arrive(empty0 + 8 * s);
