@@ -193,7 +193,8 @@ case " $STAGES " in *" bench "*)
     case " $STAGES " in *" ncuk "*)
         # one kernel in depth: NCU_KERNEL (a regex of its name, default k_residual), launch
         # NCU_SKIP + 1 of it in the full model's run of an NCU_PROMPT-token prompt and 3 decode
-        # steps, with Nsight Compute's sections NCU_SECTIONS
+        # steps, with Nsight Compute's sections NCU_SECTIONS and any NCU_ARGS (e.g. --metrics
+        # regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio for the stall reasons)
         NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
         if [ -n "$NCU" ]; then
             echo "== Nsight Compute: ${NCU_KERNEL:-k_residual} in depth, full model"
@@ -202,7 +203,7 @@ case " $STAGES " in *" bench "*)
                 secs="$secs --section $sct"
             done
             timeout 120 "$NCU" --kernel-name "regex:${NCU_KERNEL:-k_residual}" --launch-skip "${NCU_SKIP:-40}" \
-                --launch-count 1 $secs "$M" run -m $F --backend cuda --tokens "$(seq -s, 1 "${NCU_PROMPT:-4}")" -n 3 \
+                --launch-count 1 $secs ${NCU_ARGS:-} "$M" run -m $F --backend cuda --tokens "$(seq -s, 1 "${NCU_PROMPT:-4}")" -n 3 \
                 --temp 0 2>&1 |
                 grep -v "^==PROF==\|^ *$\|----" | cut -c1-130 | head -150
         else

@@ -666,15 +666,19 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
             mucu_set_gemm_wg6(k >= 4);
             mucu_gemm_kernel = k >= 5 ? 4 : k;
             mucu_set_gemm_split(splits[sp]);
-            /* k_gemm_wg6: each of its row tiles (96, 80, 64) */
-            const int n_tiles = k >= 4 && w->type == MU_TYPE_Q6_K ? 3 : 1;
+            /* k_gemm_wg6: each of its row tiles (96, 80, 64); k_gemm_wg_tma:
+             * summ by f32_of_biased and by a conversion */
+            const bool q6 = w->type == MU_TYPE_Q6_K;
+            const int n_tiles = k >= 4 && q6 ? 3 : k == 5 ? 2 : 1;
             for (int ti = 0; ti < n_tiles; ti++) {
                 static const int wg6_rows[3] = {96, 80, 64};
-                mucu_set_wg6_rows(wg6_rows[ti]);
+                mucu_set_wg6_rows(q6 ? wg6_rows[ti] : -1);
+                mucu_set_gemm_magic(q6 ? -1 : ti == 0);
                 cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
                 cu->matmul(cu, w, dx, dy, rows);
                 char tile[24] = "", what[200];
-                if (n_tiles > 1) snprintf(tile, sizeof tile, " %d rows", wg6_rows[ti]);
+                if (n_tiles > 1 && q6) snprintf(tile, sizeof tile, " %d rows", wg6_rows[ti]);
+                else if (n_tiles > 1) snprintf(tile, sizeof tile, ti == 0 ? ", summ biased" : ", summ converted");
                 snprintf(what, sizeof what, "gemm (%s%s, split %d) %s%s n_in=%lld n_out=%lld rows=%lld", kname[k], tile,
                          splits[sp], w->name, label, (long long)n_in, (long long)n_out, (long long)rows);
                 check(what, y, dy, (size_t)(rows * n_out) * 4);
@@ -683,6 +687,7 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
     mucu_set_wg6_rows(-1);
     mucu_set_gemm_split(-1);
     mucu_set_gemm_ps(-1);
+    mucu_set_gemm_magic(-1);
     mucu_set_gemm_tma(-1);
     mucu_set_gemm_wg6(-1);
     cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(y);

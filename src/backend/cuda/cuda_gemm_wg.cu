@@ -302,8 +302,13 @@ __device__ static __forceinline__ void wg_products(const uint8_t *st, const uint
 /* f_b and the ordered totals of a block, after its products have landed.
  * Element 4i + e of this thread: output o0 + 8 (e >> 1), row 8i + 2t +
  * (e & 1). summ by two k16 mma per 8-row tile: A row o = [m_0..7 | 0] and
- * [0 | m_0..7], B column r = [lo_0..7 | hi_0..7] (txb) */
-template <int TYPE>
+ * [0 | m_0..7], B column r = [lo_0..7 | hi_0..7] (txb). MAGIC: summ, whose
+ * |summ| <= 8 x 63 x 4096 < 2^21 always (mins 0..63, a sub-block's bsum of
+ * 32 int8 codes), becomes a float by f32_of_biased (the first mma starts
+ * from MU_F32_MAGIC_BITS) instead of a conversion: the same float, half
+ * the epilogue's conversions (16 a clock and SM; sumi keeps its own, its
+ * range is 2^25). */
+template <int TYPE, bool MAGIC>
 __device__ static __forceinline__ void wg_epilogue(const uint8_t *st, const uint8_t *tab, const uint8_t *txb, int o0,
                                                    int g, int t, int32_t hi[64], int32_t lo[64], float total[64]) {
     typedef wg_smem<TYPE> S;
@@ -320,16 +325,17 @@ __device__ static __forceinline__ void wg_epilogue(const uint8_t *st, const uint
     for (int i = 0; i < 16; i++) {
         const uint32_t bx = *(const uint32_t *)(txb + 16 * (8 * i + g) + 4 * t);
         int32_t cl[4], ch[4];
-        mma_k16(cl, al0, al1, bx);
+        mma_k16(cl, al0, al1, bx, MAGIC ? MU_F32_MAGIC_BITS : 0);
         mma_k16(ch, ah0, ah1, bx);
         const float2 xd = *(const float2 *)(xdv + 8 * i + 2 * t);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int32_t sumi = 8 * hi[4 * i + e] + lo[4 * i + e];
-            const int32_t summ = cl[e] + 128 * ch[e];
+            const int32_t summ = cl[e] + 128 * ch[e]; /* MAGIC: biased */
             const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
             const float x = (e & 1) ? xd.y : xd.x;
-            const float f = (d * x) * (float)sumi - (dmin * x) * (float)summ;
+            const float fm = MAGIC ? f32_of_biased(summ) : (float)summ;
+            const float f = (d * x) * (float)sumi - (dmin * x) * fm;
             total[4 * i + e] = total[4 * i + e] + f;
         }
     }
@@ -337,7 +343,7 @@ __device__ static __forceinline__ void wg_epilogue(const uint8_t *st, const uint
 #endif
 
 /* The product's body; maps: the tensor maps of k_gemm_wg_tma's copies (TMA). */
-template <int TYPE, bool TMA>
+template <int TYPE, bool TMA, bool MAGIC = false>
 __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_out, int nb,
                                       const int8_t *__restrict__ qs, const float *__restrict__ xdp,
                                       const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
@@ -403,7 +409,7 @@ __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_
         }
         wg_products<TYPE>(st, sm, o0, t, sm_base + (uint32_t)(s * S::STAGE + S::X), hi, lo);
         wg_wait<0>();
-        wg_epilogue<TYPE>(st, sm + S::TS, txb, o0, g, t, hi, lo, total);
+        wg_epilogue<TYPE, MAGIC>(st, sm + S::TS, txb, o0, g, t, hi, lo, total);
     }
     wg_store<64>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
 #endif
@@ -419,13 +425,13 @@ __global__ static void __launch_bounds__(256, 1)
 }
 
 /* The same with the copies by TMA (MUSER_CUDA_GEMM_TMA=1; wg_maps says why). */
-template <int TYPE>
+template <int TYPE, bool MAGIC>
 __global__ static void __launch_bounds__(256, 1)
     k_gemm_wg_tma(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
                   const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
                   int has_scale, float scale, const __grid_constant__ wg_maps maps) {
     grid_dep_wait();
-    wg_gemm<TYPE, true>(Wt, n_out, nb, qs, xdp, bsp, rows, y, has_scale, scale, &maps);
+    wg_gemm<TYPE, true, MAGIC>(Wt, n_out, nb, qs, xdp, bsp, rows, y, has_scale, scale, &maps);
 }
 
 
@@ -599,7 +605,7 @@ __global__ static void __launch_bounds__(256, 1)
         }
         wg_wait<0>();
         if (turns && (wgi == 0 || b < nb - 1)) wg_bar_arrive(4 - wgi, 256); /* the tensor cores are free */
-        wg_epilogue<TYPE>(st, tab, txb, o0, g, t, hi, lo, total);
+        wg_epilogue<TYPE, true>(st, tab, txb, o0, g, t, hi, lo, total);
         wg_bar_sync(1 + wgi, 128); /* the warpgroup's reads of the stage, its tables and weights are done */
         if (wt == 0) wg_mbar_arrive(empty0 + 8 * s);
     }
@@ -919,6 +925,8 @@ static bool tma_map(CUtensorMap *m, const void *p, uint64_t row_bytes, uint64_t 
 }
 
 static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA (default 1), read once */
+static int gemm_magic = -1; /* MUSER_CUDA_GEMM_MAGIC: k_gemm_wg_tma's summ without a conversion (default 1) */
+extern "C" void mucu_set_gemm_magic(int v) { gemm_magic = v; }
 static int gemm_ps = -1;  /* MUSER_CUDA_GEMM_PS: k_gemm_ps for Q4_K / Q5_K (1 turns, 2 no turns, 0 off) */
 extern "C" long mucu_gemm_ps_launches = 0;
 extern "C" void mucu_set_gemm_ps(int v) { gemm_ps = v; }
@@ -955,9 +963,16 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
             mucu_gemm_ps_launches++;
             return;
         }
-        if (!smem_once(k_gemm_wg_tma<TYPE>, S::TOTAL_TMA, &tma_attr)) return;
-        k_gemm_wg_tma<TYPE><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale,
-                                                             w->scale, maps);
+        if (env_setting(&gemm_magic, "MUSER_CUDA_GEMM_MAGIC", 1)) {
+            static bool magic_attr = false;
+            if (!smem_once(k_gemm_wg_tma<TYPE, true>, S::TOTAL_TMA, &magic_attr)) return;
+            k_gemm_wg_tma<TYPE, true><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y,
+                                                                       w->has_scale, w->scale, maps);
+        } else {
+            if (!smem_once(k_gemm_wg_tma<TYPE, false>, S::TOTAL_TMA, &tma_attr)) return;
+            k_gemm_wg_tma<TYPE, false><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y,
+                                                                        w->has_scale, w->scale, maps);
+        }
         mucu_gemm_tma_launches++;
         return;
     }
