@@ -644,41 +644,29 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
     float *y = mu_xmalloc((size_t)(rows * n_out) * 4);
     float *dx = dev(x, (size_t)(rows * n_in) * 4), *dy = cu->alloc(cu, (size_t)(rows * n_out) * 4);
     ref->matmul(ref, w, x, y, rows);
-    static const char *const kname[8] = {"k_gemm_kq",
-                                         "k_gemm_kq2",
-                                         "k_gemm_kq2 128-row tiles",
-                                         "k_gemm_kq2 64-row tiles",
-                                         "k_gemm_wg / k_gemm_wg6",
-                                         "k_gemm_wg_tma",
-                                         "k_gemm_ps, no turns",
-                                         "k_gemm_ps, turns"};
+    static const char *const kname[6] = {"k_gemm_kq",           "k_gemm_kq2",          "k_gemm_kq2 128-row tiles",
+                                         "k_gemm_kq2 64-row tiles", "k_gemm_wg / k_gemm_wg6", "k_gemm_wg_tma"};
     static const int splits[3] = {0, 1, 3};
     for (int sp = 0; sp < 3; sp++)
-        for (int k = 7; k >= 0; k--) {
+        for (int k = 5; k >= 0; k--) {
             if (k == 1 || (k == 0 && sp > 0)) continue; /* the automatic choice is one of 2, 3 and 4 */
             if (k >= 4 && (sp > 0 || (w->type != MU_TYPE_Q4_K && w->type != MU_TYPE_Q5_K && w->type != MU_TYPE_Q6_K) ||
                            !mucu_gemm_wg_device()))
                 continue; /* k_gemm_wg (k_gemm_wg6 for Q6_K): on a 9.0 device, never split */
-            if (k >= 6 && w->type == MU_TYPE_Q6_K) continue; /* k_gemm_ps: Q4_K / Q5_K */
-            /* 7 / 6: k_gemm_ps with / without turns, 5: k_gemm_wg_tma (the default's copies), 4: k_gemm_wg (cp.async) */
-            mucu_set_gemm_ps(k == 7 ? 1 : k == 6 ? 2 : 0);
-            mucu_set_gemm_tma(k >= 5);
+            /* 5: k_gemm_wg_tma (the default's copies), 4: k_gemm_wg (cp.async) */
+            mucu_set_gemm_tma(k == 5);
             mucu_set_gemm_wg6(k >= 4);
-            mucu_gemm_kernel = k >= 5 ? 4 : k;
+            mucu_gemm_kernel = k == 5 ? 4 : k;
             mucu_set_gemm_split(splits[sp]);
-            /* k_gemm_wg6: each of its row tiles (96, 80, 64); k_gemm_wg_tma:
-             * summ by f32_of_biased and by a conversion */
-            const bool q6 = w->type == MU_TYPE_Q6_K;
-            const int n_tiles = k >= 4 && q6 ? 3 : k == 5 ? 2 : 1;
+            /* k_gemm_wg6: each of its row tiles (96, 80, 64) */
+            const int n_tiles = k >= 4 && w->type == MU_TYPE_Q6_K ? 3 : 1;
             for (int ti = 0; ti < n_tiles; ti++) {
                 static const int wg6_rows[3] = {96, 80, 64};
-                mucu_set_wg6_rows(q6 ? wg6_rows[ti] : -1);
-                mucu_set_gemm_magic(q6 ? -1 : ti == 0);
+                mucu_set_wg6_rows(wg6_rows[ti]);
                 cu->zero(cu, dy, (size_t)(rows * n_out) * 4);
                 cu->matmul(cu, w, dx, dy, rows);
                 char tile[24] = "", what[200];
-                if (n_tiles > 1 && q6) snprintf(tile, sizeof tile, " %d rows", wg6_rows[ti]);
-                else if (n_tiles > 1) snprintf(tile, sizeof tile, ti == 0 ? ", summ biased" : ", summ converted");
+                if (n_tiles > 1) snprintf(tile, sizeof tile, " %d rows", wg6_rows[ti]);
                 snprintf(what, sizeof what, "gemm (%s%s, split %d) %s%s n_in=%lld n_out=%lld rows=%lld", kname[k], tile,
                          splits[sp], w->name, label, (long long)n_in, (long long)n_out, (long long)rows);
                 check(what, y, dy, (size_t)(rows * n_out) * 4);
@@ -686,8 +674,6 @@ static void gemm_kernels_check(const mu_weight *w, const float *x, int64_t rows,
         }
     mucu_set_wg6_rows(-1);
     mucu_set_gemm_split(-1);
-    mucu_set_gemm_ps(-1);
-    mucu_set_gemm_magic(-1);
     mucu_set_gemm_tma(-1);
     mucu_set_gemm_wg6(-1);
     cu->free(cu, dx, 0), cu->free(cu, dy, 0), free(y);
@@ -741,8 +727,6 @@ static void test_gemm_tiles(void) {
         if (!mucu_gemm_tma_launches)
             n_fail++, fprintf(stderr, "MISMATCH k_gemm_wg_tma never launched (no tensor-map encoder, or misaligned "
                                       "buffers)\n");
-        printf("k_gemm_ps: %ld launches checked\n", mucu_gemm_ps_launches);
-        if (!mucu_gemm_ps_launches) n_fail++, fprintf(stderr, "MISMATCH k_gemm_ps never launched\n");
     }
 }
 

@@ -99,19 +99,11 @@ __device__ static inline void mma_k32(int32_t d[4], uint32_t a0, uint32_t a1, ui
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 /* d = a . b over 16 int8 values. */
-__device__ static inline void mma_k16(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t b0, int32_t c = 0) {
+__device__ static inline void mma_k16(int32_t d[4], uint32_t a0, uint32_t a1, uint32_t b0) {
     asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0), "r"(c));
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
-
-/* An int32 n with |n| < 2^22 as a float, exactly (as (float)n) without the
- * conversion unit: biased is n + MU_F32_MAGIC_BITS (the bits of 1.5 x
- * 2^23, where floats are the integers), so its float minus 1.5 x 2^23 is n.
- * Conversions issue at 16 a clock and SM on sm_90 against 128 for float
- * additions. */
-#define MU_F32_MAGIC_BITS 0x4B400000
-__device__ static inline float f32_of_biased(int32_t biased) { return __int_as_float(biased) - 12582912.0f; }
 
 /* ------------------------------------- K-quant tables of the GEMMs */
 

@@ -233,21 +233,21 @@ template <int ST, bool TMA> __device__ static inline void wg_stage_ready(uint32_
     __syncthreads();
 }
 
-/* A block's tables (k_gemm_wg, k_gemm_ps): for output o (o >= 0) its
+/* A block's tables (k_gemm_wg): for output o (o >= 0) its
  * scales split into s_hi / s_lo, its mins, d and dmin; for row r (r >= 0)
- * the bsum split (as k_gemm_kq2) into txb. st: the block's stage, tab: the
- * output tables (laid out as wg_smem's from TS). */
+ * the bsum split (as k_gemm_kq2) into txb. st: the block's stage, sm: the
+ * shared memory (its output tables). */
 template <int TYPE>
-__device__ static __forceinline__ void wg_table(const uint8_t *st, uint8_t *tab, int o, int r, uint8_t *txb) {
+__device__ static __forceinline__ void wg_table(const uint8_t *st, uint8_t *sm, int o, int r, uint8_t *txb) {
     typedef wg_smem<TYPE> S;
     if (o >= 0) {
         const uint4 hq = *(const uint4 *)(st + S::W + o * S::LD);
         const kq_scmin k = kq_scales_mins(hq.y, hq.z, hq.w);
-        *(uint4 *)(tab + 16 * o) = make_uint4((k.sc03 >> 3) & 0x07070707u, (k.sc47 >> 3) & 0x07070707u,
-                                              k.sc03 & 0x07070707u, k.sc47 & 0x07070707u);
-        *(uint2 *)(tab + (S::TMIN - S::TS) + 8 * o) = make_uint2(k.mn03, k.mn47);
-        ((float *)(tab + (S::TD - S::TS)))[o] = h2f((uint16_t)(hq.x & 0xFFFF));
-        ((float *)(tab + (S::TDM - S::TS)))[o] = h2f((uint16_t)(hq.x >> 16));
+        *(uint4 *)(sm + S::TS + 16 * o) = make_uint4((k.sc03 >> 3) & 0x07070707u, (k.sc47 >> 3) & 0x07070707u,
+                                                     k.sc03 & 0x07070707u, k.sc47 & 0x07070707u);
+        *(uint2 *)(sm + S::TMIN + 8 * o) = make_uint2(k.mn03, k.mn47);
+        ((float *)(sm + S::TD))[o] = h2f((uint16_t)(hq.x & 0xFFFF));
+        ((float *)(sm + S::TDM))[o] = h2f((uint16_t)(hq.x >> 16));
     } else {
         *(uint4 *)(txb + 16 * r) = kq_bsum_split(st + S::XB + 32 * r);
     }
@@ -302,20 +302,15 @@ __device__ static __forceinline__ void wg_products(const uint8_t *st, const uint
 /* f_b and the ordered totals of a block, after its products have landed.
  * Element 4i + e of this thread: output o0 + 8 (e >> 1), row 8i + 2t +
  * (e & 1). summ by two k16 mma per 8-row tile: A row o = [m_0..7 | 0] and
- * [0 | m_0..7], B column r = [lo_0..7 | hi_0..7] (txb). MAGIC: summ, whose
- * |summ| <= 8 x 63 x 4096 < 2^21 always (mins 0..63, a sub-block's bsum of
- * 32 int8 codes), becomes a float by f32_of_biased (the first mma starts
- * from MU_F32_MAGIC_BITS) instead of a conversion: the same float, half
- * the epilogue's conversions (16 a clock and SM; sumi keeps its own, its
- * range is 2^25). */
-template <int TYPE, bool MAGIC>
-__device__ static __forceinline__ void wg_epilogue(const uint8_t *st, const uint8_t *tab, const uint8_t *txb, int o0,
+ * [0 | m_0..7], B column r = [lo_0..7 | hi_0..7] (txb) */
+template <int TYPE>
+__device__ static __forceinline__ void wg_epilogue(const uint8_t *st, const uint8_t *sm, const uint8_t *txb, int o0,
                                                    int g, int t, int32_t hi[64], int32_t lo[64], float total[64]) {
     typedef wg_smem<TYPE> S;
 #pragma unroll
     for (int e = 0; e < 64; e++) wg_pin(hi[e]), wg_pin(lo[e]);
-    const uint8_t *tmin = tab + (S::TMIN - S::TS);
-    const float *td = (const float *)(tab + (S::TD - S::TS)), *tdm = (const float *)(tab + (S::TDM - S::TS));
+    const uint8_t *tmin = sm + S::TMIN;
+    const float *td = (const float *)(sm + S::TD), *tdm = (const float *)(sm + S::TDM);
     const uint32_t mw0 = *(const uint32_t *)(tmin + 8 * o0 + 4 * (t & 1));
     const uint32_t mw1 = *(const uint32_t *)(tmin + 8 * (o0 + 8) + 4 * (t & 1));
     const uint32_t al0 = t < 2 ? mw0 : 0u, al1 = t < 2 ? mw1 : 0u, ah0 = t < 2 ? 0u : mw0, ah1 = t < 2 ? 0u : mw1;
@@ -325,17 +320,16 @@ __device__ static __forceinline__ void wg_epilogue(const uint8_t *st, const uint
     for (int i = 0; i < 16; i++) {
         const uint32_t bx = *(const uint32_t *)(txb + 16 * (8 * i + g) + 4 * t);
         int32_t cl[4], ch[4];
-        mma_k16(cl, al0, al1, bx, MAGIC ? MU_F32_MAGIC_BITS : 0);
+        mma_k16(cl, al0, al1, bx);
         mma_k16(ch, ah0, ah1, bx);
         const float2 xd = *(const float2 *)(xdv + 8 * i + 2 * t);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int32_t sumi = 8 * hi[4 * i + e] + lo[4 * i + e];
-            const int32_t summ = cl[e] + 128 * ch[e]; /* MAGIC: biased */
+            const int32_t summ = cl[e] + 128 * ch[e];
             const float d = (e >> 1) ? d1 : d0, dmin = (e >> 1) ? dm1 : dm0;
             const float x = (e & 1) ? xd.y : xd.x;
-            const float fm = MAGIC ? f32_of_biased(summ) : (float)summ;
-            const float f = (d * x) * (float)sumi - (dmin * x) * fm;
+            const float f = (d * x) * (float)sumi - (dmin * x) * (float)summ;
             total[4 * i + e] = total[4 * i + e] + f;
         }
     }
@@ -343,7 +337,7 @@ __device__ static __forceinline__ void wg_epilogue(const uint8_t *st, const uint
 #endif
 
 /* The product's body; maps: the tensor maps of k_gemm_wg_tma's copies (TMA). */
-template <int TYPE, bool TMA, bool MAGIC = false>
+template <int TYPE, bool TMA>
 __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_out, int nb,
                                       const int8_t *__restrict__ qs, const float *__restrict__ xdp,
                                       const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
@@ -400,7 +394,7 @@ __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_
         const int s = b % S::ST;
         const uint8_t *st = sm + s * S::STAGE;
         wg_stage_ready<S::ST, TMA>(bar0, b);
-        for (int i = tid; i < BO + NR; i += NT) wg_table<TYPE>(st, sm + S::TS, i < BO ? i : -1, i - BO, txb);
+        for (int i = tid; i < BO + NR; i += NT) wg_table<TYPE>(st, sm, i < BO ? i : -1, i - BO, txb);
         __syncthreads();
         {
             const int nx = b + S::ST - 1;
@@ -409,7 +403,7 @@ __device__ static inline void wg_gemm(const uint8_t *__restrict__ Wt, int64_t n_
         }
         wg_products<TYPE>(st, sm, o0, t, sm_base + (uint32_t)(s * S::STAGE + S::X), hi, lo);
         wg_wait<0>();
-        wg_epilogue<TYPE, MAGIC>(st, sm + S::TS, txb, o0, g, t, hi, lo, total);
+        wg_epilogue<TYPE>(st, sm, txb, o0, g, t, hi, lo, total);
     }
     wg_store<64>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
 #endif
@@ -425,192 +419,13 @@ __global__ static void __launch_bounds__(256, 1)
 }
 
 /* The same with the copies by TMA (MUSER_CUDA_GEMM_TMA=1; wg_maps says why). */
-template <int TYPE, bool MAGIC>
+template <int TYPE>
 __global__ static void __launch_bounds__(256, 1)
     k_gemm_wg_tma(const uint8_t *__restrict__ Wt, int64_t n_out, int nb, const int8_t *__restrict__ qs,
                   const float *__restrict__ xdp, const int16_t *__restrict__ bsp, int64_t rows, float *__restrict__ y,
                   int has_scale, float scale, const __grid_constant__ wg_maps maps) {
     grid_dep_wait();
-    wg_gemm<TYPE, true, MAGIC>(Wt, n_out, nb, qs, xdp, bsp, rows, y, has_scale, scale, &maps);
-}
-
-
-/* k_gemm_ps (MUSER_CUDA_GEMM_PS=1 with turns, 2 without): k_gemm_wg_tma's
- * work with each warpgroup's weights built in shared memory (wgmma with A
- * from a descriptor, "SS") and the two warpgroups out of step. In
- * k_gemm_wg_tma both warpgroups run each block's tables, products and
- * epilogue between CTA barriers, so the tensor cores idle through every
- * epilogue (10 CUDA-core instructions per element and block); with A in
- * registers (k_gemm_pp, measured slower: docs/cuda.md "Many rows on
- * wgmma") a warpgroup keeps at most two wgmma groups in flight, so one
- * alone could not keep the tensor cores busy. Here a warpgroup first writes
- * its 64 outputs' codes x s_hi and codes x s_lo of all 8 sub-blocks into
- * its own 32 KB (16 tiles of 64 x 32 bytes, no-swizzle K-major core
- * matrices as the activation codes), then issues the block's 16 wgmma at
- * once; with `turns` warpgroup 1 issues block b once warpgroup 0's wgmma
- * of b have completed and warpgroup 0 block b + 1 once warpgroup 1's of b
- * have (named barriers 3, 4), so the tensor cores run one's block while
- * the other runs its epilogue (passing the turn at the issue instead left
- * the two in step: the tensor cores interleave the warpgroups' groups).
- * Tables, the bsum split and the ring's full / empty mbarriers as
- * k_gemm_pp had them (each warpgroup its own, warpgroup 1 issuing every
- * copy); two ring stages (the weights' 64 KB take the third's room). Each
- * (row, output) total still adds f_b in block order: the outputs equal
- * k_gemm_kq2's bit for bit. */
-template <int TYPE> struct ps_smem {
-    typedef wg_smem<TYPE> S;
-    static constexpr int ST = 2;
-    static constexpr int TAB = ST * S::STAGE;                 /* the output tables, laid out as wg_smem's from TS */
-    static constexpr int TXB = TAB + (S::TXB - S::TS);        /* warpgroup 0's bsum split */
-    static constexpr int PXB = TXB + S::NR * 16;              /* warpgroup 1's */
-    static constexpr int A = (PXB + S::NR * 16 + 127) / 128 * 128; /* warpgroup w's tiles at A + 32768 w */
-    static constexpr int BAR = A + 2 * 16 * 2048;             /* full[ST], then empty[ST] */
-    static constexpr int TOTAL = BAR + 2 * ST * 8;
-};
-
-#if WG_HAVE
-__device__ static inline void wg_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ static inline void wg_bar_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ static inline void wg_mbar_arrive(uint32_t a) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(a) : "memory");
-}
-/* the mbarrier at a counts one arrival when this thread's earlier cp.async have landed */
-__device__ static inline void wg_cp_arrive(uint32_t a) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
-}
-
-/* d[64 x 128] (+)= a[64 x 32] (u8, shared memory) . b[32 x 128] (s8, shared memory) */
-__device__ static inline void wg_mma_ss(int32_t d[64], uint64_t adesc, uint64_t bdesc, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.s8 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p;\n}\n"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-                 : "l"(adesc), "l"(bdesc), "r"(acc));
-}
-
-/* A warpgroup's scaled weights of a block into a (its 16 tiles: tile h * 8
- * + j is sub-block j's codes x s_hi (h 0) or x s_lo (h 1) of its 64
- * outputs, core matrix (output group R, 16-byte chunk c) at (8 c + R) *
- * 128, output m % 8 at + 16 (m % 8)). Thread wt: output m = wt % 64 (a
- * quarter-warp's 8 consecutive outputs fill one 128-byte core matrix),
- * chunk c = wt / 64 (values 16c .. 16c + 15 of every sub-block). */
-template <int TYPE>
-__device__ static __forceinline__ void ps_build(const uint8_t *st, uint8_t *a, int wgi, int wt) {
-    typedef wg_smem<TYPE> S;
-    const int m = wt & 63, c = wt >> 6;
-    const uint8_t *blk = st + S::W + (64 * wgi + m) * S::LD;
-    const uint4 hq = *(const uint4 *)blk;
-    const kq_scmin k = kq_scales_mins(hq.y, hq.z, hq.w);
-    const uint32_t shi[2] = {(k.sc03 >> 3) & 0x07070707u, (k.sc47 >> 3) & 0x07070707u};
-    const uint32_t slo[2] = {k.sc03 & 0x07070707u, k.sc47 & 0x07070707u};
-    uint4 qh = make_uint4(0u, 0u, 0u, 0u);
-    if (TYPE == W_Q5_K) qh = *(const uint4 *)(blk + 16 + 16 * c); /* bit j of qh[l]: the fifth bit of value 32j + l */
-    uint8_t *dst = a + (8 * c + (m >> 3)) * 128 + 16 * (m & 7);
-#pragma unroll
-    for (int p = 0; p < 4; p++) {
-        const uint4 raw = *(const uint4 *)(blk + S::QOFF + 32 * p + 16 * c);
-#pragma unroll
-        for (int nib = 0; nib < 2; nib++) {
-            const int j = 2 * p + nib;
-            const uint32_t h = (shi[j >> 2] >> (8 * (j & 3))) & 0xFF, l = (slo[j >> 2] >> (8 * (j & 3))) & 0xFF;
-            uint32_t cw[4] = {raw.x, raw.y, raw.z, raw.w};
-            const uint32_t qw[4] = {qh.x, qh.y, qh.z, qh.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                cw[i] = (cw[i] >> (4 * nib)) & 0x0F0F0F0Fu;
-                if (TYPE == W_Q5_K) cw[i] |= ((qw[i] >> j) & 0x01010101u) << 4;
-            }
-            *(uint4 *)(dst + j * 2048) = make_uint4(cw[0] * h, cw[1] * h, cw[2] * h, cw[3] * h);
-            *(uint4 *)(dst + (8 + j) * 2048) = make_uint4(cw[0] * l, cw[1] * l, cw[2] * l, cw[3] * l);
-        }
-    }
-}
-#endif
-
-template <int TYPE>
-__global__ static void __launch_bounds__(256, 1)
-    k_gemm_ps(int64_t n_out, int nb, const float *__restrict__ xdp, int64_t rows, float *__restrict__ y, int has_scale,
-              float scale, int turns, const __grid_constant__ wg_maps maps) {
-    grid_dep_wait();
-#if WG_HAVE
-    typedef wg_smem<TYPE> S;
-    typedef ps_smem<TYPE> P;
-    constexpr int NR = S::NR, LD = S::LD, BO = S::BO, ST = P::ST;
-    static_assert(NR == 128, "warpgroup 1 copies a row's activation scale a thread");
-    extern __shared__ __align__(128) uint8_t sm[];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int wgi = tid >> 7, wt = tid & 127;
-    const int o0 = 16 * warp + g; /* outputs o0, o0 + 8 (warpgroup wgi: 64 wgi .. 64 wgi + 63) */
-    const int64_t row0 = (int64_t)blockIdx.x * NR, out0 = (int64_t)blockIdx.y * BO;
-    uint8_t *tab = sm + P::TAB, *txb = sm + (wgi ? P::PXB : P::TXB), *am = sm + P::A + 32768 * wgi;
-    const uint32_t sm_base = (uint32_t)__cvta_generic_to_shared(sm), full0 = sm_base + P::BAR, empty0 = full0 + 8 * ST;
-    const uint32_t aa = sm_base + (uint32_t)(P::A + 32768 * wgi);
-    if (tid == 0) {
-        for (int s = 0; s < ST; s++) wg_mbar_init(full0 + 8 * s, 1 + NR), wg_mbar_init(empty0 + 8 * s, 2);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    /* warpgroup 1: block b into its stage (the stage known empty) */
-    auto load = [&](int b) {
-        const int s = b % ST;
-        const uint32_t full = full0 + 8 * s, dst = sm_base + (uint32_t)(s * S::STAGE);
-        const int64_t gr = row0 + wt;
-        const bool v = gr < rows;
-        cp4(sm + s * S::STAGE + S::XD + 4 * wt, v ? xdp + gr * nb + b : xdp, v ? 4 : 0);
-        wg_cp_arrive(full);
-        if (wt == 0) {
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            wg_mbar_expect(full, NR * 256 + BO * LD + NR * 32);
-            wg_codes_tma<NR>(dst + S::X, &maps.x, b, row0, full);
-            wg_tma(dst + S::W, &maps.w, b * LD, (int)out0, full);
-            wg_tma(dst + S::XB, &maps.aux, b * 32, (int)row0, full);
-        }
-    };
-
-    int32_t hi[64], lo[64];
-    float total[64];
-#pragma unroll
-    for (int e = 0; e < 64; e++) total[e] = 0.0f, hi[e] = 0, lo[e] = 0;
-    if (wgi == 1)
-        for (int b = 0; b < ST - 1 && b < nb; b++) load(b);
-    for (int b = 0; b < nb; b++) {
-        const int s = b % ST;
-        const uint8_t *st = sm + s * S::STAGE;
-        if (wgi == 1) {
-            const int nx = b + ST - 1; /* into the stage of block b - 1, once both warpgroups are done with it */
-            if (nx < nb) {
-                if (nx >= ST) wg_mbar_wait(empty0 + 8 * (nx % ST), (uint32_t)((nx / ST - 1) & 1));
-                load(nx);
-            }
-        }
-        wg_mbar_wait(full0 + 8 * s, (uint32_t)((b / ST) & 1));
-        for (int i = wt; i < 64 + NR; i += 128) wg_table<TYPE>(st, tab, i < 64 ? 64 * wgi + i : -1, i - 64, txb);
-        ps_build<TYPE>(st, am, wgi, wt);
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* the weights, for the tensor cores */
-        wg_bar_sync(1 + wgi, 128);
-        if (turns && (wgi == 1 || b > 0)) wg_bar_sync(3 + wgi, 256);
-        {
-            const uint32_t xs = sm_base + (uint32_t)(s * S::STAGE + S::X);
-            wg_fence();
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const uint64_t bd = wg_desc(xs + (uint32_t)(2 * j * (NR / 8) * 128), (NR / 8) * 128, 128);
-                wg_mma_ss(hi, wg_desc(aa + (uint32_t)(j * 2048), 1024, 128), bd, j > 0);
-                wg_mma_ss(lo, wg_desc(aa + (uint32_t)((8 + j) * 2048), 1024, 128), bd, j > 0);
-            }
-            wg_commit();
-        }
-        wg_wait<0>();
-        if (turns && (wgi == 0 || b < nb - 1)) wg_bar_arrive(4 - wgi, 256); /* the tensor cores are free */
-        wg_epilogue<TYPE, true>(st, tab, txb, o0, g, t, hi, lo, total);
-        wg_bar_sync(1 + wgi, 128); /* the warpgroup's reads of the stage, its tables and weights are done */
-        if (wt == 0) wg_mbar_arrive(empty0 + 8 * s);
-    }
-    wg_store<64>(total, row0, out0, o0, t, rows, n_out, y, has_scale, scale);
-#endif
+    wg_gemm<TYPE, true>(Wt, n_out, nb, qs, xdp, bsp, rows, y, has_scale, scale, &maps);
 }
 
 
@@ -925,11 +740,6 @@ static bool tma_map(CUtensorMap *m, const void *p, uint64_t row_bytes, uint64_t 
 }
 
 static int gemm_tma = -1; /* MUSER_CUDA_GEMM_TMA (default 1), read once */
-static int gemm_magic = -1; /* MUSER_CUDA_GEMM_MAGIC: k_gemm_wg_tma's summ without a conversion (default 1) */
-extern "C" void mucu_set_gemm_magic(int v) { gemm_magic = v; }
-static int gemm_ps = -1;  /* MUSER_CUDA_GEMM_PS: k_gemm_ps for Q4_K / Q5_K (1 turns, 2 no turns, 0 off) */
-extern "C" long mucu_gemm_ps_launches = 0;
-extern "C" void mucu_set_gemm_ps(int v) { gemm_ps = v; }
 extern "C" long mucu_gemm_tma_launches = 0;
 extern "C" void mucu_set_gemm_tma(int v) { gemm_tma = v; }
 
@@ -954,25 +764,9 @@ static void launch_wg(const mucu_weight *w, const int8_t *qs, const float *d, co
         tma_map(&maps.w, w->data, (uint64_t)nb * S::LD, (uint64_t)w->n_out, S::LD, S::BO, CU_TENSOR_MAP_SWIZZLE_NONE) &&
         tma_map(&maps.aux, bs, (uint64_t)nb * 32, (uint64_t)rows, 32, S::NR,
                 CU_TENSOR_MAP_SWIZZLE_NONE)) {
-        const int ps = env_setting(&gemm_ps, "MUSER_CUDA_GEMM_PS", 0);
-        if (ps) {
-            static bool ps_attr = false;
-            if (!smem_once(k_gemm_ps<TYPE>, ps_smem<TYPE>::TOTAL, &ps_attr)) return;
-            k_gemm_ps<TYPE><<<grid, 256, ps_smem<TYPE>::TOTAL, st>>>(w->n_out, nb, d, rows, y, w->has_scale, w->scale,
-                                                                    ps == 1, maps);
-            mucu_gemm_ps_launches++;
-            return;
-        }
-        if (env_setting(&gemm_magic, "MUSER_CUDA_GEMM_MAGIC", 1)) {
-            static bool magic_attr = false;
-            if (!smem_once(k_gemm_wg_tma<TYPE, true>, S::TOTAL_TMA, &magic_attr)) return;
-            k_gemm_wg_tma<TYPE, true><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y,
-                                                                       w->has_scale, w->scale, maps);
-        } else {
-            if (!smem_once(k_gemm_wg_tma<TYPE, false>, S::TOTAL_TMA, &tma_attr)) return;
-            k_gemm_wg_tma<TYPE, false><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y,
-                                                                        w->has_scale, w->scale, maps);
-        }
+        if (!smem_once(k_gemm_wg_tma<TYPE>, S::TOTAL_TMA, &tma_attr)) return;
+        k_gemm_wg_tma<TYPE><<<grid, 256, S::TOTAL_TMA, st>>>(w->data, w->n_out, nb, qs, d, bs, rows, y, w->has_scale,
+                                                             w->scale, maps);
         mucu_gemm_tma_launches++;
         return;
     }

@@ -46,15 +46,6 @@ void mucu_set_wg6_rows(int v);
  * calls. */
 extern long mucu_gemm_tma_launches;
 void mucu_set_gemm_tma(int v);
-/* Q4_K / Q5_K with TMA copies on k_gemm_ps (weights built in shared
- * memory, warpgroups out of step; cuda_gemm_wg.cu): MUSER_CUDA_GEMM_PS=1
- * (taking turns on the tensor cores) or 2 (not), 0 off; mucu_set_gemm_ps
- * the same (-1 reads the variable again); its launches counted. */
-/* k_gemm_wg_tma's epilogue: summ by f32_of_biased (1, the default) or by a
- * conversion (0; MUSER_CUDA_GEMM_MAGIC, -1 reads the variable again). */
-void mucu_set_gemm_magic(int v);
-extern long mucu_gemm_ps_launches;
-void mucu_set_gemm_ps(int v);
 void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float *d, const int16_t *bs, int64_t rows, float *y,
                   void *stream);
 /* Does a call of `rows` (>= MUSER_CUDA_GEMM) take k_gemm_kq2? */
