@@ -16,7 +16,8 @@
 #           ncu: each kernel's duration alone (Nsight Compute); ncuk: one kernel
 #           (NCU_KERNEL, default k_residual) with NCU_SECTIONS, launch NCU_SKIP + 1
 #           (default 41) of a run of NCU_PROMPT prompt tokens (default 4: decode;
-#           2048 and NCU_KERNEL=k_gemm_wg_tma for the prefill products); trace:
+#           2048 and NCU_KERNEL=k_gemm_wg_tma for the prefill products), NCU_ARGS
+#           passed to ncu (e.g. --metrics regex:...stalled... for stall reasons); trace:
 #           each kernel's time inside the replayed graphs (CUPTI); kvpack:
 #           `muser bench kvpack` on the synthetic small model; spec: `muser
 #           speculate` statistics under each of SPEC_ENVS, a kernel profile, the host's phase times
