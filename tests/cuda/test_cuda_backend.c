@@ -1023,6 +1023,11 @@ static void test_attn_prefill(void) {
             strncat(what, ", PV4 off", sizeof what - strlen(what) - 1);
             check_attention(a, dk, kern, hgs, 1, what);
             mucu_set_attn_pv4(-1);
+            /* its scores with 8 lanes a dot (MUSER_CUDA_ATTN_SC=1) */
+            mucu_set_attn_sc(1);
+            strncat(what, ", SC", sizeof what - strlen(what) - 1);
+            check_attention(a, dk, kern, hgs, 1, what);
+            mucu_set_attn_sc(-1);
             free(pos), free(hk), free(dk);
         }
         free(h1.k), free(h1.v), free(h2.k), free(h2.v);

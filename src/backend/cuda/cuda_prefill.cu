@@ -520,10 +520,11 @@ extern "C" void mucu_gemm_kq2(const mucu_weight *w, const int8_t *qs, const floa
 #define PA_NT 256
 #define PA_HALF 128 /* keys staged at a time: 98.5 KB of shared memory (D 128), two CTAs per SM */
 
-template <int DC> struct pa_smem {
+template <int DC, bool SC = false> struct pa_smem {
     static constexpr int D = 32 * DC;
-    static constexpr int KV = 0;                     /* f16 [PA_HALF][D]: half a block of K, then of V */
-    static constexpr int S = KV + PA_HALF * D * 2;   /* f32 [PA_PMAX][PA_SLD] */
+    static constexpr int KSTR = SC ? D + 16 : D;     /* SC: K's rows chain-major, 32 bytes apart more (banks) */
+    static constexpr int KV = 0;                     /* f16 [PA_HALF][KSTR]: half a block of K, then of V ([D]) */
+    static constexpr int S = KV + PA_HALF * KSTR * 2; /* f32 [PA_PMAX][PA_SLD] */
     static constexpr int TOTAL = S + PA_PMAX * PA_SLD * 4;
 };
 
@@ -547,13 +548,24 @@ __device__ static inline void v8_of(const uint16_t *p, float *vf) {
     for (int d = 0; d < 8; d++) vf[d] = h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
 }
 
-template <int DC>
+/* SC (MUSER_CUDA_ATTN_SC=1): the scores with 8 lanes a dot instead of 32.
+ * K's half block is staged chain-major (key row: chain l's DC values, dims
+ * l, l + 32, ..., at l DC), and a warp's 32 dots (4 pairs x 8 keys) go to
+ * its 4 groups of 8 lanes, group gi keys gi and gi + 4 of the eight: lane j
+ * runs chains j, j + 8, j + 16, j + 24 of its group's 8 dots (fmaf over
+ * their dims in order, from 0), adds h = 16 and h = 8 of the fold in its
+ * registers (p[j] + p[j + 16], p[j + 8] + p[j + 24], then their sum) and
+ * h = 4, 2, 1 by the transposing butterfly over its group (fold_step),
+ * leaving dot j in lane j: every addition the reference's p[l] + p[l + h].
+ * Per dot about 1.6 warp instructions of fold against 3.9, 16 conversions
+ * of K's values per lane and 2 keys. */
+template <int DC, bool SC>
 __global__ static void __launch_bounds__(PA_NT, 2)
     k_attn_prefill(const mucu_attn_row *__restrict__ desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                    float scale, const float *__restrict__ q, float *__restrict__ part, int64_t nbmax,
                    float *__restrict__ final_out, int pv4) {
     grid_dep_wait();
-    typedef pa_smem<DC> SM;
+    typedef pa_smem<DC, SC> SM;
     constexpr int D = SM::D;
     constexpr int DG = D / 8, PG = PA_NT / DG, PPT = PA_PMAX / PG; /* PV: dim groups, pair groups, pairs/thread */
     extern __shared__ __align__(16) uint8_t sm[];
@@ -607,6 +619,75 @@ __global__ static void __launch_bounds__(PA_NT, 2)
         for (int k0 = 0; k0 < nkmax; k0 += PA_HALF) {
             const int nkh = nkmax - k0 < PA_HALF ? nkmax - k0 : PA_HALF;
             if (k0 > 0) __syncthreads(); /* the previous half's scores are done with kv */
+            if constexpr (SC) {
+                const int octs = (nkh + 7) / 8;
+                /* K chain-major: dims 8c .. 8c + 7 (m = c / 4, chains 8 (c % 4) ..) to l DC + m */
+                for (int i = tid; i < nkh * DG; i += PA_NT) {
+                    const int p = i / DG, c = i % DG;
+                    int64_t phys = phys0 + k0 + p;
+                    if (phys >= a.cap) phys -= a.cap;
+                    const uint4 raw = __ldg((const uint4 *)(kbase + phys * D) + c);
+                    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+                    uint16_t *dst = kv + p * SM::KSTR + 8 * (c % 4) * DC + c / 4;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) dst[e * DC] = (uint16_t)(e & 1 ? w[e >> 1] >> 16 : w[e >> 1] & 0xFFFF);
+                }
+                __syncthreads();
+                const int gi = lane >> 3, jl = lane & 7;
+                for (int pq = warp; pq < quads; pq += PA_NT / 32) {
+                    float qv[4][4][DC];
+#pragma unroll
+                    for (int pi = 0; pi < 4; pi++) {
+                        const int pair = 4 * pq + pi;
+                        const int64_t rh = (r0 + rs + pair / G) * n_head + kh * G + pair % G;
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+#pragma unroll
+                            for (int m = 0; m < DC; m++)
+                                qv[pi][i][m] = pair < P ? q[rh * D + jl + 8 * i + 32 * m] : 0.0f;
+                    }
+                    for (int ko = 0; ko < octs; ko++) {
+                        float v[8]; /* dot 2 pi + kk: pair 4 pq + pi, key 8 ko + gi + 4 kk */
+#pragma unroll
+                        for (int kk = 0; kk < 2; kk++) {
+                            const uint16_t *kr = kv + (8 * ko + gi + 4 * kk) * SM::KSTR + jl * DC;
+                            float kf[4][DC];
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const uint16_t *kc = kr + 8 * i * DC;
+                                if constexpr (DC == 4) {
+                                    const uint2 r = *(const uint2 *)kc;
+                                    kf[i][0] = h2f((uint16_t)(r.x & 0xFFFF)), kf[i][1] = h2f((uint16_t)(r.x >> 16));
+                                    kf[i][2 % DC] = h2f((uint16_t)(r.y & 0xFFFF)), kf[i][3 % DC] = h2f((uint16_t)(r.y >> 16));
+                                } else if constexpr (DC == 2) {
+                                    const uint32_t r = *(const uint32_t *)kc;
+                                    kf[i][0] = h2f((uint16_t)(r & 0xFFFF)), kf[i][1 % DC] = h2f((uint16_t)(r >> 16));
+                                } else {
+                                    kf[i][0] = h2f(kc[0]);
+                                }
+                            }
+#pragma unroll
+                            for (int pi = 0; pi < 4; pi++) {
+                                float c4[4];
+#pragma unroll
+                                for (int i = 0; i < 4; i++) {
+                                    float acc = 0.0f;
+#pragma unroll
+                                    for (int m = 0; m < DC; m++) acc = fmaf(qv[pi][i][m], kf[i][m], acc);
+                                    c4[i] = acc; /* chain jl + 8 i */
+                                }
+                                v[2 * pi + kk] = (c4[0] + c4[2]) + (c4[1] + c4[3]); /* h = 16, then h = 8 */
+                            }
+                        }
+                        fold_step<4>(v, lane);
+                        fold_step<2>(v, lane);
+                        fold_step<1>(v, lane);
+                        const int pair = 4 * pq + (jl >> 1), key = k0 + 8 * ko + gi + 4 * (jl & 1);
+                        if (pair < P) S[pair * PA_SLD + key] = v[0] * scale;
+                    }
+                }
+                continue;
+            }
             stage(kbase, k0, nkh);
             __syncthreads();
             const int octs = (nkh + 7) / 8;
@@ -751,6 +832,10 @@ int mucu_attn_kernel = -1;
 
 extern "C" int mucu_attn_kernel_get(void) { return env_setting(&mucu_attn_kernel, "MUSER_CUDA_ATTN", 1); }
 
+/* MUSER_CUDA_ATTN_SC=1: k_attn_prefill's scores with 8 lanes a dot (SC above). */
+static int sc_v = -1;
+extern "C" void mucu_set_attn_sc(int v) { sc_v = v; }
+
 extern "C" bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
     const int k = mucu_attn_kernel_get();
     return (k == 2 || ((k == 1 || k == 4) && rows >= 64)) && n_head_kv > 0 && n_head % n_head_kv == 0 &&
@@ -762,24 +847,34 @@ extern "C" bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_
 static int pv4_v = -1;
 extern "C" void mucu_set_attn_pv4(int v) { pv4_v = v; }
 
-template <int DC>
-static void launch_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
-                                float scale, const float *q, float *part, int64_t nbmax, float *final_out,
-                                cudaStream_t st) {
+template <int DC, bool SC>
+static void launch_attn_prefill_sc(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
+                                   float scale, const float *q, float *part, int64_t nbmax, float *final_out,
+                                   cudaStream_t st) {
     static bool attr_set = false;
     if (!attr_set) {
         /* the largest shared-memory carveout, so that two CTAs fit on an SM */
-        if (cudaFuncSetAttribute(k_attn_prefill<DC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 pa_smem<DC>::TOTAL) != cudaSuccess ||
-            cudaFuncSetAttribute(k_attn_prefill<DC>, cudaFuncAttributePreferredSharedMemoryCarveout,
+        if (cudaFuncSetAttribute(k_attn_prefill<DC, SC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 pa_smem<DC, SC>::TOTAL) != cudaSuccess ||
+            cudaFuncSetAttribute(k_attn_prefill<DC, SC>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  (int)cudaSharedmemCarveoutMaxShared) != cudaSuccess)
             return;
         attr_set = true;
     }
     const int64_t rpc = PA_PMAX / (n_head / n_head_kv);
     const dim3 grid((unsigned)nbmax, (unsigned)n_head_kv, (unsigned)((rows + rpc - 1) / rpc));
-    k_attn_prefill<DC><<<grid, PA_NT, pa_smem<DC>::TOTAL, st>>>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax,
-                                                            final_out, env_setting(&pv4_v, "MUSER_CUDA_ATTN_PV4", 1));
+    k_attn_prefill<DC, SC><<<grid, PA_NT, pa_smem<DC, SC>::TOTAL, st>>>(
+        desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, env_setting(&pv4_v, "MUSER_CUDA_ATTN_PV4", 1));
+}
+
+template <int DC>
+static void launch_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
+                                float scale, const float *q, float *part, int64_t nbmax, float *final_out,
+                                cudaStream_t st) {
+    if (env_setting(&sc_v, "MUSER_CUDA_ATTN_SC", 0))
+        launch_attn_prefill_sc<DC, true>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
+    else
+        launch_attn_prefill_sc<DC, false>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
 }
 
 extern "C" void mucu_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
