@@ -2381,7 +2381,7 @@ int main(int argc, char **argv) {
         bench_mmv();
         return 0;
     }
-    if (argc == 2 && !strcmp(argv[1], "--new")) { /* a short run: the most recent kernels' tests (tree registers, fused launches, stores, GEMM tiles) */
+    if (argc == 2 && !strcmp(argv[1], "--new")) { /* a short run: the most recent kernels' tests (tree registers, fused launches, stores, GEMM tiles, prefill attention) */
         test_tree_reg();
         test_tree_reg_attention();
         test_fused();
@@ -2391,6 +2391,7 @@ int main(int argc, char **argv) {
         test_dense_attention();
         test_elementwise();
         test_gemm_tiles();
+        test_attn_prefill();
         return finish("test_cuda_backend --new");
     }
     test_matmul_embed();
