@@ -790,26 +790,27 @@ static void check_attention(mu_attn_batch a, const mu_kv_layer **dk, const int *
     mu_weight w = product ? make_weight(&WSPECS[5], n_in, n_out) : (mu_weight){0};
     if (product) ref->matmul(ref, &w, og, y, a.rows);
     a.kv = dk;
-    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg;
-    for (int v = 0; v < nv; v++) {
+    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg, saved_kst = mucu_attn_dec_kst;
+    for (int vk = 0; vk < 2 * nv; vk++) { /* each variant with the settled keys' K staged early and not */
+        const int v = vk % nv, kst = vk / nv;
         if (hgs[v] && (a.n_head / a.n_head_kv) % hgs[v]) continue;
-        mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v];
+        mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v], mucu_attn_dec_kst = kst;
         cu->zero(cu, dout, n * 4);
         cu->attention(cu, &a, dq, dout);
         char what[224];
-        snprintf(what, sizeof what, "%s, kernel %d hg %d", label, kern[v], hgs[v]);
+        snprintf(what, sizeof what, "%s, kernel %d hg %d%s", label, kern[v], hgs[v], kst ? " kst" : "");
         check(what, o, dout, n * 4);
         cu->zero(cu, dout, n * 4);
         cu->attention_gate(cu, &a, dq, dg, dout);
-        snprintf(what, sizeof what, "%s, kernel %d hg %d, gated", label, kern[v], hgs[v]);
+        snprintf(what, sizeof what, "%s, kernel %d hg %d%s, gated", label, kern[v], hgs[v], kst ? " kst" : "");
         check(what, og, dout, n * 4);
         if (product) {
             cu->matmul(cu, &w, dout, dy, a.rows);
-            snprintf(what, sizeof what, "%s, kernel %d hg %d, gated + matmul", label, kern[v], hgs[v]);
+            snprintf(what, sizeof what, "%s, kernel %d hg %d%s, gated + matmul", label, kern[v], hgs[v], kst ? " kst" : "");
             check(what, y, dy, ny * 4);
         }
     }
-    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg;
+    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg, mucu_attn_dec_kst = saved_kst;
     cu->free(cu, dq, 0), cu->free(cu, dg, 0), cu->free(cu, dout, 0), cu->free(cu, dy, 0);
     free(q), free(o), free(g), free(og), free(y);
 }
@@ -2380,6 +2381,15 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--bench-mmv")) {
         bench_mmv();
         return 0;
+    }
+    if (argc == 2 && !strcmp(argv[1], "--attn")) { /* the decode attention tests alone */
+        test_kv_attention(64);
+        test_kv_attention(128);
+        test_kv_attention(256);
+        test_kv_attention(80);
+        test_tree_attention();
+        test_attn_decode();
+        return finish("test_cuda_backend --attn");
     }
     if (argc == 2 && !strcmp(argv[1], "--new")) { /* a short run: the most recent kernels' tests (tree registers, fused launches, stores, GEMM tiles, prefill attention) */
         test_tree_reg();

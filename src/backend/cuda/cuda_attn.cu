@@ -71,20 +71,67 @@ __device__ static inline float half_at(uint4 r, int i) {
     return h2f((uint16_t)(i & 1 ? w >> 16 : w & 0xFFFF));
 }
 
+/* K of keys [k0, k1) of the block into shared memory by quarter: word c
+ * of quarter j holds dims 8c+j (low) and 8c+j+4. */
+template <int DC, int HG>
+__device__ static inline void ad_stage_k(uint32_t *ks, const mucu_attn_row &a, const int8_t *anc, const uint16_t *kb,
+                                         int64_t start, int64_t phys0, int k0, int k1) {
+    typedef ad_cfg<DC, HG> C;
+    constexpr int D = C::D, CH = D / 8, BATCH = 8;
+    const int tid = threadIdx.x;
+    for (int i0 = k0 * CH; i0 < k1 * CH; i0 += AD_NT * BATCH) {
+        uint4 buf[BATCH];
+#pragma unroll
+        for (int u = 0; u < BATCH; u++) {
+            const int i = i0 + u * AD_NT + tid;
+            if (i < k1 * CH) {
+                const int64_t ph = attn_key_row(a, anc, start, phys0, i / CH);
+                buf[u] = __ldg((const uint4 *)(kb + ph * D) + i % CH);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < BATCH; u++) {
+            const int i = i0 + u * AD_NT + tid;
+            if (i < k1 * CH) {
+                uint32_t *kr = ks + (i / CH) * C::KS + i % CH;
+                kr[0] = __byte_perm(buf[u].x, buf[u].z, 0x5410);
+                kr[C::KJS] = __byte_perm(buf[u].x, buf[u].z, 0x7632);
+                kr[2 * C::KJS] = __byte_perm(buf[u].y, buf[u].w, 0x5410);
+                kr[3 * C::KJS] = __byte_perm(buf[u].y, buf[u].w, 0x7632);
+            }
+        }
+    }
+}
+
 /* The row's cache description and the L2 requests for the block's V rows
  * (read last), before the wait: the descriptions come with the step's
  * arguments, copied in before any kernel of the step runs, and a prefetch
  * is only a hint (a line the kernel before this one still writes is
- * updated in L2 all the same). Then the wait. */
-template <int D>
+ * updated in L2 all the same). With kst (MUSER_CUDA_ATTN_KST=1) the K of
+ * the block's settled keys is staged too: a key at logical p <= pos - rows
+ * (rows: the call's rows, at least as many as any sequence's keys written
+ * this step) and below a tree's base was written by an earlier step, and
+ * its ring row is none of this step's (the ring holds every row's window
+ * and this step's keys at once). Returns how many keys are staged; then
+ * the wait. */
+template <int DC, int HG>
 __device__ static inline mucu_attn_row ad_begin(const mucu_attn_row *__restrict__ desc, int64_t r, int64_t j,
-                                                int64_t kh, const int8_t *&anc) {
+                                                int64_t kh, const int8_t *&anc, uint32_t *ks, int kst, int &nst) {
+    constexpr int D = 32 * DC;
     mucu_attn_row a = desc[r];
     const int64_t start = a.first + 256 * j;
+    nst = 0;
     if (!a.treg && start <= a.pos) { /* a register row's keys are known only after the wait */
         const int nk = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
-        const uint16_t *vb = a.v + kh * a.cap * D;
         const int64_t phys0 = start % a.cap;
+        if (kst) {
+            int64_t last = a.pos - (int64_t)gridDim.z; /* the last settled key */
+            if (a.tbase <= last) last = a.tbase - 1;
+            const int64_t n = last - start + 1;
+            nst = n <= 0 ? 0 : n < nk ? (int)n : nk;
+            ad_stage_k<DC, HG>(ks, a, desc[r].anc, a.k + kh * a.cap * D, start, phys0, 0, nst);
+        }
+        const uint16_t *vb = a.v + kh * a.cap * D;
         constexpr int LINES = D * 2 / 128;
         for (int i = threadIdx.x; i < nk * LINES; i += AD_NT) {
             const int64_t ph = attn_key_row(a, desc[r].anc, start, phys0, i / LINES);
@@ -100,16 +147,17 @@ template <int DC, int HG, bool GATE>
 __global__ static void __launch_bounds__(AD_NT, 2)
     k_attn_dec(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t n_head_kv, float scale,
                const float *__restrict__ q, float *__restrict__ part, int64_t nbmax, float *__restrict__ final_out,
-               const float *__restrict__ gate, q8split o) {
+               const float *__restrict__ gate, q8split o, int kst) {
     typedef ad_cfg<DC, HG> C;
     constexpr int D = C::D, DPT = C::DPT, HGT = C::HGT;
     const int64_t j = blockIdx.x, r = blockIdx.z;
     const int64_t G = n_head / n_head_kv, ngr = G / HG;
     const int64_t kh = blockIdx.y / ngr, h0 = kh * G + (blockIdx.y % ngr) * HG;
     const int8_t *anc;
-    const mucu_attn_row a = ad_begin<D>(desc, r, j, kh, anc);
     extern __shared__ __align__(16) uint8_t sm[];
     uint32_t *ks = (uint32_t *)sm;
+    int nst;
+    const mucu_attn_row a = ad_begin<DC, HG>(desc, r, j, kh, anc, ks, kst, nst);
     float *qs = (float *)(sm + C::SM_K), *S = (float *)(sm + C::SM_K + C::SM_Q);
     __shared__ float mw[AD_NT / 32][HG], m_s[HG], l_s[HG];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -134,30 +182,9 @@ __global__ static void __launch_bounds__(AD_NT, 2)
         const int g = e / D, d = e % D;
         qs[(g * 4 + (d & 3)) * C::QJS + (d >> 2)] = qr[e];
     }
-    /* K by quarter: word c of quarter j holds dims 8c+j (low) and 8c+j+4 */
-    constexpr int CH = D / 8, BATCH = 8;
-    for (int i0 = 0; i0 < nk * CH; i0 += AD_NT * BATCH) {
-        uint4 buf[BATCH];
-#pragma unroll
-        for (int u = 0; u < BATCH; u++) {
-            const int i = i0 + u * AD_NT + tid;
-            if (i < nk * CH) {
-                const int64_t ph = attn_key_row(a, anc, start, phys0, i / CH);
-                buf[u] = __ldg((const uint4 *)(kb + ph * D) + i % CH);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < BATCH; u++) {
-            const int i = i0 + u * AD_NT + tid;
-            if (i < nk * CH) {
-                uint32_t *kr = ks + (i / CH) * C::KS + i % CH;
-                kr[0] = __byte_perm(buf[u].x, buf[u].z, 0x5410);
-                kr[C::KJS] = __byte_perm(buf[u].x, buf[u].z, 0x7632);
-                kr[2 * C::KJS] = __byte_perm(buf[u].y, buf[u].w, 0x5410);
-                kr[3 * C::KJS] = __byte_perm(buf[u].y, buf[u].w, 0x7632);
-            }
-        }
-    }
+    /* K by quarter (the settled keys' are staged already) */
+    constexpr int CH = D / 8;
+    ad_stage_k<DC, HG>(ks, a, anc, kb, start, phys0, nst, nk);
     __syncthreads();
 
     /* scores: the quad of threads 4pl .. 4pl+3 takes key pl, pl+64, ...;
@@ -408,10 +435,13 @@ __global__ static void __launch_bounds__(512)
 
 extern "C" {
 int mucu_attn_dec_hg = -1;
+int mucu_attn_dec_kst = -1;
 int mucu_attn_bench_pass = 0;
 }
 
 static int dec_hg_forced(void) { return env_setting(&mucu_attn_dec_hg, "MUSER_CUDA_ATTN_HG", 0); }
+/* MUSER_CUDA_ATTN_KST=1: the settled keys' K staged before the wait (ad_begin). */
+static int dec_kst(void) { return env_setting(&mucu_attn_dec_kst, "MUSER_CUDA_ATTN_KST", 0); }
 
 extern "C" bool mucu_attn_dec_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
     const int k = mucu_attn_kernel_get();
@@ -435,7 +465,7 @@ static void launch_dec(const mucu_attn_row *desc, int64_t rows, int64_t n_head, 
     }
     const dim3 grid((unsigned)nbmax, (unsigned)(n_head_kv * (n_head / n_head_kv / HG)), (unsigned)rows);
     k_attn_dec<DC, HG, GATE><<<grid, AD_NT, C::TOTAL, st>>>(desc, n_head, n_head_kv, scale, q, part, nbmax, final_out,
-                                                             gate, o);
+                                                             gate, o, dec_kst());
 }
 
 template <int DC, bool GATE>
