@@ -790,27 +790,31 @@ static void check_attention(mu_attn_batch a, const mu_kv_layer **dk, const int *
     mu_weight w = product ? make_weight(&WSPECS[5], n_in, n_out) : (mu_weight){0};
     if (product) ref->matmul(ref, &w, og, y, a.rows);
     a.kv = dk;
-    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg, saved_kst = mucu_attn_dec_kst;
-    for (int vk = 0; vk < 2 * nv; vk++) { /* each variant with the settled keys' K staged early and not */
-        const int v = vk % nv, kst = vk / nv;
+    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg, saved_kst = mucu_attn_dec_kst,
+              saved_cl = mucu_attn_dec_cl;
+    /* each variant plainly, with the settled keys' K staged early (kst), and with the calls that write partials on k_attn_dcl (cl) */
+    static const char *const mode[3] = {"", " kst", " cl"};
+    for (int vk = 0; vk < 3 * nv; vk++) {
+        const int v = vk % nv, m = vk / nv;
         if (hgs[v] && (a.n_head / a.n_head_kv) % hgs[v]) continue;
-        mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v], mucu_attn_dec_kst = kst;
+        mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v], mucu_attn_dec_kst = m == 1, mucu_attn_dec_cl = m == 2;
+        const char *kst = mode[m]; /* the label below */
         cu->zero(cu, dout, n * 4);
         cu->attention(cu, &a, dq, dout);
         char what[224];
-        snprintf(what, sizeof what, "%s, kernel %d hg %d%s", label, kern[v], hgs[v], kst ? " kst" : "");
+        snprintf(what, sizeof what, "%s, kernel %d hg %d%s", label, kern[v], hgs[v], kst);
         check(what, o, dout, n * 4);
         cu->zero(cu, dout, n * 4);
         cu->attention_gate(cu, &a, dq, dg, dout);
-        snprintf(what, sizeof what, "%s, kernel %d hg %d%s, gated", label, kern[v], hgs[v], kst ? " kst" : "");
+        snprintf(what, sizeof what, "%s, kernel %d hg %d%s, gated", label, kern[v], hgs[v], kst);
         check(what, og, dout, n * 4);
         if (product) {
             cu->matmul(cu, &w, dout, dy, a.rows);
-            snprintf(what, sizeof what, "%s, kernel %d hg %d%s, gated + matmul", label, kern[v], hgs[v], kst ? " kst" : "");
+            snprintf(what, sizeof what, "%s, kernel %d hg %d%s, gated + matmul", label, kern[v], hgs[v], kst);
             check(what, y, dy, ny * 4);
         }
     }
-    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg, mucu_attn_dec_kst = saved_kst;
+    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg, mucu_attn_dec_kst = saved_kst, mucu_attn_dec_cl = saved_cl;
     cu->free(cu, dq, 0), cu->free(cu, dg, 0), cu->free(cu, dout, 0), cu->free(cu, dy, 0);
     free(q), free(o), free(g), free(og), free(y);
 }

@@ -342,6 +342,225 @@ __global__ static void __launch_bounds__(AD_NT, 2)
     }
 }
 
+/* k_attn_dcl (MUSER_CUDA_ATTN_CL=1; calls that write per-block partials):
+ * a cluster of CL_N CTAs per (row, KV head, 256-key block) and all G <= 16
+ * query heads of that KV head. CTA c stages the K of keys 32c .. 32c+31
+ * and computes their scores for every head (k_attn_dec's quad of threads
+ * per key, the same chains and fold); the cluster exchanges the scores
+ * through distributed shared memory, so every CTA holds the block's 256 x
+ * G scores and computes m_b and e_p itself (the same scan and mu_expf);
+ * CTA c then runs the weighted sums of dims c*DS .. c*DS+DS-1 (DS = D /
+ * CL_N) of every head, from its slice of V, and l_b of heads c, c + CL_N.
+ * Each key's K and V bytes are read once per cluster, where k_attn_dec's
+ * G / HG CTAs of a block each read all of them. Before the wait the CTA
+ * stages the K and V of the keys stored by earlier steps (ad_begin). */
+#define CL_N 8
+
+template <int DC> struct cl_cfg {
+    static constexpr int D = 32 * DC, KW = 4 * DC, KJS = KW + 4, KS = 4 * KJS, QJS = 8 * DC + 4;
+    static constexpr int KC = 256 / CL_N; /* keys whose scores a CTA computes */
+    static constexpr int DS = D / CL_N;   /* dims whose sums a CTA runs */
+    static constexpr int SM_K = KC * KS * 4, SM_V = 256 * DS * 2, SM_Q = 16 * 4 * QJS * 4, SM_SL = KC * 16 * 4,
+                         SM_S = 256 * 16 * 4;
+    static constexpr int O_V = SM_K, O_Q = O_V + SM_V, O_SL = O_Q + SM_Q, O_S = O_SL + SM_SL, TOTAL = O_S + SM_S;
+};
+
+/* K of the CTA's keys in [k0, k1) (block-relative, within 32c .. 32c+31) by quarter, and V's slice of keys [v0, v1). */
+template <int DC>
+__device__ static inline void cl_stage(uint32_t *ks, uint16_t *vs, const mucu_attn_row &a, const int8_t *anc,
+                                       const uint16_t *kb, const uint16_t *vb, int64_t start, int64_t phys0, int c,
+                                       int k0, int k1, int v0, int v1) {
+    typedef cl_cfg<DC> C;
+    constexpr int D = C::D, CH = D / 8, VCH = C::DS / 8; /* 16-byte pieces of a key's K, of its V slice */
+    const int tid = threadIdx.x, kbase = c * C::KC;
+    for (int i = k0 * CH + tid; i < k1 * CH; i += AD_NT) {
+        const int p = i / CH;
+        const int64_t ph = attn_key_row(a, anc, start, phys0, p);
+        const uint4 w = __ldg((const uint4 *)(kb + ph * D) + i % CH);
+        uint32_t *kr = ks + (p - kbase) * C::KS + i % CH;
+        kr[0] = __byte_perm(w.x, w.z, 0x5410);
+        kr[C::KJS] = __byte_perm(w.x, w.z, 0x7632);
+        kr[2 * C::KJS] = __byte_perm(w.y, w.w, 0x5410);
+        kr[3 * C::KJS] = __byte_perm(w.y, w.w, 0x7632);
+    }
+    for (int i = v0 * VCH + tid; i < v1 * VCH; i += AD_NT) {
+        const int p = i / VCH;
+        const int64_t ph = attn_key_row(a, anc, start, phys0, p);
+        cp16(vs + p * C::DS + (i % VCH) * 8, vb + ph * D + c * C::DS + (i % VCH) * 8, true);
+    }
+    cp_commit();
+}
+
+__device__ static inline uint32_t cl_rank(void) {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ static inline void cl_arrive(void) { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ static inline void cl_wait(void) { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+/* A float of CTA `rank`'s shared memory at the address of p in this CTA's. */
+__device__ static inline float cl_load(const float *p, uint32_t rank) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p), ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
+}
+
+template <int DC>
+__global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
+    k_attn_dcl(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t n_head_kv, float scale,
+               const float *__restrict__ q, float *__restrict__ part, int64_t nbmax) {
+    typedef cl_cfg<DC> C;
+    constexpr int D = C::D, DS = C::DS, KC = C::KC;
+    extern __shared__ __align__(16) uint8_t sm[];
+    uint32_t *ks = (uint32_t *)sm;
+    uint16_t *vs = (uint16_t *)(sm + C::O_V);
+    float *qs = (float *)(sm + C::O_Q), *SL = (float *)(sm + C::O_SL), *S = (float *)(sm + C::O_S);
+    __shared__ float mw[AD_NT / 32][16], m_s[16];
+    const int c = (int)cl_rank(), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t j = blockIdx.x / CL_N, kh = blockIdx.y, r = blockIdx.z;
+    const int G = (int)(n_head / n_head_kv);
+    const int64_t h0 = kh * G;
+    mucu_attn_row a = desc[r];
+    const uint16_t *kb = a.k + kh * a.cap * D, *vb = a.v + kh * a.cap * D;
+    int64_t start = a.first + 256 * j;
+    int nst = 0;
+    if (!a.treg && start <= a.pos) { /* the keys stored by earlier steps (ad_begin) */
+        const int nk0 = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
+        int64_t last = a.pos - (int64_t)gridDim.z;
+        if (a.tbase <= last) last = a.tbase - 1;
+        const int64_t n = last - start + 1;
+        nst = n <= 0 ? 0 : n < nk0 ? (int)n : nk0;
+        const int k0 = c * KC, k1 = nst < k0 + KC ? nst : k0 + KC;
+        cl_stage<DC>(ks, vs, a, desc[r].anc, kb, vb, start, start % a.cap, c, k0, k1 > k0 ? k1 : k0, 0, nst);
+    }
+    grid_dep_wait();
+    const int8_t *anc = attn_row_resolve(a, desc, r);
+    start = a.first + 256 * j;
+    if (start > a.pos) return; /* the same for every CTA of the cluster */
+    const int nk = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
+    const int64_t phys0 = start % a.cap;
+    {
+        const int k0 = c * KC > nst ? c * KC : nst, k1 = nk < c * KC + KC ? nk : c * KC + KC;
+        cl_stage<DC>(ks, vs, a, anc, kb, vb, start, phys0, c, k0, k1 > k0 ? k1 : k0, nst, nk);
+    }
+    const float *qr = q + (r * n_head + h0) * D;
+    for (int e = tid; e < G * D; e += AD_NT) {
+        const int g = e / D, d = e % D;
+        qs[(g * 4 + (d & 3)) * C::QJS + (d >> 2)] = qr[e];
+    }
+    __syncthreads();
+    /* scores of the CTA's keys: quad qd takes key qd % 32 and heads qd / 32, + 2, ... */
+    {
+        const int jq = tid & 3, qd = tid >> 2, kk = qd % KC, hs = qd / KC, p = c * KC + kk;
+        float kf[8 * DC];
+        if (p < nk) {
+            const uint4 *kr = (const uint4 *)(ks + kk * C::KS + jq * C::KJS);
+#pragma unroll
+            for (int u = 0; u < DC; u++) {
+                const uint4 w = kr[u];
+#pragma unroll
+                for (int i = 0; i < 8; i++) kf[8 * u + i] = half_at(w, i);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8 * DC; i++) kf[i] = 0.0f;
+        }
+        for (int g = hs; g < G; g += AD_NT / 4 / KC) {
+            const float4 *qv = (const float4 *)(qs + (g * 4 + jq) * C::QJS);
+            float pp[8];
+#pragma unroll
+            for (int m = 0; m < 8; m++) pp[m] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < DC; k++) {
+                const float4 qa = qv[2 * k], qb = qv[2 * k + 1];
+                const float qq[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+                for (int m = 0; m < 8; m++) pp[m] = fmaf(qq[m], kf[8 * k + m], pp[m]);
+            }
+            const float a0 = pp[0] + pp[4], a1 = pp[1] + pp[5], a2 = pp[2] + pp[6], a3 = pp[3] + pp[7];
+            const float b0 = a0 + a2, b1 = a1 + a3;
+            const float cc = b0 + b1;
+            const float d2 = cc + __shfl_xor_sync(FULL_MASK, cc, 2);
+            const float e = d2 + __shfl_xor_sync(FULL_MASK, d2, 1);
+            if (jq == (g & 3)) SL[kk * G + g] = e * scale;
+        }
+    }
+    cl_arrive();
+    cl_wait();
+    /* every CTA's scores into S (p * G + g) */
+    for (int e = tid; e < nk * G; e += AD_NT) {
+        const int p = e / G;
+        S[e] = cl_load(SL + (p % KC) * G + e % G, (uint32_t)(p / KC));
+    }
+    cl_arrive(); /* this CTA has read the others' scores; the wait comes before the exit */
+    __syncthreads();
+    /* m_b: thread (cg, g) scans keys cg*G .. cg*G+G-1 of head g; contiguous ranges combined left to right */
+    {
+        const int g = tid % G, cg = tid / G;
+        float m = -INFINITY;
+        for (int i = 0; i < G; i++) {
+            const int p = cg * G + i;
+            if (p < nk) {
+                const float sv = S[p * G + g];
+                if (sv > m) m = sv;
+            }
+        }
+        for (int off = G; off < 32; off *= 2) {
+            const float o = __shfl_down_sync(FULL_MASK, m, off);
+            if (o > m) m = o;
+        }
+        if (lane < G) mw[warp][lane] = m;
+        __syncthreads();
+        if (tid < G) {
+            float mm = mw[0][tid];
+            for (int w = 1; w < AD_NT / 32; w++) {
+                const float o = mw[w][tid];
+                if (o > mm) mm = o;
+            }
+            m_s[tid] = mm;
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < nk * G; e += AD_NT) S[e] = d_expf(S[e] - m_s[e % G]);
+    cp_wait<0>();
+    __syncthreads();
+    /* the weighted sums: chain (g, d) for g < G, d < DS, two heads a thread where G allows; l_b by threads past them */
+    const int HP = G >= 2 ? 2 : 1, npv = G * DS / HP;
+    for (int t = tid; t < npv; t += AD_NT) {
+        const int d = t % DS, g = (t / DS) * HP;
+        float acc0 = 0.0f, acc1 = 0.0f;
+        const uint16_t *vc = vs + d;
+        if (HP == 2) {
+#pragma unroll 8
+            for (int p = 0; p < nk; p++) {
+                const float2 e = *(const float2 *)(S + p * G + g);
+                const float v = h2f(vc[p * DS]);
+                acc0 = fmaf(e.x, v, acc0);
+                acc1 = fmaf(e.y, v, acc1);
+            }
+        } else {
+#pragma unroll 8
+            for (int p = 0; p < nk; p++) acc0 = fmaf(S[p * G + g], h2f(vc[p * DS]), acc0);
+        }
+        float *pb = part + ((r * n_head + h0 + g) * nbmax + j) * (D + 2) + 2 + c * DS + d;
+        pb[0] = acc0;
+        if (HP == 2) pb[nbmax * (D + 2)] = acc1;
+    }
+    {
+        const int lt = npv < AD_NT ? npv : 0; /* threads lt, lt + 1, ...: heads c, c + CL_N, ... */
+        const int i = tid - lt, g = c + CL_N * i;
+        if (i >= 0 && g < G) {
+            float l = 0.0f;
+            for (int p = 0; p < nk; p++) l = l + S[p * G + g];
+            float *pb = part + ((r * n_head + h0 + g) * nbmax + j) * (D + 2);
+            pb[0] = m_s[g], pb[1] = l;
+        }
+    }
+    cl_wait();
+}
+
 /* The row's cache description (the step's uploaded arguments, which no
  * kernel writes) before the wait, then the wait. */
 template <int UNUSED>
@@ -436,10 +655,13 @@ __global__ static void __launch_bounds__(512)
 extern "C" {
 int mucu_attn_dec_hg = -1;
 int mucu_attn_dec_kst = -1;
+int mucu_attn_dec_cl = -1;
 int mucu_attn_bench_pass = 0;
 }
 
 static int dec_hg_forced(void) { return env_setting(&mucu_attn_dec_hg, "MUSER_CUDA_ATTN_HG", 0); }
+/* MUSER_CUDA_ATTN_CL=1: k_attn_dcl for the calls that write partials. */
+static int dec_cl(void) { return env_setting(&mucu_attn_dec_cl, "MUSER_CUDA_ATTN_CL", 0); }
 /* MUSER_CUDA_ATTN_KST=1: the settled keys' K staged before the wait (ad_begin). */
 static int dec_kst(void) { return env_setting(&mucu_attn_dec_kst, "MUSER_CUDA_ATTN_KST", 0); }
 
@@ -497,6 +719,23 @@ extern "C" bool mucu_attn_dec(const mucu_attn_row *desc, int64_t rows, int64_t n
                               int64_t head_dim, float scale, const float *q, float *part, int64_t nbmax,
                               float *final_out, const float *gate, void *q8, void *stream) {
     const int64_t G = n_head / n_head_kv, base = nbmax * n_head_kv * rows;
+    if (!final_out && dec_cl() && G <= 16 && 16 % G == 0 && nbmax * CL_N <= 0x7FFFFFFF) {
+        const dim3 grid((unsigned)(nbmax * CL_N), (unsigned)n_head_kv, (unsigned)rows);
+        const cudaStream_t st = (cudaStream_t)stream;
+#define CL_LAUNCH(DC)                                                                                                  \
+    do {                                                                                                               \
+        static bool attr = false;                                                                                      \
+        if (!attr && cudaFuncSetAttribute(k_attn_dcl<DC>, cudaFuncAttributeMaxDynamicSharedMemorySize,                 \
+                                          cl_cfg<DC>::TOTAL) == cudaSuccess)                                           \
+            attr = true;                                                                                               \
+        k_attn_dcl<DC><<<grid, AD_NT, cl_cfg<DC>::TOTAL, st>>>(desc, n_head, n_head_kv, scale, q, part, nbmax);        \
+    } while (0)
+        if (head_dim == 64) CL_LAUNCH(2);
+        else if (head_dim == 128) CL_LAUNCH(4);
+        else CL_LAUNCH(8);
+#undef CL_LAUNCH
+        return false;
+    }
     int hg = dec_hg_forced();
     if (hg == 0) {
         hg = 1;

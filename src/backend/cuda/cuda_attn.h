@@ -21,6 +21,9 @@ extern int mucu_attn_dec_hg;
 /* 1: k_attn_dec stages the K of keys written by earlier steps before its
  * grid_dep_wait (from MUSER_CUDA_ATTN_KST when first read; default 0). */
 extern int mucu_attn_dec_kst;
+/* 1: calls that write per-block partials take k_attn_dcl, a cluster of 8
+ * CTAs per block (from MUSER_CUDA_ATTN_CL when first read; default 0). */
+extern int mucu_attn_dec_cl;
 /* Does mucu_attention take k_attn_dec for this call (mucu_attn_kernel 1
  * below 64 rows, or 3)? head_dim 64, 128 or 256, whole GQA groups. */
 bool mucu_attn_dec_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim);
