@@ -373,15 +373,23 @@ __device__ static inline void cl_stage(uint32_t *ks, uint16_t *vs, const mucu_at
     typedef cl_cfg<DC> C;
     constexpr int D = C::D, CH = D / 8, VCH = C::DS / 8; /* 16-byte pieces of a key's K, of its V slice */
     const int tid = threadIdx.x, kbase = c * C::KC;
-    for (int i = k0 * CH + tid; i < k1 * CH; i += AD_NT) {
-        const int p = i / CH;
-        const int64_t ph = attn_key_row(a, anc, start, phys0, p);
-        const uint4 w = __ldg((const uint4 *)(kb + ph * D) + i % CH);
-        uint32_t *kr = ks + (p - kbase) * C::KS + i % CH;
-        kr[0] = __byte_perm(w.x, w.z, 0x5410);
-        kr[C::KJS] = __byte_perm(w.x, w.z, 0x7632);
-        kr[2 * C::KJS] = __byte_perm(w.y, w.w, 0x5410);
-        kr[3 * C::KJS] = __byte_perm(w.y, w.w, 0x7632);
+    constexpr int NKI = (C::KC * CH + AD_NT - 1) / AD_NT; /* every load in flight before the first store */
+    uint4 w[NKI];
+#pragma unroll
+    for (int u = 0; u < NKI; u++) {
+        const int i = k0 * CH + tid + u * AD_NT;
+        if (i < k1 * CH) w[u] = __ldg((const uint4 *)(kb + attn_key_row(a, anc, start, phys0, i / CH) * D) + i % CH);
+    }
+#pragma unroll
+    for (int u = 0; u < NKI; u++) {
+        const int i = k0 * CH + tid + u * AD_NT;
+        if (i < k1 * CH) {
+            uint32_t *kr = ks + (i / CH - kbase) * C::KS + i % CH;
+            kr[0] = __byte_perm(w[u].x, w[u].z, 0x5410);
+            kr[C::KJS] = __byte_perm(w[u].x, w[u].z, 0x7632);
+            kr[2 * C::KJS] = __byte_perm(w[u].y, w[u].w, 0x5410);
+            kr[3 * C::KJS] = __byte_perm(w[u].y, w[u].w, 0x7632);
+        }
     }
     for (int i = v0 * VCH + tid; i < v1 * VCH; i += AD_NT) {
         const int p = i / VCH;
@@ -398,12 +406,16 @@ __device__ static inline uint32_t cl_rank(void) {
 }
 __device__ static inline void cl_arrive(void) { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ static inline void cl_wait(void) { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-/* A float of CTA `rank`'s shared memory at the address of p in this CTA's. */
-__device__ static inline float cl_load(const float *p, uint32_t rank) {
+/* 16 bytes of CTA `rank`'s shared memory at the address of p in this
+ * CTA's (after a cluster barrier: volatile keeps it after the barrier's
+ * asm; no memory clobber, so several are in flight at once). */
+__device__ static inline float4 cl_load4(const float4 *p, uint32_t rank) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(p), ra;
-    float v;
+    float4 v;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(ra));
     return v;
 }
 
@@ -445,10 +457,18 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
         const int k0 = c * KC > nst ? c * KC : nst, k1 = nk < c * KC + KC ? nk : c * KC + KC;
         cl_stage<DC>(ks, vs, a, anc, kb, vb, start, phys0, c, k0, k1 > k0 ? k1 : k0, nst, nk);
     }
-    const float *qr = q + (r * n_head + h0) * D;
-    for (int e = tid; e < G * D; e += AD_NT) {
-        const int g = e / D, d = e % D;
-        qs[(g * 4 + (d & 3)) * C::QJS + (d >> 2)] = qr[e];
+    {
+        const float *qr = q + (r * n_head + h0) * D;
+        constexpr int NQ = 16 * D / AD_NT; /* every load in flight before the first store */
+        float qv[NQ];
+#pragma unroll
+        for (int u = 0; u < NQ; u++)
+            if (tid + u * AD_NT < G * D) qv[u] = qr[tid + u * AD_NT];
+#pragma unroll
+        for (int u = 0; u < NQ; u++) {
+            const int e = tid + u * AD_NT, g = e / D, d = e % D;
+            if (e < G * D) qs[(g * 4 + (d & 3)) * C::QJS + (d >> 2)] = qv[u];
+        }
     }
     __syncthreads();
     /* scores of the CTA's keys: quad qd takes key qd % 32 and heads qd / 32, + 2, ... */
@@ -489,10 +509,21 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
     }
     cl_arrive();
     cl_wait();
-    /* every CTA's scores into S (p * G + g) */
-    for (int e = tid; e < nk * G; e += AD_NT) {
-        const int p = e / G;
-        S[e] = cl_load(SL + (p % KC) * G + e % G, (uint32_t)(p / KC));
+    /* every CTA's scores into S (p * G + g): CTA c' holds S[32c'G .. 32(c'+1)G) */
+    {
+        constexpr int NS = 256 * 16 / 4 / AD_NT;
+        const int n4 = KC * G / 4; /* float4s per CTA */
+        float4 v[NS];
+#pragma unroll
+        for (int u = 0; u < NS; u++) {
+            const int i = tid + u * AD_NT;
+            if (i < CL_N * n4) v[u] = cl_load4((const float4 *)SL + i % n4, (uint32_t)(i / n4));
+        }
+#pragma unroll
+        for (int u = 0; u < NS; u++) {
+            const int i = tid + u * AD_NT;
+            if (i < CL_N * n4) ((float4 *)S)[i] = v[u];
+        }
     }
     cl_arrive(); /* this CTA has read the others' scores; the wait comes before the exit */
     __syncthreads();
@@ -553,6 +584,7 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
         const int i = tid - lt, g = c + CL_N * i;
         if (i >= 0 && g < G) {
             float l = 0.0f;
+#pragma unroll 8
             for (int p = 0; p < nk; p++) l = l + S[p * G + g];
             float *pb = part + ((r * n_head + h0 + g) * nbmax + j) * (D + 2);
             pb[0] = m_s[g], pb[1] = l;
