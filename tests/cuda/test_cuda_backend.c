@@ -1028,9 +1028,9 @@ static void test_attn_prefill(void) {
             strncat(what, ", PV4 off", sizeof what - strlen(what) - 1);
             check_attention(a, dk, kern, hgs, 1, what);
             mucu_set_attn_pv4(-1);
-            /* its scores with 8 lanes a dot (MUSER_CUDA_ATTN_SC=1) */
-            mucu_set_attn_sc(1);
-            strncat(what, ", SC", sizeof what - strlen(what) - 1);
+            /* its scores with 32 lanes a dot (MUSER_CUDA_ATTN_SC=0; the default takes 8) */
+            mucu_set_attn_sc(0);
+            strncat(what, ", SC off", sizeof what - strlen(what) - 1);
             check_attention(a, dk, kern, hgs, 1, what);
             mucu_set_attn_sc(-1);
             free(pos), free(hk), free(dk);

@@ -692,7 +692,9 @@ int mucu_attn_bench_pass = 0;
 }
 
 static int dec_hg_forced(void) { return env_setting(&mucu_attn_dec_hg, "MUSER_CUDA_ATTN_HG", 0); }
-/* MUSER_CUDA_ATTN_CL=1: k_attn_dcl for the calls that write partials. */
+/* MUSER_CUDA_ATTN_CL=N: k_attn_dcl for the calls that write partials over
+ * N or more 256-key blocks (0, the default: never; docs/benchmarks.md has
+ * the whole model at depth with N = 1). */
 static int dec_cl(void) { return env_setting(&mucu_attn_dec_cl, "MUSER_CUDA_ATTN_CL", 0); }
 /* MUSER_CUDA_ATTN_KST=1: the settled keys' K staged before the wait (ad_begin). */
 static int dec_kst(void) { return env_setting(&mucu_attn_dec_kst, "MUSER_CUDA_ATTN_KST", 0); }
@@ -751,7 +753,7 @@ extern "C" bool mucu_attn_dec(const mucu_attn_row *desc, int64_t rows, int64_t n
                               int64_t head_dim, float scale, const float *q, float *part, int64_t nbmax,
                               float *final_out, const float *gate, void *q8, void *stream) {
     const int64_t G = n_head / n_head_kv, base = nbmax * n_head_kv * rows;
-    if (!final_out && dec_cl() && G <= 16 && 16 % G == 0 && nbmax * CL_N <= 0x7FFFFFFF) {
+    if (!final_out && dec_cl() > 0 && nbmax >= dec_cl() && G <= 16 && 16 % G == 0 && nbmax * CL_N <= 0x7FFFFFFF) {
         const dim3 grid((unsigned)(nbmax * CL_N), (unsigned)n_head_kv, (unsigned)rows);
         const cudaStream_t st = (cudaStream_t)stream;
 #define CL_LAUNCH(DC)                                                                                                  \

@@ -21,8 +21,9 @@ extern int mucu_attn_dec_hg;
 /* 1: k_attn_dec stages the K of keys written by earlier steps before its
  * grid_dep_wait (from MUSER_CUDA_ATTN_KST when first read; default 0). */
 extern int mucu_attn_dec_kst;
-/* 1: calls that write per-block partials take k_attn_dcl, a cluster of 8
- * CTAs per block (from MUSER_CUDA_ATTN_CL when first read; default 0). */
+/* N > 0: calls that write per-block partials over N or more 256-key blocks
+ * take k_attn_dcl, a cluster of 8 CTAs per block (from MUSER_CUDA_ATTN_CL
+ * when first read; default 0, never). */
 extern int mucu_attn_dec_cl;
 /* Does mucu_attention take k_attn_dec for this call (mucu_attn_kernel 1
  * below 64 rows, or 3)? head_dim 64, 128 or 256, whole GQA groups. */

@@ -548,7 +548,7 @@ __device__ static inline void v8_of(const uint16_t *p, float *vf) {
     for (int d = 0; d < 8; d++) vf[d] = h2f((uint16_t)(d & 1 ? w[d >> 1] >> 16 : w[d >> 1] & 0xFFFF));
 }
 
-/* SC (MUSER_CUDA_ATTN_SC=1): the scores with 8 lanes a dot instead of 32.
+/* SC (the default; MUSER_CUDA_ATTN_SC=0: the 32 lanes a dot before it): the scores with 8 lanes a dot instead of 32.
  * K's half block is staged chain-major (key row: chain l's DC values, dims
  * l, l + 32, ..., at l DC), and a warp's 32 dots (4 pairs x 8 keys) go to
  * its 4 groups of 8 lanes, group gi keys gi and gi + 4 of the eight: lane j
@@ -832,7 +832,8 @@ int mucu_attn_kernel = -1;
 
 extern "C" int mucu_attn_kernel_get(void) { return env_setting(&mucu_attn_kernel, "MUSER_CUDA_ATTN", 1); }
 
-/* MUSER_CUDA_ATTN_SC=1: k_attn_prefill's scores with 8 lanes a dot (SC above). */
+/* k_attn_prefill's scores with 8 lanes a dot (SC above; the default, 1.3-2.9 % on a prompt of the full
+ * model, docs/benchmarks.md); MUSER_CUDA_ATTN_SC=0: 32 lanes a dot. */
 static int sc_v = -1;
 extern "C" void mucu_set_attn_sc(int v) { sc_v = v; }
 
@@ -871,7 +872,7 @@ template <int DC>
 static void launch_attn_prefill(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                                 float scale, const float *q, float *part, int64_t nbmax, float *final_out,
                                 cudaStream_t st) {
-    if (env_setting(&sc_v, "MUSER_CUDA_ATTN_SC", 0))
+    if (env_setting(&sc_v, "MUSER_CUDA_ATTN_SC", 1))
         launch_attn_prefill_sc<DC, true>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);
     else
         launch_attn_prefill_sc<DC, false>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, final_out, st);

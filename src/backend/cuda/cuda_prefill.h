@@ -89,8 +89,8 @@ bool mucu_attn_prefill_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, in
  * before the 4-key one); 1 (the default) runs the keys below every pair's
  * count 4 at a time untested. -1 until read from MUSER_CUDA_ATTN_PV4. */
 void mucu_set_attn_pv4(int v);
-/* k_attn_prefill's scores with 8 lanes a dot (MUSER_CUDA_ATTN_SC=1; -1
- * reads the variable again). */
+/* k_attn_prefill's scores with 8 lanes a dot (1, the default) or 32 (0;
+ * MUSER_CUDA_ATTN_SC; -1 reads the variable again). */
 void mucu_set_attn_sc(int v);
 /* The per-block pass of mucu_attention (its part / nbmax / final_out
  * contract, cuda_kernels.cu): writes the partials of every (row, head,
