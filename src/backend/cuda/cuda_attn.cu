@@ -143,6 +143,85 @@ __device__ static inline mucu_attn_row ad_begin(const mucu_attn_row *__restrict_
     return a;
 }
 
+/* A quad's thread jq: its quarter of key row kr (K staged by quarter,
+ * ks_quarter's layout) as floats; zeros for a dummy key. */
+template <int DC, int KJS>
+__device__ static inline void quad_key(const uint32_t *kr, int jq, bool live, float kf[8 * DC]) {
+    if (live) {
+        const uint4 *k4 = (const uint4 *)(kr + jq * KJS);
+#pragma unroll
+        for (int u = 0; u < DC; u++) {
+            const uint4 w = k4[u];
+#pragma unroll
+            for (int i = 0; i < 8; i++) kf[8 * u + i] = half_at(w, i);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8 * DC; i++) kf[i] = 0.0f;
+    }
+}
+
+/* The 32-lane dot of a key with q (qv: q's quarter jq, qs's layout), by a
+ * quad: thread jq runs the 8 chains l = jq + 4m (fmaf over dims l + 32k in
+ * order), the fold's h = 16, 8, 4 inside the thread and h = 2, 1 by xor
+ * shuffles, each addition the reference's p[l] + p[l+h]; every lane of the
+ * quad gets the dot, so every lane of the warp must call it. */
+template <int DC>
+__device__ static inline float quad_dot(const float4 *qv, const float kf[8 * DC]) {
+    float pp[8];
+#pragma unroll
+    for (int m = 0; m < 8; m++) pp[m] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < DC; k++) { /* dims l + 32k of the thread's chains l = jq + 4m */
+        const float4 qa = qv[2 * k], qb = qv[2 * k + 1];
+        const float qq[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+        for (int m = 0; m < 8; m++) pp[m] = fmaf(qq[m], kf[8 * k + m], pp[m]);
+    }
+    /* h = 16: l + 16 is chain m + 4; h = 8: m + 2; h = 4: m + 1 */
+    const float a0 = pp[0] + pp[4], a1 = pp[1] + pp[5], a2 = pp[2] + pp[6], a3 = pp[3] + pp[7];
+    const float b0 = a0 + a2, b1 = a1 + a3;
+    const float c = b0 + b1;
+    const float d2 = c + __shfl_xor_sync(FULL_MASK, c, 2);
+    return d2 + __shfl_xor_sync(FULL_MASK, d2, 1);
+}
+
+/* m_b of each of the H heads over the block's nk scores S[p * H + h] into
+ * m_s, then e_p = mu_expf(s_p - m_b) in place: thread (c, h) scans keys
+ * c*H .. c*H+H-1 of head h, contiguous ranges combined left to right (the
+ * first of equal values wins, as in the reference's `s > m` scan). H
+ * divides 32; every thread of the CTA calls it. */
+__device__ static inline void block_max_exp(float *S, int nk, int H, float *mw, float *m_s) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    {
+        const int h = tid % H, c = tid / H;
+        float m = -INFINITY;
+        for (int i = 0; i < H; i++) {
+            const int p = c * H + i;
+            if (p < nk) {
+                const float sv = S[p * H + h];
+                if (sv > m) m = sv;
+            }
+        }
+        for (int off = H; off < 32; off *= 2) {
+            const float o = __shfl_down_sync(FULL_MASK, m, off);
+            if (o > m) m = o;
+        }
+        if (lane < H) mw[warp * H + lane] = m; /* mw: [AD_NT / 32][H] */
+        __syncthreads();
+        if (tid < H) {
+            float mm = mw[tid];
+            for (int w = 1; w < AD_NT / 32; w++) {
+                const float o = mw[w * H + tid];
+                if (o > mm) mm = o;
+            }
+            m_s[tid] = mm;
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < nk * H; e += AD_NT) S[e] = d_expf(S[e] - m_s[e % H]);
+}
+
 template <int DC, int HG, bool GATE>
 __global__ static void __launch_bounds__(AD_NT, 2)
     k_attn_dec(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t n_head_kv, float scale,
@@ -194,37 +273,10 @@ __global__ static void __launch_bounds__(AD_NT, 2)
         const int jq = tid & 3, pl = tid >> 2, nkr = (nk + 63) & ~63;
         for (int p = pl; p < nkr; p += AD_NT / 4) {
             float kf[8 * DC];
-            if (p < nk) {
-                const uint4 *kr = (const uint4 *)(ks + p * C::KS + jq * C::KJS);
-#pragma unroll
-                for (int u = 0; u < DC; u++) {
-                    const uint4 w = kr[u];
-#pragma unroll
-                    for (int i = 0; i < 8; i++) kf[8 * u + i] = half_at(w, i);
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8 * DC; i++) kf[i] = 0.0f;
-            }
+            quad_key<DC, C::KJS>(ks + p * C::KS, jq, p < nk, kf);
 #pragma unroll 2
             for (int g = 0; g < HG; g++) {
-                const float4 *qv = (const float4 *)(qs + (g * 4 + jq) * C::QJS);
-                float pp[8];
-#pragma unroll
-                for (int m = 0; m < 8; m++) pp[m] = 0.0f;
-#pragma unroll
-                for (int k = 0; k < DC; k++) { /* dims l + 32k of the thread's chains l = jq + 4m */
-                    const float4 qa = qv[2 * k], qb = qv[2 * k + 1];
-                    const float qq[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-#pragma unroll
-                    for (int m = 0; m < 8; m++) pp[m] = fmaf(qq[m], kf[8 * k + m], pp[m]);
-                }
-                /* h = 16: l + 16 is chain m + 4; h = 8: m + 2; h = 4: m + 1 */
-                const float a0 = pp[0] + pp[4], a1 = pp[1] + pp[5], a2 = pp[2] + pp[6], a3 = pp[3] + pp[7];
-                const float b0 = a0 + a2, b1 = a1 + a3;
-                const float c = b0 + b1;
-                const float d2 = c + __shfl_xor_sync(FULL_MASK, c, 2);
-                const float e = d2 + __shfl_xor_sync(FULL_MASK, d2, 1);
+                const float e = quad_dot<DC>((const float4 *)(qs + (g * 4 + jq) * C::QJS), kf);
                 if (p < nk && jq == (g & 3)) S[p * HG + g] = e * scale;
             }
         }
@@ -238,35 +290,7 @@ __global__ static void __launch_bounds__(AD_NT, 2)
         cp16(vs + i * 8, vb + ph * D + (i % CH) * 8, true);
     }
     cp_commit();
-    /* m_b: thread (c, g) scans keys c*HG .. c*HG+HG-1 of head g; contiguous
-     * ranges are combined left to right */
-    {
-        const int g = tid % HG, c = tid / HG;
-        float m = -INFINITY;
-        for (int i = 0; i < HG; i++) {
-            const int p = c * HG + i;
-            if (p < nk) {
-                const float sv = S[p * HG + g];
-                if (sv > m) m = sv;
-            }
-        }
-        for (int off = HG; off < 32; off *= 2) {
-            const float o = __shfl_down_sync(FULL_MASK, m, off);
-            if (o > m) m = o;
-        }
-        if (lane < HG) mw[warp][lane] = m;
-        __syncthreads();
-        if (tid < HG) {
-            float mm = mw[0][tid];
-            for (int w = 1; w < AD_NT / 32; w++) {
-                const float o = mw[w][tid];
-                if (o > mm) mm = o;
-            }
-            m_s[tid] = mm;
-        }
-        __syncthreads();
-    }
-    for (int e = tid; e < nk * HG; e += AD_NT) S[e] = d_expf(S[e] - m_s[e % HG]);
+    block_max_exp(S, nk, HG, &mw[0][0], m_s);
     cp_wait<0>();
     __syncthreads();
 
@@ -430,7 +454,7 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
     uint16_t *vs = (uint16_t *)(sm + C::O_V);
     float *qs = (float *)(sm + C::O_Q), *SL = (float *)(sm + C::O_SL), *S = (float *)(sm + C::O_S);
     __shared__ float mw[AD_NT / 32][16], m_s[16];
-    const int c = (int)cl_rank(), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int c = (int)cl_rank(), tid = threadIdx.x;
     const int64_t j = blockIdx.x / CL_N, kh = blockIdx.y, r = blockIdx.z;
     const int G = (int)(n_head / n_head_kv);
     const int64_t h0 = kh * G;
@@ -475,35 +499,9 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
     {
         const int jq = tid & 3, qd = tid >> 2, kk = qd % KC, hs = qd / KC, p = c * KC + kk;
         float kf[8 * DC];
-        if (p < nk) {
-            const uint4 *kr = (const uint4 *)(ks + kk * C::KS + jq * C::KJS);
-#pragma unroll
-            for (int u = 0; u < DC; u++) {
-                const uint4 w = kr[u];
-#pragma unroll
-                for (int i = 0; i < 8; i++) kf[8 * u + i] = half_at(w, i);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8 * DC; i++) kf[i] = 0.0f;
-        }
+        quad_key<DC, C::KJS>(ks + kk * C::KS, jq, p < nk, kf);
         for (int g = hs; g < G; g += AD_NT / 4 / KC) {
-            const float4 *qv = (const float4 *)(qs + (g * 4 + jq) * C::QJS);
-            float pp[8];
-#pragma unroll
-            for (int m = 0; m < 8; m++) pp[m] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < DC; k++) {
-                const float4 qa = qv[2 * k], qb = qv[2 * k + 1];
-                const float qq[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-#pragma unroll
-                for (int m = 0; m < 8; m++) pp[m] = fmaf(qq[m], kf[8 * k + m], pp[m]);
-            }
-            const float a0 = pp[0] + pp[4], a1 = pp[1] + pp[5], a2 = pp[2] + pp[6], a3 = pp[3] + pp[7];
-            const float b0 = a0 + a2, b1 = a1 + a3;
-            const float cc = b0 + b1;
-            const float d2 = cc + __shfl_xor_sync(FULL_MASK, cc, 2);
-            const float e = d2 + __shfl_xor_sync(FULL_MASK, d2, 1);
+            const float e = quad_dot<DC>((const float4 *)(qs + (g * 4 + jq) * C::QJS), kf);
             if (jq == (g & 3)) SL[kk * G + g] = e * scale;
         }
     }
@@ -527,34 +525,7 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
     }
     cl_arrive(); /* this CTA has read the others' scores; the wait comes before the exit */
     __syncthreads();
-    /* m_b: thread (cg, g) scans keys cg*G .. cg*G+G-1 of head g; contiguous ranges combined left to right */
-    {
-        const int g = tid % G, cg = tid / G;
-        float m = -INFINITY;
-        for (int i = 0; i < G; i++) {
-            const int p = cg * G + i;
-            if (p < nk) {
-                const float sv = S[p * G + g];
-                if (sv > m) m = sv;
-            }
-        }
-        for (int off = G; off < 32; off *= 2) {
-            const float o = __shfl_down_sync(FULL_MASK, m, off);
-            if (o > m) m = o;
-        }
-        if (lane < G) mw[warp][lane] = m;
-        __syncthreads();
-        if (tid < G) {
-            float mm = mw[0][tid];
-            for (int w = 1; w < AD_NT / 32; w++) {
-                const float o = mw[w][tid];
-                if (o > mm) mm = o;
-            }
-            m_s[tid] = mm;
-        }
-        __syncthreads();
-    }
-    for (int e = tid; e < nk * G; e += AD_NT) S[e] = d_expf(S[e] - m_s[e % G]);
+    block_max_exp(S, nk, G, &mw[0][0], m_s);
     cp_wait<0>();
     __syncthreads();
     /* the weighted sums: chain (g, d) for g < G, d < DS, two heads a thread where G allows; l_b by threads past them */
