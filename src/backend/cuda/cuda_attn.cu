@@ -443,6 +443,30 @@ __device__ static inline float4 cl_load4(const float4 *p, uint32_t rank) {
     return v;
 }
 
+/* The keys stored by earlier steps (ad_begin's rule): their K (the CTA's
+ * keys) and V (the CTA's dims) staged before the wait; nst: how many. Then
+ * the wait. */
+template <int DC>
+__device__ static inline mucu_attn_row cl_begin(const mucu_attn_row *__restrict__ desc, int64_t r, int64_t j,
+                                                int64_t kh, int c, uint32_t *ks, uint16_t *vs, int &nst) {
+    constexpr int D = 32 * DC, KC = cl_cfg<DC>::KC;
+    mucu_attn_row a = desc[r];
+    const uint16_t *kb = a.k + kh * a.cap * D, *vb = a.v + kh * a.cap * D;
+    const int64_t start = a.first + 256 * j;
+    nst = 0;
+    if (!a.treg && start <= a.pos) {
+        const int nk0 = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
+        int64_t last = a.pos - (int64_t)gridDim.z;
+        if (a.tbase <= last) last = a.tbase - 1;
+        const int64_t n = last - start + 1;
+        nst = n <= 0 ? 0 : n < nk0 ? (int)n : nk0;
+        const int k0 = c * KC, k1 = nst < k0 + KC ? nst : k0 + KC;
+        cl_stage<DC>(ks, vs, a, desc[r].anc, kb, vb, start, start % a.cap, c, k0, k1 > k0 ? k1 : k0, 0, nst);
+    }
+    grid_dep_wait();
+    return a;
+}
+
 template <int DC>
 __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
     k_attn_dcl(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t n_head_kv, float scale,
@@ -458,22 +482,11 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
     const int64_t j = blockIdx.x / CL_N, kh = blockIdx.y, r = blockIdx.z;
     const int G = (int)(n_head / n_head_kv);
     const int64_t h0 = kh * G;
-    mucu_attn_row a = desc[r];
+    int nst;
+    mucu_attn_row a = cl_begin<DC>(desc, r, j, kh, c, ks, vs, nst);
     const uint16_t *kb = a.k + kh * a.cap * D, *vb = a.v + kh * a.cap * D;
-    int64_t start = a.first + 256 * j;
-    int nst = 0;
-    if (!a.treg && start <= a.pos) { /* the keys stored by earlier steps (ad_begin) */
-        const int nk0 = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
-        int64_t last = a.pos - (int64_t)gridDim.z;
-        if (a.tbase <= last) last = a.tbase - 1;
-        const int64_t n = last - start + 1;
-        nst = n <= 0 ? 0 : n < nk0 ? (int)n : nk0;
-        const int k0 = c * KC, k1 = nst < k0 + KC ? nst : k0 + KC;
-        cl_stage<DC>(ks, vs, a, desc[r].anc, kb, vb, start, start % a.cap, c, k0, k1 > k0 ? k1 : k0, 0, nst);
-    }
-    grid_dep_wait();
     const int8_t *anc = attn_row_resolve(a, desc, r);
-    start = a.first + 256 * j;
+    const int64_t start = a.first + 256 * j;
     if (start > a.pos) return; /* the same for every CTA of the cluster */
     const int nk = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
     const int64_t phys0 = start % a.cap;
