@@ -797,20 +797,21 @@ static void check_attention(mu_attn_batch a, const mu_kv_layer **dk, const int *
     for (int vk = 0; vk < 3 * nv; vk++) {
         const int v = vk % nv, m = vk / nv;
         if (hgs[v] && (a.n_head / a.n_head_kv) % hgs[v]) continue;
+        if (m && kern[v] != 1 && kern[v] != 3) continue; /* kst and cl change only k_attn_dec's calls */
         mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v], mucu_attn_dec_kst = m == 1, mucu_attn_dec_cl = m == 2;
-        const char *kst = mode[m]; /* the label below */
+        const char *tag = mode[m];
         cu->zero(cu, dout, n * 4);
         cu->attention(cu, &a, dq, dout);
         char what[224];
-        snprintf(what, sizeof what, "%s, kernel %d hg %d%s", label, kern[v], hgs[v], kst);
+        snprintf(what, sizeof what, "%s, kernel %d hg %d%s", label, kern[v], hgs[v], tag);
         check(what, o, dout, n * 4);
         cu->zero(cu, dout, n * 4);
         cu->attention_gate(cu, &a, dq, dg, dout);
-        snprintf(what, sizeof what, "%s, kernel %d hg %d%s, gated", label, kern[v], hgs[v], kst);
+        snprintf(what, sizeof what, "%s, kernel %d hg %d%s, gated", label, kern[v], hgs[v], tag);
         check(what, og, dout, n * 4);
         if (product) {
             cu->matmul(cu, &w, dout, dy, a.rows);
-            snprintf(what, sizeof what, "%s, kernel %d hg %d%s, gated + matmul", label, kern[v], hgs[v], kst);
+            snprintf(what, sizeof what, "%s, kernel %d hg %d%s, gated + matmul", label, kern[v], hgs[v], tag);
             check(what, y, dy, ny * 4);
         }
     }

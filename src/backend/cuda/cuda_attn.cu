@@ -71,13 +71,14 @@ __device__ static inline float half_at(uint4 r, int i) {
     return h2f((uint16_t)(i & 1 ? w >> 16 : w & 0xFFFF));
 }
 
-/* K of keys [k0, k1) of the block into shared memory by quarter: word c
- * of quarter j holds dims 8c+j (low) and 8c+j+4. */
-template <int DC, int HG>
+/* K of keys [k0, k1) of the block into shared memory by quarter, key p at
+ * row p - kbase: word c of quarter j holds dims 8c+j (low) and 8c+j+4.
+ * BATCH 16-byte loads a thread in flight before their stores. */
+template <int DC, int BATCH = 8>
 __device__ static inline void ad_stage_k(uint32_t *ks, const mucu_attn_row &a, const int8_t *anc, const uint16_t *kb,
-                                         int64_t start, int64_t phys0, int k0, int k1) {
-    typedef ad_cfg<DC, HG> C;
-    constexpr int D = C::D, CH = D / 8, BATCH = 8;
+                                         int64_t start, int64_t phys0, int k0, int k1, int kbase = 0) {
+    typedef ad_cfg<DC, 1> C; /* the key layout depends on DC alone */
+    constexpr int D = C::D, CH = D / 8;
     const int tid = threadIdx.x;
     for (int i0 = k0 * CH; i0 < k1 * CH; i0 += AD_NT * BATCH) {
         uint4 buf[BATCH];
@@ -93,7 +94,7 @@ __device__ static inline void ad_stage_k(uint32_t *ks, const mucu_attn_row &a, c
         for (int u = 0; u < BATCH; u++) {
             const int i = i0 + u * AD_NT + tid;
             if (i < k1 * CH) {
-                uint32_t *kr = ks + (i / CH) * C::KS + i % CH;
+                uint32_t *kr = ks + (i / CH - kbase) * C::KS + i % CH;
                 kr[0] = __byte_perm(buf[u].x, buf[u].z, 0x5410);
                 kr[C::KJS] = __byte_perm(buf[u].x, buf[u].z, 0x7632);
                 kr[2 * C::KJS] = __byte_perm(buf[u].y, buf[u].w, 0x5410);
@@ -112,8 +113,8 @@ __device__ static inline void ad_stage_k(uint32_t *ks, const mucu_attn_row &a, c
  * (rows: the call's rows, at least as many as any sequence's keys written
  * this step) and below a tree's base was written by an earlier step, and
  * its ring row is none of this step's (the ring holds every row's window
- * and this step's keys at once). Returns how many keys are staged; then
- * the wait. */
+ * and this step's keys at once); nst: how many are staged. Then the
+ * wait. */
 template <int DC, int HG>
 __device__ static inline mucu_attn_row ad_begin(const mucu_attn_row *__restrict__ desc, int64_t r, int64_t j,
                                                 int64_t kh, const int8_t *&anc, uint32_t *ks, int kst, int &nst) {
@@ -129,7 +130,7 @@ __device__ static inline mucu_attn_row ad_begin(const mucu_attn_row *__restrict_
             if (a.tbase <= last) last = a.tbase - 1;
             const int64_t n = last - start + 1;
             nst = n <= 0 ? 0 : n < nk ? (int)n : nk;
-            ad_stage_k<DC, HG>(ks, a, desc[r].anc, a.k + kh * a.cap * D, start, phys0, 0, nst);
+            ad_stage_k<DC>(ks, a, desc[r].anc, a.k + kh * a.cap * D, start, phys0, 0, nst);
         }
         const uint16_t *vb = a.v + kh * a.cap * D;
         constexpr int LINES = D * 2 / 128;
@@ -263,7 +264,7 @@ __global__ static void __launch_bounds__(AD_NT, 2)
     }
     /* K by quarter (the settled keys' are staged already) */
     constexpr int CH = D / 8;
-    ad_stage_k<DC, HG>(ks, a, anc, kb, start, phys0, nst, nk);
+    ad_stage_k<DC>(ks, a, anc, kb, start, phys0, nst, nk);
     __syncthreads();
 
     /* scores: the quad of threads 4pl .. 4pl+3 takes key pl, pl+64, ...;
@@ -384,37 +385,25 @@ template <int DC> struct cl_cfg {
     static constexpr int D = 32 * DC, KW = 4 * DC, KJS = KW + 4, KS = 4 * KJS, QJS = 8 * DC + 4;
     static constexpr int KC = 256 / CL_N; /* keys whose scores a CTA computes */
     static constexpr int DS = D / CL_N;   /* dims whose sums a CTA runs */
+    /* K loads a thread keeps in flight (ad_stage_k's BATCH): all of its keys' at once, at least 2 (with 1 ptxas
+     * spilled at D 64) */
+    static constexpr int NKB = (KC * D / 8 + AD_NT - 1) / AD_NT < 2 ? 2 : (KC * D / 8 + AD_NT - 1) / AD_NT;
     static constexpr int SM_K = KC * KS * 4, SM_V = 256 * DS * 2, SM_Q = 16 * 4 * QJS * 4, SM_SL = KC * 16 * 4,
                          SM_S = 256 * 16 * 4;
     static constexpr int O_V = SM_K, O_Q = O_V + SM_V, O_SL = O_Q + SM_Q, O_S = O_SL + SM_SL, TOTAL = O_S + SM_S;
 };
 
-/* K of the CTA's keys in [k0, k1) (block-relative, within 32c .. 32c+31) by quarter, and V's slice of keys [v0, v1). */
+/* K of the CTA's keys in [k0, k1) (block-relative, within 32c .. 32c+31) by quarter (ad_stage_k), and V's slice
+ * of keys [v0, v1). */
 template <int DC>
 __device__ static inline void cl_stage(uint32_t *ks, uint16_t *vs, const mucu_attn_row &a, const int8_t *anc,
                                        const uint16_t *kb, const uint16_t *vb, int64_t start, int64_t phys0, int c,
                                        int k0, int k1, int v0, int v1) {
     typedef cl_cfg<DC> C;
-    constexpr int D = C::D, CH = D / 8, VCH = C::DS / 8; /* 16-byte pieces of a key's K, of its V slice */
-    const int tid = threadIdx.x, kbase = c * C::KC;
-    constexpr int NKI = (C::KC * CH + AD_NT - 1) / AD_NT; /* every load in flight before the first store */
-    uint4 w[NKI];
-#pragma unroll
-    for (int u = 0; u < NKI; u++) {
-        const int i = k0 * CH + tid + u * AD_NT;
-        if (i < k1 * CH) w[u] = __ldg((const uint4 *)(kb + attn_key_row(a, anc, start, phys0, i / CH) * D) + i % CH);
-    }
-#pragma unroll
-    for (int u = 0; u < NKI; u++) {
-        const int i = k0 * CH + tid + u * AD_NT;
-        if (i < k1 * CH) {
-            uint32_t *kr = ks + (i / CH - kbase) * C::KS + i % CH;
-            kr[0] = __byte_perm(w[u].x, w[u].z, 0x5410);
-            kr[C::KJS] = __byte_perm(w[u].x, w[u].z, 0x7632);
-            kr[2 * C::KJS] = __byte_perm(w[u].y, w[u].w, 0x5410);
-            kr[3 * C::KJS] = __byte_perm(w[u].y, w[u].w, 0x7632);
-        }
-    }
+    static_assert(C::KS == ad_cfg<DC, 1>::KS && C::KJS == ad_cfg<DC, 1>::KJS, "k_attn_dec's key layout");
+    constexpr int D = C::D, VCH = C::DS / 8; /* 16-byte pieces of a key's V slice */
+    ad_stage_k<DC, C::NKB>(ks, a, anc, kb, start, phys0, k0, k1, c * C::KC);
+    const int tid = threadIdx.x;
     for (int i = v0 * VCH + tid; i < v1 * VCH; i += AD_NT) {
         const int p = i / VCH;
         const int64_t ph = attn_key_row(a, anc, start, phys0, p);
