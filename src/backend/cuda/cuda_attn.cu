@@ -371,9 +371,10 @@ __global__ static void __launch_bounds__(AD_NT, 2)
  * a cluster of CL_N CTAs per (row, KV head, 256-key block) and all G <= 16
  * query heads of that KV head. CTA c stages the K of keys 32c .. 32c+31
  * and computes their scores for every head (k_attn_dec's quad of threads
- * per key, the same chains and fold); the cluster exchanges the scores
- * through distributed shared memory, so every CTA holds the block's 256 x
- * G scores and computes m_b and e_p itself (the same scan and mu_expf);
+ * per key, the same chains and fold); through distributed shared memory
+ * each CTA reads the others' maxima of their keys (m_b: the maximum, key
+ * ranges combined left to right), computes e_p = mu_expf(s_p - m_b) of
+ * its own keys, and then reads every CTA's e_p (each exp once a cluster);
  * CTA c then runs the weighted sums of dims c*DS .. c*DS+DS-1 (DS = D /
  * CL_N) of every head, from its slice of V, and l_b of heads c, c + CL_N.
  * Each key's K and V bytes are read once per cluster, where k_attn_dec's
@@ -456,6 +457,15 @@ __device__ static inline mucu_attn_row cl_begin(const mucu_attn_row *__restrict_
     return a;
 }
 
+/* A float of CTA `rank`'s shared memory at the address of p in this CTA's. */
+__device__ static inline float cl_load1(const float *p, uint32_t rank) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p), ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra));
+    return v;
+}
+
 template <int DC>
 __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
     k_attn_dcl(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t n_head_kv, float scale,
@@ -466,7 +476,7 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
     uint32_t *ks = (uint32_t *)sm;
     uint16_t *vs = (uint16_t *)(sm + C::O_V);
     float *qs = (float *)(sm + C::O_Q), *SL = (float *)(sm + C::O_SL), *S = (float *)(sm + C::O_S);
-    __shared__ float mw[AD_NT / 32][16], m_s[16];
+    __shared__ float LM[16], m_s[16];
     const int c = (int)cl_rank(), tid = threadIdx.x;
     const int64_t j = blockIdx.x / CL_N, kh = blockIdx.y, r = blockIdx.z;
     const int G = (int)(n_head / n_head_kv);
@@ -507,9 +517,34 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
             if (jq == (g & 3)) SL[kk * G + g] = e * scale;
         }
     }
+    __syncthreads();
+    /* each head's maximum over this CTA's keys, then m_b from the CTAs' in
+     * CTA order (key ranges left to right, as block_max_exp combines them) */
+    if (tid < G) {
+        float m = -INFINITY;
+        for (int kk = 0; kk < KC; kk++)
+            if (c * KC + kk < nk) {
+                const float sv = SL[kk * G + tid];
+                if (sv > m) m = sv;
+            }
+        LM[tid] = m;
+    }
     cl_arrive();
     cl_wait();
-    /* every CTA's scores into S (p * G + g): CTA c' holds S[32c'G .. 32(c'+1)G) */
+    if (tid < G) {
+        float m = cl_load1(LM + tid, 0);
+        for (int cc = 1; cc < CL_N; cc++) {
+            const float o = cl_load1(LM + tid, (uint32_t)cc);
+            if (o > m) m = o;
+        }
+        m_s[tid] = m;
+    }
+    __syncthreads();
+    /* e_p of this CTA's keys only (each key's once per cluster), in place */
+    for (int e = tid; e < KC * G; e += AD_NT) SL[e] = d_expf(SL[e] - m_s[e % G]);
+    cl_arrive();
+    cl_wait();
+    /* every CTA's e_p into S (p * G + g): CTA c' holds S[32c'G .. 32(c'+1)G) */
     {
         constexpr int NS = 256 * 16 / 4 / AD_NT;
         const int n4 = KC * G / 4; /* float4s per CTA */
@@ -525,9 +560,7 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
             if (i < CL_N * n4) ((float4 *)S)[i] = v[u];
         }
     }
-    cl_arrive(); /* this CTA has read the others' scores; the wait comes before the exit */
-    __syncthreads();
-    block_max_exp(S, nk, G, &mw[0][0], m_s);
+    cl_arrive(); /* this CTA has read the others' e_p; the wait comes before the exit */
     cp_wait<0>();
     __syncthreads();
     /* the weighted sums: chain (g, d) for g < G, d < DS, two heads a thread where G allows; l_b by threads past them */
