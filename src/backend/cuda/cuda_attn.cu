@@ -108,7 +108,7 @@ __device__ static inline void ad_stage_k(uint32_t *ks, const mucu_attn_row &a, c
  * (read last), before the wait: the descriptions come with the step's
  * arguments, copied in before any kernel of the step runs, and a prefetch
  * is only a hint (a line the kernel before this one still writes is
- * updated in L2 all the same). With kst (MUSER_CUDA_ATTN_KST=1) the K of
+ * updated in L2 all the same). With kst (the default; MUSER_CUDA_ATTN_KST=0 off) the K of
  * the block's settled keys is staged too: a key at logical p <= pos - rows
  * (rows: the call's rows, at least as many as any sequence's keys written
  * this step) and below a tree's base was written by an earlier step, and
@@ -702,8 +702,8 @@ static int dec_hg_forced(void) { return env_setting(&mucu_attn_dec_hg, "MUSER_CU
  * N or more 256-key blocks (0, the default: never; docs/benchmarks.md has
  * the whole model at depth with N = 1). */
 static int dec_cl(void) { return env_setting(&mucu_attn_dec_cl, "MUSER_CUDA_ATTN_CL", 0); }
-/* MUSER_CUDA_ATTN_KST=1: the settled keys' K staged before the wait (ad_begin). */
-static int dec_kst(void) { return env_setting(&mucu_attn_dec_kst, "MUSER_CUDA_ATTN_KST", 0); }
+/* The settled keys' K staged before the wait (ad_begin); MUSER_CUDA_ATTN_KST=0 turns it off. */
+static int dec_kst(void) { return env_setting(&mucu_attn_dec_kst, "MUSER_CUDA_ATTN_KST", 1); }
 
 extern "C" bool mucu_attn_dec_takes(int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
     const int k = mucu_attn_kernel_get();

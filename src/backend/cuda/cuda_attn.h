@@ -19,7 +19,7 @@ extern "C" {
  * MUSER_CUDA_ATTN_HG when first read). -1 until first read. */
 extern int mucu_attn_dec_hg;
 /* 1: k_attn_dec stages the K of keys written by earlier steps before its
- * grid_dep_wait (from MUSER_CUDA_ATTN_KST when first read; default 0). */
+ * grid_dep_wait (from MUSER_CUDA_ATTN_KST when first read; default 1). */
 extern int mucu_attn_dec_kst;
 /* N > 0: calls that write per-block partials over N or more 256-key blocks
  * take k_attn_dcl, a cluster of 8 CTAs per block (from MUSER_CUDA_ATTN_CL
