@@ -420,16 +420,26 @@ __device__ static inline uint32_t cl_rank(void) {
 }
 __device__ static inline void cl_arrive(void) { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ static inline void cl_wait(void) { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-/* 16 bytes of CTA `rank`'s shared memory at the address of p in this
- * CTA's (after a cluster barrier: volatile keeps it after the barrier's
- * asm; no memory clobber, so several are in flight at once). */
+/* The address in CTA `rank`'s shared memory of what p is in this CTA's. */
+__device__ static inline uint32_t cl_map(const void *p, uint32_t rank) {
+    uint32_t ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
+    return ra;
+}
+/* 16 bytes (cl_load4) or a float (cl_load1) of CTA `rank`'s shared memory at
+ * the address of p in this CTA's (after a cluster barrier: volatile keeps
+ * it after the barrier's asm; no memory clobber, so several are in flight
+ * at once). */
 __device__ static inline float4 cl_load4(const float4 *p, uint32_t rank) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p), ra;
     float4 v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
     asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(ra));
+                 : "r"(cl_map(p, rank)));
+    return v;
+}
+__device__ static inline float cl_load1(const float *p, uint32_t rank) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cl_map(p, rank)));
     return v;
 }
 
@@ -455,15 +465,6 @@ __device__ static inline mucu_attn_row cl_begin(const mucu_attn_row *__restrict_
     }
     grid_dep_wait();
     return a;
-}
-
-/* A float of CTA `rank`'s shared memory at the address of p in this CTA's. */
-__device__ static inline float cl_load1(const float *p, uint32_t rank) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p), ra;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra));
-    return v;
 }
 
 template <int DC>
