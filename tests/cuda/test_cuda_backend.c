@@ -2277,6 +2277,39 @@ static int bench_res(int reps) {
     return bad;
 }
 
+/* --bench-chain [layers]: a decode layer's four weight reads (bytes of the
+ * full q4_k_xl model: q/k/v/gate 33.0 MB, o 15.3, gate+up 150, down 75)
+ * over `layers` layers, as plain reads one after another in six ways
+ * (cuda_kernels.cu "a layer's reads in a row"): what separate kernels lose
+ * between reads against one persistent kernel, the products' arithmetic
+ * left out. */
+static int bench_chain(int layers) {
+    static const size_t layer[4] = {33027072, 15335424, 149520384, 74760192};
+    static const char *names[6] = {"one kernel, all reads", "a kernel a read, graph", "a kernel a read, programmatic",
+                                   "the same, first loads before the wait", "persistent, grid barriers",
+                                   "persistent, next loads before the barrier"};
+    if (layers < 1 || layers > 64) layers = 16;
+    size_t *b = mu_xcalloc((size_t)layers * 4, sizeof *b), total = 0;
+    for (int i = 0; i < layers * 4; i++) total += b[i] = layer[i % 4];
+    double ms[6] = {0};
+    int bad[6] = {0}, grid = 0;
+    char msg[MUCU_ERR_LEN];
+    if (!mucu_bench_chain(b, layers * 4, 9, ms, bad, &grid, msg)) {
+        fprintf(stderr, "bench-chain: %s\n", msg);
+        free(b);
+        return 1;
+    }
+    printf("%d layers, %.2f GB, %d CTAs of 512 threads a read; median of 9\n", layers, total / 1e9, grid);
+    int fails = 0;
+    for (int v = 0; v < 6; v++) {
+        printf("%d %-42s %9.3f ms %8.2f us/layer %7.0f GB/s%s\n", v, names[v], ms[v], 1e3 * ms[v] / layers,
+               total / (ms[v] * 1e-3) / 1e9, bad[v] ? "  XOR MISMATCH" : "");
+        fails += bad[v];
+    }
+    free(b);
+    return fails ? 1 : 0;
+}
+
 /* --bench-attn-dec: mucu_attention (the per-block pass and the merge) for
  * decode shapes of the full model (32 query heads over 2 KV heads, D 128):
  * 1 row under a 2,048-key window (a sliding layer), 1 row over 2k, 16k
@@ -2382,6 +2415,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "--bench-gemm")) return bench_gemm(argc >= 3 ? atoi(argv[2]) : 9);
     if (argc >= 2 && !strcmp(argv[1], "--bench-attn")) return bench_attn(argc >= 3 ? atoi(argv[2]) : 9);
     if (argc >= 2 && !strcmp(argv[1], "--bench-attn-dec")) return bench_attn_dec(argc >= 3 ? atoi(argv[2]) : 9);
+    if (argc >= 2 && !strcmp(argv[1], "--bench-chain")) return bench_chain(argc >= 3 ? atoi(argv[2]) : 16);
     if (argc >= 2 && !strcmp(argv[1], "--bench-res")) return bench_res(argc >= 3 ? atoi(argv[2]) : 21);
     if (argc == 2 && !strcmp(argv[1], "--bench-mmv")) {
         bench_mmv();

@@ -2613,6 +2613,249 @@ extern "C" bool mucu_bench_read(const void *p, size_t bytes, void *out, char *er
     return launched("k_read_sum", err);
 }
 
+/* ------------------------------------------------ a layer's reads in a row
+ * Benchmarks only (test_cuda_backend --bench-chain): how fast a decode
+ * layer's four weight reads (q/k/v/gate, o, gate+up, down) can stream one
+ * after another when nothing but the reading is done, so that the products'
+ * own losses can be told from what any sequence of kernels loses between
+ * them. Variants: 1 one kernel per read, ordinary graph edges; 2 the same
+ * with programmatic edges (the decode graphs' kind) and every load after
+ * the wait; 3 the first loads of each CTA before the wait (as the products
+ * issue theirs); 4 one persistent kernel, a grid barrier between reads; 5
+ * the same with each CTA's first loads of the next read issued before the
+ * barrier. Each CTA writes the XOR of the words it read (out[read * grid +
+ * CTA]), so the host can check that every byte was read once. */
+__device__ static inline uint4 chain_ld(const uint4 *p, size_t i, size_t n) {
+    return i < n ? __ldg(p + i) : make_uint4(0, 0, 0, 0);
+}
+__device__ static inline void chain_put(unsigned acc, unsigned *out) {
+    acc = __reduce_xor_sync(FULL_MASK, acc);
+    __shared__ unsigned w[32];
+    if ((threadIdx.x & 31) == 0) w[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned a = 0;
+        for (unsigned i = 0; i < blockDim.x / 32; i++) a ^= w[i];
+        out[blockIdx.x] = a;
+    }
+    __syncthreads();
+}
+enum { CHAIN_U = 4 }; /* 16-byte loads a thread keeps in flight */
+/* The CTA's first CHAIN_U loads of p[0, n), before the wait when PRE. */
+template <bool PRE> __device__ static inline void chain_first(const uint4 *p, size_t n, uint4 v[CHAIN_U]) {
+    const size_t b = (size_t)blockIdx.x * blockDim.x * CHAIN_U + threadIdx.x;
+    if (PRE)
+#pragma unroll
+        for (int u = 0; u < CHAIN_U; u++) v[u] = chain_ld(p, b + u * blockDim.x, n);
+    grid_dep_wait();
+    if (!PRE)
+#pragma unroll
+        for (int u = 0; u < CHAIN_U; u++) v[u] = chain_ld(p, b + u * blockDim.x, n);
+}
+/* XOR of the CTA's share of p[0, n), its first loads already in v */
+__device__ static inline unsigned chain_rest(const uint4 *p, size_t n, uint4 v[CHAIN_U]) {
+    const size_t step = (size_t)gridDim.x * blockDim.x * CHAIN_U;
+    unsigned acc = 0;
+    for (size_t b = (size_t)blockIdx.x * blockDim.x * CHAIN_U + threadIdx.x;;) {
+#pragma unroll
+        for (int u = 0; u < CHAIN_U; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+        b += step;
+        if (b >= n) break;
+#pragma unroll
+        for (int u = 0; u < CHAIN_U; u++) v[u] = chain_ld(p, b + u * blockDim.x, n);
+    }
+    return acc;
+}
+template <bool PRE>
+__global__ static void __launch_bounds__(512) k_chain_read(const uint4 *p, size_t n, unsigned *out) {
+    uint4 v[CHAIN_U];
+    chain_first<PRE>(p, n, v);
+    chain_put(chain_rest(p, n, v), out);
+}
+template <bool PRE>
+__global__ static void __launch_bounds__(512)
+    k_chain_persist(const uint4 *p, const unsigned long long *off, int n_read, unsigned *ctr, unsigned *out) {
+    grid_dep_wait();
+    uint4 v[CHAIN_U];
+    const size_t b0 = (size_t)blockIdx.x * blockDim.x * CHAIN_U + threadIdx.x;
+#pragma unroll
+    for (int u = 0; u < CHAIN_U; u++) v[u] = chain_ld(p, b0 + u * blockDim.x, off[1]);
+    for (int r = 0; r < n_read; r++) {
+        const uint4 *q = p + off[r];
+        chain_put(chain_rest(q, off[r + 1] - off[r], v), out + (size_t)r * gridDim.x);
+        if (r + 1 == n_read) break;
+        const uint4 *nq = p + off[r + 1];
+        const size_t nn = off[r + 2] - off[r + 1];
+        if (PRE)
+#pragma unroll
+            for (int u = 0; u < CHAIN_U; u++) v[u] = chain_ld(nq, b0 + u * blockDim.x, nn);
+        /* grid barrier: the arrivals count up over the whole launch */
+        if (threadIdx.x == 0) {
+            atomicAdd(ctr, 1u);
+            const unsigned target = (unsigned)(r + 1) * gridDim.x;
+            unsigned c;
+            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(ctr) : "memory");
+            while (c < target);
+        }
+        __syncthreads();
+        if (!PRE)
+#pragma unroll
+            for (int u = 0; u < CHAIN_U; u++) v[u] = chain_ld(nq, b0 + u * blockDim.x, nn);
+    }
+}
+
+static uint32_t chain_word(uint64_t i) { /* the buffer's word i (splitmix64's finalizer) */
+    uint64_t z = i * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)(z ^ (z >> 31));
+}
+__global__ static void k_chain_fill(uint32_t *p, size_t n) {
+    grid_dep_wait();
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = i * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        p[i] = (uint32_t)(z ^ (z >> 31));
+    }
+}
+
+extern "C" bool mucu_bench_chain(const size_t *bytes, int n_read, int reps, double ms[6], int bad[6], int *grid_out,
+                                 char *err) {
+    /* reads of whole 16-byte words; offsets in words of 16 bytes */
+    unsigned long long *off = (unsigned long long *)calloc((size_t)n_read + 2, sizeof *off);
+    for (int r = 0; r < n_read; r++) off[r + 1] = off[r] + bytes[r] / 16;
+    off[n_read + 1] = off[n_read];
+    const size_t total = (size_t)off[n_read];
+    int dev = 0, sms = 0, occ_r = 0, occ_p = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (!cu_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_r, k_chain_read<false>, 512, 0), "occupancy",
+               "k_chain_read", err) ||
+        !cu_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_p, k_chain_persist<true>, 512, 0), "occupancy",
+               "k_chain_persist", err)) {
+        free(off);
+        return false;
+    }
+    const int grid = sms * (occ_r < occ_p ? occ_r : occ_p);
+    *grid_out = grid;
+    void *buf = NULL, *out = NULL, *doff = NULL, *ctr = NULL;
+    bool ok = mucu_malloc(&buf, total * 16, err) && mucu_malloc(&out, (size_t)n_read * grid * 4, err) &&
+              mucu_malloc(&doff, ((size_t)n_read + 2) * 8, err) && mucu_malloc(&ctr, 4, err);
+    cudaGraph_t g[4] = {0};
+    cudaGraphExec_t ge[4] = {0};
+    unsigned *host = (unsigned *)malloc((size_t)n_read * grid * 4);
+    unsigned *want = (unsigned *)calloc((size_t)n_read, 4);
+    if (ok) {
+        k_chain_fill<<<sms * 8, 512, 0, g_s>>>((uint32_t *)buf, total * 4);
+        ok = launched("k_chain_fill", err) &&
+             cu_ok(cudaMemcpyAsync(doff, off, ((size_t)n_read + 2) * 8, cudaMemcpyHostToDevice, g_s), "cudaMemcpyAsync",
+                   "chain offsets", err);
+    }
+    for (int r = 0; r < n_read; r++)
+        for (uint64_t i = off[r] * 4; i < off[r + 1] * 4; i++) want[r] ^= chain_word(i);
+    /* variants 1-3: a graph of n_read kernel nodes */
+    for (int gv = 1; ok && gv <= 3; gv++) {
+        ok = cu_ok(cudaGraphCreate(&g[gv], 0), "cudaGraphCreate", "chain", err);
+        cudaGraphNode_t prev = NULL;
+        for (int r = 0; ok && r < n_read; r++) {
+            const uint4 *p = (const uint4 *)buf + off[r];
+            size_t n = (size_t)(off[r + 1] - off[r]);
+            unsigned *o = (unsigned *)out + (size_t)r * grid;
+            void *args[] = {(void *)&p, (void *)&n, (void *)&o};
+            cudaKernelNodeParams kp;
+            memset(&kp, 0, sizeof kp);
+            kp.func = gv == 3 ? (void *)k_chain_read<true> : (void *)k_chain_read<false>;
+            kp.gridDim = dim3((unsigned)grid), kp.blockDim = dim3(512), kp.kernelParams = args;
+            cudaGraphNode_t nn = NULL;
+            ok = cu_ok(cudaGraphAddKernelNode(&nn, g[gv], NULL, 0, &kp), "cudaGraphAddKernelNode", "chain", err);
+            if (ok && prev) {
+                cudaGraphEdgeData ed;
+                memset(&ed, 0, sizeof ed);
+                if (gv >= 2) ed.from_port = cudaGraphKernelNodePortLaunchCompletion, ed.type = cudaGraphDependencyTypeProgrammatic;
+                ok = cu_ok(cudaGraphAddDependencies(g[gv], &prev, &nn, &ed, 1), "cudaGraphAddDependencies", "chain", err);
+            }
+            prev = nn;
+        }
+        ok = ok && cu_ok(cudaGraphInstantiate(&ge[gv], g[gv], 0), "cudaGraphInstantiate", "chain", err);
+    }
+    for (int v = 1; ok && v <= 5; v++) {
+        float t[64];
+        const int nr = reps < 1 ? 1 : reps > 63 ? 63 : reps;
+        bad[v] = 0;
+        for (int k = 0; ok && k <= nr; k++) { /* k = 0 warms up */
+            ok = cu_ok(cudaMemsetAsync(out, 0, (size_t)n_read * grid * 4, g_s), "cudaMemsetAsync", "chain", err) &&
+                 cu_ok(cudaMemsetAsync(ctr, 0, 4, g_s), "cudaMemsetAsync", "chain", err) && mucu_timer_begin(err);
+            if (!ok) break;
+            if (v <= 3)
+                ok = cu_ok(cudaGraphLaunch(ge[v], g_s), "cudaGraphLaunch", "chain", err);
+            else {
+                const uint4 *p = (const uint4 *)buf;
+                const unsigned long long *po = (const unsigned long long *)doff;
+                unsigned *pc = (unsigned *)ctr, *o = (unsigned *)out;
+                int nrd = n_read;
+                void *args[] = {(void *)&p, (void *)&po, (void *)&nrd, (void *)&pc, (void *)&o};
+                ok = cu_ok(cudaLaunchCooperativeKernel(v == 5 ? (const void *)k_chain_persist<true>
+                                                              : (const void *)k_chain_persist<false>,
+                                                       dim3((unsigned)grid), dim3(512), args, 0, g_s),
+                           "cudaLaunchCooperativeKernel", "k_chain_persist", err);
+            }
+            double tm = 0;
+            ok = ok && mucu_timer_end(&tm, err);
+            if (k > 0) t[k - 1] = (float)tm;
+        }
+        if (!ok) break;
+        for (int i = 1; i < nr; i++) /* insertion sort: the median */
+            for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+                const float x = t[j];
+                t[j] = t[j - 1], t[j - 1] = x;
+            }
+        ms[v] = t[nr / 2];
+        ok = cu_ok(cudaMemcpy(host, out, (size_t)n_read * grid * 4, cudaMemcpyDeviceToHost), "cudaMemcpy", "chain", err);
+        for (int r = 0; ok && r < n_read; r++) {
+            unsigned x = 0;
+            for (int c = 0; c < grid; c++) x ^= host[(size_t)r * grid + c];
+            if (x != want[r]) bad[v]++;
+        }
+    }
+    /* variant 0: one kernel over all of it (the ceiling) */
+    if (ok) {
+        float t[64];
+        const int nr = reps < 1 ? 1 : reps > 63 ? 63 : reps;
+        const uint4 *p = (const uint4 *)buf;
+        for (int k = 0; ok && k <= nr; k++) {
+            double tm = 0;
+            ok = mucu_timer_begin(err);
+            if (ok) k_chain_read<false><<<grid, 512, 0, g_s>>>(p, total, (unsigned *)out);
+            ok = ok && launched("k_chain_read", err) && mucu_timer_end(&tm, err);
+            if (k > 0) t[k - 1] = (float)tm;
+        }
+        for (int i = 1; i < nr; i++)
+            for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+                const float x = t[j];
+                t[j] = t[j - 1], t[j - 1] = x;
+            }
+        ms[0] = t[nr / 2];
+        bad[0] = 0;
+        ok = ok && cu_ok(cudaMemcpy(host, out, (size_t)grid * 4, cudaMemcpyDeviceToHost), "cudaMemcpy", "chain", err);
+        unsigned x = 0, w = 0;
+        for (int c = 0; ok && c < grid; c++) x ^= host[c];
+        for (int r = 0; r < n_read; r++) w ^= want[r];
+        if (ok && x != w) bad[0] = 1;
+    }
+    for (int i = 1; i <= 3; i++) {
+        if (ge[i]) cudaGraphExecDestroy(ge[i]);
+        if (g[i]) cudaGraphDestroy(g[i]);
+    }
+    free(off), free(host), free(want);
+    char e2[MUCU_ERR_LEN];
+    if (buf) mucu_free(buf, e2);
+    if (out) mucu_free(out, e2);
+    if (doff) mucu_free(doff, e2);
+    if (ctr) mucu_free(ctr, e2);
+    return ok;
+}
+
 /* The lane-per-block variant (default): a thread computes whole blocks'
  * integer sums (no shuffles), f_b by the formula into shared memory; the
  * CTA takes RPC consecutive output rows (their blocks are contiguous), so

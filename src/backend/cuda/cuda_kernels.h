@@ -192,6 +192,10 @@ void mucu_set_mmv3(int wpr, int u);
  * arithmetic (u steps in flight); a plain read of bytes at p. */
 bool mucu_bench_loads(const mucu_weight *w, int u, float *y, char *err);
 bool mucu_bench_read(const void *p, size_t bytes, void *out, char *err);
+/* Benchmarks only: n_read plain reads of bytes[i] one after another (cuda_kernels.cu
+ * "a layer's reads in a row"), median GPU ms of reps runs per variant 0..5, bad[v]: reads
+ * whose XOR check failed; *grid: the CTAs a read takes. */
+bool mucu_bench_chain(const size_t *bytes, int n_read, int reps, double ms[6], int bad[6], int *grid, char *err);
 /* GPU time of what the stream runs between begin and end (cudaEvents). */
 bool mucu_timer_begin(char *err);
 bool mucu_timer_end(double *ms, char *err);
