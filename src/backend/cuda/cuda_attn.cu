@@ -700,9 +700,12 @@ int mucu_attn_bench_pass = 0;
 
 static int dec_hg_forced(void) { return env_setting(&mucu_attn_dec_hg, "MUSER_CUDA_ATTN_HG", 0); }
 /* MUSER_CUDA_ATTN_CL=N: k_attn_dcl for the calls that write partials over
- * N or more 256-key blocks (0, the default: never; docs/benchmarks.md has
- * the whole model at depth with N = 1). */
-static int dec_cl(void) { return env_setting(&mucu_attn_dec_cl, "MUSER_CUDA_ATTN_CL", 0); }
+ * N or more 256-key blocks (0: never). The default, 64, takes the full
+ * layers from 16,384 keys on: there k_attn_dec gives one CTA all 16 heads
+ * of a block (AD_MIN_CTAS), and below it the cluster measured slower (docs/cuda.md
+ * "Decode attention", docs/benchmarks.md "The cluster kernel from 64
+ * blocks"). */
+static int dec_cl(void) { return env_setting(&mucu_attn_dec_cl, "MUSER_CUDA_ATTN_CL", 64); }
 /* The settled keys' K staged before the wait (ad_begin); MUSER_CUDA_ATTN_KST=0 turns it off. */
 static int dec_kst(void) { return env_setting(&mucu_attn_dec_kst, "MUSER_CUDA_ATTN_KST", 1); }
 

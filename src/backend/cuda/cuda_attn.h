@@ -23,7 +23,7 @@ extern int mucu_attn_dec_hg;
 extern int mucu_attn_dec_kst;
 /* N > 0: calls that write per-block partials over N or more 256-key blocks
  * take k_attn_dcl, a cluster of 8 CTAs per block (from MUSER_CUDA_ATTN_CL
- * when first read; default 0, never). */
+ * when first read; default 64). */
 extern int mucu_attn_dec_cl;
 /* Does mucu_attention take k_attn_dec for this call (mucu_attn_kernel 1
  * below 64 rows, or 3)? head_dim 64, 128 or 256, whole GQA groups. */
