@@ -2720,6 +2720,15 @@ __global__ static void k_chain_fill(uint32_t *p, size_t n) {
     }
 }
 
+static float chain_median(float *t, int n) { /* insertion sort, then the middle one */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            const float x = t[j];
+            t[j] = t[j - 1], t[j - 1] = x;
+        }
+    return t[n / 2];
+}
+
 extern "C" bool mucu_bench_chain(const size_t *bytes, int n_read, int reps, double ms[6], int bad[6], int *grid_out,
                                  char *err) {
     /* reads of whole 16-byte words; offsets in words of 16 bytes */
@@ -2805,12 +2814,7 @@ extern "C" bool mucu_bench_chain(const size_t *bytes, int n_read, int reps, doub
             if (k > 0) t[k - 1] = (float)tm;
         }
         if (!ok) break;
-        for (int i = 1; i < nr; i++) /* insertion sort: the median */
-            for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-                const float x = t[j];
-                t[j] = t[j - 1], t[j - 1] = x;
-            }
-        ms[v] = t[nr / 2];
+        ms[v] = chain_median(t, nr);
         ok = cu_ok(cudaMemcpy(host, out, (size_t)n_read * grid * 4, cudaMemcpyDeviceToHost), "cudaMemcpy", "chain", err);
         for (int r = 0; ok && r < n_read; r++) {
             unsigned x = 0;
@@ -2830,12 +2834,7 @@ extern "C" bool mucu_bench_chain(const size_t *bytes, int n_read, int reps, doub
             ok = ok && launched("k_chain_read", err) && mucu_timer_end(&tm, err);
             if (k > 0) t[k - 1] = (float)tm;
         }
-        for (int i = 1; i < nr; i++)
-            for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-                const float x = t[j];
-                t[j] = t[j - 1], t[j - 1] = x;
-            }
-        ms[0] = t[nr / 2];
+        ms[0] = chain_median(t, nr);
         bad[0] = 0;
         ok = ok && cu_ok(cudaMemcpy(host, out, (size_t)grid * 4, cudaMemcpyDeviceToHost), "cudaMemcpy", "chain", err);
         unsigned x = 0, w = 0;
