@@ -2704,7 +2704,7 @@ __global__ static void __launch_bounds__(512)
     }
 }
 
-static uint32_t chain_word(uint64_t i) { /* the buffer's word i (splitmix64's finalizer) */
+__host__ __device__ static inline uint32_t chain_word(uint64_t i) { /* the buffer's word i (splitmix64's finalizer) */
     uint64_t z = i * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -2712,12 +2712,8 @@ static uint32_t chain_word(uint64_t i) { /* the buffer's word i (splitmix64's fi
 }
 __global__ static void k_chain_fill(uint32_t *p, size_t n) {
     grid_dep_wait();
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t z = i * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        p[i] = (uint32_t)(z ^ (z >> 31));
-    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = chain_word(i);
 }
 
 static float chain_median(float *t, int n) { /* insertion sort, then the middle one */
@@ -2736,6 +2732,7 @@ extern "C" bool mucu_bench_chain(const size_t *bytes, int n_read, int reps, doub
     for (int r = 0; r < n_read; r++) off[r + 1] = off[r] + bytes[r] / 16;
     off[n_read + 1] = off[n_read];
     const size_t total = (size_t)off[n_read];
+    const int nr = reps < 1 ? 1 : reps > 63 ? 63 : reps; /* timed runs of each variant */
     int dev = 0, sms = 0, occ_r = 0, occ_p = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -2790,7 +2787,6 @@ extern "C" bool mucu_bench_chain(const size_t *bytes, int n_read, int reps, doub
     }
     for (int v = 1; ok && v <= 5; v++) {
         float t[64];
-        const int nr = reps < 1 ? 1 : reps > 63 ? 63 : reps;
         bad[v] = 0;
         for (int k = 0; ok && k <= nr; k++) { /* k = 0 warms up */
             ok = cu_ok(cudaMemsetAsync(out, 0, (size_t)n_read * grid * 4, g_s), "cudaMemsetAsync", "chain", err) &&
@@ -2825,7 +2821,6 @@ extern "C" bool mucu_bench_chain(const size_t *bytes, int n_read, int reps, doub
     /* variant 0: one kernel over all of it (the ceiling) */
     if (ok) {
         float t[64];
-        const int nr = reps < 1 ? 1 : reps > 63 ? 63 : reps;
         const uint4 *p = (const uint4 *)buf;
         for (int k = 0; ok && k <= nr; k++) {
             double tm = 0;
