@@ -234,7 +234,8 @@ static void test_matmul_large(void) {
     static const int kernels[][3] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {4, 0, 0}, {5, 0, 0}, {7, 1, 1}, {7, 1, 2},
                                      {7, 2, 1}, {7, 2, 2}, {7, 4, 1}, {7, 4, 2}, {7, 0, 0}, {8, 0, 0}, {9, 0, 0},
                                      {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0}, {14, 0, 0}, {15, 0, 0},
-                                     {16, 0, 0}, {3, 0, 0}};
+                                     {16, 0, 0}, {17, 0, 0}, {18, 0, 0}, {19, 0, 0}, {20, 0, 0}, {17, -3, 0}, {18, -2, 0},
+                                     {19, -3, 0}, {20, -2, 0}, {3, 0, 0}};
     /* k_mmq by shape (MUSER_CUDA_MMQ=1) and in each of its shapes: n_out with partial tiles, 5 to 78 blocks,
      * 1 to 8 rows (row 2 with an all-zero block, row 1 with a block whose largest magnitude repeats) */
     mucu_mmt_min_rows = 1;
@@ -285,7 +286,8 @@ static void test_matmul_large(void) {
     const int variant = kernels[vi][0];
     mucu_set_mmv_variant(variant == 9 ? 3 : variant);
     mucu_mmt_min_rows = variant == 9 ? 1 : variant == 3 ? mmt_saved : 0;
-    mucu_set_mmv3(kernels[vi][1], kernels[vi][2]);
+    mucu_set_mmv3(kernels[vi][1] > 0 ? kernels[vi][1] : 0, kernels[vi][2]);
+    mucu_mmv6_grid = kernels[vi][1] < 0 ? -kernels[vi][1] : 0; /* k_mmv6: a few CTAs taking many units each */
     for (size_t t = 0; t < sizeof big / sizeof *big; t++)
         for (int s = 0; s < 4; s++) {
             if (s == 3 && ((variant != 7 && variant != 3 && variant < 9) || t > 3)) continue; /* 78 blocks */
@@ -306,6 +308,7 @@ static void test_matmul_large(void) {
             }
         }
     }
+    mucu_mmv6_grid = 0;
 }
 
 /* NVFP4 (ggml, ggml with .scale, native W4A16) in the split layout (k_mmv4
@@ -374,7 +377,7 @@ static void test_matmul_fp4(void) {
 }
 
 /* --bench-mmv: the weight-streaming kernels (3: the default, k_mmv4 at 1 row, k_mmt above; 9: k_mmt; 10: the
- * 1-row kernels before k_mmv4; 11..16: k_mmv4 with 1, 2, 4 warps per slot, 2 or 4 blocks in flight) on the full model's matrix
+ * 1-row kernels before k_mmv4; 11..16: k_mmv4 with 1, 2, 4 warps per slot, 2 or 4 blocks in flight; 17..20: k_mmv6) on the full model's matrix
  * shapes (q4_k_xl types), GPU time per call by cudaEvents, median of 9
  * timings of 10 calls each, cycling through copies of the weight that
  * together exceed the L2 cache. Weight bytes are random (speed only). */
@@ -414,8 +417,8 @@ static void bench_mmv(void) {
     };
     /* variant, k_mmv3's warps per output and steps (0: by shape) */
     static const int variants[][3] = {{3, 0, 0},  {9, 0, 0},  {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0},
-                                      {14, 0, 0}, {15, 0, 0}, {16, 0, 0}, {24, 0, 0}, {25, 0, 0}, {30, 0, 0},
-                                      {32, 0, 0}};
+                                      {14, 0, 0}, {15, 0, 0}, {16, 0, 0}, {17, 0, 0}, {18, 0, 0}, {19, 0, 0},
+                                      {20, 0, 0}, {24, 0, 0}, {25, 0, 0}, {30, 0, 0}, {32, 0, 0}};
     static const int rowss[] = {1, 2, 4, 8, 16};
     char msg[MUCU_ERR_LEN];
     printf("%-12s %-5s %6s %6s %6s %4s %10s %9s\n", "weight", "type", "n_in", "n_out", "mmv", "rows", "us/call", "GB/s");
@@ -443,16 +446,17 @@ static void bench_mmv(void) {
         for (size_t vi = 0; vi < sizeof variants / sizeof *variants; vi++)
             for (size_t ri = 0; ri < sizeof rowss / sizeof *rowss; ri++) {
                 const int v = variants[vi][0];
-                mucu_set_mmv_variant(v == 9 || v >= 20 ? 3 : v);
-                /* 3: the default (k_mmq up to 8 rows, k_mmt above); 9: k_mmt; 20 + N: k_mmq's shape N (MMQ_SHAPES) */
-                mucu_mmt_min_rows = v == 9 || v >= 20 ? 1 : v == 3 ? -1 : 0;
-                mucu_mmq_variant = v >= 20 ? v - 20 : v == 9 ? 0 : -1;
+                const bool mq = v >= 21; /* 20 + N, N >= 1: k_mmq's shape N (MMQ_SHAPES) */
+                mucu_set_mmv_variant(v == 9 || mq ? 3 : v);
+                /* 3: the default (k_mmq up to 8 rows, k_mmt above); 9: k_mmt; 10..20: 1-row kernels */
+                mucu_mmt_min_rows = v == 9 || mq ? 1 : v == 3 ? -1 : 0;
+                mucu_mmq_variant = mq ? v - 20 : v == 9 ? 0 : -1;
                 mucu_set_mmv3(variants[vi][1], variants[vi][2]);
                 const int rows = rowss[ri];
                 if (!bench_wants(v) || !bench_shape(shapes[si].what, rows)) continue;
-                if (v >= 10 && v < 20 && rows != 1) continue;
-                if (v >= 20 && (rows == 1 || rows > 8)) continue;
-                if (fp4 && v >= 20) continue;
+                if (v >= 10 && v <= 20 && rows != 1) continue;
+                if (mq && (rows == 1 || rows > 8)) continue;
+                if (fp4 && mq) continue;
                 if (fp4 && (vi > 1 || (vi == 1 && rows != 1))) continue;
                 mucu_set_fp4(fp4 ? vi == 0 : 1);
                 for (int c = 0; c < copies; c++) cu->matmul(cu, &w[c], dx, dy, rows); /* upload + warm-up */
@@ -532,20 +536,21 @@ static void bench_mmv(void) {
         for (int i = 0; i < 4; i++) dy[i] = cu->alloc(cu, (size_t)(16 * 19968) * 4);
         for (int ri = 0; ri < 5; ri++) {
             const int rows = rowss[ri];
-            for (int setv = 0; setv < 24; setv += setv == 0 ? 5 : 1) { /* one launch (the default), one per
+            for (int setv = 0; setv < 28; setv += setv == 0 ? 5 : 1) { /* one launch (the default), one per
                     weight (MMV 6), k_mmv3_set with 1, 2, 4 warps per output, k_mmt, 1 row: 10..16 (4 + setv),
                     2 to 8 rows: k_mmq's shapes (setv - 11 when in MMQ_SHAPES, bench variants 20 + shape) */
                 if (setv > 5 && setv < 13 && rows != 1) continue;
-                if (setv >= 13 && (rows == 1 || rows > 8)) continue;
-                bool kept = setv < 13;
+                if (setv >= 13 && setv < 24 && (rows == 1 || rows > 8)) continue;
+                if (setv >= 24 && rows != 1) continue; /* k_mmv6 (variants 17, 18) */
+                bool kept = setv < 13 || setv >= 24;
                 for (int q = 0; q < N_MMQ_SHAPES; q++) kept = kept || MMQ_SHAPES[q] == setv - 11;
                 if (!kept) continue;
-                const int bv = setv == 5 ? 9 : setv == 0 ? 3 : setv >= 13 ? setv + 9 : setv > 5 ? 4 + setv : setv == 1 ? 6 : 7;
+                const int bv = setv >= 24 ? setv - 7 : setv == 5 ? 9 : setv == 0 ? 3 : setv >= 13 ? setv + 9 : setv > 5 ? 4 + setv : setv == 1 ? 6 : 7;
                 if (!bench_wants(bv) || !bench_shape(sets[si].what, rows)) continue;
-                mucu_set_mmv_variant(setv == 0 || setv == 5 || setv >= 13 ? 3 : setv == 1 ? 6 : setv > 5 ? 4 + setv : 7);
+                mucu_set_mmv_variant(setv >= 24 ? setv - 7 : setv == 0 || setv == 5 || setv >= 13 ? 3 : setv == 1 ? 6 : setv > 5 ? 4 + setv : 7);
                 mucu_set_mmv3(setv >= 2 && setv < 5 ? 1 << (setv - 2) : 0, 0);
-                mucu_mmt_min_rows = setv == 5 || setv >= 13 ? 1 : setv == 0 ? -1 : 0;
-                mucu_mmq_variant = setv >= 13 ? setv - 11 : setv == 5 ? 0 : -1;
+                mucu_mmt_min_rows = setv >= 24 ? -1 : setv == 5 || setv >= 13 ? 1 : setv == 0 ? -1 : 0;
+                mucu_mmq_variant = setv >= 24 ? -1 : setv >= 13 ? setv - 11 : setv == 5 ? 0 : -1;
                 for (int c = 0; c < COPIES; c++) {
                     const mu_weight *wp[4] = {&w[c][0], &w[c][1], &w[c][2], &w[c][3]};
                     cu->matmul_multi(cu, sets[si].n, wp, dx, dy, rows);
@@ -565,7 +570,7 @@ static void bench_mmv(void) {
                 static const char *const sv[] = {"3",  "6",  "7/1", "7/2", "7/4", "mmt", "10",
                                                  "11", "12", "13",  "14",  "15",  "16",  "q2",
                                                  "q3", "q4", "q5",  "q6",  "q7",  "q8",  "q9",
-                                                 "q10", "q11", "q12"};
+                                                 "q10", "q11", "q12", "17", "18", "19", "20"};
                 printf("%-12s %-5s %6lld %6s %6s %4d %10.2f %9.1f  (%s)\n", sets[si].what, "set",
                        (long long)sets[si].n_in, "-", sv[setv], rows, t[4], (double)bytes / (t[4] * 1e3),
                        setv == 1 ? "a launch per weight" : "one launch");
@@ -599,12 +604,16 @@ static void test_matmul_multi(void) {
     };
     const int64_t n_in = 1536, n_outs[3] = {29, 64, 8};
     /* at 1 row also k_mmv4 with each shape (11..16: 1, 2, 4 warps per slot, 2 or 4 blocks in flight; the
-     * weights' slots share CTAs) and the kernels before it (10) */
-    static const int v1[] = {10, 11, 12, 13, 14, 15, 16};
-    for (int set = 0; set < NS * 4 + NS * 7; set++) {
+     * weights' slots share CTAs), k_mmv6 (17, 18: 2 and 4 outputs a unit; 19, 20: the same with the next
+     * unit's weights in flight; 100 + v: v on 2 CTAs, so each takes units of several weights) and the kernels
+     * before it (10) */
+    static const int v1[] = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 117, 118, 119, 120};
+    enum { NV1 = sizeof v1 / sizeof *v1 };
+    for (int set = 0; set < NS * 4 + NS * NV1; set++) {
         const int64_t rows = set < NS * 4 ? (int64_t[]){1, 5, 16, 32}[set / NS] : 1; /* one launch for the set up to 16 (K-quants: 32) rows */
         const int variant = set < NS * 4 ? 3 : v1[(set - NS * 4) / NS];
-        mucu_set_mmv_variant(variant);
+        mucu_set_mmv_variant(variant % 100);
+        mucu_mmv6_grid = variant >= 100 ? 2 : 0;
         mu_weight w[3];
         const mu_weight *wp[3];
         float *y[3], *dy[3];
@@ -627,6 +636,7 @@ static void test_matmul_multi(void) {
         cu->free(cu, dx, 0), free(x);
     }
     mucu_set_mmv_variant(3);
+    mucu_mmv6_grid = 0;
 }
 
 /* The many-row tensor-core kernels, all of them (k_gemm_kq2 with each of its
@@ -2429,6 +2439,11 @@ int main(int argc, char **argv) {
         test_tree_attention();
         test_attn_decode();
         return finish("test_cuda_backend --attn");
+    }
+    if (argc == 2 && !strcmp(argv[1], "--mmv")) { /* the weight-streaming products alone */
+        test_matmul_large();
+        test_matmul_multi();
+        return finish("test_cuda_backend --mmv");
     }
     if (argc == 2 && !strcmp(argv[1], "--new")) { /* a short run: the most recent kernels' tests (tree registers, fused launches, stores, GEMM tiles, prefill attention) */
         test_tree_reg();

@@ -208,6 +208,16 @@ extern "C" bool mucu_capture_end(void **graph, char *err) {
  * cuda_common.cuh); 2 flat with full dependencies only; 0 the segments as
  * child graphs, one after another. */
 static int g_pdl = -1;
+/* MUSER_CUDA_PDL_BIG=N (default 1000; 0: none): an ordinary edge into
+ * every kernel of N or more CTAs, programmatic edges elsewhere. Why: a
+ * programmatic edge cost plain reads 12 % against an ordinary one
+ * (test_cuda_backend --bench-chain), and a kernel of many CTAs gains
+ * little from starting early: its first wave waits for SMs the kernel
+ * before still holds. Full model decode on an H100 with k_mmv6 at 4
+ * outputs a unit: 135.7-136.4 tokens/s at 1000 (500: 136.0), 131.2-132.0
+ * at 0 and at 3,000 or more; k_mmv4: 125.9 at 1000 against 124.2
+ * (docs/benchmarks.md). */
+static int g_pdl_big = -1;
 static long g_flat, g_prog, g_merged;
 /* MUSER_CUDA_ONE_UPLOAD: 1 a flat chain uploads the argument
  * ring's bytes with one copy at its head instead of one copy node before
@@ -303,9 +313,11 @@ static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, cons
             cudaGraphNode_t nn = NULL;
             cudaError_t e = cudaGraphNodeGetType(node, &ty);
             const bool kernel = ty == cudaGraphNodeTypeKernel;
+            uint64_t ctas = 0;
             if (e == cudaSuccess && kernel) {
                 cudaKernelNodeParams p;
                 e = cudaGraphKernelNodeGetParams(node, &p);
+                ctas = (uint64_t)p.gridDim.x * p.gridDim.y * p.gridDim.z;
                 if (e == cudaSuccess) e = cudaGraphAddKernelNode(&nn, g, NULL, 0, &p);
             } else if (e == cudaSuccess && ty == cudaGraphNodeTypeMemcpy) {
                 cudaMemcpy3DParms p;
@@ -326,7 +338,7 @@ static bool chain_flat(cudaGraph_t g, void *const *graphs, int n, bool pdl, cons
             if (nn && prev) {
                 cudaGraphEdgeData ed;
                 memset(&ed, 0, sizeof ed);
-                if (pdl && prev_kernel && kernel) {
+                if (pdl && prev_kernel && kernel && !(g_pdl_big > 0 && ctas >= (uint64_t)g_pdl_big)) {
                     ed.from_port = cudaGraphKernelNodePortLaunchCompletion;
                     ed.type = cudaGraphDependencyTypeProgrammatic;
                     (*n_prog)++;
@@ -358,6 +370,7 @@ extern "C" bool mucu_graph_chain(void *const *graphs, int n, const mucu_ring *ri
     cudaGraph_t g = NULL;
     for (int i = 0; i < MUCU_RING_PARTS; i++) exec[i] = NULL;
     env_setting(&g_pdl, "MUSER_CUDA_PDL", 1);
+    env_setting(&g_pdl_big, "MUSER_CUDA_PDL_BIG", 1000);
     env_setting(&g_one_upload, "MUSER_CUDA_ONE_UPLOAD", 2);
     bool flat = false;
     if (g_pdl) {
@@ -2170,6 +2183,82 @@ __device__ static inline void x_pieces(const int8_t *p, uint4 &al, uint4 &ah, ui
     bl = __ldg((const uint4 *)(p + 128)), bh = __ldg((const uint4 *)(p + 160));
 }
 
+/* A K-quant block's share of one lane of its 4-lane group (load_wq2's
+ * pieces) decoded once, whatever the activations it meets: the 16 code
+ * words as values (Q5_K with their fifth bit, Q6_K less 32), the 4
+ * sub-block scales and (Q4_K / Q5_K) mins it needs, and d / dmin. */
+struct kq_lane {
+    uint4 alo, ahi, blo, bhi;
+    int32_t s0, s1, s2, s3; /* the scales of alo, ahi, blo, bhi */
+    int32_t m0, m1, m2, m3; /* Q4_K / Q5_K: their mins */
+    float d, dmin;
+};
+/* The activations that meet a lane's share: four 16-value pieces in the
+ * order of kq_lane's words, the block's d, and (Q4_K / Q5_K) the bsums of
+ * the four sub-blocks (pieces). Which values: x_pieces' (Q4_K / Q5_K) or
+ * 16t + 64i (Q6_K). */
+struct kq_acts {
+    uint4 al, ah, bl, bh;
+    int32_t b0, b1, b2, b3;
+    float d;
+};
+
+template <int TYPE>
+__device__ static inline kq_lane kq_lane_unpack(const wq2 &s, int t) {
+    kq_lane k;
+    if (TYPE == T_Q4_K || TYPE == T_Q5_K) {
+        /* piece a: qs bytes [16t, 16t+16) = pair ja = t>>1 (sub-blocks 2ja, 2ja+1), l = 16(t&1)..;
+         * piece b: the same l in pair ja + 2. Low nibbles: values 64j + l, high: 64j + 32 + l. */
+        k.alo = nib_lo(s.a), k.ahi = nib_hi(s.a), k.blo = nib_lo(s.b), k.bhi = nib_hi(s.b);
+        const int ja = t >> 1;
+        if (TYPE == T_Q5_K) {
+            k.alo = or_bit5(k.alo, s.h, 2 * ja), k.ahi = or_bit5(k.ahi, s.h, 2 * ja + 1);
+            k.blo = or_bit5(k.blo, s.h, 2 * ja + 4), k.bhi = or_bit5(k.bhi, s.h, 2 * ja + 5);
+        }
+        /* the 8 scales and mins, unpacked four to a word (scale_min_k4's rule) */
+        const kq_scmin m = kq_scales_mins(s.hdr.y, s.hdr.z, s.hdr.w);
+        const int sh = 16 * ja;
+        k.s0 = (m.sc03 >> sh) & 0xFF, k.s1 = (m.sc03 >> (sh + 8)) & 0xFF;
+        k.s2 = (m.sc47 >> sh) & 0xFF, k.s3 = (m.sc47 >> (sh + 8)) & 0xFF;
+        k.m0 = (m.mn03 >> sh) & 0xFF, k.m1 = (m.mn03 >> (sh + 8)) & 0xFF;
+        k.m2 = (m.mn47 >> sh) & 0xFF, k.m3 = (m.mn47 >> (sh + 8)) & 0xFF;
+        k.d = h2f((uint16_t)(s.hdr.x & 0xFFFF)), k.dmin = h2f((uint16_t)(s.hdr.x >> 16));
+    } else {
+        /* piece a: ql bytes [16t, 16t+16) of half 0, piece b: of half 1; l0 = 16t: low nibbles give
+         * values 128h + l0 (sub-block 8h + t), high nibbles 128h + 64 + l0 (sub-block 8h + 4 + t);
+         * their 2 high bits sit in qh[32h + (l0 & 31) ...] at bits 2(t>>1) and 4 + 2(t>>1). */
+        const int sl = 2 * (t >> 1), shh = 4 + 2 * (t >> 1);
+        k.alo = q6_vals(nib_lo(s.a), s.h, sl), k.ahi = q6_vals(nib_hi(s.a), s.h, shh);
+        k.blo = q6_vals(nib_lo(s.b), s.h2, sl), k.bhi = q6_vals(nib_hi(s.b), s.h2, shh);
+        const int bsh = 8 * t; /* scale k + 4i is byte t of word i */
+        k.s0 = (int8_t)(s.hdr.x >> bsh), k.s1 = (int8_t)(s.hdr.y >> bsh);
+        k.s2 = (int8_t)(s.hdr.z >> bsh), k.s3 = (int8_t)(s.hdr.w >> bsh);
+        k.m0 = k.m1 = k.m2 = k.m3 = 0;
+        k.d = h2f((uint16_t)s.d6), k.dmin = 0.0f;
+    }
+    return k;
+}
+
+/* f_b of the block for one row, in every lane of the group: the integer
+ * sums (exact in any order) folded over the group's 4 lanes, then the
+ * formula of the reference (docs/numerics.md). All 32 lanes must call it. */
+template <int TYPE>
+__device__ static inline float kq_lane_f(const kq_lane &k, const kq_acts &x) {
+    int32_t sumi = k.s0 * dp4a_u4(k.alo, x.al, 0) + k.s1 * dp4a_u4(k.ahi, x.ah, 0) + k.s2 * dp4a_u4(k.blo, x.bl, 0) +
+                   k.s3 * dp4a_u4(k.bhi, x.bh, 0);
+    if (TYPE == T_Q6_K) {
+        sumi += __shfl_xor_sync(FULL_MASK, sumi, 1);
+        sumi += __shfl_xor_sync(FULL_MASK, sumi, 2);
+        return (k.d * x.d) * (float)sumi;
+    }
+    int32_t summ = k.m0 * x.b0 + k.m1 * x.b1 + k.m2 * x.b2 + k.m3 * x.b3;
+    sumi += __shfl_xor_sync(FULL_MASK, sumi, 1);
+    summ += __shfl_xor_sync(FULL_MASK, summ, 1);
+    sumi += __shfl_xor_sync(FULL_MASK, sumi, 2);
+    summ += __shfl_xor_sync(FULL_MASK, summ, 2);
+    return (k.d * x.d) * (float)sumi - (k.dmin * x.d) * (float)summ;
+}
+
 /* This lane's f_b share for rows r < nr: integer sums folded over the 4
  * lanes of the block, then the formula (every lane of the group holds it).
  * NVFP4 (is_fp4): q9 is fp4_table's table in shared memory; native: the
@@ -2574,6 +2663,143 @@ __global__ static void __launch_bounds__(128) k_mmv4_set(mmv_set set, int nb, q8
     for (int b = 0; b < nb; b++) sum = sum + p[b];
     set.y[j][o2] = row_out(set.type[j], sum, set.has_scale[j], set.scale[j]);
 }
+
+/* v6, one activation row, the activations in registers: a CTA has a
+ * 4-lane group per 256-block of the row (ceil(nb / 8) warps; groups past
+ * nb repeat the last block and store nothing), and group j keeps the
+ * pieces of block j's activations it meets for the whole launch. The CTA
+ * takes units of U outputs (numbered across the set's weights, first[]
+ * counting units), grid-stride: every group loads block j of the unit's U
+ * outputs, so a warp's loads cover 8 consecutive blocks of a weight row
+ * (whole sectors, no activation loads beside them), and puts f_j in shared
+ * memory; after the CTA's barrier one lane per output adds its nb f_b in
+ * block order from 0.0f, as the reference does (docs/numerics.md), while
+ * the next unit's loads are in flight. Why: k_mmv4 stayed 25-30 % below a
+ * plain read with its L1 busy with the activations' broadcast loads
+ * (docs/benchmarks.md "One-row weight stream"). TM: the set's types (1
+ * Q4_K, 2 Q5_K, 4 Q6_K, 5 Q4_K and Q6_K, 7 any), so each instance holds
+ * only the registers its types need. AL 0: the Q4_K / Q5_K pieces stay
+ * (a Q6_K weight among them loads its own, as block_f2 does); AL 1
+ * (every weight Q6_K): the Q6_K pieces stay. */
+enum { MMV6_MAX_NB = 80 }; /* 10 warps: ffn_down's 78 blocks */
+template <int TYPE, int U>
+__device__ static inline void mmv6_load(const mmv_set &set, int i, int64_t o0, int nb, int j, int t, wq2 *sh) {
+    const uint8_t *W = set.W[i];
+    const int64_t n_out = set.n_out[i];
+    const uint8_t *q6sc = W + (size_t)n_out * nb * 192;
+    const uint16_t *q6d = (const uint16_t *)(q6sc + (size_t)n_out * nb * 16);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int64_t o = o0 + u < n_out ? o0 + u : n_out - 1; /* past the end: a real row, stored nowhere */
+        load_wq2<TYPE>(W, q6sc, q6d, o * nb + j, t, sh[u]);
+    }
+}
+
+template <int TYPE, int U, int AL>
+__device__ static inline void mmv6_f(const wq2 *sh, const kq_acts &x, int nb, int j, int t, const q8split &xq,
+                                     float *fs) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float f;
+        if (AL == 0 && TYPE == T_Q6_K) block_f2<T_Q6_K, 1>(sh[u], j, nb, t, xq, 1, &f);
+        else f = kq_lane_f<TYPE>(kq_lane_unpack<TYPE>(sh[u], t), x);
+        if (t == 0 && (int)(threadIdx.x >> 2) < nb) fs[u * nb + j] = f;
+    }
+}
+
+/* Which of the set's types weight i has, as TM allows (a macro: the
+ * template arguments differ by type). */
+#define MMV6_TYPES(M)                                                                                               \
+    do {                                                                                                            \
+        if (TM == 1) M(T_Q4_K);                                                                                     \
+        else if (TM == 2) M(T_Q5_K);                                                                                \
+        else if (TM == 4) M(T_Q6_K);                                                                                \
+        else if ((TM & 1) && set.type[i] == T_Q4_K) M(T_Q4_K);                                                      \
+        else if ((TM & 2) && set.type[i] == T_Q5_K) M(T_Q5_K);                                                      \
+        else M(T_Q6_K);                                                                                             \
+    } while (0)
+#define MMV6_LOAD(T) mmv6_load<T, U>(set, i, o0, nb, j, t, sh)
+#define MMV6_LOAD_INTO_1(T) mmv6_load<T, U>(set, i, o0, nb, j, t, sh[P - 1])
+
+/* The first unit's weights (before the wait: nothing writes them), then
+ * group j's activations of block j (after it). */
+template <int U, int TM>
+__device__ static inline void mmv6_first(const mmv_set &set, int i, int64_t o0, int nb, int j, int t, wq2 *sh,
+                                         const q8split &xq, kq_acts &x) {
+    MMV6_TYPES(MMV6_LOAD);
+    grid_dep_wait();
+    if (TM != 4) {
+        const int offa = 64 * (t >> 1) + 16 * (t & 1);
+        x_pieces(xq.qs + (int64_t)j * 256 + offa, x.al, x.ah, x.bl, x.bh);
+        const int16_t *bs = xq.bs + (int64_t)j * 16 + offa / 16;
+        x.b0 = __ldg(bs), x.b1 = __ldg(bs + 2), x.b2 = __ldg(bs + 8), x.b3 = __ldg(bs + 10);
+    } else {
+        const int8_t *xr = xq.qs + (int64_t)j * 256 + 16 * t;
+        x.al = __ldg((const uint4 *)xr), x.ah = __ldg((const uint4 *)(xr + 64));
+        x.bl = __ldg((const uint4 *)(xr + 128)), x.bh = __ldg((const uint4 *)(xr + 192));
+        x.b0 = x.b1 = x.b2 = x.b3 = 0;
+    }
+    x.d = __ldg(xq.d + j);
+}
+
+template <int U, int TM, int P>
+__global__ static void __launch_bounds__(32 * ((MMV6_MAX_NB + 7) / 8)) k_mmv6_set(mmv_set set, int nb, q8split xq) {
+    constexpr int AL = TM == 4 ? 1 : 0;
+    extern __shared__ float fsm[]; /* [2][U][nb]: a unit's f_b, double-buffered */
+    const int t = threadIdx.x & 3, j = (int)(threadIdx.x >> 2) < nb ? (int)(threadIdx.x >> 2) : nb - 1;
+    const int64_t units = set.first[set.n], step = gridDim.x;
+    int64_t unit = blockIdx.x;
+    int i = set_weight(set.first, set.n, unit);
+    int64_t o0 = (unit - set.first[i]) * U;
+    wq2 sh[P][U]; /* P = 2: the next unit's weights in flight while this one's are used */
+    kq_acts x;
+    mmv6_first<U, TM>(set, i, o0, nb, j, t, sh[0], xq, x);
+    if (P == 2 && unit + step < units) {
+        i = set_weight(set.first, set.n, unit + step);
+        o0 = (unit + step - set.first[i]) * U;
+        MMV6_TYPES(MMV6_LOAD_INTO_1);
+    }
+    const int warps = (int)(blockDim.x >> 5), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int buf = 0;
+    /* unit `unit` from registers c; then the unit P steps on into them */
+    auto one = [&](wq2 *c) {
+        i = set_weight(set.first, set.n, unit);
+        o0 = (unit - set.first[i]) * U;
+        float *fs = fsm + buf * U * nb;
+#define MMV6_F(T) mmv6_f<T, U, AL>(c, x, nb, j, t, xq, fs)
+        MMV6_TYPES(MMV6_F);
+#undef MMV6_F
+        const int ci = i;
+        const int64_t co0 = o0;
+        if (unit + P * step < units) {
+            i = set_weight(set.first, set.n, unit + P * step);
+            o0 = (unit + P * step - set.first[i]) * U;
+            wq2 *sh0 = c;
+#define MMV6_LOAD_C(T) mmv6_load<T, U>(set, i, o0, nb, j, t, sh0)
+            MMV6_TYPES(MMV6_LOAD_C);
+#undef MMV6_LOAD_C
+        }
+        __syncthreads();
+        /* output u of the unit: lane 0 of warp u % warps */
+        if (lane == 0)
+            for (int u = warp; u < U; u += warps) {
+                if (co0 + u >= set.n_out[ci]) break;
+                const float *p = fs + u * nb;
+                float total = 0.0f;
+                for (int b = 0; b < nb; b++) total = total + p[b];
+                set.y[ci][co0 + u] = row_out(set.type[ci], total, set.has_scale[ci], set.scale[ci]);
+            }
+        unit += step;
+        buf ^= 1;
+    };
+    while (unit < units) {
+        one(sh[0]);
+        if (P == 2 && unit < units) one(sh[P - 1]);
+    }
+}
+#undef MMV6_LOAD_INTO_1
+#undef MMV6_LOAD
+#undef MMV6_TYPES
 
 /* Benchmarks only (test_cuda_backend --bench-mmv): k_mmv2's Q4_K weight
  * loads with no arithmetic, to see what its access pattern alone reaches. */
@@ -4103,7 +4329,9 @@ static void mmv3_shape(int nb, int nr, int type, bool set, int *wpr, int *u) {
 
 static int mmv_variant = -1; /* MUSER_CUDA_MMV: 3 (default) k_mmv4 at 1 row, else k_mmv2 and k_mmv3 by shape
                                  (mmv3_pick); 10: as 3 without k_mmv4; 11, 12, 13: k_mmv4 at 1 row with 1, 2, 4
-                                 warps per slot and 2 blocks in flight, 14, 15, 16: the same with 4 (4 and 5: other
+                                 warps per slot and 2 blocks in flight, 14, 15, 16: the same with 4; 17, 18:
+                                 k_mmv6 at 1 row, 2 and 4 outputs a unit, 19, 20: the same with the next
+                                 unit's weights in flight (4 and 5: other
                                  numbers of steps in flight); 0: 8-lane groups per
                                  block (k_mmv_kq); 1: the same, rows <= 2 staged in shared memory; 2: lane per
                                  block (k_mmv_lpb); 7: several warps per output (k_mmv3) everywhere; 8: k_mmv2
@@ -4112,7 +4340,7 @@ static int mmv_variant = -1; /* MUSER_CUDA_MMV: 3 (default) k_mmv4 at 1 row, els
 extern "C" void mucu_set_mmv_variant(int v) { mmv_variant = v; }
 
 /* The variants that choose by shape like the default (10..16 differ only at 1 row). */
-static bool v3like(int v) { return v == 3 || (v >= 10 && v <= 16); }
+static bool v3like(int v) { return v == 3 || (v >= 10 && v <= 20); }
 
 /* The profile's name for a weight-streaming launch: the kernel and the
  * weight's type and shape (interned: the profile keys on the string). */
@@ -4143,20 +4371,96 @@ static int mmv4_pick(int nb, int64_t slots) {
     return wpr;
 }
 
-/* One row through k_mmv4 (variant 3 and 11..16): n weights of the fast
- * types sharing the activations; *taken false when the variant does not
- * take it. A lone Q6_K weight stays on k_mmv2/k_mmv3 under the default: its
- * scales and d lie apart from the codes (the split layout), so 8 outputs'
+/* MUSER_CUDA_MMV6: 1 (default) the default variant takes k_mmv6 at 1 row
+ * for the K-quants from 16 blocks (n_in 4096) to MMV6_MAX_NB, 4 outputs a
+ * unit where a Q4_K weight of 24 blocks or more is in the set, else 2
+ * (test_cuda_backend --bench-mmv, H100: the ffn gate+up set 54.86 us
+ * against 57.43 on k_mmv4, q/k/v/gate 16.08 against 17.37, ffn_down Q4_K
+ * 30.02 against 31.69 at 4; attn_output 9.88 against 10.15, the output
+ * (Q5_K) 43.44 against 48.36, ffn_down Q6_K 41.16 against 41.73 at 2);
+ * below 16 blocks (glimmer-tiny: 2 to 4) k_mmv4, whose grids are not
+ * persistent (the tiny model decoded 19 % slower on k_mmv6 at 4, about
+ * as fast at 2); 0: k_mmv4 as before (docs/cuda.md "Fast paths"). */
+static int mmv6_on = -1;
+
+/* One row through k_mmv6 (u = 2 or 4 outputs a unit, pf = 1 or 2 units'
+ * weights in flight; variants 17..20 force it): a persistent grid, as many
+ * CTAs as stay resident. */
+extern "C" int mucu_mmv6_grid = 0;
+
+static bool launch_mmv6(const mucu_weight *const *w, int n, float *const *y, q8split xq, int nb, int u, int pf,
+                        char *err) {
+    int tm = 0;
+    for (int i = 0; i < n; i++) tm |= w[i]->type == T_Q4_K ? 1 : w[i]->type == T_Q5_K ? 2 : 4;
+    if (tm != 1 && tm != 2 && tm != 4 && tm != 5) tm = 7;
+    const mmv_set set = mmv_set_of(w, n, y, u);
+    const int threads = 32 * ((nb + 7) / 8);
+    const size_t sm = (size_t)2 * u * nb * 4;
+    const void *fn = NULL;
+#define MMV6_FN(UU, PP)                                                                                             \
+    do {                                                                                                            \
+        if (tm == 1) fn = (const void *)k_mmv6_set<UU, 1, PP>;                                                      \
+        else if (tm == 2) fn = (const void *)k_mmv6_set<UU, 2, PP>;                                                 \
+        else if (tm == 4) fn = (const void *)k_mmv6_set<UU, 4, PP>;                                                 \
+        else if (tm == 5) fn = (const void *)k_mmv6_set<UU, 5, PP>;                                                 \
+        else fn = (const void *)k_mmv6_set<UU, 7, PP>;                                                              \
+    } while (0)
+    if (u == 4) { if (pf == 2) MMV6_FN(4, 2); else MMV6_FN(4, 1); }
+    else { if (pf == 2) MMV6_FN(2, 2); else MMV6_FN(2, 1); }
+#undef MMV6_FN
+    /* CTAs that stay resident, per instance and CTA size (the largest nb's shared memory) */
+    static struct { const void *fn; int threads, per_sm; } occ[32];
+    static int n_occ, sms;
+    int per_sm = 0;
+    for (int k = 0; k < n_occ; k++)
+        if (occ[k].fn == fn && occ[k].threads == threads) per_sm = occ[k].per_sm;
+    if (!per_sm) {
+        int dev = 0;
+        if (!cu_ok(cudaGetDevice(&dev), "cudaGetDevice", "k_mmv6_set", err) ||
+            !cu_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute",
+                   "k_mmv6_set", err) ||
+            !cu_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, (size_t)2 * u * MMV6_MAX_NB * 4),
+                   "cudaOccupancyMaxActiveBlocksPerMultiprocessor", "k_mmv6_set", err))
+            return false;
+        if (per_sm < 1) per_sm = 1;
+        if (n_occ < 32) occ[n_occ++] = {fn, threads, per_sm};
+    }
+    const int64_t units = set.first[n];
+    int64_t cap = (int64_t)sms * per_sm;
+    if (mucu_mmv6_grid > 0) cap = mucu_mmv6_grid;
+    const unsigned grid = (unsigned)(units < cap ? units : cap);
+    void *args[] = {(void *)&set, (void *)&nb, (void *)&xq};
+    return cu_ok(cudaLaunchKernel(fn, dim3(grid), dim3(threads), args, sm, g_s), "cudaLaunchKernel", "k_mmv6_set",
+                 err) &&
+           launched(prof_on && n == 1 ? mmv_name(w[0]) : "k_mmv6_set", err);
+}
+
+/* One row through k_mmv6 (mmv6_on, variants 17..20) or k_mmv4 (variant 3
+ * and 11..16): n weights of the fast types sharing the activations; *taken
+ * false when the variant does not take it. A lone Q6_K weight that k_mmv6
+ * does not take stays on k_mmv2/k_mmv3 under the default: its scales and d
+ * lie apart from the codes (the split layout), so k_mmv4's 8 outputs'
  * blocks at once touch 8 more lines each (ffn_down Q6_K: 51.3 us against
  * 35.3 on k_mmv3). */
 static bool launch_mmv4(const mucu_weight *const *w, int n, float *const *y, q8split xq, int nr, bool *taken,
                         char *err) {
     *taken = false;
     const bool fp4 = is_fp4((int)w[0]->type); /* NVFP4 takes k_mmv4 at 1 row under every variant */
-    if (nr != 1 || !(fp4 || mmv_variant == 3 || (mmv_variant >= 11 && mmv_variant <= 16)) || n > MMV_SET_MAX) return true;
+    if (nr != 1 || !(fp4 || mmv_variant == 3 || (mmv_variant >= 11 && mmv_variant <= 20)) || n > MMV_SET_MAX) return true;
+    const int nb = (int)(w[0]->n_in / 256);
+    if (!fp4 && nb <= MMV6_MAX_NB && mmv_variant >= 17 && mmv_variant <= 20) {
+        *taken = true;
+        return launch_mmv6(w, n, y, xq, nb, mmv_variant % 2 ? 2 : 4, mmv_variant >= 19 ? 2 : 1, err);
+    }
+    env_setting(&mmv6_on, "MUSER_CUDA_MMV6", 1);
+    if (!fp4 && mmv_variant == 3 && mmv6_on && nb >= 16 && nb <= MMV6_MAX_NB) {
+        bool q4 = false;
+        for (int i = 0; i < n; i++) q4 = q4 || w[i]->type == T_Q4_K;
+        *taken = true;
+        return launch_mmv6(w, n, y, xq, nb, q4 && nb >= 24 ? 4 : 2, 1, err);
+    }
     if (mmv_variant == 3 && n == 1 && w[0]->type == T_Q6_K) return true;
     const mmv_set set = mmv_set_of(w, n, y, 8);
-    const int nb = (int)(w[0]->n_in / 256);
     const bool v11 = mmv_variant >= 11 && mmv_variant <= 16;
     int wpr = v11 ? 1 << ((mmv_variant - 11) % 3) : mmv4_pick(nb, set.first[n]);
     if ((size_t)(4 / wpr) * 8 * nb * 4 > 48 * 1024) wpr = 1;
