@@ -2186,7 +2186,10 @@ __device__ static inline void x_pieces(const int8_t *p, uint4 &al, uint4 &ah, ui
 /* A K-quant block's share of one lane of its 4-lane group (load_wq2's
  * pieces) decoded once, whatever the activations it meets: the 16 code
  * words as values (Q5_K with their fifth bit, Q6_K less 32), the 4
- * sub-block scales and (Q4_K / Q5_K) mins it needs, and d / dmin. */
+ * sub-block scales and (Q4_K / Q5_K) mins it needs, and d / dmin. Used by
+ * k_mmv6. block_f2 below still spells the same arithmetic out: rebuilt on
+ * these helpers it compiled to other register counts for k_mmv2/3/4
+ * (k_mmv4_set<2, 2>: 79 against 72), a change not yet timed on a GPU. */
 struct kq_lane {
     uint4 alo, ahi, blo, bhi;
     int32_t s0, s1, s2, s3; /* the scales of alo, ahi, blo, bhi */
