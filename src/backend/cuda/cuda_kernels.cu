@@ -2683,7 +2683,9 @@ __global__ static void __launch_bounds__(128) k_mmv4_set(mmv_set set, int nb, q8
  * Q4_K, 2 Q5_K, 4 Q6_K, 5 Q4_K and Q6_K, 7 any), so each instance holds
  * only the registers its types need. AL 0: the Q4_K / Q5_K pieces stay
  * (a Q6_K weight among them loads its own, as block_f2 does); AL 1
- * (every weight Q6_K): the Q6_K pieces stay. */
+ * (every weight Q6_K): the Q6_K pieces stay. P: units whose weights sit
+ * in registers at once (2: the next unit's loads issued before this
+ * unit's arithmetic; measured slower, the registers cost occupancy). */
 enum { MMV6_MAX_NB = 80 }; /* 10 warps: ffn_down's 78 blocks */
 template <int TYPE, int U>
 __device__ static inline void mmv6_load(const mmv_set &set, int i, int64_t o0, int nb, int j, int t, wq2 *sh) {
