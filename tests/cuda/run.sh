@@ -110,7 +110,7 @@ done
 # launches the ops before directly)
 "$M" synth --preset tiny --type q4_k_xl --seed 7 -o "$T/m.gguf" --no-progress >/dev/null 2>&1
 "$M" run -m "$T/m.gguf" --backend ref --tokens $TOK -n 40 --temp 0 --dump-logits "$T/ref.bin" >/dev/null 2>&1
-for env in MUSER_CUDA_GRAPH=1 MUSER_CUDA_ONE_UPLOAD=0 MUSER_CUDA_ONE_UPLOAD=1 MUSER_CUDA_GRAPH=0 MUSER_CUDA_PDL=0 MUSER_CUDA_PDL=2 MUSER_CUDA_MMV=7 MUSER_CUDA_MMV=17 MUSER_CUDA_MMV=18 MUSER_CUDA_MMT=1 MUSER_CUDA_GRAPH_BAIL_AT=0 MUSER_CUDA_GRAPH_BAIL_AT=5 MUSER_CUDA_GRAPH_BAIL_AT=300; do
+for env in MUSER_CUDA_GRAPH=1 MUSER_CUDA_ONE_UPLOAD=0 MUSER_CUDA_ONE_UPLOAD=1 MUSER_CUDA_GRAPH=0 MUSER_CUDA_PDL=0 MUSER_CUDA_PDL=2 MUSER_CUDA_PDL_BIG=64 MUSER_CUDA_MMV=7 MUSER_CUDA_MMV=17 MUSER_CUDA_MMV=18 MUSER_CUDA_MMT=1 MUSER_CUDA_GRAPH_BAIL_AT=0 MUSER_CUDA_GRAPH_BAIL_AT=5 MUSER_CUDA_GRAPH_BAIL_AT=300; do
     if env $env MUSER_CUDA_GRAPH_STATS=1 "$M" run -m "$T/m.gguf" --backend cuda --tokens $TOK -n 40 --temp 0 \
         --dump-logits "$T/cu.bin" >/dev/null 2>"$T/err" && cmp -s "$T/ref.bin" "$T/cu.bin"; then
         say "PASS q4_k_xl with $env: logits identical ($(grep -o '[0-9]* captured.*' "$T/err"))"

@@ -47,6 +47,20 @@ __device__ static inline const int8_t *attn_row_resolve(mucu_attn_row &a, const 
 }
 __device__ static inline float bits_f32(uint32_t u) { return __uint_as_float(u); }
 
+/* The device's multiprocessors (asked once; an H100's 132 if the runtime
+ * cannot say): the persistent and split grids are sized by it. */
+static inline int sm_count(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
+            n = v;
+        else n = 132;
+    }
+    return n;
+}
+
 /* Programmatic dependent launch (docs/cuda.md "Graphs"). In a replayed
  * decode graph every kernel that follows a kernel may be started as soon as
  * all blocks of its predecessor have started, so its blocks are resident

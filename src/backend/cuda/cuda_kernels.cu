@@ -2964,9 +2964,8 @@ extern "C" bool mucu_bench_chain(const size_t *bytes, int n_read, int reps, doub
     off[n_read + 1] = off[n_read];
     const size_t total = (size_t)off[n_read];
     const int nr = reps < 1 ? 1 : reps > 63 ? 63 : reps; /* timed runs of each variant */
-    int dev = 0, sms = 0, occ_r = 0, occ_p = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const int sms = sm_count();
+    int occ_r = 0, occ_p = 0;
     if (!cu_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_r, k_chain_read<false>, 512, 0), "occupancy",
                "k_chain_read", err) ||
         !cu_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_p, k_chain_persist<true>, 512, 0), "occupancy",
@@ -4394,11 +4393,11 @@ static int mmv6_on = -1;
  * take 16 each). Which CTA computes an output changes nothing in its bits. */
 static int mmv6_even = -1;
 
+extern "C" int mucu_mmv6_grid = 0;
+
 /* One row through k_mmv6 (u = 2 or 4 outputs a unit, pf = 1 or 2 units'
  * weights in flight; variants 17..20 force it): a persistent grid, as many
  * CTAs as stay resident. */
-extern "C" int mucu_mmv6_grid = 0;
-
 static bool launch_mmv6(const mucu_weight *const *w, int n, float *const *y, q8split xq, int nb, int u, int pf,
                         char *err) {
     int tm = 0;
@@ -4421,23 +4420,19 @@ static bool launch_mmv6(const mucu_weight *const *w, int n, float *const *y, q8s
 #undef MMV6_FN
     /* CTAs that stay resident, per instance and CTA size (the largest nb's shared memory) */
     static struct { const void *fn; int threads, per_sm; } occ[32];
-    static int n_occ, sms;
+    static int n_occ;
     int per_sm = 0;
     for (int k = 0; k < n_occ; k++)
         if (occ[k].fn == fn && occ[k].threads == threads) per_sm = occ[k].per_sm;
     if (!per_sm) {
-        int dev = 0;
-        if (!cu_ok(cudaGetDevice(&dev), "cudaGetDevice", "k_mmv6_set", err) ||
-            !cu_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute",
-                   "k_mmv6_set", err) ||
-            !cu_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, (size_t)2 * u * MMV6_MAX_NB * 4),
+        if (!cu_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, (size_t)2 * u * MMV6_MAX_NB * 4),
                    "cudaOccupancyMaxActiveBlocksPerMultiprocessor", "k_mmv6_set", err))
             return false;
         if (per_sm < 1) per_sm = 1;
         if (n_occ < 32) occ[n_occ++] = {fn, threads, per_sm};
     }
     const int64_t units = set.first[n];
-    int64_t cap = (int64_t)sms * per_sm;
+    int64_t cap = (int64_t)sm_count() * per_sm;
     if (mucu_mmv6_grid > 0) cap = mucu_mmv6_grid;
     env_setting(&mmv6_even, "MUSER_CUDA_MMV6_EVEN", 0);
     if (mmv6_even && units > cap) { /* as few CTAs as take the same number of rounds */

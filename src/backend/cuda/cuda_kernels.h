@@ -187,10 +187,10 @@ extern int mucu_fp4_gemm_rows;
  * 2 k_mmv_lpb (tests and benchmarks compare them; MUSER_CUDA_MMV sets it). */
 void mucu_set_mmv_variant(int v);
 /* k_mmv3 (variant 7): warps per output (1, 2, 4) and steps in flight (1, 2); 0: by shape */
+void mucu_set_mmv3(int wpr, int u);
 /* Tests only: > 0 caps k_mmv6's persistent grid at that many CTAs, so small
  * weights take several units a CTA (its double-buffered loop); 0: as resident. */
 extern int mucu_mmv6_grid;
-void mucu_set_mmv3(int wpr, int u);
 /* Benchmarks only (inexact on purpose): k_mmv2's Q4_K weight loads with no
  * arithmetic (u steps in flight); a plain read of bytes at p. */
 bool mucu_bench_loads(const mucu_weight *w, int u, float *y, char *err);

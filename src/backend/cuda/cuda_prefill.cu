@@ -372,17 +372,6 @@ struct g2_plan {
 };
 
 static int gemm_split_v = -1;
-static int sm_count(void) {
-    static int n = 0;
-    if (!n) {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
-            n = v;
-        else n = 132;
-    }
-    return n;
-}
 
 static g2_plan g2_plan_of(int64_t rows, int64_t n_out, int nb) {
     g2_plan p;
