@@ -4386,12 +4386,6 @@ static int mmv4_pick(int nb, int64_t slots) {
  * persistent (the tiny model decoded 19 % slower on k_mmv6 at 4, about
  * as fast at 2); 0: k_mmv4 as before (docs/cuda.md "Fast paths"). */
 static int mmv6_on = -1;
-/* MUSER_CUDA_MMV6_EVEN=1 (not yet timed): the persistent grid cut to
- * ceil(units / rounds) CTAs, so that every CTA takes the same number of
- * units and the last round is as full as the others (the ffn gate+up set:
- * 9,984 units on 660 resident CTAs leave 84 for a 16th round; 624 CTAs
- * take 16 each). Which CTA computes an output changes nothing in its bits. */
-static int mmv6_even = -1;
 
 extern "C" int mucu_mmv6_grid = 0;
 
@@ -4434,11 +4428,6 @@ static bool launch_mmv6(const mucu_weight *const *w, int n, float *const *y, q8s
     const int64_t units = set.first[n];
     int64_t cap = (int64_t)sm_count() * per_sm;
     if (mucu_mmv6_grid > 0) cap = mucu_mmv6_grid;
-    env_setting(&mmv6_even, "MUSER_CUDA_MMV6_EVEN", 0);
-    if (mmv6_even && units > cap) { /* as few CTAs as take the same number of rounds */
-        const int64_t rounds = (units + cap - 1) / cap;
-        cap = (units + rounds - 1) / rounds;
-    }
     const unsigned grid = (unsigned)(units < cap ? units : cap);
     void *args[] = {(void *)&set, (void *)&nb, (void *)&xq};
     return cu_ok(cudaLaunchKernel(fn, dim3(grid), dim3(threads), args, sm, g_s), "cudaLaunchKernel", "k_mmv6_set",
