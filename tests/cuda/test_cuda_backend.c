@@ -1215,7 +1215,7 @@ static void test_dense_attention(void) {
 
 /* The fused ops against the ops they stand for, and the matrix product
  * that reads their Q8_K quantization right after them (prequantized). */
-static void test_fused(void) {
+static void test_fused_one(void) {
     static const wspec q4 = {"Q4_K", MU_TYPE_Q4_K, false, false}, q6 = {"Q6_K", MU_TYPE_Q6_K, false, false};
     /* 1001: rows that start off 16-byte alignment; 8448 and 12032: two blocks a warp */
     const int64_t ns[] = {6656, 1024, 12288, 1000, 768, 512, 1001, 8448, 12032}, rows = 3;
@@ -1393,6 +1393,17 @@ static void test_fused(void) {
             cu->free(cu, dv, 0), free(v), cu->free(cu, dq2, 0), cu->free(cu, dk2, 0);
             cu->free(cu, dq, 0), cu->free(cu, dk, 0), cu->free(cu, dcs, 0), free(q), free(k), free(cs), free(k0);
         }
+}
+
+/* test_fused_one with the residual step's row in both shared-memory
+ * layouts (mucu_res_t: natural, transposed). */
+static void test_fused(void) {
+    const int saved = mucu_res_t;
+    for (int tr = 0; tr < 2; tr++) {
+        mucu_res_t = tr;
+        test_fused_one();
+    }
+    mucu_res_t = saved;
 }
 
 static void test_store_heads_and_memory(void) {

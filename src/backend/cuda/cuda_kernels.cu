@@ -3864,6 +3864,48 @@ __device__ static inline float cta_inv_rms(const float *xs, int64_t n, float eps
 /* Shared memory of a CTA that holds one row for cta_inv_rms. */
 static size_t cta_row_bytes(int64_t n) { return (size_t)((n + 255) / 256 * 256) * sizeof(float); }
 
+/* The residual step's row in shared memory, transposed for the 32-lane sum
+ * (MUSER_CUDA_RES_T): value i sits in 128-value row i >> 7, 16-byte chunk
+ * tr_chunk(i & 31), word (i >> 5) & 3, so lane l of the summing warp reads
+ * its values l + 32k four at a time (k ascending in each float4) with one
+ * 16-byte load where the natural layout takes four 4-byte ones. The chunk
+ * is rotated by (c >> 3) within its group of 8 so that neither the
+ * writers (a lane's values 4l..4l+3 of a half block) nor the reader (a
+ * chunk a lane) meet bank conflicts. */
+__device__ static inline int tr_chunk(int c) { return (c & ~7) | ((c + (c >> 3)) & 7); }
+__device__ static inline int tr_pos(int i) { return (i & ~127) + 4 * tr_chunk(i & 31) + ((i >> 5) & 3); }
+
+/* cta_inv_rms over the transposed row: the same FMAs in the same order
+ * (lane l: values l + 32k, k ascending; the row zero-padded to whole
+ * blocks), each block's 8 values of a lane from two 16-byte loads, the
+ * loads two blocks ahead of their FMAs (three buffers, as cta_inv_rms). */
+__device__ static inline float cta_inv_rms_t(const float *xs, int64_t n, float eps, float *inv_s) {
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x, G = (int)((n + 255) / 256);
+        const float4 *q = (const float4 *)xs + tr_chunk(lane); /* + 32 per 128-value row */
+        float4 a[3][2];
+        float p = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+            if (k < G) a[k][0] = q[64 * k], a[k][1] = q[64 * k + 32];
+#pragma unroll 1
+        for (int g = 0; g < G; g += 3) {
+#pragma unroll
+            for (int k = 0; k < 3; k++) {
+                if (g + k >= G) break;
+                if (g + k + 2 < G) a[(k + 2) % 3][0] = q[64 * (g + k + 2)], a[(k + 2) % 3][1] = q[64 * (g + k + 2) + 32];
+                const float4 u = a[k][0], w = a[k][1];
+                p = fmaf(u.x, u.x, p), p = fmaf(u.y, u.y, p), p = fmaf(u.z, u.z, p), p = fmaf(u.w, u.w, p);
+                p = fmaf(w.x, w.x, p), p = fmaf(w.y, w.y, p), p = fmaf(w.z, w.z, p), p = fmaf(w.w, w.w, p);
+            }
+        }
+        const float mean = warp_fold_lane0(p) / (float)n;
+        if (lane == 0) *inv_s = 1.0f / sqrtf(mean + eps);
+    }
+    __syncthreads();
+    return *inv_s;
+}
+
 /* The row's values (in shared memory) quantized to Q8_K blocks, a warp
  * per block; row r's blocks are r * n/256 .. in the split layout. */
 __device__ static inline void cta_quantize_row(const float *vs, int64_t n, int64_t r, q8split o) {
@@ -3965,8 +4007,9 @@ __device__ static inline void res_weights(const float *w_o, const float *w_h, in
  * bytes: one SM sends the whole row to L2, so its stores must fill whole
  * sectors. Shared memory holds the row for the two 32-lane sums
  * (cta_inv_rms), zero-padded to whole blocks. */
-template <bool QUANT, int RB>
-__global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
+enum { RES_T_WARPS = 26 }; /* the transposed layout's CTAs: at most 26 warps (78 registers a thread) */
+template <bool QUANT, int RB, bool TR = false>
+__global__ static void __launch_bounds__(TR ? 32 * RES_T_WARPS : RB >= 4 ? 512 : 1024)
     k_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h, float eps_h,
                int64_t n, q8split q8, float *cap, int64_t cap_stride) {
     float wo[RB][8], wh[RB][8], xv[RB][8];
@@ -3986,12 +4029,18 @@ __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
             float ov[8];
             ld8h(orow, b, lane, n, ov);
             ld8h(xr, b, lane, n, xv[k]);
-            *(float4 *)(xs + hx(b, lane, 0)) = make_float4(ov[0], ov[1], ov[2], ov[3]);
-            *(float4 *)(xs + hx(b, lane, 4)) = make_float4(ov[4], ov[5], ov[6], ov[7]);
+            if (TR) {
+#pragma unroll
+                for (int t = 0; t < 8; t++) xs[tr_pos((int)hx(b, lane, t))] = ov[t];
+            } else {
+                *(float4 *)(xs + hx(b, lane, 0)) = make_float4(ov[0], ov[1], ov[2], ov[3]);
+                *(float4 *)(xs + hx(b, lane, 4)) = make_float4(ov[4], ov[5], ov[6], ov[7]);
+            }
         }
     }
     __syncthreads();
-    const float inv_o = w_o ? cta_inv_rms(xs, n, eps_o, &inv_s[0]) : 1.0f; /* w_o: uniform over the CTA */
+    const float inv_o = !w_o ? 1.0f /* w_o: uniform over the CTA */
+                        : TR ? cta_inv_rms_t(xs, n, eps_o, &inv_s[0]) : cta_inv_rms(xs, n, eps_o, &inv_s[0]);
     /* each thread reads and rewrites only its own elements of xs (warp 0's
      * reads ended at cta_inv_rms's barrier) */
 #pragma unroll
@@ -4000,20 +4049,31 @@ __global__ static void __launch_bounds__(RB >= 4 ? 512 : 1024)
         if (b < nb) {
             /* 16-byte accesses, as the row was stored (8 scalar ones at an
              * 8-value stride were 8-way bank conflicts each) */
-            const float4 a = *(const float4 *)(xs + hx(b, lane, 0)), c = *(const float4 *)(xs + hx(b, lane, 4));
-            const float ov[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+            float ov[8];
+            if (TR) {
+#pragma unroll
+                for (int t = 0; t < 8; t++) ov[t] = xs[tr_pos((int)hx(b, lane, t))];
+            } else {
+                const float4 a = *(const float4 *)(xs + hx(b, lane, 0)), c = *(const float4 *)(xs + hx(b, lane, 4));
+                ov[0] = a.x, ov[1] = a.y, ov[2] = a.z, ov[3] = a.w, ov[4] = c.x, ov[5] = c.y, ov[6] = c.z, ov[7] = c.w;
+            }
 #pragma unroll
             for (int t = 0; t < 8; t++)
                 xv[k][t] = hx(b, lane, t) < n ? xv[k][t] + (w_o ? (ov[t] * inv_o) * wo[k][t] : ov[t]) : 0.0f;
-            *(float4 *)(xs + hx(b, lane, 0)) = make_float4(xv[k][0], xv[k][1], xv[k][2], xv[k][3]);
-            *(float4 *)(xs + hx(b, lane, 4)) = make_float4(xv[k][4], xv[k][5], xv[k][6], xv[k][7]);
+            if (TR) {
+#pragma unroll
+                for (int t = 0; t < 8; t++) xs[tr_pos((int)hx(b, lane, t))] = xv[k][t];
+            } else {
+                *(float4 *)(xs + hx(b, lane, 0)) = make_float4(xv[k][0], xv[k][1], xv[k][2], xv[k][3]);
+                *(float4 *)(xs + hx(b, lane, 4)) = make_float4(xv[k][4], xv[k][5], xv[k][6], xv[k][7]);
+            }
             st8h(xr, b, lane, n, xv[k]);
             if (cap) st8h(cap + r * cap_stride, b, lane, n, xv[k]);
         }
     }
     if (!h) return;
     __syncthreads();
-    const float inv_h = cta_inv_rms(xs, n, eps_h, &inv_s[1]);
+    const float inv_h = TR ? cta_inv_rms_t(xs, n, eps_h, &inv_s[1]) : cta_inv_rms(xs, n, eps_h, &inv_s[1]);
     float *hr = h + r * n;
 #pragma unroll
     for (int k = 0; k < RB; k++) {
@@ -5028,6 +5088,7 @@ extern "C" bool mucu_embed_norm(const mucu_weight *w, const int32_t *tokens, con
 }
 
 extern "C" int mucu_res_warps = -1;
+extern "C" int mucu_res_t = -1;
 
 extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h,
                               float eps_h, int64_t n, int64_t rows, void *q8, float *cap, int64_t cap_stride,
@@ -5043,12 +5104,18 @@ extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float 
     const unsigned t = (unsigned)(32 * warps);
     const bool quant = h && q8 && n % 256 == 0;
     const q8split o8 = quant ? q8split_at(q8, n, rows) : q8split{};
+    /* the transposed row (cta_inv_rms_t): 2 (default) from 16 blocks, 1 any row of at most 26 warps, 0 never */
+    const int trs = env_setting(&mucu_res_t, "MUSER_CUDA_RES_T", 2);
+    const bool tr = trs == 1 || (trs == 2 && nb >= 16);
 #define RES(RBV)                                                                                                     \
     (quant ? k_residual<true, RBV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8, cap,      \
                                                                    cap_stride)                                       \
            : k_residual<false, RBV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8, cap,     \
                                                                     cap_stride))
-    if (rb <= 1) RES(1);
+    if (rb <= 1 && tr && warps <= RES_T_WARPS) {
+        if (quant) k_residual<true, 1, true><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8, cap, cap_stride);
+        else k_residual<false, 1, true><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8, cap, cap_stride);
+    } else if (rb <= 1) RES(1);
     else if (rb <= 2) RES(2);
     else RES(4);
 #undef RES

@@ -216,6 +216,11 @@ bool mucu_residual_ok(int64_t n);
  * blocks a warp; measurements); from MUSER_CUDA_RES_WARPS when first read,
  * -1 until then. */
 extern int mucu_res_warps;
+/* The residual step's row transposed in shared memory for its 32-lane sums
+ * (the same bits): 2 for rows of 16 to 26 blocks (the default), 1 for any
+ * row of at most 26 blocks, 0 never; from MUSER_CUDA_RES_T when first
+ * read, -1 until then. */
+extern int mucu_res_t;
 bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h, float eps_h,
                    int64_t n, int64_t rows, void *q8, float *cap, int64_t cap_stride, char *err);
 /* Per-head RMSNorm of q (nq heads) and k (nk heads) with the weights wq, wk
