@@ -4006,7 +4006,8 @@ __device__ static inline void res_weights(const float *w_o, const float *w_h, in
  * reads registers and every 16-byte access of a warp covers 512 contiguous
  * bytes: one SM sends the whole row to L2, so its stores must fill whole
  * sectors. Shared memory holds the row for the two 32-lane sums
- * (cta_inv_rms), zero-padded to whole blocks. */
+ * (cta_inv_rms), zero-padded to whole blocks; with TR transposed
+ * (tr_pos, cta_inv_rms_t). */
 enum { RES_T_WARPS = 26 }; /* the transposed layout's CTAs: at most 26 warps (78 registers a thread) */
 template <bool QUANT, int RB, bool TR = false>
 __global__ static void __launch_bounds__(TR ? 32 * RES_T_WARPS : RB >= 4 ? 512 : 1024)
@@ -4048,7 +4049,8 @@ __global__ static void __launch_bounds__(TR ? 32 * RES_T_WARPS : RB >= 4 ? 512 :
         const int64_t b = wid + (int64_t)nw * k;
         if (b < nb) {
             /* 16-byte accesses, as the row was stored (8 scalar ones at an
-             * 8-value stride were 8-way bank conflicts each) */
+             * 8-value stride were 8-way bank conflicts each; TR's scalar
+             * ones meet none, tr_chunk) */
             float ov[8];
             if (TR) {
 #pragma unroll
@@ -5107,17 +5109,15 @@ extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float 
     /* the transposed row (cta_inv_rms_t): 2 (default) from 16 blocks, 1 any row of at most 26 warps, 0 never */
     const int trs = env_setting(&mucu_res_t, "MUSER_CUDA_RES_T", 2);
     const bool tr = trs == 1 || (trs == 2 && nb >= 16);
-#define RES(RBV)                                                                                                     \
-    (quant ? k_residual<true, RBV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8, cap,      \
-                                                                   cap_stride)                                       \
-           : k_residual<false, RBV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8, cap,     \
-                                                                    cap_stride))
-    if (rb <= 1 && tr && warps <= RES_T_WARPS) {
-        if (quant) k_residual<true, 1, true><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8, cap, cap_stride);
-        else k_residual<false, 1, true><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8, cap, cap_stride);
-    } else if (rb <= 1) RES(1);
-    else if (rb <= 2) RES(2);
-    else RES(4);
+#define RES(RBV, TRV)                                                                                                \
+    (quant ? k_residual<true, RBV, TRV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8, cap, \
+                                                                        cap_stride)                                  \
+           : k_residual<false, RBV, TRV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8,     \
+                                                                         cap, cap_stride))
+    if (rb <= 1 && tr && warps <= RES_T_WARPS) RES(1, true);
+    else if (rb <= 1) RES(1, false);
+    else if (rb <= 2) RES(2, false);
+    else RES(4, false);
 #undef RES
     return launched(quant ? "k_residual+q8" : "k_residual", err);
 }
