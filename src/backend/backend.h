@@ -324,6 +324,12 @@ struct mu_backend {
      * at load (gguf_make_resident), before any repack? */
     bool (*wants_resident)(mu_backend *b);
     void (*repack)(mu_backend *b, mu_weight *w, uint8_t *data);
+    /* Optional (NULL: none), called at load after the weights for each
+     * vector of n floats the ops read as a weight (the norms): a device
+     * backend copies it now; otherwise its first use would upload it, a
+     * synchronous copy inside the first forward (CUDA: each one a gap of
+     * tens of microseconds in which the GPU waits, docs/cuda.md). */
+    void (*hold)(mu_backend *b, const float *v, int64_t n);
 };
 
 mu_backend *mu_backend_ref_create(int n_threads);

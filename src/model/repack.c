@@ -70,4 +70,14 @@ void mu_model_repack(mu_model *m, mu_backend *be) {
     ws[n++] = &m->output;
     mu_repack_weights(m->gguf, be, ws, n);
     free(ws);
+    if (!be->hold) return;
+    const int64_t E = m->cfg.n_embd, D = m->cfg.head_dim;
+    for (int il = 0; il < m->cfg.n_layer; il++) {
+        const mu_layer_weights *l = &m->layers[il];
+        const float *v[] = {l->attn_norm, l->post_attention_norm, l->ffn_norm, l->post_ffw_norm, l->attn_q_norm,
+                            l->attn_k_norm};
+        for (size_t k = 0; k < sizeof v / sizeof *v; k++)
+            if (v[k]) be->hold(be, v[k], k < 4 ? E : D);
+    }
+    if (m->output_norm) be->hold(be, m->output_norm, E);
 }

@@ -1319,6 +1319,11 @@ static bool cuda_wants_repack(mu_backend *b, const mu_weight *w) {
     return false;
 }
 
+/* Load time: each norm vector once too (backend.h: hold). */
+static void cuda_hold(mu_backend *b, const float *v, int64_t n) {
+    if (v && n > 0) (void)dev_bytes(b, v, (size_t)n * sizeof *v, "load: norm vector");
+}
+
 /* Never reached: cuda_wants_repack always answers false. */
 static void cuda_repack(mu_backend *b, mu_weight *w, uint8_t *data) { (void)b, (void)w, (void)data; }
 
@@ -1449,6 +1454,7 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->forward_end = cuda_forward_end;
     b->wants_repack = cuda_wants_repack;
     b->repack = cuda_repack; /* mu_repack_weights asks wants_repack only when both are set */
+    b->hold = cuda_hold;
     return b;
 }
 
