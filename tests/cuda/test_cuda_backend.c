@@ -2451,6 +2451,10 @@ int main(int argc, char **argv) {
         test_attn_decode();
         return finish("test_cuda_backend --attn");
     }
+    if (argc == 2 && !strcmp(argv[1], "--gemm")) { /* the many-row products alone */
+        test_gemm_tiles();
+        return finish("test_cuda_backend --gemm");
+    }
     if (argc == 2 && !strcmp(argv[1], "--mmv")) { /* the weight-streaming products alone */
         test_matmul_large();
         test_matmul_multi();
