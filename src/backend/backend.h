@@ -325,7 +325,8 @@ struct mu_backend {
     bool (*wants_resident)(mu_backend *b);
     void (*repack)(mu_backend *b, mu_weight *w, uint8_t *data);
     /* Optional (NULL: none), called at load after the weights for each
-     * vector of n floats the ops read as a weight (the norms): a device
+     * vector of n floats the ops read as a weight (the norms, never NULL;
+     * repack.h: mu_hold_vectors): a device
      * backend copies it now; otherwise its first use would upload it, a
      * synchronous copy inside the first forward (CUDA: each one a gap of
      * tens of microseconds in which the GPU waits, docs/cuda.md). */

@@ -56,6 +56,11 @@ void mu_repack_weights(gguf_file *f, mu_backend *be, mu_weight *const *ws, size_
     if (whole) set_protection(f->base, f->span, PROT_READ);
 }
 
+void mu_hold_vectors(mu_backend *be, const float *const *vs, size_t k, int64_t n) {
+    for (size_t i = 0; be->hold && i < k; i++)
+        if (vs[i]) be->hold(be, vs[i], n);
+}
+
 void mu_model_repack(mu_model *m, mu_backend *be) {
     const size_t per_layer = 8;
     mu_weight **ws = mu_xcalloc((size_t)m->cfg.n_layer * per_layer + 1, sizeof *ws);
@@ -70,14 +75,12 @@ void mu_model_repack(mu_model *m, mu_backend *be) {
     ws[n++] = &m->output;
     mu_repack_weights(m->gguf, be, ws, n);
     free(ws);
-    if (!be->hold) return;
-    const int64_t E = m->cfg.n_embd, D = m->cfg.head_dim;
     for (int il = 0; il < m->cfg.n_layer; il++) {
         const mu_layer_weights *l = &m->layers[il];
-        const float *v[] = {l->attn_norm, l->post_attention_norm, l->ffn_norm, l->post_ffw_norm, l->attn_q_norm,
-                            l->attn_k_norm};
-        for (size_t k = 0; k < sizeof v / sizeof *v; k++)
-            if (v[k]) be->hold(be, v[k], k < 4 ? E : D);
+        const float *e[] = {l->attn_norm, l->post_attention_norm, l->ffn_norm, l->post_ffw_norm};
+        const float *d[] = {l->attn_q_norm, l->attn_k_norm};
+        mu_hold_vectors(be, e, 4, m->cfg.n_embd);
+        mu_hold_vectors(be, d, 2, m->cfg.head_dim);
     }
-    if (m->output_norm) be->hold(be, m->output_norm, E);
+    mu_hold_vectors(be, (const float *[]){m->output_norm}, 1, m->cfg.n_embd);
 }

@@ -15,8 +15,12 @@
  * made read-only again. Weights outside a mapping (caller memory) and
  * backends without a repack are left as they are. */
 void mu_repack_weights(gguf_file *f, mu_backend *be, mu_weight *const *ws, size_t n);
+/* The vectors vs[0..k) of n floats each (norms; NULL ones skipped) to a
+ * backend that holds them (backend.h: hold; others: nothing). */
+void mu_hold_vectors(mu_backend *be, const float *const *vs, size_t k, int64_t n);
 /* Every matrix of m that goes through mu_backend.matmul (the embedding,
- * read one row at a time by the generic reader, stays). */
+ * read one row at a time by the generic reader, stays), then its norm
+ * vectors (mu_hold_vectors). */
 void mu_model_repack(mu_model *m, mu_backend *be);
 
 #endif

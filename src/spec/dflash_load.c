@@ -298,14 +298,10 @@ void mu_dflash_repack(mu_dflash *d, mu_backend *be) {
     }
     mu_repack_weights(d->gguf, be, ws, k);
     free(ws);
-    if (!be->hold) return; /* the norm vectors (backend.h: hold) */
-    const int64_t E = d->cfg.n_embd, D = d->cfg.head_dim;
-    for (int64_t il = 0; il < n; il++) {
+    for (int64_t il = 0; il < n; il++) { /* the norm vectors */
         const mu_dflash_layer *l = &d->layers[il];
-        const float *v[] = {l->attn_norm, l->ffn_norm, l->q_norm, l->k_norm};
-        for (size_t i = 0; i < 4; i++)
-            if (v[i]) be->hold(be, v[i], i < 2 ? E : D);
+        mu_hold_vectors(be, (const float *[]){l->attn_norm, l->ffn_norm}, 2, d->cfg.n_embd);
+        mu_hold_vectors(be, (const float *[]){l->q_norm, l->k_norm}, 2, d->cfg.head_dim);
     }
-    if (d->hidden_norm) be->hold(be, d->hidden_norm, E);
-    if (d->output_norm) be->hold(be, d->output_norm, E);
+    mu_hold_vectors(be, (const float *[]){d->hidden_norm, d->output_norm}, 2, d->cfg.n_embd);
 }

@@ -1321,7 +1321,7 @@ static bool cuda_wants_repack(mu_backend *b, const mu_weight *w) {
 
 /* Load time: each norm vector once too (backend.h: hold). */
 static void cuda_hold(mu_backend *b, const float *v, int64_t n) {
-    if (v && n > 0) (void)dev_bytes(b, v, (size_t)n * sizeof *v, "load: norm vector");
+    (void)dev_bytes(b, v, (size_t)n * sizeof *v, "load: norm vector");
 }
 
 /* Never reached: cuda_wants_repack always answers false. */
