@@ -801,14 +801,17 @@ static void check_attention(mu_attn_batch a, const mu_kv_layer **dk, const int *
     if (product) ref->matmul(ref, &w, og, y, a.rows);
     a.kv = dk;
     const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg, saved_kst = mucu_attn_dec_kst,
-              saved_cl = mucu_attn_dec_cl;
-    /* each variant plainly, with the settled keys' K staged early (kst), and with the calls that write partials on k_attn_dcl (cl) */
-    static const char *const mode[3] = {"", " kst", " cl"};
-    for (int vk = 0; vk < 3 * nv; vk++) {
+              saved_cl = mucu_attn_dec_cl, saved_fl = mucu_attn_dec_fl, saved_fl_rows = mucu_attn_dec_fl_rows;
+    /* each variant plainly, with the settled keys' K staged early (kst), with the calls that write partials on
+     * k_attn_dcl (cl), and on k_attn_dfl at any row count, with the settled keys staged early (fl) */
+    static const char *const mode[4] = {"", " kst", " cl", " fl"};
+    for (int vk = 0; vk < 4 * nv; vk++) {
         const int v = vk % nv, m = vk / nv;
         if (hgs[v] && (a.n_head / a.n_head_kv) % hgs[v]) continue;
-        if (m && kern[v] != 1 && kern[v] != 3) continue; /* kst and cl change only k_attn_dec's calls */
-        mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v], mucu_attn_dec_kst = m == 1, mucu_attn_dec_cl = m == 2;
+        if (m && kern[v] != 1 && kern[v] != 3) continue; /* kst, cl and fl change only k_attn_dec's calls */
+        if (m == 3 && hgs[v] > 1) continue;              /* k_attn_dfl takes every head of a KV head */
+        mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v], mucu_attn_dec_kst = m == 1 || m == 3,
+        mucu_attn_dec_cl = m == 2, mucu_attn_dec_fl = m == 3, mucu_attn_dec_fl_rows = 65535;
         const char *tag = mode[m];
         cu->zero(cu, dout, n * 4);
         cu->attention(cu, &a, dq, dout);
@@ -825,7 +828,8 @@ static void check_attention(mu_attn_batch a, const mu_kv_layer **dk, const int *
             check(what, y, dy, ny * 4);
         }
     }
-    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg, mucu_attn_dec_kst = saved_kst, mucu_attn_dec_cl = saved_cl;
+    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg, mucu_attn_dec_kst = saved_kst, mucu_attn_dec_cl = saved_cl,
+    mucu_attn_dec_fl = saved_fl, mucu_attn_dec_fl_rows = saved_fl_rows;
     cu->free(cu, dq, 0), cu->free(cu, dg, 0), cu->free(cu, dout, 0), cu->free(cu, dy, 0);
     free(q), free(o), free(g), free(og), free(y);
 }
@@ -2336,8 +2340,10 @@ static int bench_chain(int layers) {
  * 1 row under a 2,048-key window (a sliding layer), 1 row over 2k, 16k
  * and 64k keys of a plane (a NoPE layer at depth), 4 rows over 16k (4
  * sequences; here one plane) and 16 consecutive rows (a verification).
- * The kernels before k_attn_dec (MUSER_CUDA_ATTN=4) against the default
- * and k_attn_dec at each head-group size; outputs compared bit for bit. */
+ * Columns: the kernels before k_attn_dec (MUSER_CUDA_ATTN=4), the default,
+ * k_attn_dfl for every call that writes partials, at any row count (fl), the default without
+ * it (cl: k_attn_dcl from 64 blocks), k_attn_dec alone (dec: neither), and
+ * k_attn_dec with 16 and 2 heads a CTA. Outputs compared bit for bit. */
 static int bench_attn_dec(int reps) {
     char msg[MUCU_ERR_LEN];
     const int64_t H = 32, Hkv = 2, D = 128, cap = 65536;
@@ -2348,14 +2354,17 @@ static int bench_attn_dec(int reps) {
         {"full, 1 row, 16k keys", 1, 16384, 0},          {"full, 1 row, 64k keys", 1, 65536, 0},
         {"full, 4 rows, 16k keys", 4, 16384, 0},         {"full, 16 rows, 16k keys", 16, 16384, 0},
         {"sliding, 16 rows, window 2048", 16, 16384, 2048}};
-    const int kern[7] = {4, 1, 3, 3, 3, 3, 3}, hgs[7] = {0, 0, 16, 8, 4, 2, 1};
-    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg;
+    enum { NV = 7 };
+    const int kern[NV] = {4, 1, 1, 1, 1, 3, 3}, hgs[NV] = {0, 0, 0, 0, 0, 16, 2};
+    const int fls[NV] = {0, -1, 1, 0, 0, 0, 0}, cls[NV] = {0, -1, -1, -1, 0, 0, 0};
+    const int saved = mucu_attn_kernel_get(), saved_hg = mucu_attn_dec_hg, saved_fl = mucu_attn_dec_fl,
+              saved_cl = mucu_attn_dec_cl;
     int bad = 0;
     if (reps > 64) reps = 64;
     printf("decode attention benchmark: median of %d (after 2 warm-up), us per call (cudaEvents); 32/2 heads, D 128\n",
            reps);
-    printf("%-32s %10s %10s %8s %8s %8s %8s %8s  %s\n", "case", "before", "default", "hg16", "hg8", "hg4", "hg2",
-           "hg1", "");
+    printf("%-32s %10s %10s %8s %8s %8s %8s %8s  %s\n", "case", "before", "default", "fl", "cl", "dec", "hg16",
+           "hg2", "");
     for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
         const int64_t rows = cs[ci].rows;
         mucu_attn_row hd[16];
@@ -2372,10 +2381,11 @@ static int bench_attn_dec(int reps) {
         float *dq = dev_raw(hq, ob), *dout = dev_raw(NULL, ob);
         float *part = dev_raw(NULL, mucu_attn_part_bytes(rows, H, D, nbmax) + 16);
         uint8_t *o0 = mu_xmalloc(ob), *o1 = mu_xmalloc(ob);
-        double med[7];
+        double med[NV];
         bool same = true;
-        for (int v = 0; v < 7; v++) {
-            mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v];
+        for (int v = 0; v < NV; v++) {
+            mucu_attn_kernel = kern[v], mucu_attn_dec_hg = hgs[v], mucu_attn_dec_fl = fls[v], mucu_attn_dec_cl = cls[v];
+            mucu_attn_dec_fl_rows = fls[v] == 1 ? 65535 : -1;
             if (!time_attention(dd, rows, H, Hkv, D, dq, dout, part, nbmax, reps, &med[v])) return 1;
             med[v] *= 1e3;
             if (!mucu_memcpy(v ? o1 : o0, dout, ob, "bench download", msg)) {
@@ -2387,7 +2397,7 @@ static int bench_attn_dec(int reps) {
         bad += !same;
         /* the default's two passes alone (the partials of the last call stay in part) */
         double pass_us[2] = {0, 0};
-        mucu_attn_kernel = 1, mucu_attn_dec_hg = 0;
+        mucu_attn_kernel = 1, mucu_attn_dec_hg = 0, mucu_attn_dec_fl = -1, mucu_attn_dec_cl = -1;
         for (int ps = 1; ps <= 2 && nbmax > 1; ps++) {
             mucu_attn_bench_pass = ps;
             if (!time_attention(dd, rows, H, Hkv, D, dq, dout, part, nbmax, reps, &pass_us[ps - 1])) return 1;
@@ -2401,7 +2411,8 @@ static int bench_attn_dec(int reps) {
         free(hq), free(o0), free(o1);
     }
     mucu_free(dk, msg), mucu_free(dv, msg);
-    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg;
+    mucu_attn_kernel = saved, mucu_attn_dec_hg = saved_hg, mucu_attn_dec_fl = saved_fl, mucu_attn_dec_cl = saved_cl;
+    mucu_attn_dec_fl_rows = -1;
     printf("decode attention benchmark: %s\n", bad ? "OUTPUTS DIFFER between the kernels" : "all outputs identical");
     return bad ? 1 : 0;
 }

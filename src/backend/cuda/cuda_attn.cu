@@ -192,7 +192,7 @@ __device__ static inline float quad_dot(const float4 *qv, const float kf[8 * DC]
  * c*H .. c*H+H-1 of head h, contiguous ranges combined left to right (the
  * first of equal values wins, as in the reference's `s > m` scan). H
  * divides 32; every thread of the CTA calls it. */
-__device__ static inline void block_max_exp(float *S, int nk, int H, float *mw, float *m_s) {
+template <int NT = AD_NT> __device__ static inline void block_max_exp(float *S, int nk, int H, float *mw, float *m_s) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     {
         const int h = tid % H, c = tid / H;
@@ -208,11 +208,11 @@ __device__ static inline void block_max_exp(float *S, int nk, int H, float *mw, 
             const float o = __shfl_down_sync(FULL_MASK, m, off);
             if (o > m) m = o;
         }
-        if (lane < H) mw[warp * H + lane] = m; /* mw: [AD_NT / 32][H] */
+        if (lane < H) mw[warp * H + lane] = m; /* mw: [NT / 32][H] */
         __syncthreads();
         if (tid < H) {
             float mm = mw[tid];
-            for (int w = 1; w < AD_NT / 32; w++) {
+            for (int w = 1; w < NT / 32; w++) {
                 const float o = mw[w * H + tid];
                 if (o > mm) mm = o;
             }
@@ -220,7 +220,7 @@ __device__ static inline void block_max_exp(float *S, int nk, int H, float *mw, 
         }
         __syncthreads();
     }
-    for (int e = tid; e < nk * H; e += AD_NT) S[e] = d_expf(S[e] - m_s[e % H]);
+    for (int e = tid; e < nk * H; e += NT) S[e] = d_expf(S[e] - m_s[e % H]);
 }
 
 template <int DC, int HG, bool GATE>
@@ -600,6 +600,231 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
     cl_wait();
 }
 
+/* k_attn_dfl (MUSER_CUDA_ATTN_FL=N; calls that write per-block partials
+ * over N or more units, a unit being a (row, KV head, 256-key block)): one
+ * CTA of FL_NT threads per SM, walking the units u = blockIdx.x,
+ * blockIdx.x + gridDim.x, ...; each unit is k_attn_dec's work for all G
+ * query heads of its KV head (HG = G: the same scores, chains, fold,
+ * maximum, exp, sums in key order), so the outputs are the same bits.
+ * What differs is where the time goes (docs/cuda.md "Decode attention"):
+ *  - K and V reach shared memory only by cp.async, as they lie in the cache
+ *    (K's rows padded by 16 bytes), the first unit's settled keys (ad_begin's
+ *    rule) before the wait; a quad's thread jq picks dims jq and jq + 4 of
+ *    each 16-byte piece, which is quad_key's quarter, so quad_dot runs
+ *    unchanged (4x the shared loads of the quarter layout, spread over the
+ *    G heads that share each key);
+ *  - the next unit's K is asked for as soon as this unit's scores are done,
+ *    its V once this unit's weighted sums are: one unit's loads under the
+ *    other's arithmetic, where k_attn_dec and k_attn_dcl run a wave per
+ *    256-key block;
+ *  - 512 threads: 128 quads take two keys each, 256 threads the weighted
+ *    sums (HGT heads x DPT dims each), G more the l_b chains. */
+#define FL_NT 512
+
+template <int DC, int G> struct fl_cfg {
+    static constexpr int D = 32 * DC, CH = D / 8; /* 16-byte pieces of a row */
+    static constexpr int KRS = 2 * D + 16;        /* bytes per K row: the quads' 2 keys a phase in distinct banks */
+    static constexpr int QJS = 8 * DC + 4;        /* k_attn_dec's q layout (quad_dot) */
+    static constexpr int HGT = G < 4 ? G : 4, NHQ = G / HGT;
+    static constexpr int DPT0 = D * NHQ / (FL_NT / 2);
+    static constexpr int DPT = DPT0 < 1 ? 1 : DPT0 > 8 ? 8 : DPT0;
+    static constexpr int NDQ = D / DPT, NPV = NDQ * NHQ; /* PV threads (<= FL_NT / 2); l_b: FL_NT / 2 .. + G */
+    static constexpr int O_V = 256 * KRS, O_Q = O_V + 256 * D * 2, O_S = O_Q + G * 4 * QJS * 4;
+    static constexpr int TOTAL = O_S + 256 * G * 4;
+    static_assert(NPV <= FL_NT / 2 && G <= 16 && 32 % G == 0, "k_attn_dfl's thread plan");
+};
+
+/* Keys [k0, k1) of the unit's block: K (kv = 0) or V rows into shared memory by cp.async. */
+template <int DC, int G>
+__device__ static inline void fl_stage(uint8_t *dst, int rs, const uint16_t *src, const mucu_attn_row &a,
+                                       const int8_t *anc, int64_t start, int k0, int k1) {
+    constexpr int D = 32 * DC, CH = D / 8;
+    const int64_t phys0 = start % a.cap;
+    for (int i = k0 * CH + (int)threadIdx.x; i < k1 * CH; i += FL_NT) {
+        const int p = i / CH, c = i % CH;
+        cp16(dst + p * rs + c * 16, src + attn_key_row(a, anc, start, phys0, p) * D + c * 8, true);
+    }
+}
+
+/* The unit's row (resolved: after the wait), first key, keys. */
+struct fl_unit {
+    mucu_attn_row a;
+    const int8_t *anc;
+    int64_t r, kh, j, start;
+    int nk;
+};
+
+__device__ static inline bool fl_at(const mucu_attn_row *__restrict__ desc, int64_t u, int64_t nbmax, int64_t n_head_kv,
+                                    fl_unit &f) {
+    f.j = u % nbmax, f.kh = (u / nbmax) % n_head_kv, f.r = u / nbmax / n_head_kv;
+    f.a = desc[f.r];
+    f.anc = attn_row_resolve(f.a, desc, f.r);
+    f.start = f.a.first + 256 * f.j;
+    if (f.start > f.a.pos) return false;
+    f.nk = f.a.pos - f.start + 1 < 256 ? (int)(f.a.pos - f.start + 1) : 256;
+    return true;
+}
+
+/* The first live unit at or after u (stride gridDim.x), or units. */
+__device__ static inline int64_t fl_next(const mucu_attn_row *__restrict__ desc, int64_t u, int64_t units,
+                                         int64_t nbmax, int64_t n_head_kv, fl_unit &f) {
+    for (; u < units; u += gridDim.x)
+        if (fl_at(desc, u, nbmax, n_head_kv, f)) return u;
+    return units;
+}
+
+/* Before the wait: the first unit's settled keys (ad_begin's rule; a
+ * register row's keys are known only after it), K and V, as one cp.async
+ * group; how many. Then the wait. */
+template <int DC, int G>
+__device__ static inline int fl_begin(const mucu_attn_row *__restrict__ desc, int64_t rows, int64_t n_head_kv,
+                                      int64_t nbmax, int kst, uint8_t *ks, uint8_t *vsb) {
+    constexpr int D = 32 * DC;
+    int pre = 0;
+    if ((int64_t)blockIdx.x < rows * n_head_kv * nbmax) {
+        const int64_t u = blockIdx.x, j = u % nbmax, kh = (u / nbmax) % n_head_kv, r = u / nbmax / n_head_kv;
+        const mucu_attn_row a = desc[r];
+        const int64_t start = a.first + 256 * j;
+        if (kst && !a.treg && start <= a.pos) {
+            const int nk = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
+            int64_t last = a.pos - rows; /* the last settled key */
+            if (a.tbase <= last) last = a.tbase - 1;
+            const int64_t n = last - start + 1;
+            pre = n <= 0 ? 0 : n < nk ? (int)n : nk;
+            fl_stage<DC, G>(ks, fl_cfg<DC, G>::KRS, a.k + kh * a.cap * D, a, desc[r].anc, start, 0, pre);
+            fl_stage<DC, G>(vsb, 2 * D, a.v + kh * a.cap * D, a, desc[r].anc, start, 0, pre);
+        }
+    }
+    cp_commit();
+    grid_dep_wait();
+    return pre;
+}
+
+template <int DC, int G>
+__global__ static void __launch_bounds__(FL_NT, 1)
+    k_attn_dfl(const mucu_attn_row *__restrict__ desc, int64_t rows, int64_t n_head, int64_t n_head_kv, float scale,
+               const float *__restrict__ q, float *__restrict__ part, int64_t nbmax, int kst) {
+    typedef fl_cfg<DC, G> C;
+    constexpr int D = C::D, DPT = C::DPT, HGT = C::HGT;
+    extern __shared__ __align__(16) uint8_t sm[];
+    uint8_t *ks = sm, *vsb = sm + C::O_V;
+    const uint16_t *vs = (const uint16_t *)vsb;
+    float *qs = (float *)(sm + C::O_Q), *S = (float *)(sm + C::O_S);
+    __shared__ float mw[FL_NT / 32 * G], m_s[G];
+    const int tid = threadIdx.x;
+    const int64_t units = rows * n_head_kv * nbmax;
+    int pre = fl_begin<DC, G>(desc, rows, n_head_kv, nbmax, kst, ks, vsb);
+    fl_unit f, fn;
+    int64_t u = fl_next(desc, blockIdx.x, units, nbmax, n_head_kv, f);
+    if (u != (int64_t)blockIdx.x) { /* (a plain row's liveness is the same before the wait and after it) */
+        cp_wait<0>();
+        pre = 0;
+    }
+    bool first = true;
+    const int jq = tid & 3, qd = tid >> 2;
+    while (u < units) {
+        const int64_t h0 = f.kh * G;
+        const int nk = f.nk;
+        if (first) { /* the first unit's keys not staged before the wait */
+            fl_stage<DC, G>(ks, C::KRS, f.a.k + f.kh * f.a.cap * D, f.a, f.anc, f.start, pre, nk);
+            fl_stage<DC, G>(vsb, 2 * D, f.a.v + f.kh * f.a.cap * D, f.a, f.anc, f.start, pre, nk);
+            cp_commit();
+        }
+        { /* q of the G heads, by quarter (k_attn_dec's layout) */
+            const float *qr = q + (f.r * n_head + h0) * D;
+            for (int e = tid; e < G * D; e += FL_NT) {
+                const int g = e / D, d = e % D;
+                qs[(g * 4 + (d & 3)) * C::QJS + (d >> 2)] = qr[e];
+            }
+        }
+        if (first) cp_wait<0>();
+        else cp_wait<1>(); /* K is here; V may still be on its way */
+        __syncthreads();
+        /* scores: quad qd takes keys qd and qd + 128 (both always, so that
+         * the shuffles see every lane; a dead key stores nothing) */
+#pragma unroll 1
+        for (int p = qd; p < 256; p += FL_NT / 4) {
+            const bool live = p < nk;
+            float kf[8 * DC];
+            if (live) {
+                const uint8_t *kr = ks + p * C::KRS;
+                const uint32_t sel = jq & 1 ? 0x7632 : 0x5410;
+#pragma unroll
+                for (int k = 0; k < DC; k++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) { /* dims 32k + 8i + jq and + 4: chains m = 2i, 2i + 1 */
+                        const uint4 w = *(const uint4 *)(kr + (32 * k + 8 * i) * 2);
+                        const uint32_t two = __byte_perm(jq & 2 ? w.y : w.x, jq & 2 ? w.w : w.z, sel);
+                        kf[8 * k + 2 * i] = h2f((uint16_t)(two & 0xFFFF));
+                        kf[8 * k + 2 * i + 1] = h2f((uint16_t)(two >> 16));
+                    }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8 * DC; i++) kf[i] = 0.0f;
+            }
+#pragma unroll 2
+            for (int g = 0; g < G; g++) {
+                const float e = quad_dot<DC>((const float4 *)(qs + (g * 4 + jq) * C::QJS), kf);
+                if (live && jq == (g & 3)) S[p * G + g] = e * scale;
+            }
+        }
+        __syncthreads(); /* K's region is free */
+        const int64_t un = fl_next(desc, u + gridDim.x, units, nbmax, n_head_kv, fn);
+        if (un < units) fl_stage<DC, G>(ks, C::KRS, fn.a.k + fn.kh * fn.a.cap * D, fn.a, fn.anc, fn.start, 0, fn.nk);
+        cp_commit();
+        block_max_exp<FL_NT>(S, nk, G, mw, m_s);
+        cp_wait<1>(); /* this unit's V (the newest group is the next unit's K) */
+        __syncthreads();
+        if (tid < C::NPV) {
+            const int dq = tid % C::NDQ, hq = tid / C::NDQ;
+            float acc[HGT][DPT];
+#pragma unroll
+            for (int h = 0; h < HGT; h++)
+#pragma unroll
+                for (int d = 0; d < DPT; d++) acc[h][d] = 0.0f;
+            const uint16_t *vc = vs + dq * DPT;
+#pragma unroll 4
+            for (int p = 0; p < nk; p++) {
+                const float *ep = S + p * G + hq * HGT;
+                float e[HGT];
+                if constexpr (HGT == 4) {
+                    const float4 t = *(const float4 *)ep;
+                    e[0] = t.x, e[1] = t.y, e[2] = t.z, e[3] = t.w;
+                } else {
+#pragma unroll
+                    for (int h = 0; h < HGT; h++) e[h] = ep[h];
+                }
+                const uint4 raw = ld_halves_s<DPT>(vc + p * D);
+                float vf[DPT];
+#pragma unroll
+                for (int d = 0; d < DPT; d++) vf[d] = half_at(raw, d);
+#pragma unroll
+                for (int h = 0; h < HGT; h++)
+#pragma unroll
+                    for (int d = 0; d < DPT; d++) acc[h][d] = fmaf(e[h], vf[d], acc[h][d]);
+            }
+#pragma unroll
+            for (int h = 0; h < HGT; h++) {
+                float *pb = part + ((f.r * n_head + h0 + hq * HGT + h) * nbmax + f.j) * (D + 2) + 2 + dq * DPT;
+#pragma unroll
+                for (int d = 0; d < DPT; d++) pb[d] = acc[h][d];
+            }
+        } else if (tid >= FL_NT / 2 && tid < FL_NT / 2 + G) {
+            const int g = tid - FL_NT / 2;
+            float l = 0.0f;
+#pragma unroll 8
+            for (int p = 0; p < nk; p++) l = l + S[p * G + g];
+            float *pb = part + ((f.r * n_head + h0 + g) * nbmax + f.j) * (D + 2);
+            pb[0] = m_s[g], pb[1] = l;
+        }
+        __syncthreads(); /* V's region and S are free */
+        if (un < units) fl_stage<DC, G>(vsb, 2 * D, fn.a.v + fn.kh * fn.a.cap * D, fn.a, fn.anc, fn.start, 0, fn.nk);
+        cp_commit();
+        u = un, f = fn, first = false;
+    }
+    cp_wait<0>(); /* nothing in flight at exit */
+}
+
 /* The row's cache description (the step's uploaded arguments, which no
  * kernel writes) before the wait, then the wait. */
 template <int UNUSED>
@@ -695,6 +920,8 @@ extern "C" {
 int mucu_attn_dec_hg = -1;
 int mucu_attn_dec_kst = -1;
 int mucu_attn_dec_cl = -1;
+int mucu_attn_dec_fl = -1;
+int mucu_attn_dec_fl_rows = -1;
 int mucu_attn_bench_pass = 0;
 }
 
@@ -706,6 +933,13 @@ static int dec_hg_forced(void) { return env_setting(&mucu_attn_dec_hg, "MUSER_CU
  * "Decode attention", docs/benchmarks.md "The cluster kernel from 64
  * blocks"). */
 static int dec_cl(void) { return env_setting(&mucu_attn_dec_cl, "MUSER_CUDA_ATTN_CL", 64); }
+/* MUSER_CUDA_ATTN_FL=N: k_attn_dfl for the calls of at most MUSER_CUDA_ATTN_FL_ROWS rows that write
+ * partials over N or more units (row, KV head, 256-key block; 0: never). The defaults, 96 units and 1 row,
+ * take the full layers of one sequence from 12,288 keys on (96 units with 2 KV heads): there it beat both
+ * k_attn_dec and the cluster kernel, while with 4 or 16 rows k_attn_dec stayed ahead of it (docs/cuda.md
+ * "Decode attention", docs/benchmarks.md "Decode attention at depth, one CTA a SM"). */
+static int dec_fl(void) { return env_setting(&mucu_attn_dec_fl, "MUSER_CUDA_ATTN_FL", 96); }
+static int dec_fl_rows(void) { return env_setting(&mucu_attn_dec_fl_rows, "MUSER_CUDA_ATTN_FL_ROWS", 1); }
 /* The settled keys' K staged before the wait (ad_begin); MUSER_CUDA_ATTN_KST=0 turns it off. */
 static int dec_kst(void) { return env_setting(&mucu_attn_dec_kst, "MUSER_CUDA_ATTN_KST", 1); }
 
@@ -759,10 +993,37 @@ static void launch_dec_d(int hg, const mucu_attn_row *desc, int64_t rows, int64_
  * each CTA owns whole Q8_K blocks of the gated output. */
 #define AD_MIN_CTAS 120
 
+template <int DC, int G>
+static void launch_fl(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv, float scale,
+                      const float *q, float *part, int64_t nbmax, cudaStream_t st) {
+    static bool attr = false;
+    if (!attr && cudaFuncSetAttribute(k_attn_dfl<DC, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      fl_cfg<DC, G>::TOTAL) == cudaSuccess)
+        attr = true; /* (if not, the launch fails and the caller names it) */
+    const int64_t units = rows * n_head_kv * nbmax, n = units < sm_count() ? units : sm_count();
+    k_attn_dfl<DC, G><<<(unsigned)n, FL_NT, fl_cfg<DC, G>::TOTAL, st>>>(desc, rows, n_head, n_head_kv, scale, q, part,
+                                                                         nbmax, dec_kst());
+}
+
+template <int DC>
+static void launch_fl_g(int64_t G, const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
+                        float scale, const float *q, float *part, int64_t nbmax, cudaStream_t st) {
+    if (G == 16) launch_fl<DC, 16>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, st);
+    else if (G == 8) launch_fl<DC, 8>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, st);
+    else if (G == 4) launch_fl<DC, 4>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, st);
+    else launch_fl<DC, 2>(desc, rows, n_head, n_head_kv, scale, q, part, nbmax, st);
+}
+
 extern "C" bool mucu_attn_dec(const mucu_attn_row *desc, int64_t rows, int64_t n_head, int64_t n_head_kv,
                               int64_t head_dim, float scale, const float *q, float *part, int64_t nbmax,
                               float *final_out, const float *gate, void *q8, void *stream) {
     const int64_t G = n_head / n_head_kv, base = nbmax * n_head_kv * rows;
+    if (!final_out && dec_fl() > 0 && base >= dec_fl() && rows <= dec_fl_rows() && (head_dim == 64 || head_dim == 128) &&
+        (G == 2 || G == 4 || G == 8 || G == 16)) {
+        if (head_dim == 64) launch_fl_g<2>(G, desc, rows, n_head, n_head_kv, scale, q, part, nbmax, (cudaStream_t)stream);
+        else launch_fl_g<4>(G, desc, rows, n_head, n_head_kv, scale, q, part, nbmax, (cudaStream_t)stream);
+        return false;
+    }
     if (!final_out && dec_cl() > 0 && nbmax >= dec_cl() && G <= 16 && 16 % G == 0 && nbmax * CL_N <= 0x7FFFFFFF) {
         const dim3 grid((unsigned)(nbmax * CL_N), (unsigned)n_head_kv, (unsigned)rows);
         const cudaStream_t st = (cudaStream_t)stream;
