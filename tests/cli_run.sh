@@ -93,6 +93,14 @@ assert [x['sequences'] for x in p] == [1, 3] and all(x['tokens'] == 4 and x['tok
 assert p[0]['x_one_sequence'] == 1.0 and p[1]['x_one_sequence'] > 0, p"
 done
 expect_fail "--interleave needs --parallel" "$M" bench -m "$T/tiny.gguf" -p 0 -n 4 --parallel 4 --interleave
+# the sequences at a depth of synthetic K/V rows, in the table and the JSON
+check "$M" bench -m "$T/tiny.gguf" -p 0 -n 4 -r 1 --parallel 1,2 --parallel-depth 300 --no-membw -q --json "$T/pard.json" >"$T/pard.txt"
+check grep -q "^ *300  par2" "$T/pard.txt"
+check python3 -c "
+import json
+p = json.load(open('$T/pard.json'))['parallel']
+assert [(x['sequences'], x['depth']) for x in p] == [(1, 300), (2, 300)] and all(x['tok_s']['median'] > 0 for x in p), p"
+expect_fail "--parallel-depth needs --parallel" "$M" bench -m "$T/tiny.gguf" -p 0 -n 4 --parallel-depth 300
 # the depth target line: attention's added time against one read of the NoPE
 # planes (bytes from the geometry, at the --membw-gbs given)
 check "$M" bench -m "$T/tiny.gguf" -p 0 -n 4 -r 1 -d 0,96 --membw-gbs 8 -q >"$T/bd.txt"

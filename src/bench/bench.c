@@ -238,12 +238,14 @@ static bool run_depth(runner *r, const muser_model *mm, mu_bench_depth *d, mu_er
 
 #define PARALLEL_PROMPT 32
 
-/* Reset every session and prefill its own prompt (untimed). */
-static bool parallel_prefill(muser_session **s, int64_t n_seq, int64_t n_vocab, mu_error *err) {
+/* Reset every session, fill its first `depth` positions with synthetic K/V
+ * rows and prefill its own prompt after them (untimed). */
+static bool parallel_prefill(muser_session **s, int64_t n_seq, const muser_model *mm, int64_t depth, mu_error *err) {
     int32_t prompt[PARALLEL_PROMPT];
     for (int64_t i = 0; i < n_seq; i++) {
         muser_session_reset(s[i]);
-        make_tokens(prompt, PARALLEL_PROMPT, n_vocab, 100 + (uint64_t)i);
+        if (depth > 0 && !fill_synthetic(s[i], mm->be, depth, err)) return false;
+        make_tokens(prompt, PARALLEL_PROMPT, mm->m->cfg.n_vocab, 100 + (uint64_t)i);
         if (!muser_session_feed(s[i], prompt, PARALLEL_PROMPT, (muser_error *)err)) return false;
     }
     return true;
@@ -284,7 +286,7 @@ typedef struct par_engine {
 
 static bool par_open(const mu_bench_opts *o, muser_model *mm, int64_t n_seq, int64_t n_gen, par_engine *pe,
                      mu_error *err) {
-    muser_engine_params ep = {.n_seq_max = (int32_t)n_seq, .n_ctx = PARALLEL_PROMPT + n_gen + 1,
+    muser_engine_params ep = {.n_seq_max = (int32_t)n_seq, .n_ctx = o->parallel_depth + PARALLEL_PROMPT + n_gen + 1,
                               .n_batch = o->chunk > 0 ? o->chunk : 512};
     if (ep.n_batch < n_seq) ep.n_batch = n_seq;
     *pe = (par_engine){.n_seq = n_seq};
@@ -336,14 +338,14 @@ static bool run_parallel(runner *r, muser_model *mm, mu_bench_result *res, mu_er
     for (int i = 0; i < o->warmup + o->reps && ok; i++) {
         const int rep = i - o->warmup;
         if (o->interleave) {
-            for (int k = 0; k < n && ok; k++) ok = parallel_prefill(pe[k].s, pe[k].n_seq, mm->m->cfg.n_vocab, err);
+            for (int k = 0; k < n && ok; k++) ok = parallel_prefill(pe[k].s, pe[k].n_seq, mm, o->parallel_depth, err);
             if (ok && rep >= 0) mu_bench_pause(o->pause_s);
             ok = ok && parallel_rep_interleaved(pe, n, r->tokens, n_gen, v_all, err);
         }
         for (int k = 0; k < n && ok; k++) {
             double v = v_all[k];
             if (!o->interleave) {
-                ok = parallel_prefill(pe[k].s, pe[k].n_seq, mm->m->cfg.n_vocab, err);
+                ok = parallel_prefill(pe[k].s, pe[k].n_seq, mm, o->parallel_depth, err);
                 if (ok && rep >= 0) mu_bench_pause(o->pause_s);
                 ok = ok && parallel_rep(pe[k].e, pe[k].s, pe[k].n_seq, r->tokens, n_gen, &v, err);
             }
@@ -437,6 +439,10 @@ bool mu_bench_run(const mu_bench_opts *o, mu_bench_result *res, mu_error *err) {
     if (ok && o->n_parallel) {
         res->parallel = mu_xcalloc((size_t)o->n_parallel, sizeof *res->parallel);
         res->n_parallel = o->n_parallel;
+        if (o->parallel_depth < 0 || o->parallel_depth > ((int64_t)1 << 24)) {
+            mu_err_set(err, "bench: --parallel-depth %lld out of range", (long long)o->parallel_depth);
+            ok = false;
+        }
         for (int i = 0; i < o->n_parallel && ok; i++) {
             res->parallel[i].n_seq = o->parallel[i];
             if (o->parallel[i] < 1 || o->parallel[i] > 4096) {

@@ -43,6 +43,7 @@ typedef struct mu_bench_opts {
                                  (mu_backend.read_bandwidth: the GPU's), replacing membw_gbs */
     const int64_t *parallel;  /* --parallel: sequence counts to decode together (NULL: none) */
     int n_parallel;
+    int64_t parallel_depth;   /* --parallel-depth: synthetic K/V rows before each sequence's prompt */
     bool interleave;          /* --interleave: the counts' steps alternate one by one */
     const char *draft_path;   /* DFlash assistant: also time greedy generation plain vs speculative */
     const char *spec_prompt;  /* its prompt text (NULL: a Genesis verse) */
@@ -87,7 +88,8 @@ typedef struct mu_bench_spec {
 
 /* n_seq sequences of one engine decoding together: each step is one
  * forward with one row per sequence (teacher-forced, after a distinct
- * 32-token prompt each); tokens/s summed over the sequences. */
+ * 32-token prompt each, at opts.parallel_depth synthetic K/V rows);
+ * tokens/s summed over the sequences. */
 typedef struct mu_bench_parallel {
     int64_t n_seq;
     mu_bench_stats aggregate; /* tokens/s of all sequences together */

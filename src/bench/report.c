@@ -115,8 +115,8 @@ bool mu_bench_write_json(const char *path, const mu_bench_opts *o, const mu_benc
         fprintf(f, ",\n  \"parallel\": [\n");
         for (int i = 0; i < r->n_parallel; i++) {
             const mu_bench_parallel *p = &r->parallel[i];
-            fprintf(f, "    {\n      \"sequences\": %lld,\n      \"tokens\": %lld,\n", (long long)p->n_seq,
-                    (long long)(o->n_gen > 0 ? o->n_gen : 128));
+            fprintf(f, "    {\n      \"sequences\": %lld,\n      \"depth\": %lld,\n      \"tokens\": %lld,\n",
+                    (long long)p->n_seq, (long long)o->parallel_depth, (long long)(o->n_gen > 0 ? o->n_gen : 128));
             json_stats(f, "      ", &p->aggregate);
             fprintf(f, ",\n      \"x_one_sequence\": %.4f,\n      \"x_one_sequence_min\": %.4f,\n"
                        "      \"x_one_sequence_max\": %.4f\n    }%s\n",

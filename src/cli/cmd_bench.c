@@ -44,6 +44,7 @@ static void bench_usage(FILE *f) {
             "  --parallel N[,N...]    also decode -n tokens with N sequences of one engine together (one\n"
             "                         batched forward per step, after a 32-token prompt each); aggregate\n"
             "                         tokens/s, e.g. 1,2,4,8 (with -p 0 -n 0... only this test runs if -p 0)\n"
+            "  --parallel-depth D     with --parallel: D synthetic K/V rows before each sequence's prompt\n"
             "  --interleave           with --parallel: the counts' steps take turns one by one within a\n"
             "                         repetition (each count timed over its own steps), so that a machine\n"
             "                         slowing down for a while weighs on every count alike\n"
@@ -175,6 +176,9 @@ static int parse(int argc, char **argv, bench_cli *c) {
             ok = cli_value("bench", argc, argv, &i, &v) && parse_depths(v, c);
         else if (!strcmp(a, "--parallel"))
             ok = cli_value("bench", argc, argv, &i, &v) && parse_parallel(v, c);
+        else if (!strcmp(a, "--parallel-depth"))
+            ok = cli_value("bench", argc, argv, &i, &v) &&
+                 cli_parse_i64("bench", a, v, 0, (int64_t)1 << 24, &c->o.parallel_depth);
         else if (!strcmp(a, "-r") || !strcmp(a, "--reps"))
             ok = (c->reps_given = true) && cli_value("bench", argc, argv, &i, &v) &&
                  cli_parse_i64("bench", a, v, 1, 1000, &c->reps);
@@ -231,6 +235,10 @@ static int parse(int argc, char **argv, bench_cli *c) {
     c->o.warmup = (int)c->warmup;
     if (c->grammar && c->membw_only) {
         fprintf(stderr, "muser bench: --grammar and --membw are separate benchmarks\n");
+        return 2;
+    }
+    if (c->o.parallel_depth > 0 && !c->o.n_parallel) {
+        fprintf(stderr, "muser bench: --parallel-depth needs --parallel\n");
         return 2;
     }
     if (c->o.interleave && c->o.n_parallel < 2) {
@@ -345,7 +353,7 @@ static void print_table(const bench_cli *c, const mu_bench_result *r) {
         const mu_bench_parallel *p = &r->parallel[i];
         char name[24];
         snprintf(name, sizeof name, "par%d", (int)p->n_seq);
-        print_row(0, name, c->o.n_gen > 0 ? c->o.n_gen : 128, &p->aggregate, 0, 0);
+        print_row(c->o.parallel_depth, name, c->o.n_gen > 0 ? c->o.n_gen : 128, &p->aggregate, 0, 0);
     }
     for (int i = 0; i < r->n_parallel && r->parallel[0].n_seq == 1; i++) {
         const mu_bench_parallel *p = &r->parallel[i];
