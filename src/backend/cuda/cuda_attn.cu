@@ -223,6 +223,37 @@ template <int NT = AD_NT> __device__ static inline void block_max_exp(float *S, 
     for (int e = tid; e < nk * H; e += NT) S[e] = d_expf(S[e] - m_s[e % H]);
 }
 
+/* The weighted sums of a thread: acc[h][d] = fmaf(e_p, v_p[d], acc[h][d])
+ * over the keys p < nk in order, e_p = S[p * stride + h] (the exps of HGT
+ * heads), v_p[d] = vc[p * D + d] (DPT dims of V's row p in shared memory). */
+template <int D, int HGT, int DPT>
+__device__ static inline void pv_chains(const float *S, int stride, const uint16_t *vc, int nk, float acc[HGT][DPT]) {
+#pragma unroll
+    for (int h = 0; h < HGT; h++)
+#pragma unroll
+        for (int d = 0; d < DPT; d++) acc[h][d] = 0.0f;
+#pragma unroll 4
+    for (int p = 0; p < nk; p++) {
+        const float *ep = S + p * stride;
+        float e[HGT];
+        if constexpr (HGT == 4) {
+            const float4 t = *(const float4 *)ep;
+            e[0] = t.x, e[1] = t.y, e[2] = t.z, e[3] = t.w;
+        } else {
+#pragma unroll
+            for (int h = 0; h < HGT; h++) e[h] = ep[h];
+        }
+        const uint4 raw = ld_halves_s<DPT>(vc + p * D);
+        float vf[DPT];
+#pragma unroll
+        for (int d = 0; d < DPT; d++) vf[d] = half_at(raw, d);
+#pragma unroll
+        for (int h = 0; h < HGT; h++)
+#pragma unroll
+            for (int d = 0; d < DPT; d++) acc[h][d] = fmaf(e[h], vf[d], acc[h][d]);
+    }
+}
+
 template <int DC, int HG, bool GATE>
 __global__ static void __launch_bounds__(AD_NT, 2)
     k_attn_dec(const mucu_attn_row *__restrict__ desc, int64_t n_head, int64_t n_head_kv, float scale,
@@ -297,31 +328,7 @@ __global__ static void __launch_bounds__(AD_NT, 2)
 
     float acc[HGT][DPT];
     if (tid < C::NPV) {
-#pragma unroll
-        for (int h = 0; h < HGT; h++)
-#pragma unroll
-            for (int d = 0; d < DPT; d++) acc[h][d] = 0.0f;
-        const uint16_t *vc = vs + dq * DPT;
-#pragma unroll 4
-        for (int p = 0; p < nk; p++) {
-            const float *ep = S + p * HG + hq * HGT;
-            float e[HGT];
-            if constexpr (HGT == 4) {
-                const float4 t = *(const float4 *)ep;
-                e[0] = t.x, e[1] = t.y, e[2] = t.z, e[3] = t.w;
-            } else {
-#pragma unroll
-                for (int h = 0; h < HGT; h++) e[h] = ep[h];
-            }
-            const uint4 raw = ld_halves_s<DPT>(vc + p * D);
-            float vf[DPT];
-#pragma unroll
-            for (int d = 0; d < DPT; d++) vf[d] = half_at(raw, d);
-#pragma unroll
-            for (int h = 0; h < HGT; h++)
-#pragma unroll
-                for (int d = 0; d < DPT; d++) acc[h][d] = fmaf(e[h], vf[d], acc[h][d]);
-        }
+        pv_chains<D, HGT, DPT>(S + hq * HGT, HG, vs + dq * DPT, nk, acc);
     } else if (tid >= 128 && tid < 128 + HG) {
         const int g = tid - 128;
         float l = 0.0f;
@@ -778,31 +785,7 @@ __global__ static void __launch_bounds__(FL_NT, 1)
         if (tid < C::NPV) {
             const int dq = tid % C::NDQ, hq = tid / C::NDQ;
             float acc[HGT][DPT];
-#pragma unroll
-            for (int h = 0; h < HGT; h++)
-#pragma unroll
-                for (int d = 0; d < DPT; d++) acc[h][d] = 0.0f;
-            const uint16_t *vc = vs + dq * DPT;
-#pragma unroll 4
-            for (int p = 0; p < nk; p++) {
-                const float *ep = S + p * G + hq * HGT;
-                float e[HGT];
-                if constexpr (HGT == 4) {
-                    const float4 t = *(const float4 *)ep;
-                    e[0] = t.x, e[1] = t.y, e[2] = t.z, e[3] = t.w;
-                } else {
-#pragma unroll
-                    for (int h = 0; h < HGT; h++) e[h] = ep[h];
-                }
-                const uint4 raw = ld_halves_s<DPT>(vc + p * D);
-                float vf[DPT];
-#pragma unroll
-                for (int d = 0; d < DPT; d++) vf[d] = half_at(raw, d);
-#pragma unroll
-                for (int h = 0; h < HGT; h++)
-#pragma unroll
-                    for (int d = 0; d < DPT; d++) acc[h][d] = fmaf(e[h], vf[d], acc[h][d]);
-            }
+            pv_chains<D, HGT, DPT>(S + hq * HGT, G, vs + dq * DPT, nk, acc);
 #pragma unroll
             for (int h = 0; h < HGT; h++) {
                 float *pb = part + ((f.r * n_head + h0 + hq * HGT + h) * nbmax + f.j) * (D + 2) + 2 + dq * DPT;
