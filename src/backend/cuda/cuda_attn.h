@@ -29,7 +29,7 @@ extern int mucu_attn_dec_cl;
  * partials over N or more (row, KV head, 256-key block) units take
  * k_attn_dfl, one CTA per SM walking the units, before the cluster kernel
  * (from MUSER_CUDA_ATTN_FL and MUSER_CUDA_ATTN_FL_ROWS when first read;
- * defaults 96 and 1). */
+ * defaults 96 and 4). */
 extern int mucu_attn_dec_fl, mucu_attn_dec_fl_rows;
 /* Does mucu_attention take k_attn_dec for this call (mucu_attn_kernel 1
  * below 64 rows, or 3)? head_dim 64, 128 or 256, whole GQA groups. */
