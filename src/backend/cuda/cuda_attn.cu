@@ -28,7 +28,11 @@
  * With a gate (attention_gate, backend.h), the kernel that writes the
  * final values multiplies them by sigmoid(g) and quantizes whole Q8_K
  * blocks of them for the product after it: k_gate_q8's operations, so a
- * CTA must hold whole 256-value blocks (mucu_attn_dec's head groups). */
+ * CTA must hold whole 256-value blocks (mucu_attn_dec's head groups).
+ * Two other per-block passes write the same partials, bit for bit, for
+ * calls over many blocks (mucu_attn_dec chooses): k_attn_dfl, one CTA per
+ * SM walking the (row, KV head, block) units of up to 4 rows, and
+ * k_attn_dcl, a cluster of 8 CTAs per block. */
 #include "backend/cuda/cuda_attn.h"
 #include "backend/cuda/cuda_prefill.h"
 #include "backend/cuda/cuda_common.cuh"
