@@ -108,6 +108,16 @@ __device__ static inline void ad_stage_k(uint32_t *ks, const mucu_attn_row &a, c
     }
 }
 
+/* How many of the nk keys of a block from logical `start` the steps before
+ * this one stored (ad_begin's rule, below): logical p <= pos - rows and
+ * below a tree's base. */
+__device__ static inline int settled_keys(const mucu_attn_row &a, int64_t start, int nk, int64_t rows) {
+    int64_t last = a.pos - rows; /* the last settled key */
+    if (a.tbase <= last) last = a.tbase - 1;
+    const int64_t n = last - start + 1;
+    return n <= 0 ? 0 : n < nk ? (int)n : nk;
+}
+
 /* The row's cache description and the L2 requests for the block's V rows
  * (read last), before the wait: the descriptions come with the step's
  * arguments, copied in before any kernel of the step runs, and a prefetch
@@ -130,10 +140,7 @@ __device__ static inline mucu_attn_row ad_begin(const mucu_attn_row *__restrict_
         const int nk = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
         const int64_t phys0 = start % a.cap;
         if (kst) {
-            int64_t last = a.pos - (int64_t)gridDim.z; /* the last settled key */
-            if (a.tbase <= last) last = a.tbase - 1;
-            const int64_t n = last - start + 1;
-            nst = n <= 0 ? 0 : n < nk ? (int)n : nk;
+            nst = settled_keys(a, start, nk, gridDim.z);
             ad_stage_k<DC>(ks, a, desc[r].anc, a.k + kh * a.cap * D, start, phys0, 0, nst);
         }
         const uint16_t *vb = a.v + kh * a.cap * D;
@@ -466,11 +473,7 @@ __device__ static inline mucu_attn_row cl_begin(const mucu_attn_row *__restrict_
     const int64_t start = a.first + 256 * j;
     nst = 0;
     if (!a.treg && start <= a.pos) {
-        const int nk0 = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
-        int64_t last = a.pos - (int64_t)gridDim.z;
-        if (a.tbase <= last) last = a.tbase - 1;
-        const int64_t n = last - start + 1;
-        nst = n <= 0 ? 0 : n < nk0 ? (int)n : nk0;
+        nst = settled_keys(a, start, a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256, gridDim.z);
         const int k0 = c * KC, k1 = nst < k0 + KC ? nst : k0 + KC;
         cl_stage<DC>(ks, vs, a, desc[r].anc, kb, vb, start, start % a.cap, c, k0, k1 > k0 ? k1 : k0, 0, nst);
     }
@@ -633,7 +636,7 @@ __global__ static void __cluster_dims__(CL_N, 1, 1) __launch_bounds__(AD_NT)
 #define FL_NT 512
 
 template <int DC, int G> struct fl_cfg {
-    static constexpr int D = 32 * DC, CH = D / 8; /* 16-byte pieces of a row */
+    static constexpr int D = 32 * DC;
     static constexpr int KRS = 2 * D + 16;        /* bytes per K row: the quads' 2 keys a phase in distinct banks */
     static constexpr int QJS = 8 * DC + 4;        /* k_attn_dec's q layout (quad_dot) */
     static constexpr int HGT = G < 4 ? G : 4, NHQ = G / HGT;
@@ -645,8 +648,9 @@ template <int DC, int G> struct fl_cfg {
     static_assert(NPV <= FL_NT / 2 && G <= 16 && 32 % G == 0, "k_attn_dfl's thread plan");
 };
 
-/* Keys [k0, k1) of the unit's block: K (kv = 0) or V rows into shared memory by cp.async. */
-template <int DC, int G>
+/* Keys [k0, k1) of the unit's block: their K or V rows (src) into shared
+ * memory rows of rs bytes (dst), by cp.async. */
+template <int DC>
 __device__ static inline void fl_stage(uint8_t *dst, int rs, const uint16_t *src, const mucu_attn_row &a,
                                        const int8_t *anc, int64_t start, int k0, int k1) {
     constexpr int D = 32 * DC, CH = D / 8;
@@ -697,13 +701,9 @@ __device__ static inline int fl_begin(const mucu_attn_row *__restrict__ desc, in
         const mucu_attn_row a = desc[r];
         const int64_t start = a.first + 256 * j;
         if (kst && !a.treg && start <= a.pos) {
-            const int nk = a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256;
-            int64_t last = a.pos - rows; /* the last settled key */
-            if (a.tbase <= last) last = a.tbase - 1;
-            const int64_t n = last - start + 1;
-            pre = n <= 0 ? 0 : n < nk ? (int)n : nk;
-            fl_stage<DC, G>(ks, fl_cfg<DC, G>::KRS, a.k + kh * a.cap * D, a, desc[r].anc, start, 0, pre);
-            fl_stage<DC, G>(vsb, 2 * D, a.v + kh * a.cap * D, a, desc[r].anc, start, 0, pre);
+            pre = settled_keys(a, start, a.pos - start + 1 < 256 ? (int)(a.pos - start + 1) : 256, rows);
+            fl_stage<DC>(ks, fl_cfg<DC, G>::KRS, a.k + kh * a.cap * D, a, desc[r].anc, start, 0, pre);
+            fl_stage<DC>(vsb, 2 * D, a.v + kh * a.cap * D, a, desc[r].anc, start, 0, pre);
         }
     }
     cp_commit();
@@ -737,8 +737,8 @@ __global__ static void __launch_bounds__(FL_NT, 1)
         const int64_t h0 = f.kh * G;
         const int nk = f.nk;
         if (first) { /* the first unit's keys not staged before the wait */
-            fl_stage<DC, G>(ks, C::KRS, f.a.k + f.kh * f.a.cap * D, f.a, f.anc, f.start, pre, nk);
-            fl_stage<DC, G>(vsb, 2 * D, f.a.v + f.kh * f.a.cap * D, f.a, f.anc, f.start, pre, nk);
+            fl_stage<DC>(ks, C::KRS, f.a.k + f.kh * f.a.cap * D, f.a, f.anc, f.start, pre, nk);
+            fl_stage<DC>(vsb, 2 * D, f.a.v + f.kh * f.a.cap * D, f.a, f.anc, f.start, pre, nk);
             cp_commit();
         }
         { /* q of the G heads, by quarter (k_attn_dec's layout) */
@@ -781,7 +781,7 @@ __global__ static void __launch_bounds__(FL_NT, 1)
         }
         __syncthreads(); /* K's region is free */
         const int64_t un = fl_next(desc, u + gridDim.x, units, nbmax, n_head_kv, fn);
-        if (un < units) fl_stage<DC, G>(ks, C::KRS, fn.a.k + fn.kh * fn.a.cap * D, fn.a, fn.anc, fn.start, 0, fn.nk);
+        if (un < units) fl_stage<DC>(ks, C::KRS, fn.a.k + fn.kh * fn.a.cap * D, fn.a, fn.anc, fn.start, 0, fn.nk);
         cp_commit();
         block_max_exp<FL_NT>(S, nk, G, mw, m_s);
         cp_wait<1>(); /* this unit's V (the newest group is the next unit's K) */
@@ -805,7 +805,7 @@ __global__ static void __launch_bounds__(FL_NT, 1)
             pb[0] = m_s[g], pb[1] = l;
         }
         __syncthreads(); /* V's region and S are free */
-        if (un < units) fl_stage<DC, G>(vsb, 2 * D, fn.a.v + fn.kh * fn.a.cap * D, fn.a, fn.anc, fn.start, 0, fn.nk);
+        if (un < units) fl_stage<DC>(vsb, 2 * D, fn.a.v + fn.kh * fn.a.cap * D, fn.a, fn.anc, fn.start, 0, fn.nk);
         cp_commit();
         u = un, f = fn, first = false;
     }
