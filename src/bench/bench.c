@@ -238,15 +238,28 @@ static bool run_depth(runner *r, const muser_model *mm, mu_bench_depth *d, mu_er
 
 #define PARALLEL_PROMPT 32
 
-/* Reset every session, fill its first `depth` positions with synthetic K/V
- * rows and prefill its own prompt after them (untimed). */
-static bool parallel_prefill(muser_session **s, int64_t n_seq, const muser_model *mm, int64_t depth, mu_error *err) {
+/* Sessions' state before a repetition (untimed): the first time, reset,
+ * the first `depth` positions filled with synthetic K/V rows and its own
+ * prompt prefilled after them; with a depth, that state is kept as a
+ * snapshot (snap[i]) and later repetitions restore it, a copy of the KV
+ * where the fill appends every row of every layer again (seconds at 16k). */
+static bool parallel_prefill(muser_session **s, muser_snapshot **snap, int64_t n_seq, const muser_model *mm,
+                             int64_t depth, mu_error *err) {
     int32_t prompt[PARALLEL_PROMPT];
     for (int64_t i = 0; i < n_seq; i++) {
+        if (snap[i]) {
+            if (!muser_session_restore(s[i], snap[i], (muser_error *)err)) return false;
+            continue;
+        }
         muser_session_reset(s[i]);
         if (depth > 0 && !fill_synthetic(s[i], mm->be, depth, err)) return false;
         make_tokens(prompt, PARALLEL_PROMPT, mm->m->cfg.n_vocab, 100 + (uint64_t)i);
         if (!muser_session_feed(s[i], prompt, PARALLEL_PROMPT, (muser_error *)err)) return false;
+        if (depth > 0 && !(snap[i] = muser_session_snapshot(s[i]))) {
+            mu_err_set(err, "bench: out of memory for the depth-%lld snapshot of sequence %lld", (long long)depth,
+                       (long long)i);
+            return false;
+        }
     }
     return true;
 }
@@ -280,6 +293,7 @@ static bool parallel_rep(muser_engine *e, muser_session **s, int64_t n_seq, cons
 typedef struct par_engine {
     muser_engine *e;
     muser_session **s;
+    muser_snapshot **snap; /* each session's state before a repetition (parallel_prefill) */
     int64_t n_seq;
     double *samples;
 } par_engine;
@@ -293,6 +307,7 @@ static bool par_open(const mu_bench_opts *o, muser_model *mm, int64_t n_seq, int
     pe->e = muser_engine_create(mm, &ep, (muser_error *)err);
     if (!pe->e) return false;
     pe->s = mu_xcalloc((size_t)n_seq, sizeof *pe->s);
+    pe->snap = mu_xcalloc((size_t)n_seq, sizeof *pe->snap);
     pe->samples = mu_xcalloc((size_t)o->reps, sizeof *pe->samples);
     for (int64_t i = 0; i < n_seq; i++)
         if (!(pe->s[i] = muser_engine_session(pe->e, (muser_error *)err))) return false;
@@ -320,6 +335,8 @@ static bool parallel_rep_interleaved(par_engine *pe, int n, const int32_t *token
 }
 
 static void par_close(par_engine *pe) {
+    for (int64_t i = 0; pe->snap && i < pe->n_seq; i++) muser_snapshot_free(pe->snap[i]);
+    free(pe->snap);
     muser_engine_free(pe->e);
     free(pe->s);
     free(pe->samples);
@@ -338,14 +355,14 @@ static bool run_parallel(runner *r, muser_model *mm, mu_bench_result *res, mu_er
     for (int i = 0; i < o->warmup + o->reps && ok; i++) {
         const int rep = i - o->warmup;
         if (o->interleave) {
-            for (int k = 0; k < n && ok; k++) ok = parallel_prefill(pe[k].s, pe[k].n_seq, mm, o->parallel_depth, err);
+            for (int k = 0; k < n && ok; k++) ok = parallel_prefill(pe[k].s, pe[k].snap, pe[k].n_seq, mm, o->parallel_depth, err);
             if (ok && rep >= 0) mu_bench_pause(o->pause_s);
             ok = ok && parallel_rep_interleaved(pe, n, r->tokens, n_gen, v_all, err);
         }
         for (int k = 0; k < n && ok; k++) {
             double v = v_all[k];
             if (!o->interleave) {
-                ok = parallel_prefill(pe[k].s, pe[k].n_seq, mm, o->parallel_depth, err);
+                ok = parallel_prefill(pe[k].s, pe[k].snap, pe[k].n_seq, mm, o->parallel_depth, err);
                 if (ok && rep >= 0) mu_bench_pause(o->pause_s);
                 ok = ok && parallel_rep(pe[k].e, pe[k].s, pe[k].n_seq, r->tokens, n_gen, &v, err);
             }

@@ -45,6 +45,7 @@ static void bench_usage(FILE *f) {
             "                         batched forward per step, after a 32-token prompt each); aggregate\n"
             "                         tokens/s, e.g. 1,2,4,8 (with -p 0 -n 0... only this test runs if -p 0)\n"
             "  --parallel-depth D     with --parallel: D synthetic K/V rows before each sequence's prompt\n"
+            "                         (filled once; later repetitions restore a snapshot of it)\n"
             "  --interleave           with --parallel: the counts' steps take turns one by one within a\n"
             "                         repetition (each count timed over its own steps), so that a machine\n"
             "                         slowing down for a while weighs on every count alike\n"
