@@ -9,7 +9,7 @@ was worth. ee18a49 raised a loop bound in mmt_load_act for its new 32-row
 tiles; ptxas then compiled the 8- and 16-row k_mmt with 96 and 118
 registers instead of 128 and 112, and 4 sequences decoded at 2.80x one
 instead of 3.35x on an H100 for four sessions before a bisection found it
-(docs/benchmarks.md, thirty-third session); unrolled, the thirty-fifth
+(docs/cuda.md "Tests"); unrolled, the thirty-fifth
 session's copy loop in k_gemm_wg took 255 registers and spilled. No GPU is
 needed to see such a change: this compiles the kernels' sources for sm_90
 (cuda_gemm_wg.cu for sm_90a, as CMakeLists.txt builds it) with the build's flags

@@ -918,15 +918,14 @@ static int dec_hg_forced(void) { return env_setting(&mucu_attn_dec_hg, "MUSER_CU
  * (more than MUSER_CUDA_ATTN_FL_ROWS rows, below). The default, 64, takes the full
  * layers from 16,384 keys on: there k_attn_dec gives one CTA all 16 heads
  * of a block (AD_MIN_CTAS), and below it the cluster measured slower (docs/cuda.md
- * "Decode attention", docs/benchmarks.md "The cluster kernel from 64
- * blocks"). */
+ * "Decode attention", "Measured and not taken"). */
 static int dec_cl(void) { return env_setting(&mucu_attn_dec_cl, "MUSER_CUDA_ATTN_CL", 64); }
 /* MUSER_CUDA_ATTN_FL=N: k_attn_dfl for the calls of at most MUSER_CUDA_ATTN_FL_ROWS rows that write
  * partials over N or more units (row, KV head, 256-key block; 0: never). The defaults, 96 units and 4 rows,
  * take the full layers of 1-4 sequences from 12,288 keys on (96 units with 2 KV heads at 1 row): there the
  * whole model decoded faster on it than on k_attn_dec or the cluster kernel (1 row at 16k and 64k; 4
  * sequences at 16k, where it is slower alone; docs/cuda.md "Decode attention", docs/benchmarks.md
- * "Decode attention at depth, one CTA a SM"). 16-row calls (verification) are not measured in a whole model. */
+ * "Kernels alone"). 16-row calls (verification) are not measured in a whole model. */
 static int dec_fl(void) { return env_setting(&mucu_attn_dec_fl, "MUSER_CUDA_ATTN_FL", 96); }
 static int dec_fl_rows(void) { return env_setting(&mucu_attn_dec_fl_rows, "MUSER_CUDA_ATTN_FL_ROWS", 4); }
 /* The settled keys' K staged before the wait (ad_begin); MUSER_CUDA_ATTN_KST=0 turns it off. */
@@ -974,8 +973,7 @@ static void launch_dec_d(int hg, const mucu_attn_row *desc, int64_t rows, int64_
 
 /* Heads per CTA: the most (the fewest conversions of each key) that still
  * give the grid AD_MIN_CTAS CTAs (about one per SM), else 1. From
- * test_cuda_backend --bench-attn-dec (docs/benchmarks.md, the decode
- * attention table): at one row over 2,048 keys 2 heads per CTA (128 CTAs)
+ * test_cuda_backend --bench-attn-dec (H200): at one row over 2,048 keys 2 heads per CTA (128 CTAs)
  * beat 1 (256) by 9-13 %, over 16k keys 16 (128 CTAs) lose 2 % to 8
  * (256); the sliding layers, the common case, decide. A gated call of one
  * block (the output is final) takes at least 256 / head_dim heads, so that

@@ -1210,7 +1210,7 @@ static bool cuda_chain_wait(mu_backend *b, volatile int32_t *slot, mu_error *err
 /* Below 128 Ki values (glimmer-tiny's 8,192-token rows, up to 16 of them)
  * the host scans what it downloads: a memset, a launch and a round trip
  * for 8 bytes cost more than that (H200: glimmer-tiny tg256 3,506-3,698
- * against 3,747-3,761 tokens/s with every scan here; docs/benchmarks.md).
+ * against 3,747-3,761 tokens/s with every scan here).
  * MUSER_CUDA_SCAN_MIN=N moves the bound (read at every call: the engine
  * test runs its non-finite case with 1, so on the small test model too the
  * scan happens here). */
@@ -1409,8 +1409,8 @@ mu_backend *mu_backend_cuda_create(int n_threads, mu_error *err) {
     b->kv_store = cuda_kv_store;
     b->attention = cuda_attention;
     b->trees = true;
-    /* 2,048-row prompt chunks: pp2048 4,679 against 4,121-4,144 tokens/s in 512-row chunks (H100,
-     * docs/benchmarks.md "Warpgroups out of step measured"): the products' grids fill more waves */
+    /* 2,048-row prompt chunks: pp2048 4,679 against 4,121-4,144 tokens/s in 512-row chunks (H100;
+     * docs/benchmarks.md "Switches and what they are worth"): the products' grids fill more waves */
     b->prefill_rows = 2048;
     b->sigmoid_gate = cuda_sigmoid_gate;
     b->swiglu = cuda_swiglu;

@@ -33,7 +33,7 @@
  * comes from two m16n8k16 mma.sync per 8-row tile, as in k_gemm_kq2 (bsum
  * split into int8 lo / hi parts).
  *
- * Measured (docs/benchmarks.md "Prefill on wgmma"): with cp.async copies
+ * Measured (H200 and H100): with cp.async copies
  * 1.04-1.09x k_gemm_kq2 on the big Q4_K shapes, 1.16-1.20x on Q5_K; with
  * the copies by TMA (k_gemm_wg_tma, the default) 1.54-1.60x and 1.66-1.69x.
  * With cp.async the kernel was latency-bound, not tensor-bound (ncu: tensor
@@ -89,7 +89,7 @@ template <int TYPE> struct wg_smem {
  * Compute, thirty-fifth session: the copy loops were about 30 % of the
  * kernel's instructions and stall samples). A layer's Q4_K products at
  * 2,048 rows: 5.197 against k_gemm_wg's 7.486 ms (1.56x k_gemm_kq2 against
- * 1.09x; docs/benchmarks.md "Copies by the tensor memory accelerator"). A box of 128 rows x 16
+ * 1.09x; H100). A box of 128 rows x 16
  * bytes of the codes lands as one core-matrix column of the no-swizzle
  * layout, a box of 128 outputs x LD bytes as the [o][LD] block rows, one of
  * 128 rows x 32 bytes as the bsums; rows and outputs past the end are
@@ -169,7 +169,7 @@ template <int ST> __device__ static inline void wg_bars_init(uint32_t bar0, int 
  * apart. This, the bsums spread over all threads (wg_gemm) and the loop
  * kept rolled (unrolled, ptxas took 255 registers and spilled) made a
  * layer's Q4_K products 2-3 % faster, each of the first two about half of
- * it (docs/benchmarks.md). */
+ * it (H100). */
 template <int NR>
 __device__ static inline void wg_codes_tma(uint32_t xa, const CUtensorMap *tm, int b, int64_t row0, uint32_t bar) {
     for (int c = 0; c < 16; c++) wg_tma(xa + c * (NR / 8) * 128, tm, b * 256 + 16 * c, (int)row0, bar);
@@ -452,7 +452,7 @@ __global__ static void __launch_bounds__(256, 1)
  * the TMA copies (the default) 1.28x / 1.50x k_gemm_kq2 on the q / down
  * shapes at 2,048 rows (80 rows: 1.19x / 1.32x, 64: 1.14x / 1.22x); with
  * cp.async 1.02x / 1.17x, and the whole model was slower than with
- * k_gemm_kq2 (docs/benchmarks.md). */
+ * k_gemm_kq2 (H100; docs/cuda.md "Measured and not taken"). */
 template <int NR, bool TMA> struct wg6_smem {
     static constexpr int BO = 128;                 /* outputs a CTA */
     static constexpr int ST = 3;                   /* ring stages */
@@ -812,7 +812,7 @@ extern "C" void mucu_gemm_wg(const mucu_weight *w, const int8_t *qs, const float
         /* 80 rows up to 512 (the default prefill chunk: ffn_down's 52 x 7 CTAs
          * fill the 132 SMs' third wave where 52 x 6 of 96 rows leave most
          * of it idle; 0.737 against 0.812 ms, pp512 +1.6 %), 96 above
-         * (2,048 rows: 2.354 against 2.679 ms; docs/benchmarks.md) */
+         * (2,048 rows: 2.354 against 2.679 ms; H100) */
         int nr = env_setting(&wg6_rows, "MUSER_CUDA_WG6_ROWS", 0);
         if (nr != 64 && nr != 80 && nr != 96) nr = rows <= 512 ? 80 : 96;
         if (nr == 64) launch_wg6<64>(w, qs, d, rows, y, st);

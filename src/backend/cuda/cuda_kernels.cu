@@ -215,8 +215,7 @@ static int g_pdl = -1;
  * little from starting early: its first wave waits for SMs the kernel
  * before still holds. Full model decode on an H100 with k_mmv6 at 4
  * outputs a unit: 135.7-136.4 tokens/s at 1000 (500: 136.0), 131.2-132.0
- * at 0 and at 3,000 or more; k_mmv4: 125.9 at 1000 against 124.2
- * (docs/benchmarks.md). */
+ * at 0 and at 3,000 or more; k_mmv4: 125.9 at 1000 against 124.2. */
 static int g_pdl_big = -1;
 static long g_flat, g_prog, g_merged;
 /* MUSER_CUDA_ONE_UPLOAD: 1 a flat chain uploads the argument
@@ -230,7 +229,7 @@ static long g_flat, g_prog, g_merged;
  * kernel writes the ring. 2 (default): that one upload is a kernel
  * (k_ring_upload) reading the page-locked ring where it lies, not a copy
  * engine's copy: on glimmer-tiny's greedy chain the gap between two steps'
- * graphs went from about 15 to 6 us (docs/benchmarks.md).
+ * graphs went from about 15 to 6 us (H200).
  * Either way the first kernel after it depends on it fully: kernels read
  * uploaded arguments before their grid_dep_wait. */
 static int g_one_upload = -1;
@@ -2679,7 +2678,7 @@ __global__ static void __launch_bounds__(128) k_mmv4_set(mmv_set set, int nb, q8
  * block order from 0.0f, as the reference does (docs/numerics.md), while
  * the next unit's loads are in flight. Why: k_mmv4 stayed 25-30 % below a
  * plain read with its L1 busy with the activations' broadcast loads
- * (docs/benchmarks.md "One-row weight stream"). TM: the set's types (1
+ * (docs/benchmarks.md "Kernels alone"). TM: the set's types (1
  * Q4_K, 2 Q5_K, 4 Q6_K, 5 Q4_K and Q6_K, 7 any), so each instance holds
  * only the registers its types need. AL 0: the Q4_K / Q5_K pieces stay
  * (a Q6_K weight among them loads its own, as block_f2 does); AL 1
@@ -3602,8 +3601,8 @@ __global__ static void __launch_bounds__(128) k_mmv_float(mucu_weight w, const f
  * another, a CTA was a chain of dependent round trips: 25 us a call at 16
  * rows over 336 keys). 24 keys a warp (the shipped assistant's 336 keys in
  * one pass of the 16 warps instead of three) made speculation slower on an
- * H100 (1.82x plain against 1.88x: docs/benchmarks.md, thirty-second
- * session). */
+ * H100 (1.82x plain against 1.88x: docs/cuda.md "Measured and not
+ * taken"). */
 #define DA_THREADS 512
 #define DA_KU 8
 #define DA_VU 4
@@ -4340,7 +4339,7 @@ extern "C" size_t mucu_q8k_bytes(int64_t n_in, int64_t rows) {
 }
 
 /* The default kernel choice (variant 3), from test_cuda_backend --bench-mmv
- * on the H200 (docs/benchmarks.md, "CUDA"): k_mmv3 with 4 warps per output
+ * on the H200: k_mmv3 with 4 warps per output
  * for rows of 8 or more steps (ffn_down, 78 blocks: 29.5 against 36.4 us
  * at 1 row, Q4_K; Q6_K at every row count, Q4_K up to 4 rows), with 2 for
  * rows of 2-3 steps (attn_output, 16 blocks: 9.4 against 10.6 us); sets:
@@ -4680,15 +4679,15 @@ static bool launch_mmv(const mucu_weight *w, q8split xq, int64_t r0, int nr, flo
  * the weight-streaming kernel for every row count). Default 17: a 16-row
  * call (verification at --verify-len 15, the DFlash block, 16 streams) on
  * the weight-streaming kernel ran 2.75x faster than on k_gemm_kq (full
- * model, prefill in 16-row chunks, docs/benchmarks.md). */
+ * model, prefill in 16-row chunks, H200). */
 static int gemm_min_rows_v = -1;
 static int gemm_min_rows(void) { return env_setting(&gemm_min_rows_v, "MUSER_CUDA_GEMM", 17); }
 
 /* Q4_K/Q5_K/Q6_K calls of 17 to MUSER_CUDA_MMT_MAX rows (default 32; 16:
  * none) stay on k_mmt (four 8-row tiles), not the GEMM, whose tiles are
  * made for many rows: a 24-token prompt of the full model prefilled at
- * 1,106 against 611 tokens/s on an H100 (docs/benchmarks.md "Speculation
- * over 64 held-out prompts"). */
+ * 1,106 against 611 tokens/s on an H100 (docs/benchmarks.md "Switches and
+ * what they are worth"). */
 static int mmt_max_v = -1;
 static bool mmt_wide(int type, int64_t rows) {
     if (rows <= 16 || is_fp4(type)) return false;
@@ -4897,7 +4896,7 @@ __global__ static void __launch_bounds__(128) k_gemm_fp4(const uint8_t *W, int64
 }
 
 /* NVFP4 calls of 2-16 rows: k_gemm_fp4 where it measured faster than
- * k_mmv2 (test_cuda_backend --bench-mmv, H200, docs/benchmarks.md): its
+ * k_mmv2 (test_cuda_backend --bench-mmv, H200): its
  * grid is n_out / 64 CTAs, so narrow weights stay on k_mmv2 (the k/v
  * products: 4 CTAs), and k_mmv2's cost grows with the rows (a dp4a per
  * row): ffn gate/up (19,968 outputs) at 4 rows 62.86 against 104.53 us,
@@ -5382,7 +5381,8 @@ extern "C" bool mucu_dense_attention_quantizes(int64_t n_head, int64_t n_head_kv
  * mucu_dense_attention_quantizes): the output's Q8_K blocks too. On an
  * H100 the shipped assistant (16 rows, 8 heads over 2, D 64) speculated at
  * 2.06x-2.07x plain greedy with 4 heads a CTA and the fused quantization,
- * 2.01x-2.02x with 1, 1.96x on k_dense_attn (docs/benchmarks.md). */
+ * 2.01x-2.02x with 1, 1.96x on k_dense_attn (docs/benchmarks.md "Switches
+ * and what they are worth"). */
 extern "C" bool mucu_dense_attention(const float *q, int64_t rows, int64_t n_head, int64_t n_head_kv, int64_t D,
                                      const float *k, const float *v, int64_t slots, int64_t n_keys,
                                      const int64_t *n_valid, float scale, float *out, void *q8, char *err) {

@@ -145,7 +145,7 @@ __device__ static inline void mmt_load_act(uint8_t *sa, int nr, int b, int nb, c
      * 96 registers instead of 128, k_mmt<2, 2> 118 instead of 112), and on
      * an H100 4 sequences decoded at 2.80x one instead of 3.35x and
      * speculation ran at 1.82x-1.85x plain instead of 1.88x-1.92x
-     * (docs/benchmarks.md, thirty-third session); with this bound their
+     * (tests/cuda/ptxas_pins.py pins them since); with this bound their
      * PTX is again the one before the 32-row tiles */
     constexpr int M = NT > 2 ? 16 : 8;
     const int64_t n_in = (int64_t)nb * 256;
@@ -805,9 +805,9 @@ static bool launch_mmq(const mq_args &a, cudaStream_t st) {
 
 /* k_mmq's shape for a call (MUSER_CUDA_MMQ: 0 off; 1 by shape; forced, for calls of up to 8 rows: 4 four
  * warps per tile with the activations from global memory, 5 one warp per tile with them in shared memory,
- * 10 as 5 in CTAs of 8 warps, 12 as 5 with 3 blocks in flight; the numbers are those of docs/benchmarks.md,
- * whose other shapes lost, where this rule sends calls, to k_mmt or to these and were removed). By shape
- * (test_cuda_backend --bench-mmv and the whole model, H200, docs/benchmarks.md "Few rows: k_mmq"): calls
+ * 10 as 5 in CTAs of 8 warps, 12 as 5 with 3 blocks in flight; the numbers are those of the measurements
+ * in which the other shapes lost, where this rule sends calls, to k_mmt or to these and were removed). By shape
+ * (test_cuda_backend --bench-mmv and the whole model, H200; docs/cuda.md "Measured and not taken"): calls
  * of up to MUSER_CUDA_MMQ_ROWS rows (default 4: at 8 sequences the whole model decoded slower with k_mmq,
  * 4.46x-4.59x one sequence against 4.96x-4.99x, though most products alone were as fast or faster); a set with a
  * Q6_K weight stays on k_mmt (k_mmq's Q6_K lanes make 28 loads a block: ffn_down Q6_K at 4 rows 60.91 us

@@ -822,7 +822,7 @@ int mucu_attn_kernel = -1;
 extern "C" int mucu_attn_kernel_get(void) { return env_setting(&mucu_attn_kernel, "MUSER_CUDA_ATTN", 1); }
 
 /* k_attn_prefill's scores with 8 lanes a dot (SC above; the default, 1.0-2.9 % on a prompt of the full
- * model, docs/benchmarks.md); MUSER_CUDA_ATTN_SC=0: 32 lanes a dot. */
+ * model, docs/benchmarks.md "Switches and what they are worth"); MUSER_CUDA_ATTN_SC=0: 32 lanes a dot. */
 static int sc_v = -1;
 extern "C" void mucu_set_attn_sc(int v) { sc_v = v; }
 

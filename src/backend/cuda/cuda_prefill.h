@@ -15,7 +15,7 @@ extern "C" {
 /* Which many-row kernel mucu_matmul uses: 0 the first one (k_gemm_kq in
  * cuda_kernels.cu), 1 (the default) k_gemm_kq2 with its tiles picked by
  * shape (a layer's products at 32 rows: 1.090 ms against k_gemm_kq's 1.906,
- * docs/benchmarks.md), 2 and 3 k_gemm_kq2 with its 128- or 64-row tiles
+ * H200), 2 and 3 k_gemm_kq2 with its 128- or 64-row tiles
  * forced (tests, benchmarks), 4 k_gemm_wg forced where it applies (below). -1
  * until first read from MUSER_CUDA_GEMM_KERNEL; tests may set it directly. */
 extern int mucu_gemm_kernel;
