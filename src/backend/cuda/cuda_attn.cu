@@ -48,12 +48,16 @@ template <int DC, int HG> struct ad_cfg {
     static constexpr int KJS = KW + 4;     /* padded: a quarter-warp's 2 keys x 4 quarters in distinct banks */
     static constexpr int KS = 4 * KJS;     /* words per key */
     static constexpr int QJS = 8 * DC + 4; /* floats per (head, quarter) of q, padded likewise */
-    static constexpr int HGT = HG < 4 ? HG : 4; /* heads per PV thread */
+    /* WIDE: one chain a thread on every thread (the group's HG * D chains
+     * fill the CTA), each thread also summing its head's l_b; otherwise
+     * 128 threads of HGT heads x DPT dims, and threads 128.. sum l_b */
+    static constexpr bool WIDE = HG > 1 && HG * D <= AD_NT;
+    static constexpr int HGT = WIDE ? 1 : HG < 4 ? HG : 4; /* heads per PV thread */
     static constexpr int NHQ = HG / HGT;
     static constexpr int DPT0 = D * NHQ / 128;
-    static constexpr int DPT = DPT0 < 1 ? 1 : DPT0 > 8 ? 8 : DPT0; /* dims per PV thread */
+    static constexpr int DPT = WIDE || DPT0 < 1 ? 1 : DPT0 > 8 ? 8 : DPT0; /* dims per PV thread */
     static constexpr int NDQ = D / DPT;
-    static constexpr int NPV = NDQ * NHQ; /* PV threads (<= 128); threads 128.. sum l_b */
+    static constexpr int NPV = NDQ * NHQ; /* PV threads */
     static constexpr int SM_K = 256 * KS * 4, SM_Q = HG * 4 * QJS * 4, SM_S = 256 * HG * 4;
     static constexpr int TOTAL = SM_K + SM_Q + SM_S;
 };
@@ -82,30 +86,26 @@ template <int DC, int BATCH = 8>
 __device__ static inline void ad_stage_k(uint32_t *ks, const mucu_attn_row &a, const int8_t *anc, const uint16_t *kb,
                                          int64_t start, int64_t phys0, int k0, int k1, int kbase = 0) {
     typedef ad_cfg<DC, 1> C; /* the key layout depends on DC alone */
-    constexpr int D = C::D, CH = D / 8;
-    const int tid = threadIdx.x;
-    for (int i0 = k0 * CH; i0 < k1 * CH; i0 += AD_NT * BATCH) {
-        uint4 buf[BATCH];
+    constexpr int CH = C::D / 8, KP = AD_NT / CH; /* a thread's piece c of keys p, p + KP, ... */
+    const int c = (int)threadIdx.x % CH;
+    const uint4 *kc = (const uint4 *)kb + c;
+    with_key_rows(a, anc, start, phys0, k1, [&](auto row) {
+        for (int p0 = k0 + (int)threadIdx.x / CH; p0 < k1; p0 += KP * BATCH) {
+            uint4 buf[BATCH];
 #pragma unroll
-        for (int u = 0; u < BATCH; u++) {
-            const int i = i0 + u * AD_NT + tid;
-            if (i < k1 * CH) {
-                const int64_t ph = attn_key_row(a, anc, start, phys0, i / CH);
-                buf[u] = __ldg((const uint4 *)(kb + ph * D) + i % CH);
-            }
-        }
+            for (int u = 0; u < BATCH; u++)
+                if (p0 + u * KP < k1) buf[u] = __ldg(kc + row(p0 + u * KP) * CH);
 #pragma unroll
-        for (int u = 0; u < BATCH; u++) {
-            const int i = i0 + u * AD_NT + tid;
-            if (i < k1 * CH) {
-                uint32_t *kr = ks + (i / CH - kbase) * C::KS + i % CH;
-                kr[0] = __byte_perm(buf[u].x, buf[u].z, 0x5410);
-                kr[C::KJS] = __byte_perm(buf[u].x, buf[u].z, 0x7632);
-                kr[2 * C::KJS] = __byte_perm(buf[u].y, buf[u].w, 0x5410);
-                kr[3 * C::KJS] = __byte_perm(buf[u].y, buf[u].w, 0x7632);
-            }
+            for (int u = 0; u < BATCH; u++)
+                if (p0 + u * KP < k1) {
+                    uint32_t *kr = ks + (p0 + u * KP - kbase) * C::KS + c;
+                    kr[0] = __byte_perm(buf[u].x, buf[u].z, 0x5410);
+                    kr[C::KJS] = __byte_perm(buf[u].x, buf[u].z, 0x7632);
+                    kr[2 * C::KJS] = __byte_perm(buf[u].y, buf[u].w, 0x5410);
+                    kr[3 * C::KJS] = __byte_perm(buf[u].y, buf[u].w, 0x7632);
+                }
         }
-    }
+    });
 }
 
 /* How many of the nk keys of a block from logical `start` the steps before
@@ -145,10 +145,11 @@ __device__ static inline mucu_attn_row ad_begin(const mucu_attn_row *__restrict_
         }
         const uint16_t *vb = a.v + kh * a.cap * D;
         constexpr int LINES = D * 2 / 128;
-        for (int i = threadIdx.x; i < nk * LINES; i += AD_NT) {
-            const int64_t ph = attn_key_row(a, desc[r].anc, start, phys0, i / LINES);
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + ph * D + (i % LINES) * 64));
-        }
+        const uint16_t *vl = vb + ((int)threadIdx.x % LINES) * 64;
+        with_key_rows(a, desc[r].anc, start, phys0, nk, [&](auto row) {
+            for (int p = (int)threadIdx.x / LINES; p < nk; p += AD_NT / LINES)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(vl + row(p) * D));
+        });
     }
     grid_dep_wait();
     anc = attn_row_resolve(a, desc, r);
@@ -236,9 +237,12 @@ template <int NT = AD_NT> __device__ static inline void block_max_exp(float *S, 
 
 /* The weighted sums of a thread: acc[h][d] = fmaf(e_p, v_p[d], acc[h][d])
  * over the keys p < nk in order, e_p = S[p * stride + h] (the exps of HGT
- * heads), v_p[d] = vc[p * D + d] (DPT dims of V's row p in shared memory). */
-template <int D, int HGT, int DPT>
-__device__ static inline void pv_chains(const float *S, int stride, const uint16_t *vc, int nk, float acc[HGT][DPT]) {
+ * heads), v_p[d] = vc[p * D + d] (DPT dims of V's row p in shared memory);
+ * with LS, *l = the first head's l_b, its e_p summed in key order. */
+template <int D, int HGT, int DPT, bool LS = false>
+__device__ static inline void pv_chains(const float *S, int stride, const uint16_t *vc, int nk, float acc[HGT][DPT],
+                                        float *l = nullptr) {
+    float ls = 0.0f;
 #pragma unroll
     for (int h = 0; h < HGT; h++)
 #pragma unroll
@@ -262,7 +266,9 @@ __device__ static inline void pv_chains(const float *S, int stride, const uint16
         for (int h = 0; h < HGT; h++)
 #pragma unroll
             for (int d = 0; d < DPT; d++) acc[h][d] = fmaf(e[h], vf[d], acc[h][d]);
+        if (LS) ls = ls + e[0];
     }
+    if (LS) *l = ls;
 }
 
 template <int DC, int HG, bool GATE>
@@ -328,17 +334,27 @@ __global__ static void __launch_bounds__(AD_NT, 2)
     /* the scores are done with K: V's rows (in L2 by now) go to its region
      * while m_b and e_p are computed */
     uint16_t *vs = (uint16_t *)sm;
-    for (int i = tid; i < nk * CH; i += AD_NT) {
-        const int64_t ph = attn_key_row(a, anc, start, phys0, i / CH);
-        cp16(vs + i * 8, vb + ph * D + (i % CH) * 8, true);
-    }
+    with_key_rows(a, anc, start, phys0, nk, [&](auto row) {
+        const int c = tid % CH;
+        for (int p = tid / CH; p < nk; p += AD_NT / CH) cp16(vs + (p * CH + c) * 8, vb + row(p) * D + c * 8, true);
+    });
     cp_commit();
     block_max_exp(S, nk, HG, &mw[0][0], m_s);
     cp_wait<0>();
     __syncthreads();
 
     float acc[HGT][DPT];
-    if (tid < C::NPV) {
+    if constexpr (C::WIDE) {
+        float l;
+        if (tid < C::NPV) pv_chains<D, 1, 1, true>(S + hq, HG, vs + dq, nk, acc, &l);
+        if (tid < C::NPV && dq == 0) {
+            l_s[hq] = l;
+            if (!final_out) {
+                float *pb = part + ((r * n_head + h0 + hq) * nbmax + j) * (D + 2);
+                pb[0] = m_s[hq], pb[1] = l;
+            }
+        }
+    } else if (tid < C::NPV) {
         pv_chains<D, HGT, DPT>(S + hq * HGT, HG, vs + dq * DPT, nk, acc);
     } else if (tid >= 128 && tid < 128 + HG) {
         const int g = tid - 128;
@@ -423,11 +439,11 @@ __device__ static inline void cl_stage(uint32_t *ks, uint16_t *vs, const mucu_at
     constexpr int D = C::D, VCH = C::DS / 8; /* 16-byte pieces of a key's V slice */
     ad_stage_k<DC, C::NKB>(ks, a, anc, kb, start, phys0, k0, k1, c * C::KC);
     const int tid = threadIdx.x;
-    for (int i = v0 * VCH + tid; i < v1 * VCH; i += AD_NT) {
-        const int p = i / VCH;
-        const int64_t ph = attn_key_row(a, anc, start, phys0, p);
-        cp16(vs + p * C::DS + (i % VCH) * 8, vb + ph * D + c * C::DS + (i % VCH) * 8, true);
-    }
+    with_key_rows(a, anc, start, phys0, v1, [&](auto row) {
+        const int q = tid % VCH;
+        for (int p = v0 + tid / VCH; p < v1; p += AD_NT / VCH)
+            cp16(vs + p * C::DS + q * 8, vb + row(p) * D + c * C::DS + q * 8, true);
+    });
     cp_commit();
 }
 
@@ -654,11 +670,11 @@ template <int DC>
 __device__ static inline void fl_stage(uint8_t *dst, int rs, const uint16_t *src, const mucu_attn_row &a,
                                        const int8_t *anc, int64_t start, int k0, int k1) {
     constexpr int D = 32 * DC, CH = D / 8;
-    const int64_t phys0 = start % a.cap;
-    for (int i = k0 * CH + (int)threadIdx.x; i < k1 * CH; i += FL_NT) {
-        const int p = i / CH, c = i % CH;
-        cp16(dst + p * rs + c * 16, src + attn_key_row(a, anc, start, phys0, p) * D + c * 8, true);
-    }
+    const int c = (int)threadIdx.x % CH;
+    with_key_rows(a, anc, start, start % a.cap, k1, [&](auto row) {
+        for (int p = k0 + (int)threadIdx.x / CH; p < k1; p += FL_NT / CH)
+            cp16(dst + p * rs + c * 16, src + row(p) * D + c * 8, true);
+    });
 }
 
 /* The unit's row (resolved: after the wait), first key, keys. */

@@ -35,6 +35,27 @@ __device__ static inline int64_t attn_key_row(const mucu_attn_row &a, const int8
     return ph >= a.cap ? ph - a.cap : ph;
 }
 
+/* Runs body(row) with row(p) = attn_key_row(a, anc, start, phys0, p) for the
+ * keys p < n of one block, the plain case hoisted out of the staging loops:
+ * a block wholly before a tree's base (every block of a plain row) is a run
+ * of the ring from phys0 that wraps at most once, so a key's row is an int
+ * sum (a ring of 2^31 rows would hold 512 GiB of K). Per 16-byte piece,
+ * attn_key_row's 64-bit compares and branches were most of the staging
+ * loops' instructions. */
+template <class F>
+__device__ static inline void with_key_rows(const mucu_attn_row &a, const int8_t *anc, int64_t start, int64_t phys0,
+                                            int n, F body) {
+    if (start + n - 1 >= a.tbase) {
+        body([&](int p) { return attn_key_row(a, anc, start, phys0, p); });
+    } else {
+        const int ph0 = (int)phys0, cap = (int)a.cap;
+        body([=](int p) {
+            const int ph = ph0 + p;
+            return (int64_t)(ph >= cap ? ph - cap : ph);
+        });
+    }
+}
+
 /* Row r's position, first key and ancestors where they come from the tree
  * registers (mucu_attn_row.treg), which the draft's tree_reg wrote: only
  * after grid_dep_wait. Returns the ancestors attn_key_row reads. */
