@@ -930,20 +930,22 @@ int mucu_attn_bench_pass = 0;
 
 static int dec_hg_forced(void) { return env_setting(&mucu_attn_dec_hg, "MUSER_CUDA_ATTN_HG", 0); }
 /* MUSER_CUDA_ATTN_CL=N: k_attn_dcl for the calls that write partials over
- * N or more 256-key blocks (0: never) and that k_attn_dfl does not take
- * (more than MUSER_CUDA_ATTN_FL_ROWS rows, below). The default, 64, takes the full
- * layers from 16,384 keys on: there k_attn_dec gives one CTA all 16 heads
- * of a block (AD_MIN_CTAS), and below it the cluster measured slower (docs/cuda.md
- * "Decode attention", "Measured and not taken"). */
-static int dec_cl(void) { return env_setting(&mucu_attn_dec_cl, "MUSER_CUDA_ATTN_CL", 64); }
+ * N or more 256-key blocks (0, the default: never) and that k_attn_dfl does
+ * not take (more than MUSER_CUDA_ATTN_FL_ROWS rows, below). It lost
+ * wherever it was measured: 16 rows over 16k keys alone 528.54 us against
+ * k_attn_dec's 306.75; 8 sequences at 16,384 with the cluster from 64
+ * blocks 500.94 tokens/s against 546.20 on k_attn_dec (docs/benchmarks.md
+ * "Switches and what they are worth"). */
+static int dec_cl(void) { return env_setting(&mucu_attn_dec_cl, "MUSER_CUDA_ATTN_CL", 0); }
 /* MUSER_CUDA_ATTN_FL=N: k_attn_dfl for the calls of at most MUSER_CUDA_ATTN_FL_ROWS rows that write
- * partials over N or more units (row, KV head, 256-key block; 0: never). The defaults, 96 units and 4 rows,
- * take the full layers of 1-4 sequences from 12,288 keys on (96 units with 2 KV heads at 1 row): there the
- * whole model decoded faster on it than on k_attn_dec or the cluster kernel (1 row at 16k and 64k; 4
- * sequences at 16k, where it is slower alone; docs/cuda.md "Decode attention", docs/benchmarks.md
- * "Kernels alone"). 16-row calls (verification) are not measured in a whole model. */
+ * partials over N or more units (row, KV head, 256-key block; 0: never). The defaults, 96 units and 8 rows,
+ * take the full layers of 1-8 sequences from 12,288 keys on (96 units with 2 KV heads at 1 row): there the
+ * whole model decoded faster on it than on k_attn_dec or the cluster kernel (1 row at 16k and 64k; 4 and 8
+ * sequences at 16k, where it is slower alone; 8 sequences 555.44 tokens/s against 546.20 on k_attn_dec;
+ * docs/cuda.md "Decode attention", docs/benchmarks.md "Kernels alone"). 16 rows over 16k keys alone take
+ * 367.04 us on it against 319.68 on k_attn_dec, so more than 8 rows stay there. */
 static int dec_fl(void) { return env_setting(&mucu_attn_dec_fl, "MUSER_CUDA_ATTN_FL", 96); }
-static int dec_fl_rows(void) { return env_setting(&mucu_attn_dec_fl_rows, "MUSER_CUDA_ATTN_FL_ROWS", 4); }
+static int dec_fl_rows(void) { return env_setting(&mucu_attn_dec_fl_rows, "MUSER_CUDA_ATTN_FL_ROWS", 8); }
 /* The settled keys' K staged before the wait (ad_begin); MUSER_CUDA_ATTN_KST=0 turns it off. */
 static int dec_kst(void) { return env_setting(&mucu_attn_dec_kst, "MUSER_CUDA_ATTN_KST", 1); }
 

@@ -23,13 +23,13 @@ extern int mucu_attn_dec_hg;
 extern int mucu_attn_dec_kst;
 /* N > 0: calls that write per-block partials over N or more 256-key blocks
  * take k_attn_dcl, a cluster of 8 CTAs per block (from MUSER_CUDA_ATTN_CL
- * when first read; default 64). */
+ * when first read; default 0: never). */
 extern int mucu_attn_dec_cl;
 /* N > 0: calls of at most mucu_attn_dec_fl_rows rows that write per-block
  * partials over N or more (row, KV head, 256-key block) units take
  * k_attn_dfl, one CTA per SM walking the units, before the cluster kernel
  * (from MUSER_CUDA_ATTN_FL and MUSER_CUDA_ATTN_FL_ROWS when first read;
- * defaults 96 and 4). */
+ * defaults 96 and 8). */
 extern int mucu_attn_dec_fl, mucu_attn_dec_fl_rows;
 /* Does mucu_attention take k_attn_dec for this call (mucu_attn_kernel 1
  * below 64 rows, or 3)? head_dim 64, 128 or 256, whole GQA groups. */
