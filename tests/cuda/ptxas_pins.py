@@ -36,7 +36,7 @@ import tempfile
 # every instance of these names is pinned.
 FILES = [("cuda_mmt.cu", "sm_90"), ("cuda_kernels.cu", "sm_90"), ("cuda_attn.cu", "sm_90"),
          ("cuda_prefill.cu", "sm_90"), ("cuda_gemm_wg.cu", "sm_90a")]
-HOT = ["k_mmt", "k_mmq", "k_mmv4_set", "k_mmv6_set", "k_mmv3", "k_mmv3_set", "k_residual", "k_attn_dec", "k_attn_dfl", "k_attn_merge_scan",
+HOT = ["k_mmt", "k_mmq", "k_mmv4_set", "k_mmv6_set", "k_mmv3", "k_mmv3_set", "k_residual", "k_residual_w", "k_attn_dec", "k_attn_dfl", "k_attn_merge_scan",
        "k_gate_q8", "k_qk_norm_rope", "k_embed_norm", "k_dense_attn", "k_dense_attn2", "k_tree_rows", "k_tree_build",
        "k_ring_upload", "k_logit_tail", "k_gemm_kq2", "k_gemm_wg", "k_gemm_wg_tma", "k_gemm_wg6", "k_attn_prefill",
        "k_attn_dcl"]

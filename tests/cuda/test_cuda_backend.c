@@ -1236,12 +1236,13 @@ static void test_fused_one(void) {
             /* every other case with a capture of the new x into rows of a wider buffer (odd stride;
              * offset 2: unaligned rows) */
             const bool capt = (i + with_h + plain) % 2;
-            const int64_t cstride = 2 * n + 3, cn = rows * cstride;
+            /* with w_o the capture rows are 16-byte aligned (k_residual_w takes them), plain they are not */
+            const int64_t cstride = 2 * n + (plain ? 3 : 4), coff = plain ? 2 : 4, cn = rows * cstride;
             float *capb = rnd_vec((size_t)cn, 1.0f), *dcap = dev(capb, (size_t)cn * 4);
             if (capt) {
                 cu->residual_capture(cu, dx, dox, plain ? NULL : wo, 1e-8f, with_h ? dh : NULL, wh, 1e-6f, n, rows,
-                                     dcap + 2, cstride);
-                for (int64_t r = 0; r < rows; r++) memcpy(capb + 2 + r * cstride, x + r * n, (size_t)n * 4);
+                                     dcap + coff, cstride);
+                for (int64_t r = 0; r < rows; r++) memcpy(capb + coff + r * cstride, x + r * n, (size_t)n * 4);
             } else {
                 cu->residual(cu, dx, dox, plain ? NULL : wo, 1e-8f, with_h ? dh : NULL, wh, 1e-6f, n, rows);
             }
@@ -1400,14 +1401,16 @@ static void test_fused_one(void) {
 }
 
 /* test_fused_one with the residual step's row in both shared-memory
- * layouts (mucu_res_t: natural, transposed). */
+ * layouts (mucu_res_t: natural, transposed), each by k_residual_w where
+ * it takes the row (mucu_res_w 1) and by k_residual (0). */
 static void test_fused(void) {
-    const int saved = mucu_res_t;
-    for (int tr = 0; tr < 2; tr++) {
-        mucu_res_t = tr;
-        test_fused_one();
-    }
-    mucu_res_t = saved;
+    const int saved = mucu_res_t, saved_w = mucu_res_w;
+    for (int tr = 0; tr < 2; tr++)
+        for (int w = 0; w < 2; w++) {
+            mucu_res_t = tr, mucu_res_w = w;
+            test_fused_one();
+        }
+    mucu_res_t = saved, mucu_res_w = saved_w;
 }
 
 static void test_store_heads_and_memory(void) {
@@ -2237,33 +2240,34 @@ static int bench_attn(int reps) {
     return bad ? 1 : 0;
 }
 
-/* --bench-res: mucu_residual (k_residual, with h and its quantization) alone
- * at glimmer-tiny's and the full model's rows (512 and 6,656 values; 1 and
- * 8 rows) with at most 32 (the default), 16 and 8 warps a CTA: us per call
- * (median of reps after 2 warm-up calls, cudaEvents; x grows call by call,
- * which the timing does not see), and one call from the same inputs under
- * each setting compared bit for bit with the default's x and h. */
+/* --bench-res: mucu_residual (with h and its quantization) alone at
+ * glimmer-tiny's and the full model's rows (512 and 6,656 values; 1 and 8
+ * rows): the default (k_residual_w), then k_residual (MUSER_CUDA_RES_W=0)
+ * with at most 32, 16 and 8 warps a CTA: us per call (median of reps after
+ * 2 warm-up calls, cudaEvents; x grows call by call, which the timing does
+ * not see), and one call from the same inputs under each setting compared
+ * bit for bit with the default's x and h. */
 static int bench_res(int reps) {
     char msg[MUCU_ERR_LEN];
     const int64_t ns[2] = {512, 6656}, rowss[2] = {1, 8};
-    const int warps[3] = {32, 16, 8};
-    const int saved = mucu_res_warps;
+    const int warps[4] = {32, 32, 16, 8}, wmode[4] = {1, 0, 0, 0};
+    const int saved = mucu_res_warps, saved_w = mucu_res_w;
     int bad = 0;
     if (reps < 1 || reps > 64) reps = 21;
-    printf("%-22s %10s %10s %10s\n", "residual step", "32 warps", "16", "8");
+    printf("%-22s %10s %10s %10s %10s\n", "residual step", "default", "32 warps", "16", "8");
     for (int a = 0; a < 2; a++)
         for (int b = 0; b < 2; b++) {
             const int64_t n = ns[a], rows = rowss[b], N = n * rows;
             const size_t bytes = (size_t)N * 4;
             float *x = rnd_vec((size_t)N, 3.0f), *o = rnd_vec((size_t)N, 5.0f);
             float *wo = rnd_vec((size_t)n, 2.0f), *wh = rnd_vec((size_t)n, 2.0f);
-            float *gx[3], *gh[3];
+            float *gx[4], *gh[4];
             float *dx = dev_raw(NULL, bytes), *dox = dev_raw(NULL, bytes), *dh = dev_raw(NULL, bytes);
             float *dwo = dev_raw(wo, (size_t)n * 4), *dwh = dev_raw(wh, (size_t)n * 4);
             void *q8 = dev_raw(NULL, mucu_q8k_bytes(n, rows) + 1);
-            double med[3];
-            for (int v = 0; v < 3; v++) {
-                mucu_res_warps = warps[v];
+            double med[4];
+            for (int v = 0; v < 4; v++) {
+                mucu_res_warps = warps[v], mucu_res_w = wmode[v];
                 gx[v] = mu_xmalloc(bytes), gh[v] = mu_xmalloc(bytes);
                 if (!mucu_memcpy(dx, x, bytes, "bench upload", msg) || !mucu_memcpy(dox, o, bytes, "bench upload", msg) ||
                     !mucu_residual(dx, dox, dwo, 1e-8f, dh, dwh, 1e-6f, n, rows, q8, NULL, 0, msg)) {
@@ -2273,8 +2277,8 @@ static int bench_res(int reps) {
                 cu->download(cu, gx[v], dx, bytes);
                 cu->download(cu, gh[v], dh, bytes);
                 if (v && (memcmp(gx[v], gx[0], bytes) || memcmp(gh[v], gh[0], bytes))) {
-                    fprintf(stderr, "MISMATCH residual n=%lld rows=%lld: %d warps against 32\n", (long long)n,
-                            (long long)rows, warps[v]);
+                    fprintf(stderr, "MISMATCH residual n=%lld rows=%lld: setting %d against the default\n",
+                            (long long)n, (long long)rows, v);
                     bad = 1;
                 }
                 double t[64];
@@ -2292,13 +2296,13 @@ static int bench_res(int reps) {
             }
             char what[64];
             snprintf(what, sizeof what, "n=%lld rows=%lld", (long long)n, (long long)rows);
-            printf("%-22s %10.2f %10.2f %10.2f\n", what, med[0], med[1], med[2]);
-            for (int v = 0; v < 3; v++) free(gx[v]), free(gh[v]);
+            printf("%-22s %10.2f %10.2f %10.2f %10.2f\n", what, med[0], med[1], med[2], med[3]);
+            for (int v = 0; v < 4; v++) free(gx[v]), free(gh[v]);
             mucu_free(dx, msg), mucu_free(dox, msg), mucu_free(dh, msg), mucu_free(dwo, msg), mucu_free(dwh, msg);
             mucu_free(q8, msg);
             free(x), free(o), free(wo), free(wh);
         }
-    mucu_res_warps = saved;
+    mucu_res_warps = saved, mucu_res_w = saved_w;
     return bad;
 }
 

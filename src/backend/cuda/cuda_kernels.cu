@@ -3980,6 +3980,27 @@ __global__ static void __launch_bounds__(1024) k_embed_norm(mucu_weight w, const
     }
 }
 
+/* A lane's 8 values of a block in the HALVES layout from p = the block's
+ * start + 4 lane (16-byte aligned): 4 at p, 4 at p + 128; and their places
+ * in a shared row (k_residual_w: pos[t] for value t, +128 for t + 4; TR:
+ * tr_pos's scattered words, else two 16-byte stores). */
+__device__ static inline void ld8w(const float *p, float v[8]) {
+    const float4 a = *(const float4 *)p, c = *(const float4 *)(p + 128);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
+}
+__device__ static inline void st8w(float *p, const float v[8]) {
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4 *)(p + 128) = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <bool TR> __device__ static inline void st8s(float *xs, const int pos[4], const float v[8]) {
+    if (TR) {
+#pragma unroll
+        for (int t = 0; t < 4; t++) xs[pos[t]] = v[t], xs[pos[t] + 128] = v[t + 4];
+    } else {
+        st8w(xs + pos[0], v);
+    }
+}
+
 /* The residual step's norm weights (no kernel writes them, so they are read
  * before the wait, while the kernel before this one drains), then the wait. */
 template <int RB>
@@ -4086,6 +4107,52 @@ __global__ static void __launch_bounds__(TR ? 32 * RES_T_WARPS : RB >= 4 ? 512 :
             if (QUANT) quantize_block_warp<true>(xv[k], q8, r * nb + b, lane);
         }
     }
+}
+
+/* k_residual for the common rows (mucu_residual picks it): whole 256-value
+ * blocks, one a warp (at most 32; TR: at most RES_T_WARPS), every row
+ * 16-byte aligned. The same operations in the same order and layouts, with
+ * 32-bit offsets, no bounds or alignment checks, and each lane's o kept in
+ * registers rather than read back from shared memory. Why: the CTA runs on
+ * one SM while the rest of the GPU waits, and in k_residual the index
+ * arithmetic and checks were about two thirds of its 20,900 warp
+ * instructions (Nsight Compute source counters, docs/benchmarks.md
+ * "Profiles"): the SM spent its time issuing them, not waiting on the sums. */
+template <bool QUANT, bool TR>
+__global__ static void __launch_bounds__(TR ? 32 * RES_T_WARPS : 1024)
+    k_residual_w(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h, float eps_h,
+                 int n, q8split q8, float *cap, int64_t cap_stride) {
+    const int lane = threadIdx.x & 31, b = threadIdx.x >> 5, e0 = b * 256 + lane * 4; /* hx(b, lane, 0); +128: t 4 */
+    float wo[8], wh[8], ov[8], xv[8];
+    if (w_o) ld8w(w_o + e0, wo);
+    if (h) ld8w(w_h + e0, wh);
+    grid_dep_wait();
+    extern __shared__ __align__(16) float res_xs[];
+    float *xs = res_xs;
+    __shared__ float inv_s[2];
+    const int64_t r = blockIdx.x;
+    float *xr = x + r * n + e0;
+    ld8w(o + r * n + e0, ov);
+    ld8w(xr, xv);
+    int pos[4]; /* where value t and t + 4 (+128) sit in xs */
+#pragma unroll
+    for (int t = 0; t < 4; t++) pos[t] = TR ? tr_pos(e0 + t) : e0 + t;
+    st8s<TR>(xs, pos, ov);
+    __syncthreads();
+    const float inv_o = !w_o ? 1.0f /* w_o: uniform over the CTA */
+                        : TR ? cta_inv_rms_t(xs, n, eps_o, &inv_s[0]) : cta_inv_rms(xs, n, eps_o, &inv_s[0]);
+#pragma unroll
+    for (int t = 0; t < 8; t++) xv[t] = xv[t] + (w_o ? (ov[t] * inv_o) * wo[t] : ov[t]);
+    st8s<TR>(xs, pos, xv); /* each thread rewrites only its own values (warp 0's reads ended at the barrier) */
+    st8w(xr, xv);
+    if (cap) st8w(cap + r * cap_stride + e0, xv);
+    if (!h) return;
+    __syncthreads();
+    const float inv_h = TR ? cta_inv_rms_t(xs, n, eps_h, &inv_s[1]) : cta_inv_rms(xs, n, eps_h, &inv_s[1]);
+#pragma unroll
+    for (int t = 0; t < 8; t++) xv[t] = (xv[t] * inv_h) * wh[t];
+    st8w(h + r * n + e0, xv);
+    if (QUANT) quantize_block_warp<true>(xv, q8, r * (n / 256) + b, lane);
 }
 
 /* Per-head q and k RMSNorm, then (cs != NULL) the interleaved rotation of
@@ -5090,6 +5157,7 @@ extern "C" bool mucu_embed_norm(const mucu_weight *w, const int32_t *tokens, con
 
 extern "C" int mucu_res_warps = -1;
 extern "C" int mucu_res_t = -1;
+extern "C" int mucu_res_w = -1;
 
 extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h,
                               float eps_h, int64_t n, int64_t rows, void *q8, float *cap, int64_t cap_stride,
@@ -5113,6 +5181,19 @@ extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float 
                                                                         cap_stride)                                  \
            : k_residual<false, RBV, TRV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8,     \
                                                                          cap, cap_stride))
+    /* k_residual_w (MUSER_CUDA_RES_W=0: never): whole blocks, a warp each, 16-byte aligned rows */
+    const int wm = env_setting(&mucu_res_w, "MUSER_CUDA_RES_W", 1);
+    const bool a16 = (((uintptr_t)x | (uintptr_t)o | (uintptr_t)w_o | (uintptr_t)h | (uintptr_t)w_h |
+                       (uintptr_t)cap) & 15) == 0 && cap_stride % 4 == 0;
+    if (wm && n % 256 == 0 && rb <= 1 && warps == nb && a16 && n <= INT32_MAX / 2) {
+        const bool trw = tr && warps <= RES_T_WARPS;
+#define RESW(Q, TRV) k_residual_w<Q, TRV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, (int)n, o8, \
+                                                                          cap, cap_stride)
+        if (trw) quant ? RESW(true, true) : RESW(false, true);
+        else quant ? RESW(true, false) : RESW(false, false);
+#undef RESW
+        return launched(quant ? "k_residual_w+q8" : "k_residual_w", err);
+    }
     if (rb <= 1 && tr && warps <= RES_T_WARPS) RES(1, true);
     else if (rb <= 1) RES(1, false);
     else if (rb <= 2) RES(2, false);

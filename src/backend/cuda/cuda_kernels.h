@@ -221,6 +221,10 @@ extern int mucu_res_warps;
  * row of at most 26 blocks, 0 never; from MUSER_CUDA_RES_T when first
  * read, -1 until then. */
 extern int mucu_res_t;
+/* k_residual_w for rows of whole blocks, a warp each, 16-byte aligned (the
+ * same bits): 1 (the default) or 0 never; from MUSER_CUDA_RES_W when first
+ * read, -1 until then. */
+extern int mucu_res_w;
 bool mucu_residual(float *x, const float *o, const float *w_o, float eps_o, float *h, const float *w_h, float eps_h,
                    int64_t n, int64_t rows, void *q8, float *cap, int64_t cap_stride, char *err);
 /* Per-head RMSNorm of q (nq heads) and k (nk heads) with the weights wq, wk
