@@ -12,7 +12,7 @@ import sys
 
 PRE_WAIT = {"k_mmv2": "mmv2_out", "k_mmv2_set": "mmv2_out", "k_mmv3": "mmv3_part", "k_mmv3_set": "mmv3_part",
             "k_mmt": "mmt_tile", "k_mmv4_set": "mmv4_part", "k_mmv6_set": "mmv6_first",
-            "k_mmq": "mq_wait_x", "k_residual": "res_weights", "k_qk_norm_rope": "qkn_weights",
+            "k_mmq": "mq_wait_x", "k_residual": "res_weights", "k_residual_w": "res_w_weights", "k_qk_norm_rope": "qkn_weights",
             "k_attn_dec": "ad_begin", "k_dense_attn2": "da2_begin", "k_gemm_fp4": "fp4_first", "k_mmv_float": "mmvf_first", "k_attn_merge_scan": "merge_begin",
             "k_attn_dcl": "cl_begin", "k_attn_dfl": "fl_begin", "k_chain_read": "chain_first"}
 

@@ -4109,6 +4109,14 @@ __global__ static void __launch_bounds__(TR ? 32 * RES_T_WARPS : RB >= 4 ? 512 :
     }
 }
 
+/* k_residual_w's norm weights, read before the wait as res_weights reads
+ * k_residual's, then the wait. */
+__device__ static inline void res_w_weights(const float *w_o, const float *w_h, int e0, float wo[8], float wh[8]) {
+    if (w_o) ld8w(w_o + e0, wo);
+    if (w_h) ld8w(w_h + e0, wh);
+    grid_dep_wait();
+}
+
 /* k_residual for the common rows (mucu_residual picks it): whole 256-value
  * blocks, one a warp (at most 32; TR: at most RES_T_WARPS), every row
  * 16-byte aligned. The same operations in the same order and layouts, with
@@ -4124,9 +4132,7 @@ __global__ static void __launch_bounds__(TR ? 32 * RES_T_WARPS : 1024)
                  int n, q8split q8, float *cap, int64_t cap_stride) {
     const int lane = threadIdx.x & 31, b = threadIdx.x >> 5, e0 = b * 256 + lane * 4; /* hx(b, lane, 0); +128: t 4 */
     float wo[8], wh[8], ov[8], xv[8];
-    if (w_o) ld8w(w_o + e0, wo);
-    if (h) ld8w(w_h + e0, wh);
-    grid_dep_wait();
+    res_w_weights(w_o, h ? w_h : NULL, e0, wo, wh);
     extern __shared__ __align__(16) float res_xs[];
     float *xs = res_xs;
     __shared__ float inv_s[2];
