@@ -1233,10 +1233,10 @@ static void test_fused_one(void) {
             if (!plain) ref->rmsnorm(ref, o, wo, 1e-8f, o, n, rows);
             ref->add(ref, x, o, N);
             if (with_h) ref->rmsnorm(ref, x, wh, 1e-6f, h, n, rows);
-            /* every other case with a capture of the new x into rows of a wider buffer (odd stride;
-             * offset 2: unaligned rows) */
+            /* every other case with a capture of the new x into rows of a wider buffer: with w_o
+             * 16-byte aligned (stride 2n + 4, offset 4: k_residual_w takes them), plain not (odd
+             * stride, offset 2) */
             const bool capt = (i + with_h + plain) % 2;
-            /* with w_o the capture rows are 16-byte aligned (k_residual_w takes them), plain they are not */
             const int64_t cstride = 2 * n + (plain ? 3 : 4), coff = plain ? 2 : 4, cn = rows * cstride;
             float *capb = rnd_vec((size_t)cn, 1.0f), *dcap = dev(capb, (size_t)cn * 4);
             if (capt) {
