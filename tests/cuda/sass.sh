@@ -4,7 +4,7 @@
 #   tests/cuda/sass.sh FILE.cu                 instructions per kernel (static count), sorted by name
 #   tests/cuda/sass.sh FILE.cu REGEX [OUT]     the SASS of the kernels whose mangled name matches REGEX
 #                                              (to OUT, default stdout)
-# FILE.cu is compiled to a cubin with the build's flags (sm_90; cuda_gemm_wg.cu sm_90a). nvcc 13 writes
+# FILE.cu is compiled to a cubin with the build's flags (-O2, MUSER_CUDA_EXACT; sm_90, cuda_gemm_wg.cu sm_90a). nvcc 13 writes
 # the cubin's ELF header in the encoding CUDA 12.8 introduced (OS/ABI 0x41, ABI version 8, the
 # architecture in bits 8-15 of e_flags); the disassembler of Debian's nvidia-cuda-toolkit 11.8 (bookworm
 # non-free) reads the same sections once the header is set back to the old encoding (OS/ABI 0x33, ABI
@@ -41,7 +41,12 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$NVCC" -O2 -DNDEBUG -DMUSER_HAVE_CUDA -arch=$arch -cubin -I"$SRC/include" -I"$SRC/src" -o "$tmp/k.cubin" "$FILE"
+# the build's exactness flags (CMakeLists.txt's MUSER_CUDA_EXACT: no contraction into FMA, IEEE division and
+# square root, no flush to zero), read from there so that the listing is the build's code
+exact=$(sed -n 's/^ *set(MUSER_CUDA_EXACT "\([^"]*\)").*/\1/p' "$SRC/CMakeLists.txt" | tr ';' ' ')
+[ -n "$exact" ] || { echo "sass.sh: MUSER_CUDA_EXACT not found in CMakeLists.txt" >&2; exit 1; }
+# shellcheck disable=SC2086
+"$NVCC" -O2 -DNDEBUG -DMUSER_HAVE_CUDA $exact -arch=$arch -cubin -I"$SRC/include" -I"$SRC/src" -o "$tmp/k.cubin" "$FILE"
 [ -s "$tmp/k.cubin" ] || { echo "sass.sh: nvcc wrote no cubin for $FILE (not a .cu file?)" >&2; exit 1; }
 python3 - "$tmp/k.cubin" <<'PY'
 import struct, sys
