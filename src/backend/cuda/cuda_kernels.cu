@@ -5187,11 +5187,12 @@ extern "C" bool mucu_residual(float *x, const float *o, const float *w_o, float 
                                                                         cap_stride)                                  \
            : k_residual<false, RBV, TRV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, n, o8,     \
                                                                          cap, cap_stride))
-    /* k_residual_w (MUSER_CUDA_RES_W=0: never): whole blocks, a warp each, 16-byte aligned rows */
+    /* k_residual_w (MUSER_CUDA_RES_W=0: never): whole blocks, a warp each (warps == nb, so at most 32
+     * blocks: its int offsets hold), 16-byte aligned rows */
     const int wm = env_setting(&mucu_res_w, "MUSER_CUDA_RES_W", 1);
     const bool a16 = (((uintptr_t)x | (uintptr_t)o | (uintptr_t)w_o | (uintptr_t)h | (uintptr_t)w_h |
                        (uintptr_t)cap) & 15) == 0 && cap_stride % 4 == 0;
-    if (wm && n % 256 == 0 && rb <= 1 && warps == nb && a16 && n <= INT32_MAX / 2) {
+    if (wm && n % 256 == 0 && warps == nb && a16) {
         const bool trw = tr && warps <= RES_T_WARPS;
 #define RESW(Q, TRV) k_residual_w<Q, TRV><<<(unsigned)rows, t, sm, g_s>>>(x, o, w_o, eps_o, h, w_h, eps_h, (int)n, o8, \
                                                                           cap, cap_stride)
